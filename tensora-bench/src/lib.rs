@@ -1,0 +1,2 @@
+//! Benchmark harness for Tensora.
+#![forbid(unsafe_code)]

@@ -1,0 +1,13 @@
+//! `tensora inspect`. PLACEHOLDER: replaced by the issue that builds this subcommand.
+
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Checkpoint path.
+    pub path: std::path::PathBuf,
+}
+
+pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::bail!("`tensora inspect` is not built yet")
+}

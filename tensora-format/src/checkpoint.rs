@@ -1,0 +1,237 @@
+//! The parsed, validated view of a checkpoint. Every value of these types was built by a parser in
+//! this crate, so the rest of the workspace never re-checks it: ranges lie inside their files,
+//! sizes agree with dtype and shape, and names are unique.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::Dtype;
+
+/// Which on-disk layout a checkpoint came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// One `.safetensors` file.
+    Safetensors,
+    /// Several `.safetensors` files, with or without `model.safetensors.index.json`.
+    SafetensorsSharded,
+    /// `tensor_index.json` plus `tensor.data_N` partitions (sllm-store).
+    ServerlessLlm,
+}
+
+impl Format {
+    /// The spelling used in `--json` output.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Format::Safetensors => "safetensors",
+            Format::SafetensorsSharded => "safetensors-sharded",
+            Format::ServerlessLlm => "serverlessllm",
+        }
+    }
+}
+
+/// Index of a file inside [`Checkpoint::files`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId(pub u32);
+
+impl FileId {
+    /// The index into [`Checkpoint::files`].
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// What the file looked like when it was parsed. A loader compares it with `fstat` after the load:
+/// a file whose size, mtime or inode changed in between was replaced or modified under us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    pub len_bytes: u64,
+    pub modified: Option<SystemTime>,
+    pub dev: u64,
+    pub inode: u64,
+}
+
+impl FileStamp {
+    /// Stamp from file metadata.
+    pub fn from_metadata(meta: &std::fs::Metadata) -> FileStamp {
+        #[cfg(unix)]
+        let (dev, inode) = {
+            use std::os::unix::fs::MetadataExt;
+            (meta.dev(), meta.ino())
+        };
+        #[cfg(not(unix))]
+        let (dev, inode) = (0, 0);
+        FileStamp { len_bytes: meta.len(), modified: meta.modified().ok(), dev, inode }
+    }
+}
+
+/// One file of a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEntry {
+    pub(crate) path: PathBuf,
+    pub(crate) stamp: FileStamp,
+    /// Where tensor data starts (`8 + n` for safetensors, 0 for ServerlessLLM partitions).
+    pub(crate) data_start_bytes: u64,
+}
+
+impl FileEntry {
+    /// Path as opened.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    /// File size in bytes at parse time.
+    pub fn len_bytes(&self) -> u64 {
+        self.stamp.len_bytes
+    }
+    /// Size, mtime and inode at parse time.
+    pub fn stamp(&self) -> FileStamp {
+        self.stamp
+    }
+    /// First byte of tensor data.
+    pub fn data_start_bytes(&self) -> u64 {
+        self.data_start_bytes
+    }
+}
+
+/// One tensor: where its bytes live and how to interpret them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub(crate) name: String,
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<u64>,
+    pub(crate) file: FileId,
+    /// Absolute offset of the first byte in `file`.
+    pub(crate) offset_bytes: u64,
+    /// Bytes of storage to read. Equal to [`TensorInfo::nbytes`] for safetensors; for a
+    /// ServerlessLLM tensor it is the recorded storage size, which strides may make larger.
+    pub(crate) len_bytes: u64,
+    /// Strides in elements, when the format records them (ServerlessLLM). `None` means
+    /// contiguous row-major.
+    pub(crate) strides: Option<Vec<u64>>,
+}
+
+impl TensorInfo {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+    pub fn file(&self) -> FileId {
+        self.file
+    }
+    /// Absolute byte offset in the file.
+    pub fn offset_bytes(&self) -> u64 {
+        self.offset_bytes
+    }
+    /// Bytes of storage to read (see the field docs).
+    pub fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+    /// Absolute byte range in the file: `offset_bytes .. offset_bytes + len_bytes`.
+    pub fn range(&self) -> Range<u64> {
+        // Cannot overflow: the parser checked that the range lies inside the file.
+        self.offset_bytes..self.offset_bytes + self.len_bytes
+    }
+    pub fn strides(&self) -> Option<&[u64]> {
+        self.strides.as_deref()
+    }
+    /// Number of elements (1 for a scalar, 0 when any dimension is 0).
+    pub fn numel(&self) -> u64 {
+        // Cannot overflow: the parser checked `numel * bits` fits in u64.
+        self.shape.iter().product()
+    }
+    /// `numel × bits / 8`: the bytes of the tensor's data as a dense array. A digest of a tensor
+    /// covers exactly these bytes from [`TensorInfo::offset_bytes`].
+    pub fn nbytes(&self) -> u64 {
+        // Checked by the parser to fit and to be a whole number of bytes.
+        self.numel() * u64::from(self.dtype.bits()) / 8
+    }
+}
+
+/// A non-fatal finding while parsing, e.g. a `total_size` that disagrees with the shards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    pub path: PathBuf,
+    pub message: String,
+}
+
+/// A whole checkpoint: its files, its tensors (in file order), and its metadata.
+/// Built only by this crate's parsers, so it is valid by construction.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub(crate) format: Format,
+    pub(crate) root: PathBuf,
+    pub(crate) files: Vec<FileEntry>,
+    pub(crate) tensors: Vec<TensorInfo>,
+    pub(crate) by_name: HashMap<String, usize>,
+    pub(crate) metadata: BTreeMap<String, String>,
+    pub(crate) warnings: Vec<Warning>,
+}
+
+impl Checkpoint {
+    /// Assemble a checkpoint from parts that a parser in this crate already validated.
+    /// Builds the name index; the caller guarantees names are unique (debug-asserted).
+    pub(crate) fn from_parts(
+        format: Format,
+        root: PathBuf,
+        files: Vec<FileEntry>,
+        tensors: Vec<TensorInfo>,
+        metadata: BTreeMap<String, String>,
+        warnings: Vec<Warning>,
+    ) -> Checkpoint {
+        let mut by_name = HashMap::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            let previous = by_name.insert(t.name.clone(), i);
+            debug_assert!(previous.is_none(), "duplicate tensor name {:?}", t.name);
+        }
+        debug_assert!(tensors.iter().all(|t| t.file.index() < files.len()));
+        debug_assert!(tensors.iter().all(|t| {
+            t.offset_bytes
+                .checked_add(t.len_bytes)
+                .is_some_and(|end| end <= files[t.file.index()].stamp.len_bytes)
+        }));
+        Checkpoint { format, root, files, tensors, by_name, metadata, warnings }
+    }
+
+    pub fn format(&self) -> Format {
+        self.format
+    }
+    /// The path that was opened (a file or a directory).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn files(&self) -> &[FileEntry] {
+        &self.files
+    }
+    pub fn file(&self, id: FileId) -> &FileEntry {
+        &self.files[id.index()]
+    }
+    /// All tensors, ordered by (file, offset).
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+    /// O(1) lookup by name.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+    /// O(1) lookup of a tensor's index in [`Checkpoint::tensors`].
+    pub fn tensor_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+    /// `__metadata__` (safetensors) or the index's `metadata` (sharded), flattened to strings.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+    pub fn warnings(&self) -> &[Warning] {
+        &self.warnings
+    }
+    /// Sum of [`TensorInfo::len_bytes`] over all tensors (tied tensors counted once each).
+    pub fn total_tensor_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.len_bytes).sum()
+    }
+}

@@ -1,0 +1,162 @@
+//! The one error type of this crate. Every error names the file and, where there is one, the
+//! tensor; the [`ErrorKind`] says which rule failed, so tests and callers can match on it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A parse or write failure. `Display` reads `"<path>: tensor '<name>': <kind>"`.
+#[derive(Debug)]
+pub struct Error {
+    path: PathBuf,
+    tensor: Option<String>,
+    kind: ErrorKind,
+}
+
+impl Error {
+    pub fn new(path: impl Into<PathBuf>, kind: ErrorKind) -> Error {
+        Error { path: path.into(), tensor: None, kind }
+    }
+    pub fn with_tensor(mut self, tensor: impl Into<String>) -> Error {
+        self.tensor = Some(tensor.into());
+        self
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn tensor(&self) -> Option<&str> {
+        self.tensor.as_deref()
+    }
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+    pub fn into_kind(self) -> ErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.path.display())?;
+        if let Some(t) = &self.tensor {
+            write!(f, ": tensor {t:?}")?;
+        }
+        write!(f, ": {}", self.kind)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.kind {
+            ErrorKind::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Which rule failed. One variant per rule, so tests match on the variant.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+
+    // ---- safetensors: the 8-byte prefix and header length ----
+    #[error("file is {len_bytes} bytes, shorter than the 8-byte header length prefix")]
+    FileTooShort { len_bytes: u64 },
+    #[error("header length is 0")]
+    HeaderLenZero,
+    #[error("header length {header_len_bytes} exceeds the limit of {limit_bytes} bytes")]
+    HeaderTooLarge { header_len_bytes: u64, limit_bytes: u64 },
+    #[error("header length {header_len_bytes} plus 8 exceeds the file size {file_len_bytes}")]
+    HeaderBeyondFile { header_len_bytes: u64, file_len_bytes: u64 },
+
+    // ---- safetensors: header text and JSON ----
+    #[error("header is not valid UTF-8 (byte {valid_up_to})")]
+    HeaderNotUtf8 { valid_up_to: usize },
+    #[error("header is not valid JSON: {message}")]
+    HeaderNotJson { message: String },
+    #[error("header must be one JSON object: {message}")]
+    HeaderNotObject { message: String },
+    #[error("header has bytes after the JSON object (at byte {at})")]
+    TrailingBytes { at: usize },
+
+    // ---- safetensors: __metadata__ ----
+    #[error("__metadata__ must be an object of string to string, or null: {message}")]
+    BadMetadata { message: String },
+    #[error("duplicate metadata key {key:?}")]
+    DuplicateMetadataKey { key: String },
+
+    // ---- safetensors: tensor entries ----
+    #[error("invalid tensor name: {reason}")]
+    BadTensorName { reason: &'static str },
+    #[error("duplicate tensor name")]
+    DuplicateTensor,
+    #[error("tensor entry must be an object with dtype, shape and data_offsets: {message}")]
+    BadTensorEntry { message: String },
+    #[error("missing field {field:?}")]
+    MissingField { field: &'static str },
+    #[error("duplicate field {field:?}")]
+    DuplicateField { field: &'static str },
+    #[error("unknown dtype {dtype:?}")]
+    UnknownDtype { dtype: String },
+    #[error("invalid shape: {reason}")]
+    BadShape { reason: String },
+    #[error("shape rank {rank} exceeds the limit of {limit}")]
+    RankTooLarge { rank: usize, limit: usize },
+    #[error("invalid data_offsets: {reason}")]
+    BadOffsets { reason: String },
+    #[error("size overflows u64 (shape × dtype bits)")]
+    SizeOverflow,
+    #[error("{numel} elements of {dtype} is not a whole number of bytes")]
+    PartialByte { numel: u64, dtype: crate::Dtype },
+    #[error("data_offsets span {actual_bytes} bytes but dtype and shape need {expected_bytes}")]
+    SizeMismatch { expected_bytes: u64, actual_bytes: u64 },
+
+    // ---- safetensors: tiling of the data section ----
+    #[error("tensor data does not start at 0 (first tensor starts at {start})")]
+    DataHole { start: u64, expected: u64 },
+    #[error("tensor data overlaps the previous tensor (starts at {start}, previous ended at {previous_end})")]
+    DataOverlap { start: u64, previous_end: u64 },
+    #[error("tensor data ends at {end} but the data section is {data_len_bytes} bytes")]
+    DataLenMismatch { end: u64, data_len_bytes: u64 },
+
+    // ---- sharded checkpoints ----
+    #[error("invalid index: {message}")]
+    BadIndex { message: String },
+    #[error("index file is {len_bytes} bytes, over the limit of {limit_bytes}")]
+    IndexTooLarge { len_bytes: u64, limit_bytes: u64 },
+    #[error("shard name {shard:?} is not a plain file name")]
+    BadShardName { shard: String },
+    #[error("shard {shard:?} listed in the index is missing")]
+    MissingShard { shard: String },
+    #[error("tensor mapped to shard {shard:?}, which does not contain it")]
+    TensorNotInShard { shard: String },
+    #[error("tensor is in shard {shard:?} but not in the index's weight_map")]
+    TensorNotInIndex { shard: String },
+    #[error("tensor is in two shards: {first:?} and {second:?}")]
+    TensorInTwoShards { first: String, second: String },
+    #[error("no checkpoint found: {reason}")]
+    NotACheckpoint { reason: String },
+
+    // ---- ServerlessLLM ----
+    #[error("invalid tensor_index.json entry: {message}")]
+    BadSllmEntry { message: String },
+    #[error("unknown torch dtype {dtype:?}")]
+    UnknownTorchDtype { dtype: String },
+    #[error("shape rank {shape_rank} and stride rank {stride_rank} differ")]
+    StrideRankMismatch { shape_rank: usize, stride_rank: usize },
+    #[error(
+        "highest element reachable through shape and stride needs {needed_bytes} bytes, but size is {size_bytes}"
+    )]
+    StrideOutOfBounds { needed_bytes: u64, size_bytes: u64 },
+    #[error("no partition tensor.data_0 found")]
+    NoPartitions,
+    #[error("tensor range {offset}..{end} does not lie wholly inside one partition")]
+    OutsidePartition { offset: u64, end: u64 },
+    #[error("tensor overlaps tensor {other:?} without being tied to it (same offset and size)")]
+    SllmOverlap { other: String },
+
+    // ---- writing ----
+    #[error("cannot write: {reason}")]
+    Write { reason: String },
+}

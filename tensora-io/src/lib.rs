@@ -1,0 +1,1 @@
+//! The data plane: backends that execute a plan into a destination.

@@ -1,0 +1,2 @@
+//! Checksums, manifests and integrity checks.
+#![forbid(unsafe_code)]
