@@ -9,6 +9,7 @@
 mod checkpoint;
 mod dtype;
 mod error;
+pub mod sllm;
 
 pub use checkpoint::{Checkpoint, FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
 pub use dtype::Dtype;

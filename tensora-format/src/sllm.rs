@@ -1,0 +1,1 @@
+//! The ServerlessLLM (sllm-store) layout: `tensor_index.json` plus `tensor.data_N` partitions.

@@ -1,0 +1,1 @@
+//! Streaming conversion between checkpoint layouts, with bounded memory.
