@@ -1,2 +1,155 @@
-//! PLACEHOLDER criterion bench: replaced by the issue that owns it.
-fn main() {}
+//! Header parsing: a 100,000-tensor safetensors header (about 8 MB), tensora's strict parser
+//! (`tensora_format::safetensors::parse_header`) against HF's `safetensors::SafeTensors::read_metadata`
+//! on the same bytes. Goal: at least 3x faster, with peak heap at most 3x the header size.
+//!
+//! Peak heap is measured once per parser, before the timed runs, with a counting global allocator
+//! in this bench binary, and printed to stderr. Both parsers get the same buffer (the header plus a
+//! small data section, since HF's parser insists on the whole file); the buffer itself is not
+//! counted.
+//!
+//! Run: `cargo bench -p tensora-bench --bench header`. Under `cargo test --all-targets` (a debug
+//! build) the header has 10,000 tensors so the run stays short.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use tensora_format::Dtype;
+use tensora_format::write::{SafetensorsLayout, TensorSpec};
+
+/// Tensors in the benchmark header (release builds).
+const TENSORS_BENCH: usize = 100_000;
+/// Tensors when run as a test in a debug build.
+const TENSORS_TEST: usize = 10_000;
+
+/// Counts live heap bytes and their high-water mark while enabled; delegates to the system
+/// allocator. Counting is switched off during the timed runs so that it does not skew them.
+struct CountingAlloc {
+    enabled: AtomicBool,
+    live_bytes: AtomicUsize,
+    peak_bytes: AtomicUsize,
+}
+
+impl CountingAlloc {
+    fn added(&self, bytes: usize) {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = self.live_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak_bytes.fetch_max(now, Ordering::Relaxed);
+    }
+    fn removed(&self, bytes: usize) {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return;
+        }
+        self.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
+    /// Run `f` and return the peak heap growth it caused, in bytes. Frees of memory allocated
+    /// before counting started are not seen, so `f` must only drop what it allocated itself.
+    fn peak_during<T>(&self, f: impl FnOnce() -> T) -> (T, usize) {
+        self.live_bytes.store(0, Ordering::Relaxed);
+        self.peak_bytes.store(0, Ordering::Relaxed);
+        self.enabled.store(true, Ordering::Relaxed);
+        let out = f();
+        self.enabled.store(false, Ordering::Relaxed);
+        (out, self.peak_bytes.load(Ordering::Relaxed))
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
+// guarantees are ours; the counters are plain atomics and never affect the memory handed out.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded unchanged; the caller upholds `GlobalAlloc::alloc`'s contract.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            self.added(layout.size());
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as for `alloc`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            self.added(layout.size());
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator (hence from `System`) with this `layout`.
+        unsafe { System.dealloc(ptr, layout) };
+        self.removed(layout.size());
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr`/`layout` came from this allocator; the caller upholds `realloc`'s contract.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            self.added(new_size);
+            self.removed(layout.size());
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOC: CountingAlloc =
+    CountingAlloc { live_bytes: AtomicUsize::new(0), peak_bytes: AtomicUsize::new(0) };
+
+/// A whole file image (header plus data) with `count` tensors of assorted dtypes and small shapes,
+/// named like a mixture-of-experts transformer. Returns (file bytes, header length n).
+fn file_image(count: usize) -> (Vec<u8>, usize) {
+    const DTYPES: [Dtype; 4] = [Dtype::BF16, Dtype::F32, Dtype::F16, Dtype::U8];
+    const PARTS: [&str; 5] = ["down", "gate", "up", "q_proj", "norm"];
+    let specs: Vec<TensorSpec> = (0..count)
+        .map(|i| TensorSpec {
+            name: format!("layers.{}.e{}.{}.weight", i / 320, (i / 5) % 64, PARTS[i % 5]),
+            dtype: DTYPES[i % DTYPES.len()],
+            shape: vec![1 + (i % 3) as u64, 2],
+        })
+        .collect();
+    let layout = SafetensorsLayout::new(specs, BTreeMap::from([("format".into(), "pt".into())]))
+        .expect("generated specs are valid");
+    let mut file = layout.header_bytes().to_vec();
+    file.resize(layout.file_len_bytes() as usize, 0);
+    let n = layout.header_bytes().len() - 8;
+    (file, n)
+}
+
+fn bench_header(c: &mut Criterion) {
+    let count = if cfg!(debug_assertions) { TENSORS_TEST } else { TENSORS_BENCH };
+    let (file, n) = file_image(count);
+    let file_len = file.len() as u64;
+
+    // Peak heap, measured once each, outside the timed loop.
+    let (ours, ours_peak) = ALLOC.peak_during(|| tensora_format::safetensors::parse_header(&file, file_len));
+    let ours = ours.expect("our parser accepts the generated header");
+    assert_eq!(ours.tensors().len(), count);
+    drop(ours);
+    let (hf, hf_peak) = ALLOC.peak_during(|| safetensors::SafeTensors::read_metadata(&file));
+    let (hf_n, hf_meta) = hf.expect("HF accepts the generated header");
+    assert_eq!((hf_n, hf_meta.tensors().len()), (n, count));
+    drop(hf_meta);
+    eprintln!(
+        "header: {count} tensors, {n} bytes; peak heap: tensora {ours_peak} bytes ({:.2}x header), \
+         HF {hf_peak} bytes ({:.2}x header)",
+        ours_peak as f64 / n as f64,
+        hf_peak as f64 / n as f64
+    );
+
+    let mut group = c.benchmark_group(format!("header_{count}"));
+    group.throughput(Throughput::Bytes(n as u64));
+    group.sample_size(if cfg!(debug_assertions) { 10 } else { 30 });
+    group.bench_function("tensora_parse_header", |b| {
+        b.iter(|| tensora_format::safetensors::parse_header(black_box(&file), file_len))
+    });
+    group.bench_function("hf_read_metadata", |b| {
+        b.iter(|| safetensors::SafeTensors::read_metadata(black_box(&file)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_header);
+criterion_main!(benches);

@@ -1,13 +1,103 @@
-//! `tensora hash`. PLACEHOLDER: replaced by the issue that builds this subcommand.
+//! `tensora hash`: per-tensor digests, as text, JSON, or an atomically written manifest.
 
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tensora_verify::Algo;
+use tensora_verify::hash::{HashOptions, hash_checkpoint};
+use tensora_verify::manifest::Manifest;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint path.
-    pub path: std::path::PathBuf,
+    /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory.
+    pub path: PathBuf,
+    /// Digest algorithm: crc32c (fast, default), xxh3 (XXH3-128) or sha256.
+    #[arg(long, default_value = "crc32c", value_parser = parse_algo)]
+    pub algo: Algo,
+    /// I/O backend for the load that computes the digests (sync, mmap, io-uring, async); automatic
+    /// by default.
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Print `{"algo", "tensors": {name: {dtype, shape, <algo>}}}` instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a manifest (digests plus file sizes and format) to FILE, atomically.
+    #[arg(long, value_name = "FILE")]
+    pub write_manifest: Option<PathBuf>,
 }
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`tensora hash` is not built yet")
+fn parse_algo(s: &str) -> Result<Algo, String> {
+    s.parse::<Algo>().map_err(|e| e.to_string())
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let ckpt = tensora_verify::open_checkpoint(&args.path)?;
+    let progress = progress_bar(ckpt.total_tensor_bytes());
+    let hook = progress.clone().map(|bar| {
+        Arc::new(move |done: u64, total: u64| {
+            bar.set_length(total);
+            bar.set_position(done);
+        }) as tensora_verify::hash::ProgressFn
+    });
+    let opts = HashOptions { algo: args.algo, backend: args.backend.clone(), progress: hook };
+    let digests =
+        hash_checkpoint(&ckpt, &opts).with_context(|| format!("hashing {}", args.path.display()))?;
+    if let Some(bar) = progress {
+        bar.finish_and_clear();
+    }
+    let manifest = Manifest::from_checkpoint(&ckpt, args.algo, &digests)?;
+
+    // The manifest first: it is the durable result, and must not depend on stdout's reader.
+    if let Some(path) = &args.write_manifest {
+        manifest.write_atomic(path).with_context(|| format!("writing manifest {}", path.display()))?;
+        if !args.json && std::io::stderr().is_terminal() {
+            eprintln!(
+                "wrote {} ({} tensors, {} files, {})",
+                path.display(),
+                manifest.tensors.len(),
+                manifest.files.len(),
+                args.algo
+            );
+        }
+    }
+    match print(&args, &ckpt, &manifest) {
+        Ok(()) => {}
+        // `tensora hash ... | head`: the reader left; that is not an error.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
+        Err(e) => return Err(e.into()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print(args: &Args, ckpt: &tensora_format::Checkpoint, manifest: &Manifest) -> std::io::Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &manifest.tensors_json())?;
+        writeln!(out)?;
+    } else {
+        // sha256sum style: digest, two spaces, name; then dtype and shape.
+        for t in ckpt.tensors() {
+            let d = &manifest.tensors[t.name()].digest;
+            writeln!(out, "{d}  {}  {} {:?}", t.name(), t.dtype(), t.shape())?;
+        }
+    }
+    out.flush()
+}
+
+/// A byte progress bar on stderr, only when stderr is a terminal.
+fn progress_bar(total_bytes: u64) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(total_bytes);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}")
+    {
+        bar.set_style(style);
+    }
+    Some(bar)
 }

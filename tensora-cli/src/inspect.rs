@@ -1,13 +1,191 @@
-//! `tensora inspect`. PLACEHOLDER: replaced by the issue that builds this subcommand.
+//! `tensora inspect PATH [--json]`: a checkpoint's format, files, tensors and metadata.
+//!
+//! Reads only headers and indexes (through `tensora_format::open`), never tensor data.
 
+use std::collections::BTreeMap;
+use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 
+use anyhow::Context as _;
+use serde::Serialize;
+use tensora_format::{Checkpoint, Dtype};
+
+/// Print a checkpoint's format, files, tensor count, bytes by dtype, metadata and a tensor table.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint path.
+    /// Checkpoint path: a .safetensors file, a directory of shards (with or without
+    /// *.safetensors.index.json), or a ServerlessLLM directory.
     pub path: std::path::PathBuf,
+    /// Print JSON: {"format", "files": [{"path", "size", "tensors"}], "tensors": [{"name", "dtype",
+    /// "shape", "file", "offset", "nbytes"}], "metadata"}. "file" is the index into "files",
+    /// "offset" is absolute in that file, "size" and "nbytes" are in bytes.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`tensora inspect` is not built yet")
+#[derive(Serialize)]
+struct JsonFile {
+    path: String,
+    size: u64,
+    tensors: usize,
+}
+
+#[derive(Serialize)]
+struct JsonTensor<'a> {
+    name: &'a str,
+    dtype: &'static str,
+    shape: &'a [u64],
+    file: u32,
+    offset: u64,
+    nbytes: u64,
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    format: &'static str,
+    files: Vec<JsonFile>,
+    tensors: Vec<JsonTensor<'a>>,
+    metadata: &'a BTreeMap<String, String>,
+}
+
+/// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let ckpt =
+        tensora_format::open(&args.path).with_context(|| format!("cannot open {}", args.path.display()))?;
+    for w in ckpt.warnings() {
+        eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
+    }
+    let stdout = io::stdout();
+    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    let written = if args.json { write_json(&ckpt, &mut out) } else { write_text(&ckpt, &mut out) };
+    match written.and_then(|()| out.flush()) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        // The reader went away (e.g. `| head`): not an error of ours.
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot write to stdout")),
+    }
+}
+
+fn tensors_per_file(ckpt: &Checkpoint) -> Vec<usize> {
+    let mut counts = vec![0usize; ckpt.files().len()];
+    for t in ckpt.tensors() {
+        counts[t.file().index()] += 1;
+    }
+    counts
+}
+
+fn write_json(ckpt: &Checkpoint, out: &mut impl Write) -> io::Result<()> {
+    let counts = tensors_per_file(ckpt);
+    let report = JsonReport {
+        format: ckpt.format().as_str(),
+        files: ckpt
+            .files()
+            .iter()
+            .zip(&counts)
+            .map(|(f, &tensors)| JsonFile {
+                path: f.path().display().to_string(),
+                size: f.len_bytes(),
+                tensors,
+            })
+            .collect(),
+        tensors: ckpt
+            .tensors()
+            .iter()
+            .map(|t| JsonTensor {
+                name: t.name(),
+                dtype: t.dtype().as_str(),
+                shape: t.shape(),
+                file: t.file().0,
+                offset: t.offset_bytes(),
+                nbytes: t.nbytes(),
+            })
+            .collect(),
+        metadata: ckpt.metadata(),
+    };
+    serde_json::to_writer(&mut *out, &report).map_err(io::Error::from)?;
+    writeln!(out)
+}
+
+/// `1234567` -> `1,234,567`.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut s = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            s.push(',');
+        }
+        s.push(c);
+    }
+    s
+}
+
+/// Replace control characters so one name is one line.
+fn printable(s: &str) -> String {
+    s.chars().map(|c| if c.is_control() { '\u{fffd}' } else { c }).collect()
+}
+
+fn write_text(ckpt: &Checkpoint, out: &mut impl Write) -> io::Result<()> {
+    let counts = tensors_per_file(ckpt);
+    writeln!(out, "format:  {}", ckpt.format().as_str())?;
+    writeln!(out, "path:    {}", ckpt.root().display())?;
+    writeln!(out, "files:   {}", ckpt.files().len())?;
+    for (i, (f, n)) in ckpt.files().iter().zip(&counts).enumerate() {
+        writeln!(out, "  [{i}] {}  {} bytes  {n} tensors", f.path().display(), grouped(f.len_bytes()))?;
+    }
+    writeln!(out, "tensors: {}", ckpt.tensors().len())?;
+    let mut by_dtype: BTreeMap<Dtype, (usize, u64)> = BTreeMap::new();
+    for t in ckpt.tensors() {
+        let e = by_dtype.entry(t.dtype()).or_default();
+        e.0 += 1;
+        e.1 += t.nbytes();
+    }
+    writeln!(out, "bytes by dtype:")?;
+    for (d, (n, bytes)) in &by_dtype {
+        writeln!(out, "  {:<12} {:>18} bytes  {n} tensors", d.as_str(), grouped(*bytes))?;
+    }
+    let total: u64 = by_dtype.values().map(|v| v.1).sum();
+    writeln!(out, "  {:<12} {:>18} bytes", "total", grouped(total))?;
+    writeln!(out, "metadata:{}", if ckpt.metadata().is_empty() { " (none)" } else { "" })?;
+    for (k, v) in ckpt.metadata() {
+        writeln!(out, "  {} = {}", printable(k), printable(v))?;
+    }
+    let name_w = ckpt.tensors().iter().map(|t| t.name().chars().count()).max().unwrap_or(4).clamp(4, 80);
+    writeln!(
+        out,
+        "{:<name_w$}  {:<11}  {:<24}  {:>4}  {:>14}  {:>14}",
+        "NAME", "DTYPE", "SHAPE", "FILE", "OFFSET", "NBYTES"
+    )?;
+    for t in ckpt.tensors() {
+        let shape = format!("{:?}", t.shape());
+        writeln!(
+            out,
+            "{:<name_w$}  {:<11}  {:<24}  {:>4}  {:>14}  {:>14}",
+            printable(t.name()),
+            t.dtype().as_str(),
+            shape,
+            t.file().0,
+            t.offset_bytes(),
+            t.nbytes()
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grouping() {
+        assert_eq!(grouped(0), "0");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(grouped(1000), "1,000");
+        assert_eq!(grouped(344_412), "344,412");
+        assert_eq!(grouped(u64::MAX), "18,446,744,073,709,551,615");
+    }
+
+    #[test]
+    fn control_characters_do_not_break_lines() {
+        assert_eq!(printable("a\nb\tc"), "a\u{fffd}b\u{fffd}c");
+    }
 }

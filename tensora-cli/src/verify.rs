@@ -1,13 +1,65 @@
-//! `tensora verify`. PLACEHOLDER: replaced by the issue that builds this subcommand.
+//! `tensora verify`: structure, file integrity, digests against a manifest, cross-backend agreement.
+//!
+//! Prints every finding, one per line, then a one-line summary as the last line. Exit status 0
+//! when there are no errors (warnings allowed), 1 otherwise.
 
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use anyhow::Context;
+use tensora_verify::check::{VerifyOptions, verify_path};
+use tensora_verify::manifest::Manifest;
+use tensora_verify::scan::ScanConfig;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint path.
-    pub path: std::path::PathBuf,
+    /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory.
+    pub path: PathBuf,
+    /// Manifest written by `tensora hash --write-manifest` (or any `{"tensors": ...}` document
+    /// with digests) to compare file sizes and tensor digests with.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// Also load the checkpoint with every available backend and require identical digests.
+    #[arg(long)]
+    pub cross_check: bool,
+    /// Print the report as one JSON document.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`tensora verify` is not built yet")
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let manifest = match &args.manifest {
+        Some(p) => Some(Manifest::read(p).with_context(|| format!("reading manifest {}", p.display()))?),
+        None => None,
+    };
+    let cross = tensora_verify::fused::cross_check;
+    let opts = VerifyOptions {
+        manifest: manifest.as_ref(),
+        cross_check: if args.cross_check { Some(&cross) } else { None },
+        scan: ScanConfig::default(),
+    };
+    let report = verify_path(&args.path, &opts);
+
+    match print(&args, &report) {
+        // A reader that left early (`| head`) does not change the verdict.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
+    }
+    Ok(if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn print(args: &Args, report: &tensora_verify::check::Report) -> std::io::Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report.to_json())?;
+        writeln!(out)?;
+    } else {
+        for f in &report.findings {
+            writeln!(out, "{f}")?;
+        }
+        writeln!(out, "{}", report.summary_line())?;
+    }
+    out.flush()
 }

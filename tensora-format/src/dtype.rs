@@ -74,7 +74,7 @@ impl Dtype {
     /// Bytes per element, or `None` for the sub-byte types (F4, F6_*).
     pub const fn size_bytes(self) -> Option<u64> {
         let bits = self.bits();
-        if bits % 8 == 0 { Some((bits / 8) as u64) } else { None }
+        if bits.is_multiple_of(8) { Some((bits / 8) as u64) } else { None }
     }
 
     /// The natural alignment of one element in bytes (1 for sub-byte types).
@@ -122,7 +122,7 @@ impl Dtype {
     /// count is not a multiple of 8.
     pub fn bytes_for(self, numel: u64) -> Option<u64> {
         let bits = numel.checked_mul(u64::from(self.bits()))?;
-        if bits % 8 != 0 {
+        if !bits.is_multiple_of(8) {
             return None;
         }
         Some(bits / 8)

@@ -69,6 +69,9 @@ pub enum ErrorKind {
     HeaderTooLarge { header_len_bytes: u64, limit_bytes: u64 },
     #[error("header length {header_len_bytes} plus 8 exceeds the file size {file_len_bytes}")]
     HeaderBeyondFile { header_len_bytes: u64, file_len_bytes: u64 },
+    /// Parsing from bytes: the caller passed fewer bytes than the header needs.
+    #[error("have {have_bytes} bytes of the file but the header needs the first {need_bytes}")]
+    BytesTooShort { have_bytes: u64, need_bytes: u64 },
 
     // ---- safetensors: header text and JSON ----
     #[error("header is not valid UTF-8 (byte {valid_up_to})")]
@@ -103,6 +106,9 @@ pub enum ErrorKind {
     BadShape { reason: String },
     #[error("shape rank {rank} exceeds the limit of {limit}")]
     RankTooLarge { rank: usize, limit: usize },
+    /// An integer literal that does not fit in u64 (rule 7).
+    #[error("integer at header byte {at} does not fit in u64")]
+    IntegerOutOfRange { at: usize },
     #[error("invalid data_offsets: {reason}")]
     BadOffsets { reason: String },
     #[error("size overflows u64 (shape × dtype bits)")]

@@ -1,19 +1,40 @@
 //! `cargo xtask <command>`: the project's automation, in Rust so it runs wherever cargo does.
 #![forbid(unsafe_code)]
 
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
 const USAGE: &str = "usage: cargo xtask <test|bench|fixtures|fuzz> [options]
 
-  test       fmt check, clippy -D warnings, every test (unit, integration, doc), quick bench
+  test                 fmt check, clippy -D warnings, every test (unit, integration, doc), quick bench
+  bench [OPTIONS]      build tensora-bench in release mode and run it; writes
+                       target/tensora-bench/report.{md,json,svg}
+      --quick          small fixtures, 3 runs, a subset of the cells
+      --size small|full
+      --runs N         timed runs per cell (default 5)
+      --cold|--no-cold run the cold-cache cells or not (default: run them)
+  fixtures [--size small|full]
+                       only generate (or check) the bench fixtures
+  fuzz [TARGET] [--seconds N]
+                       run the cargo-fuzz targets in fuzz/ (all, or TARGET) for N seconds each
+                       (default 60), installing cargo-fuzz if missing
 ";
+
+/// Default seconds per fuzz target.
+const FUZZ_SECONDS_DEFAULT: u64 = 60;
+/// Upper bound on `--seconds` (one day).
+const FUZZ_SECONDS_MAX: u64 = 86_400;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let rest = args.get(1..).unwrap_or(&[]);
     let result = match args.first().map(String::as_str) {
-        Some("test") => test(&args[1..]),
+        Some("test") => test(rest),
+        Some("bench") => bench(rest),
+        Some("fixtures") => fixtures(rest),
+        Some("fuzz") => fuzz(rest),
         Some("-h" | "--help") | None => {
             print!("{USAGE}");
             Ok(())
@@ -29,12 +50,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// Run a command from the workspace root, echoing it first; fail if it fails.
-fn run(program: &str, args: &[&str]) -> Result<()> {
-    eprintln!("$ {program} {}", args.join(" "));
+/// Run a command from the workspace root (or `dir` under it), echoing it first; fail if it fails.
+fn run_in(dir: Option<&str>, env: &[(&str, &str)], program: &str, args: &[&str]) -> Result<()> {
+    let env_text: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    eprintln!("$ {env_text}{program} {}", args.join(" "));
+    let root = workspace_root();
     let status = Command::new(program)
         .args(args)
-        .current_dir(workspace_root())
+        .envs(env.iter().copied())
+        .current_dir(dir.map_or_else(|| root.clone(), |d| root.join(d)))
         .status()
         .with_context(|| format!("cannot start {program}"))?;
     if !status.success() {
@@ -43,7 +67,11 @@ fn run(program: &str, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn workspace_root() -> std::path::PathBuf {
+fn run(program: &str, args: &[&str]) -> Result<()> {
+    run_in(None, &[], program, args)
+}
+
+fn workspace_root() -> PathBuf {
     let manifest_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
 }
@@ -61,5 +89,146 @@ fn test(args: &[String]) -> Result<()> {
     run(&cargo, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     run(&cargo, &["test", "--workspace", "--all-targets"])?;
     run(&cargo, &["test", "--workspace", "--doc"])?;
+    // The quick bench, so the bench never rots.
+    bench(&["--quick".to_string()])
+}
+
+/// Check the bench options and return them as tensora-bench arguments.
+fn bench_args(args: &[String], fixtures_only: bool) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" | "--cold" | "--no-cold" if !fixtures_only => out.push(arg.clone()),
+            "--size" => {
+                let v = it.next().context("--size needs small or full")?;
+                if v != "small" && v != "full" {
+                    bail!("--size must be small or full, got {v:?}");
+                }
+                out.extend([arg.clone(), v.clone()]);
+            }
+            "--runs" if !fixtures_only => {
+                let v = it.next().context("--runs needs a number")?;
+                let n: usize = v.parse().with_context(|| format!("--runs: {v:?} is not a number"))?;
+                if n == 0 {
+                    bail!("--runs must be at least 1");
+                }
+                out.extend([arg.clone(), v.clone()]);
+            }
+            other => bail!("unknown option {other:?}\n{USAGE}"),
+        }
+    }
+    if fixtures_only {
+        out.push("--fixtures-only".to_string());
+    }
+    Ok(out)
+}
+
+fn run_bench_binary(bench_args: Vec<String>) -> Result<()> {
+    let cargo = cargo();
+    let mut args = vec!["run", "--release", "--quiet", "-p", "tensora-bench", "--bin", "tensora-bench", "--"];
+    args.extend(bench_args.iter().map(String::as_str));
+    run(&cargo, &args)
+}
+
+fn bench(args: &[String]) -> Result<()> {
+    run_bench_binary(bench_args(args, false)?)
+}
+
+fn fixtures(args: &[String]) -> Result<()> {
+    run_bench_binary(bench_args(args, true)?)
+}
+
+/// `cargo xtask fuzz [TARGET] [--seconds N]`.
+fn fuzz(args: &[String]) -> Result<()> {
+    let mut target: Option<&str> = None;
+    let mut seconds = FUZZ_SECONDS_DEFAULT;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--seconds" => {
+                let v = it.next().context("--seconds needs a number")?;
+                seconds = v.parse().with_context(|| format!("--seconds: {v:?} is not a number"))?;
+                if !(1..=FUZZ_SECONDS_MAX).contains(&seconds) {
+                    bail!("--seconds must be in 1..={FUZZ_SECONDS_MAX}");
+                }
+            }
+            t if !t.starts_with('-') && target.is_none() => target = Some(t),
+            other => bail!("unexpected argument {other:?}\n{USAGE}"),
+        }
+    }
+    let fuzz_dir = workspace_root().join("fuzz");
+    if !fuzz_dir.join("Cargo.toml").is_file() {
+        bail!("no fuzz crate at {}", fuzz_dir.display());
+    }
+    let cargo = cargo();
+    // cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
+    let env = [("RUSTC_BOOTSTRAP", "1")];
+    let installed =
+        Command::new(&cargo).args(["fuzz", "--version"]).output().is_ok_and(|o| o.status.success());
+    if !installed {
+        run(&cargo, &["install", "cargo-fuzz", "--locked"])?;
+    }
+    let targets: Vec<String> = match target {
+        Some(t) => vec![t.to_string()],
+        None => {
+            let out = Command::new(&cargo)
+                .args(["fuzz", "list"])
+                .envs(env)
+                .current_dir(workspace_root())
+                .output()
+                .context("cannot run cargo fuzz list")?;
+            if !out.status.success() {
+                bail!("cargo fuzz list failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+            }
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect()
+        }
+    };
+    if targets.is_empty() {
+        bail!("no fuzz targets in {}", fuzz_dir.display());
+    }
+    let max_time = format!("-max_total_time={seconds}");
+    for t in &targets {
+        run_in(None, &env, &cargo, &["fuzz", "run", t, "--", &max_time])?;
+    }
+    eprintln!("fuzzed {} target(s) for {seconds} s each: {}", targets.len(), targets.join(", "));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn bench_options_pass_through_and_bad_ones_fail() {
+        let a =
+            bench_args(&strings(&["--quick", "--size", "full", "--runs", "7", "--no-cold"]), false).unwrap();
+        assert_eq!(a, strings(&["--quick", "--size", "full", "--runs", "7", "--no-cold"]));
+        assert!(bench_args(&strings(&["--size", "huge"]), false).is_err());
+        assert!(bench_args(&strings(&["--size"]), false).is_err());
+        assert!(bench_args(&strings(&["--runs", "0"]), false).is_err());
+        assert!(bench_args(&strings(&["--runs", "x"]), false).is_err());
+        assert!(bench_args(&strings(&["--remote"]), false).is_err());
+        assert_eq!(
+            bench_args(&strings(&["--size", "small"]), true).unwrap(),
+            strings(&["--size", "small", "--fixtures-only"])
+        );
+        assert!(bench_args(&strings(&["--quick"]), true).is_err());
+    }
+
+    #[test]
+    fn fuzz_rejects_bad_seconds_before_running_anything() {
+        assert!(fuzz(&strings(&["--seconds", "0"])).is_err());
+        assert!(fuzz(&strings(&["--seconds", "x"])).is_err());
+        assert!(fuzz(&strings(&["a", "b"])).is_err());
+    }
 }

@@ -1,0 +1,615 @@
+//! The whole bench: fixtures, rooflines, loaders and peers, in one run, into one [`Report`].
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::cache::{CacheDropper, DropMethod};
+use crate::fixtures::{self, Fixture, Size};
+use crate::peers;
+use crate::report::{
+    Cache, Cell, FixtureFacts, Kind, Machine, Mode, ROOFLINE_BUFFERED, ROOFLINE_DIRECT, ROOFLINE_WARM,
+    Report, RunFacts, SCHEMA_VERSION, Sample, Scope,
+};
+use crate::roofline::{self, ReadBuffers};
+use crate::stats::gbps;
+use tensora_io::arena::Arena;
+
+/// Warm-up runs before the timed ones (they fill the cache for warm cells).
+pub const WARMUP_RUNS: usize = 1;
+/// Upper bound on timed runs per cell.
+pub const RUNS_MAX: usize = 100;
+/// Default timed runs per cell.
+pub const RUNS_DEFAULT: usize = 5;
+/// Timed runs per cell with `--quick`.
+pub const RUNS_QUICK: usize = 3;
+/// In-flight budget of the streaming cells.
+pub const STREAMING_BUDGET_BYTES: u64 = 256 << 20;
+/// Partial cells select every `PARTIAL_EVERY`-th tensor (10 %).
+pub const PARTIAL_EVERY: usize = 10;
+
+/// Peer: `fs::read` + `SafeTensors::deserialize`.
+pub const PEER_ST_READ: &str = "safetensors-rs fs::read";
+/// Peer: mmap + `to_vec` per tensor.
+pub const PEER_ST_MMAP: &str = "safetensors-rs mmap+to_vec";
+/// Peer: Hugging Face's Python `load_file`.
+pub const PEER_PYTHON: &str = "hf-python load_file";
+/// The adaptive backend choice.
+pub const AUTO: &str = "auto";
+
+/// How to run the bench.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Where fixtures and reports go (e.g. `target/tensora-bench`).
+    pub out_dir: PathBuf,
+    pub size: Size,
+    /// Timed runs per cell, `1..=RUNS_MAX`.
+    pub runs: usize,
+    /// Run the cold cells.
+    pub cold: bool,
+    /// Only a subset of cells.
+    pub quick: bool,
+    pub seed: u64,
+}
+
+impl BenchConfig {
+    /// Check the knobs.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=RUNS_MAX).contains(&self.runs) {
+            bail!("--runs must be in 1..={RUNS_MAX}, got {}", self.runs);
+        }
+        Ok(())
+    }
+
+    /// Where the fixtures of this size live.
+    pub fn fixtures_dir(&self) -> PathBuf {
+        self.out_dir.join("fixtures").join(self.size.as_str())
+    }
+}
+
+/// Who is measured in a cell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    RooflineWarm,
+    RooflineDirect,
+    RooflineBuffered,
+    /// A registered backend name, or [`AUTO`].
+    Tensora(String),
+    PeerRead,
+    PeerMmap,
+    PeerPython,
+}
+
+impl Subject {
+    /// Name in reports.
+    pub fn name(&self) -> &str {
+        match self {
+            Subject::RooflineWarm => ROOFLINE_WARM,
+            Subject::RooflineDirect => ROOFLINE_DIRECT,
+            Subject::RooflineBuffered => ROOFLINE_BUFFERED,
+            Subject::Tensora(name) => name,
+            Subject::PeerRead => PEER_ST_READ,
+            Subject::PeerMmap => PEER_ST_MMAP,
+            Subject::PeerPython => PEER_PYTHON,
+        }
+    }
+
+    /// Kind in reports.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Subject::RooflineWarm | Subject::RooflineDirect | Subject::RooflineBuffered => Kind::Roofline,
+            Subject::Tensora(_) => Kind::Backend,
+            Subject::PeerRead | Subject::PeerMmap | Subject::PeerPython => Kind::Peer,
+        }
+    }
+}
+
+/// One cell to measure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CellSpec {
+    pub subject: Subject,
+    pub cache: Cache,
+    pub scope: Scope,
+    pub mode: Mode,
+}
+
+impl CellSpec {
+    fn new(subject: Subject, cache: Cache, scope: Scope, mode: Mode) -> CellSpec {
+        CellSpec { subject, cache, scope, mode }
+    }
+}
+
+/// The cells to measure on `fixture`, in order: rooflines first (every ratio needs them), then
+/// Tensora (`backends` and [`AUTO`]), then peers. Cold cells only when `config.cold`.
+pub fn plan_cells(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Vec<CellSpec> {
+    use Cache::{Cold, Warm};
+    use Mode::{Owned, Raw, Streaming};
+    use Scope::{Full, Partial};
+    let mut cells = vec![CellSpec::new(Subject::RooflineWarm, Warm, Full, Raw)];
+    if config.cold {
+        cells.push(CellSpec::new(Subject::RooflineDirect, Cold, Full, Raw));
+        cells.push(CellSpec::new(Subject::RooflineBuffered, Cold, Full, Raw));
+    }
+    let caches: &[Cache] = if config.cold { &[Warm, Cold] } else { &[Warm] };
+    // The peers read safetensors only.
+    let peers = fixture != fixtures::TINYLLAMA_SLLM;
+    let mut names: Vec<String> = backends.iter().map(|b| b.to_string()).collect();
+    names.push(AUTO.to_string());
+    if config.quick {
+        // Quick: every backend once (warm, full, owned); auto across the other axes; peers warm.
+        let main = fixture == fixtures::TINYLLAMA;
+        let tensora = |n: &str| Subject::Tensora(n.to_string());
+        if main {
+            for n in &names {
+                cells.push(CellSpec::new(tensora(n), Warm, Full, Owned));
+            }
+            cells.push(CellSpec::new(tensora(AUTO), Warm, Partial, Owned));
+            cells.push(CellSpec::new(tensora(AUTO), Warm, Full, Streaming));
+            if config.cold {
+                cells.push(CellSpec::new(tensora(AUTO), Cold, Full, Owned));
+            }
+            cells.push(CellSpec::new(Subject::PeerRead, Warm, Full, Owned));
+            cells.push(CellSpec::new(Subject::PeerMmap, Warm, Full, Owned));
+            cells.push(CellSpec::new(Subject::PeerPython, Warm, Full, Owned));
+        } else {
+            cells.push(CellSpec::new(tensora(AUTO), Warm, Full, Owned));
+            if peers {
+                cells.push(CellSpec::new(Subject::PeerRead, Warm, Full, Owned));
+            }
+        }
+        return cells;
+    }
+    for n in &names {
+        for &cache in caches {
+            for scope in [Full, Partial] {
+                for mode in [Owned, Streaming] {
+                    cells.push(CellSpec::new(Subject::Tensora(n.clone()), cache, scope, mode));
+                }
+            }
+        }
+    }
+    if !peers {
+        return cells;
+    }
+    for peer in [Subject::PeerRead, Subject::PeerMmap] {
+        for &cache in caches {
+            for scope in [Full, Partial] {
+                cells.push(CellSpec::new(peer.clone(), cache, scope, Owned));
+            }
+        }
+    }
+    for &cache in caches {
+        cells.push(CellSpec::new(Subject::PeerPython, cache, Full, Owned));
+    }
+    cells
+}
+
+/// Run `body` [`WARMUP_RUNS`] + `runs` times, dropping the cache before each run when `cold` is
+/// given. `body` returns (seconds, bytes) so that it can time itself (the Python peer does).
+pub fn measure_timed(
+    runs: usize,
+    cold: Option<(&CacheDropper, &[PathBuf])>,
+    mut body: impl FnMut() -> Result<(f64, u64)>,
+) -> Result<Vec<Sample>> {
+    let runs = runs.min(RUNS_MAX);
+    let mut samples = Vec::with_capacity(runs);
+    for i in 0..WARMUP_RUNS + runs {
+        if let Some((dropper, files)) = cold {
+            dropper.drop_files(files)?;
+        }
+        let (seconds, bytes) = body()?;
+        if i >= WARMUP_RUNS {
+            samples.push(Sample { seconds, bytes, gbps: gbps(bytes, seconds) });
+        }
+    }
+    Ok(samples)
+}
+
+/// [`measure_timed`] with the wall clock around `body`, which returns the bytes it loaded.
+pub fn measure(
+    runs: usize,
+    cold: Option<(&CacheDropper, &[PathBuf])>,
+    mut body: impl FnMut() -> Result<u64>,
+) -> Result<Vec<Sample>> {
+    measure_timed(runs, cold, || {
+        let t = Instant::now();
+        let bytes = body()?;
+        Ok((t.elapsed().as_secs_f64(), bytes))
+    })
+}
+
+/// Names of the partial selection: every [`PARTIAL_EVERY`]-th tensor of the checkpoint.
+pub fn partial_names(all_names: &[String]) -> Vec<String> {
+    all_names.iter().step_by(PARTIAL_EVERY).cloned().collect()
+}
+
+/// Shared state of one bench run.
+struct Runner<'a> {
+    config: &'a BenchConfig,
+    dropper: Option<CacheDropper>,
+    python: Result<PathBuf, String>,
+    arena: Option<Arena>,
+    direct_buffers: Option<ReadBuffers>,
+    copy_buffers: Option<ReadBuffers>,
+    log: &'a mut dyn FnMut(&str),
+}
+
+/// Run the bench and return the report (not yet written; see [`write_reports`]). `log` receives
+/// one line per step.
+pub fn run(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<Report> {
+    config.validate()?;
+    let prepared = prepare_fixtures(config, log)?;
+    let machine = Machine::detect(&config.fixtures_dir());
+    let (cells, cache_drop) = measure_fixtures(config, &prepared.fixtures, log)?;
+    Ok(build_report(config, machine, prepared, cells, cache_drop))
+}
+
+/// Measure every planned cell of every fixture. Returns the cells and, when cold cells ran, how
+/// the cache was dropped.
+pub fn measure_fixtures(
+    config: &BenchConfig,
+    fixtures: &[Fixture],
+    log: &mut dyn FnMut(&str),
+) -> Result<(Vec<Cell>, Option<DropMethod>)> {
+    config.validate()?;
+    let dropper = if config.cold {
+        let probe = fixtures.first().and_then(|f| f.data_files.first()).context("no fixture files")?;
+        Some(CacheDropper::probe(probe)?)
+    } else {
+        None
+    };
+    let python = peers::python_available().and_then(|()| {
+        std::fs::create_dir_all(&config.out_dir).map_err(|e| e.to_string())?;
+        let script = config.out_dir.join("hf_load_file.py");
+        crate::writer::write_text(&script, peers::PYTHON_SCRIPT).map_err(|e| format!("{e:#}"))?;
+        Ok(script)
+    });
+    let mut runner =
+        Runner { config, dropper, python, arena: None, direct_buffers: None, copy_buffers: None, log };
+    let backends = crate::loaders::backend_names();
+    let mut cells = Vec::new();
+    for fixture in fixtures {
+        let names = crate::loaders::tensor_names(fixture)?;
+        let partial: Vec<String> = partial_names(&names);
+        for spec in plan_cells(config, &fixture.name, &backends) {
+            let cell = runner.run_cell(fixture, &spec, &partial);
+            let line = match &cell.gbps {
+                Some(g) => format!("{:.2} GB/s median ({:.2}..{:.2})", g.median, g.min, g.max),
+                None => format!("{:?}: {}", cell.status, cell.reason.as_deref().unwrap_or("")),
+            };
+            (runner.log)(&format!(
+                "{} | {} | {} {} {} | {line}",
+                fixture.name,
+                spec.subject.name(),
+                spec.cache.as_str(),
+                spec.scope.as_str(),
+                spec.mode.as_str()
+            ));
+            cells.push(cell);
+        }
+    }
+    Ok((cells, runner.dropper.as_ref().map(CacheDropper::method)))
+}
+
+/// Assemble the report and compute rooflines and ratios.
+pub fn build_report(
+    config: &BenchConfig,
+    machine: Machine,
+    prepared: Prepared,
+    cells: Vec<Cell>,
+    cache_drop: Option<DropMethod>,
+) -> Report {
+    let mut report = Report {
+        schema_version: SCHEMA_VERSION,
+        run: RunFacts {
+            size: config.size.as_str().to_string(),
+            runs: config.runs,
+            warmup_runs: WARMUP_RUNS,
+            cold: config.cold,
+            quick: config.quick,
+            seed: config.seed,
+            streaming_budget_bytes: STREAMING_BUDGET_BYTES,
+            cache_drop: cache_drop.map(|d| d.describe().to_string()),
+        },
+        machine,
+        fixtures: prepared.facts,
+        fixtures_skipped: prepared.skipped,
+        rooflines: Vec::new(),
+        cells,
+    };
+    report.compute_rooflines();
+    report
+}
+
+/// Fixtures ready to measure.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub fixtures: Vec<Fixture>,
+    pub facts: Vec<FixtureFacts>,
+    /// Fixtures that could not be produced, and why.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// Generate or reuse every fixture of the configured size.
+pub fn prepare_fixtures(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<Prepared> {
+    let dir = config.fixtures_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut fixtures = Vec::new();
+    let mut facts = Vec::new();
+    for spec in fixtures::specs(config.size, config.seed) {
+        let t = Instant::now();
+        let f = fixtures::ensure(&dir, &spec, config.size, config.seed)?;
+        let seconds = t.elapsed().as_secs_f64();
+        log(&format!(
+            "fixture {}: {} ({} tensors, {:.3} GB) in {seconds:.1} s",
+            f.name,
+            if f.generated { "generated" } else { "reused" },
+            f.tensors,
+            f.files_len_bytes as f64 / 1e9
+        ));
+        facts.push(fixture_facts(&f, seconds));
+        fixtures.push(f);
+    }
+    let mut skipped = Vec::new();
+    let source = fixtures.iter().find(|f| f.name == fixtures::TINYLLAMA).cloned();
+    if let Some(source) = source {
+        let t = Instant::now();
+        match crate::loaders::ensure_sllm(&dir, &source, config.size, config.seed) {
+            Ok(f) => {
+                let seconds = t.elapsed().as_secs_f64();
+                log(&format!(
+                    "fixture {}: {} in {seconds:.1} s",
+                    f.name,
+                    if f.generated { "converted" } else { "reused" }
+                ));
+                facts.push(fixture_facts(&f, seconds));
+                fixtures.push(f);
+            }
+            Err(e) => {
+                log(&format!("fixture {}: skipped: {e:#}", fixtures::TINYLLAMA_SLLM));
+                skipped.push((fixtures::TINYLLAMA_SLLM.to_string(), format!("{e:#}")));
+            }
+        }
+    }
+    Ok(Prepared { fixtures, facts, skipped })
+}
+
+/// Facts of a fixture for the report.
+pub fn fixture_facts(f: &Fixture, generate_seconds: f64) -> FixtureFacts {
+    FixtureFacts {
+        name: f.name.clone(),
+        path: f.open_path.display().to_string(),
+        files: f.data_files.len(),
+        tensors: f.tensors,
+        data_len_bytes: f.data_len_bytes,
+        files_len_bytes: f.files_len_bytes,
+        generated: f.generated,
+        generate_seconds,
+    }
+}
+
+impl Runner<'_> {
+    fn run_cell(&mut self, fixture: &Fixture, spec: &CellSpec, partial: &[String]) -> Cell {
+        let cell = Cell::new(
+            &fixture.name,
+            spec.subject.name(),
+            spec.subject.kind(),
+            spec.cache,
+            spec.scope,
+            spec.mode,
+        );
+        match self.try_cell(fixture, spec, partial) {
+            Ok(Outcome::Samples(samples, details)) => {
+                let mut cell = cell.with_samples(samples);
+                cell.details = details;
+                cell
+            }
+            Ok(Outcome::Skipped(why)) => cell.skipped(why),
+            Err(e) => cell.failed(&e),
+        }
+    }
+
+    fn try_cell(&mut self, fixture: &Fixture, spec: &CellSpec, partial: &[String]) -> Result<Outcome> {
+        let runs = self.config.runs;
+        let cold = match spec.cache {
+            Cache::Warm => None,
+            Cache::Cold => {
+                let dropper = self.dropper.as_ref().context("cold cell without a cache dropper")?;
+                Some((dropper, &fixture.data_files[..]))
+            }
+        };
+        let selected: Option<HashSet<String>> = match spec.scope {
+            Scope::Full => None,
+            Scope::Partial => Some(partial.iter().cloned().collect()),
+        };
+        let files = &fixture.data_files;
+        let samples = match &spec.subject {
+            Subject::RooflineWarm => {
+                let need = files
+                    .iter()
+                    .map(|f| std::fs::metadata(f).map(|m| m.len()))
+                    .try_fold(0, |acc, l| l.map(|l: u64| acc.max(l)))?;
+                if self.arena.as_ref().is_none_or(|a| a.len_bytes() < need) {
+                    self.arena = None;
+                    self.arena = Some(Arena::with_len(need).context("map the roofline arena")?);
+                }
+                let arena = self.arena.as_mut().context("arena")?;
+                let samples = measure(runs, cold, || roofline::warm_pread(files, arena))?;
+                let details = Some(serde_json::json!({ "huge_pages_advised": arena.huge_pages_advised() }));
+                return Ok(Outcome::Samples(samples, details));
+            }
+            Subject::RooflineDirect => {
+                let bufs =
+                    self.direct_buffers.get_or_insert_with(|| ReadBuffers::new(roofline::DIRECT_QUEUE_DEPTH));
+                measure(runs, cold, || roofline::cold_direct(files, bufs))?
+            }
+            Subject::RooflineBuffered => {
+                let bufs = self.copy_buffers.get_or_insert_with(|| ReadBuffers::new(roofline::COPY_THREADS));
+                measure(runs, cold, || roofline::cold_buffered(files, bufs))?
+            }
+            Subject::PeerRead => measure(runs, cold, || Ok(peers::st_read(files, selected.as_ref())?.bytes))?,
+            Subject::PeerMmap => {
+                return crate::loaders::peer_mmap(files, runs, cold, selected.as_ref())
+                    .map(|s| Outcome::Samples(s, None));
+            }
+            Subject::PeerPython => {
+                let script = match &self.python {
+                    Ok(script) => script,
+                    Err(why) => {
+                        return Ok(Outcome::Skipped(format!(
+                            "python3 cannot import safetensors+numpy: {why}"
+                        )));
+                    }
+                };
+                measure_timed(runs, cold, || {
+                    let (seconds, loaded) = peers::python_load(script, files)?;
+                    Ok((seconds, loaded.bytes))
+                })?
+            }
+            Subject::Tensora(backend) => {
+                let load = crate::loaders::TensoraCell {
+                    open_path: &fixture.open_path,
+                    backend,
+                    selection: selected.is_some().then_some(partial),
+                    streaming: spec.mode == Mode::Streaming,
+                    streaming_budget_bytes: STREAMING_BUDGET_BYTES,
+                };
+                return crate::loaders::measure_tensora(&load, runs, cold);
+            }
+        };
+        Ok(Outcome::Samples(samples, None))
+    }
+}
+
+/// What a cell produced.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Timed samples, with optional details of the last run.
+    Samples(Vec<Sample>, Option<serde_json::Value>),
+    /// Not run, and why.
+    Skipped(String),
+}
+
+/// Write `report.md`, `report.json` and `report.svg` into `dir`; returns their paths.
+pub fn write_reports(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
+    let md = dir.join("report.md");
+    let json = dir.join("report.json");
+    let svg = dir.join("report.svg");
+    crate::writer::write_text(&md, &report.to_markdown())?;
+    crate::writer::write_text(&json, &report.to_json()?)?;
+    crate::writer::write_text(&svg, &report.to_svg(fixtures::TINYLLAMA)?)?;
+    Ok(vec![md, json, svg])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn config(quick: bool, cold: bool) -> BenchConfig {
+        BenchConfig {
+            out_dir: PathBuf::from("unused"),
+            size: Size::Small,
+            runs: 3,
+            cold,
+            quick,
+            seed: fixtures::DEFAULT_SEED,
+        }
+    }
+
+    const BACKENDS: [&str; 4] = ["sync", "mmap", "io-uring", "async"];
+
+    #[test]
+    fn full_plan_covers_every_axis() {
+        let cells = plan_cells(&config(false, true), fixtures::TINYLLAMA, &BACKENDS);
+        // Rooflines first.
+        assert_eq!(cells[0].subject, Subject::RooflineWarm);
+        assert_eq!(cells[1].subject, Subject::RooflineDirect);
+        assert_eq!(cells[2].subject, Subject::RooflineBuffered);
+        assert!(cells[3..].iter().all(|c| c.subject.kind() != Kind::Roofline));
+        // (4 backends + auto) × warm/cold × full/partial × owned/streaming.
+        let tensora = cells.iter().filter(|c| matches!(c.subject, Subject::Tensora(_))).count();
+        assert_eq!(tensora, 5 * 2 * 2 * 2);
+        for b in BACKENDS.iter().chain([&AUTO]) {
+            for cache in [Cache::Warm, Cache::Cold] {
+                for scope in [Scope::Full, Scope::Partial] {
+                    for mode in [Mode::Owned, Mode::Streaming] {
+                        let want = CellSpec::new(Subject::Tensora(b.to_string()), cache, scope, mode);
+                        assert!(cells.contains(&want), "{want:?}");
+                    }
+                }
+            }
+        }
+        // Peers: 2 Rust peers × 2 caches × 2 scopes, Python × 2 caches.
+        assert_eq!(cells.iter().filter(|c| c.subject.kind() == Kind::Peer).count(), 8 + 2);
+        // No duplicates.
+        for (i, c) in cells.iter().enumerate() {
+            assert!(!cells[i + 1..].contains(c), "duplicate {c:?}");
+        }
+    }
+
+    #[test]
+    fn no_cold_means_no_cold_cells_and_sllm_has_no_peers() {
+        let cells = plan_cells(&config(false, false), fixtures::TINYLLAMA, &BACKENDS);
+        assert!(cells.iter().all(|c| c.cache == Cache::Warm));
+        let sllm = plan_cells(&config(false, true), fixtures::TINYLLAMA_SLLM, &BACKENDS);
+        assert!(sllm.iter().all(|c| c.subject.kind() != Kind::Peer));
+        assert!(sllm.iter().any(|c| c.cache == Cache::Cold));
+    }
+
+    #[test]
+    fn quick_plan_is_a_small_subset() {
+        let full = plan_cells(&config(false, true), fixtures::TINYLLAMA, &BACKENDS);
+        let quick = plan_cells(&config(true, true), fixtures::TINYLLAMA, &BACKENDS);
+        assert!(quick.len() < full.len() / 2);
+        assert!(quick.iter().all(|c| full.contains(c)));
+        // Every backend still runs once.
+        for b in BACKENDS.iter().chain([&AUTO]) {
+            assert!(quick.iter().any(|c| c.subject == Subject::Tensora(b.to_string())));
+        }
+        let other = plan_cells(&config(true, true), fixtures::MANY_SMALL, &BACKENDS);
+        assert!(other.len() <= 5);
+    }
+
+    #[test]
+    fn measure_drops_the_warm_up_and_keeps_every_run() {
+        let mut calls = 0u64;
+        let samples = measure_timed(4, None, || {
+            calls += 1;
+            Ok((0.5, calls * 1_000_000_000))
+        })
+        .unwrap();
+        assert_eq!(calls, 5);
+        assert_eq!(samples.len(), 4);
+        // The warm-up (bytes = 1e9) is not among the samples.
+        assert_eq!(samples[0].bytes, 2_000_000_000);
+        assert_eq!(samples[0].gbps, 4.0);
+        let mut n = 0;
+        let err = measure(3, None, || {
+            n += 1;
+            if n == 2 { anyhow::bail!("second run fails") } else { Ok(1) }
+        });
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn runs_are_bounded() {
+        assert!(config(false, false).validate().is_ok());
+        assert!(BenchConfig { runs: 0, ..config(false, false) }.validate().is_err());
+        assert!(BenchConfig { runs: RUNS_MAX + 1, ..config(false, false) }.validate().is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn partial_is_every_tenth(n in 0usize..2000) {
+            let names: Vec<String> = (0..n).map(|i| format!("t{i}")).collect();
+            let p = partial_names(&names);
+            prop_assert_eq!(p.len(), n.div_ceil(PARTIAL_EVERY));
+            prop_assert!(p.iter().all(|x| names.contains(x)));
+        }
+    }
+}

@@ -1,0 +1,657 @@
+//! The bench's results: every sample, the machine it ran on, and three renderings (Markdown table,
+//! JSON, SVG chart).
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{Summary, ratio};
+
+/// Bump when the JSON shape changes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// What is being measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// A machine limit (pread into a hugepage arena, O_DIRECT, buffered read).
+    Roofline,
+    /// A Tensora backend, or `auto`.
+    Backend,
+    /// Code users run today (safetensors-rs, HF Python).
+    Peer,
+}
+
+/// Page cache state at the start of each run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cache {
+    Warm,
+    /// Dropped before every run (and before the warm-up).
+    Cold,
+}
+
+impl Cache {
+    /// Lower-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Cache::Warm => "warm",
+            Cache::Cold => "cold",
+        }
+    }
+}
+
+/// Which tensors are loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    /// Every tensor (rooflines: every byte of every file).
+    Full,
+    /// Every tenth tensor.
+    Partial,
+}
+
+impl Scope {
+    /// Lower-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Scope::Full => "full",
+            Scope::Partial => "partial",
+        }
+    }
+}
+
+/// Where the loaded bytes end up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// All selected tensors held at once.
+    Owned,
+    /// Tensors handed out one by one under an in-flight budget.
+    Streaming,
+    /// Rooflines: bytes read and discarded (or overwritten).
+    Raw,
+}
+
+impl Mode {
+    /// Lower-case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Mode::Owned => "owned",
+            Mode::Streaming => "streaming",
+            Mode::Raw => "raw",
+        }
+    }
+}
+
+/// Outcome of a cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    Ok,
+    /// Not run, for the stated reason (e.g. Python without safetensors).
+    Skipped,
+    /// Run and failed, with the error as the reason.
+    Failed,
+}
+
+/// One timed run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub seconds: f64,
+    /// Bytes of tensor data loaded (rooflines: file bytes read).
+    pub bytes: u64,
+    pub gbps: f64,
+}
+
+/// Everything measured for one (fixture, subject, cache, scope, mode).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    pub fixture: String,
+    pub subject: String,
+    pub kind: Kind,
+    pub cache: Cache,
+    pub scope: Scope,
+    pub mode: Mode,
+    pub status: Status,
+    /// Why it was skipped or how it failed.
+    pub reason: Option<String>,
+    /// Timed runs, warm-up excluded.
+    pub samples: Vec<Sample>,
+    /// GB/s over `samples`.
+    pub gbps: Option<Summary>,
+    /// The roofline this cell is compared with (warm or device), GB/s.
+    pub roofline_gbps: Option<f64>,
+    /// Median GB/s divided by `roofline_gbps`.
+    pub ratio: Option<f64>,
+    /// Subject-specific details of the last run (e.g. a Tensora load report).
+    pub details: Option<serde_json::Value>,
+}
+
+impl Cell {
+    /// A cell that has not run yet.
+    pub fn new(fixture: &str, subject: &str, kind: Kind, cache: Cache, scope: Scope, mode: Mode) -> Cell {
+        Cell {
+            fixture: fixture.to_string(),
+            subject: subject.to_string(),
+            kind,
+            cache,
+            scope,
+            mode,
+            status: Status::Ok,
+            reason: None,
+            samples: Vec::new(),
+            gbps: None,
+            roofline_gbps: None,
+            ratio: None,
+            details: None,
+        }
+    }
+
+    /// Record the timed samples.
+    pub fn with_samples(mut self, samples: Vec<Sample>) -> Cell {
+        self.gbps = Summary::of(&samples.iter().map(|s| s.gbps).collect::<Vec<_>>());
+        self.samples = samples;
+        self.status = Status::Ok;
+        self
+    }
+
+    /// Mark as skipped.
+    pub fn skipped(mut self, reason: impl Into<String>) -> Cell {
+        self.status = Status::Skipped;
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// Mark as failed.
+    pub fn failed(mut self, error: &anyhow::Error) -> Cell {
+        self.status = Status::Failed;
+        self.reason = Some(format!("{error:#}"));
+        self
+    }
+
+    fn median(&self) -> Option<f64> {
+        self.gbps.map(|s| s.median)
+    }
+}
+
+/// The machine the numbers came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    pub kernel: String,
+    pub cpu_model: String,
+    pub cores: usize,
+    pub mem_total_bytes: u64,
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`.
+    pub transparent_hugepage: String,
+    /// Filesystem type of the fixtures (from `/proc/mounts`).
+    pub fixture_filesystem: String,
+    /// Seconds since the Unix epoch when the run started.
+    pub started_unix_seconds: u64,
+}
+
+impl Machine {
+    /// Read the facts from `/proc` and `/sys`; unknown facts become `"unknown"` or 0.
+    pub fn detect(fixture_dir: &std::path::Path) -> Machine {
+        let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).ok();
+        let cpu_model = read("/proc/cpuinfo")
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split(':').nth(1))
+                    .map(str::trim)
+                    .map(String::from)
+            })
+            .unwrap_or_else(|| "unknown".to_string());
+        let mem_total_bytes = read("/proc/meminfo")
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("MemTotal:"))?.to_string();
+                line.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+            .map_or(0, |kib| kib * 1024);
+        Machine {
+            kernel: read("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".to_string()),
+            cpu_model,
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            mem_total_bytes,
+            transparent_hugepage: read("/sys/kernel/mm/transparent_hugepage/enabled")
+                .unwrap_or_else(|| "unknown".to_string()),
+            fixture_filesystem: filesystem_of(fixture_dir).unwrap_or_else(|| "unknown".to_string()),
+            started_unix_seconds: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        }
+    }
+}
+
+/// Filesystem type of the longest mount point that is a prefix of `path`.
+fn filesystem_of(path: &std::path::Path) -> Option<String> {
+    let path = std::fs::canonicalize(path).ok()?;
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_dev, mount, fs) = (f.next()?, f.next()?, f.next()?);
+            path.starts_with(mount).then(|| (mount.len(), fs.to_string()))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, fs)| fs)
+}
+
+/// A generated (or reused) fixture.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FixtureFacts {
+    pub name: String,
+    pub path: String,
+    pub files: usize,
+    pub tensors: u64,
+    pub data_len_bytes: u64,
+    pub files_len_bytes: u64,
+    /// Whether this run generated it (false: reused, manifest matched).
+    pub generated: bool,
+    pub generate_seconds: f64,
+}
+
+/// The limits of one fixture.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rooflines {
+    pub fixture: String,
+    /// Median warm pread into hugepages.
+    pub warm_gbps: Option<f64>,
+    /// Best median of the cold rooflines.
+    pub device_gbps: Option<f64>,
+    /// Which cold roofline won.
+    pub device_subject: Option<String>,
+}
+
+/// How the run was configured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunFacts {
+    pub size: String,
+    pub runs: usize,
+    pub warmup_runs: usize,
+    pub cold: bool,
+    pub quick: bool,
+    pub seed: u64,
+    pub streaming_budget_bytes: u64,
+    /// How cold runs dropped the page cache (`None` when no cold cell ran).
+    pub cache_drop: Option<String>,
+}
+
+/// The whole result of a bench run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub schema_version: u32,
+    pub run: RunFacts,
+    pub machine: Machine,
+    pub fixtures: Vec<FixtureFacts>,
+    /// Fixtures that could not be produced, with the reason.
+    pub fixtures_skipped: Vec<(String, String)>,
+    pub rooflines: Vec<Rooflines>,
+    pub cells: Vec<Cell>,
+}
+
+/// Roofline subject names.
+pub const ROOFLINE_WARM: &str = "roofline: pread 2 threads -> hugepages";
+/// Cold O_DIRECT roofline.
+pub const ROOFLINE_DIRECT: &str = "roofline: O_DIRECT QD32 8MiB";
+/// Cold buffered roofline.
+pub const ROOFLINE_BUFFERED: &str = "roofline: buffered pread 2 threads";
+
+impl Report {
+    /// Compute each fixture's rooflines from its roofline cells and fill every cell's ratio: warm
+    /// cells against the warm roofline, cold cells against the device roofline.
+    pub fn compute_rooflines(&mut self) {
+        let mut names: Vec<String> = Vec::new();
+        for c in &self.cells {
+            if !names.contains(&c.fixture) {
+                names.push(c.fixture.clone());
+            }
+        }
+        self.rooflines = names
+            .iter()
+            .map(|f| {
+                let median_of = |subject: &str| {
+                    self.cells
+                        .iter()
+                        .find(|c| &c.fixture == f && c.kind == Kind::Roofline && c.subject == subject)
+                        .and_then(Cell::median)
+                };
+                let device = [ROOFLINE_DIRECT, ROOFLINE_BUFFERED]
+                    .into_iter()
+                    .filter_map(|s| median_of(s).map(|m| (s, m)))
+                    .max_by(|a, b| a.1.total_cmp(&b.1));
+                Rooflines {
+                    fixture: f.clone(),
+                    warm_gbps: median_of(ROOFLINE_WARM),
+                    device_gbps: device.map(|d| d.1),
+                    device_subject: device.map(|d| d.0.to_string()),
+                }
+            })
+            .collect();
+        for c in &mut self.cells {
+            let Some(r) = self.rooflines.iter().find(|r| r.fixture == c.fixture) else { continue };
+            c.roofline_gbps = match c.cache {
+                Cache::Warm => r.warm_gbps,
+                Cache::Cold => r.device_gbps,
+            };
+            c.ratio = match (c.median(), c.roofline_gbps) {
+                (Some(m), Some(r)) => ratio(m, r),
+                _ => None,
+            };
+        }
+    }
+
+    /// The Markdown report: run facts, then one table per fixture.
+    pub fn to_markdown(&self) -> String {
+        let mut s = String::new();
+        let m = &self.machine;
+        let _ = writeln!(s, "# Tensora bench\n");
+        let _ = writeln!(
+            s,
+            "Machine: {} cores ({}), {:.1} GiB RAM, Linux {}, THP `{}`, fixtures on {}.  ",
+            m.cores,
+            m.cpu_model,
+            m.mem_total_bytes as f64 / f64::from(1u32 << 30),
+            m.kernel,
+            m.transparent_hugepage,
+            m.fixture_filesystem
+        );
+        let r = &self.run;
+        let _ = writeln!(
+            s,
+            "Run: size {}, {} timed runs per cell after {} warm-up, seed {:#x}{}. GB = 10^9 bytes.  ",
+            r.size,
+            r.runs,
+            r.warmup_runs,
+            r.seed,
+            if r.quick { ", quick subset" } else { "" }
+        );
+        let _ =
+            writeln!(s, "Cold cache: {}.\n", r.cache_drop.as_deref().unwrap_or("not measured (--no-cold)"));
+        for (name, why) in &self.fixtures_skipped {
+            let _ = writeln!(s, "Fixture `{name}` skipped: {why}.  ");
+        }
+        for f in &self.fixtures {
+            let cells: Vec<&Cell> = self.cells.iter().filter(|c| c.fixture == f.name).collect();
+            if cells.is_empty() {
+                continue;
+            }
+            let _ = writeln!(
+                s,
+                "\n## {} — {} tensors in {} file(s), {:.3} GB of tensor data\n",
+                f.name,
+                f.tensors,
+                f.files,
+                f.data_len_bytes as f64 / 1e9
+            );
+            if let Some(rl) = self.rooflines.iter().find(|r| r.fixture == f.name) {
+                let _ = writeln!(
+                    s,
+                    "Warm roofline {}; device roofline {}{}.\n",
+                    fmt_gbps(rl.warm_gbps),
+                    fmt_gbps(rl.device_gbps),
+                    rl.device_subject.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
+                );
+            }
+            s.push_str("| subject | cache | scope | mode | median GB/s | min | max | vs roofline | note |\n");
+            s.push_str("|---|---|---|---|---:|---:|---:|---:|---|\n");
+            for c in cells {
+                let (median, min, max) = match c.gbps {
+                    Some(g) => (format!("{:.2}", g.median), format!("{:.2}", g.min), format!("{:.2}", g.max)),
+                    None => ("-".to_string(), "-".to_string(), "-".to_string()),
+                };
+                let vs = c.ratio.map_or("-".to_string(), |r| format!("{:.0} %", r * 100.0));
+                let note = match c.status {
+                    Status::Ok => String::new(),
+                    Status::Skipped => format!("skipped: {}", c.reason.as_deref().unwrap_or("")),
+                    Status::Failed => format!("FAILED: {}", c.reason.as_deref().unwrap_or("")),
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {median} | {min} | {max} | {vs} | {} |",
+                    c.subject,
+                    c.cache.as_str(),
+                    c.scope.as_str(),
+                    c.mode.as_str(),
+                    note.replace('|', "/").replace('\n', " ")
+                );
+            }
+        }
+        s
+    }
+
+    /// Grouped bars (warm and cold median GB/s per backend and peer, full scope, owned mode) for
+    /// `fixture`, with the warm and device rooflines as horizontal lines, as an SVG document.
+    pub fn to_svg(&self, fixture: &str) -> Result<String> {
+        use plotters::prelude::*;
+
+        let chart_cells: Vec<&Cell> = self
+            .cells
+            .iter()
+            .filter(|c| c.fixture == fixture && c.kind != Kind::Roofline)
+            .filter(|c| c.scope == Scope::Full && c.mode == Mode::Owned)
+            .collect();
+        let mut subjects: Vec<&str> = Vec::new();
+        for c in &chart_cells {
+            if !subjects.contains(&c.subject.as_str()) {
+                subjects.push(&c.subject);
+            }
+        }
+        let value = |subject: &str, cache: Cache| {
+            chart_cells.iter().find(|c| c.subject == subject && c.cache == cache).and_then(|c| c.median())
+        };
+        let rl = self.rooflines.iter().find(|r| r.fixture == fixture);
+        let (warm_rl, device_rl) = (rl.and_then(|r| r.warm_gbps), rl.and_then(|r| r.device_gbps));
+        let top = chart_cells
+            .iter()
+            .filter_map(|c| c.median())
+            .chain(warm_rl)
+            .chain(device_rl)
+            .fold(0.0f64, f64::max)
+            .max(0.1)
+            * 1.15;
+        let n = subjects.len().max(1) as u32;
+
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (160 * n + 200, 520)).into_drawing_area();
+            root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mut chart = ChartBuilder::on(&root)
+                .caption(
+                    format!("Tensora bench: {fixture}, full load (GB/s, higher is better)"),
+                    ("sans-serif", 20),
+                )
+                .margin(12)
+                .x_label_area_size(60)
+                .y_label_area_size(60)
+                .build_cartesian_2d((0u32..n - 1).into_segmented(), 0f64..top)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let labels: Vec<String> = subjects.iter().map(|s| s.to_string()).collect();
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(n as usize + 1)
+                .x_label_formatter(&|v| match v {
+                    SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
+                    _ => String::new(),
+                })
+                .y_desc("GB/s (median)")
+                .draw()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let warm_color = RGBColor(232, 120, 40);
+            let cold_color = RGBColor(40, 100, 180);
+            for (cache, color) in [(Cache::Warm, warm_color), (Cache::Cold, cold_color)] {
+                let bars: Vec<Rectangle<(SegmentValue<u32>, f64)>> = subjects
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| value(s, cache).map(|v| (i as u32, v)))
+                    .map(|(i, v)| {
+                        let (left, right) = match cache {
+                            Cache::Warm => (SegmentValue::Exact(i), SegmentValue::CenterOf(i)),
+                            Cache::Cold => (SegmentValue::CenterOf(i), SegmentValue::Exact(i + 1)),
+                        };
+                        let mut bar = Rectangle::new([(left, 0.0), (right, v)], color.filled());
+                        match cache {
+                            Cache::Warm => bar.set_margin(0, 0, 14, 1),
+                            Cache::Cold => bar.set_margin(0, 0, 1, 14),
+                        };
+                        bar
+                    })
+                    .collect();
+                chart
+                    .draw_series(bars)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .label(cache.as_str())
+                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+            }
+            let lines = [("warm roofline", warm_rl, warm_color), ("device roofline", device_rl, cold_color)];
+            for (label, level, color) in lines {
+                let Some(level) = level else { continue };
+                let style = ShapeStyle { color: color.to_rgba(), filled: false, stroke_width: 2 };
+                chart
+                    .draw_series(LineSeries::new(
+                        [(SegmentValue::Exact(0), level), (SegmentValue::Exact(n), level)],
+                        style,
+                    ))
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .label(format!("{label} {level:.2} GB/s"))
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], style));
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        Ok(svg)
+    }
+
+    /// Pretty JSON.
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_string_pretty(self).context("serialise the report")
+    }
+}
+
+fn fmt_gbps(v: Option<f64>) -> String {
+    v.map_or("not measured".to_string(), |v| format!("{v:.2} GB/s"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(gbps: f64) -> Sample {
+        Sample { seconds: 1.0 / gbps, bytes: 1_000_000_000, gbps }
+    }
+
+    pub(crate) fn example() -> Report {
+        let f = "m";
+        let cells = vec![
+            Cell::new(f, ROOFLINE_WARM, Kind::Roofline, Cache::Warm, Scope::Full, Mode::Raw)
+                .with_samples(vec![sample(10.0), sample(8.0), sample(12.0)]),
+            Cell::new(f, ROOFLINE_DIRECT, Kind::Roofline, Cache::Cold, Scope::Full, Mode::Raw)
+                .with_samples(vec![sample(2.0)]),
+            Cell::new(f, ROOFLINE_BUFFERED, Kind::Roofline, Cache::Cold, Scope::Full, Mode::Raw)
+                .with_samples(vec![sample(1.0)]),
+            Cell::new(f, "sync", Kind::Backend, Cache::Warm, Scope::Full, Mode::Owned)
+                .with_samples(vec![sample(5.0), sample(6.0)]),
+            Cell::new(f, "sync", Kind::Backend, Cache::Cold, Scope::Full, Mode::Owned)
+                .with_samples(vec![sample(1.5)]),
+            Cell::new(f, "hf-python", Kind::Peer, Cache::Warm, Scope::Full, Mode::Owned).skipped("no module"),
+            Cell::new(f, "x", Kind::Peer, Cache::Warm, Scope::Partial, Mode::Streaming)
+                .failed(&anyhow::anyhow!("boom | pipe")),
+        ];
+        let mut r = Report {
+            schema_version: SCHEMA_VERSION,
+            run: RunFacts {
+                size: "small".into(),
+                runs: 3,
+                warmup_runs: 1,
+                cold: true,
+                quick: true,
+                seed: 1,
+                streaming_budget_bytes: 256 << 20,
+                cache_drop: Some("test".into()),
+            },
+            machine: Machine::detect(std::path::Path::new(".")),
+            fixtures: vec![FixtureFacts {
+                name: f.into(),
+                path: "/x".into(),
+                files: 1,
+                tensors: 2,
+                data_len_bytes: 10,
+                files_len_bytes: 20,
+                generated: false,
+                generate_seconds: 0.0,
+            }],
+            fixtures_skipped: vec![("sllm".into(), "converter missing".into())],
+            rooflines: Vec::new(),
+            cells,
+        };
+        r.compute_rooflines();
+        r
+    }
+
+    #[test]
+    fn rooflines_and_ratios() {
+        let r = example();
+        assert_eq!(r.rooflines.len(), 1);
+        assert_eq!(r.rooflines[0].warm_gbps, Some(10.0));
+        assert_eq!(r.rooflines[0].device_gbps, Some(2.0));
+        assert_eq!(r.rooflines[0].device_subject.as_deref(), Some(ROOFLINE_DIRECT));
+        let sync_warm = &r.cells[3];
+        assert_eq!(sync_warm.gbps.unwrap().median, 5.5);
+        assert_eq!(sync_warm.ratio, Some(0.55));
+        assert_eq!(r.cells[4].ratio, Some(0.75));
+        assert_eq!(r.cells[2].ratio, Some(0.5));
+        assert_eq!(r.cells[5].ratio, None);
+    }
+
+    #[test]
+    fn json_has_every_sample_and_round_trips() {
+        let r = example();
+        let json = r.to_json().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["schema_version"], SCHEMA_VERSION);
+        assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
+        let cells = v["cells"].as_array().unwrap();
+        assert_eq!(cells.len(), 7);
+        assert_eq!(cells[0]["samples"].as_array().unwrap().len(), 3);
+        assert_eq!(cells[0]["kind"], "roofline");
+        assert_eq!(cells[3]["gbps"]["median"], 5.5);
+        assert_eq!(cells[3]["cache"], "warm");
+        assert_eq!(cells[5]["status"], "skipped");
+        assert_eq!(cells[6]["status"], "failed");
+        assert_eq!(v["rooflines"][0]["device_gbps"], 2.0);
+        let back: Report = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn markdown_lists_every_cell_and_escapes_pipes() {
+        let md = example().to_markdown();
+        assert_eq!(md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| subject")).count(), 7);
+        assert!(md.contains("| sync | warm | full | owned | 5.50 | 5.00 | 6.00 | 55 % |"));
+        assert!(md.contains("skipped: no module"));
+        assert!(md.contains("FAILED: boom / pipe"));
+        assert!(md.contains("Fixture `sllm` skipped: converter missing"));
+    }
+
+    #[test]
+    fn svg_has_bars_and_roofline_lines() {
+        let svg = example().to_svg("m").unwrap();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("sync"));
+        assert!(svg.contains("warm roofline 10.00 GB/s"));
+        assert!(svg.contains("device roofline 2.00 GB/s"));
+        assert!(svg.matches("<rect").count() >= 3);
+        // A fixture with no cells still renders an (empty) chart.
+        assert!(example().to_svg("none").unwrap().starts_with("<svg"));
+    }
+}

@@ -1,0 +1,218 @@
+//! The machine's limits, measured on the same files in the same run as the loaders.
+//!
+//! - warm: every file read with 2 threads of `pread` into a `tensora_io::arena::Arena` (2 MiB
+//!   aligned, `MADV_HUGEPAGE`), reused across runs so the warm-up has faulted it in: one copy from
+//!   the page cache, no page faults, the best a warm load can do;
+//! - cold, direct: `O_DIRECT` sequential reads of 8 MiB blocks, 32 in flight;
+//! - cold, buffered: 2 threads of buffered `pread` in 8 MiB blocks.
+//!
+//! The device roofline is the better of the two cold figures. Queue depth 32 is reached with 32
+//! reader threads, each keeping one blocking read in flight (this crate forbids `unsafe`, so it
+//! does not drive io_uring itself).
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use anyhow::{Context, Result, bail};
+use tensora_io::arena::Arena;
+
+/// Size of one roofline read.
+pub const BLOCK_BYTES: usize = 8 << 20;
+/// Reads in flight for the O_DIRECT roofline.
+pub const DIRECT_QUEUE_DEPTH: usize = 32;
+/// Threads for the warm and the buffered cold roofline (one per core here).
+pub const COPY_THREADS: usize = 2;
+/// Buffer alignment for O_DIRECT (covers every logical block size up to 4 KiB).
+pub const DIRECT_ALIGN_BYTES: usize = 4096;
+
+/// Per-reader block buffers aligned for O_DIRECT, allocated and touched once, outside any timing.
+#[derive(Debug)]
+pub struct ReadBuffers {
+    raw: Vec<Vec<u8>>,
+}
+
+impl ReadBuffers {
+    /// `count` buffers of [`BLOCK_BYTES`] each.
+    pub fn new(count: usize) -> ReadBuffers {
+        // Filled with a non-zero byte so every page is faulted in now, not during a timed read.
+        ReadBuffers { raw: (0..count).map(|_| vec![1u8; BLOCK_BYTES + DIRECT_ALIGN_BYTES]).collect() }
+    }
+
+    /// One aligned block per reader.
+    fn blocks(&mut self) -> Vec<&mut [u8]> {
+        self.raw
+            .iter_mut()
+            .map(|raw| {
+                let skip = raw.as_ptr().align_offset(DIRECT_ALIGN_BYTES);
+                &mut raw[skip..skip + BLOCK_BYTES]
+            })
+            .collect()
+    }
+}
+
+fn open_len(path: &PathBuf, direct: bool) -> Result<(File, u64)> {
+    let mut opts = OpenOptions::new();
+    opts.read(true);
+    if direct {
+        opts.custom_flags(libc::O_DIRECT);
+    }
+    let file = opts
+        .open(path)
+        .with_context(|| format!("open {}{}", path.display(), if direct { " with O_DIRECT" } else { "" }))?;
+    let len = file.metadata()?.len();
+    Ok((file, len))
+}
+
+/// Warm roofline: read every file with [`COPY_THREADS`] threads into `arena`, one file after the
+/// other (each file at the arena's start). Returns the bytes read.
+pub fn warm_pread(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
+    let mut total = 0u64;
+    for path in files {
+        let (file, len) = open_len(path, false)?;
+        let len = usize::try_from(len).ok().filter(|&l| l as u64 <= arena.len_bytes());
+        let len = len.with_context(|| format!("{} does not fit the arena", path.display()))?;
+        let dest = &mut arena.as_mut_slice()[..len];
+        let next = Mutex::new(dest.chunks_mut(BLOCK_BYTES).enumerate());
+        let errors: Mutex<Vec<std::io::Error>> = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for _ in 0..COPY_THREADS {
+                s.spawn(|| {
+                    loop {
+                        let item = next.lock().map(|mut it| it.next()).unwrap_or(None);
+                        let Some((k, block)) = item else { break };
+                        if let Err(e) = file.read_exact_at(block, (k * BLOCK_BYTES) as u64) {
+                            errors.lock().map(|mut v| v.push(e)).unwrap_or(());
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = errors.into_inner().unwrap_or_default().into_iter().next() {
+            return Err(e).with_context(|| format!("read {}", path.display()));
+        }
+        total += len as u64;
+    }
+    Ok(total)
+}
+
+/// Read each file block by block with `readers` threads, each keeping one read of [`BLOCK_BYTES`] in
+/// flight into its own buffer. Returns the bytes read; fails if a file was not read whole.
+fn parallel_blocks(files: &[PathBuf], direct: bool, buffers: &mut ReadBuffers) -> Result<u64> {
+    let mut total = 0u64;
+    for path in files {
+        let (file, len) = open_len(path, direct)?;
+        let blocks = len.div_ceil(BLOCK_BYTES as u64);
+        let next = AtomicU64::new(0);
+        let done_bytes = AtomicU64::new(0);
+        let failures = AtomicUsize::new(0);
+        let first_error: Mutex<Option<std::io::Error>> = Mutex::new(None);
+        std::thread::scope(|s| {
+            for buf in buffers.blocks() {
+                let (file, next, done_bytes, failures, first_error) =
+                    (&file, &next, &done_bytes, &failures, &first_error);
+                s.spawn(move || {
+                    loop {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        if k >= blocks || failures.load(Ordering::Relaxed) > 0 {
+                            break;
+                        }
+                        let offset = k * BLOCK_BYTES as u64;
+                        let want = (len - offset).min(BLOCK_BYTES as u64) as usize;
+                        // O_DIRECT wants whole blocks: read a whole buffer and accept a short
+                        // read at end of file.
+                        let ask = if direct { want.next_multiple_of(DIRECT_ALIGN_BYTES) } else { want };
+                        match file.read_at(&mut buf[..ask], offset) {
+                            Ok(n) if n >= want => {
+                                done_bytes.fetch_add(want as u64, Ordering::Relaxed);
+                            }
+                            Ok(n) => {
+                                failures.fetch_add(1, Ordering::Relaxed);
+                                let e = std::io::Error::new(
+                                    std::io::ErrorKind::UnexpectedEof,
+                                    format!("short read of {n} of {want} bytes at offset {offset}"),
+                                );
+                                first_error.lock().map(|mut g| *g = g.take().or(Some(e))).unwrap_or(());
+                            }
+                            Err(e) => {
+                                failures.fetch_add(1, Ordering::Relaxed);
+                                first_error.lock().map(|mut g| *g = g.take().or(Some(e))).unwrap_or(());
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        if let Some(e) = first_error.into_inner().ok().flatten() {
+            let how = if direct { "O_DIRECT" } else { "buffered" };
+            return Err(e).with_context(|| format!("read {} ({how})", path.display()));
+        }
+        let done = done_bytes.into_inner();
+        if done != len {
+            bail!("read {done} of {len} bytes of {}", path.display());
+        }
+        total += len;
+    }
+    Ok(total)
+}
+
+/// Cold direct roofline: `O_DIRECT` reads, [`DIRECT_QUEUE_DEPTH`] in flight. `buffers` must hold
+/// that many buffers. Fails (e.g. `EINVAL`) where the filesystem has no O_DIRECT.
+pub fn cold_direct(files: &[PathBuf], buffers: &mut ReadBuffers) -> Result<u64> {
+    parallel_blocks(files, true, buffers)
+}
+
+/// Cold buffered roofline: [`COPY_THREADS`] threads of buffered `pread`. `buffers` must hold that
+/// many buffers.
+pub fn cold_buffered(files: &[PathBuf], buffers: &mut ReadBuffers) -> Result<u64> {
+    parallel_blocks(files, false, buffers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(dir: &std::path::Path) -> Vec<PathBuf> {
+        // Sizes around the block size and not a multiple of 4 KiB.
+        [(BLOCK_BYTES * 2 + 12_345), 100, 0]
+            .iter()
+            .enumerate()
+            .map(|(k, &len)| {
+                let p = dir.join(format!("f{k}"));
+                let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+                std::fs::write(&p, data).unwrap();
+                p
+            })
+            .collect()
+    }
+
+    #[test]
+    fn warm_reads_every_byte_into_the_arena() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = files(dir.path());
+        let mut arena = Arena::with_len(BLOCK_BYTES as u64 * 3).unwrap();
+        let total = warm_pread(&files[..1], &mut arena).unwrap();
+        assert_eq!(total, (BLOCK_BYTES * 2 + 12_345) as u64);
+        assert_eq!(&arena.as_mut_slice()[..total as usize], &std::fs::read(&files[0]).unwrap()[..]);
+        assert_eq!(warm_pread(&files, &mut arena).unwrap(), total + 100);
+        let mut small = Arena::with_len(1).unwrap();
+        assert!(warm_pread(&files[..1], &mut small).is_err());
+    }
+
+    #[test]
+    fn buffered_and_direct_read_whole_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = files(dir.path());
+        let expected = (BLOCK_BYTES * 2 + 12_345 + 100) as u64;
+        assert_eq!(cold_buffered(&files, &mut ReadBuffers::new(COPY_THREADS)).unwrap(), expected);
+        // tmpfs has no O_DIRECT: accept EINVAL there, but never a wrong count.
+        match cold_direct(&files, &mut ReadBuffers::new(4)) {
+            Ok(n) => assert_eq!(n, expected),
+            Err(e) => assert!(format!("{e:#}").contains("O_DIRECT"), "{e:#}"),
+        }
+        assert!(cold_buffered(&[dir.path().join("missing")], &mut ReadBuffers::new(1)).is_err());
+    }
+}

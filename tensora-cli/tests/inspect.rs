@@ -1,0 +1,122 @@
+//! `tensora inspect` run as a binary on the shared fixtures and on broken inputs.
+
+use std::process::{Command, Output};
+
+const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
+const SLLM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+
+fn inspect(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tensora")).arg("inspect").args(args).output().unwrap()
+}
+
+fn json_of(path: &str) -> serde_json::Value {
+    let out = inspect(&[path, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn assert_one_error_line(out: &Output) {
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].starts_with("error:"), "{stderr}");
+}
+
+#[test]
+fn json_for_the_real_fixtures_matches_expected() {
+    for (stem, count) in [("fracast-0", 47), ("fracast-0.int8", 67)] {
+        let path = format!("{REAL}/{stem}.safetensors");
+        let v = json_of(&path);
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 4, "{keys:?}");
+        assert_eq!(v["format"], "safetensors");
+        let files = v["files"].as_array().unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0]["size"], std::fs::metadata(&path).unwrap().len());
+        assert_eq!(files[0]["tensors"], count);
+        assert!(files[0]["path"].as_str().unwrap().ends_with(&format!("{stem}.safetensors")));
+        assert_eq!(v["metadata"]["model_name"], "fracast-0");
+        let expected: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(format!("{REAL}/{stem}.expected.json")).unwrap()).unwrap();
+        let tensors = v["tensors"].as_array().unwrap();
+        assert_eq!(tensors.len(), count);
+        let mut previous_end = None;
+        for t in tensors {
+            let e = &expected["tensors"][t["name"].as_str().unwrap()];
+            assert_eq!(t["dtype"], e["dtype"]);
+            assert_eq!(t["shape"], e["shape"]);
+            assert_eq!(t["file"], 0);
+            let offset = t["offset"].as_u64().unwrap();
+            if let Some(end) = previous_end {
+                assert_eq!(offset, end, "tensors are listed in file order and tile the data");
+            }
+            previous_end = Some(offset + t["nbytes"].as_u64().unwrap());
+        }
+        assert_eq!(previous_end, Some(std::fs::metadata(&path).unwrap().len()));
+    }
+}
+
+#[test]
+fn text_output_has_every_section() {
+    let out = inspect(&[&format!("{REAL}/fracast-0.int8.safetensors")]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "format:  safetensors",
+        "files:   1",
+        "tensors: 67",
+        "bytes by dtype:",
+        "F32",
+        "I8",
+        "metadata:",
+        "model_name = fracast-0",
+        "NAME",
+        "core.block.dw_bias",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert!(out.stderr.is_empty());
+}
+
+#[test]
+fn sharded_directory_written_by_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(format!("{REAL}/fracast-0.safetensors"), dir.path().join("a.safetensors")).unwrap();
+    std::fs::copy(format!("{REAL}/fracast-0.int8.safetensors"), dir.path().join("b.safetensors")).unwrap();
+    // The two fixtures share tensor names, so as two shards they conflict.
+    let out = inspect(&[dir.path().to_str().unwrap()]);
+    assert_one_error_line(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("two shards"));
+    std::fs::remove_file(dir.path().join("b.safetensors")).unwrap();
+    let v = json_of(dir.path().to_str().unwrap());
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 47);
+}
+
+#[test]
+fn serverlessllm_directory() {
+    let v = json_of(SLLM);
+    assert_eq!(v["format"], "serverlessllm");
+    assert_eq!(v["files"].as_array().unwrap().len(), 3);
+    assert_eq!(v["tensors"].as_array().unwrap().len(), 14);
+}
+
+#[test]
+fn errors_exit_1_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short.safetensors");
+    std::fs::write(&short, [1u8, 2, 3]).unwrap();
+    let bad_json = dir.path().join("bad.safetensors");
+    let mut f = 16u64.to_le_bytes().to_vec();
+    f.extend_from_slice(b"{\"a\":\nNaN}      ");
+    std::fs::write(&bad_json, f).unwrap();
+    let missing = dir.path().join("missing.safetensors");
+    let empty_dir = tempfile::tempdir().unwrap();
+    for p in [&short, &bad_json, &missing, &empty_dir.path().to_path_buf()] {
+        let out = inspect(&[p.to_str().unwrap()]);
+        assert_one_error_line(&out);
+        assert!(out.stdout.is_empty());
+        let out = inspect(&[p.to_str().unwrap(), "--json"]);
+        assert_one_error_line(&out);
+    }
+}

@@ -1,0 +1,103 @@
+//! `tensora load` run as a binary on the shared fixtures.
+
+use std::process::{Command, Output};
+
+const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
+const SLLM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+
+fn tensora_load(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tensora")).arg("load").args(args).output().unwrap()
+}
+
+fn report(args: &[&str]) -> serde_json::Value {
+    let out = tensora_load(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn assert_one_error_line(out: &Output) {
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].starts_with("error:"), "{stderr}");
+}
+
+#[test]
+fn json_report_for_every_backend_and_mode() {
+    let path = format!("{REAL}/fracast-0.safetensors");
+    let tensor_bytes: u64 = {
+        let ckpt = tensora_format::open(&path).unwrap();
+        ckpt.tensors().iter().map(|t| t.len_bytes()).sum()
+    };
+    for backend in ["auto", "sync", "mmap", "io-uring", "async"] {
+        for extra in [&[][..], &["--stream", "--budget", "64KiB"][..], &["--direct"][..], &["--buffered", "--threads", "1"][..]] {
+            let mut args = vec![path.as_str(), "--json", "--backend", backend];
+            args.extend_from_slice(extra);
+            let out = tensora_load(&args);
+            if backend == "io-uring" && !out.status.success() {
+                // Only acceptable failure: io_uring is unavailable here, said in one error line.
+                assert_one_error_line(&out);
+                assert!(String::from_utf8_lossy(&out.stderr).contains("unavailable"));
+                continue;
+            }
+            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            for key in ["backend", "reason", "bytes_selected", "bytes_read", "seconds", "gbps", "phases",
+                "peak_inflight_bytes", "retries", "minor_faults", "major_faults", "peak_rss_bytes", "tensors"] {
+                assert!(v.get(key).is_some(), "{key} missing in {v}");
+            }
+            for phase in ["open", "parse", "plan", "io", "finish"] {
+                assert!(v["phases"][phase].as_f64().unwrap() >= 0.0);
+            }
+            if backend != "auto" {
+                assert_eq!(v["backend"], backend);
+            }
+            assert_eq!(v["bytes_selected"], tensor_bytes);
+            assert!(v["bytes_read"].as_u64().unwrap() >= tensor_bytes);
+            assert_eq!(v["tensors"], 47);
+            assert!(v["phases"]["parse"].as_f64().unwrap() > 0.0);
+        }
+    }
+}
+
+#[test]
+fn selection_mapped_and_sllm() {
+    let v = report(&[SLLM, "--json", "--select", "layers.0.*", "--select", "embed.weight"]);
+    let ckpt = tensora_format::open(SLLM).unwrap();
+    let want = ckpt
+        .tensors()
+        .iter()
+        .filter(|t| t.name().starts_with("layers.0.") || t.name() == "embed.weight")
+        .count();
+    assert_eq!(v["tensors"], want);
+    assert!(want < ckpt.tensors().len());
+    let v = report(&[SLLM, "--json", "--mapped"]);
+    assert_eq!(v["backend"], "mmap");
+    assert_eq!(v["io_mode"], "mapped");
+    assert_eq!(v["tensors"], ckpt.tensors().len());
+}
+
+#[test]
+fn text_output_names_backend_and_reason() {
+    let out = tensora_load(&[&format!("{REAL}/fracast-0.int8.safetensors")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("backend "), "{text}");
+    assert!(text.contains("reason ") && text.contains("phases ") && text.contains("GB/s"), "{text}");
+}
+
+#[test]
+fn errors_exit_1_with_one_error_line() {
+    assert_one_error_line(&tensora_load(&["/nonexistent/model.safetensors"]));
+    let path = format!("{REAL}/fracast-0.safetensors");
+    assert_one_error_line(&tensora_load(&[&path, "--select", "no.such.*"]));
+    // Usage errors come from clap: exit 1, starting with `error:`.
+    for args in [&["--backend", "floppy"][..], &["--budget", "lots"][..], &["--direct", "--buffered"][..]] {
+        let mut all = vec![path.as_str()];
+        all.extend_from_slice(args);
+        let out = tensora_load(&all);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"), "{args:?}");
+    }
+}

@@ -1,0 +1,738 @@
+//! The strict safetensors header parser.
+//!
+//! A safetensors file is `n` (little-endian u64), then `n` bytes of JSON header, then the data
+//! section. [`read_header`] reads exactly `8 + n` bytes of a file and never the data;
+//! [`parse_header`] does the same work on bytes the caller already has (e.g. fetched remotely).
+//!
+//! The JSON is parsed with `simd-json` into a tape, in bounded chunks: a linear scan finds the
+//! top-level commas of the header object, and each run of whole entries (about
+//! [`CHUNK_BYTES_TARGET`] bytes) is parsed as one JSON object of its own. The header is then
+//! textually `ws { X1 , X2 , … , Xk } ws`, and because each `{Xi}` is a valid, non-empty JSON
+//! object, so is the whole. This keeps the parser's working memory small and independent of the
+//! header size, while simd-json does all JSON validation (UTF-8, escapes, numbers, NaN, comments,
+//! trailing commas). Unknown fields are skipped on the tape in O(1) without recursion, so their
+//! nesting depth does not matter.
+//!
+//! ```
+//! use tensora_format::safetensors::parse_header;
+//! let json = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+//! let mut file = (json.len() as u64).to_le_bytes().to_vec();
+//! file.extend_from_slice(json);
+//! file.extend_from_slice(&[0u8; 8]);
+//! let header = parse_header(&file, file.len() as u64).unwrap();
+//! assert_eq!(header.tensors().len(), 1);
+//! assert_eq!(header.tensors()[0].name(), "w");
+//! assert_eq!(header.data_start_bytes(), 8 + json.len() as u64);
+//! ```
+
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::io::Read;
+use std::path::Path;
+
+use simd_json::{Buffers, Node, StaticNode, Tape};
+
+use crate::{Dtype, Error, ErrorKind, Result};
+
+/// The largest header length `n` accepted, in bytes. Checked before anything is allocated.
+pub const HEADER_LEN_BYTES_MAX: u64 = 100_000_000;
+/// The largest tensor rank accepted.
+pub const RANK_MAX: usize = 64;
+/// Target size of one parse chunk. A chunk holds whole top-level entries, so a single huge entry
+/// makes a chunk as large as that entry (never larger than the header).
+pub const CHUNK_BYTES_TARGET: usize = 64 * 1024;
+/// The key that holds the optional string-to-string metadata.
+pub const METADATA_KEY: &str = "__metadata__";
+
+const MEMORY_PATH: &str = "<memory>";
+
+/// The shortest possible tensor entry plus its comma,
+/// `"a":{"dtype":"U8","shape":[],"data_offsets":[0,0]},`, is 50 bytes: a header of `n` bytes holds
+/// at most `n / 49 + 1` entries. Used only to cap preallocation on hostile input.
+const ENTRY_BYTES_MIN: usize = 49;
+
+/// One tensor entry of a parsed header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderTensor {
+    pub(crate) name: String,
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<u64>,
+    pub(crate) start_bytes: u64,
+    pub(crate) end_bytes: u64,
+}
+
+impl HeaderTensor {
+    /// The tensor name (unescaped).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Element type.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    /// Shape; `[]` is a scalar.
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+    /// `data_offsets`: the byte range relative to the start of the data section.
+    pub fn data_offsets(&self) -> (u64, u64) {
+        (self.start_bytes, self.end_bytes)
+    }
+    /// Bytes of data (`end - start`).
+    pub fn nbytes(&self) -> u64 {
+        self.end_bytes - self.start_bytes
+    }
+}
+
+/// A validated safetensors header. Tensors are sorted by data offset, and their ranges tile the
+/// data section exactly (rules 1-10 of the format all hold).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub(crate) header_len_bytes: u64,
+    pub(crate) file_len_bytes: u64,
+    pub(crate) metadata: Option<BTreeMap<String, String>>,
+    pub(crate) tensors: Vec<HeaderTensor>,
+}
+
+impl Header {
+    /// `n`, the JSON header length from the 8-byte prefix.
+    pub fn header_len_bytes(&self) -> u64 {
+        self.header_len_bytes
+    }
+    /// The file size the header was validated against.
+    pub fn file_len_bytes(&self) -> u64 {
+        self.file_len_bytes
+    }
+    /// `8 + n`: the absolute offset of the data section.
+    pub fn data_start_bytes(&self) -> u64 {
+        8 + self.header_len_bytes
+    }
+    /// `file size - 8 - n`.
+    pub fn data_len_bytes(&self) -> u64 {
+        self.file_len_bytes - self.data_start_bytes()
+    }
+    /// `__metadata__`, or `None` when absent or `null`.
+    pub fn metadata(&self) -> Option<&BTreeMap<String, String>> {
+        self.metadata.as_ref()
+    }
+    /// Tensors ordered by data offset (ties, which only zero-sized tensors can have, keep header order).
+    pub fn tensors(&self) -> &[HeaderTensor] {
+        &self.tensors
+    }
+    /// Split into metadata and tensors.
+    pub fn into_parts(self) -> (Option<BTreeMap<String, String>>, Vec<HeaderTensor>) {
+        (self.metadata, self.tensors)
+    }
+}
+
+/// Check rule 1 on the 8-byte prefix and return `8 + n`, the number of leading bytes of the file
+/// that [`parse_header`] needs. `prefix` must hold at least the first 8 bytes of the file.
+///
+/// ```
+/// let prefix = 16u64.to_le_bytes();
+/// assert_eq!(tensora_format::safetensors::header_span_bytes(&prefix, 100).unwrap(), 24);
+/// ```
+pub fn header_span_bytes(prefix: &[u8], file_len_bytes: u64) -> Result<u64> {
+    header_span_at(Path::new(MEMORY_PATH), prefix, file_len_bytes)
+}
+
+fn header_span_at(path: &Path, prefix: &[u8], file_len_bytes: u64) -> Result<u64> {
+    if file_len_bytes < 8 {
+        return Err(Error::new(path, ErrorKind::FileTooShort { len_bytes: file_len_bytes }));
+    }
+    let Some(first8) = prefix.get(..8) else {
+        return Err(Error::new(
+            path,
+            ErrorKind::BytesTooShort { have_bytes: prefix.len() as u64, need_bytes: 8 },
+        ));
+    };
+    let mut len = [0u8; 8];
+    len.copy_from_slice(first8);
+    let n = u64::from_le_bytes(len);
+    if n == 0 {
+        return Err(Error::new(path, ErrorKind::HeaderLenZero));
+    }
+    if n > HEADER_LEN_BYTES_MAX {
+        return Err(Error::new(
+            path,
+            ErrorKind::HeaderTooLarge { header_len_bytes: n, limit_bytes: HEADER_LEN_BYTES_MAX },
+        ));
+    }
+    match n.checked_add(8) {
+        Some(span) if span <= file_len_bytes => Ok(span),
+        _ => Err(Error::new(path, ErrorKind::HeaderBeyondFile { header_len_bytes: n, file_len_bytes })),
+    }
+}
+
+/// Parse and validate a header from the first bytes of a safetensors file of `file_len_bytes`
+/// bytes. `bytes` must hold at least `8 + n` bytes (see [`header_span_bytes`]); anything after
+/// that is ignored. Errors name the file as `<memory>`; see [`parse_header_with_path`].
+pub fn parse_header(bytes: &[u8], file_len_bytes: u64) -> Result<Header> {
+    parse_header_with_path(bytes, file_len_bytes, Path::new(MEMORY_PATH))
+}
+
+/// [`parse_header`], with errors naming `path`.
+pub fn parse_header_with_path(bytes: &[u8], file_len_bytes: u64, path: &Path) -> Result<Header> {
+    let span = header_span_at(path, bytes, file_len_bytes)?;
+    let Some(json) = usize::try_from(span).ok().and_then(|span| bytes.get(8..span)) else {
+        return Err(Error::new(
+            path,
+            ErrorKind::BytesTooShort { have_bytes: bytes.len() as u64, need_bytes: span },
+        ));
+    };
+    let header_len_bytes = span - 8;
+    let data_len_bytes = file_len_bytes - span;
+    let mut parser = Parser::new(path, json);
+    parser.run()?;
+    let Parser { metadata, mut tensors, .. } = parser;
+    check_tiling(path, &mut tensors, data_len_bytes)?;
+    Ok(Header { header_len_bytes, file_len_bytes, metadata, tensors })
+}
+
+/// Read and validate the header of the safetensors file at `path`. Reads exactly `8 + n` bytes.
+pub fn read_header(path: &Path) -> Result<Header> {
+    let (header, _) = read_header_stamped(path)?;
+    Ok(header)
+}
+
+/// [`read_header`], also returning the file's metadata as seen through the same open handle.
+pub(crate) fn read_header_stamped(path: &Path) -> Result<(Header, std::fs::Metadata)> {
+    let io = |e| Error::new(path, ErrorKind::Io(e));
+    let mut file = File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(Error::new(path, ErrorKind::NotACheckpoint { reason: "not a regular file".to_string() }));
+    }
+    let file_len_bytes = meta.len();
+    let mut prefix = [0u8; 8];
+    let prefix_len = read_up_to(&mut file, &mut prefix).map_err(io)?;
+    let span = header_span_at(path, &prefix[..prefix_len], file_len_bytes)?;
+    // `span` <= 8 + HEADER_LEN_BYTES_MAX and <= the file size: a bounded allocation.
+    let span_usize = usize::try_from(span).map_err(|_| {
+        Error::new(
+            path,
+            ErrorKind::HeaderTooLarge { header_len_bytes: span - 8, limit_bytes: HEADER_LEN_BYTES_MAX },
+        )
+    })?;
+    let mut bytes = vec![0u8; span_usize];
+    bytes[..8].copy_from_slice(&prefix);
+    let got = read_up_to(&mut file, &mut bytes[8..]).map_err(io)?;
+    if got != span_usize - 8 {
+        // The file shrank under us.
+        return Err(Error::new(
+            path,
+            ErrorKind::HeaderBeyondFile { header_len_bytes: span - 8, file_len_bytes: 8 + got as u64 },
+        ));
+    }
+    let header = parse_header_with_path(&bytes, file_len_bytes, path)?;
+    Ok((header, meta))
+}
+
+/// Read until `buf` is full or EOF; returns the bytes read. Retries EINTR.
+fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read(&mut buf[done..]) {
+            Ok(0) => break,
+            Ok(k) => done += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Where the top-level object ends, how many members it has, and the chunk boundaries.
+#[derive(Debug)]
+struct TopLevel {
+    /// Index of the closing `}`.
+    close: usize,
+    /// Top-level commas plus one (an upper bound on entries; exact for valid JSON).
+    members: usize,
+    /// Runs of whole members, split at top-level commas (which are excluded), about
+    /// [`CHUNK_BYTES_TARGET`] bytes each. At least one, possibly empty.
+    segments: Vec<std::ops::Range<usize>>,
+}
+
+/// Byte classes for [`scan_top_level`]: 0 for bytes it does not care about.
+const CLASS_QUOTE: u8 = 1;
+const CLASS_OPEN: u8 = 2;
+const CLASS_CLOSE: u8 = 3;
+const CLASS_COMMA: u8 = 4;
+const CLASS_BACKSLASH: u8 = 5;
+
+const fn byte_classes() -> [u8; 256] {
+    let mut t = [0u8; 256];
+    t[b'"' as usize] = CLASS_QUOTE;
+    t[b'{' as usize] = CLASS_OPEN;
+    t[b'[' as usize] = CLASS_OPEN;
+    t[b'}' as usize] = CLASS_CLOSE;
+    t[b']' as usize] = CLASS_CLOSE;
+    t[b',' as usize] = CLASS_COMMA;
+    t[b'\\' as usize] = CLASS_BACKSLASH;
+    t
+}
+static BYTE_CLASS: [u8; 256] = byte_classes();
+
+/// Linear scan of the object starting at `json[open] == b'{'`: tracks strings and nesting depth
+/// (iteratively, so depth costs nothing) to find the closing brace and the top-level commas. It
+/// validates nothing else; simd-json validates every chunk.
+fn scan_top_level(json: &[u8], open: usize) -> std::result::Result<TopLevel, String> {
+    let len = json.len();
+    let mut segments = Vec::with_capacity(len / CHUNK_BYTES_TARGET + 1);
+    let mut depth: usize = 1;
+    let mut commas = 0usize;
+    let mut content_start = open + 1;
+    let mut i = open + 1;
+    loop {
+        // Skip uninteresting bytes (digits, letters, whitespace, ':').
+        while i < len && BYTE_CLASS[usize::from(json[i])] == 0 {
+            i += 1;
+        }
+        if i >= len {
+            return Err("unterminated object (header ends inside the JSON)".into());
+        }
+        let b = json[i];
+        match BYTE_CLASS[usize::from(b)] {
+            CLASS_QUOTE => {
+                // Skip the string, stepping over escapes.
+                i += 1;
+                loop {
+                    while i < len && json[i] != b'"' && json[i] != b'\\' {
+                        i += 1;
+                    }
+                    match json.get(i) {
+                        None => return Err("unterminated string".into()),
+                        Some(b'"') => break,
+                        _ => i += 2,
+                    }
+                }
+            }
+            CLASS_OPEN => depth += 1,
+            CLASS_CLOSE => {
+                depth -= 1;
+                if depth == 0 {
+                    if b != b'}' {
+                        return Err(format!("mismatched ']' at byte {i}"));
+                    }
+                    segments.push(content_start..i);
+                    let empty = json[open + 1..i].iter().all(|&b| is_json_ws(b));
+                    let members = if empty { 0 } else { commas + 1 };
+                    return Ok(TopLevel { close: i, members, segments });
+                }
+            }
+            CLASS_COMMA if depth == 1 => {
+                commas += 1;
+                if i - content_start >= CHUNK_BYTES_TARGET {
+                    segments.push(content_start..i);
+                    content_start = i + 1;
+                }
+            }
+            _ => {} // A comma below the top level, or a backslash outside a string (invalid JSON, left to simd-json).
+        }
+        i += 1;
+    }
+}
+
+fn is_json_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Sort by start and check that the ranges tile `[0, data_len)` exactly (rule 9).
+fn check_tiling(path: &Path, tensors: &mut [HeaderTensor], data_len_bytes: u64) -> Result<()> {
+    tensors.sort_by_key(|t| (t.start_bytes, t.end_bytes));
+    let mut expected = 0u64;
+    for t in tensors.iter() {
+        if t.start_bytes > expected {
+            return Err(Error::new(path, ErrorKind::DataHole { start: t.start_bytes, expected })
+                .with_tensor(t.name.clone()));
+        }
+        if t.start_bytes < expected {
+            return Err(Error::new(
+                path,
+                ErrorKind::DataOverlap { start: t.start_bytes, previous_end: expected },
+            )
+            .with_tensor(t.name.clone()));
+        }
+        expected = t.end_bytes;
+    }
+    if expected != data_len_bytes {
+        let err = Error::new(path, ErrorKind::DataLenMismatch { end: expected, data_len_bytes });
+        return Err(match tensors.last() {
+            Some(t) => err.with_tensor(t.name.clone()),
+            None => err,
+        });
+    }
+    Ok(())
+}
+
+/// A pass-through hasher for keys that are already 64-bit hashes.
+#[derive(Debug, Default)]
+struct PrehashedHasher(u64);
+
+impl Hasher for PrehashedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) ^ u64::from(b) ^ (self.0 >> 56);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+/// Detects duplicate tensor names with one 64-bit hash per name (keyed per parse), falling back
+/// to a set of owned names for the rare names whose hash collides with a different name.
+#[derive(Debug)]
+struct NameSet {
+    hasher: RandomState,
+    first_by_hash: HashMap<u64, u32, BuildHasherDefault<PrehashedHasher>>,
+    collided: HashSet<String>,
+}
+
+impl NameSet {
+    fn new() -> NameSet {
+        NameSet { hasher: RandomState::new(), first_by_hash: HashMap::default(), collided: HashSet::new() }
+    }
+    /// Insert `name` (the tensor at `index`); returns false if the name was already present.
+    fn insert(&mut self, name: &str, index: u32, tensors: &[HeaderTensor]) -> bool {
+        let hash = self.hasher.hash_one(name);
+        match self.first_by_hash.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(index);
+                true
+            }
+            std::collections::hash_map::Entry::Occupied(o) => {
+                if tensors[*o.get() as usize].name == name {
+                    false
+                } else {
+                    self.collided.insert(name.to_string())
+                }
+            }
+        }
+    }
+}
+
+struct Parser<'a> {
+    path: &'a Path,
+    json: &'a [u8],
+    metadata: Option<BTreeMap<String, String>>,
+    metadata_seen: bool,
+    tensors: Vec<HeaderTensor>,
+    names: NameSet,
+}
+
+impl<'a> Parser<'a> {
+    fn new(path: &'a Path, json: &'a [u8]) -> Parser<'a> {
+        Parser {
+            path,
+            json,
+            metadata: None,
+            metadata_seen: false,
+            tensors: Vec::new(),
+            names: NameSet::new(),
+        }
+    }
+
+    fn err(&self, kind: ErrorKind) -> Error {
+        Error::new(self.path, kind)
+    }
+
+    /// Find the object, split it into chunks at top-level commas, and parse each chunk.
+    fn run(&mut self) -> Result<()> {
+        let json = self.json;
+        let Some(open) = json.iter().position(|&b| !is_json_ws(b)) else {
+            return Err(self.err(ErrorKind::HeaderNotJson { message: "header is only whitespace".into() }));
+        };
+        if json[open] != b'{' {
+            return Err(self.err(ErrorKind::HeaderNotObject {
+                message: format!("first non-whitespace byte is 0x{:02x} at {open}, not '{{'", json[open]),
+            }));
+        }
+        let scan = scan_top_level(json, open).map_err(|message| self.err(ErrorKind::HeaderNotJson { message }))?;
+        if let Some(off) = json[scan.close + 1..].iter().position(|&b| !is_json_ws(b)) {
+            return Err(self.err(ErrorKind::TrailingBytes { at: scan.close + 1 + off }));
+        }
+        // Exact preallocation (no growth peaks), capped by how many entries the header could hold.
+        let tensors_max = json.len() / ENTRY_BYTES_MIN + 1;
+        let capacity = scan.members.min(tensors_max);
+        self.tensors.reserve_exact(capacity);
+        self.names.first_by_hash.reserve(capacity);
+
+        let mut buffers = Buffers::with_max_depth(CHUNK_BYTES_TARGET + 2, json.len() + 2);
+        let mut chunk: Vec<u8> = Vec::with_capacity(CHUNK_BYTES_TARGET + 2 + simd_json::INPUT_PADDING);
+        let mut tape_store: Tape<'static> = Tape::null();
+        let several = scan.segments.len() > 1;
+        for segment in &scan.segments {
+            self.parse_chunk(segment.start, segment.end, &mut chunk, &mut buffers, &mut tape_store, several)?;
+        }
+        Ok(())
+    }
+
+    /// Parse `{` + json[start..end] + `}` and take its entries.
+    fn parse_chunk(
+        &mut self,
+        start: usize,
+        end: usize,
+        chunk: &mut Vec<u8>,
+        buffers: &mut Buffers,
+        tape_store: &mut Tape<'static>,
+        must_be_non_empty: bool,
+    ) -> Result<()> {
+        let body = &self.json[start..end];
+        chunk.clear();
+        chunk.reserve(body.len() + 2 + simd_json::INPUT_PADDING);
+        chunk.push(b'{');
+        chunk.extend_from_slice(body);
+        chunk.push(b'}');
+        let doc_len = chunk.len();
+        chunk.resize(doc_len + simd_json::INPUT_PADDING, b' ');
+        let mut tape: Tape<'_> = std::mem::replace(tape_store, Tape::null()).reset();
+        if let Err(e) = simd_json::fill_tape_padded(chunk, doc_len, buffers, &mut tape) {
+            return Err(self.json_error(&e, start));
+        }
+        let result = self.take_entries(&tape.0, must_be_non_empty);
+        *tape_store = tape.reset();
+        result
+    }
+
+    fn json_error(&self, e: &simd_json::Error, chunk_start: usize) -> Error {
+        // The chunk has one extra leading byte ('{') before json[chunk_start].
+        let at = (chunk_start + e.index()).saturating_sub(1).min(self.json.len());
+        match e.error() {
+            simd_json::ErrorType::InvalidUtf8 => {
+                let valid_up_to = match std::str::from_utf8(self.json) {
+                    Ok(_) => at,
+                    Err(u) => u.valid_up_to(),
+                };
+                self.err(ErrorKind::HeaderNotUtf8 { valid_up_to })
+            }
+            simd_json::ErrorType::InvalidNumber if self.is_big_integer_near(at) => {
+                self.err(ErrorKind::IntegerOutOfRange { at })
+            }
+            other => self.err(ErrorKind::HeaderNotJson { message: format!("{other:?} near byte {at}") }),
+        }
+    }
+
+    /// Whether the number token around `at` is a plain run of digits (so simd-json rejected it
+    /// only for not fitting in 64 bits).
+    fn is_big_integer_near(&self, at: usize) -> bool {
+        let json = self.json;
+        let mut s = at.min(json.len());
+        while s > 0 && json[s - 1].is_ascii_digit() {
+            s -= 1;
+        }
+        let mut e = s;
+        while e < json.len() && json[e].is_ascii_digit() {
+            e += 1;
+        }
+        let digits = e - s;
+        let prev_ok = s == 0 || !matches!(json[s - 1], b'-' | b'.' | b'e' | b'E' | b'+');
+        let next_ok = e == json.len() || !matches!(json[e], b'.' | b'e' | b'E');
+        digits >= 20 && prev_ok && next_ok
+    }
+
+    /// Walk a chunk's tape: root object, then key/value pairs.
+    fn take_entries(&mut self, tape: &[Node<'_>], must_be_non_empty: bool) -> Result<()> {
+        let Some(&Node::Object { len, .. }) = tape.first() else {
+            return Err(self.err(ErrorKind::HeaderNotObject { message: "not an object".into() }));
+        };
+        if len == 0 && must_be_non_empty {
+            return Err(self.err(ErrorKind::HeaderNotJson { message: "empty member (stray comma)".into() }));
+        }
+        let mut i = 1usize;
+        for _ in 0..len {
+            let Some(Node::String(key)) = tape.get(i) else {
+                return Err(
+                    self.err(ErrorKind::HeaderNotJson { message: "object key is not a string".into() })
+                );
+            };
+            let value_at = i + 1;
+            let value_end = value_at + node_span(tape, value_at);
+            let value = &tape[value_at..value_end];
+            if *key == METADATA_KEY {
+                self.take_metadata(value)?;
+            } else {
+                self.take_tensor(key, value)?;
+            }
+            i = value_end;
+        }
+        Ok(())
+    }
+
+    fn take_metadata(&mut self, value: &[Node<'_>]) -> Result<()> {
+        if self.metadata_seen {
+            return Err(self.err(ErrorKind::BadMetadata { message: "__metadata__ appears twice".into() }));
+        }
+        self.metadata_seen = true;
+        match value.first() {
+            Some(Node::Static(StaticNode::Null)) => Ok(()),
+            Some(&Node::Object { len, .. }) => {
+                let mut map = BTreeMap::new();
+                let mut i = 1;
+                for _ in 0..len {
+                    let (Some(Node::String(k)), Some(v)) = (value.get(i), value.get(i + 1)) else {
+                        return Err(self.err(ErrorKind::BadMetadata { message: "malformed object".into() }));
+                    };
+                    let Node::String(v) = v else {
+                        return Err(self.err(ErrorKind::BadMetadata {
+                            message: format!("value of key {k:?} is not a string"),
+                        }));
+                    };
+                    if map.insert((*k).to_string(), (*v).to_string()).is_some() {
+                        return Err(self.err(ErrorKind::DuplicateMetadataKey { key: (*k).to_string() }));
+                    }
+                    i += 2;
+                }
+                self.metadata = Some(map);
+                Ok(())
+            }
+            _ => Err(self.err(ErrorKind::BadMetadata { message: "not an object or null".into() })),
+        }
+    }
+
+    fn take_tensor(&mut self, name: &str, value: &[Node<'_>]) -> Result<()> {
+        let tensor_err = |kind: ErrorKind| Error::new(self.path, kind).with_tensor(name);
+        if name.is_empty() {
+            return Err(tensor_err(ErrorKind::BadTensorName { reason: "empty" }));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(tensor_err(ErrorKind::BadTensorName {
+                reason: "contains a NUL or control character",
+            }));
+        }
+        let Some(&Node::Object { len, .. }) = value.first() else {
+            return Err(tensor_err(ErrorKind::BadTensorEntry { message: "value is not an object".into() }));
+        };
+        let mut dtype: Option<Dtype> = None;
+        let mut shape: Option<Vec<u64>> = None;
+        let mut offsets: Option<(u64, u64)> = None;
+        let mut i = 1;
+        for _ in 0..len {
+            let Some(Node::String(field)) = value.get(i) else {
+                return Err(tensor_err(ErrorKind::BadTensorEntry { message: "malformed object".into() }));
+            };
+            let v_at = i + 1;
+            let v_end = v_at + node_span(value, v_at);
+            let v = &value[v_at..v_end];
+            match *field {
+                "dtype" => {
+                    if dtype.is_some() {
+                        return Err(tensor_err(ErrorKind::DuplicateField { field: "dtype" }));
+                    }
+                    let Some(Node::String(s)) = v.first() else {
+                        return Err(tensor_err(ErrorKind::BadTensorEntry {
+                            message: "dtype must be a string".into(),
+                        }));
+                    };
+                    dtype =
+                        Some(Dtype::from_safetensors(s).ok_or_else(|| {
+                            tensor_err(ErrorKind::UnknownDtype { dtype: (*s).to_string() })
+                        })?);
+                }
+                "shape" => {
+                    if shape.is_some() {
+                        return Err(tensor_err(ErrorKind::DuplicateField { field: "shape" }));
+                    }
+                    let Some(&Node::Array { len: rank, .. }) = v.first() else {
+                        return Err(tensor_err(ErrorKind::BadShape { reason: "not an array".into() }));
+                    };
+                    if rank > RANK_MAX {
+                        return Err(tensor_err(ErrorKind::RankTooLarge { rank, limit: RANK_MAX }));
+                    }
+                    let mut dims = Vec::with_capacity(rank);
+                    for node in &v[1..] {
+                        dims.push(
+                            node_u64(node).map_err(|reason| tensor_err(ErrorKind::BadShape { reason }))?,
+                        );
+                    }
+                    shape = Some(dims);
+                }
+                "data_offsets" => {
+                    if offsets.is_some() {
+                        return Err(tensor_err(ErrorKind::DuplicateField { field: "data_offsets" }));
+                    }
+                    let Some(&Node::Array { len: 2, count: 2 }) = v.first() else {
+                        return Err(tensor_err(ErrorKind::BadOffsets {
+                            reason: "not an array of exactly two integers".into(),
+                        }));
+                    };
+                    let bad = |reason| tensor_err(ErrorKind::BadOffsets { reason });
+                    let start = node_u64(&v[1]).map_err(bad)?;
+                    let end = node_u64(&v[2]).map_err(bad)?;
+                    if end < start {
+                        return Err(tensor_err(ErrorKind::BadOffsets {
+                            reason: format!("end {end} is before start {start}"),
+                        }));
+                    }
+                    offsets = Some((start, end));
+                }
+                _ => {} // Unknown field: skipped on the tape, whatever its depth.
+            }
+            i = v_end;
+        }
+        let dtype = dtype.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "dtype" }))?;
+        let shape = shape.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "shape" }))?;
+        let (start, end) =
+            offsets.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "data_offsets" }))?;
+        let numel = shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| tensor_err(ErrorKind::SizeOverflow))?;
+        let bits =
+            numel.checked_mul(u64::from(dtype.bits())).ok_or_else(|| tensor_err(ErrorKind::SizeOverflow))?;
+        if !bits.is_multiple_of(8) {
+            return Err(tensor_err(ErrorKind::PartialByte { numel, dtype }));
+        }
+        let expected_bytes = bits / 8;
+        if expected_bytes != end - start {
+            return Err(tensor_err(ErrorKind::SizeMismatch { expected_bytes, actual_bytes: end - start }));
+        }
+        let index = u32::try_from(self.tensors.len())
+            .map_err(|_| tensor_err(ErrorKind::BadTensorEntry { message: "too many tensors".into() }))?;
+        if !self.names.insert(name, index, &self.tensors) {
+            return Err(tensor_err(ErrorKind::DuplicateTensor));
+        }
+        self.tensors.push(HeaderTensor {
+            name: name.to_string(),
+            dtype,
+            shape,
+            start_bytes: start,
+            end_bytes: end,
+        });
+        Ok(())
+    }
+}
+
+/// Number of tape nodes taken by the value starting at `at` (1 for scalars).
+pub(crate) fn node_span(tape: &[Node<'_>], at: usize) -> usize {
+    match tape.get(at) {
+        Some(Node::Object { count, .. } | Node::Array { count, .. }) => 1 + count,
+        _ => 1,
+    }
+}
+
+/// A non-negative integer that fits u64; anything else is refused with a reason.
+pub(crate) fn node_u64(node: &Node<'_>) -> std::result::Result<u64, String> {
+    match node {
+        Node::Static(StaticNode::U64(v)) => Ok(*v),
+        Node::Static(StaticNode::I64(v)) => {
+            Err(format!("{v} has a sign; only non-negative integers without a sign are allowed"))
+        }
+        Node::Static(StaticNode::F64(v)) => Err(format!("{v} is not an integer")),
+        Node::String(s) => Err(format!("string {s:?} is not an integer")),
+        Node::Static(StaticNode::Bool(_)) => Err("a boolean is not an integer".into()),
+        Node::Static(StaticNode::Null) => Err("null is not an integer".into()),
+        Node::Object { .. } | Node::Array { .. } => Err("a nested object or array is not an integer".into()),
+        #[allow(unreachable_patterns)]
+        _ => Err("not a non-negative integer".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

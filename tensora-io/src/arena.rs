@@ -1,0 +1,352 @@
+//! The owned destination: an anonymous mapping, 2 MiB aligned, advised for transparent huge pages.
+//!
+//! On a machine whose THP mode is `madvise`, memory only gets 2 MiB pages when it is advised with
+//! `MADV_HUGEPAGE` *before* it is first touched. Faulting a multi-GB destination in 4 KiB pages costs
+//! 3-6x the copy throughput, so the arena is the warm-path optimisation, not a detail.
+//!
+//! How the pages get faulted in is an explicit [`Prefault`] choice:
+//! - [`Prefault::None`]: the backend's writes fault the pages in (in parallel, on the I/O workers).
+//! - [`Prefault::MapPopulate`]: `MAP_POPULATE` at map time. The kernel populates before the mapping
+//!   can be advised, so under THP `madvise` mode these are 4 KiB pages (measured, see
+//!   `examples/arena_prefault.rs`); kept for comparison and for THP `always` machines.
+//! - [`Prefault::PopulateWrite`]: `MADV_POPULATE_WRITE` after `MADV_HUGEPAGE` (Linux 5.14+): the
+//!   kernel populates huge pages in one call. Falls back to a one-thread touch on older kernels.
+//! - [`Prefault::ParallelTouch`]: `threads` threads each write one byte per 4 KiB page of their
+//!   share, after `MADV_HUGEPAGE`.
+//!
+//! # Example
+//!
+//! ```
+//! use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+//!
+//! let mut arena = Arena::new(&ArenaConfig { len_bytes: 3 << 20, prefault: Prefault::ParallelTouch { threads: 2 } })?;
+//! assert_eq!(arena.len_bytes(), 3 << 20);
+//! assert_eq!(arena.as_ptr() as usize % Arena::ALIGN_BYTES as usize, 0);
+//! arena.as_mut_slice()[0] = 7;
+//! assert_eq!(arena.as_slice()[0], 7);
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::io;
+use std::ptr::NonNull;
+
+use crate::backend::Destination;
+
+/// How an [`Arena`]'s pages are faulted in before use. See the module docs for measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Prefault {
+    /// Leave it to the first writer.
+    #[default]
+    None,
+    /// `MAP_POPULATE` at map time (4 KiB pages unless THP is `always`).
+    MapPopulate,
+    /// `MADV_POPULATE_WRITE` after `MADV_HUGEPAGE`.
+    PopulateWrite,
+    /// Touch every page from `threads` threads (at least 1) after `MADV_HUGEPAGE`.
+    ParallelTouch { threads: usize },
+}
+
+/// What to allocate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaConfig {
+    /// Usable length. The mapping is rounded up to a multiple of [`Arena::ALIGN_BYTES`].
+    pub len_bytes: u64,
+    pub prefault: Prefault,
+}
+
+/// Page size used for touching.
+const TOUCH_STRIDE_BYTES: usize = 4096;
+/// Upper bound on prefault threads, whatever the caller asks.
+const TOUCH_THREADS_MAX: usize = 64;
+
+/// An owned, zero-initialised, 2 MiB aligned anonymous mapping advised with `MADV_HUGEPAGE`.
+/// Freed with `munmap` on drop.
+///
+/// `Arena` implements [`Destination`]: while a backend runs, it writes through
+/// [`Destination::host_ptr`] from several threads. Safe reads therefore take `&mut self`
+/// ([`Arena::as_slice`]), which proves no backend is writing at the same time.
+#[derive(Debug)]
+pub struct Arena {
+    ptr: NonNull<u8>,
+    len_bytes: usize,
+    /// Length of the mapping (a multiple of `ALIGN_BYTES`); 0 for an empty arena (no mapping).
+    map_len_bytes: usize,
+    huge_advised: bool,
+}
+
+// SAFETY: the arena owns its mapping exclusively; the raw pointer is only an address. Concurrent
+// writes go through `Destination::host_ptr` under the `Destination` contract (disjoint ranges).
+unsafe impl Send for Arena {}
+// SAFETY: as above; `&Arena` only exposes the pointer and lengths, and reads that could race with
+// backend writes require `&mut self` or go through `slice_unchecked`, whose callers guarantee no
+// concurrent writer for the range.
+unsafe impl Sync for Arena {}
+
+impl Arena {
+    /// Alignment of every arena's base address: one x86-64 huge page.
+    pub const ALIGN_BYTES: u64 = 2 << 20;
+
+    /// Map, align, advise and prefault an arena.
+    ///
+    /// Errors: `len_bytes` does not fit the address space, or `mmap` failed (e.g. `ENOMEM`).
+    pub fn new(config: &ArenaConfig) -> io::Result<Arena> {
+        let align = Self::ALIGN_BYTES as usize;
+        let len_bytes = usize::try_from(config.len_bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "arena length exceeds address space"))?;
+        if len_bytes == 0 {
+            // No mapping; a well-aligned dangling pointer is valid for zero-length slices.
+            let ptr = NonNull::new(std::ptr::without_provenance_mut::<u8>(align))
+                .ok_or_else(|| io::Error::other("null dangling pointer"))?;
+            return Ok(Arena { ptr, len_bytes: 0, map_len_bytes: 0, huge_advised: false });
+        }
+        let map_len_bytes = len_bytes
+            .checked_next_multiple_of(align)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "arena length overflows"))?;
+        let reserve_len_bytes = map_len_bytes
+            .checked_add(align)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "arena length overflows"))?;
+        let populate = config.prefault == Prefault::MapPopulate;
+        // Reserve `align` extra bytes so an aligned start exists inside, then trim head and tail.
+        // With MAP_POPULATE the reservation is PROT_NONE and the aligned part is re-mapped with
+        // MAP_FIXED | MAP_POPULATE so the slack is never populated.
+        let reserve_prot = if populate { libc::PROT_NONE } else { libc::PROT_READ | libc::PROT_WRITE };
+        // SAFETY: a fresh anonymous private mapping at a kernel-chosen address; no existing memory
+        // is affected. The result is checked against MAP_FAILED.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                reserve_len_bytes,
+                reserve_prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let raw_addr = raw as usize;
+        let start_addr = raw_addr.next_multiple_of(align);
+        let head_bytes = start_addr - raw_addr;
+        let tail_bytes = reserve_len_bytes - head_bytes - map_len_bytes;
+        // SAFETY: `start` lies inside the reservation we just made (head_bytes < align).
+        let start = unsafe { raw.cast::<u8>().add(head_bytes) };
+        if head_bytes > 0 {
+            // SAFETY: unmapping the unaligned head of our own reservation, which nothing references.
+            unsafe { libc::munmap(raw, head_bytes) };
+        }
+        if tail_bytes > 0 {
+            // SAFETY: unmapping the slack after the aligned part of our own reservation.
+            unsafe { libc::munmap(start.add(map_len_bytes).cast(), tail_bytes) };
+        }
+        let ptr = NonNull::new(start).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let mut arena = Arena { ptr, len_bytes, map_len_bytes, huge_advised: false };
+        if populate {
+            // SAFETY: MAP_FIXED over exactly the aligned range that this arena owns (our own
+            // PROT_NONE reservation), so no other mapping is replaced.
+            let fixed = unsafe {
+                libc::mmap(
+                    start.cast(),
+                    map_len_bytes,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_POPULATE,
+                    -1,
+                    0,
+                )
+            };
+            if fixed == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error()); // `arena` drops and unmaps the reservation.
+            }
+        }
+        // SAFETY: advising our own mapping; MADV_HUGEPAGE changes no contents.
+        let advised = unsafe { libc::madvise(start.cast(), map_len_bytes, libc::MADV_HUGEPAGE) };
+        arena.huge_advised = advised == 0;
+        match config.prefault {
+            Prefault::None | Prefault::MapPopulate => {}
+            Prefault::PopulateWrite => {
+                // SAFETY: populating our own writable mapping; contents stay zero.
+                let rc = unsafe { libc::madvise(start.cast(), map_len_bytes, libc::MADV_POPULATE_WRITE) };
+                if rc != 0 {
+                    arena.touch(1);
+                }
+            }
+            Prefault::ParallelTouch { threads } => arena.touch(threads),
+        }
+        Ok(arena)
+    }
+
+    /// A zero-length-or-larger arena with no prefault. Shorthand for [`Arena::new`].
+    pub fn with_len(len_bytes: u64) -> io::Result<Arena> {
+        Arena::new(&ArenaConfig { len_bytes, prefault: Prefault::None })
+    }
+
+    /// Write one byte per 4 KiB page from `threads` scoped threads.
+    fn touch(&mut self, threads: usize) {
+        let threads = threads.clamp(1, TOUCH_THREADS_MAX);
+        let len = self.map_len_bytes;
+        if len == 0 {
+            return;
+        }
+        let pages = len.div_ceil(TOUCH_STRIDE_BYTES);
+        let pages_per_thread = pages.div_ceil(threads);
+        let base = self.ptr.as_ptr() as usize;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let first_page = t * pages_per_thread;
+                let end_page = ((t + 1) * pages_per_thread).min(pages);
+                if first_page >= end_page {
+                    break;
+                }
+                s.spawn(move || {
+                    for page in first_page..end_page {
+                        let p = (base + page * TOUCH_STRIDE_BYTES) as *mut u8;
+                        // SAFETY: `p` lies inside this arena's writable mapping (page < pages and
+                        // the mapping is a whole number of pages); `&mut self` guarantees nobody else
+                        // reads or writes it, and threads touch disjoint pages. Writing 0 over the
+                        // zero-filled page keeps the contents unchanged.
+                        unsafe { std::ptr::write_volatile(p, 0) };
+                    }
+                });
+            }
+        });
+    }
+
+    /// Usable length in bytes.
+    pub fn len_bytes(&self) -> u64 {
+        self.len_bytes as u64
+    }
+
+    /// Whether the arena has no usable bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len_bytes == 0
+    }
+
+    /// Whether `MADV_HUGEPAGE` was accepted (false on kernels without THP).
+    pub fn huge_pages_advised(&self) -> bool {
+        self.huge_advised
+    }
+
+    /// Base address.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The whole arena as bytes. Takes `&mut self` so that no backend can be writing into it.
+    pub fn as_slice(&mut self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len_bytes` initialised (zero-filled or written) bytes for the
+        // arena's life; the exclusive borrow rules out concurrent writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len_bytes) }
+    }
+
+    /// The whole arena as a writable byte buffer (e.g. for a `pread` roofline).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; the exclusive borrow makes the mutable slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len_bytes) }
+    }
+
+    /// Bytes of `offset_bytes .. offset_bytes + len_bytes`, without an exclusive borrow.
+    ///
+    /// # Safety
+    ///
+    /// No thread may write to this range while the returned slice lives (for example: every plan
+    /// read covering the range has completed and no later run targets it).
+    ///
+    /// # Panics
+    ///
+    /// Never on a range inside the arena; the range is checked and an out-of-range request yields
+    /// an empty slice.
+    pub(crate) unsafe fn slice_unchecked(&self, offset_bytes: u64, len_bytes: u64) -> &[u8] {
+        let in_range = offset_bytes.checked_add(len_bytes).is_some_and(|end| end <= self.len_bytes as u64);
+        if !in_range {
+            return &[];
+        }
+        // SAFETY: the range lies inside the mapping (checked above); the caller guarantees no
+        // concurrent writer.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset_bytes as usize), len_bytes as usize) }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        if self.map_len_bytes > 0 {
+            // SAFETY: unmapping exactly the mapping this arena owns; no borrow of it can outlive
+            // `self`.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len_bytes) };
+        }
+    }
+}
+
+// SAFETY: `ptr` is valid for `len_bytes` writable bytes for the arena's whole life and never moves;
+// writes to disjoint ranges from several threads touch disjoint memory.
+unsafe impl Destination for Arena {
+    fn len_bytes(&self) -> u64 {
+        self.len_bytes as u64
+    }
+    fn host_ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+    fn align_bytes(&self) -> u64 {
+        Self::ALIGN_BYTES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn all_prefaults() -> [Prefault; 4] {
+        [Prefault::None, Prefault::MapPopulate, Prefault::PopulateWrite, Prefault::ParallelTouch { threads: 3 }]
+    }
+
+    #[test]
+    fn every_prefault_gives_zeroed_aligned_writable_memory() {
+        for prefault in all_prefaults() {
+            let mut a = Arena::new(&ArenaConfig { len_bytes: (4 << 20) + 123, prefault }).unwrap();
+            assert_eq!(a.as_ptr() as usize % Arena::ALIGN_BYTES as usize, 0, "{prefault:?}");
+            assert_eq!(a.len_bytes(), (4 << 20) + 123);
+            assert!(a.as_slice().iter().all(|&b| b == 0), "{prefault:?}");
+            let n = a.as_mut_slice().len();
+            a.as_mut_slice()[n - 1] = 0xAB;
+            assert_eq!(a.as_slice()[n - 1], 0xAB);
+            assert_eq!(Destination::align_bytes(&a), Arena::ALIGN_BYTES);
+        }
+    }
+
+    #[test]
+    fn empty_arena_is_valid() {
+        let mut a = Arena::with_len(0).unwrap();
+        assert!(a.is_empty());
+        assert!(a.as_slice().is_empty());
+        assert!(a.as_mut_slice().is_empty());
+    }
+
+    #[test]
+    fn absurd_length_is_an_error_not_a_panic() {
+        let e = Arena::with_len(u64::MAX).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(Arena::with_len(1 << 60).is_err());
+    }
+
+    #[test]
+    fn slice_unchecked_rejects_out_of_range() {
+        let a = Arena::with_len(4096).unwrap();
+        // SAFETY: no writers exist.
+        unsafe {
+            assert_eq!(a.slice_unchecked(0, 4096).len(), 4096);
+            assert!(a.slice_unchecked(1, 4096).is_empty());
+            assert!(a.slice_unchecked(u64::MAX, 2).is_empty());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn any_length_is_aligned_zeroed_and_touch_keeps_zero(len in 0u64..(5 << 20), threads in 1usize..5) {
+            let mut a = Arena::new(&ArenaConfig { len_bytes: len, prefault: Prefault::ParallelTouch { threads } }).unwrap();
+            prop_assert_eq!(a.len_bytes(), len);
+            prop_assert_eq!(a.as_ptr() as usize % Arena::ALIGN_BYTES as usize, 0);
+            prop_assert!(a.as_slice().iter().all(|&b| b == 0));
+        }
+    }
+}

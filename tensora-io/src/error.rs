@@ -1,0 +1,91 @@
+//! Errors of the load API. Every read error names the file, the offset and the tensor.
+
+use std::path::PathBuf;
+
+use tensora_format::Dtype;
+use tensora_plan::PlanError;
+
+use crate::backend::ReadErrorKind;
+
+/// A boxed error from a caller's callback or hook.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a load failed. No `Loaded` is ever returned with missing bytes: any of these aborts the
+/// whole load.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The selection names tensors that do not exist, or a glob is bad.
+    #[error("selection: {0}")]
+    Selection(#[source] PlanError),
+    /// The planner refused the extents or the config (e.g. a zero budget).
+    #[error("plan: {0}")]
+    Plan(#[source] PlanError),
+    /// `--backend NAME` names no registered backend.
+    #[error("unknown backend {name:?} (known: {known})")]
+    UnknownBackend { name: String, known: String },
+    /// The chosen backend cannot run here (probed).
+    #[error("backend {backend} is unavailable: {reason}")]
+    BackendUnavailable { backend: String, reason: String },
+    /// Opening or stat-ing a checkpoint file failed.
+    #[error("{}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file's size, mtime or inode differs from what was parsed: it was replaced or modified.
+    #[error("{}: file changed since it was parsed ({what})", path.display())]
+    Changed { path: PathBuf, what: String },
+    /// The file has far fewer allocated blocks than its size (an interrupted download).
+    #[error(
+        "{}: sparse file ({allocated_bytes} of {len_bytes} bytes allocated); refusing to load \
+         (set allow_sparse to override)",
+        path.display()
+    )]
+    Sparse { path: PathBuf, allocated_bytes: u64, len_bytes: u64 },
+    /// A read failed permanently (or its transient errors outlived the retries).
+    #[error("{}: reading at offset {offset_bytes} ({len_bytes} bytes) for tensor {tensor:?}: {kind}", path.display())]
+    Read { path: PathBuf, offset_bytes: u64, len_bytes: u64, tensor: String, kind: ReadErrorKind },
+    /// The destination arena could not be allocated.
+    #[error("allocating a {len_bytes}-byte arena: {source}")]
+    Arena {
+        len_bytes: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Mapping the files for `Residence::Mapped` failed.
+    #[error("mapping the checkpoint files: {0}")]
+    Map(#[source] std::io::Error),
+    /// The streaming callback or the `on_tensor` hook returned an error; the load stopped.
+    #[error("callback failed on tensor {tensor:?}: {source}")]
+    Callback {
+        tensor: String,
+        #[source]
+        source: BoxError,
+    },
+    /// The load was cancelled.
+    #[error("cancelled")]
+    Cancelled,
+    /// The backend returned without error but some tensor's reads never completed (a backend bug);
+    /// reported rather than handing out missing bytes.
+    #[error("backend {backend} finished without completing tensor {tensor:?}")]
+    Incomplete { backend: String, tensor: String },
+    /// `load_path` could not open or parse the checkpoint.
+    #[error(transparent)]
+    Format(#[from] tensora_format::Error),
+}
+
+/// Why a typed view of a tensor was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ViewError {
+    /// The tensor's dtype is not the requested element type.
+    #[error("tensor {tensor:?} is {dtype}, not {requested}")]
+    Dtype { tensor: String, dtype: Dtype, requested: &'static str },
+    /// The bytes are not aligned for the element type (never reinterpreted unaligned).
+    #[error("tensor {tensor:?} at address 0x{addr:x} is not {align_bytes}-byte aligned")]
+    Misaligned { tensor: String, addr: usize, align_bytes: usize },
+    /// The byte length is not a whole number of elements.
+    #[error("tensor {tensor:?} has {len_bytes} bytes, not a multiple of {elem_bytes}")]
+    Length { tensor: String, len_bytes: usize, elem_bytes: usize },
+}

@@ -1,0 +1,209 @@
+//! Test support: a read layer that injects faults into [`SyncBackend`](crate::sync::SyncBackend)'s
+//! positional reads. It is public so that every crate's tests (tensora-verify's included) can
+//! exercise error paths without special hardware.
+//!
+//! A [`FaultySource`] wraps any [`ReadAt`] (normally [`Pread`]) and applies a list of [`Fault`]s:
+//! - [`Fault::Eio`]: every read touching a byte of a file fails with `EIO` (permanent);
+//! - [`Fault::Interrupted`], [`Fault::WouldBlock`]: the first `times` reads fail with `EINTR` /
+//!   `EAGAIN` (transient: retried);
+//! - [`Fault::Short`]: the first `times` reads return only part of what was asked (transient);
+//! - [`Fault::Eof`]: the file appears to end at an offset (a truncation);
+//! - [`Fault::BitFlip`]: one bit of one byte is flipped silently (what digests must catch).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use tensora_io::fault::{Fault, FaultySource};
+//! use tensora_io::{BackendChoice, LoadOptions};
+//!
+//! let source = FaultySource::new(vec![Fault::Interrupted { times: 3 }, Fault::Eio { file: 0, offset_bytes: 4096 }]);
+//! let opts = LoadOptions { backend: BackendChoice::Custom(source.into_backend()), ..LoadOptions::default() };
+//! # let _ = opts;
+//! ```
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::backend::{IoBackend, SourceFile};
+use crate::sync::{Pread, ReadAt, SyncBackend};
+
+/// One fault to inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Reads of `file` whose range contains `offset_bytes` fail with `EIO`, every time.
+    Eio { file: u32, offset_bytes: u64 },
+    /// The first `times` reads (of any file) fail with `EINTR`.
+    Interrupted { times: u32 },
+    /// The first `times` reads fail with `EAGAIN`.
+    WouldBlock { times: u32 },
+    /// The first `times` reads longer than one byte return about half of what was asked.
+    Short { times: u32 },
+    /// `file` reads as if it ended at `len_bytes` (reads at or past it return 0 bytes).
+    Eof { file: u32, len_bytes: u64 },
+    /// Bit `bit` (0-7) of the byte at `offset_bytes` of `file` reads flipped.
+    BitFlip { file: u32, offset_bytes: u64, bit: u8 },
+}
+
+/// A [`ReadAt`] that injects [`Fault`]s into the reads of an inner layer. Counters are atomic, so one
+/// source can serve every worker thread.
+#[derive(Debug)]
+pub struct FaultySource<R: ReadAt = Pread> {
+    inner: R,
+    faults: Vec<Fault>,
+    /// Remaining count for each counted fault (same index as `faults`).
+    remaining: Vec<AtomicU32>,
+    injected: AtomicU64,
+}
+
+impl FaultySource<Pread> {
+    /// Inject `faults` into plain `pread`s.
+    pub fn new(faults: Vec<Fault>) -> FaultySource<Pread> {
+        FaultySource::wrap(Pread, faults)
+    }
+}
+
+impl<R: ReadAt + 'static> FaultySource<R> {
+    /// Inject `faults` into the reads of `inner`.
+    pub fn wrap(inner: R, faults: Vec<Fault>) -> FaultySource<R> {
+        let remaining = faults
+            .iter()
+            .map(|f| match *f {
+                Fault::Interrupted { times } | Fault::WouldBlock { times } | Fault::Short { times } => times,
+                _ => 0,
+            })
+            .map(AtomicU32::new)
+            .collect();
+        FaultySource { inner, faults, remaining, injected: AtomicU64::new(0) }
+    }
+
+    /// How many faults fired so far (bit flips and EOFs count once per read they affect).
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
+
+    /// A [`SyncBackend`] whose reads go through this source, ready for
+    /// [`BackendChoice::Custom`](crate::BackendChoice::Custom).
+    pub fn into_backend(self) -> Arc<dyn IoBackend> {
+        Arc::new(SyncBackend::with_reader(Arc::new(self)))
+    }
+
+    /// Take one from a counted fault's budget; true when it fires.
+    fn take(&self, index: usize) -> bool {
+        self.remaining[index].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+    }
+
+    fn fired(&self) {
+        self.injected.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl<R: ReadAt + 'static> ReadAt for FaultySource<R> {
+    fn read_at(
+        &self,
+        file: &SourceFile,
+        file_index: u32,
+        buf: &mut [u8],
+        offset_bytes: u64,
+        direct: bool,
+    ) -> io::Result<usize> {
+        let end = offset_bytes.saturating_add(buf.len() as u64);
+        let mut limit = buf.len();
+        for (i, fault) in self.faults.iter().enumerate() {
+            match *fault {
+                Fault::Eio { file: f, offset_bytes: at } if f == file_index && (offset_bytes..end).contains(&at) => {
+                    self.fired();
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
+                Fault::Interrupted { .. } if self.take(i) => {
+                    self.fired();
+                    return Err(io::Error::from_raw_os_error(libc::EINTR));
+                }
+                Fault::WouldBlock { .. } if self.take(i) => {
+                    self.fired();
+                    return Err(io::Error::from_raw_os_error(libc::EAGAIN));
+                }
+                Fault::Short { .. } if limit > 1 && self.take(i) => {
+                    self.fired();
+                    limit /= 2;
+                }
+                Fault::Eof { file: f, len_bytes } if f == file_index => {
+                    if offset_bytes >= len_bytes {
+                        self.fired();
+                        return Ok(0);
+                    }
+                    let room = usize::try_from(len_bytes - offset_bytes).unwrap_or(usize::MAX);
+                    if room < limit {
+                        self.fired();
+                        limit = room;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let n = self.inner.read_at(file, file_index, &mut buf[..limit], offset_bytes, direct)?;
+        for fault in &self.faults {
+            if let Fault::BitFlip { file: f, offset_bytes: at, bit } = *fault {
+                let got_end = offset_bytes + n as u64;
+                if f == file_index && (offset_bytes..got_end).contains(&at) {
+                    self.fired();
+                    buf[(at - offset_bytes) as usize] ^= 1u8 << (bit & 7);
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn source_file(bytes: &[u8]) -> (tempfile::NamedTempFile, SourceFile) {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(bytes).unwrap();
+        let sf = SourceFile {
+            path: f.path().to_owned(),
+            len_bytes: bytes.len() as u64,
+            buffered: f.reopen().unwrap(),
+            direct: None,
+        };
+        (f, sf)
+    }
+
+    #[test]
+    fn counted_faults_fire_exactly_times_then_pass_through() {
+        let data: Vec<u8> = (0..=255u8).collect();
+        let (_f, sf) = source_file(&data);
+        let src = FaultySource::new(vec![Fault::Interrupted { times: 2 }, Fault::WouldBlock { times: 1 }]);
+        let mut buf = [0u8; 16];
+        let kinds: Vec<_> = (0..3).map(|_| src.read_at(&sf, 0, &mut buf, 0, false).unwrap_err().kind()).collect();
+        assert_eq!(kinds, [io::ErrorKind::Interrupted, io::ErrorKind::Interrupted, io::ErrorKind::WouldBlock]);
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 16, false).unwrap(), 16);
+        assert_eq!(&buf[..], &data[16..32]);
+        assert_eq!(src.injected(), 3);
+    }
+
+    #[test]
+    fn short_eof_eio_and_bitflip() {
+        let data = vec![0u8; 100];
+        let (_f, sf) = source_file(&data);
+        let src = FaultySource::new(vec![
+            Fault::Short { times: 1 },
+            Fault::Eof { file: 0, len_bytes: 90 },
+            Fault::Eio { file: 0, offset_bytes: 50 },
+            Fault::BitFlip { file: 0, offset_bytes: 5, bit: 3 },
+        ]);
+        let mut buf = [0u8; 40];
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 0, false).unwrap(), 20);
+        assert_eq!(buf[5], 8);
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 0, false).unwrap(), 40);
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 40, false).unwrap_err().raw_os_error(), Some(libc::EIO));
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 60, false).unwrap(), 30);
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 95, false).unwrap(), 0);
+        // Faults on another file index do not fire.
+        assert_eq!(src.read_at(&sf, 1, &mut buf, 40, false).unwrap(), 40);
+    }
+}

@@ -1,0 +1,241 @@
+//! Measured facts about files and the machine: page-cache residency (sampled with `mincore`),
+//! filesystem type (`statfs`), O_DIRECT support, CPU count; and cache control for benchmarks
+//! (`posix_fadvise(DONTNEED)`, `drop_caches`).
+//!
+//! Every probe here is cheap by construction: a residency sample looks at a bounded number of
+//! pages ([`RESIDENCY_SAMPLE_WINDOWS_MAX`] windows of [`RESIDENCY_WINDOW_PAGES`] pages per file), so it
+//! stays far below 1 ms whatever the file size.
+//!
+//! # Example
+//!
+//! ```
+//! use std::io::Write;
+//! let mut f = tempfile::NamedTempFile::new()?;
+//! f.write_all(&[1u8; 8192])?;
+//! let fs = tensora_io::probe::filesystem(f.path())?;
+//! assert!(!fs.name.is_empty());
+//! let resident = tensora_io::probe::residency_sample(f.as_file(), 8192)?;
+//! assert!(resident.sampled_pages > 0);
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// Windows sampled per file by [`residency_sample`].
+pub const RESIDENCY_SAMPLE_WINDOWS_MAX: u64 = 32;
+/// Pages per sampled window.
+pub const RESIDENCY_WINDOW_PAGES: u64 = 16;
+const PAGE_BYTES: u64 = 4096;
+
+/// Drop `file`'s pages from the page cache (`posix_fadvise(POSIX_FADV_DONTNEED)` over the whole file).
+/// Dirty pages are not dropped; call `sync_all` first on a file you just wrote.
+pub fn evict_file_cache(file: &File) -> io::Result<()> {
+    // SAFETY: plain syscall on a descriptor we borrow; no memory is passed.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// `sync`, then write `3` to `/proc/sys/vm/drop_caches` (needs root). Drops every clean page-cache
+/// page and slab object on the machine: use only in benchmarks.
+pub fn drop_caches_global() -> io::Result<()> {
+    // SAFETY: `sync` takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", b"3\n")
+}
+
+/// Open `path` read-only with `O_DIRECT`. Errors with `EINVAL` where the filesystem refuses it
+/// (tmpfs, some overlay setups).
+pub fn open_direct(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path)
+}
+
+/// Whether O_DIRECT reads work on `path`: opens it with `O_DIRECT` and reads its first block into
+/// an aligned buffer. Returns the reason when they do not.
+pub fn direct_io_supported(path: &Path) -> Result<(), String> {
+    let file = open_direct(path).map_err(|e| format!("O_DIRECT open: {e}"))?;
+    let mut arena = crate::arena::Arena::with_len(PAGE_BYTES).map_err(|e| format!("buffer: {e}"))?;
+    let buf = arena.as_mut_slice();
+    use std::os::unix::fs::FileExt;
+    match file.read_at(buf, 0) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("O_DIRECT read: {e}")),
+    }
+}
+
+/// A filesystem as `statfs` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filesystem {
+    /// `f_type` magic.
+    pub magic: i64,
+    /// A short name: "ext4", "xfs", "btrfs", "tmpfs", "overlay", "nfs", "fuse", "cifs", ... or
+    /// "unknown(0x...)".
+    pub name: String,
+    /// Network or userspace filesystems where lazy mmap faults are slow and SIGBUS-prone.
+    pub remote: bool,
+}
+
+/// `statfs(path)` and classify the filesystem.
+pub fn filesystem(path: &Path) -> io::Result<Filesystem> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `c_path` is NUL-terminated and `st` is a valid out-pointer of the right type.
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statfs succeeded, so it filled the struct (and it was zeroed before).
+    let st = unsafe { st.assume_init() };
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs across targets.
+    let magic = st.f_type as i64;
+    Ok(classify_filesystem(magic))
+}
+
+/// Name a `statfs` magic number.
+pub fn classify_filesystem(magic: i64) -> Filesystem {
+    let (name, remote) = match magic {
+        0xEF53 => ("ext4", false),
+        0x5846_5342 => ("xfs", false),
+        0x9123_683E => ("btrfs", false),
+        0x0102_1994 => ("tmpfs", false),
+        0x794C_7630 => ("overlay", false),
+        0x2FC1_2FC1 => ("zfs", false),
+        0xF2F5_2010 => ("f2fs", false),
+        0x6969 => ("nfs", true),
+        0x6573_5546 => ("fuse", true),
+        0xFF53_4D42 => ("cifs", true),
+        0xFE53_4D42 => ("smb2", true),
+        0x0102_1997 => ("9p", true),
+        0x00C3_6400 => ("ceph", true),
+        0x0BD0_0BD0 => ("lustre", true),
+        _ => ("", false),
+    };
+    let name = if name.is_empty() { format!("unknown(0x{magic:x})") } else { name.to_owned() };
+    Filesystem { magic, name, remote }
+}
+
+/// Result of a `mincore` sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ResidencySample {
+    pub sampled_pages: u64,
+    pub resident_pages: u64,
+}
+
+impl ResidencySample {
+    /// Fraction of sampled pages in the page cache (0 when nothing was sampled).
+    pub fn fraction(&self) -> f64 {
+        if self.sampled_pages == 0 { 0.0 } else { self.resident_pages as f64 / self.sampled_pages as f64 }
+    }
+    /// Sum two samples.
+    pub fn merge(self, other: ResidencySample) -> ResidencySample {
+        ResidencySample {
+            sampled_pages: self.sampled_pages + other.sampled_pages,
+            resident_pages: self.resident_pages + other.resident_pages,
+        }
+    }
+}
+
+/// Sample page-cache residency of the first `len_bytes` of `file` with `mincore`, looking at
+/// [`RESIDENCY_SAMPLE_WINDOWS_MAX`] evenly spaced windows of [`RESIDENCY_WINDOW_PAGES`] pages.
+/// Maps the file (no page is touched), so the cost is independent of the file size.
+pub fn residency_sample(file: &File, len_bytes: u64) -> io::Result<ResidencySample> {
+    if len_bytes == 0 {
+        return Ok(ResidencySample::default());
+    }
+    let map_len = usize::try_from(len_bytes)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file larger than address space"))?;
+    // SAFETY: a read-only shared mapping of a descriptor we borrow; the mapping is never read
+    // (mincore only queries page-table state), so a concurrent truncation cannot fault us.
+    let addr = unsafe {
+        libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let pages_total = len_bytes.div_ceil(PAGE_BYTES);
+    let windows = RESIDENCY_SAMPLE_WINDOWS_MAX.min(pages_total.div_ceil(RESIDENCY_WINDOW_PAGES)).max(1);
+    let stride_pages = pages_total / windows;
+    let mut vec = [0u8; RESIDENCY_WINDOW_PAGES as usize];
+    let mut sample = ResidencySample::default();
+    let mut result = Ok(());
+    for w in 0..windows {
+        let first_page = w * stride_pages;
+        let pages = RESIDENCY_WINDOW_PAGES.min(pages_total - first_page);
+        if pages == 0 {
+            continue;
+        }
+        // SAFETY: `first_page + pages <= pages_total`, so the queried range lies inside our mapping
+        // (mincore accepts a final partial page); `vec` has room for `pages` entries.
+        let rc = unsafe {
+            libc::mincore(
+                addr.cast::<u8>().add((first_page * PAGE_BYTES) as usize).cast(),
+                (pages * PAGE_BYTES) as usize,
+                vec.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            result = Err(io::Error::last_os_error());
+            break;
+        }
+        sample.sampled_pages += pages;
+        sample.resident_pages += vec[..pages as usize].iter().filter(|&&b| b & 1 == 1).count() as u64;
+    }
+    // SAFETY: unmapping exactly the mapping made above; nothing borrows it.
+    unsafe { libc::munmap(addr, map_len) };
+    result.map(|()| sample)
+}
+
+/// Online CPUs available to this process.
+pub fn cpu_count() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn residency_sees_written_pages_and_eviction_is_accepted() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&vec![3u8; 1 << 20]).unwrap();
+        f.as_file().sync_all().unwrap();
+        let s = residency_sample(f.as_file(), 1 << 20).unwrap();
+        assert!(s.sampled_pages > 0 && s.sampled_pages <= RESIDENCY_SAMPLE_WINDOWS_MAX * RESIDENCY_WINDOW_PAGES);
+        evict_file_cache(f.as_file()).unwrap();
+        let after = residency_sample(f.as_file(), 1 << 20).unwrap();
+        assert!(after.resident_pages <= s.resident_pages);
+        assert!(after.fraction() <= 1.0);
+    }
+
+    #[test]
+    fn empty_file_samples_nothing() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        assert_eq!(residency_sample(f.as_file(), 0).unwrap(), ResidencySample::default());
+    }
+
+    #[test]
+    fn classifies_known_and_unknown_filesystems() {
+        assert_eq!(classify_filesystem(0xEF53).name, "ext4");
+        assert!(classify_filesystem(0x6969).remote);
+        assert!(classify_filesystem(0x6573_5546).remote);
+        assert!(!classify_filesystem(0x0102_1994).remote);
+        assert!(classify_filesystem(0x1234).name.starts_with("unknown("));
+    }
+
+    #[test]
+    fn filesystem_of_a_temp_dir_and_missing_path() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(filesystem(d.path()).is_ok());
+        assert!(filesystem(&d.path().join("missing")).is_err());
+        assert!(cpu_count() >= 1);
+    }
+}

@@ -1,0 +1,384 @@
+//! The async backend against random plans (buffered and O_DIRECT), EOF, cancellation and sink
+//! stops, and `load_async` keeping the caller's runtime responsive.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use sha2::{Digest, Sha256};
+use tensora_io::arena::Arena;
+use tensora_io::async_load::{AsyncBackend, load_async};
+use tensora_io::{BackendChoice, LoadOptions, TensorHook};
+use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, SourceFile, StopReason};
+use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
+
+/// A completion sink made of a closure.
+struct FnSink<F>(F);
+
+impl<F: Fn(u32) -> Result<(), StopReason> + Sync> CompletionSink for FnSink<F> {
+    fn read_done(&self, read: u32) -> Result<(), StopReason> {
+        (self.0)(read)
+    }
+}
+
+struct TestFile {
+    _tmp: tempfile::NamedTempFile,
+    data: Vec<u8>,
+    source: SourceFile,
+}
+
+fn test_file(data: Vec<u8>, claimed_len_bytes: u64, direct: bool) -> TestFile {
+    let mut tmp = tempfile::NamedTempFile::new().unwrap();
+    tmp.write_all(&data).unwrap();
+    tmp.as_file().sync_all().unwrap();
+    let path = tmp.path().to_path_buf();
+    let source = SourceFile {
+        len_bytes: claimed_len_bytes,
+        buffered: std::fs::File::open(&path).unwrap(),
+        direct: if direct { Some(tensora_io::probe::open_direct(&path).unwrap()) } else { None },
+        path,
+    };
+    TestFile { _tmp: tmp, data, source }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+struct Run {
+    result: Result<IoStats, ReadError>,
+    arena: Arena,
+    reported: Vec<u32>,
+    budget: Budget,
+}
+
+#[derive(Clone, Copy)]
+struct Knobs {
+    threads: usize,
+    queue_depth: u32,
+    direct: bool,
+    budget_bytes: u64,
+}
+
+fn run(backend: &dyn IoBackend, plan: &Plan, files: &[SourceFile], knobs: Knobs) -> Run {
+    let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
+    let budget = Budget::new(knobs.budget_bytes);
+    let cancel = AtomicBool::new(false);
+    let reported = Mutex::new(Vec::new());
+    let sink = FnSink(|read| {
+        reported.lock().unwrap().push(read);
+        Ok(())
+    });
+    let job = Job {
+        plan,
+        files,
+        dest: &arena,
+        budget: &budget,
+        threads: knobs.threads,
+        queue_depth: knobs.queue_depth,
+        direct: knobs.direct,
+        cancel: &cancel,
+        retries_max: 4,
+    };
+    let result = backend.execute(&job, &sink);
+    Run { result, arena, reported: reported.into_inner().unwrap(), budget }
+}
+
+/// Every extent's bytes landed where the plan says, and every read was reported exactly once.
+fn check_bytes(run: &mut Run, plan: &Plan, extents: &[Extent], files: &[TestFile]) {
+    let stats = run.result.as_ref().expect("run failed");
+    assert_eq!(stats.reads, plan.reads().len() as u64);
+    assert!(stats.peak_inflight_bytes <= run.budget.capacity_bytes());
+    assert_eq!(run.budget.in_use_bytes(), 0);
+    let mut reported = run.reported.clone();
+    reported.sort_unstable();
+    assert_eq!(reported, (0..plan.reads().len() as u32).collect::<Vec<_>>());
+    let arena = run.arena.as_slice();
+    for (extent, loc) in extents.iter().zip(plan.locations()) {
+        let want = &files[extent.file as usize].data
+            [extent.offset_bytes as usize..(extent.offset_bytes + extent.len_bytes) as usize];
+        let at = loc.arena_offset_bytes as usize;
+        assert_eq!(&arena[at..at + want.len()], want, "extent {extent:?}");
+    }
+}
+
+fn extents_strategy() -> impl Strategy<Value = (Vec<usize>, Vec<(usize, u64, u64)>)> {
+    prop::collection::vec(1usize..120_000, 1..3).prop_flat_map(|lens| {
+        let n = lens.len();
+        let raw = prop::collection::vec((0..n, 0.0f64..1.0, 0.0f64..1.0), 1..12);
+        (Just(lens), raw).prop_map(|(lens, raw)| {
+            let picked = raw
+                .into_iter()
+                .map(|(f, a, b)| {
+                    let len = lens[f] as u64;
+                    let off = ((len as f64) * a) as u64 % len;
+                    let ext = (((len - off) as f64) * b) as u64;
+                    (f, off, ext.max(1).min(len - off))
+                })
+                .collect();
+            (lens, picked)
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn random_plans_land_the_right_bytes(
+        (lens, picked) in extents_strategy(),
+        direct in any::<bool>(),
+        queue_depth in 1u32..9,
+        chunk_kib in 4u64..64,
+        seed in any::<u64>(),
+        budget_kib in 4u64..256,
+    ) {
+        let files: Vec<TestFile> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| test_file(pattern(len, seed ^ i as u64), len as u64, direct))
+            .collect();
+        let extents: Vec<Extent> = picked
+            .iter()
+            .enumerate()
+            .map(|(tag, &(file, offset_bytes, len_bytes))| Extent { file: file as u32, offset_bytes, len_bytes, tag: tag as u32 })
+            .collect();
+        let align_bytes = if direct { 4096 } else { 1 };
+        let config = PlanConfig { align_bytes, chunk_bytes: chunk_kib * 4096, coalesce_gap_bytes: 8192, budget_bytes: 1 << 20 };
+        let file_lens: Vec<u64> = lens.iter().map(|&l| l as u64).collect();
+        let plan = Plan::build_with_file_lens(&extents, &config, &Order::File, &file_lens).unwrap();
+        let sources: Vec<SourceFile> = files.iter().map(|f| clone_source(&f.source)).collect();
+        let knobs = Knobs { threads: 1, queue_depth, direct, budget_bytes: budget_kib << 10 };
+        let mut run = run(&AsyncBackend, &plan, &sources, knobs);
+        check_bytes(&mut run, &plan, &extents, &files);
+        prop_assert_eq!(run.result.unwrap().direct_fallbacks, 0);
+    }
+}
+
+fn clone_source(s: &SourceFile) -> SourceFile {
+    SourceFile {
+        path: s.path.clone(),
+        len_bytes: s.len_bytes,
+        buffered: s.buffered.try_clone().unwrap(),
+        direct: s.direct.as_ref().map(|d| d.try_clone().unwrap()),
+    }
+}
+
+fn whole_file_plan(len_bytes: u64, chunk_bytes: u64) -> (Vec<Extent>, Plan) {
+    let extents = vec![Extent { file: 0, offset_bytes: 0, len_bytes, tag: 0 }];
+    let config = PlanConfig { align_bytes: 1, chunk_bytes, coalesce_gap_bytes: 0, budget_bytes: 64 << 10 };
+    let plan = Plan::build(&extents, &config, &Order::File).unwrap();
+    (extents, plan)
+}
+
+fn run_with_sink(
+    sink: &dyn CompletionSink,
+    cancel: &AtomicBool,
+    plan: &Plan,
+    file: &TestFile,
+    budget: &Budget,
+) -> Result<IoStats, ReadError> {
+    let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
+    let job = Job {
+        plan,
+        files: std::slice::from_ref(&file.source),
+        dest: &arena,
+        budget,
+        threads: 2,
+        queue_depth: 4,
+        direct: false,
+        cancel,
+        retries_max: 4,
+    };
+    AsyncBackend.execute(&job, sink)
+}
+
+#[test]
+fn read_past_a_truncated_file_is_unexpected_eof() {
+    let file = test_file(pattern(10_000, 1), 100 << 10, false);
+    let (_, plan) = whole_file_plan(100 << 10, 16 << 10);
+    let knobs = Knobs { threads: 2, queue_depth: 4, direct: false, budget_bytes: 1 << 20 };
+    let run = run(&AsyncBackend, &plan, std::slice::from_ref(&file.source), knobs);
+    let err = run.result.unwrap_err();
+    assert!(matches!(err.kind, ReadErrorKind::UnexpectedEof { .. }), "{err}");
+    assert_eq!(run.budget.in_use_bytes(), 0);
+}
+
+#[test]
+fn cancel_flag_stops_the_run() {
+    let file = test_file(pattern(1 << 20, 3), 1 << 20, false);
+    let (_, plan) = whole_file_plan(1 << 20, 16 << 10);
+    let cancel = AtomicBool::new(false);
+    let done = AtomicUsize::new(0);
+    let sink = FnSink(|_| {
+        if done.fetch_add(1, Ordering::SeqCst) == 2 {
+            cancel.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    });
+    let budget = Budget::new(64 << 10);
+    let result = run_with_sink(&sink, &cancel, &plan, &file, &budget);
+    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Cancelled));
+    assert!(done.load(Ordering::SeqCst) < plan.reads().len());
+    assert_eq!(budget.in_use_bytes(), 0);
+}
+
+#[test]
+fn sink_stop_returns_stopped() {
+    let file = test_file(pattern(1 << 20, 4), 1 << 20, false);
+    let (_, plan) = whole_file_plan(1 << 20, 16 << 10);
+    let done = AtomicUsize::new(0);
+    let sink = FnSink(|_| if done.fetch_add(1, Ordering::SeqCst) >= 3 { Err(StopReason) } else { Ok(()) });
+    let budget = Budget::new(64 << 10);
+    let result = run_with_sink(&sink, &AtomicBool::new(false), &plan, &file, &budget);
+    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Stopped));
+    assert!(done.load(Ordering::SeqCst) <= 5, "{}", done.load(Ordering::SeqCst));
+    assert_eq!(budget.in_use_bytes(), 0);
+}
+
+#[test]
+fn execute_from_inside_a_runtime_does_not_panic() {
+    let file = test_file(pattern(200_000, 11), 200_000, false);
+    let (extents, plan) = whole_file_plan(200_000, 16 << 10);
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let mut run = runtime.block_on(async {
+        let knobs = Knobs { threads: 1, queue_depth: 4, direct: false, budget_bytes: 1 << 20 };
+        run(&AsyncBackend, &plan, std::slice::from_ref(&file.source), knobs)
+    });
+    check_bytes(&mut run, &plan, &extents, std::slice::from_ref(&file));
+}
+
+// ---------------------------------------------------------------------------------------------
+// load_async
+// ---------------------------------------------------------------------------------------------
+
+const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.safetensors");
+const REAL_EXPECTED: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.expected.json");
+
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().build().unwrap()
+}
+
+#[test]
+fn the_callers_runtime_keeps_running_tasks_during_a_load() {
+    // The first completed tensor's hook waits until a task on the caller's (single-threaded)
+    // runtime has made progress. If the load blocked that thread, the task could never run, the
+    // hook would time out and the load would fail.
+    const TICKS: u32 = 50;
+    let (tx, rx) = std::sync::mpsc::channel::<u32>();
+    let rx = Mutex::new(rx);
+    let waited = AtomicBool::new(false);
+    let hook: TensorHook = Arc::new(move |_t| {
+        if waited.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let ticks = rx.lock().unwrap().recv_timeout(Duration::from_secs(5))?;
+        if ticks < TICKS {
+            return Err(format!("only {ticks} ticks").into());
+        }
+        Ok(())
+    });
+    let ckpt = Arc::new(tensora_format::open(REAL).unwrap());
+    let runtime = current_thread_runtime();
+    let loaded = runtime.block_on(async {
+        let ticker = tokio::spawn(async move {
+            for _ in 0..TICKS {
+                tokio::task::yield_now().await;
+            }
+            tx.send(TICKS).unwrap();
+        });
+        let opts = LoadOptions { on_tensor: Some(hook), ..LoadOptions::default() };
+        let loaded = load_async(Arc::clone(&ckpt), opts).await;
+        ticker.await.unwrap();
+        loaded
+    });
+    let loaded = loaded.unwrap();
+    assert_eq!(loaded.len(), ckpt.tensors().len());
+}
+
+fn expected_sha256() -> Vec<(String, String)> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(REAL_EXPECTED).unwrap()).unwrap();
+    json["tensors"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, t)| (name.clone(), t["sha256"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+#[test]
+fn every_backend_yields_the_expected_bytes_through_load_async() {
+    let expected = expected_sha256();
+    assert!(!expected.is_empty());
+    let ckpt = Arc::new(tensora_format::open(REAL).unwrap());
+    let runtime = current_thread_runtime();
+    for backend in ["async", "io-uring", "mmap", "sync"] {
+        for chunk_bytes in [4096, 8 << 20] {
+            let opts = LoadOptions {
+                backend: BackendChoice::Named(backend.to_owned()),
+                chunk_bytes,
+                budget_bytes: 64 << 10,
+                ..LoadOptions::default()
+            };
+            let loaded = runtime.block_on(load_async(Arc::clone(&ckpt), opts)).unwrap();
+            assert_eq!(loaded.report().backend, backend);
+            for (name, sha) in &expected {
+                let t = loaded.tensor(name).unwrap();
+                assert_eq!(&hex::encode(Sha256::digest(t.bytes())), sha, "{backend}: {name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn load_async_errors_are_returned_not_panicked() {
+    let ckpt = Arc::new(tensora_format::open(REAL).unwrap());
+    let opts =
+        LoadOptions { backend: BackendChoice::Named("no-such-backend".into()), ..LoadOptions::default() };
+    let err = current_thread_runtime().block_on(load_async(ckpt, opts)).unwrap_err();
+    assert!(err.to_string().contains("no-such-backend"), "{err}");
+}
+
+/// A minimal executor that is not tokio: polls on this thread, parks between wake-ups.
+fn block_on_without_tokio<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    // Bounded: the load of a 344 KB fixture finishes long before this many wake-ups.
+    for _ in 0..100_000 {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    panic!("future never completed");
+}
+
+#[test]
+fn load_async_works_under_a_non_tokio_executor() {
+    let ckpt = Arc::new(tensora_format::open(REAL).unwrap());
+    assert!(tokio::runtime::Handle::try_current().is_err());
+    let loaded = block_on_without_tokio(load_async(Arc::clone(&ckpt), LoadOptions::default())).unwrap();
+    let expected = expected_sha256();
+    for (name, sha) in &expected {
+        assert_eq!(&hex::encode(Sha256::digest(loaded.tensor(name).unwrap().bytes())), sha, "{name}");
+    }
+}

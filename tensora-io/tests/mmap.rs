@@ -1,0 +1,304 @@
+//! The mmap backend (owned mode) against random plans, and `MappedFiles`: residency via
+//! `mincore`, prewarm, lock, size checks, cancellation and sink stops.
+
+use std::io::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use proptest::prelude::*;
+use tensora_io::arena::Arena;
+use tensora_io::mmap::{FileRange, MappedFiles, MmapBackend, MmapConfig};
+use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, SourceFile, StopReason};
+use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
+
+/// A completion sink made of a closure.
+struct FnSink<F>(F);
+
+impl<F: Fn(u32) -> Result<(), StopReason> + Sync> CompletionSink for FnSink<F> {
+    fn read_done(&self, read: u32) -> Result<(), StopReason> {
+        (self.0)(read)
+    }
+}
+
+struct TestFile {
+    _tmp: tempfile::NamedTempFile,
+    data: Vec<u8>,
+    source: SourceFile,
+}
+
+fn test_file(data: Vec<u8>, claimed_len_bytes: u64, direct: bool) -> TestFile {
+    let mut tmp = tempfile::NamedTempFile::new().unwrap();
+    tmp.write_all(&data).unwrap();
+    tmp.as_file().sync_all().unwrap();
+    let path = tmp.path().to_path_buf();
+    let source = SourceFile {
+        len_bytes: claimed_len_bytes,
+        buffered: std::fs::File::open(&path).unwrap(),
+        direct: if direct { Some(tensora_io::probe::open_direct(&path).unwrap()) } else { None },
+        path,
+    };
+    TestFile { _tmp: tmp, data, source }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+struct Run {
+    result: Result<IoStats, ReadError>,
+    arena: Arena,
+    reported: Vec<u32>,
+    budget: Budget,
+}
+
+#[derive(Clone, Copy)]
+struct Knobs {
+    threads: usize,
+    queue_depth: u32,
+    direct: bool,
+    budget_bytes: u64,
+}
+
+fn run(backend: &dyn IoBackend, plan: &Plan, files: &[SourceFile], knobs: Knobs) -> Run {
+    let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
+    let budget = Budget::new(knobs.budget_bytes);
+    let cancel = AtomicBool::new(false);
+    let reported = Mutex::new(Vec::new());
+    let sink = FnSink(|read| {
+        reported.lock().unwrap().push(read);
+        Ok(())
+    });
+    let job = Job {
+        plan,
+        files,
+        dest: &arena,
+        budget: &budget,
+        threads: knobs.threads,
+        queue_depth: knobs.queue_depth,
+        direct: knobs.direct,
+        cancel: &cancel,
+        retries_max: 4,
+    };
+    let result = backend.execute(&job, &sink);
+    Run { result, arena, reported: reported.into_inner().unwrap(), budget }
+}
+
+/// Every extent's bytes landed where the plan says, and every read was reported exactly once.
+fn check_bytes(run: &mut Run, plan: &Plan, extents: &[Extent], files: &[TestFile]) {
+    let stats = run.result.as_ref().expect("run failed");
+    assert_eq!(stats.reads, plan.reads().len() as u64);
+    assert!(stats.peak_inflight_bytes <= run.budget.capacity_bytes());
+    assert_eq!(run.budget.in_use_bytes(), 0);
+    let mut reported = run.reported.clone();
+    reported.sort_unstable();
+    assert_eq!(reported, (0..plan.reads().len() as u32).collect::<Vec<_>>());
+    let arena = run.arena.as_slice();
+    for (extent, loc) in extents.iter().zip(plan.locations()) {
+        let want = &files[extent.file as usize].data
+            [extent.offset_bytes as usize..(extent.offset_bytes + extent.len_bytes) as usize];
+        let at = loc.arena_offset_bytes as usize;
+        assert_eq!(&arena[at..at + want.len()], want, "extent {extent:?}");
+    }
+}
+
+fn extents_strategy() -> impl Strategy<Value = (Vec<usize>, Vec<(usize, u64, u64)>)> {
+    prop::collection::vec(1usize..120_000, 1..3).prop_flat_map(|lens| {
+        let n = lens.len();
+        let raw = prop::collection::vec((0..n, 0.0f64..1.0, 0.0f64..1.0), 1..12);
+        (Just(lens), raw).prop_map(|(lens, raw)| {
+            let picked = raw
+                .into_iter()
+                .map(|(f, a, b)| {
+                    let len = lens[f] as u64;
+                    let off = ((len as f64) * a) as u64 % len;
+                    let ext = (((len - off) as f64) * b) as u64;
+                    (f, off, ext.max(1).min(len - off))
+                })
+                .collect();
+            (lens, picked)
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn random_plans_land_the_right_bytes(
+        (lens, picked) in extents_strategy(),
+        direct in any::<bool>(),
+        threads in 1usize..4,
+        chunk_kib in 4u64..64,
+        populate_source in any::<bool>(),
+        willneed_lookahead_reads in 0u32..3,
+        seed in any::<u64>(),
+        budget_kib in 4u64..256,
+    ) {
+        let files: Vec<TestFile> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| test_file(pattern(len, seed ^ i as u64), len as u64, direct))
+            .collect();
+        let extents: Vec<Extent> = picked
+            .iter()
+            .enumerate()
+            .map(|(tag, &(file, offset_bytes, len_bytes))| Extent { file: file as u32, offset_bytes, len_bytes, tag: tag as u32 })
+            .collect();
+        let align_bytes = if direct { 4096 } else { 1 };
+        let config = PlanConfig { align_bytes, chunk_bytes: chunk_kib * 4096, coalesce_gap_bytes: 8192, budget_bytes: 1 << 20 };
+        // Without file lengths, aligned plans read past EOF: the backend treats that as padding.
+        let plan = Plan::build(&extents, &config, &Order::File).unwrap();
+        let sources: Vec<SourceFile> = files.iter().map(|f| clone_source(&f.source)).collect();
+        let backend = MmapBackend::new(MmapConfig { populate_source, willneed_lookahead_reads });
+        let knobs = Knobs { threads, queue_depth: 1, direct, budget_bytes: budget_kib << 10 };
+        let mut run = run(&backend, &plan, &sources, knobs);
+        check_bytes(&mut run, &plan, &extents, &files);
+    }
+}
+
+fn clone_source(s: &SourceFile) -> SourceFile {
+    SourceFile {
+        path: s.path.clone(),
+        len_bytes: s.len_bytes,
+        buffered: s.buffered.try_clone().unwrap(),
+        direct: s.direct.as_ref().map(|d| d.try_clone().unwrap()),
+    }
+}
+
+fn whole_file_plan(len_bytes: u64, chunk_bytes: u64) -> (Vec<Extent>, Plan) {
+    let extents = vec![Extent { file: 0, offset_bytes: 0, len_bytes, tag: 0 }];
+    let config = PlanConfig { align_bytes: 1, chunk_bytes, coalesce_gap_bytes: 0, budget_bytes: 64 << 10 };
+    let plan = Plan::build(&extents, &config, &Order::File).unwrap();
+    (extents, plan)
+}
+
+fn run_with_sink(
+    sink: &dyn CompletionSink,
+    cancel: &AtomicBool,
+    plan: &Plan,
+    file: &TestFile,
+    budget: &Budget,
+) -> Result<IoStats, ReadError> {
+    let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
+    let job = Job {
+        plan,
+        files: std::slice::from_ref(&file.source),
+        dest: &arena,
+        budget,
+        threads: 2,
+        queue_depth: 1,
+        direct: false,
+        cancel,
+        retries_max: 4,
+    };
+    MmapBackend::default().execute(&job, sink)
+}
+
+#[test]
+fn a_file_shorter_than_expected_is_refused_before_mapping() {
+    let file = test_file(pattern(10_000, 1), 100 << 10, false);
+    let (_, plan) = whole_file_plan(100 << 10, 16 << 10);
+    let knobs = Knobs { threads: 2, queue_depth: 1, direct: false, budget_bytes: 1 << 20 };
+    let run = run(&MmapBackend::default(), &plan, std::slice::from_ref(&file.source), knobs);
+    let err = run.result.unwrap_err();
+    assert!(
+        matches!(err.kind, ReadErrorKind::Io(ref e) if e.kind() == std::io::ErrorKind::InvalidData),
+        "{err}"
+    );
+    assert!(run.reported.is_empty());
+}
+
+#[test]
+fn cancel_flag_stops_the_run() {
+    let file = test_file(pattern(1 << 20, 3), 1 << 20, false);
+    let (_, plan) = whole_file_plan(1 << 20, 16 << 10);
+    let cancel = AtomicBool::new(false);
+    let done = AtomicUsize::new(0);
+    let sink = FnSink(|_| {
+        if done.fetch_add(1, Ordering::SeqCst) == 2 {
+            cancel.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    });
+    let budget = Budget::new(64 << 10);
+    let result = run_with_sink(&sink, &cancel, &plan, &file, &budget);
+    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Cancelled));
+    assert!(done.load(Ordering::SeqCst) < plan.reads().len());
+    assert_eq!(budget.in_use_bytes(), 0);
+}
+
+#[test]
+fn sink_stop_returns_stopped() {
+    let file = test_file(pattern(1 << 20, 4), 1 << 20, false);
+    let (_, plan) = whole_file_plan(1 << 20, 16 << 10);
+    let done = AtomicUsize::new(0);
+    let sink = FnSink(|_| if done.fetch_add(1, Ordering::SeqCst) >= 3 { Err(StopReason) } else { Ok(()) });
+    let budget = Budget::new(64 << 10);
+    let result = run_with_sink(&sink, &AtomicBool::new(false), &plan, &file, &budget);
+    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Stopped));
+    assert!(done.load(Ordering::SeqCst) <= 5, "{}", done.load(Ordering::SeqCst));
+    assert_eq!(budget.in_use_bytes(), 0);
+}
+
+fn whole(len_bytes: u64) -> [FileRange; 1] {
+    [FileRange { file: 0, offset_bytes: 0, len_bytes }]
+}
+
+#[test]
+fn residency_rises_after_reading_and_drops_after_dontneed() {
+    let len = 4u64 << 20;
+    let file = test_file(pattern(len as usize, 8), len, false);
+    let maps = MappedFiles::map(std::slice::from_ref(&file.source)).unwrap();
+    // Read through the page cache without touching the mapping, so eviction is not blocked by
+    // mapped pages.
+    let read_back = std::fs::read(&file.source.path).unwrap();
+    assert_eq!(read_back.len() as u64, len);
+    let warm = maps.residency(&whole(len)).unwrap();
+    assert_eq!(warm.pages_total, len / 4096);
+    assert!(warm.fraction() > 0.0, "{warm:?}");
+    tensora_io::probe::evict_file_cache(&file.source.buffered).unwrap();
+    let cold = maps.residency(&whole(len)).unwrap();
+    assert!(cold.fraction() < 1.0, "{cold:?}");
+    // Prewarm brings every page back; the sampled view agrees.
+    assert_eq!(maps.prewarm(&whole(len), 2).unwrap(), len);
+    assert_eq!(maps.residency(&whole(len)).unwrap().fraction(), 1.0);
+    let sampled = maps.residency_sampled(&whole(len), 16).unwrap();
+    assert!(sampled.pages_total >= 16 && sampled.pages_total <= 17, "{sampled:?}");
+    assert_eq!(sampled.fraction(), 1.0);
+}
+
+#[test]
+fn locked_hot_set_survives_dontneed() {
+    let len = 1u64 << 20;
+    let file = test_file(pattern(len as usize, 9), len, false);
+    let maps = MappedFiles::map(std::slice::from_ref(&file.source)).unwrap();
+    let hot = [FileRange { file: 0, offset_bytes: 0, len_bytes: 256 << 10 }];
+    maps.advise_willneed(&hot).unwrap();
+    maps.advise_sequential(&whole(len)).unwrap();
+    maps.lock(&hot).unwrap();
+    tensora_io::probe::evict_file_cache(&file.source.buffered).unwrap();
+    assert_eq!(maps.residency(&hot).unwrap().fraction(), 1.0);
+    maps.unlock(&hot).unwrap();
+    assert_eq!(maps.bytes(0, 0..4096), &file.data[..4096]);
+}
+
+#[test]
+fn mapped_files_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<MappedFiles>();
+    let file = test_file(pattern(8192, 10), 8192, false);
+    let maps = std::sync::Arc::new(MappedFiles::map(std::slice::from_ref(&file.source)).unwrap());
+    let other = std::sync::Arc::clone(&maps);
+    let got = std::thread::spawn(move || other.bytes(0, 100..200).to_vec()).join().unwrap();
+    assert_eq!(got, &file.data[100..200]);
+    assert_eq!(maps.path(0), Some(file.source.path.as_path()));
+    assert_eq!(maps.file_count(), 1);
+}

@@ -1,0 +1,802 @@
+//! `verify`: structure, file integrity, digests against a manifest, and (through a caller-supplied
+//! cross-checker) agreement between backends. The result is a list of [`Finding`]s, every one of
+//! them, not only the first.
+//!
+//! # What is collected when parsing fails
+//!
+//! The format parsers stop at their first error. When the checkpoint does not open, `verify`
+//! reports that error and then checks what it still can, file by file:
+//! - every `*.safetensors` file of a directory has its header parsed on its own, so a sharded
+//!   checkpoint reports each broken shard (not only the first one the opener met);
+//! - every file the manifest lists is checked for existence and size;
+//! - a header that claims more bytes than the file holds is reported as truncation.
+//!
+//! When the checkpoint opens, the structure is valid by construction and the remaining checks
+//! run: parser warnings, unknown header fields, misaligned tensors, the integrity scan
+//! ([`crate::scan`]), the manifest comparison, and the cross-check.
+//!
+//! `verify` never changes data and never trusts a manifest beyond its checked size.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+use tensora_format::{Checkpoint, ErrorKind, Format};
+
+use crate::digest::{Algo, Digest};
+use crate::manifest::{Manifest, file_key};
+use crate::scan::{FileProblem, Scan, ScanConfig};
+
+/// Bound on directory entries examined when collecting per-file findings after a failed open.
+pub const DIR_ENTRIES_MAX: usize = 100_000;
+
+/// How bad a finding is. Any [`Severity::Error`] makes the check fail (exit 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Warning,
+    Error,
+}
+
+impl Severity {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Severity::Warning => "warning",
+            Severity::Error => "error",
+        }
+    }
+}
+
+/// What a finding is about. Each variant names the file and, where there is one, the tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FindingKind {
+    /// A structural rule failed (the parser's error).
+    Structure { path: PathBuf, tensor: Option<String>, message: String },
+    /// The file is shorter than its header, its parse-time size or its manifest size.
+    Truncated { path: PathBuf, expected_len_bytes: u64, actual_len_bytes: u64 },
+    /// The file could not be opened or read.
+    Unreadable { path: PathBuf, offset_bytes: Option<u64>, message: String },
+    /// The file has holes: `sparse_bytes` of its length are not backed by storage.
+    Sparse { path: PathBuf, sparse_bytes: u64 },
+    /// The file was modified or replaced while it was being checked.
+    Changed { path: PathBuf, message: String },
+    /// The file's size differs from the manifest's (and it is not shorter: see `Truncated`).
+    SizeMismatch { path: PathBuf, manifest_len_bytes: u64, actual_len_bytes: u64 },
+    /// A file the manifest lists is missing.
+    FileMissing { path: PathBuf },
+    /// A tensor's digest differs from the manifest's.
+    DigestMismatch { tensor: String, path: PathBuf, offset_bytes: u64, expected: Digest, actual: Digest },
+    /// A tensor's dtype or shape differs from the manifest's.
+    MetaMismatch { tensor: String, expected: String, actual: String },
+    /// The manifest lists a tensor the checkpoint lacks.
+    TensorMissing { tensor: String },
+    /// The checkpoint has a tensor the manifest does not list.
+    TensorNotInManifest { tensor: String },
+    /// Backend `backend` produced a different digest than the integrity scan.
+    CrossCheckMismatch { tensor: String, backend: String, scan: Digest, backend_digest: Digest },
+    /// Backend `backend` failed to load the checkpoint.
+    BackendFailed { backend: String, message: String },
+    /// A parser warning (e.g. `total_size` disagreement).
+    ParserWarning { path: PathBuf, message: String },
+    /// A safetensors tensor entry has a field other than dtype, shape and data_offsets.
+    UnknownHeaderField { path: PathBuf, tensor: String, field: String },
+    /// A tensor's absolute file offset is not a multiple of its element size: zero-copy typed
+    /// views of a mapping of this file are impossible.
+    Misaligned { tensor: String, path: PathBuf, offset_bytes: u64, align_bytes: u64 },
+    /// A backend was skipped by the cross-check because it cannot run here.
+    BackendUnavailable { backend: String, reason: String },
+}
+
+impl FindingKind {
+    /// Stable short code, used in `--json` output.
+    pub const fn code(&self) -> &'static str {
+        match self {
+            FindingKind::Structure { .. } => "structure",
+            FindingKind::Truncated { .. } => "truncated",
+            FindingKind::Unreadable { .. } => "unreadable",
+            FindingKind::Sparse { .. } => "sparse",
+            FindingKind::Changed { .. } => "changed",
+            FindingKind::SizeMismatch { .. } => "size-mismatch",
+            FindingKind::FileMissing { .. } => "file-missing",
+            FindingKind::DigestMismatch { .. } => "digest-mismatch",
+            FindingKind::MetaMismatch { .. } => "meta-mismatch",
+            FindingKind::TensorMissing { .. } => "tensor-missing",
+            FindingKind::TensorNotInManifest { .. } => "tensor-not-in-manifest",
+            FindingKind::CrossCheckMismatch { .. } => "cross-check-mismatch",
+            FindingKind::BackendFailed { .. } => "backend-failed",
+            FindingKind::ParserWarning { .. } => "parser-warning",
+            FindingKind::UnknownHeaderField { .. } => "unknown-header-field",
+            FindingKind::Misaligned { .. } => "misaligned",
+            FindingKind::BackendUnavailable { .. } => "backend-unavailable",
+        }
+    }
+
+    /// The severity this kind of finding always has.
+    pub const fn severity(&self) -> Severity {
+        match self {
+            FindingKind::ParserWarning { .. }
+            | FindingKind::UnknownHeaderField { .. }
+            | FindingKind::Misaligned { .. }
+            | FindingKind::BackendUnavailable { .. } => Severity::Warning,
+            _ => Severity::Error,
+        }
+    }
+
+    /// The tensor the finding names, if any.
+    pub fn tensor(&self) -> Option<&str> {
+        match self {
+            FindingKind::Structure { tensor, .. } => tensor.as_deref(),
+            FindingKind::DigestMismatch { tensor, .. }
+            | FindingKind::MetaMismatch { tensor, .. }
+            | FindingKind::TensorMissing { tensor }
+            | FindingKind::TensorNotInManifest { tensor }
+            | FindingKind::CrossCheckMismatch { tensor, .. }
+            | FindingKind::UnknownHeaderField { tensor, .. }
+            | FindingKind::Misaligned { tensor, .. } => Some(tensor),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for FindingKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FindingKind::Structure { path, tensor: Some(t), message } => {
+                write!(f, "{}: tensor {t:?}: {message}", path.display())
+            }
+            FindingKind::Structure { path, tensor: None, message } => {
+                write!(f, "{}: {message}", path.display())
+            }
+            FindingKind::Truncated { path, expected_len_bytes, actual_len_bytes } => write!(
+                f,
+                "{}: truncated: {actual_len_bytes} bytes, expected {expected_len_bytes} ({} missing)",
+                path.display(),
+                expected_len_bytes.saturating_sub(*actual_len_bytes)
+            ),
+            FindingKind::Unreadable { path, offset_bytes: Some(o), message } => {
+                write!(f, "{}: unreadable at offset {o}: {message}", path.display())
+            }
+            FindingKind::Unreadable { path, offset_bytes: None, message } => {
+                write!(f, "{}: unreadable: {message}", path.display())
+            }
+            FindingKind::Sparse { path, sparse_bytes } => {
+                write!(f, "{}: sparse: {sparse_bytes} bytes are holes (read back as zeros)", path.display())
+            }
+            FindingKind::Changed { path, message } => write!(f, "{}: {message}", path.display()),
+            FindingKind::SizeMismatch { path, manifest_len_bytes, actual_len_bytes } => write!(
+                f,
+                "{}: size is {actual_len_bytes} bytes, manifest says {manifest_len_bytes}",
+                path.display()
+            ),
+            FindingKind::FileMissing { path } => {
+                write!(f, "{}: missing (listed in the manifest)", path.display())
+            }
+            FindingKind::DigestMismatch { tensor, path, offset_bytes, expected, actual } => write!(
+                f,
+                "tensor {tensor:?} ({} at offset {offset_bytes}): {} {actual} differs from the manifest's {expected}",
+                path.display(),
+                actual.algo()
+            ),
+            FindingKind::MetaMismatch { tensor, expected, actual } => {
+                write!(f, "tensor {tensor:?}: is {actual}, manifest says {expected}")
+            }
+            FindingKind::TensorMissing { tensor } => {
+                write!(f, "tensor {tensor:?}: listed in the manifest but not in the checkpoint")
+            }
+            FindingKind::TensorNotInManifest { tensor } => {
+                write!(f, "tensor {tensor:?}: in the checkpoint but not in the manifest")
+            }
+            FindingKind::CrossCheckMismatch { tensor, backend, scan, backend_digest } => write!(
+                f,
+                "tensor {tensor:?}: backend {backend} read {backend_digest}, the integrity scan read {scan}"
+            ),
+            FindingKind::BackendFailed { backend, message } => write!(f, "backend {backend}: {message}"),
+            FindingKind::ParserWarning { path, message } => write!(f, "{}: {message}", path.display()),
+            FindingKind::UnknownHeaderField { path, tensor, field } => {
+                write!(f, "{}: tensor {tensor:?}: unknown header field {field:?}", path.display())
+            }
+            FindingKind::Misaligned { tensor, path, offset_bytes, align_bytes } => write!(
+                f,
+                "tensor {tensor:?} ({} at offset {offset_bytes}): not aligned to its {align_bytes}-byte elements",
+                path.display()
+            ),
+            FindingKind::BackendUnavailable { backend, reason } => {
+                write!(f, "backend {backend} skipped: {reason}")
+            }
+        }
+    }
+}
+
+/// One finding: what and how bad.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub severity: Severity,
+    pub kind: FindingKind,
+}
+
+impl From<FindingKind> for Finding {
+    fn from(kind: FindingKind) -> Finding {
+        Finding { severity: kind.severity(), kind }
+    }
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.severity.as_str(), self.kind)
+    }
+}
+
+/// The digests one backend produced, for [`VerifyOptions::cross_check`].
+#[derive(Debug)]
+pub struct BackendDigests {
+    pub backend: String,
+    /// `Ok(digest per tensor, in Checkpoint::tensors order)`, `Err(reason)` if the backend could
+    /// not run here (a warning), or `Err` from a failed load (an error), told apart by `unavailable`.
+    pub result: Result<Vec<Digest>, String>,
+    /// The backend cannot run on this machine (probed): skipped with a warning.
+    pub unavailable: bool,
+}
+
+/// Computes digests with every backend; see [`crate::fused::cross_check`].
+pub type CrossChecker<'a> = &'a dyn Fn(&Checkpoint, Algo) -> Vec<BackendDigests>;
+
+/// What to check.
+#[derive(Clone, Copy, Default)]
+pub struct VerifyOptions<'a> {
+    /// Digests and sizes to compare with. Without one, digests are computed (proving every byte
+    /// readable) but compared with nothing.
+    pub manifest: Option<&'a Manifest>,
+    /// Run every backend and compare its digests with the integrity scan's.
+    pub cross_check: Option<CrossChecker<'a>>,
+    /// The integrity scan's knobs. Its algorithm is replaced by the manifest's when there is one.
+    pub scan: ScanConfig,
+}
+
+impl fmt::Debug for VerifyOptions<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VerifyOptions")
+            .field("manifest", &self.manifest.map(|m| m.tensors.len()))
+            .field("cross_check", &self.cross_check.is_some())
+            .field("scan", &self.scan)
+            .finish()
+    }
+}
+
+/// The outcome of a check.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub path: PathBuf,
+    pub format: Option<Format>,
+    pub algo: Algo,
+    pub findings: Vec<Finding>,
+    pub files: usize,
+    pub tensors: usize,
+    /// Tensors whose digest was computed (and compared, when there is a manifest).
+    pub tensors_digested: usize,
+    pub bytes_scanned: u64,
+    /// Backends whose digests were compared with the scan's.
+    pub backends_checked: Vec<String>,
+}
+
+impl Report {
+    pub fn errors(&self) -> usize {
+        self.findings.iter().filter(|f| f.severity == Severity::Error).count()
+    }
+    pub fn warnings(&self) -> usize {
+        self.findings.iter().filter(|f| f.severity == Severity::Warning).count()
+    }
+    /// No errors (warnings allowed).
+    pub fn is_clean(&self) -> bool {
+        self.errors() == 0
+    }
+
+    /// One line: verdict and counts.
+    pub fn summary_line(&self) -> String {
+        let verdict = if self.is_clean() { "OK" } else { "FAILED" };
+        let mut s = format!(
+            "{verdict}: {} errors, {} warnings; {} file{}, {}/{} tensors digested ({}), {} bytes read",
+            self.errors(),
+            self.warnings(),
+            self.files,
+            if self.files == 1 { "" } else { "s" },
+            self.tensors_digested,
+            self.tensors,
+            self.algo,
+            self.bytes_scanned
+        );
+        if !self.backends_checked.is_empty() {
+            s.push_str(&format!("; cross-checked {}", self.backends_checked.join(", ")));
+        }
+        s
+    }
+
+    /// `{"path", "ok", "errors", "warnings", "findings": [{"severity", "code", "message", "tensor"?}], "summary"}`.
+    pub fn to_json(&self) -> Value {
+        let findings: Vec<Value> = self
+            .findings
+            .iter()
+            .map(|f| {
+                let mut m = Map::new();
+                m.insert("severity".into(), f.severity.as_str().into());
+                m.insert("code".into(), f.kind.code().into());
+                m.insert("message".into(), f.kind.to_string().into());
+                if let Some(t) = f.kind.tensor() {
+                    m.insert("tensor".into(), t.into());
+                }
+                Value::Object(m)
+            })
+            .collect();
+        let mut m = Map::new();
+        m.insert("path".into(), self.path.display().to_string().into());
+        m.insert("format".into(), self.format.map(Format::as_str).into());
+        m.insert("algo".into(), self.algo.as_str().into());
+        m.insert("ok".into(), self.is_clean().into());
+        m.insert("errors".into(), self.errors().into());
+        m.insert("warnings".into(), self.warnings().into());
+        m.insert("files".into(), self.files.into());
+        m.insert("tensors".into(), self.tensors.into());
+        m.insert("tensors_digested".into(), self.tensors_digested.into());
+        m.insert("bytes_scanned".into(), self.bytes_scanned.into());
+        m.insert("backends_checked".into(), self.backends_checked.clone().into());
+        m.insert("findings".into(), Value::Array(findings));
+        m.insert("summary".into(), self.summary_line().into());
+        Value::Object(m)
+    }
+}
+
+/// Open `path` and check it. A checkpoint that does not open still yields a report (see the
+/// module docs for what is collected then).
+///
+/// ```
+/// use tensora_verify::check::{verify_path, VerifyOptions};
+///
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+/// let report = verify_path(std::path::Path::new(dir), &VerifyOptions::default());
+/// assert!(report.is_clean(), "{:?}", report.findings);
+/// println!("{}", report.summary_line());
+/// ```
+pub fn verify_path(path: &Path, opts: &VerifyOptions<'_>) -> Report {
+    match crate::open_checkpoint(path) {
+        Ok(ckpt) => verify_checkpoint(&ckpt, opts),
+        Err(e) => {
+            let algo = opts.manifest.map_or(opts.scan.algo, |m| m.algo);
+            let mut findings = vec![Finding::from(format_error_finding(&e))];
+            findings.extend(collect_after_failed_open(path, &e, opts.manifest));
+            Report {
+                path: path.to_path_buf(),
+                format: None,
+                algo,
+                findings,
+                files: 0,
+                tensors: 0,
+                tensors_digested: 0,
+                bytes_scanned: 0,
+                backends_checked: Vec::new(),
+            }
+        }
+    }
+}
+
+/// Check an opened checkpoint: warnings, integrity scan, manifest, cross-check.
+pub fn verify_checkpoint(ckpt: &Checkpoint, opts: &VerifyOptions<'_>) -> Report {
+    let algo = opts.manifest.map_or(opts.scan.algo, |m| m.algo);
+    let mut findings: Vec<Finding> = Vec::new();
+
+    for w in ckpt.warnings() {
+        findings.push(FindingKind::ParserWarning { path: w.path.clone(), message: w.message.clone() }.into());
+    }
+    if matches!(ckpt.format(), Format::Safetensors | Format::SafetensorsSharded) {
+        for file in ckpt.files() {
+            match crate::header_fields::unknown_fields(file.path()) {
+                Ok(unknown) => findings.extend(unknown.into_iter().map(|(tensor, field)| {
+                    Finding::from(FindingKind::UnknownHeaderField {
+                        path: file.path().to_path_buf(),
+                        tensor,
+                        field,
+                    })
+                })),
+                Err(e) => findings.push(
+                    FindingKind::Unreadable {
+                        path: file.path().to_path_buf(),
+                        offset_bytes: Some(0),
+                        message: e,
+                    }
+                    .into(),
+                ),
+            }
+        }
+    }
+    for t in ckpt.tensors() {
+        let align_bytes = t.dtype().align_bytes();
+        if t.nbytes() > 0 && t.offset_bytes() % align_bytes != 0 {
+            findings.push(
+                FindingKind::Misaligned {
+                    tensor: t.name().to_owned(),
+                    path: ckpt.file(t.file()).path().to_path_buf(),
+                    offset_bytes: t.offset_bytes(),
+                    align_bytes,
+                }
+                .into(),
+            );
+        }
+    }
+
+    let scan_config = ScanConfig { algo, ..opts.scan };
+    let scan = crate::scan::scan(ckpt, &scan_config);
+    findings.extend(scan_findings(&scan));
+
+    if let Some(m) = opts.manifest {
+        findings.extend(manifest_findings(ckpt, &scan, m));
+    }
+
+    let mut backends_checked = Vec::new();
+    if let Some(cross) = opts.cross_check {
+        for b in cross(ckpt, algo) {
+            match b.result {
+                Ok(digests) => {
+                    for ((t, scanned), got) in ckpt.tensors().iter().zip(&scan.digests).zip(&digests) {
+                        if let Some(s) = scanned
+                            && s != got
+                        {
+                            findings.push(
+                                FindingKind::CrossCheckMismatch {
+                                    tensor: t.name().to_owned(),
+                                    backend: b.backend.clone(),
+                                    scan: *s,
+                                    backend_digest: *got,
+                                }
+                                .into(),
+                            );
+                        }
+                    }
+                    if digests.len() != ckpt.tensors().len() {
+                        findings.push(
+                            FindingKind::BackendFailed {
+                                backend: b.backend.clone(),
+                                message: format!(
+                                    "{} digests for {} tensors",
+                                    digests.len(),
+                                    ckpt.tensors().len()
+                                ),
+                            }
+                            .into(),
+                        );
+                    }
+                    backends_checked.push(b.backend);
+                }
+                Err(reason) if b.unavailable => {
+                    findings.push(FindingKind::BackendUnavailable { backend: b.backend, reason }.into());
+                }
+                Err(message) => {
+                    findings.push(FindingKind::BackendFailed { backend: b.backend, message }.into())
+                }
+            }
+        }
+    }
+
+    Report {
+        path: ckpt.root().to_path_buf(),
+        format: Some(ckpt.format()),
+        algo,
+        findings,
+        files: ckpt.files().len(),
+        tensors: ckpt.tensors().len(),
+        tensors_digested: scan.digests.iter().filter(|d| d.is_some()).count(),
+        bytes_scanned: scan.files.iter().map(|f| f.read_bytes).sum(),
+        backends_checked,
+    }
+}
+
+fn scan_findings(scan: &Scan) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for f in &scan.files {
+        let path = f.path.clone();
+        match &f.problem {
+            None => {}
+            Some(FileProblem::Open(e)) => out.push(FindingKind::Unreadable {
+                path: path.clone(),
+                offset_bytes: None,
+                message: e.to_string(),
+            }),
+            Some(FileProblem::Truncated { expected_len_bytes, actual_len_bytes }) => {
+                out.push(FindingKind::Truncated {
+                    path: path.clone(),
+                    expected_len_bytes: *expected_len_bytes,
+                    actual_len_bytes: *actual_len_bytes,
+                })
+            }
+            Some(FileProblem::Read { offset_bytes, error }) => out.push(FindingKind::Unreadable {
+                path: path.clone(),
+                offset_bytes: Some(*offset_bytes),
+                message: error.to_string(),
+            }),
+            Some(p @ FileProblem::Changed { .. }) => {
+                out.push(FindingKind::Changed { path: path.clone(), message: p.to_string() })
+            }
+        }
+        if let Some(sparse_bytes) = f.sparse_bytes() {
+            out.push(FindingKind::Sparse { path, sparse_bytes });
+        }
+    }
+    out.into_iter().map(Finding::from).collect()
+}
+
+fn manifest_findings(ckpt: &Checkpoint, scan: &Scan, m: &Manifest) -> Vec<Finding> {
+    let mut out = Vec::new();
+    // File sizes. A shorter file is truncation (never reported as digest mismatches: tensors of a
+    // file with a problem have no digest).
+    let mut seen_keys = BTreeSet::new();
+    for f in ckpt.files() {
+        let key = file_key(ckpt, f.path());
+        if let Some(mf) = m.files.get(&key) {
+            let actual = f.len_bytes();
+            if actual < mf.len_bytes {
+                out.push(FindingKind::Truncated {
+                    path: f.path().to_path_buf(),
+                    expected_len_bytes: mf.len_bytes,
+                    actual_len_bytes: actual,
+                });
+            } else if actual != mf.len_bytes {
+                out.push(FindingKind::SizeMismatch {
+                    path: f.path().to_path_buf(),
+                    manifest_len_bytes: mf.len_bytes,
+                    actual_len_bytes: actual,
+                });
+            }
+        }
+        seen_keys.insert(key);
+    }
+    for key in m.files.keys() {
+        if !seen_keys.contains(key) {
+            out.push(FindingKind::FileMissing { path: manifest_file_path(ckpt.root(), ckpt.format(), key) });
+        }
+    }
+    // Tensors.
+    for (t, d) in ckpt.tensors().iter().zip(&scan.digests) {
+        let Some(mt) = m.tensors.get(t.name()) else {
+            out.push(FindingKind::TensorNotInManifest { tensor: t.name().to_owned() });
+            continue;
+        };
+        if mt.dtype != t.dtype().as_str() || mt.shape != t.shape() {
+            out.push(FindingKind::MetaMismatch {
+                tensor: t.name().to_owned(),
+                expected: format!("{} {:?}", mt.dtype, mt.shape),
+                actual: format!("{} {:?}", t.dtype(), t.shape()),
+            });
+        }
+        if let Some(d) = d
+            && *d != mt.digest
+        {
+            out.push(FindingKind::DigestMismatch {
+                tensor: t.name().to_owned(),
+                path: ckpt.file(t.file()).path().to_path_buf(),
+                offset_bytes: t.offset_bytes(),
+                expected: mt.digest,
+                actual: *d,
+            });
+        }
+    }
+    for name in m.tensors.keys() {
+        if ckpt.tensor(name).is_none() {
+            out.push(FindingKind::TensorMissing { tensor: name.clone() });
+        }
+    }
+    out.into_iter().map(Finding::from).collect()
+}
+
+/// Where a manifest file key points, relative to the checkpoint root.
+fn manifest_file_path(root: &Path, format: Format, key: &str) -> PathBuf {
+    match format {
+        Format::Safetensors => root.parent().map_or_else(|| PathBuf::from(key), |d| d.join(key)),
+        _ => root.join(key),
+    }
+}
+
+/// The finding for a parser error: truncation when the header claims more bytes than the file
+/// holds, a structural finding otherwise.
+fn format_error_finding(e: &tensora_format::Error) -> FindingKind {
+    let path = e.path().to_path_buf();
+    match e.kind() {
+        ErrorKind::DataLenMismatch { end, data_len_bytes } if end > data_len_bytes => {
+            let header_bytes = file_len(&path).map(|len| len - data_len_bytes);
+            match header_bytes {
+                Some(h) => FindingKind::Truncated {
+                    path,
+                    expected_len_bytes: h + end,
+                    actual_len_bytes: h + data_len_bytes,
+                },
+                None => FindingKind::Structure {
+                    path,
+                    tensor: e.tensor().map(str::to_owned),
+                    message: format!("truncated: {}", e.kind()),
+                },
+            }
+        }
+        ErrorKind::HeaderBeyondFile { header_len_bytes, file_len_bytes } => FindingKind::Truncated {
+            path,
+            expected_len_bytes: header_len_bytes.saturating_add(8),
+            actual_len_bytes: *file_len_bytes,
+        },
+        ErrorKind::Io(io) => FindingKind::Unreadable { path, offset_bytes: None, message: io.to_string() },
+        kind => {
+            FindingKind::Structure { path, tensor: e.tensor().map(str::to_owned), message: kind.to_string() }
+        }
+    }
+}
+
+fn file_len(path: &Path) -> Option<u64> {
+    std::fs::metadata(path).ok().map(|m| m.len())
+}
+
+/// After a failed open: per-file header checks of every `*.safetensors` in a directory, and the
+/// manifest's file list (existence and size).
+fn collect_after_failed_open(
+    path: &Path,
+    first: &tensora_format::Error,
+    m: Option<&Manifest>,
+) -> Vec<Finding> {
+    let mut out: Vec<FindingKind> = Vec::new();
+    let first_message = first.to_string();
+    if path.is_dir() {
+        let mut shards: Vec<PathBuf> = match std::fs::read_dir(path) {
+            Ok(rd) => rd
+                .take(DIR_ENTRIES_MAX)
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors") && p.is_file())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        shards.sort();
+        for shard in shards {
+            if let Err(e) = tensora_format::safetensors::read_header(&shard)
+                && e.to_string() != first_message
+            {
+                out.push(format_error_finding(&e));
+            }
+        }
+    }
+    if let Some(m) = m {
+        let base: PathBuf = if path.is_dir() {
+            path.to_path_buf()
+        } else {
+            path.parent().map(Path::to_path_buf).unwrap_or_default()
+        };
+        for (key, mf) in &m.files {
+            let p = base.join(key);
+            match std::fs::metadata(&p) {
+                Err(_) => out.push(FindingKind::FileMissing { path: p }),
+                Ok(meta) if meta.len() < mf.len_bytes => {
+                    let already =
+                        out.iter().any(|k| matches!(k, FindingKind::Truncated { path, .. } if *path == p));
+                    let first_is_this = matches!(format_error_finding(first), FindingKind::Truncated { path, .. } if path == p);
+                    if !already && !first_is_this {
+                        out.push(FindingKind::Truncated {
+                            path: p,
+                            expected_len_bytes: mf.len_bytes,
+                            actual_len_bytes: meta.len(),
+                        });
+                    }
+                }
+                Ok(meta) if meta.len() != mf.len_bytes => out.push(FindingKind::SizeMismatch {
+                    path: p,
+                    manifest_len_bytes: mf.len_bytes,
+                    actual_len_bytes: meta.len(),
+                }),
+                Ok(_) => {}
+            }
+        }
+    }
+    out.into_iter().map(Finding::from).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+
+    fn tiny() -> Checkpoint {
+        tensora_format::open(TINY).unwrap()
+    }
+
+    fn manifest_of(ckpt: &Checkpoint, algo: Algo) -> Manifest {
+        let scan = crate::scan::scan(ckpt, &ScanConfig { algo, ..ScanConfig::default() });
+        let digests: Vec<Digest> = scan.digests.into_iter().map(Option::unwrap).collect();
+        Manifest::from_checkpoint(ckpt, algo, &digests).unwrap()
+    }
+
+    #[test]
+    fn a_clean_checkpoint_with_its_manifest_has_no_findings() {
+        let ckpt = tiny();
+        let m = manifest_of(&ckpt, Algo::Sha256);
+        let report = verify_checkpoint(&ckpt, &VerifyOptions { manifest: Some(&m), ..Default::default() });
+        assert_eq!(report.findings, []);
+        assert_eq!(report.algo, Algo::Sha256);
+        assert_eq!(report.tensors_digested, ckpt.tensors().len());
+        assert_eq!(report.bytes_scanned, ckpt.files().iter().map(|f| f.len_bytes()).sum::<u64>());
+        let json = report.to_json();
+        assert_eq!(json["ok"], true);
+        assert_eq!(json["summary"], report.summary_line());
+    }
+
+    #[test]
+    fn a_wrong_digest_names_tensor_file_and_offset() {
+        let ckpt = tiny();
+        let mut m = manifest_of(&ckpt, Algo::Crc32c);
+        m.tensors.get_mut("q8").unwrap().digest = Algo::Crc32c.digest(b"not q8");
+        let report = verify_checkpoint(&ckpt, &VerifyOptions { manifest: Some(&m), ..Default::default() });
+        let t = ckpt.tensor("q8").unwrap();
+        match report.findings.as_slice() {
+            [
+                Finding {
+                    severity: Severity::Error,
+                    kind: FindingKind::DigestMismatch { tensor, path, offset_bytes, .. },
+                },
+            ] => {
+                assert_eq!(tensor, "q8");
+                assert_eq!(path, ckpt.file(t.file()).path());
+                assert_eq!(*offset_bytes, t.offset_bytes());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!report.is_clean());
+        assert!(report.summary_line().starts_with("FAILED: 1 errors, 0 warnings"));
+    }
+
+    #[test]
+    fn cross_check_results_become_findings() {
+        let ckpt = tiny();
+        let good = manifest_of(&ckpt, Algo::Crc32c);
+        let digests: Vec<Digest> = ckpt.tensors().iter().map(|t| good.tensors[t.name()].digest).collect();
+        let mut bad = digests.clone();
+        let q8 = ckpt.tensor_index("q8").unwrap();
+        bad[q8] = Algo::Crc32c.digest(b"x");
+        let checker = move |_: &Checkpoint, _: Algo| {
+            vec![
+                BackendDigests { backend: "same".into(), result: Ok(digests.clone()), unavailable: false },
+                BackendDigests { backend: "flaky".into(), result: Ok(bad.clone()), unavailable: false },
+                BackendDigests { backend: "absent".into(), result: Err("no ring".into()), unavailable: true },
+                BackendDigests { backend: "broken".into(), result: Err("EIO".into()), unavailable: false },
+            ]
+        };
+        let report =
+            verify_checkpoint(&ckpt, &VerifyOptions { cross_check: Some(&checker), ..Default::default() });
+        let codes: Vec<(&str, Option<&str>)> =
+            report.findings.iter().map(|f| (f.kind.code(), f.kind.tensor())).collect();
+        assert_eq!(
+            codes,
+            [("cross-check-mismatch", Some("q8")), ("backend-unavailable", None), ("backend-failed", None)]
+        );
+        assert_eq!(report.backends_checked, ["same", "flaky"]);
+        assert_eq!(report.errors(), 2);
+        assert_eq!(report.warnings(), 1);
+    }
+
+    #[test]
+    fn header_overrun_is_classified_as_truncation() {
+        let e = tensora_format::Error::new(
+            "/x.safetensors",
+            ErrorKind::HeaderBeyondFile { header_len_bytes: 100, file_len_bytes: 50 },
+        );
+        assert_eq!(
+            format_error_finding(&e),
+            FindingKind::Truncated {
+                path: "/x.safetensors".into(),
+                expected_len_bytes: 108,
+                actual_len_bytes: 50
+            }
+        );
+        let e = tensora_format::Error::new("/x", ErrorKind::HeaderLenZero);
+        assert!(matches!(format_error_finding(&e), FindingKind::Structure { .. }));
+    }
+
+    #[test]
+    fn a_path_that_does_not_open_still_gives_a_report() {
+        let report = verify_path(Path::new("/nonexistent/model.safetensors"), &VerifyOptions::default());
+        assert!(!report.is_clean());
+        assert_eq!(report.findings.len(), 1);
+        assert_eq!(report.findings[0].kind.code(), "unreadable");
+        assert!(report.summary_line().starts_with("FAILED"));
+    }
+}

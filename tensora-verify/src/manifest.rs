@@ -1,0 +1,430 @@
+//! Manifests: the per-tensor digests of a checkpoint, plus its file sizes and format.
+//!
+//! The JSON document is
+//!
+//! ```json
+//! {
+//!   "algo": "crc32c",
+//!   "format": "safetensors",
+//!   "files": {"model.safetensors": {"len_bytes": 1234}},
+//!   "tensors": {"w": {"dtype": "F32", "shape": [2, 2], "crc32c": "0a1b2c3d"}}
+//! }
+//! ```
+//!
+//! `format` and `files` are optional (`tensora hash --json` leaves them out; `--write-manifest`
+//! writes them). `algo` is optional when reading: a document without it (such as the fixtures'
+//! `*.expected.json`) names its algorithm through the digest key of its tensors. Unknown keys are
+//! ignored, so newer manifests stay readable.
+//!
+//! A manifest is untrusted input: [`Manifest::read`] refuses files over [`MANIFEST_LEN_BYTES_MAX`]
+//! before reading them, and reads at most that many bytes even if the file grows meanwhile.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+use tensora_format::Checkpoint;
+
+use crate::digest::{Algo, BadDigest, Digest};
+
+/// Largest manifest [`Manifest::read`] accepts: 256 MiB, room for millions of tensors.
+pub const MANIFEST_LEN_BYTES_MAX: u64 = 256 << 20;
+
+/// Highest tensor rank accepted in a manifest (the format parsers allow far less).
+pub const MANIFEST_RANK_MAX: usize = 64;
+
+/// One tensor of a manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestTensor {
+    /// Safetensors dtype spelling, e.g. `"BF16"`.
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub digest: Digest,
+}
+
+/// One file of a manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ManifestFile {
+    pub len_bytes: u64,
+}
+
+/// Per-tensor digests of a checkpoint, with (optionally) its format and file sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub algo: Algo,
+    /// [`Format::as_str`] of the checkpoint, when recorded.
+    pub format: Option<String>,
+    /// File sizes, keyed by [`file_key`]. Empty when not recorded.
+    pub files: BTreeMap<String, ManifestFile>,
+    pub tensors: BTreeMap<String, ManifestTensor>,
+}
+
+/// Why a manifest could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: manifest is {len_bytes} bytes, over the limit of {limit_bytes}")]
+    TooLarge { path: PathBuf, len_bytes: u64, limit_bytes: u64 },
+    #[error("manifest is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("invalid manifest: {0}")]
+    Invalid(String),
+    #[error("invalid manifest: tensor {tensor:?}: {source}")]
+    BadDigest { tensor: String, source: BadDigest },
+}
+
+/// The key of a checkpoint file in [`Manifest::files`]: its path relative to the checkpoint root
+/// (for a single-file checkpoint, its file name), with `/` separators.
+pub fn file_key(ckpt: &Checkpoint, file_path: &Path) -> String {
+    let rel = file_path.strip_prefix(ckpt.root()).ok().filter(|p| !p.as_os_str().is_empty());
+    let rel = match rel {
+        Some(p) => p.to_path_buf(),
+        None => file_path.file_name().map(PathBuf::from).unwrap_or_else(|| file_path.to_path_buf()),
+    };
+    rel.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/")
+}
+
+impl Manifest {
+    /// Build a manifest from a checkpoint and one digest per tensor, in [`Checkpoint::tensors`]
+    /// order. Records the format and every file's size.
+    ///
+    /// Returns `Invalid` if `digests` has the wrong length or a digest of another algorithm.
+    pub fn from_checkpoint(
+        ckpt: &Checkpoint,
+        algo: Algo,
+        digests: &[Digest],
+    ) -> Result<Manifest, ManifestError> {
+        if digests.len() != ckpt.tensors().len() {
+            return Err(ManifestError::Invalid(format!(
+                "{} digests for {} tensors",
+                digests.len(),
+                ckpt.tensors().len()
+            )));
+        }
+        let mut tensors = BTreeMap::new();
+        for (t, d) in ckpt.tensors().iter().zip(digests) {
+            if d.algo() != algo {
+                return Err(ManifestError::Invalid(format!(
+                    "tensor {:?}: {} digest in a {algo} manifest",
+                    t.name(),
+                    d.algo()
+                )));
+            }
+            tensors.insert(
+                t.name().to_owned(),
+                ManifestTensor {
+                    dtype: t.dtype().as_str().to_owned(),
+                    shape: t.shape().to_vec(),
+                    digest: *d,
+                },
+            );
+        }
+        let files = ckpt
+            .files()
+            .iter()
+            .map(|f| (file_key(ckpt, f.path()), ManifestFile { len_bytes: f.len_bytes() }))
+            .collect();
+        Ok(Manifest { algo, format: Some(ckpt.format().as_str().to_owned()), files, tensors })
+    }
+
+    /// The `tensora hash --json` document: `{"algo", "tensors": {name: {dtype, shape, <algo>}}}`.
+    pub fn tensors_json(&self) -> Value {
+        let mut tensors = Map::new();
+        for (name, t) in &self.tensors {
+            let mut entry = Map::new();
+            entry.insert("dtype".into(), Value::from(t.dtype.as_str()));
+            entry.insert("shape".into(), Value::from(t.shape.clone()));
+            entry.insert(self.algo.as_str().into(), Value::from(t.digest.to_hex()));
+            tensors.insert(name.clone(), Value::Object(entry));
+        }
+        let mut doc = Map::new();
+        doc.insert("algo".into(), Value::from(self.algo.as_str()));
+        doc.insert("tensors".into(), Value::Object(tensors));
+        Value::Object(doc)
+    }
+
+    /// The full document: [`Manifest::tensors_json`] plus `format` and `files` when recorded.
+    pub fn to_json(&self) -> Value {
+        let mut doc = self.tensors_json();
+        if let Value::Object(map) = &mut doc {
+            if let Some(format) = &self.format {
+                map.insert("format".into(), Value::from(format.as_str()));
+            }
+            if !self.files.is_empty() {
+                let files: Map<String, Value> = self
+                    .files
+                    .iter()
+                    .map(|(k, f)| {
+                        let mut e = Map::new();
+                        e.insert("len_bytes".into(), Value::from(f.len_bytes));
+                        (k.clone(), Value::Object(e))
+                    })
+                    .collect();
+                map.insert("files".into(), Value::Object(files));
+            }
+        }
+        doc
+    }
+
+    /// Parse a manifest document (see the module docs). Every digest must be valid hex of the
+    /// right length; every shape a list of non-negative integers.
+    pub fn from_json_slice(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+        let doc: Value = serde_json::from_slice(bytes)?;
+        Manifest::from_json_value(&doc)
+    }
+
+    /// Parse an already-decoded manifest document.
+    pub fn from_json_value(doc: &Value) -> Result<Manifest, ManifestError> {
+        let invalid = |m: String| ManifestError::Invalid(m);
+        let obj = doc.as_object().ok_or_else(|| invalid("the document must be a JSON object".into()))?;
+        let tensors_v = obj
+            .get("tensors")
+            .and_then(Value::as_object)
+            .ok_or_else(|| invalid("missing object \"tensors\"".into()))?;
+        let algo = match obj.get("algo") {
+            Some(Value::String(s)) => s.parse::<Algo>().map_err(|e| invalid(e.to_string()))?,
+            Some(_) => return Err(invalid("\"algo\" must be a string".into())),
+            None => infer_algo(tensors_v)?,
+        };
+        let format = match obj.get("format") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(invalid("\"format\" must be a string".into())),
+        };
+        let mut files = BTreeMap::new();
+        match obj.get("files") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(map)) => {
+                for (k, v) in map {
+                    let len_bytes = v
+                        .get("len_bytes")
+                        .and_then(Value::as_u64)
+                        .ok_or_else(|| invalid(format!("file {k:?}: missing integer \"len_bytes\"")))?;
+                    files.insert(k.clone(), ManifestFile { len_bytes });
+                }
+            }
+            Some(_) => return Err(invalid("\"files\" must be an object".into())),
+        }
+        let mut tensors = BTreeMap::new();
+        for (name, v) in tensors_v {
+            let e = v.as_object().ok_or_else(|| invalid(format!("tensor {name:?}: not an object")))?;
+            let dtype = e
+                .get("dtype")
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid(format!("tensor {name:?}: missing string \"dtype\"")))?
+                .to_owned();
+            let shape_v = e
+                .get("shape")
+                .and_then(Value::as_array)
+                .ok_or_else(|| invalid(format!("tensor {name:?}: missing list \"shape\"")))?;
+            if shape_v.len() > MANIFEST_RANK_MAX {
+                return Err(invalid(format!(
+                    "tensor {name:?}: rank {} over the limit of {MANIFEST_RANK_MAX}",
+                    shape_v.len()
+                )));
+            }
+            let shape = shape_v
+                .iter()
+                .map(|d| d.as_u64().ok_or_else(|| invalid(format!("tensor {name:?}: bad dimension {d}"))))
+                .collect::<Result<Vec<u64>, _>>()?;
+            let hex_str = e
+                .get(algo.as_str())
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid(format!("tensor {name:?}: missing string {:?}", algo.as_str())))?;
+            let digest = Digest::from_hex(algo, hex_str)
+                .map_err(|source| ManifestError::BadDigest { tensor: name.clone(), source })?;
+            tensors.insert(name.clone(), ManifestTensor { dtype, shape, digest });
+        }
+        Ok(Manifest { algo, format, files, tensors })
+    }
+
+    /// Read and parse a manifest file, refusing one over [`MANIFEST_LEN_BYTES_MAX`].
+    pub fn read(path: &Path) -> Result<Manifest, ManifestError> {
+        let io_err = |source| ManifestError::Io { path: path.to_path_buf(), source };
+        let file = File::open(path).map_err(io_err)?;
+        let len_bytes = file.metadata().map_err(io_err)?.len();
+        let too_large = |len_bytes| ManifestError::TooLarge {
+            path: path.to_path_buf(),
+            len_bytes,
+            limit_bytes: MANIFEST_LEN_BYTES_MAX,
+        };
+        if len_bytes > MANIFEST_LEN_BYTES_MAX {
+            return Err(too_large(len_bytes));
+        }
+        // Allocate what the file held when checked; read one byte past the limit to catch growth.
+        let mut bytes = Vec::with_capacity(len_bytes as usize);
+        file.take(MANIFEST_LEN_BYTES_MAX + 1).read_to_end(&mut bytes).map_err(io_err)?;
+        if bytes.len() as u64 > MANIFEST_LEN_BYTES_MAX {
+            return Err(too_large(bytes.len() as u64));
+        }
+        Manifest::from_json_slice(&bytes)
+    }
+
+    /// Write [`Manifest::to_json`] (pretty, with a final newline) to `path` atomically.
+    pub fn write_atomic(&self, path: &Path) -> io::Result<()> {
+        let mut text = serde_json::to_vec_pretty(&self.to_json()).map_err(io::Error::other)?;
+        text.push(b'\n');
+        write_atomic(path, &text)
+    }
+}
+
+/// A document without `"algo"`: the algorithm is the one known digest key that every tensor has.
+/// An empty tensor map defaults to [`Algo::default`].
+fn infer_algo(tensors: &Map<String, Value>) -> Result<Algo, ManifestError> {
+    let Some((_, first)) = tensors.iter().next() else {
+        return Ok(Algo::default());
+    };
+    let keys: Vec<Algo> = Algo::ALL.into_iter().filter(|a| first.get(a.as_str()).is_some()).collect();
+    match keys.as_slice() {
+        [one] => Ok(*one),
+        [] => Err(ManifestError::Invalid("no \"algo\" and no known digest key in the tensors".into())),
+        _ => {
+            Err(ManifestError::Invalid("no \"algo\" and several digest keys: name one with \"algo\"".into()))
+        }
+    }
+}
+
+/// Write `bytes` to `path` atomically with [`tensora_format::write::AtomicFile`]: a temporary
+/// file in the same directory, `fsync`, `rename` over `path`, `fsync` of the directory. On any
+/// error before the rename the temporary file is removed and `path` is untouched.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut file = tensora_format::write::AtomicFile::create(path)?;
+    file.write_all(bytes)?;
+    file.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample(algo: Algo) -> Manifest {
+        let mut tensors = BTreeMap::new();
+        tensors.insert(
+            "a.weight".to_owned(),
+            ManifestTensor { dtype: "F32".into(), shape: vec![2, 3], digest: algo.digest(b"abc") },
+        );
+        tensors.insert(
+            "scalar".to_owned(),
+            ManifestTensor { dtype: "BF16".into(), shape: vec![], digest: algo.digest(b"") },
+        );
+        let mut files = BTreeMap::new();
+        files.insert("model.safetensors".to_owned(), ManifestFile { len_bytes: 1234 });
+        Manifest { algo, format: Some("safetensors".into()), files, tensors }
+    }
+
+    #[test]
+    fn round_trips_through_json_for_every_algo() {
+        for algo in Algo::ALL {
+            let m = sample(algo);
+            let text = serde_json::to_vec(&m.to_json()).unwrap();
+            assert_eq!(Manifest::from_json_slice(&text).unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn tensors_json_has_exactly_the_agreed_keys() {
+        let m = sample(Algo::Sha256);
+        let doc = m.tensors_json();
+        let keys: Vec<&String> = doc.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["algo", "tensors"]);
+        let entry = &doc["tensors"]["a.weight"];
+        let keys: Vec<&String> = entry.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["dtype", "sha256", "shape"]);
+        assert_eq!(entry["shape"], serde_json::json!([2, 3]));
+    }
+
+    #[test]
+    fn algo_is_inferred_from_the_digest_key() {
+        let doc = serde_json::json!({"tensors": {"x": {"dtype": "F32", "shape": [1],
+            "sha256": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"}}});
+        let m = Manifest::from_json_value(&doc).unwrap();
+        assert_eq!(m.algo, Algo::Sha256);
+        assert!(m.files.is_empty());
+        assert_eq!(m.format, None);
+    }
+
+    #[test]
+    fn rejects_bad_documents_with_typed_errors() {
+        let cases = [
+            serde_json::json!([]),
+            serde_json::json!({}),
+            serde_json::json!({"algo": "md5", "tensors": {}}),
+            serde_json::json!({"algo": 3, "tensors": {}}),
+            serde_json::json!({"algo": "crc32c", "tensors": {"x": {"dtype": "F32", "shape": [-1], "crc32c": "00000000"}}}),
+            serde_json::json!({"algo": "crc32c", "tensors": {"x": {"dtype": "F32", "shape": [1]}}}),
+            serde_json::json!({"algo": "crc32c", "tensors": {"x": {"shape": [1], "crc32c": "00000000"}}}),
+            serde_json::json!({"algo": "crc32c", "files": {"f": {}}, "tensors": {}}),
+            serde_json::json!({"tensors": {"x": {"dtype": "F32", "shape": [1]}}}),
+        ];
+        for doc in cases {
+            assert!(matches!(Manifest::from_json_value(&doc), Err(ManifestError::Invalid(_))), "{doc}");
+        }
+        let doc = serde_json::json!({"algo": "crc32c", "tensors": {"x": {"dtype": "F32", "shape": [1], "crc32c": "0000"}}});
+        match Manifest::from_json_value(&doc) {
+            Err(ManifestError::BadDigest { tensor, .. }) => assert_eq!(tensor, "x"),
+            other => panic!("expected BadDigest, got {other:?}"),
+        }
+        assert!(matches!(Manifest::from_json_slice(b"{not json"), Err(ManifestError::Json(_))));
+    }
+
+    #[test]
+    fn read_refuses_an_oversized_file_without_reading_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.json");
+        let f = File::create(&path).unwrap();
+        f.set_len(MANIFEST_LEN_BYTES_MAX + 1).unwrap(); // sparse: no data written
+        match Manifest::read(&path) {
+            Err(ManifestError::TooLarge { len_bytes, .. }) => {
+                assert_eq!(len_bytes, MANIFEST_LEN_BYTES_MAX + 1)
+            }
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        assert!(matches!(Manifest::read(&dir.path().join("missing.json")), Err(ManifestError::Io { .. })));
+    }
+
+    #[test]
+    fn write_atomic_replaces_and_leaves_no_temporary_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.json");
+        std::fs::write(&path, b"old").unwrap();
+        let m = sample(Algo::Crc32c);
+        m.write_atomic(&path).unwrap();
+        assert_eq!(Manifest::read(&path).unwrap(), m);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, [std::ffi::OsString::from("m.json")]);
+        // A path inside a missing directory fails and creates nothing.
+        assert!(write_atomic(&dir.path().join("no/such/dir/m.json"), b"x").is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn any_manifest_round_trips(
+            entries in proptest::collection::btree_map(
+                "[a-z][a-z0-9._]{0,12}",
+                (proptest::collection::vec(0u64..1 << 40, 0..5), proptest::collection::vec(any::<u8>(), 0..64)),
+                0..8,
+            ),
+            algo_index in 0usize..3,
+            len_bytes in any::<u64>(),
+        ) {
+            let algo = Algo::ALL[algo_index];
+            let tensors = entries
+                .into_iter()
+                .map(|(name, (shape, data))| {
+                    (name, ManifestTensor { dtype: "U8".into(), shape, digest: algo.digest(&data) })
+                })
+                .collect();
+            let mut files = BTreeMap::new();
+            files.insert("f".to_owned(), ManifestFile { len_bytes });
+            let m = Manifest { algo, format: Some("safetensors".into()), files, tensors };
+            let text = serde_json::to_vec_pretty(&m.to_json()).unwrap();
+            prop_assert_eq!(Manifest::from_json_slice(&text).unwrap(), m);
+        }
+    }
+}
