@@ -96,7 +96,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
 #[global_allocator]
 static ALLOC: CountingAlloc =
-    CountingAlloc { live_bytes: AtomicUsize::new(0), peak_bytes: AtomicUsize::new(0) };
+    CountingAlloc { enabled: AtomicBool::new(false), live_bytes: AtomicUsize::new(0), peak_bytes: AtomicUsize::new(0) };
 
 /// A whole file image (header plus data) with `count` tensors of assorted dtypes and small shapes,
 /// named like a mixture-of-experts transformer. Returns (file bytes, header length n).

@@ -128,7 +128,8 @@ pub fn plan_cells(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Vec
     use Mode::{Owned, Raw, Streaming};
     use Scope::{Full, Partial};
     let mut cells = vec![CellSpec::new(Subject::RooflineWarm, Warm, Full, Raw)];
-    if config.cold {
+    // Quick runs measure cold only on the main fixture: each cold run empties the page cache.
+    if config.cold && (!config.quick || fixture == fixtures::TINYLLAMA) {
         cells.push(CellSpec::new(Subject::RooflineDirect, Cold, Full, Raw));
         cells.push(CellSpec::new(Subject::RooflineBuffered, Cold, Full, Raw));
     }
@@ -161,11 +162,17 @@ pub fn plan_cells(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Vec
         }
         return cells;
     }
+    // The main fixture gets the whole matrix; the others every backend on a full owned load, and
+    // `auto` on the other axes, which keeps a full run near a quarter of an hour here.
+    let main = fixture == fixtures::TINYLLAMA;
     for n in &names {
         for &cache in caches {
             for scope in [Full, Partial] {
                 for mode in [Owned, Streaming] {
-                    cells.push(CellSpec::new(Subject::Tensora(n.clone()), cache, scope, mode));
+                    let wanted = main || n == AUTO || (scope == Full && mode == Owned);
+                    if wanted {
+                        cells.push(CellSpec::new(Subject::Tensora(n.clone()), cache, scope, mode));
+                    }
                 }
             }
         }
@@ -173,9 +180,10 @@ pub fn plan_cells(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Vec
     if !peers {
         return cells;
     }
+    let peer_scopes: &[Scope] = if main { &[Full, Partial] } else { &[Full] };
     for peer in [Subject::PeerRead, Subject::PeerMmap] {
         for &cache in caches {
-            for scope in [Full, Partial] {
+            for &scope in peer_scopes {
                 cells.push(CellSpec::new(peer.clone(), cache, scope, Owned));
             }
         }
@@ -230,7 +238,6 @@ struct Runner<'a> {
     config: &'a BenchConfig,
     dropper: Option<CacheDropper>,
     python: Result<PathBuf, String>,
-    arena: Option<Arena>,
     direct_buffers: Option<ReadBuffers>,
     copy_buffers: Option<ReadBuffers>,
     log: &'a mut dyn FnMut(&str),
@@ -266,8 +273,7 @@ pub fn measure_fixtures(
         crate::writer::write_text(&script, peers::PYTHON_SCRIPT).map_err(|e| format!("{e:#}"))?;
         Ok(script)
     });
-    let mut runner =
-        Runner { config, dropper, python, arena: None, direct_buffers: None, copy_buffers: None, log };
+    let mut runner = Runner { config, dropper, python, direct_buffers: None, copy_buffers: None, log };
     let backends = crate::loaders::backend_names();
     let mut cells = Vec::new();
     for fixture in fixtures {
@@ -431,16 +437,18 @@ impl Runner<'_> {
                     .iter()
                     .map(|f| std::fs::metadata(f).map(|m| m.len()))
                     .try_fold(0, |acc, l| l.map(|l: u64| acc.max(l)))?;
-                if self.arena.as_ref().is_none_or(|a| a.len_bytes() < need) {
-                    self.arena = None;
-                    self.arena = Some(Arena::with_len(need).context("map the roofline arena")?);
-                }
-                let arena = self.arena.as_mut().context("arena")?;
-                let samples = measure(runs, cold, || roofline::warm_pread(files, arena))?;
+                // One arena per cell, reused by its runs (the warm-up faults it in), freed after.
+                let mut arena = Arena::with_len(need).context("map the roofline arena")?;
+                let samples = measure(runs, cold, || roofline::warm_pread(files, &mut arena))?;
                 let details = Some(serde_json::json!({ "huge_pages_advised": arena.huge_pages_advised() }));
                 return Ok(Outcome::Samples(samples, details));
             }
             Subject::RooflineDirect => {
+                for f in files {
+                    if let Err(why) = tensora_io::probe::direct_io_supported(f) {
+                        return Ok(Outcome::Skipped(format!("no O_DIRECT on {}: {why}", f.display())));
+                    }
+                }
                 let bufs =
                     self.direct_buffers.get_or_insert_with(|| ReadBuffers::new(roofline::DIRECT_QUEUE_DEPTH));
                 measure(runs, cold, || roofline::cold_direct(files, bufs))?
@@ -551,6 +559,20 @@ mod tests {
     }
 
     #[test]
+    fn other_fixtures_run_every_backend_once_per_cache_and_auto_everywhere() {
+        let cells = plan_cells(&config(false, true), fixtures::SINGLE_FILE, &BACKENDS);
+        for b in BACKENDS {
+            let mine: Vec<_> =
+                cells.iter().filter(|c| c.subject == Subject::Tensora(b.to_string())).collect();
+            assert_eq!(mine.len(), 2, "{b}");
+            assert!(mine.iter().all(|c| c.scope == Scope::Full && c.mode == Mode::Owned));
+        }
+        let auto = cells.iter().filter(|c| c.subject == Subject::Tensora(AUTO.to_string())).count();
+        assert_eq!(auto, 8);
+        assert_eq!(cells.iter().filter(|c| c.subject.kind() == Kind::Peer).count(), 4 + 2);
+    }
+
+    #[test]
     fn no_cold_means_no_cold_cells_and_sllm_has_no_peers() {
         let cells = plan_cells(&config(false, false), fixtures::TINYLLAMA, &BACKENDS);
         assert!(cells.iter().all(|c| c.cache == Cache::Warm));
@@ -570,7 +592,8 @@ mod tests {
             assert!(quick.iter().any(|c| c.subject == Subject::Tensora(b.to_string())));
         }
         let other = plan_cells(&config(true, true), fixtures::MANY_SMALL, &BACKENDS);
-        assert!(other.len() <= 5);
+        assert_eq!(other.len(), 3);
+        assert!(other.iter().all(|c| c.cache == Cache::Warm));
     }
 
     #[test]

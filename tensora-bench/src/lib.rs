@@ -4,6 +4,30 @@
 //! generates (or reuses) the fixtures, measures the machine's rooflines on them, measures every
 //! loader and peer on the same files, warm and cold, and writes `report.md`, `report.json` and
 //! `report.svg`.
+//!
+//! The pieces are usable on their own: generate a fixture, time a loader on it, summarise.
+//!
+//! ```
+//! use tensora_bench::{bench, fixtures, peers, stats::Summary};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let dims = fixtures::LlamaDims { vocab: 256, hidden: 64, intermediate: 176, layers: 2, kv_dim: 16 };
+//! let spec = fixtures::FixtureSpec {
+//!     name: "tiny".into(),
+//!     files: vec![fixtures::FileSpec { file_name: "model.safetensors".into(), tensors: dims.tensors() }],
+//!     index: false,
+//! };
+//! let fixture = fixtures::ensure(dir.path(), &spec, fixtures::Size::Small, 42)?;
+//! assert!(fixture.generated);
+//! assert_eq!(fixture.tensors, 3 + 9 * 2);
+//!
+//! // One warm-up, then 3 timed runs of the safetensors-rs peer.
+//! let samples = bench::measure(3, None, || Ok(peers::st_read(&fixture.data_files, None)?.bytes))?;
+//! assert!(samples.iter().all(|s| s.bytes == fixture.data_len_bytes));
+//! let gbps = Summary::of(&samples.iter().map(|s| s.gbps).collect::<Vec<_>>()).unwrap();
+//! assert!(gbps.min <= gbps.median && gbps.median <= gbps.max);
+//! # Ok::<(), anyhow::Error>(())
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod bench;

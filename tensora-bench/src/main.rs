@@ -83,7 +83,8 @@ fn replot(out_dir: &std::path::Path) -> anyhow::Result<()> {
 
 fn run(config: &BenchConfig, fixtures_only: bool) -> anyhow::Result<()> {
     config.validate()?;
-    let mut log = |line: &str| eprintln!("[tensora-bench] {line}");
+    let started = std::time::Instant::now();
+    let mut log = |line: &str| eprintln!("[tensora-bench +{:.1}s] {line}", started.elapsed().as_secs_f64());
     if fixtures_only {
         let prepared = bench::prepare_fixtures(config, &mut log)?;
         for f in &prepared.fixtures {

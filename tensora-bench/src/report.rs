@@ -432,7 +432,7 @@ impl Report {
             .cells
             .iter()
             .filter(|c| c.fixture == fixture && c.kind != Kind::Roofline)
-            .filter(|c| c.scope == Scope::Full && c.mode == Mode::Owned)
+            .filter(|c| c.scope == Scope::Full && c.mode == Mode::Owned && c.median().is_some())
             .collect();
         let mut subjects: Vec<&str> = Vec::new();
         for c in &chart_cells {
@@ -648,6 +648,8 @@ mod tests {
         let svg = example().to_svg("m").unwrap();
         assert!(svg.starts_with("<svg"));
         assert!(svg.contains("sync"));
+        // A subject with no measurement (skipped) gets no empty slot.
+        assert!(!svg.contains("hf-python"));
         assert!(svg.contains("warm roofline 10.00 GB/s"));
         assert!(svg.contains("device roofline 2.00 GB/s"));
         assert!(svg.matches("<rect").count() >= 3);

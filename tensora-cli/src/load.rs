@@ -94,14 +94,19 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let t = Instant::now();
-    let ckpt = tensora_format::open(&args.path).with_context(|| format!("cannot open {}", args.path.display()))?;
+    let ckpt =
+        tensora_format::open(&args.path).with_context(|| format!("cannot open {}", args.path.display()))?;
     let parse_seconds = t.elapsed().as_secs_f64();
     for w in ckpt.warnings() {
         eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
     }
 
     let mut opts = LoadOptions {
-        backend: if args.backend == "auto" { BackendChoice::Auto } else { BackendChoice::Named(args.backend.clone()) },
+        backend: if args.backend == "auto" {
+            BackendChoice::Auto
+        } else {
+            BackendChoice::Named(args.backend.clone())
+        },
         io_mode: match (args.direct, args.buffered) {
             (true, _) => IoMode::Direct,
             (_, true) => IoMode::Buffered,
@@ -170,8 +175,10 @@ fn progress_bar(args: &Args) -> Option<indicatif::ProgressBar> {
         return None;
     }
     let bar = indicatif::ProgressBar::new(0);
-    let style = indicatif::ProgressStyle::with_template("{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}")
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    let style = indicatif::ProgressStyle::with_template(
+        "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
     bar.set_style(style);
     Some(bar)
 }

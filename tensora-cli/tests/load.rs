@@ -31,7 +31,12 @@ fn json_report_for_every_backend_and_mode() {
         ckpt.tensors().iter().map(|t| t.len_bytes()).sum()
     };
     for backend in ["auto", "sync", "mmap", "io-uring", "async"] {
-        for extra in [&[][..], &["--stream", "--budget", "64KiB"][..], &["--direct"][..], &["--buffered", "--threads", "1"][..]] {
+        for extra in [
+            &[][..],
+            &["--stream", "--budget", "64KiB"][..],
+            &["--direct"][..],
+            &["--buffered", "--threads", "1"][..],
+        ] {
             let mut args = vec![path.as_str(), "--json", "--backend", backend];
             args.extend_from_slice(extra);
             let out = tensora_load(&args);
@@ -43,8 +48,21 @@ fn json_report_for_every_backend_and_mode() {
             }
             assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            for key in ["backend", "reason", "bytes_selected", "bytes_read", "seconds", "gbps", "phases",
-                "peak_inflight_bytes", "retries", "minor_faults", "major_faults", "peak_rss_bytes", "tensors"] {
+            for key in [
+                "backend",
+                "reason",
+                "bytes_selected",
+                "bytes_read",
+                "seconds",
+                "gbps",
+                "phases",
+                "peak_inflight_bytes",
+                "retries",
+                "minor_faults",
+                "major_faults",
+                "peak_rss_bytes",
+                "tensors",
+            ] {
                 assert!(v.get(key).is_some(), "{key} missing in {v}");
             }
             for phase in ["open", "parse", "plan", "io", "finish"] {

@@ -115,7 +115,31 @@ impl Dtype {
 
     /// Parse the safetensors spelling. Exact and case-sensitive: `"f16"` is `None`.
     pub fn from_safetensors(s: &str) -> Option<Dtype> {
-        Dtype::ALL.into_iter().find(|d| d.as_str() == s)
+        Some(match s {
+            "BOOL" => Dtype::Bool,
+            "U8" => Dtype::U8,
+            "I8" => Dtype::I8,
+            "U16" => Dtype::U16,
+            "I16" => Dtype::I16,
+            "F16" => Dtype::F16,
+            "BF16" => Dtype::BF16,
+            "U32" => Dtype::U32,
+            "I32" => Dtype::I32,
+            "F32" => Dtype::F32,
+            "U64" => Dtype::U64,
+            "I64" => Dtype::I64,
+            "F64" => Dtype::F64,
+            "C64" => Dtype::C64,
+            "F8_E5M2" => Dtype::F8E5M2,
+            "F8_E4M3" => Dtype::F8E4M3,
+            "F8_E8M0" => Dtype::F8E8M0,
+            "F8_E4M3FNUZ" => Dtype::F8E4M3Fnuz,
+            "F8_E5M2FNUZ" => Dtype::F8E5M2Fnuz,
+            "F4" => Dtype::F4,
+            "F6_E2M3" => Dtype::F6E2M3,
+            "F6_E3M2" => Dtype::F6E3M2,
+            _ => return None,
+        })
     }
 
     /// Number of bytes that `numel` elements occupy, or `None` on overflow or when the total bit

@@ -56,9 +56,10 @@ const ENTRY_BYTES_MIN: usize = 49;
 /// One tensor entry of a parsed header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderTensor {
-    pub(crate) name: String,
+    // Boxed rather than String/Vec: 16 bytes less per tensor, and free to turn into String/Vec.
+    pub(crate) name: Box<str>,
     pub(crate) dtype: Dtype,
-    pub(crate) shape: Vec<u64>,
+    pub(crate) shape: Box<[u64]>,
     pub(crate) start_bytes: u64,
     pub(crate) end_bytes: u64,
 }
@@ -347,21 +348,21 @@ fn check_tiling(path: &Path, tensors: &mut [HeaderTensor], data_len_bytes: u64) 
     for t in tensors.iter() {
         if t.start_bytes > expected {
             return Err(Error::new(path, ErrorKind::DataHole { start: t.start_bytes, expected })
-                .with_tensor(t.name.clone()));
+                .with_tensor(&*t.name));
         }
         if t.start_bytes < expected {
             return Err(Error::new(
                 path,
                 ErrorKind::DataOverlap { start: t.start_bytes, previous_end: expected },
             )
-            .with_tensor(t.name.clone()));
+            .with_tensor(&*t.name));
         }
         expected = t.end_bytes;
     }
     if expected != data_len_bytes {
         let err = Error::new(path, ErrorKind::DataLenMismatch { end: expected, data_len_bytes });
         return Err(match tensors.last() {
-            Some(t) => err.with_tensor(t.name.clone()),
+            Some(t) => err.with_tensor(&*t.name),
             None => err,
         });
     }
@@ -386,29 +387,51 @@ impl Hasher for PrehashedHasher {
     }
 }
 
+/// A fast seeded 64-bit hash of a name: 8-byte words folded by multiply-xor, then a murmur3-style
+/// finaliser. Only used by [`NameSet`], which stays correct (and O(1)) even when two names collide.
+fn name_hash(seed: u64, bytes: &[u8]) -> u64 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut h = seed ^ (bytes.len() as u64).wrapping_mul(K);
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        h = (h ^ v).wrapping_mul(K).rotate_left(29);
+    }
+    let mut tail = [0u8; 8];
+    tail[..words.remainder().len()].copy_from_slice(words.remainder());
+    h = (h ^ u64::from_le_bytes(tail)).wrapping_mul(K);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
 /// Detects duplicate tensor names with one 64-bit hash per name (keyed per parse), falling back
 /// to a set of owned names for the rare names whose hash collides with a different name.
 #[derive(Debug)]
 struct NameSet {
-    hasher: RandomState,
+    seed: u64,
     first_by_hash: HashMap<u64, u32, BuildHasherDefault<PrehashedHasher>>,
     collided: HashSet<String>,
 }
 
 impl NameSet {
     fn new() -> NameSet {
-        NameSet { hasher: RandomState::new(), first_by_hash: HashMap::default(), collided: HashSet::new() }
+        // A per-parse secret seed, so bucket positions cannot be predicted from the names.
+        let seed = RandomState::new().hash_one(0x7465_6e73_6f72_61u64);
+        NameSet { seed, first_by_hash: HashMap::default(), collided: HashSet::new() }
     }
     /// Insert `name` (the tensor at `index`); returns false if the name was already present.
     fn insert(&mut self, name: &str, index: u32, tensors: &[HeaderTensor]) -> bool {
-        let hash = self.hasher.hash_one(name);
+        let hash = name_hash(self.seed, name.as_bytes());
         match self.first_by_hash.entry(hash) {
             std::collections::hash_map::Entry::Vacant(v) => {
                 v.insert(index);
                 true
             }
             std::collections::hash_map::Entry::Occupied(o) => {
-                if tensors[*o.get() as usize].name == name {
+                if &*tensors[*o.get() as usize].name == name {
                     false
                 } else {
                     self.collided.insert(name.to_string())
@@ -699,14 +722,19 @@ impl<'a> Parser<'a> {
             return Err(tensor_err(ErrorKind::DuplicateTensor));
         }
         self.tensors.push(HeaderTensor {
-            name: name.to_string(),
+            name: name.into(),
             dtype,
-            shape,
+            shape: shape.into_boxed_slice(),
             start_bytes: start,
             end_bytes: end,
         });
         Ok(())
     }
+}
+
+/// Whether `s` holds a control character (C0, DEL or C1); bytewise for ASCII.
+pub(crate) fn has_control(s: &str) -> bool {
+    if s.is_ascii() { s.bytes().any(|b| b < 0x20 || b == 0x7f) } else { s.chars().any(char::is_control) }
 }
 
 /// Number of tape nodes taken by the value starting at `at` (1 for scalars).

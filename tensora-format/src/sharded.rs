@@ -266,9 +266,9 @@ fn tensors_of(header: Header, file: FileId, out: &mut Vec<TensorInfo>) -> Option
         out.push(TensorInfo {
             len_bytes: t.end_bytes - t.start_bytes,
             offset_bytes: data_start + t.start_bytes,
-            name: t.name,
+            name: t.name.into(),
             dtype: t.dtype,
-            shape: t.shape,
+            shape: t.shape.into_vec(),
             file,
             strides: None,
         });

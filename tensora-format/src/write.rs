@@ -89,7 +89,7 @@ impl SafetensorsLayout {
             if s.name.is_empty() {
                 return Err(err(ErrorKind::BadTensorName { reason: "empty" }));
             }
-            if s.name.chars().any(char::is_control) {
+            if crate::safetensors::has_control(&s.name) {
                 return Err(err(ErrorKind::BadTensorName { reason: "contains a NUL or control character" }));
             }
             if s.name == METADATA_KEY {

@@ -270,3 +270,11 @@ fn writer_output_reopens_with_identical_tensors() {
         assert_eq!(ckpt.tensor(&spec.name).unwrap().dtype(), spec.dtype);
     }
 }
+
+#[test]
+fn generic_open_recognises_the_directory_and_its_index_file() {
+    let by_dir = tensora_format::open(TINY).unwrap();
+    assert_eq!(by_dir.format(), Format::ServerlessLlm);
+    let by_index = tensora_format::open(Path::new(TINY).join(sllm::INDEX_FILE_NAME)).unwrap();
+    assert_eq!(by_index.tensors(), by_dir.tensors());
+}

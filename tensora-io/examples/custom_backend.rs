@@ -41,7 +41,10 @@ impl IoBackend for OneThreadPread {
                 if job.cancel.load(Ordering::Acquire) {
                     return Err(fail(ReadErrorKind::Cancelled));
                 }
-                let fits = read.arena_offset_bytes.checked_add(read.len_bytes).is_some_and(|e| e <= job.dest.len_bytes());
+                let fits = read
+                    .arena_offset_bytes
+                    .checked_add(read.len_bytes)
+                    .is_some_and(|e| e <= job.dest.len_bytes());
                 let Some(file) = job.files.get(read.file as usize).filter(|_| fits) else {
                     return Err(fail(ReadErrorKind::Io(std::io::Error::other("read outside the job"))));
                 };
@@ -55,8 +58,12 @@ impl IoBackend for OneThreadPread {
                         read.len_bytes as usize,
                     )
                 };
-                file.buffered.read_exact_at(buf, read.offset_bytes).map_err(|e| fail(ReadErrorKind::Io(e)))?;
-                job.dest.on_landed(read.arena_offset_bytes, read.len_bytes).map_err(|e| fail(ReadErrorKind::Io(e)))?;
+                file.buffered
+                    .read_exact_at(buf, read.offset_bytes)
+                    .map_err(|e| fail(ReadErrorKind::Io(e)))?;
+                job.dest
+                    .on_landed(read.arena_offset_bytes, read.len_bytes)
+                    .map_err(|e| fail(ReadErrorKind::Io(e)))?;
                 stats.bytes_read += read.len_bytes;
                 stats.reads += 1;
                 stats.peak_inflight_bytes = stats.peak_inflight_bytes.max(read.len_bytes);
@@ -73,7 +80,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let ckpt = tensora_format::open(&path)?;
     // The one registration call:
-    let opts = LoadOptions { backend: BackendChoice::Custom(Arc::new(OneThreadPread)), ..LoadOptions::default() };
+    let opts =
+        LoadOptions { backend: BackendChoice::Custom(Arc::new(OneThreadPread)), ..LoadOptions::default() };
     let mine = load(&ckpt, &opts)?;
     let reference = load(&ckpt, &LoadOptions { backend: BackendChoice::Named("sync".into()), ..opts })?;
     for t in mine.tensors() {

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use tensora_format::Dtype;
 use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
-use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+use tensora_io::arena::Arena;
 use tensora_io::{BackendChoice, IoMode, LoadOptions, load, load_streaming, probe};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -27,7 +27,11 @@ const ROOFLINE_CHUNK_BYTES: usize = 8 << 20;
 
 fn tinyllama_specs() -> Vec<TensorSpec> {
     let (hidden, inter, vocab, kv) = (2048u64, 5632u64, 32000u64, 256u64);
-    let mut specs = vec![TensorSpec { name: "model.embed_tokens.weight".into(), dtype: Dtype::F16, shape: vec![vocab, hidden] }];
+    let mut specs = vec![TensorSpec {
+        name: "model.embed_tokens.weight".into(),
+        dtype: Dtype::F16,
+        shape: vec![vocab, hidden],
+    }];
     for l in 0..22 {
         let p = format!("model.layers.{l}");
         for (n, shape) in [
@@ -75,18 +79,27 @@ fn generate(dir: &Path) -> Res<()> {
         }
         Ok(())
     })?;
-    println!("wrote {} tensors, {:.2} GB, into {}", tinyllama_specs().len(), total as f64 / 1e9, dir.display());
+    println!(
+        "wrote {} tensors, {:.2} GB, into {}",
+        tinyllama_specs().len(),
+        total as f64 / 1e9,
+        dir.display()
+    );
     Ok(())
 }
 
 /// Two threads `pread` every file, in 8 MiB reads, into one hugepage arena: the warm roofline.
 fn roofline(dir: &Path, threads: usize) -> Res<f64> {
     let ckpt = tensora_format::open(dir)?;
-    let files: Vec<(std::fs::File, u64)> =
-        ckpt.files().iter().map(|f| Ok((std::fs::File::open(f.path())?, f.len_bytes()))).collect::<Res<_>>()?;
+    let files: Vec<(std::fs::File, u64)> = ckpt
+        .files()
+        .iter()
+        .map(|f| Ok((std::fs::File::open(f.path())?, f.len_bytes())))
+        .collect::<Res<_>>()?;
     let total: u64 = files.iter().map(|f| f.1).sum();
     let t = Instant::now();
-    let mut arena = Arena::new(&ArenaConfig { len_bytes: total, prefault: Prefault::None })?;
+    // Reused across runs (like the loads' recycled arenas), so runs measure the copy.
+    let mut arena = Arena::recycled(total)?;
     let buf = arena.as_mut_slice();
     // Split the arena into per-file parts, then each part into 8 MiB chunks dealt round-robin.
     let mut jobs: Vec<(usize, u64, &mut [u8])> = Vec::new();
@@ -112,7 +125,9 @@ fn roofline(dir: &Path, threads: usize) -> Res<f64> {
             });
         }
     });
-    Ok(total as f64 / t.elapsed().as_secs_f64() / 1e9)
+    let gbps = total as f64 / t.elapsed().as_secs_f64() / 1e9;
+    arena.recycle();
+    Ok(gbps)
 }
 
 fn drop_caches(cold: bool) -> Res<()> {
@@ -147,12 +162,25 @@ fn compare(dir: &Path, cold: bool) -> Res<()> {
                 continue;
             }
             let opts = LoadOptions {
-                backend: if backend == "auto" { BackendChoice::Auto } else { BackendChoice::Named(backend.into()) },
+                backend: if backend == "auto" {
+                    BackendChoice::Auto
+                } else {
+                    BackendChoice::Named(backend.into())
+                },
                 io_mode: if backend == "auto" { IoMode::Auto } else { mode },
                 threads: 2,
                 ..LoadOptions::default()
             };
-            let label = format!("{backend} {}", if backend == "auto" { "auto" } else if mode == IoMode::Direct { "direct" } else { "buffered" });
+            let label = format!(
+                "{backend} {}",
+                if backend == "auto" {
+                    "auto"
+                } else if mode == IoMode::Direct {
+                    "direct"
+                } else {
+                    "buffered"
+                }
+            );
             best(label, &mut || {
                 let loaded = load(&ckpt, &opts)?;
                 let r = loaded.report();

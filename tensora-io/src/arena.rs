@@ -14,6 +14,16 @@
 //! - [`Prefault::ParallelTouch`]: `threads` threads each write one byte per 4 KiB page of their
 //!   share, after `MADV_HUGEPAGE`.
 //!
+//! # Recycling
+//!
+//! Fresh anonymous memory must be zeroed by the kernel on first touch, which costs about as much as
+//! the copy itself. [`Arena::recycle`] therefore parks one released arena (at most
+//! [`RECYCLE_BYTES_MAX`]) after `MADV_FREE`: the kernel may reclaim its pages under memory pressure
+//! (they are then zero again on reuse), and if it does not, the next [`Arena::recycled`] request
+//! that fits reuses them without a single page fault. The load API recycles the arenas of dropped
+//! `Loaded` values and finished streams; [`drop_recycled`] unmaps the parked one at once.
+//! A recycled arena's bytes are unspecified (old contents or zeros) until written.
+//!
 //! # Example
 //!
 //! ```
@@ -52,6 +62,79 @@ pub struct ArenaConfig {
     /// Usable length. The mapping is rounded up to a multiple of [`Arena::ALIGN_BYTES`].
     pub len_bytes: u64,
     pub prefault: Prefault,
+}
+
+/// Largest arena [`Arena::recycle`] parks; larger ones are unmapped.
+pub const RECYCLE_BYTES_MAX: u64 = 64 << 30;
+/// A parked arena is reused only for requests of at least `1 / RECYCLE_FIT_RATIO` of its length, so
+/// a huge parked arena is not pinned by a small load.
+const RECYCLE_FIT_RATIO: u64 = 4;
+
+/// A slot holding at most one released arena (see the module docs).
+#[derive(Debug)]
+struct Parking(std::sync::Mutex<Option<Arena>>);
+
+impl Parking {
+    const fn new() -> Parking {
+        Parking(std::sync::Mutex::new(None))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arena>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The parked arena, resized to `len_bytes`, if its mapping fits the request.
+    fn take_fitting(&self, len_bytes: u64) -> Option<Arena> {
+        let mut slot = self.slot();
+        let cap = slot.as_ref()?.map_len_bytes as u64;
+        if len_bytes == 0 || len_bytes > cap || len_bytes.saturating_mul(RECYCLE_FIT_RATIO) < cap {
+            return None;
+        }
+        let mut a = slot.take()?;
+        a.len_bytes = len_bytes as usize;
+        Some(a)
+    }
+
+    /// Unmap the parked arena if its mapping is larger than `len_bytes`.
+    fn drop_larger_than(&self, len_bytes: u64) {
+        let mut slot = self.slot();
+        if slot.as_ref().is_some_and(|a| a.map_len_bytes as u64 > len_bytes) {
+            let parked = slot.take();
+            drop(slot);
+            drop(parked);
+        }
+    }
+
+    /// `MADV_FREE` and park `arena`, unmapping the one parked before. Arenas that are empty, over
+    /// [`RECYCLE_BYTES_MAX`], or whose advice fails are unmapped instead.
+    fn park(&self, arena: Arena) {
+        if arena.map_len_bytes == 0 || arena.map_len_bytes as u64 > RECYCLE_BYTES_MAX {
+            return;
+        }
+        // SAFETY: advising the arena's own private anonymous mapping, which nothing else references
+        // (`arena` is owned); MADV_FREE only lets the kernel drop the contents.
+        let rc = unsafe { libc::madvise(arena.ptr.as_ptr().cast(), arena.map_len_bytes, libc::MADV_FREE) };
+        if rc != 0 {
+            return; // Unsupported (kernel < 4.5): just unmap.
+        }
+        let previous = self.slot().replace(arena);
+        drop(previous);
+    }
+}
+
+/// The process-wide parking slot.
+static RECYCLED: Parking = Parking::new();
+
+/// Unmap the parked arena, if any, returning its memory to the system now.
+pub fn drop_recycled() {
+    let parked = RECYCLED.slot().take();
+    drop(parked);
+}
+
+/// Unmap the parked arena if its mapping is larger than `len_bytes` (a streaming load calls this
+/// with its budget, so lazily freed pages of an earlier owned load do not linger in its RSS).
+pub fn drop_recycled_larger_than(len_bytes: u64) {
+    RECYCLED.drop_larger_than(len_bytes);
 }
 
 /// Page size used for touching.
@@ -95,9 +178,7 @@ impl Arena {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "arena length exceeds address space"))?;
         if len_bytes == 0 {
             // No mapping; a well-aligned dangling pointer is valid for zero-length slices.
-            let ptr = NonNull::new(std::ptr::without_provenance_mut::<u8>(align))
-                .ok_or_else(|| io::Error::other("null dangling pointer"))?;
-            return Ok(Arena { ptr, len_bytes: 0, map_len_bytes: 0, huge_advised: false });
+            return Ok(Arena::empty());
         }
         let map_len_bytes = len_bytes
             .checked_next_multiple_of(align)
@@ -173,6 +254,32 @@ impl Arena {
             Prefault::ParallelTouch { threads } => arena.touch(threads),
         }
         Ok(arena)
+    }
+
+    /// An arena of `len_bytes` whose contents are unspecified: the parked arena (see the module
+    /// docs) when it fits, otherwise a fresh one with no prefault.
+    pub fn recycled(len_bytes: u64) -> io::Result<Arena> {
+        match RECYCLED.take_fitting(len_bytes) {
+            Some(a) => Ok(a),
+            None => Arena::new(&ArenaConfig { len_bytes, prefault: Prefault::None }),
+        }
+    }
+
+    /// Release this arena for reuse: `MADV_FREE` its pages and park it, replacing (and unmapping)
+    /// any arena parked before. Arenas over [`RECYCLE_BYTES_MAX`] are unmapped instead.
+    pub fn recycle(self) {
+        RECYCLED.park(self);
+    }
+
+    /// An arena with no memory (no mapping).
+    pub fn empty() -> Arena {
+        Arena {
+            ptr: NonNull::new(std::ptr::without_provenance_mut::<u8>(Self::ALIGN_BYTES as usize))
+                .unwrap_or(NonNull::dangling()),
+            len_bytes: 0,
+            map_len_bytes: 0,
+            huge_advised: false,
+        }
     }
 
     /// A zero-length-or-larger arena with no prefault. Shorthand for [`Arena::new`].
@@ -262,7 +369,9 @@ impl Arena {
         }
         // SAFETY: the range lies inside the mapping (checked above); the caller guarantees no
         // concurrent writer.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset_bytes as usize), len_bytes as usize) }
+        unsafe {
+            std::slice::from_raw_parts(self.ptr.as_ptr().add(offset_bytes as usize), len_bytes as usize)
+        }
     }
 }
 
@@ -296,7 +405,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn all_prefaults() -> [Prefault; 4] {
-        [Prefault::None, Prefault::MapPopulate, Prefault::PopulateWrite, Prefault::ParallelTouch { threads: 3 }]
+        [
+            Prefault::None,
+            Prefault::MapPopulate,
+            Prefault::PopulateWrite,
+            Prefault::ParallelTouch { threads: 3 },
+        ]
     }
 
     #[test]
@@ -311,6 +425,39 @@ mod tests {
             assert_eq!(a.as_slice()[n - 1], 0xAB);
             assert_eq!(Destination::align_bytes(&a), Arena::ALIGN_BYTES);
         }
+    }
+
+    #[test]
+    fn parked_arenas_are_reused_only_when_they_fit() {
+        let parking = Parking::new(); // private slot: no other test can race with it
+        let mut a = Arena::with_len(4 << 20).unwrap();
+        a.as_mut_slice().fill(7);
+        let addr = a.as_ptr() as usize;
+        parking.park(a);
+        assert!(parking.take_fitting(4096).is_none(), "a small request does not pin a big arena");
+        assert!(parking.take_fitting(5 << 20).is_none(), "too big");
+        assert!(parking.take_fitting(0).is_none());
+        let mut b = parking.take_fitting(3 << 20).unwrap();
+        assert_eq!(b.as_ptr() as usize, addr);
+        assert_eq!(b.len_bytes(), 3 << 20);
+        assert!(b.as_slice().iter().all(|&x| x == 7 || x == 0), "old contents or zeros");
+        assert!(parking.take_fitting(3 << 20).is_none(), "taken");
+        parking.park(b);
+        parking.park(Arena::with_len(1 << 20).unwrap()); // replaces (unmaps) the first
+        assert!(parking.take_fitting(3 << 20).is_none());
+        assert!(parking.take_fitting(1 << 20).is_some());
+        parking.park(Arena::empty());
+        assert!(parking.slot().is_none(), "empty arenas are not parked");
+        // The global slot works the same way through the public API.
+        Arena::with_len(2 << 20).unwrap().recycle();
+        assert_eq!(Arena::recycled(2 << 20).unwrap().len_bytes(), 2 << 20);
+        drop_recycled();
+        let parking = Parking::new();
+        parking.park(Arena::with_len(4 << 20).unwrap());
+        parking.drop_larger_than(4 << 20);
+        assert!(parking.slot().is_some(), "not larger: kept");
+        parking.drop_larger_than(2 << 20);
+        assert!(parking.slot().is_none(), "larger: unmapped");
     }
 
     #[test]

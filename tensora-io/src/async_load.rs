@@ -4,7 +4,8 @@
 //!   current-thread runtime created inside `execute` issues positional reads on tokio's blocking
 //!   pool, at most `job.queue_depth` in flight, each holding a budget permit obtained with
 //!   [`Budget::acquire_async`](tensora_plan::Budget::acquire_async). Completions are announced from
-//!   the runtime's thread, in completion order.
+//!   the runtime's thread, in completion order. `job.threads` is not used: the blocking pool gets
+//!   `job.queue_depth` threads (at most [`ASYNC_QUEUE_DEPTH_MAX`]).
 //! - [`load_async`] runs a whole [`load`](crate::load::load) on tokio's blocking pool, so the
 //!   caller's runtime workers keep running other tasks while the bytes move.
 //!

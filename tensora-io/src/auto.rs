@@ -70,21 +70,27 @@ pub struct Choice {
     pub reason: String,
 }
 
-/// Read the facts for a selection: `file_ids` are the checkpoint files it touches, in order.
-pub fn gather(
-    ckpt: &Checkpoint,
-    file_ids: &[u32],
-    bytes_selected: u64,
-    streaming: bool,
-    mapped: bool,
-) -> Facts {
-    let entries: Vec<_> = file_ids.iter().map(|&f| ckpt.file(tensora_format::FileId(f))).collect();
+/// Read the facts for a selection (`selected` indexes [`Checkpoint::tensors`]). Residency is
+/// sampled over the selected tensors' byte ranges of the first [`RESIDENCY_FILES_MAX`] files.
+pub fn gather(ckpt: &Checkpoint, selected: &[usize], streaming: bool, mapped: bool) -> Facts {
+    let mut by_file: Vec<(u32, Vec<std::ops::Range<u64>>)> = Vec::new();
+    let mut bytes_selected = 0u64;
+    for &i in selected {
+        let t = &ckpt.tensors()[i];
+        bytes_selected += t.len_bytes();
+        let f = t.file().0;
+        match by_file.iter_mut().find(|(id, _)| *id == f) {
+            Some((_, ranges)) => ranges.push(t.range()),
+            None => by_file.push((f, vec![t.range()])),
+        }
+    }
+    let entries: Vec<_> = by_file.iter().map(|(f, _)| ckpt.file(tensora_format::FileId(*f))).collect();
     let bytes_files = entries.iter().map(|e| e.len_bytes()).sum();
     let file_len_max_bytes = entries.iter().map(|e| e.len_bytes()).max().unwrap_or(0);
     let mut residency = ResidencySample::default();
-    for e in entries.iter().take(RESIDENCY_FILES_MAX) {
+    for (e, (_, ranges)) in entries.iter().zip(&by_file).take(RESIDENCY_FILES_MAX) {
         if let Ok(file) = std::fs::File::open(e.path())
-            && let Ok(s) = probe::residency_sample(&file, e.len_bytes())
+            && let Ok(s) = probe::residency_sample_ranges(&file, e.len_bytes(), ranges)
         {
             residency = residency.merge(s);
         }
@@ -136,7 +142,9 @@ pub fn choose(f: &Facts) -> Choice {
         return Choice {
             backend: "sync",
             direct: false,
-            reason: format!("{fs_name} is a network/FUSE filesystem: buffered pread, never lazy mmap; {facts}"),
+            reason: format!(
+                "{fs_name} is a network/FUSE filesystem: buffered pread, never lazy mmap; {facts}"
+            ),
         };
     }
     if f.warm() {
@@ -160,7 +168,11 @@ pub fn choose(f: &Facts) -> Choice {
         _ if f.bytes_selected < DIRECT_MIN_BYTES => "small selection".to_owned(),
         _ => "O_DIRECT not probed".to_owned(),
     };
-    Choice { backend: "sync", direct: false, reason: format!("cold, {why}: buffered pread with readahead; {facts}") }
+    Choice {
+        backend: "sync",
+        direct: false,
+        reason: format!("cold, {why}: buffered pread with readahead; {facts}"),
+    }
 }
 
 #[cfg(test)]
@@ -187,7 +199,11 @@ mod tests {
     fn warm_picks_sync_buffered_and_names_the_facts() {
         let c = choose(&facts());
         assert_eq!((c.backend, c.direct), ("sync", false));
-        assert!(c.reason.contains("warm") && c.reason.contains("100% of sampled pages cached"), "{}", c.reason);
+        assert!(
+            c.reason.contains("warm") && c.reason.contains("100% of sampled pages cached"),
+            "{}",
+            c.reason
+        );
         assert!(c.reason.contains("ext4") && c.reason.contains("2 file(s)"), "{}", c.reason);
         assert!(!c.reason.contains('\n'));
     }

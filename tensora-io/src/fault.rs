@@ -12,14 +12,21 @@
 //!
 //! # Example
 //!
-//! ```no_run
-//! use std::sync::Arc;
+//! ```
 //! use tensora_io::fault::{Fault, FaultySource};
-//! use tensora_io::{BackendChoice, LoadOptions};
+//! use tensora_io::{BackendChoice, LoadError, LoadOptions, load};
 //!
-//! let source = FaultySource::new(vec![Fault::Interrupted { times: 3 }, Fault::Eio { file: 0, offset_bytes: 4096 }]);
+//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+//! let ckpt = tensora_format::open(dir)?;
+//! // Transient faults are retried: the load succeeds with the right bytes.
+//! let source = FaultySource::new(vec![Fault::Interrupted { times: 3 }, Fault::Short { times: 2 }]);
 //! let opts = LoadOptions { backend: BackendChoice::Custom(source.into_backend()), ..LoadOptions::default() };
-//! # let _ = opts;
+//! assert_eq!(load(&ckpt, &opts)?.report().retries, 5);
+//! // A permanent one fails the load, naming file, offset and tensor.
+//! let source = FaultySource::new(vec![Fault::Eio { file: 0, offset_bytes: 100 }]);
+//! let opts = LoadOptions { backend: BackendChoice::Custom(source.into_backend()), ..LoadOptions::default() };
+//! assert!(matches!(load(&ckpt, &opts), Err(LoadError::Read { .. })));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 use std::io;
@@ -112,7 +119,9 @@ impl<R: ReadAt + 'static> ReadAt for FaultySource<R> {
         let mut limit = buf.len();
         for (i, fault) in self.faults.iter().enumerate() {
             match *fault {
-                Fault::Eio { file: f, offset_bytes: at } if f == file_index && (offset_bytes..end).contains(&at) => {
+                Fault::Eio { file: f, offset_bytes: at }
+                    if f == file_index && (offset_bytes..end).contains(&at) =>
+                {
                     self.fired();
                     return Err(io::Error::from_raw_os_error(libc::EIO));
                 }
@@ -179,8 +188,12 @@ mod tests {
         let (_f, sf) = source_file(&data);
         let src = FaultySource::new(vec![Fault::Interrupted { times: 2 }, Fault::WouldBlock { times: 1 }]);
         let mut buf = [0u8; 16];
-        let kinds: Vec<_> = (0..3).map(|_| src.read_at(&sf, 0, &mut buf, 0, false).unwrap_err().kind()).collect();
-        assert_eq!(kinds, [io::ErrorKind::Interrupted, io::ErrorKind::Interrupted, io::ErrorKind::WouldBlock]);
+        let kinds: Vec<_> =
+            (0..3).map(|_| src.read_at(&sf, 0, &mut buf, 0, false).unwrap_err().kind()).collect();
+        assert_eq!(
+            kinds,
+            [io::ErrorKind::Interrupted, io::ErrorKind::Interrupted, io::ErrorKind::WouldBlock]
+        );
         assert_eq!(src.read_at(&sf, 0, &mut buf, 16, false).unwrap(), 16);
         assert_eq!(&buf[..], &data[16..32]);
         assert_eq!(src.injected(), 3);

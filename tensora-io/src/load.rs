@@ -39,9 +39,11 @@ use std::time::Instant;
 use tensora_format::{Checkpoint, Dtype, FileId, FileStamp, TensorInfo};
 use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig, Selection};
 
-use crate::arena::{Arena, ArenaConfig, Prefault};
+use crate::arena::Arena;
 use crate::auto;
-use crate::backend::{CompletionSink, Destination, IoBackend, IoStats, Job, ReadError, ReadErrorKind, SourceFile, StopReason};
+use crate::backend::{
+    CompletionSink, Destination, IoBackend, IoStats, Job, ReadError, ReadErrorKind, SourceFile, StopReason,
+};
 use crate::error::{BoxError, LoadError, ViewError};
 use crate::report::{Faults, LoadReport, Phases, peak_rss_bytes};
 
@@ -243,18 +245,26 @@ impl<'a> TensorRef<'a> {
     pub fn as_slice<T: Element>(&self) -> Result<&'a [T], ViewError> {
         let tensor = || self.info.name().to_owned();
         if self.info.dtype() != T::DTYPE {
-            return Err(ViewError::Dtype { tensor: tensor(), dtype: self.info.dtype(), requested: T::DTYPE.as_str() });
+            return Err(ViewError::Dtype {
+                tensor: tensor(),
+                dtype: self.info.dtype(),
+                requested: T::DTYPE.as_str(),
+            });
         }
         let elem_bytes = std::mem::size_of::<T>();
         let align_bytes = std::mem::align_of::<T>();
         let addr = self.bytes.as_ptr() as usize;
-        if addr % align_bytes != 0 {
+        if !addr.is_multiple_of(align_bytes) {
             return Err(ViewError::Misaligned { tensor: tensor(), addr, align_bytes });
         }
-        if self.bytes.len() % elem_bytes != 0 {
+        if !self.bytes.len().is_multiple_of(elem_bytes) {
             return Err(ViewError::Length { tensor: tensor(), len_bytes: self.bytes.len(), elem_bytes });
         }
-        bytemuck::try_cast_slice(self.bytes).map_err(|_| ViewError::Misaligned { tensor: tensor(), addr, align_bytes })
+        bytemuck::try_cast_slice(self.bytes).map_err(|_| ViewError::Misaligned {
+            tensor: tensor(),
+            addr,
+            align_bytes,
+        })
     }
 }
 
@@ -280,6 +290,15 @@ pub struct Loaded {
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
     report: LoadReport,
+}
+
+impl Drop for Loaded {
+    /// Hands an owned arena back for reuse by the next load (see [`crate::arena`], "Recycling").
+    fn drop(&mut self) {
+        if let Storage::Arena(a) = &mut self.storage {
+            std::mem::replace(a, Arena::empty()).recycle();
+        }
+    }
 }
 
 impl Loaded {
@@ -351,18 +370,18 @@ pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> 
     for group in &groups {
         let wp = session.plan_window(group)?;
         let period = wp.plan.config().arena_period_bytes();
-        let base = arena_len_bytes.checked_next_multiple_of(period).ok_or(LoadError::Plan(
-            tensora_plan::PlanError::ArenaOverflow,
-        ))?;
-        arena_len_bytes = base.checked_add(wp.plan.arena_len_bytes()).ok_or(LoadError::Plan(
-            tensora_plan::PlanError::ArenaOverflow,
-        ))?;
+        let base = arena_len_bytes
+            .checked_next_multiple_of(period)
+            .ok_or(LoadError::Plan(tensora_plan::PlanError::ArenaOverflow))?;
+        arena_len_bytes = base
+            .checked_add(wp.plan.arena_len_bytes())
+            .ok_or(LoadError::Plan(tensora_plan::PlanError::ArenaOverflow))?;
         plans.push((base, wp));
     }
     phases.plan += t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let arena = Arena::new(&ArenaConfig { len_bytes: arena_len_bytes, prefault: Prefault::None })
+    let arena = Arena::recycled(arena_len_bytes)
         .map_err(|source| LoadError::Arena { len_bytes: arena_len_bytes, source })?;
     let mut files = FileSet::new(opts.files_open_max);
     let mut stats = Vec::with_capacity(plans.len());
@@ -436,13 +455,14 @@ pub fn load_streaming(
     phases.open += t.elapsed().as_secs_f64();
 
     if opts.residence == Residence::Mapped {
-        let loaded = load_mapped(session, selected, phases, faults_before)?;
+        let mut loaded = load_mapped(session, selected, phases, faults_before)?;
         for t in loaded.tensors() {
             f(&t).map_err(|source| LoadError::Callback { tensor: t.name().to_owned(), source })?;
         }
-        return Ok(loaded.report);
+        return Ok(std::mem::take(&mut loaded.report));
     }
 
+    crate::arena::drop_recycled_larger_than(opts.budget_bytes);
     let mut pending: VecDeque<Vec<usize>> = stream_windows(ckpt, &selected, opts).into();
     let mut arena: Option<Arena> = None;
     let mut files = FileSet::new(opts.files_open_max);
@@ -467,10 +487,8 @@ pub fn load_streaming(
             // Free the old arena before mapping a bigger one, so the peak stays at one arena.
             drop(arena.take());
             let len_bytes = need.max(opts.budget_bytes.min(session.bytes_selected.max(need)));
-            arena = Some(
-                Arena::new(&ArenaConfig { len_bytes, prefault: Prefault::None })
-                    .map_err(|source| LoadError::Arena { len_bytes, source })?,
-            );
+            arena =
+                Some(Arena::recycled(len_bytes).map_err(|source| LoadError::Arena { len_bytes, source })?);
         }
         let Some(arena_ref) = arena.as_ref() else { continue };
         let dest = SubDest::new(arena_ref, 0, need);
@@ -512,6 +530,9 @@ pub fn load_streaming(
         stats.push(result?);
     }
     let t = Instant::now();
+    if let Some(a) = arena {
+        a.recycle();
+    }
     files.close_and_check(ckpt)?;
     phases.finish += t.elapsed().as_secs_f64();
     Ok(session.report(phases, &stats, delivered, stats.len(), faults_before))
@@ -690,7 +711,7 @@ impl<'c> Session<'c> {
         let (backend, backend_name, mut direct, reason): (Arc<dyn IoBackend>, String, bool, String) =
             match &opts.backend {
                 BackendChoice::Auto => {
-                    let facts = auto::gather(ckpt, &ids, bytes_selected, streaming, mapped);
+                    let facts = auto::gather(ckpt, selected, streaming, mapped);
                     let choice = auto::choose(&facts);
                     let backend = by_name(choice.backend)?;
                     let name = backend.name().to_owned();
@@ -700,7 +721,9 @@ impl<'c> Session<'c> {
                     let backend = by_name(n)?;
                     (backend, n.clone(), false, format!("backend {n} requested"))
                 }
-                BackendChoice::Custom(b) => (Arc::clone(b), b.name().to_owned(), false, "custom backend".to_owned()),
+                BackendChoice::Custom(b) => {
+                    (Arc::clone(b), b.name().to_owned(), false, "custom backend".to_owned())
+                }
             };
         if let Err(reason) = backend.available() {
             return Err(LoadError::BackendUnavailable { backend: backend_name, reason });
@@ -848,7 +871,9 @@ impl<'c> Session<'c> {
         let wp = tracker.wp;
         let path = sources.get(e.file as usize).map_or_else(PathBuf::new, |s| s.path.clone());
         let covering = wp.plan.reads().iter().find(|r| {
-            r.file == e.file && r.offset_bytes <= e.offset_bytes && e.offset_bytes < r.offset_bytes + r.len_bytes.max(1)
+            r.file == e.file
+                && r.offset_bytes <= e.offset_bytes
+                && e.offset_bytes < r.offset_bytes + r.len_bytes.max(1)
         });
         let tensor = covering
             .and_then(|r| {
@@ -991,7 +1016,8 @@ unsafe impl Destination for SubDest<'_> {
         unsafe { self.parent.host_ptr().add(self.base_bytes as usize) }
     }
     fn align_bytes(&self) -> u64 {
-        let base_align = if self.base_bytes == 0 { Arena::ALIGN_BYTES } else { 1 << self.base_bytes.trailing_zeros() };
+        let base_align =
+            if self.base_bytes == 0 { Arena::ALIGN_BYTES } else { 1 << self.base_bytes.trailing_zeros() };
         base_align.min(Arena::ALIGN_BYTES)
     }
     fn on_landed(&self, offset_bytes: u64, len_bytes: u64) -> std::io::Result<()> {

@@ -490,7 +490,7 @@ impl IoBackend for MmapBackend {
         let maps = MappedFiles { maps, paths: job.files.iter().map(|f| f.path.clone()).collect() };
         // Sequential advice over each file queue's span. Advice is only a hint: failures are ignored.
         for q in job.plan.queues() {
-            let queue_reads = &reads[q.reads.start as usize..q.reads.end as usize];
+            let queue_reads = reads.get(q.reads.start as usize..q.reads.end as usize).unwrap_or(&[]);
             let start = queue_reads.iter().map(|r| r.offset_bytes).min();
             let end = queue_reads.iter().map(|r| r.offset_bytes + r.len_bytes).max();
             if let (Some(start), Some(end)) = (start, end) {

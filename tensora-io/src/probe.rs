@@ -21,6 +21,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -147,10 +148,26 @@ impl ResidencySample {
 /// [`RESIDENCY_SAMPLE_WINDOWS_MAX`] evenly spaced windows of [`RESIDENCY_WINDOW_PAGES`] pages.
 /// Maps the file (no page is touched), so the cost is independent of the file size.
 pub fn residency_sample(file: &File, len_bytes: u64) -> io::Result<ResidencySample> {
-    if len_bytes == 0 {
+    residency_sample_ranges(file, len_bytes, std::slice::from_ref(&(0..len_bytes)))
+}
+
+/// Like [`residency_sample`], but the windows are spread evenly over `ranges` (e.g. the selected
+/// tensors of a file of `file_len_bytes`); parts of ranges past the end of the file are ignored.
+pub fn residency_sample_ranges(
+    file: &File,
+    file_len_bytes: u64,
+    ranges: &[Range<u64>],
+) -> io::Result<ResidencySample> {
+    let clamped: Vec<Range<u64>> = ranges
+        .iter()
+        .map(|r| r.start.min(file_len_bytes)..r.end.min(file_len_bytes))
+        .filter(|r| r.start < r.end)
+        .collect();
+    let total_bytes: u64 = clamped.iter().map(|r| r.end - r.start).sum();
+    if total_bytes == 0 {
         return Ok(ResidencySample::default());
     }
-    let map_len = usize::try_from(len_bytes)
+    let map_len = usize::try_from(file_len_bytes)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file larger than address space"))?;
     // SAFETY: a read-only shared mapping of a descriptor we borrow; the mapping is never read
     // (mincore only queries page-table state), so a concurrent truncation cannot fault us.
@@ -160,19 +177,35 @@ pub fn residency_sample(file: &File, len_bytes: u64) -> io::Result<ResidencySamp
     if addr == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    let pages_total = len_bytes.div_ceil(PAGE_BYTES);
-    let windows = RESIDENCY_SAMPLE_WINDOWS_MAX.min(pages_total.div_ceil(RESIDENCY_WINDOW_PAGES)).max(1);
-    let stride_pages = pages_total / windows;
+    let pages_file = file_len_bytes.div_ceil(PAGE_BYTES);
+    let windows =
+        RESIDENCY_SAMPLE_WINDOWS_MAX.min(total_bytes.div_ceil(PAGE_BYTES * RESIDENCY_WINDOW_PAGES)).max(1);
     let mut vec = [0u8; RESIDENCY_WINDOW_PAGES as usize];
     let mut sample = ResidencySample::default();
     let mut result = Ok(());
+    let mut last_page_end = 0u64;
     for w in 0..windows {
-        let first_page = w * stride_pages;
-        let pages = RESIDENCY_WINDOW_PAGES.min(pages_total - first_page);
-        if pages == 0 {
+        // The byte `total * w / windows` of the concatenated ranges, located in its range.
+        let mut target = (u128::from(total_bytes) * u128::from(w) / u128::from(windows)) as u64;
+        let Some(range) = clamped.iter().find(|r| {
+            let len = r.end - r.start;
+            if target < len {
+                true
+            } else {
+                target -= len;
+                false
+            }
+        }) else {
+            break;
+        };
+        let first_page = ((range.start + target) / PAGE_BYTES).max(last_page_end);
+        let range_end_page = range.end.div_ceil(PAGE_BYTES).min(pages_file);
+        if first_page >= range_end_page {
             continue;
         }
-        // SAFETY: `first_page + pages <= pages_total`, so the queried range lies inside our mapping
+        let pages = RESIDENCY_WINDOW_PAGES.min(range_end_page - first_page);
+        last_page_end = first_page + pages;
+        // SAFETY: `first_page + pages <= pages_file`, so the queried range lies inside our mapping
         // (mincore accepts a final partial page); `vec` has room for `pages` entries.
         let rc = unsafe {
             libc::mincore(
@@ -209,11 +242,35 @@ mod tests {
         f.write_all(&vec![3u8; 1 << 20]).unwrap();
         f.as_file().sync_all().unwrap();
         let s = residency_sample(f.as_file(), 1 << 20).unwrap();
-        assert!(s.sampled_pages > 0 && s.sampled_pages <= RESIDENCY_SAMPLE_WINDOWS_MAX * RESIDENCY_WINDOW_PAGES);
+        assert!(
+            s.sampled_pages > 0 && s.sampled_pages <= RESIDENCY_SAMPLE_WINDOWS_MAX * RESIDENCY_WINDOW_PAGES
+        );
         evict_file_cache(f.as_file()).unwrap();
         let after = residency_sample(f.as_file(), 1 << 20).unwrap();
         assert!(after.resident_pages <= s.resident_pages);
         assert!(after.fraction() <= 1.0);
+    }
+
+    #[test]
+    fn range_samples_see_only_the_ranges() {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(&vec![3u8; 4 << 20]).unwrap();
+        f.as_file().sync_all().unwrap();
+        evict_file_cache(f.as_file()).unwrap();
+        // Read the first MiB back: only it can be resident now.
+        let mut buf = vec![0u8; 1 << 20];
+        std::os::unix::fs::FileExt::read_exact_at(f.as_file(), &mut buf, 0).unwrap();
+        let hot = residency_sample_ranges(f.as_file(), 4 << 20, &[0..(1 << 20)]).unwrap();
+        assert!(hot.sampled_pages > 0);
+        assert_eq!(hot.resident_pages, hot.sampled_pages, "just read: resident");
+        // Ranges past EOF are clamped, empty ranges sample nothing.
+        let none = residency_sample_ranges(f.as_file(), 4 << 20, &[(8 << 20)..(9 << 20), 5..5]).unwrap();
+        assert_eq!(none, ResidencySample::default());
+        let many: Vec<Range<u64>> = (0..100).map(|i| i * 40_000..i * 40_000 + 100).collect();
+        let s = residency_sample_ranges(f.as_file(), 4 << 20, &many).unwrap();
+        assert!(
+            s.sampled_pages >= 1 && s.sampled_pages <= RESIDENCY_SAMPLE_WINDOWS_MAX * RESIDENCY_WINDOW_PAGES
+        );
     }
 
     #[test]

@@ -90,7 +90,10 @@ impl Faults {
 
     /// Counters accumulated since `earlier`.
     pub fn since(self, earlier: Faults) -> Faults {
-        Faults { minor: self.minor.saturating_sub(earlier.minor), major: self.major.saturating_sub(earlier.major) }
+        Faults {
+            minor: self.minor.saturating_sub(earlier.minor),
+            major: self.major.saturating_sub(earlier.major),
+        }
     }
 }
 
@@ -118,8 +121,21 @@ mod tests {
         assert_eq!(r.seconds, 1.0);
         assert_eq!(r.gbps, 2.0);
         let json = serde_json::to_value(&r).unwrap();
-        for key in ["backend", "reason", "bytes_selected", "bytes_read", "seconds", "gbps", "phases",
-            "peak_inflight_bytes", "retries", "minor_faults", "major_faults", "peak_rss_bytes", "tensors"] {
+        for key in [
+            "backend",
+            "reason",
+            "bytes_selected",
+            "bytes_read",
+            "seconds",
+            "gbps",
+            "phases",
+            "peak_inflight_bytes",
+            "retries",
+            "minor_faults",
+            "major_faults",
+            "peak_rss_bytes",
+            "tensors",
+        ] {
             assert!(json.get(key).is_some(), "{key}");
         }
         let mut empty = LoadReport::default();
@@ -136,6 +152,9 @@ mod tests {
         let v = vec![1u8; 8 << 20];
         assert_eq!(v.iter().map(|&b| u64::from(b)).sum::<u64>(), 8 << 20);
         assert!(Faults::now().since(before).minor > 0, "touching 8 MiB of fresh memory faults");
-        assert_eq!(Faults { minor: 1, major: 1 }.since(Faults { minor: 5, major: 0 }), Faults { minor: 0, major: 1 });
+        assert_eq!(
+            Faults { minor: 1, major: 1 }.since(Faults { minor: 5, major: 0 }),
+            Faults { minor: 0, major: 1 }
+        );
     }
 }

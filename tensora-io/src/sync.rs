@@ -1,9 +1,10 @@
 //! The `sync` backend: a bounded pool of scoped std threads doing positional reads (`pread`) into
 //! the destination.
 //!
-//! Workers pull reads from the plan's per-file queues. Worker `w` starts on queue `w mod files` and,
-//! when that queue runs dry, moves on to the next queue with work, so several files stay busy at
-//! once and a single file is shared by all workers (each read is positional, so there is no shared
+//! Workers pull reads from the plan's per-file queues. Worker `w` starts on queue `w mod files`
+//! (queue 0, the most urgent, under a priority order) and, when that queue runs dry, moves on to the
+//! next queue with work, so several files stay busy at once and a single file is shared by all
+//! workers (each read is positional, so there is no shared
 //! cursor). Before a read is issued its bytes are acquired from the job's [`Budget`]; the permit is
 //! released once the read has landed.
 //!
@@ -142,14 +143,24 @@ impl Shared<'_> {
     }
 
     fn worker(&self, worker_index: usize) {
+        // File order: spread workers over files. Priority order: everyone starts on the most
+        // urgent queue and moves on only when it runs dry.
         let queue_count = self.job.plan.queues().len().max(1);
-        let home = worker_index % queue_count;
+        let home = match self.job.plan.order() {
+            tensora_plan::Order::File => worker_index % queue_count,
+            tensora_plan::Order::Priority(_) => 0,
+        };
         loop {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
             if self.job.cancel.load(Ordering::Acquire) {
-                self.fail(ReadError { file: 0, offset_bytes: 0, len_bytes: 0, kind: ReadErrorKind::Cancelled });
+                self.fail(ReadError {
+                    file: 0,
+                    offset_bytes: 0,
+                    len_bytes: 0,
+                    kind: ReadErrorKind::Cancelled,
+                });
                 return;
             }
             let Some(read_index) = self.claim(home) else { return };
@@ -215,7 +226,8 @@ impl Shared<'_> {
         offset_bytes: u64,
     ) -> Result<(), (ReadErrorKind, u64)> {
         let mut done_bytes = 0;
-        self.fill_loop(file, file_index, buf, offset_bytes, &mut done_bytes).map_err(|kind| (kind, done_bytes))
+        self.fill_loop(file, file_index, buf, offset_bytes, &mut done_bytes)
+            .map_err(|kind| (kind, done_bytes))
     }
 
     fn fill_loop(
@@ -236,12 +248,14 @@ impl Shared<'_> {
             }
             let pos = offset_bytes + done as u64;
             let rest = &mut buf[done..];
-            let aligned = pos % DIRECT_BLOCK_BYTES == 0
-                && (rest.len() as u64) % DIRECT_BLOCK_BYTES == 0
-                && (rest.as_ptr() as usize as u64) % DIRECT_BLOCK_BYTES == 0;
+            let aligned = pos.is_multiple_of(DIRECT_BLOCK_BYTES)
+                && (rest.len() as u64).is_multiple_of(DIRECT_BLOCK_BYTES)
+                && (rest.as_ptr() as usize as u64).is_multiple_of(DIRECT_BLOCK_BYTES);
             let direct_now = use_direct && aligned;
             match self.reader.read_at(file, file_index, rest, pos, direct_now) {
-                Ok(0) => return Err(ReadErrorKind::UnexpectedEof { read_bytes: done as u64, expected_bytes }),
+                Ok(0) => {
+                    return Err(ReadErrorKind::UnexpectedEof { read_bytes: done as u64, expected_bytes });
+                }
                 Ok(n) => {
                     done += n.min(rest.len());
                     *done_out = done as u64;

@@ -5,10 +5,10 @@
 //! # Memory safety of in-flight reads
 //!
 //! The kernel writes into the destination asynchronously, so the destination must outlive every
-//! submitted read. Each ring lives in a guard ([`Ring`]) whose `Drop` waits for every outstanding
-//! completion before the ring is torn down. The guard is dropped on every exit path of a worker:
-//! normal completion, a read error, a stop from the completion sink, cancellation and unwinding
-//! from a panic. Because [`IoBackend::execute`] only returns after every worker has returned (the
+//! submitted read. Each ring lives in a guard (a private `Ring`) whose `Drop` waits for every
+//! outstanding completion before the ring is torn down. The guard is dropped on every exit path of
+//! a worker: normal completion, a read error, a stop from the completion sink, cancellation and
+//! unwinding from a panic. Because [`IoBackend::execute`] only returns after every worker has returned (the
 //! workers are scoped threads), no read can still target the destination once `execute` returns.
 //! If the kernel ever refused to hand back completions (it does not in practice), the guard aborts
 //! the process rather than let memory be freed under a live read.
@@ -650,7 +650,8 @@ impl Ring {
                     failures += 1;
                     if failures > ENTER_FAILURES_MAX {
                         eprintln!(
-                            "tensora-io: io_uring completions cannot be drained ({e}); aborting to protect memory"
+                            "tensora-io: io_uring completions cannot be drained ({e}); \
+                             aborting to protect memory"
                         );
                         std::process::abort();
                     }
@@ -1018,9 +1019,8 @@ mod tests {
         assert!(matches!(outcome, Outcome::Pending));
         assert!(ring.slots[0].is_none());
         let err = state.finish(vec![stats]).unwrap_err();
-        assert!(
-            matches!(err.kind, ReadErrorKind::UnexpectedEof { read_bytes: 0, expected_bytes } if expected_bytes == LEN as u64)
-        );
+        assert!(matches!(err.kind, ReadErrorKind::UnexpectedEof { read_bytes: 0, expected_bytes }
+                if expected_bytes == LEN as u64));
     }
 
     #[test]
@@ -1064,7 +1064,11 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(128))]
 
         #[test]
-        fn direct_alignment_requires_all_three(ptr in 0usize..1 << 20, off in 0u64..1 << 20, len in 0u64..1 << 20) {
+        fn direct_alignment_requires_all_three(
+            ptr in 0usize..1 << 20,
+            off in 0u64..1 << 20,
+            len in 0u64..1 << 20,
+        ) {
             let align = 4096;
             let ok = direct_aligned(ptr as *const u8, off, len, align);
             prop_assert_eq!(ok, ptr % 4096 == 0 && off % 4096 == 0 && len % 4096 == 0);

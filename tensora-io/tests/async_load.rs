@@ -151,10 +151,20 @@ proptest! {
         let extents: Vec<Extent> = picked
             .iter()
             .enumerate()
-            .map(|(tag, &(file, offset_bytes, len_bytes))| Extent { file: file as u32, offset_bytes, len_bytes, tag: tag as u32 })
+            .map(|(tag, &(file, offset_bytes, len_bytes))| Extent {
+                file: file as u32,
+                offset_bytes,
+                len_bytes,
+                tag: tag as u32,
+            })
             .collect();
         let align_bytes = if direct { 4096 } else { 1 };
-        let config = PlanConfig { align_bytes, chunk_bytes: chunk_kib * 4096, coalesce_gap_bytes: 8192, budget_bytes: 1 << 20 };
+        let config = PlanConfig {
+            align_bytes,
+            chunk_bytes: chunk_kib * 4096,
+            coalesce_gap_bytes: 8192,
+            budget_bytes: 1 << 20,
+        };
         let file_lens: Vec<u64> = lens.iter().map(|&l| l as u64).collect();
         let plan = Plan::build_with_file_lens(&extents, &config, &Order::File, &file_lens).unwrap();
         let sources: Vec<SourceFile> = files.iter().map(|f| clone_source(&f.source)).collect();

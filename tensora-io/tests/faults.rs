@@ -12,7 +12,10 @@ use tensora_io::fault::{Fault, FaultySource};
 use tensora_io::{BackendChoice, LoadError, LoadOptions, ReadErrorKind, load, load_streaming};
 
 fn faulty(faults: Vec<Fault>) -> LoadOptions {
-    LoadOptions { backend: BackendChoice::Custom(FaultySource::new(faults).into_backend()), ..LoadOptions::default() }
+    LoadOptions {
+        backend: BackendChoice::Custom(FaultySource::new(faults).into_backend()),
+        ..LoadOptions::default()
+    }
 }
 
 fn sync() -> LoadOptions {
@@ -31,7 +34,11 @@ fn transient_faults_are_retried_and_the_data_is_right() {
     let opts = LoadOptions {
         chunk_bytes: 8 << 10,
         threads: 2,
-        ..faulty(vec![Fault::Interrupted { times: 4 }, Fault::WouldBlock { times: 3 }, Fault::Short { times: 5 }])
+        ..faulty(vec![
+            Fault::Interrupted { times: 4 },
+            Fault::WouldBlock { times: 3 },
+            Fault::Short { times: 5 },
+        ])
     };
     let loaded = load(&ckpt, &opts).unwrap();
     for t in loaded.tensors() {
@@ -77,7 +84,10 @@ fn eio_fails_the_load_naming_the_tensor_that_holds_the_offset() {
     let t1 = ckpt.tensor("s0.t1").unwrap();
     let bad_offset = t1.offset_bytes() + 5000;
     for streaming in [false, true] {
-        let opts = LoadOptions { chunk_bytes: 4 << 10, ..faulty(vec![Fault::Eio { file: 0, offset_bytes: bad_offset }]) };
+        let opts = LoadOptions {
+            chunk_bytes: 4 << 10,
+            ..faulty(vec![Fault::Eio { file: 0, offset_bytes: bad_offset }])
+        };
         let err = if streaming {
             load_streaming(&ckpt, &opts, |_| Ok(())).unwrap_err()
         } else {
@@ -147,7 +157,7 @@ fn sparse_files_are_refused_unless_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let header = br#"{"w":{"dtype":"U8","shape":[8388608],"data_offsets":[0,8388608]}}"#;
     let mut header = header.to_vec();
-    while (8 + header.len()) % 8 != 0 {
+    while !(8 + header.len()).is_multiple_of(8) {
         header.push(b' ');
     }
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();

@@ -51,7 +51,12 @@ fn every_backend_matches_expected_digests_on_real_fixtures() {
         for name in runnable_backends() {
             for io_mode in [IoMode::Buffered, IoMode::Direct] {
                 let opts = LoadOptions { io_mode, ..named(name) };
-                assert_eq!(digests_owned(&ckpt, &opts), expected, "{name} {io_mode:?} owned {}", path.display());
+                assert_eq!(
+                    digests_owned(&ckpt, &opts),
+                    expected,
+                    "{name} {io_mode:?} owned {}",
+                    path.display()
+                );
                 let opts = LoadOptions { budget_bytes: 8 << 10, chunk_bytes: 4 << 10, ..opts };
                 assert_eq!(digests_streaming(&ckpt, &opts), expected, "{name} {io_mode:?} streaming");
             }
@@ -181,7 +186,9 @@ fn hook_and_callback_errors_stop_the_load() {
     let g = generate_mixed(9);
     let ckpt = g.open();
     let opts = LoadOptions {
-        on_tensor: Some(Arc::new(|t| if t.name() == "s1.t2" { Err("digest mismatch".into()) } else { Ok(()) })),
+        on_tensor: Some(Arc::new(
+            |t| if t.name() == "s1.t2" { Err("digest mismatch".into()) } else { Ok(()) },
+        )),
         ..named("sync")
     };
     match load(&ckpt, &opts) {
@@ -232,7 +239,7 @@ fn a_misaligned_tensor_is_refused_not_reinterpreted() {
     let dir = tempfile::tempdir().unwrap();
     let header = br#"{"pad":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"x":{"dtype":"F32","shape":[2],"data_offsets":[2,10]}}"#;
     let mut header = header.to_vec();
-    while (8 + header.len()) % 8 != 0 {
+    while !(8 + header.len()).is_multiple_of(8) {
         header.push(b' ');
     }
     let mut file = (header.len() as u64).to_le_bytes().to_vec();

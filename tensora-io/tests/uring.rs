@@ -152,10 +152,20 @@ proptest! {
         let extents: Vec<Extent> = picked
             .iter()
             .enumerate()
-            .map(|(tag, &(file, offset_bytes, len_bytes))| Extent { file: file as u32, offset_bytes, len_bytes, tag: tag as u32 })
+            .map(|(tag, &(file, offset_bytes, len_bytes))| Extent {
+                file: file as u32,
+                offset_bytes,
+                len_bytes,
+                tag: tag as u32,
+            })
             .collect();
         let align_bytes = if direct { 4096 } else { 1 };
-        let config = PlanConfig { align_bytes, chunk_bytes: chunk_kib * 4096, coalesce_gap_bytes: 8192, budget_bytes: 1 << 20 };
+        let config = PlanConfig {
+            align_bytes,
+            chunk_bytes: chunk_kib * 4096,
+            coalesce_gap_bytes: 8192,
+            budget_bytes: 1 << 20,
+        };
         let file_lens: Vec<u64> = lens.iter().map(|&l| l as u64).collect();
         let plan = Plan::build_with_file_lens(&extents, &config, &Order::File, &file_lens).unwrap();
         let sources: Vec<SourceFile> = files.iter().map(|f| clone_source(&f.source)).collect();
@@ -340,4 +350,64 @@ fn deep_queue_large_file_many_reads() {
         check_bytes(&mut run, &plan, &extents, std::slice::from_ref(&file));
         assert!(run.budget.peak_bytes() <= 1 << 20);
     }
+}
+
+/// An arena whose `on_landed` fails after a number of reads (a device sink whose copy failed).
+struct FailingSink {
+    arena: Arena,
+    landed: AtomicUsize,
+    fail_after: usize,
+}
+
+// SAFETY: every method delegates to the arena, which upholds the `Destination` contract.
+unsafe impl tensora_io::Destination for FailingSink {
+    fn len_bytes(&self) -> u64 {
+        tensora_io::Destination::len_bytes(&self.arena)
+    }
+    fn host_ptr(&self) -> std::ptr::NonNull<u8> {
+        self.arena.host_ptr()
+    }
+    fn align_bytes(&self) -> u64 {
+        self.arena.align_bytes()
+    }
+    fn on_landed(&self, _offset_bytes: u64, _len_bytes: u64) -> std::io::Result<()> {
+        if self.landed.fetch_add(1, Ordering::SeqCst) >= self.fail_after {
+            return Err(std::io::Error::other("device copy failed"));
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_failing_destination_stops_the_run_before_the_sink_hears_of_the_read() {
+    let file = test_file(pattern(1 << 20, 12), 1 << 20, false);
+    let (_, plan) = one_extent_plan(1 << 20, 1);
+    let dest = FailingSink {
+        arena: Arena::with_len(plan.arena_len_bytes()).unwrap(),
+        landed: AtomicUsize::new(0),
+        fail_after: 2,
+    };
+    let budget = Budget::new(64 << 10);
+    let cancel = AtomicBool::new(false);
+    let reported = AtomicUsize::new(0);
+    let sink = FnSink(|_| {
+        reported.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    });
+    let job = Job {
+        plan: &plan,
+        files: std::slice::from_ref(&file.source),
+        dest: &dest,
+        budget: &budget,
+        threads: 2,
+        queue_depth: 4,
+        direct: false,
+        cancel: &cancel,
+        retries_max: 4,
+    };
+    let err = UringBackend::default().execute(&job, &sink).unwrap_err();
+    assert!(matches!(err.kind, ReadErrorKind::Io(ref e) if e.to_string() == "device copy failed"), "{err}");
+    // Only reads whose landing succeeded were reported.
+    assert!(reported.load(Ordering::SeqCst) <= 3, "{}", reported.load(Ordering::SeqCst));
+    assert_eq!(budget.in_use_bytes(), 0);
 }

@@ -144,15 +144,22 @@ impl Plan {
             next,
             self.pieces().len()
         );
-        let mut covered: Vec<Vec<(u64, u64)>> = vec![Vec::new(); extents.len()];
+        // (extent, offset in extent, length) of every piece; sorted, they must tile each extent.
+        let mut covered: Vec<(usize, u64, u64)> = Vec::with_capacity(self.pieces().len());
         for (i, r) in reads.iter().enumerate() {
             for p in self.read_pieces(r) {
                 let x = *by_tag.get(&p.tag).ok_or(format!("read {i} carries unknown tag {}", p.tag))?;
                 let e = &extents[x];
                 ensure!(p.len_bytes > 0, "read {i} has an empty piece {p:?}");
                 ensure!(e.file == r.file, "read {i} of file {} carries {e:?}", r.file);
-                ensure!(p.read_offset_bytes + p.len_bytes <= r.len_bytes, "piece {p:?} overruns read {i}");
-                ensure!(p.extent_offset_bytes + p.len_bytes <= e.len_bytes, "piece {p:?} overruns {e:?}");
+                ensure!(
+                    p.read_offset_bytes.checked_add(p.len_bytes).is_some_and(|end| end <= r.len_bytes),
+                    "piece {p:?} overruns read {i}"
+                );
+                ensure!(
+                    p.extent_offset_bytes.checked_add(p.len_bytes).is_some_and(|end| end <= e.len_bytes),
+                    "piece {p:?} overruns {e:?}"
+                );
                 ensure!(
                     r.offset_bytes + p.read_offset_bytes == e.offset_bytes + p.extent_offset_bytes,
                     "piece {p:?} of read {i} is at the wrong file offset"
@@ -162,24 +169,26 @@ impl Plan {
                         == locations[x].arena_offset_bytes + p.extent_offset_bytes,
                     "piece {p:?} of read {i} disagrees with its location"
                 );
-                covered[x].push((p.extent_offset_bytes, p.len_bytes));
+                covered.push((x, p.extent_offset_bytes, p.len_bytes));
             }
         }
-        for (x, mut parts) in covered.into_iter().enumerate() {
-            ensure!(
-                parts.len() == locations[x].reads_total as usize,
-                "extent {:?}: reads_total {} but {} pieces",
-                extents[x],
-                locations[x].reads_total,
-                parts.len()
-            );
-            parts.sort_unstable();
+        covered.sort_unstable();
+        let mut c = 0;
+        for (x, e) in extents.iter().enumerate() {
             let mut at = 0;
-            for (off, len) in parts {
-                ensure!(off == at, "extent {:?} is not covered exactly once at byte {at}", extents[x]);
-                at += len;
+            let mut count = 0u32;
+            while c < covered.len() && covered[c].0 == x {
+                ensure!(covered[c].1 == at, "extent {e:?} is not covered exactly once at byte {at}");
+                at += covered[c].2;
+                count += 1;
+                c += 1;
             }
-            ensure!(at == extents[x].len_bytes, "extent {:?} covered only up to byte {at}", extents[x]);
+            ensure!(at == e.len_bytes, "extent {e:?} covered only up to byte {at}");
+            ensure!(
+                count == locations[x].reads_total,
+                "extent {e:?}: reads_total {} but {count} pieces",
+                locations[x].reads_total
+            );
         }
 
         // Per file: no overlap, and every unrequested byte justified.

@@ -115,8 +115,11 @@
 //!
 //! # Cost
 //!
-//! `Plan::build` is linear in the extents plus the reads and pieces: extents already in file
-//! order are copied once; others are radix-sorted on their packed `(file, offset)` key.
+//! `Plan::build` is linear in the extents plus the reads and pieces. Extents already in
+//! `(file, offset)` order (the order `Checkpoint::tensors()` yields) are read in place; a few
+//! long sorted runs (priority tensors first, then the rest) are merged; any other order is
+//! radix-sorted on a packed `(file, offset, index)` key. `cargo bench -p tensora-bench --bench plan`
+//! measures all of these at 1,000 to 1,000,000 extents.
 #![forbid(unsafe_code)]
 
 mod budget;
@@ -131,3 +134,23 @@ pub use error::PlanError;
 pub use plan::{EXTENTS_MAX, Order, PIECES_MAX, Plan, READS_MAX};
 pub use selection::{Matcher, Selection};
 pub use types::{ARENA_PERIOD_MIN_BYTES, Extent, FileQueue, Piece, PlanConfig, Read, TagLocation};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_sync_static<T: Send + Sync + 'static>() {}
+
+    /// Backends share plans and budgets across worker threads and move permits into tasks.
+    #[test]
+    fn shared_types_are_send_sync_and_static() {
+        send_sync_static::<Plan>();
+        send_sync_static::<Budget>();
+        send_sync_static::<Permit>();
+        send_sync_static::<Selection>();
+        send_sync_static::<Matcher>();
+        send_sync_static::<PlanError>();
+        fn future_is_send<F: std::future::Future + Send + 'static>(_: F) {}
+        future_is_send(Budget::new(1).acquire_async(1));
+    }
+}

@@ -103,6 +103,19 @@ impl PlanConfig {
         self.coalesce_gap_bytes.min(self.read_bytes_max())
     }
 
+    /// An upper bound on the arena bytes a plan adds per non-empty extent beyond
+    /// [`crate::Plan::bytes_selected`]: alignment padding on both sides (`2 × (align_bytes − 1)`),
+    /// one gap read through (below [`PlanConfig::coalesce_gap_effective_bytes`]) and the arena
+    /// shift that keeps file alignment (below [`PlanConfig::arena_period_bytes`]). So
+    /// `arena_len_bytes ≤ bytes_selected + extents × arena_slack_per_extent_bytes()`; a loader can
+    /// size windows or arenas before planning. Saturates instead of overflowing.
+    pub fn arena_slack_per_extent_bytes(&self) -> u64 {
+        let align_pad = self.align_bytes.saturating_sub(1).saturating_mul(2);
+        align_pad
+            .saturating_add(self.coalesce_gap_effective_bytes())
+            .saturating_add(self.arena_period_bytes() - 1)
+    }
+
     /// The arena keeps `arena offset ≡ file offset (mod arena_period_bytes())`:
     /// `max(4096, align_bytes)`. So a tensor aligned to N ≤ 4096 in its file is aligned to N in the
     /// arena, and every `O_DIRECT` read lands on a block-aligned address.
@@ -115,7 +128,7 @@ impl PlanConfig {
 pub const ARENA_PERIOD_MIN_BYTES: u64 = 4096;
 
 /// One positional read: `len_bytes` from `offset_bytes` of `file` into the arena at
-/// `arena_offset_bytes`. It carries `pieces` (indexes into [`Plan::pieces`]).
+/// `arena_offset_bytes`. It carries `pieces` (indexes into [`Plan::pieces`](crate::Plan::pieces)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Read {
     /// File id, as in the extents.
@@ -157,6 +170,6 @@ pub struct TagLocation {
 pub struct FileQueue {
     /// File id.
     pub file: u32,
-    /// Indexes into [`Plan::reads`], in issue order.
+    /// Indexes into [`Plan::reads`](crate::Plan::reads), in issue order.
     pub reads: Range<u32>,
 }

@@ -4,6 +4,7 @@
 //! `warm_load/none` vs `warm_load/<algo>`: `tensora_io::load` of a generated checkpoint (in a
 //! temporary directory, deleted afterwards) with and without digests fused through `on_tensor`.
 //! The goal is `warm_load/crc32c` >= 0.8x the throughput of `warm_load/none`.
+//! `scan/<algo>`: the `verify` integrity scan of the same checkpoint (warm page cache).
 //!
 //! Size of the generated checkpoint: `TENSORA_VERIFY_BENCH_BYTES` (default 256 MiB; the issue's
 //! measurement uses 1.5 GiB: `TENSORA_VERIFY_BENCH_BYTES=1610612736 cargo bench -p tensora-verify`).
@@ -18,6 +19,7 @@ use tensora_format::write::{SafetensorsLayout, TensorSpec, write_safetensors};
 use tensora_io::LoadOptions;
 use tensora_verify::Algo;
 use tensora_verify::fused::DigestCollector;
+use tensora_verify::scan::{ScanConfig, scan};
 
 const RAW_BYTES: usize = 64 << 20;
 const CHECKPOINT_BYTES_DEFAULT: u64 = 256 << 20;
@@ -88,6 +90,20 @@ fn warm_load(c: &mut Criterion) {
                 let loaded = tensora_io::load(&ckpt, &opts).expect("load");
                 black_box(collector.finish(&ckpt).expect("digests"));
                 loaded
+            });
+        });
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("scan");
+    g.throughput(Throughput::Bytes(ckpt.files()[0].len_bytes()));
+    g.sample_size(10).measurement_time(Duration::from_secs(8));
+    for algo in [Algo::Crc32c, Algo::Sha256] {
+        g.bench_function(algo.as_str(), |b| {
+            b.iter(|| {
+                let result = scan(&ckpt, &ScanConfig { algo, ..ScanConfig::default() });
+                assert!(result.is_clean());
+                black_box(result)
             });
         });
     }

@@ -329,10 +329,12 @@ mod tests {
     fn tensors_json_has_exactly_the_agreed_keys() {
         let m = sample(Algo::Sha256);
         let doc = m.tensors_json();
-        let keys: Vec<&String> = doc.as_object().unwrap().keys().collect();
+        let mut keys: Vec<&String> = doc.as_object().unwrap().keys().collect();
+        keys.sort();
         assert_eq!(keys, ["algo", "tensors"]);
         let entry = &doc["tensors"]["a.weight"];
-        let keys: Vec<&String> = entry.as_object().unwrap().keys().collect();
+        let mut keys: Vec<&String> = entry.as_object().unwrap().keys().collect();
+        keys.sort();
         assert_eq!(keys, ["dtype", "sha256", "shape"]);
         assert_eq!(entry["shape"], serde_json::json!([2, 3]));
     }

@@ -53,8 +53,11 @@ pub struct ScanConfig {
     pub algo: Algo,
     /// Size of one read and of each worker's buffer.
     pub chunk_bytes: usize,
-    /// Files scanned at once (each by its own thread). At least 1.
+    /// Worker threads. At least 1.
     pub threads: usize,
+    /// Target length of one unit of work (a run of whole tensors of one file); a file larger than
+    /// this is read by several threads at once.
+    pub segment_bytes: u64,
     /// Bound on retries of `EINTR`/`EAGAIN` for one read. A short read is not an error: the scan
     /// continues from where it ended.
     pub retries_max: u32,
@@ -66,6 +69,7 @@ impl Default for ScanConfig {
             algo: Algo::default(),
             chunk_bytes: 8 << 20,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()).min(4),
+            segment_bytes: 256 << 20,
             retries_max: 8,
         }
     }
@@ -176,7 +180,12 @@ pub fn scan(ckpt: &Checkpoint, config: &ScanConfig) -> Scan {
     scan_with(ckpt, config, &open, None)
 }
 
-/// [`scan`] through a caller-chosen opener (e.g. a fault-injecting layer).
+/// [`scan`] through a caller-chosen opener (e.g. a fault-injecting layer), reporting progress.
+///
+/// Work is split into segments: runs of whole tensors of about [`ScanConfig::segment_bytes`]
+/// (never splitting a tensor, whose digest is a stream), together covering every byte of every
+/// file. Workers take segments from a shared queue, so one large file is read and hashed by
+/// several threads.
 pub fn scan_with(
     ckpt: &Checkpoint,
     config: &ScanConfig,
@@ -184,45 +193,143 @@ pub fn scan_with(
     progress: Option<Progress<'_>>,
 ) -> Scan {
     let chunk_bytes = config.chunk_bytes.max(1);
-    let threads = config.threads.clamp(1, ckpt.files().len().max(1));
-    let n_files = ckpt.files().len();
-    let next_file = Mutex::new(0usize);
-    let results: Mutex<Vec<FileResult>> = Mutex::new(Vec::with_capacity(n_files));
+    let mut digests = vec![None; ckpt.tensors().len()];
+    let mut segments = Vec::new();
+    for id in 0..ckpt.files().len() {
+        segments.extend(plan_segments(ckpt, FileId(id as u32), config, &mut digests));
+    }
+    let threads = config.threads.clamp(1, segments.len().max(1));
+    let next = Mutex::new(0usize);
+    let results: Mutex<Vec<SegmentResult>> = Mutex::new(Vec::with_capacity(segments.len()));
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
                 let mut buf = vec![0u8; chunk_bytes];
                 loop {
                     let i = {
-                        let mut next = next_file.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut next = next.lock().unwrap_or_else(|e| e.into_inner());
                         let i = *next;
                         *next += 1;
                         i
                     };
-                    if i >= n_files {
-                        break;
-                    }
-                    let r = scan_file(ckpt, FileId(i as u32), config, open, progress, &mut buf);
+                    let Some(segment) = segments.get(i) else { break };
+                    let r = scan_segment(ckpt, segment, config, open, progress, &mut buf);
                     results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
                 }
             });
         }
     });
     let mut results = results.into_inner().unwrap_or_else(|e| e.into_inner());
-    results.sort_by_key(|(f, _)| f.file);
-    let mut digests = vec![None; ckpt.tensors().len()];
-    let mut files = Vec::with_capacity(n_files);
-    for (f, ds) in results {
+    results.sort_by_key(|r| (r.file, r.start));
+
+    let mut files: Vec<FileScan> = ckpt
+        .files()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| FileScan {
+            file: FileId(i as u32),
+            path: f.path().to_path_buf(),
+            expected_len_bytes: f.len_bytes(),
+            read_bytes: 0,
+            allocated_bytes: None,
+            retries: 0,
+            problem: None,
+        })
+        .collect();
+    let mut file_digests: Vec<Vec<(usize, Digest)>> = vec![Vec::new(); files.len()];
+    for r in results {
+        let f = &mut files[r.file.index()];
+        f.read_bytes += r.read_bytes;
+        f.retries += r.retries;
+        f.allocated_bytes = f.allocated_bytes.or(r.allocated_bytes);
+        if let Some(p) = r.problem
+            && f.problem.as_ref().is_none_or(|old| p.rank() < old.rank())
+        {
+            f.problem = Some(p);
+        }
+        file_digests[r.file.index()].extend(r.digests);
+    }
+    for (f, ds) in files.iter().zip(file_digests) {
+        // Digests of tensors in a file that changed under us mean nothing; tensors read whole
+        // before a read error or the end of a truncated file keep theirs.
+        if matches!(f.problem, Some(FileProblem::Changed { .. })) {
+            continue;
+        }
         for (i, d) in ds {
             digests[i] = Some(d);
         }
-        files.push(f);
     }
     Scan { algo: config.algo, files, digests }
 }
 
-/// One file's scan and the digests `(tensor index, digest)` it produced.
-type FileResult = (FileScan, Vec<(usize, Digest)>);
+impl FileProblem {
+    /// Which problem a file reports when its segments found several: the most basic one, then
+    /// the one nearest the start of the file.
+    fn rank(&self) -> (u8, u64) {
+        match self {
+            FileProblem::Open(_) => (0, 0),
+            FileProblem::Changed { .. } => (1, 0),
+            FileProblem::Truncated { actual_len_bytes, .. } => (2, *actual_len_bytes),
+            FileProblem::Read { offset_bytes, .. } => (3, *offset_bytes),
+        }
+    }
+}
+
+/// A byte range of one file and the tensors that start in it, `(index, start, end)` by start.
+#[derive(Debug)]
+struct Segment {
+    file: FileId,
+    start: u64,
+    end: u64,
+    tensors: Vec<(usize, u64, u64)>,
+}
+
+/// What one segment's scan found.
+struct SegmentResult {
+    file: FileId,
+    start: u64,
+    read_bytes: u64,
+    retries: u64,
+    allocated_bytes: Option<u64>,
+    problem: Option<FileProblem>,
+    digests: Vec<(usize, Digest)>,
+}
+
+/// Cut `[0, len)` of a file into segments at tensor starts that no earlier tensor spans, each at
+/// least `segment_bytes` long (the last takes the rest). Empty tensors are digested here.
+fn plan_segments(
+    ckpt: &Checkpoint,
+    id: FileId,
+    config: &ScanConfig,
+    digests: &mut [Option<Digest>],
+) -> Vec<Segment> {
+    let len = ckpt.file(id).len_bytes();
+    let mut tensors: Vec<(usize, u64, u64)> = Vec::new();
+    for (i, t) in ckpt.tensors().iter().enumerate().filter(|(_, t)| t.file() == id) {
+        if t.nbytes() == 0 {
+            digests[i] = Some(config.algo.digest(&[]));
+        } else {
+            tensors.push((i, t.offset_bytes(), t.offset_bytes() + t.nbytes()));
+        }
+    }
+    tensors.sort_by_key(|&(_, start, end)| (start, end));
+    let segment_bytes = config.segment_bytes.max(1);
+    let mut segments = Vec::new();
+    let mut current = Segment { file: id, start: 0, end: len, tensors: Vec::new() };
+    let mut spanned_to = 0u64;
+    for &(i, start, end) in &tensors {
+        if start >= spanned_to && start - current.start >= segment_bytes {
+            let rest = Segment { file: id, start, end: len, tensors: Vec::new() };
+            let mut done = std::mem::replace(&mut current, rest);
+            done.end = start;
+            segments.push(done);
+        }
+        current.tensors.push((i, start, end));
+        spanned_to = spanned_to.max(end);
+    }
+    segments.push(current);
+    segments
+}
 
 /// One tensor being hashed as the file streams past.
 struct Active {
@@ -232,47 +339,29 @@ struct Active {
     hasher: Hasher,
 }
 
-fn scan_file(
+fn scan_segment(
     ckpt: &Checkpoint,
-    id: FileId,
+    seg: &Segment,
     config: &ScanConfig,
     open: Opener<'_>,
     progress: Option<Progress<'_>>,
     buf: &mut [u8],
-) -> FileResult {
-    let entry = ckpt.file(id);
-    let mut out = FileScan {
-        file: id,
-        path: entry.path().to_path_buf(),
-        expected_len_bytes: entry.len_bytes(),
+) -> SegmentResult {
+    let entry = ckpt.file(seg.file);
+    let mut out = SegmentResult {
+        file: seg.file,
+        start: seg.start,
         read_bytes: 0,
-        allocated_bytes: None,
         retries: 0,
+        allocated_bytes: None,
         problem: None,
+        digests: Vec::with_capacity(seg.tensors.len()),
     };
-    // Tensors of this file by start offset; `Checkpoint::tensors` is ordered by (file, offset).
-    let mut pending: Vec<(usize, u64, u64)> = ckpt
-        .tensors()
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| t.file() == id)
-        .map(|(i, t)| (i, t.offset_bytes(), t.offset_bytes() + t.nbytes()))
-        .collect();
-    pending.sort_by_key(|&(_, start, _)| start);
-    let mut done = Vec::with_capacity(pending.len());
-    // Empty tensors need no bytes.
-    pending.retain(|&(i, start, end)| {
-        if start == end {
-            done.push((i, config.algo.digest(&[])));
-        }
-        start != end
-    });
-
-    let file = match open(id, entry.path()) {
+    let file = match open(seg.file, entry.path()) {
         Ok(f) => f,
         Err(e) => {
             out.problem = Some(FileProblem::Open(e));
-            return (out, done);
+            return out;
         }
     };
     let before = entry.stamp();
@@ -282,29 +371,31 @@ fn scan_file(
                 expected_len_bytes: before.len_bytes,
                 actual_len_bytes: now.len_bytes,
             });
-            return (out, done);
+            return out;
         }
         Ok(now) if now != before => {
             out.problem = Some(FileProblem::Changed { before, after: now });
-            return (out, done);
+            return out;
         }
         Ok(_) => {}
         Err(e) => {
-            out.problem = Some(FileProblem::Read { offset_bytes: 0, error: e });
-            return (out, done);
+            out.problem = Some(FileProblem::Read { offset_bytes: seg.start, error: e });
+            return out;
         }
     }
     out.allocated_bytes = file.allocated_bytes().ok().flatten();
 
-    let len = before.len_bytes;
     let mut active: Vec<Active> = Vec::new();
     let mut next_pending = 0;
-    let mut pos = 0u64;
-    while pos < len {
-        let want = (len - pos).min(buf.len() as u64) as usize;
+    let mut pos = seg.start;
+    while pos < seg.end {
+        let want = (seg.end - pos).min(buf.len() as u64) as usize;
         let got = match read_retrying(&*file, &mut buf[..want], pos, config.retries_max, &mut out.retries) {
             Ok(0) => {
-                out.problem = Some(FileProblem::Truncated { expected_len_bytes: len, actual_len_bytes: pos });
+                out.problem = Some(FileProblem::Truncated {
+                    expected_len_bytes: before.len_bytes,
+                    actual_len_bytes: pos,
+                });
                 break;
             }
             Ok(n) => n,
@@ -317,8 +408,8 @@ fn scan_file(
         if let Some(p) = progress {
             p(got as u64);
         }
-        while next_pending < pending.len() && pending[next_pending].1 < chunk_end {
-            let (index, start, end) = pending[next_pending];
+        while next_pending < seg.tensors.len() && seg.tensors[next_pending].1 < chunk_end {
+            let (index, start, end) = seg.tensors[next_pending];
             active.push(Active { index, start, end, hasher: config.algo.hasher() });
             next_pending += 1;
         }
@@ -333,37 +424,30 @@ fn scan_file(
         while k < active.len() {
             if active[k].end <= chunk_end {
                 let a = active.swap_remove(k);
-                done.push((a.index, a.hasher.finish()));
+                out.digests.push((a.index, a.hasher.finish()));
             } else {
                 k += 1;
             }
         }
         pos = chunk_end;
     }
-    out.read_bytes = pos;
+    out.read_bytes = pos - seg.start;
     if out.problem.is_none() {
-        // The file must still be the one that was parsed: same inode, size and mtime.
-        match file.stamp() {
-            Ok(after) if after != before => out.problem = Some(FileProblem::Changed { before, after }),
+        // The file must still be the one that was parsed: same inode, size and mtime through
+        // our handle (modified in place) and at its path (replaced by a rename).
+        let after = file.stamp().and_then(|h| std::fs::metadata(entry.path()).map(|m| (h, m)));
+        match after {
+            Ok((handle, _)) if handle != before => {
+                out.problem = Some(FileProblem::Changed { before, after: handle })
+            }
+            Ok((_, meta)) if FileStamp::from_metadata(&meta) != before => {
+                out.problem = Some(FileProblem::Changed { before, after: FileStamp::from_metadata(&meta) });
+            }
             Ok(_) => {}
             Err(error) => out.problem = Some(FileProblem::Read { offset_bytes: pos, error }),
         }
-        // Replaced by rename: the path now names another file.
-        if out.problem.is_none()
-            && let Ok(meta) = std::fs::metadata(entry.path())
-        {
-            let at_path = FileStamp::from_metadata(&meta);
-            if at_path != before {
-                out.problem = Some(FileProblem::Changed { before, after: at_path });
-            }
-        }
     }
-    if matches!(out.problem, Some(FileProblem::Changed { .. })) {
-        // Digests of tensors in a file that changed under us mean nothing.
-        let tensors_in_file: std::collections::HashSet<usize> = pending.iter().map(|p| p.0).collect();
-        done.retain(|(i, _)| !tensors_in_file.contains(i));
-    }
-    (out, done)
+    out
 }
 
 /// One positional read, retrying `EINTR`/`EAGAIN` at most `retries_max` times.
@@ -414,8 +498,11 @@ mod tests {
         let ckpt = tensora_format::sllm::open_dir(Path::new(TINY)).unwrap();
         let expected = expected_sha256(TINY_EXPECTED);
         // Small chunks so tensors straddle chunk boundaries; one thread and several.
-        for (chunk_bytes, threads) in [(1000, 1), (4096, 3), (1 << 20, 2), (7, 2)] {
-            let config = ScanConfig { algo: Algo::Sha256, chunk_bytes, threads, retries_max: 0 };
+        for (chunk_bytes, threads, segment_bytes) in
+            [(1000, 1, 1 << 30), (4096, 3, 1), (1 << 20, 2, 5000), (7, 2, 20000)]
+        {
+            let config =
+                ScanConfig { algo: Algo::Sha256, chunk_bytes, threads, segment_bytes, retries_max: 0 };
             let result = scan(&ckpt, &config);
             assert!(result.is_clean(), "{:?}", result.files);
             assert_eq!(result.files.len(), ckpt.files().len());
@@ -560,7 +647,13 @@ mod tests {
                 eio_at: None,
             }))
         };
-        let config = ScanConfig { algo: Algo::Xxh3, chunk_bytes: 4096, threads: 2, retries_max: 3 };
+        let config = ScanConfig {
+            algo: Algo::Xxh3,
+            chunk_bytes: 4096,
+            threads: 2,
+            retries_max: 3,
+            ..ScanConfig::default()
+        };
         let result = scan_with(&ckpt, &config, &flaky_open, None);
         assert!(result.is_clean(), "{:?}", result.files);
         assert!(result.files.iter().all(|f| f.retries == 3));
@@ -589,7 +682,13 @@ mod tests {
                 eio_at: Some(5000),
             }))
         };
-        let config = ScanConfig { algo: Algo::Crc32c, chunk_bytes: 4096, threads: 1, retries_max: 3 };
+        let config = ScanConfig {
+            algo: Algo::Crc32c,
+            chunk_bytes: 4096,
+            threads: 1,
+            retries_max: 3,
+            ..ScanConfig::default()
+        };
         let result = scan_with(&ckpt, &config, &open, None);
         for f in &result.files {
             match &f.problem {

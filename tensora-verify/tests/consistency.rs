@@ -38,6 +38,7 @@ proptest! {
         chunk_bytes in 1usize..5000,
         budget_kib in 1u64..64,
         sharded in any::<bool>(),
+        segment_bytes in 1u64..4096,
     ) {
         let algo = Algo::ALL[algo_i];
         let dir = tempfile::tempdir().unwrap();
@@ -54,9 +55,13 @@ proptest! {
         };
         let ckpt = tensora_format::open(&path).unwrap();
 
-        let config = ScanConfig { algo, chunk_bytes, threads: 2, retries_max: 0 };
+        let config = ScanConfig { algo, chunk_bytes, threads: 2, segment_bytes, retries_max: 0 };
         let scanned = scan(&ckpt, &config);
         prop_assert!(scanned.is_clean(), "{:?}", scanned.files);
+        // The segments tile every file: each byte read exactly once.
+        for f in &scanned.files {
+            prop_assert_eq!(f.read_bytes, f.expected_len_bytes);
+        }
 
         let opts = LoadOptions { budget_bytes: budget_kib << 10, chunk_bytes: 4096, ..LoadOptions::default() };
         let (fused, _) = hash_with_load(&ckpt, algo, &opts).unwrap();

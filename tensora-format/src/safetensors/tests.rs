@@ -527,3 +527,27 @@ proptest! {
         let _ = parse(&format!("{{\"t\":{{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"x\":{s}}}}}"), 1);
     }
 }
+
+#[test]
+fn name_set_stays_correct_when_hashes_collide() {
+    let mut set = NameSet::new();
+    let mut tensors = Vec::new();
+    let t = |name: &str| HeaderTensor {
+        name: name.into(),
+        dtype: Dtype::U8,
+        shape: Box::new([]),
+        start_bytes: 0,
+        end_bytes: 1,
+    };
+    assert!(set.insert("a", 0, &tensors));
+    tensors.push(t("a"));
+    // Force "b" to look like a collision with "a".
+    let hash_b = name_hash(set.seed, b"b");
+    set.first_by_hash.insert(hash_b, 0);
+    assert!(set.insert("b", 1, &tensors), "a different name with a colliding hash is new");
+    tensors.push(t("b"));
+    assert!(!set.insert("b", 2, &tensors), "and its duplicate is still found");
+    assert!(!set.insert("a", 2, &tensors));
+    assert_ne!(name_hash(1, b"abcdefgh1"), name_hash(1, b"abcdefgh2"));
+    assert_ne!(name_hash(1, b"x"), name_hash(2, b"x"));
+}

@@ -73,7 +73,11 @@ pub fn generate(seed: u64, shards: &[Vec<(Dtype, Vec<u64>)>]) -> Generated {
         let specs: Vec<TensorSpec> = tensors
             .iter()
             .enumerate()
-            .map(|(i, (dtype, shape))| TensorSpec { name: format!("s{s}.t{i}"), dtype: *dtype, shape: shape.clone() })
+            .map(|(i, (dtype, shape))| TensorSpec {
+                name: format!("s{s}.t{i}"),
+                dtype: *dtype,
+                shape: shape.clone(),
+            })
             .collect();
         let bytes: Vec<Vec<u8>> = specs
             .iter()
@@ -95,7 +99,12 @@ pub fn generate_mixed(seed: u64) -> Generated {
     generate(
         seed,
         &[
-            vec![(Dtype::F32, vec![64, 33]), (Dtype::F16, vec![7]), (Dtype::BF16, vec![512, 1024]), (Dtype::U8, vec![3])],
+            vec![
+                (Dtype::F32, vec![64, 33]),
+                (Dtype::F16, vec![7]),
+                (Dtype::BF16, vec![512, 1024]),
+                (Dtype::U8, vec![3]),
+            ],
             vec![(Dtype::I64, vec![100]), (Dtype::F32, vec![0, 4]), (Dtype::F16, vec![4099])],
             vec![(Dtype::F64, vec![20_000]), (Dtype::I8, vec![1])],
         ],
