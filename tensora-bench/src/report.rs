@@ -174,6 +174,20 @@ impl Cell {
     fn median(&self) -> Option<f64> {
         self.gbps.map(|s| s.median)
     }
+
+    /// For `auto`: the backend and I/O mode its last run chose (from the load report in
+    /// `details`), e.g. `"sync/buffered"`.
+    pub fn chosen_backend(&self) -> Option<String> {
+        if self.kind != Kind::Backend || self.subject != "auto" {
+            return None;
+        }
+        let d = self.details.as_ref()?;
+        let backend = d.get("backend")?.as_str()?;
+        Some(match d.get("io_mode").and_then(|m| m.as_str()) {
+            Some(mode) => format!("{backend}/{mode}"),
+            None => backend.to_string(),
+        })
+    }
 }
 
 /// The machine the numbers came from.
@@ -405,7 +419,7 @@ impl Report {
                 };
                 let vs = c.ratio.map_or("-".to_string(), |r| format!("{:.0} %", r * 100.0));
                 let note = match c.status {
-                    Status::Ok => String::new(),
+                    Status::Ok => c.chosen_backend().map(|b| format!("ran {b}")).unwrap_or_default(),
                     Status::Skipped => format!("skipped: {}", c.reason.as_deref().unwrap_or("")),
                     Status::Failed => format!("FAILED: {}", c.reason.as_deref().unwrap_or("")),
                 };
@@ -564,6 +578,11 @@ mod tests {
             Cell::new(f, "sync", Kind::Backend, Cache::Cold, Scope::Full, Mode::Owned)
                 .with_samples(vec![sample(1.5)]),
             Cell::new(f, "hf-python", Kind::Peer, Cache::Warm, Scope::Full, Mode::Owned).skipped("no module"),
+            Cell {
+                details: Some(serde_json::json!({ "backend": "io-uring", "io_mode": "direct" })),
+                ..Cell::new(f, "auto", Kind::Backend, Cache::Cold, Scope::Partial, Mode::Owned)
+                    .with_samples(vec![sample(1.0)])
+            },
             Cell::new(f, "x", Kind::Peer, Cache::Warm, Scope::Partial, Mode::Streaming)
                 .failed(&anyhow::anyhow!("boom | pipe")),
         ];
@@ -621,13 +640,14 @@ mod tests {
         assert_eq!(v["schema_version"], SCHEMA_VERSION);
         assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
         let cells = v["cells"].as_array().unwrap();
-        assert_eq!(cells.len(), 7);
+        assert_eq!(cells.len(), 8);
         assert_eq!(cells[0]["samples"].as_array().unwrap().len(), 3);
         assert_eq!(cells[0]["kind"], "roofline");
         assert_eq!(cells[3]["gbps"]["median"], 5.5);
         assert_eq!(cells[3]["cache"], "warm");
         assert_eq!(cells[5]["status"], "skipped");
-        assert_eq!(cells[6]["status"], "failed");
+        assert_eq!(cells[7]["status"], "failed");
+        assert_eq!(cells[6]["details"]["backend"], "io-uring");
         assert_eq!(v["rooflines"][0]["device_gbps"], 2.0);
         let back: Report = serde_json::from_str(&json).unwrap();
         assert_eq!(back, r);
@@ -636,7 +656,12 @@ mod tests {
     #[test]
     fn markdown_lists_every_cell_and_escapes_pipes() {
         let md = example().to_markdown();
-        assert_eq!(md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| subject")).count(), 7);
+        assert_eq!(md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| subject")).count(), 8);
+        assert!(
+            md.contains(
+                "| auto | cold | partial | owned | 1.00 | 1.00 | 1.00 | 50 % | ran io-uring/direct |"
+            )
+        );
         assert!(md.contains("| sync | warm | full | owned | 5.50 | 5.00 | 6.00 | 55 % |"));
         assert!(md.contains("skipped: no module"));
         assert!(md.contains("FAILED: boom / pipe"));

@@ -46,9 +46,13 @@ impl FileId {
 /// a file whose size, mtime or inode changed in between was replaced or modified under us.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileStamp {
+    /// File size in bytes.
     pub len_bytes: u64,
+    /// Modification time, where the platform reports one.
     pub modified: Option<SystemTime>,
+    /// Device id (0 off Unix).
     pub dev: u64,
+    /// Inode number (0 off Unix).
     pub inode: u64,
 }
 
@@ -112,15 +116,19 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
+    /// The tensor's name, unique in its checkpoint.
     pub fn name(&self) -> &str {
         &self.name
     }
+    /// Element type.
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }
+    /// Shape; `[]` is a scalar.
     pub fn shape(&self) -> &[u64] {
         &self.shape
     }
+    /// The file that holds the tensor's bytes.
     pub fn file(&self) -> FileId {
         self.file
     }
@@ -137,6 +145,7 @@ impl TensorInfo {
         // Cannot overflow: the parser checked that the range lies inside the file.
         self.offset_bytes..self.offset_bytes + self.len_bytes
     }
+    /// Strides in elements, when the format records them; `None` means contiguous row-major.
     pub fn strides(&self) -> Option<&[u64]> {
         self.strides.as_deref()
     }
@@ -156,7 +165,9 @@ impl TensorInfo {
 /// A non-fatal finding while parsing, e.g. a `total_size` that disagrees with the shards.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Warning {
+    /// The file the finding is about.
     pub path: PathBuf,
+    /// What was found, in one line.
     pub message: String,
 }
 
@@ -198,6 +209,7 @@ impl Checkpoint {
         Checkpoint { format, root, files, tensors, by_name, metadata, warnings }
     }
 
+    /// The on-disk layout this checkpoint was read from.
     pub fn format(&self) -> Format {
         self.format
     }
@@ -205,9 +217,14 @@ impl Checkpoint {
     pub fn root(&self) -> &Path {
         &self.root
     }
+    /// The files, indexed by [`FileId`].
     pub fn files(&self) -> &[FileEntry] {
         &self.files
     }
+    /// One file.
+    ///
+    /// # Panics
+    /// If `id` does not come from this checkpoint.
     pub fn file(&self, id: FileId) -> &FileEntry {
         &self.files[id.index()]
     }
@@ -227,6 +244,7 @@ impl Checkpoint {
     pub fn metadata(&self) -> &BTreeMap<String, String> {
         &self.metadata
     }
+    /// Non-fatal findings made while opening (e.g. a disagreeing `total_size`).
     pub fn warnings(&self) -> &[Warning] {
         &self.warnings
     }

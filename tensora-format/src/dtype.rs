@@ -6,27 +6,49 @@ use std::fmt;
 /// [`Dtype::from_safetensors`] is exact and case-sensitive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dtype {
+    /// `BOOL`: one byte per element; bytes are never reinterpreted as Rust `bool`.
     Bool,
+    /// `U8`
     U8,
+    /// `I8`
     I8,
+    /// `U16`
     U16,
+    /// `I16`
     I16,
+    /// `F16`: IEEE half precision.
     F16,
+    /// `BF16`: bfloat16.
     BF16,
+    /// `U32`
     U32,
+    /// `I32`
     I32,
+    /// `F32`
     F32,
+    /// `U64`
     U64,
+    /// `I64`
     I64,
+    /// `F64`
     F64,
+    /// `C64`: complex of two F32.
     C64,
+    /// `F8_E5M2`
     F8E5M2,
+    /// `F8_E4M3`
     F8E4M3,
+    /// `F8_E8M0`
     F8E8M0,
+    /// `F8_E4M3FNUZ`
     F8E4M3Fnuz,
+    /// `F8_E5M2FNUZ`
     F8E5M2Fnuz,
+    /// `F4`: 4 bits per element.
     F4,
+    /// `F6_E2M3`: 6 bits per element.
     F6E2M3,
+    /// `F6_E3M2`: 6 bits per element.
     F6E3M2,
 }
 

@@ -245,16 +245,44 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(done)
 }
 
-/// Where the top-level object ends, how many members it has, and the chunk boundaries.
+/// Where the top-level object ends, and the chunk boundaries.
 #[derive(Debug)]
 struct TopLevel {
     /// Index of the closing `}`.
     close: usize,
-    /// Top-level commas plus one (an upper bound on entries; exact for valid JSON).
-    members: usize,
     /// Runs of whole members, split at top-level commas (which are excluded), about
     /// [`CHUNK_BYTES_TARGET`] bytes each. At least one, possibly empty.
     segments: Vec<std::ops::Range<usize>>,
+}
+
+/// Chunk boundaries guessed without scanning: from about every [`CHUNK_BYTES_TARGET`] bytes, the
+/// next `},"` (how one tensor entry ends and the next begins), splitting at its comma. `None` when
+/// the header does not end in `}` (the exact path then reports the error). The guesses may be wrong
+/// (e.g. inside a string); the caller falls back to [`scan_top_level`] if any chunk fails.
+fn speculative_segments(json: &[u8], open: usize) -> Option<Vec<std::ops::Range<usize>>> {
+    let close = json.iter().rposition(|&b| !is_json_ws(b))?;
+    if json[close] != b'}' || close <= open {
+        return None;
+    }
+    let mut segments = Vec::with_capacity(json.len() / CHUNK_BYTES_TARGET + 1);
+    let mut start = open + 1;
+    loop {
+        let from = start + CHUNK_BYTES_TARGET;
+        let split = json
+            .get(from..close)
+            .and_then(|tail| tail.windows(3).position(|w| w == b"},\""))
+            .map(|k| from + k + 1);
+        match split {
+            Some(comma) => {
+                segments.push(start..comma);
+                start = comma + 1;
+            }
+            None => {
+                segments.push(start..close);
+                return Some(segments);
+            }
+        }
+    }
 }
 
 /// Byte classes for [`scan_top_level`]: 0 for bytes it does not care about.
@@ -284,7 +312,6 @@ fn scan_top_level(json: &[u8], open: usize) -> std::result::Result<TopLevel, Str
     let len = json.len();
     let mut segments = Vec::with_capacity(len / CHUNK_BYTES_TARGET + 1);
     let mut depth: usize = 1;
-    let mut commas = 0usize;
     let mut content_start = open + 1;
     let mut i = open + 1;
     loop {
@@ -319,17 +346,12 @@ fn scan_top_level(json: &[u8], open: usize) -> std::result::Result<TopLevel, Str
                         return Err(format!("mismatched ']' at byte {i}"));
                     }
                     segments.push(content_start..i);
-                    let empty = json[open + 1..i].iter().all(|&b| is_json_ws(b));
-                    let members = if empty { 0 } else { commas + 1 };
-                    return Ok(TopLevel { close: i, members, segments });
+                    return Ok(TopLevel { close: i, segments });
                 }
             }
-            CLASS_COMMA if depth == 1 => {
-                commas += 1;
-                if i - content_start >= CHUNK_BYTES_TARGET {
-                    segments.push(content_start..i);
-                    content_start = i + 1;
-                }
+            CLASS_COMMA if depth == 1 && i - content_start >= CHUNK_BYTES_TARGET => {
+                segments.push(content_start..i);
+                content_start = i + 1;
             }
             _ => {} // A comma below the top level, or a backslash outside a string (invalid JSON, left to simd-json).
         }
@@ -419,8 +441,13 @@ struct NameSet {
 impl NameSet {
     fn new() -> NameSet {
         // A per-parse secret seed, so bucket positions cannot be predicted from the names.
-        let seed = RandomState::new().hash_one(0x7465_6e73_6f72_61u64);
+        let seed = RandomState::new().hash_one(0x0074_656e_736f_7261_u64);
         NameSet { seed, first_by_hash: HashMap::default(), collided: HashSet::new() }
+    }
+    /// Forget every name (keeps the allocation).
+    fn clear(&mut self) {
+        self.first_by_hash.clear();
+        self.collided.clear();
     }
     /// Insert `name` (the tensor at `index`); returns false if the name was already present.
     fn insert(&mut self, name: &str, index: u32, tensors: &[HeaderTensor]) -> bool {
@@ -439,6 +466,13 @@ impl NameSet {
             }
         }
     }
+}
+
+/// Buffers reused across chunks.
+struct Scratch {
+    buffers: Buffers,
+    chunk: Vec<u8>,
+    tape: Tape<'static>,
 }
 
 struct Parser<'a> {
@@ -477,22 +511,52 @@ impl<'a> Parser<'a> {
                 message: format!("first non-whitespace byte is 0x{:02x} at {open}, not '{{'", json[open]),
             }));
         }
-        let scan = scan_top_level(json, open).map_err(|message| self.err(ErrorKind::HeaderNotJson { message }))?;
+        // Every tensor entry's value is an object, so it holds at least one '}' outside strings:
+        // the count of '}' bytes bounds the number of tensors. Preallocating that (capped by what
+        // the header could hold at its densest) avoids growth peaks.
+        let braces = json.iter().filter(|&&b| b == b'}').count();
+        let capacity = braces.min(json.len() / ENTRY_BYTES_MIN + 1);
+        self.tensors.reserve_exact(capacity);
+        self.names.first_by_hash.reserve(capacity);
+        let mut scratch = Scratch {
+            buffers: Buffers::with_max_depth(CHUNK_BYTES_TARGET + 2, json.len() + 2),
+            chunk: Vec::with_capacity(CHUNK_BYTES_TARGET + 2 + simd_json::INPUT_PADDING),
+            tape: Tape::null(),
+        };
+
+        // Fast path: split at likely entry boundaries without scanning every byte. Sound whatever
+        // the split points: if every chunk is a valid non-empty object, so is the whole header.
+        // Any failure (a split inside a string, or a genuine error) reruns the exact path below,
+        // which alone decides which error to report.
+        if let Some(segments) = speculative_segments(json, open) {
+            if self.parse_segments(&segments, &mut scratch).is_ok() {
+                return Ok(());
+            }
+            self.tensors.clear();
+            self.names.clear();
+            self.metadata = None;
+            self.metadata_seen = false;
+        }
+
+        let scan =
+            scan_top_level(json, open).map_err(|message| self.err(ErrorKind::HeaderNotJson { message }))?;
         if let Some(off) = json[scan.close + 1..].iter().position(|&b| !is_json_ws(b)) {
             return Err(self.err(ErrorKind::TrailingBytes { at: scan.close + 1 + off }));
         }
-        // Exact preallocation (no growth peaks), capped by how many entries the header could hold.
-        let tensors_max = json.len() / ENTRY_BYTES_MIN + 1;
-        let capacity = scan.members.min(tensors_max);
-        self.tensors.reserve_exact(capacity);
-        self.names.first_by_hash.reserve(capacity);
+        self.parse_segments(&scan.segments, &mut scratch)
+    }
 
-        let mut buffers = Buffers::with_max_depth(CHUNK_BYTES_TARGET + 2, json.len() + 2);
-        let mut chunk: Vec<u8> = Vec::with_capacity(CHUNK_BYTES_TARGET + 2 + simd_json::INPUT_PADDING);
-        let mut tape_store: Tape<'static> = Tape::null();
-        let several = scan.segments.len() > 1;
-        for segment in &scan.segments {
-            self.parse_chunk(segment.start, segment.end, &mut chunk, &mut buffers, &mut tape_store, several)?;
+    fn parse_segments(&mut self, segments: &[std::ops::Range<usize>], scratch: &mut Scratch) -> Result<()> {
+        let several = segments.len() > 1;
+        for segment in segments {
+            self.parse_chunk(
+                segment.start,
+                segment.end,
+                &mut scratch.chunk,
+                &mut scratch.buffers,
+                &mut scratch.tape,
+                several,
+            )?;
         }
         Ok(())
     }

@@ -463,6 +463,16 @@ fn locate_global(starts: &[u64], lens: &[u64], offset: u64, size: u64) -> Option
     (local.checked_add(size)? <= lens[p]).then_some((p, local))
 }
 
+/// The lowest offset of a non-empty tensor in each partition (`None` for a partition without one).
+fn first_record_offsets(tensors: &[TensorInfo], partitions: usize) -> Vec<Option<u64>> {
+    let mut first: Vec<Option<u64>> = vec![None; partitions];
+    for t in tensors.iter().filter(|t| t.len_bytes > 0) {
+        let slot = &mut first[t.file.index()];
+        *slot = Some(slot.map_or(t.offset_bytes, |o| o.min(t.offset_bytes)));
+    }
+    first
+}
+
 /// Open a ServerlessLLM directory: read and validate `tensor_index.json` (at most
 /// [`INDEX_LEN_BYTES_MAX`]), probe the partitions, and map every tensor to its partition and
 /// local offset. Tied weights (several names on the same storage) become several tensors with the
@@ -527,6 +537,22 @@ pub fn open_dir(dir: &Path) -> crate::Result<Checkpoint> {
     tensors.sort_by_key(|t| (t.file, t.offset_bytes));
 
     let mut warnings = Vec::new();
+    if index.layout == IndexLayout::Upstream {
+        // A writer fills each partition from its first byte. A partition whose first stored record
+        // starts later suggests offsets that do not follow the file sizes (e.g. partitions rounded
+        // up by an O_DIRECT writer), so the mapping deserves a look.
+        for (p, first) in first_record_offsets(&tensors, files.len()).into_iter().enumerate() {
+            if let Some(first) = first.filter(|&o| o != 0) {
+                warnings.push(Warning {
+                    path: files[p].path.clone(),
+                    message: format!(
+                        "first tensor of this partition starts at byte {first}, not 0: global offsets may not \
+                         follow the partition file sizes"
+                    ),
+                });
+            }
+        }
+    }
     if index.layout == IndexLayout::Legacy {
         warnings.push(Warning {
             path: index_path,

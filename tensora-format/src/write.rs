@@ -49,8 +49,11 @@ const TEMP_NAME_ATTEMPTS_MAX: u32 = 64;
 /// One tensor to write: its name, dtype and shape. The data comes later, from the fill callback.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
+    /// Tensor name: non-empty, no control characters, not `__metadata__`, unique in a layout.
     pub name: String,
+    /// Element type.
     pub dtype: Dtype,
+    /// Shape; `[]` is a scalar, a zero dimension means no data.
     pub shape: Vec<u64>,
 }
 

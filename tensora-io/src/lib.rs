@@ -43,7 +43,7 @@ pub use backend::{
 };
 pub use error::{BoxError, LoadError, ViewError};
 pub use load::{
-    BackendChoice, Element, IoMode, LoadOptions, Loaded, ProgressHook, Residence, TensorHook, TensorRef,
-    load, load_path, load_streaming,
+    ArenaReuse, BackendChoice, Element, IoMode, LoadOptions, Loaded, ProgressHook, Residence, TensorHook,
+    TensorRef, load, load_path, load_streaming,
 };
 pub use report::{LoadReport, Phases};

@@ -139,6 +139,38 @@ pub struct LoadOptions {
     pub files_open_max: usize,
     /// Set to stop the load early; it fails with [`LoadError::Cancelled`].
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Whether the destination arena is fresh memory (the default: what a cold start pays) or the
+    /// arena parked by an earlier load in this process (see [`crate::arena`], "Recycling").
+    pub arena_reuse: ArenaReuse,
+}
+
+/// Where a load's arena memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ArenaReuse {
+    /// Map fresh memory for every load and unmap it when the `Loaded` drops. Memory goes back to
+    /// the system at once, and the load pays its page faults, as a process's first load does.
+    #[default]
+    Fresh,
+    /// Reuse the arena parked by an earlier load (no page faults when it fits), and park this
+    /// load's arena when it drops. For processes that load and drop models repeatedly (model
+    /// swapping); the parked arena stays in RSS until reused or [`crate::arena::drop_recycled`].
+    Recycle,
+}
+
+impl ArenaReuse {
+    fn arena(self, len_bytes: u64) -> std::io::Result<Arena> {
+        match self {
+            ArenaReuse::Fresh => Arena::with_len(len_bytes),
+            ArenaReuse::Recycle => Arena::recycled(len_bytes),
+        }
+    }
+
+    fn release(self, arena: Arena) {
+        match self {
+            ArenaReuse::Fresh => drop(arena),
+            ArenaReuse::Recycle => arena.recycle(),
+        }
+    }
 }
 
 impl Default for LoadOptions {
@@ -159,6 +191,7 @@ impl Default for LoadOptions {
             progress: None,
             files_open_max: FILES_OPEN_DEFAULT_MAX,
             cancel: None,
+            arena_reuse: ArenaReuse::Fresh,
         }
     }
 }
@@ -287,16 +320,17 @@ struct Entry {
 #[derive(Debug)]
 pub struct Loaded {
     storage: Storage,
+    arena_reuse: ArenaReuse,
     entries: Vec<Entry>,
     by_name: HashMap<String, usize>,
     report: LoadReport,
 }
 
 impl Drop for Loaded {
-    /// Hands an owned arena back for reuse by the next load (see [`crate::arena`], "Recycling").
+    /// Unmaps an owned arena, or parks it for the next load under [`ArenaReuse::Recycle`].
     fn drop(&mut self) {
         if let Storage::Arena(a) = &mut self.storage {
-            std::mem::replace(a, Arena::empty()).recycle();
+            self.arena_reuse.release(std::mem::replace(a, Arena::empty()));
         }
     }
 }
@@ -381,7 +415,9 @@ pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> 
     phases.plan += t.elapsed().as_secs_f64();
 
     let t = Instant::now();
-    let arena = Arena::recycled(arena_len_bytes)
+    let arena = opts
+        .arena_reuse
+        .arena(arena_len_bytes)
         .map_err(|source| LoadError::Arena { len_bytes: arena_len_bytes, source })?;
     let mut files = FileSet::new(opts.files_open_max);
     let mut stats = Vec::with_capacity(plans.len());
@@ -410,7 +446,7 @@ pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> 
     let by_name = entries.iter().enumerate().map(|(i, e)| (e.info.name().to_owned(), i)).collect();
     phases.finish += t.elapsed().as_secs_f64();
     let report = session.report(phases, &stats, entries.len(), plans.len(), faults_before);
-    Ok(Loaded { storage: Storage::Arena(arena), entries, by_name, report })
+    Ok(Loaded { storage: Storage::Arena(arena), arena_reuse: opts.arena_reuse, entries, by_name, report })
 }
 
 /// Load the selected tensors, handing each to `f` (on the calling thread) as soon as all its bytes
@@ -487,8 +523,9 @@ pub fn load_streaming(
             // Free the old arena before mapping a bigger one, so the peak stays at one arena.
             drop(arena.take());
             let len_bytes = need.max(opts.budget_bytes.min(session.bytes_selected.max(need)));
-            arena =
-                Some(Arena::recycled(len_bytes).map_err(|source| LoadError::Arena { len_bytes, source })?);
+            arena = Some(
+                opts.arena_reuse.arena(len_bytes).map_err(|source| LoadError::Arena { len_bytes, source })?,
+            );
         }
         let Some(arena_ref) = arena.as_ref() else { continue };
         let dest = SubDest::new(arena_ref, 0, need);
@@ -531,7 +568,7 @@ pub fn load_streaming(
     }
     let t = Instant::now();
     if let Some(a) = arena {
-        a.recycle();
+        opts.arena_reuse.release(a);
     }
     files.close_and_check(ckpt)?;
     phases.finish += t.elapsed().as_secs_f64();
@@ -562,7 +599,8 @@ fn load_mapped(
     }
     let by_name = entries.iter().enumerate().map(|(i, e)| (e.info.name().to_owned(), i)).collect();
     let storage = Storage::Mapped(mapped);
-    let mut loaded = Loaded { storage, entries, by_name, report: LoadReport::default() };
+    let mut loaded =
+        Loaded { storage, arena_reuse: ArenaReuse::Fresh, entries, by_name, report: LoadReport::default() };
     if let Some(hook) = &session.opts.on_tensor {
         for t in loaded.tensors() {
             hook(&t).map_err(|source| LoadError::Callback { tensor: t.name().to_owned(), source })?;

@@ -57,7 +57,7 @@ fn every_backend_matches_expected_digests_on_real_fixtures() {
                     "{name} {io_mode:?} owned {}",
                     path.display()
                 );
-                let opts = LoadOptions { budget_bytes: 8 << 10, chunk_bytes: 4 << 10, ..opts };
+                let opts = LoadOptions { budget_bytes: 64 << 10, chunk_bytes: 16 << 10, ..opts };
                 assert_eq!(digests_streaming(&ckpt, &opts), expected, "{name} {io_mode:?} streaming");
             }
         }

@@ -672,6 +672,8 @@ fn radix_sort(keys: &mut Vec<u64>, low_bit: u32, high_bit: u32) {
 /// Tag → extent index.
 #[derive(Debug, Clone)]
 enum TagIndex {
+    /// Tag `i` is extent `i` (tags are the input positions; no table needed). Holds the count.
+    Identity(usize),
     /// `slots[tag]` = index, or `u32::MAX`. Used when tags are dense (bounded by the input size).
     Dense(Vec<u32>),
     /// Sorted `(tag << 32) | index`.
@@ -684,6 +686,9 @@ const DENSE_TAGS_SLACK: usize = 1024;
 
 impl TagIndex {
     fn new(extents: &[Extent]) -> Result<Self, PlanError> {
+        if extents.iter().enumerate().all(|(i, e)| e.tag as usize == i) {
+            return Ok(Self::Identity(extents.len()));
+        }
         let max_tag = extents.iter().map(|e| e.tag as usize).max().unwrap_or(0);
         if max_tag < extents.len() * DENSE_TAGS_PER_EXTENT_MAX + DENSE_TAGS_SLACK {
             let mut slots = vec![u32::MAX; if extents.is_empty() { 0 } else { max_tag + 1 }];
@@ -708,6 +713,7 @@ impl TagIndex {
 
     fn get(&self, tag: u32) -> Option<usize> {
         match self {
+            Self::Identity(len) => Some(tag as usize).filter(|&i| i < *len),
             Self::Dense(slots) => slots.get(tag as usize).filter(|&&s| s != u32::MAX).map(|&s| s as usize),
             Self::Sorted(sorted) => {
                 let pos = sorted.partition_point(|&k| (k >> 32) < u64::from(tag));
@@ -950,7 +956,7 @@ mod tests {
     }
 
     #[test]
-    fn sparse_tags_use_the_sorted_index() {
+    fn tag_indexes_fit_the_tags() {
         let extents = [ext(0, 0, 4, 4_000_000_000), ext(0, 8, 4, 17), ext(0, 16, 0, 99_999)];
         let plan = Plan::build(&extents, &PlanConfig::default(), &Order::Priority(vec![17])).unwrap();
         assert!(matches!(plan.tags, TagIndex::Sorted(_)));
@@ -958,6 +964,18 @@ mod tests {
         assert_eq!(plan.extent_index(17), Some(1));
         assert_eq!(plan.extent_index(99_999), Some(2));
         assert_eq!(plan.extent_index(18), None);
+        let identity = [ext(0, 0, 4, 0), ext(0, 8, 4, 1), ext(1, 0, 4, 2)];
+        let plan = Plan::build(&identity, &PlanConfig::default(), &Order::Priority(vec![2])).unwrap();
+        assert!(matches!(plan.tags, TagIndex::Identity(3)));
+        assert_eq!((plan.extent_index(2), plan.extent_index(3)), (Some(2), None));
+        assert_eq!(
+            Plan::build(&identity, &PlanConfig::default(), &Order::Priority(vec![3])).unwrap_err(),
+            PlanError::UnknownPriorityTag { tag: 3 }
+        );
+        let dense = [ext(0, 0, 4, 1), ext(0, 8, 4, 0)];
+        let plan = Plan::build(&dense, &PlanConfig::default(), &Order::File).unwrap();
+        assert!(matches!(plan.tags, TagIndex::Dense(_)));
+        assert_eq!(plan.extent_index(0), Some(1));
     }
 
     /// `check` must be able to fail: corrupt a good plan in each way it guards against.

@@ -551,3 +551,45 @@ fn name_set_stays_correct_when_hashes_collide() {
     assert_ne!(name_hash(1, b"abcdefgh1"), name_hash(1, b"abcdefgh2"));
     assert_ne!(name_hash(1, b"x"), name_hash(2, b"x"));
 }
+
+/// Names that contain the `},"` split marker, placed so that the fast path splits inside a
+/// string: the exact path must take over and accept the header.
+#[test]
+fn split_guesses_inside_strings_fall_back_to_the_exact_scan() {
+    let count = 3 * CHUNK_BYTES_TARGET / 40;
+    let parts: Vec<String> = (0..count)
+        .map(|i| entry(&format!("t{i}}},"), "U8", "[1]", i as u64, i as u64 + 1))
+        .collect();
+    let json = format!("{{{}}}", parts.join(","));
+    let h = parse(&json, count).unwrap();
+    assert_eq!(h.tensors().len(), count);
+    assert_eq!(h.tensors()[5].name(), "t5},");
+    assert!(speculative_segments(json.as_bytes(), 0).unwrap().len() > 1, "the fast path did split");
+    // And an unknown field whose nested objects end in `},"` at depth > 1.
+    let parts: Vec<String> = (0..count)
+        .map(|i| {
+            format!(
+                r#""t{i}":{{"x":{{"a":{{}},"b":1}},"dtype":"U8","shape":[1],"data_offsets":[{i},{}]}}"#,
+                i + 1
+            )
+        })
+        .collect();
+    let h = parse(&format!("{{{}}}", parts.join(",")), count).unwrap();
+    assert_eq!(h.tensors().len(), count);
+}
+
+/// The fast path and the exact path report the same error for a bad header.
+#[test]
+fn errors_are_the_same_whichever_path_finds_them() {
+    let count = 3 * CHUNK_BYTES_TARGET / 40;
+    let mut parts: Vec<String> =
+        (0..count).map(|i| entry(&format!("t{i}"), "U8", "[1]", i as u64, i as u64 + 1)).collect();
+    parts[count - 3] = entry("bad", "U8", "[-1]", (count - 3) as u64, (count - 2) as u64);
+    let json = format!("{{{}}}", parts.join(","));
+    let e = parse(&json, count).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::BadShape { .. }));
+    assert_eq!(e.tensor(), Some("bad"));
+    // A trailing second value after a header that ends in '}' is still TrailingBytes.
+    let json = format!("{{{}}}{{}}", parts[..10].join(","));
+    assert!(matches!(kind(&json, 10), ErrorKind::TrailingBytes { .. }));
+}

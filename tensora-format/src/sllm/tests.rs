@@ -314,3 +314,15 @@ fn open_reports_a_missing_index_as_io() {
     assert!(matches!(open_dir(dir.path()).unwrap_err().kind(), ErrorKind::Io(_)));
     assert!(!looks_like_sllm_dir(dir.path()));
 }
+
+#[test]
+fn open_warns_when_a_partition_does_not_start_with_a_record() {
+    // Partition 0 holds 16 bytes, so global offset 24 is byte 8 of partition 1, whose first 8
+    // bytes no tensor uses.
+    let idx = r#"{"a": [0, 8, [2], [1], "torch.float32"], "c": [24, 8, [2], [1], "torch.float32"]}"#;
+    let dir = write_dir(idx, &[&[0u8; 16], &[0u8; 16]]);
+    let ckpt = open_dir(dir.path()).unwrap();
+    assert_eq!(ckpt.warnings().len(), 1);
+    assert_eq!(ckpt.warnings()[0].path, partition_path(dir.path(), 1));
+    assert!(ckpt.warnings()[0].message.contains("starts at byte 8"), "{:?}", ckpt.warnings());
+}

@@ -367,6 +367,20 @@ pub const WRITE_BUFFER_BYTES: usize = 1 << 20;
 /// fsyncing every file. `fill(record_index, out)` must write exactly the record's `size_bytes`;
 /// the padding is added here. Not atomic by itself: write into a temporary directory and rename
 /// it (as `tensora_io::convert` does) for an all-or-nothing result.
+///
+/// ```
+/// use tensora_format::Dtype;
+/// use tensora_format::sllm::write::{write_dir, SllmLayout, SllmLayoutConfig, SllmTensorSpec};
+/// let mut tied = SllmTensorSpec::dense("lm_head", Dtype::BF16, vec![2, 3]).unwrap();
+/// tied.tied_to = Some(0);
+/// let specs = vec![SllmTensorSpec::dense("embed", Dtype::BF16, vec![2, 3]).unwrap(), tied];
+/// let layout = SllmLayout::new(specs, &SllmLayoutConfig::default()).unwrap();
+/// let dir = tempfile::tempdir().unwrap();
+/// write_dir(dir.path(), &layout, |_record, out| out.write_all(&[7u8; 12])).unwrap();
+/// let ckpt = tensora_format::sllm::open_dir(dir.path()).unwrap();
+/// assert_eq!(ckpt.tensor("embed").unwrap().range(), ckpt.tensor("lm_head").unwrap().range());
+/// assert_eq!(ckpt.files()[0].len_bytes(), 16); // stored once, padded to 8
+/// ```
 pub fn write_dir(
     dir: &Path,
     layout: &SllmLayout,
