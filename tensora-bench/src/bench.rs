@@ -10,8 +10,9 @@ use crate::cache::{CacheDropper, DropMethod};
 use crate::fixtures::{self, Fixture, Size};
 use crate::peers;
 use crate::report::{
-    Cache, Cell, FixtureFacts, Kind, Machine, Mode, ROOFLINE_BUFFERED, ROOFLINE_DIRECT, ROOFLINE_WARM,
-    Report, RunFacts, SCHEMA_VERSION, Sample, Scope,
+    Cache, Cell, FixtureFacts, Kind, Machine, Mode, ROOFLINE_BUFFERED, ROOFLINE_BUFFERED_AGAIN,
+    ROOFLINE_DIRECT, ROOFLINE_DIRECT_AGAIN, ROOFLINE_WARM, ROOFLINE_WARM_AGAIN, Report, RunFacts,
+    SCHEMA_VERSION, Sample, Scope,
 };
 use crate::roofline::{self, ReadBuffers};
 use crate::stats::gbps;
@@ -72,9 +73,16 @@ impl BenchConfig {
 /// Who is measured in a cell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Subject {
-    RooflineWarm,
-    RooflineDirect,
-    RooflineBuffered,
+    /// The rooflines, measured before (`again: false`) and after (`again: true`) the loaders.
+    RooflineWarm {
+        again: bool,
+    },
+    RooflineDirect {
+        again: bool,
+    },
+    RooflineBuffered {
+        again: bool,
+    },
     /// A registered backend name, or [`AUTO`].
     Tensora(String),
     PeerRead,
@@ -86,9 +94,12 @@ impl Subject {
     /// Name in reports.
     pub fn name(&self) -> &str {
         match self {
-            Subject::RooflineWarm => ROOFLINE_WARM,
-            Subject::RooflineDirect => ROOFLINE_DIRECT,
-            Subject::RooflineBuffered => ROOFLINE_BUFFERED,
+            Subject::RooflineWarm { again: false } => ROOFLINE_WARM,
+            Subject::RooflineDirect { again: false } => ROOFLINE_DIRECT,
+            Subject::RooflineBuffered { again: false } => ROOFLINE_BUFFERED,
+            Subject::RooflineWarm { again: true } => ROOFLINE_WARM_AGAIN,
+            Subject::RooflineDirect { again: true } => ROOFLINE_DIRECT_AGAIN,
+            Subject::RooflineBuffered { again: true } => ROOFLINE_BUFFERED_AGAIN,
             Subject::Tensora(name) => name,
             Subject::PeerRead => PEER_ST_READ,
             Subject::PeerMmap => PEER_ST_MMAP,
@@ -99,7 +110,9 @@ impl Subject {
     /// Kind in reports.
     pub fn kind(&self) -> Kind {
         match self {
-            Subject::RooflineWarm | Subject::RooflineDirect | Subject::RooflineBuffered => Kind::Roofline,
+            Subject::RooflineWarm { .. }
+            | Subject::RooflineDirect { .. }
+            | Subject::RooflineBuffered { .. } => Kind::Roofline,
             Subject::Tensora(_) => Kind::Backend,
             Subject::PeerRead | Subject::PeerMmap | Subject::PeerPython => Kind::Peer,
         }
@@ -121,17 +134,38 @@ impl CellSpec {
     }
 }
 
-/// The cells to measure on `fixture`, in order: rooflines first (every ratio needs them), then
-/// Tensora (`backends` and [`AUTO`]), then peers. Cold cells only when `config.cold`.
+/// The cells to measure on `fixture`, in order: rooflines, Tensora (`backends` and [`AUTO`]),
+/// peers, then the rooflines again (except with `--quick`): a virtual disk's speed drifts within a
+/// run, and the better pass is the roofline. Cold cells only when `config.cold`.
 pub fn plan_cells(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Vec<CellSpec> {
+    let mut cells = plan_cells_once(config, fixture, backends);
+    if !config.quick {
+        let again: Vec<CellSpec> = cells
+            .iter()
+            .filter_map(|c| {
+                let subject = match c.subject {
+                    Subject::RooflineWarm { again: false } => Subject::RooflineWarm { again: true },
+                    Subject::RooflineDirect { again: false } => Subject::RooflineDirect { again: true },
+                    Subject::RooflineBuffered { again: false } => Subject::RooflineBuffered { again: true },
+                    _ => return None,
+                };
+                Some(CellSpec { subject, ..c.clone() })
+            })
+            .collect();
+        cells.extend(again);
+    }
+    cells
+}
+
+fn plan_cells_once(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Vec<CellSpec> {
     use Cache::{Cold, Warm};
     use Mode::{Owned, Raw, Streaming};
     use Scope::{Full, Partial};
-    let mut cells = vec![CellSpec::new(Subject::RooflineWarm, Warm, Full, Raw)];
+    let mut cells = vec![CellSpec::new(Subject::RooflineWarm { again: false }, Warm, Full, Raw)];
     // Quick runs measure cold only on the main fixture: each cold run empties the page cache.
     if config.cold && (!config.quick || fixture == fixtures::TINYLLAMA) {
-        cells.push(CellSpec::new(Subject::RooflineDirect, Cold, Full, Raw));
-        cells.push(CellSpec::new(Subject::RooflineBuffered, Cold, Full, Raw));
+        cells.push(CellSpec::new(Subject::RooflineDirect { again: false }, Cold, Full, Raw));
+        cells.push(CellSpec::new(Subject::RooflineBuffered { again: false }, Cold, Full, Raw));
     }
     let caches: &[Cache] = if config.cold { &[Warm, Cold] } else { &[Warm] };
     // The peers read safetensors only.
@@ -420,7 +454,13 @@ impl Runner<'_> {
     fn try_cell(&mut self, fixture: &Fixture, spec: &CellSpec, partial: &[String]) -> Result<Outcome> {
         let runs = self.config.runs;
         let cold = match spec.cache {
-            Cache::Warm => None,
+            Cache::Warm => {
+                // Warm means the files are in the page cache, whatever the previous cell did (a
+                // cold cell, or an O_DIRECT load that bypassed the cache).
+                let bufs = self.copy_buffers.get_or_insert_with(|| ReadBuffers::new(roofline::COPY_THREADS));
+                roofline::read_through_cache(&fixture.data_files, bufs)?;
+                None
+            }
             Cache::Cold => {
                 let dropper = self.dropper.as_ref().context("cold cell without a cache dropper")?;
                 Some((dropper, &fixture.data_files[..]))
@@ -432,7 +472,7 @@ impl Runner<'_> {
         };
         let files = &fixture.data_files;
         let samples = match &spec.subject {
-            Subject::RooflineWarm => {
+            Subject::RooflineWarm { .. } => {
                 let need = files
                     .iter()
                     .map(|f| std::fs::metadata(f).map(|m| m.len()))
@@ -443,7 +483,7 @@ impl Runner<'_> {
                 let details = Some(serde_json::json!({ "huge_pages_advised": arena.huge_pages_advised() }));
                 return Ok(Outcome::Samples(samples, details));
             }
-            Subject::RooflineDirect => {
+            Subject::RooflineDirect { .. } => {
                 for f in files {
                     if let Err(why) = tensora_io::probe::direct_io_supported(f) {
                         return Ok(Outcome::Skipped(format!("no O_DIRECT on {}: {why}", f.display())));
@@ -453,7 +493,7 @@ impl Runner<'_> {
                     self.direct_buffers.get_or_insert_with(|| ReadBuffers::new(roofline::DIRECT_QUEUE_DEPTH));
                 measure(runs, cold, || roofline::cold_direct(files, bufs))?
             }
-            Subject::RooflineBuffered => {
+            Subject::RooflineBuffered { .. } => {
                 let bufs = self.copy_buffers.get_or_insert_with(|| ReadBuffers::new(roofline::COPY_THREADS));
                 measure(runs, cold, || roofline::cold_buffered(files, bufs))?
             }
@@ -533,10 +573,15 @@ mod tests {
     fn full_plan_covers_every_axis() {
         let cells = plan_cells(&config(false, true), fixtures::TINYLLAMA, &BACKENDS);
         // Rooflines first.
-        assert_eq!(cells[0].subject, Subject::RooflineWarm);
-        assert_eq!(cells[1].subject, Subject::RooflineDirect);
-        assert_eq!(cells[2].subject, Subject::RooflineBuffered);
-        assert!(cells[3..].iter().all(|c| c.subject.kind() != Kind::Roofline));
+        assert_eq!(cells[0].subject, Subject::RooflineWarm { again: false });
+        assert_eq!(cells[1].subject, Subject::RooflineDirect { again: false });
+        assert_eq!(cells[2].subject, Subject::RooflineBuffered { again: false });
+        // ... and last, measured again.
+        let n = cells.len();
+        assert_eq!(cells[n - 3].subject, Subject::RooflineWarm { again: true });
+        assert_eq!(cells[n - 2].subject, Subject::RooflineDirect { again: true });
+        assert_eq!(cells[n - 1].subject, Subject::RooflineBuffered { again: true });
+        assert!(cells[3..n - 3].iter().all(|c| c.subject.kind() != Kind::Roofline));
         // (4 backends + auto) × warm/cold × full/partial × owned/streaming.
         let tensora = cells.iter().filter(|c| matches!(c.subject, Subject::Tensora(_))).count();
         assert_eq!(tensora, 5 * 2 * 2 * 2);

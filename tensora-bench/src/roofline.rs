@@ -99,60 +99,89 @@ pub fn warm_pread(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
     Ok(total)
 }
 
-/// Read each file block by block with `readers` threads, each keeping one read of [`BLOCK_BYTES`] in
-/// flight into its own buffer. Returns the bytes read; fails if a file was not read whole.
+/// Read every file block by block with one thread per buffer, each keeping one read of
+/// [`BLOCK_BYTES`] in flight into its own buffer. The blocks of all files form one queue, so the
+/// readers never drain at a file boundary. Returns the bytes read; fails if a file was not read
+/// whole.
 fn parallel_blocks(files: &[PathBuf], direct: bool, buffers: &mut ReadBuffers) -> Result<u64> {
+    let opened = files.iter().map(|p| open_len(p, direct)).collect::<Result<Vec<_>>>()?;
+    // `first_block[i]`: index of file i's first block in the shared queue.
+    let mut first_block = Vec::with_capacity(opened.len() + 1);
+    let mut blocks_total = 0u64;
+    for (_, len) in &opened {
+        first_block.push(blocks_total);
+        blocks_total += len.div_ceil(BLOCK_BYTES as u64);
+    }
+    first_block.push(blocks_total);
+    let next = AtomicU64::new(0);
+    let done_bytes: Vec<AtomicU64> = opened.iter().map(|_| AtomicU64::new(0)).collect();
+    let failures = AtomicUsize::new(0);
+    let first_error: Mutex<Option<(usize, std::io::Error)>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for buf in buffers.blocks() {
+            let (opened, first_block, next, done_bytes, failures, first_error) =
+                (&opened, &first_block, &next, &done_bytes, &failures, &first_error);
+            s.spawn(move || {
+                loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    if k >= blocks_total || failures.load(Ordering::Relaxed) > 0 {
+                        break;
+                    }
+                    // The file holding block k: the last one whose first block is <= k.
+                    let f = first_block.partition_point(|&b| b <= k) - 1;
+                    let (file, len) = (&opened[f].0, opened[f].1);
+                    let offset = (k - first_block[f]) * BLOCK_BYTES as u64;
+                    let want = (len - offset).min(BLOCK_BYTES as u64) as usize;
+                    // O_DIRECT wants whole blocks: read a whole buffer and accept a short read
+                    // at end of file.
+                    let ask = if direct { want.next_multiple_of(DIRECT_ALIGN_BYTES) } else { want };
+                    let error = match file.read_at(&mut buf[..ask], offset) {
+                        Ok(n) if n >= want => {
+                            done_bytes[f].fetch_add(want as u64, Ordering::Relaxed);
+                            continue;
+                        }
+                        Ok(n) => std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            format!("short read of {n} of {want} bytes at offset {offset}"),
+                        ),
+                        Err(e) => e,
+                    };
+                    failures.fetch_add(1, Ordering::Relaxed);
+                    first_error.lock().map(|mut g| *g = g.take().or(Some((f, error)))).unwrap_or(());
+                }
+            });
+        }
+    });
+    let how = if direct { "O_DIRECT" } else { "buffered" };
+    if let Some((f, e)) = first_error.into_inner().ok().flatten() {
+        return Err(e).with_context(|| format!("read {} ({how})", files[f].display()));
+    }
+    let mut total = 0u64;
+    for ((path, (_, len)), done) in files.iter().zip(&opened).zip(done_bytes) {
+        let done = done.into_inner();
+        if done != *len {
+            bail!("read {done} of {len} bytes of {} ({how})", path.display());
+        }
+        total += len;
+    }
+    Ok(total)
+}
+
+/// Read `files` once through the page cache (one thread, one [`BLOCK_BYTES`] buffer), so that a
+/// warm cell starts warm whatever the previous cell did (a cold cell, or an `O_DIRECT` load that
+/// bypassed the cache). Returns the bytes read.
+pub fn read_through_cache(files: &[PathBuf], buffers: &mut ReadBuffers) -> Result<u64> {
+    let buf = buffers.blocks().into_iter().next().context("no read buffer")?;
     let mut total = 0u64;
     for path in files {
-        let (file, len) = open_len(path, direct)?;
-        let blocks = len.div_ceil(BLOCK_BYTES as u64);
-        let next = AtomicU64::new(0);
-        let done_bytes = AtomicU64::new(0);
-        let failures = AtomicUsize::new(0);
-        let first_error: Mutex<Option<std::io::Error>> = Mutex::new(None);
-        std::thread::scope(|s| {
-            for buf in buffers.blocks() {
-                let (file, next, done_bytes, failures, first_error) =
-                    (&file, &next, &done_bytes, &failures, &first_error);
-                s.spawn(move || {
-                    loop {
-                        let k = next.fetch_add(1, Ordering::Relaxed);
-                        if k >= blocks || failures.load(Ordering::Relaxed) > 0 {
-                            break;
-                        }
-                        let offset = k * BLOCK_BYTES as u64;
-                        let want = (len - offset).min(BLOCK_BYTES as u64) as usize;
-                        // O_DIRECT wants whole blocks: read a whole buffer and accept a short
-                        // read at end of file.
-                        let ask = if direct { want.next_multiple_of(DIRECT_ALIGN_BYTES) } else { want };
-                        match file.read_at(&mut buf[..ask], offset) {
-                            Ok(n) if n >= want => {
-                                done_bytes.fetch_add(want as u64, Ordering::Relaxed);
-                            }
-                            Ok(n) => {
-                                failures.fetch_add(1, Ordering::Relaxed);
-                                let e = std::io::Error::new(
-                                    std::io::ErrorKind::UnexpectedEof,
-                                    format!("short read of {n} of {want} bytes at offset {offset}"),
-                                );
-                                first_error.lock().map(|mut g| *g = g.take().or(Some(e))).unwrap_or(());
-                            }
-                            Err(e) => {
-                                failures.fetch_add(1, Ordering::Relaxed);
-                                first_error.lock().map(|mut g| *g = g.take().or(Some(e))).unwrap_or(());
-                            }
-                        }
-                    }
-                });
+        let (file, len) = open_len(path, false)?;
+        let mut offset = 0u64;
+        while offset < len {
+            let n = file.read_at(buf, offset).with_context(|| format!("read {}", path.display()))?;
+            if n == 0 {
+                bail!("{} ended at {offset} of {len} bytes", path.display());
             }
-        });
-        if let Some(e) = first_error.into_inner().ok().flatten() {
-            let how = if direct { "O_DIRECT" } else { "buffered" };
-            return Err(e).with_context(|| format!("read {} ({how})", path.display()));
-        }
-        let done = done_bytes.into_inner();
-        if done != len {
-            bail!("read {done} of {len} bytes of {}", path.display());
+            offset += n as u64;
         }
         total += len;
     }
@@ -214,5 +243,7 @@ mod tests {
             Err(e) => assert!(format!("{e:#}").contains("O_DIRECT"), "{e:#}"),
         }
         assert!(cold_buffered(&[dir.path().join("missing")], &mut ReadBuffers::new(1)).is_err());
+        assert_eq!(read_through_cache(&files, &mut ReadBuffers::new(1)).unwrap(), expected);
+        assert!(read_through_cache(&files, &mut ReadBuffers::new(0)).is_err());
     }
 }

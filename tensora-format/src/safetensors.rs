@@ -21,7 +21,7 @@
 //! file.extend_from_slice(&[0u8; 8]);
 //! let header = parse_header(&file, file.len() as u64).unwrap();
 //! assert_eq!(header.tensors().len(), 1);
-//! assert_eq!(header.tensors()[0].name(), "w");
+//! assert_eq!(header.tensor(0).unwrap().name(), "w");
 //! assert_eq!(header.data_start_bytes(), 8 + json.len() as u64);
 //! ```
 
@@ -53,29 +53,48 @@ const MEMORY_PATH: &str = "<memory>";
 /// at most `n / 49 + 1` entries. Used only to cap preallocation on hostile input.
 const ENTRY_BYTES_MIN: usize = 49;
 
-/// One tensor entry of a parsed header.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeaderTensor {
-    // Boxed rather than String/Vec: 16 bytes less per tensor, and free to turn into String/Vec.
-    pub(crate) name: Box<str>,
-    pub(crate) dtype: Dtype,
-    pub(crate) shape: Box<[u64]>,
-    pub(crate) start_bytes: u64,
-    pub(crate) end_bytes: u64,
+/// One tensor entry, compact: its name and shape live in the [`Header`]'s shared buffers, so a
+/// parse makes no allocation per tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    name_start: u32,
+    name_len: u32,
+    dims_start: u32,
+    rank: u8,
+    dtype: Dtype,
+    start_bytes: u64,
+    end_bytes: u64,
 }
 
-impl HeaderTensor {
+impl Entry {
+    fn name<'a>(&self, names: &'a str) -> &'a str {
+        let start = self.name_start as usize;
+        &names[start..start + self.name_len as usize]
+    }
+}
+
+/// One tensor entry of a parsed [`Header`], borrowed from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderTensor<'a> {
+    name: &'a str,
+    dtype: Dtype,
+    shape: &'a [u64],
+    start_bytes: u64,
+    end_bytes: u64,
+}
+
+impl<'a> HeaderTensor<'a> {
     /// The tensor name (unescaped).
-    pub fn name(&self) -> &str {
-        &self.name
+    pub fn name(&self) -> &'a str {
+        self.name
     }
     /// Element type.
     pub fn dtype(&self) -> Dtype {
         self.dtype
     }
     /// Shape; `[]` is a scalar.
-    pub fn shape(&self) -> &[u64] {
-        &self.shape
+    pub fn shape(&self) -> &'a [u64] {
+        self.shape
     }
     /// `data_offsets`: the byte range relative to the start of the data section.
     pub fn data_offsets(&self) -> (u64, u64) {
@@ -91,10 +110,15 @@ impl HeaderTensor {
 /// data section exactly (rules 1-10 of the format all hold).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
-    pub(crate) header_len_bytes: u64,
-    pub(crate) file_len_bytes: u64,
-    pub(crate) metadata: Option<BTreeMap<String, String>>,
-    pub(crate) tensors: Vec<HeaderTensor>,
+    header_len_bytes: u64,
+    file_len_bytes: u64,
+    metadata: Option<BTreeMap<String, String>>,
+    /// All tensor names, back to back.
+    names: String,
+    /// All shapes, back to back.
+    dims: Vec<u64>,
+    /// Sorted by data offset.
+    entries: Vec<Entry>,
 }
 
 impl Header {
@@ -118,13 +142,36 @@ impl Header {
     pub fn metadata(&self) -> Option<&BTreeMap<String, String>> {
         self.metadata.as_ref()
     }
-    /// Tensors ordered by data offset (ties, which only zero-sized tensors can have, keep header order).
-    pub fn tensors(&self) -> &[HeaderTensor] {
-        &self.tensors
+    /// Take `__metadata__` out of the header.
+    pub fn take_metadata(&mut self) -> Option<BTreeMap<String, String>> {
+        self.metadata.take()
     }
-    /// Split into metadata and tensors.
-    pub fn into_parts(self) -> (Option<BTreeMap<String, String>>, Vec<HeaderTensor>) {
-        (self.metadata, self.tensors)
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+    /// Whether the header has no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+    /// Tensor `i` in data-offset order, if there is one.
+    pub fn tensor(&self, i: usize) -> Option<HeaderTensor<'_>> {
+        self.entries.get(i).map(|e| self.view(e))
+    }
+    /// Tensors ordered by data offset (ties, which only zero-sized tensors can have, keep header
+    /// order).
+    pub fn tensors(&self) -> impl ExactSizeIterator<Item = HeaderTensor<'_>> + DoubleEndedIterator + '_ {
+        self.entries.iter().map(|e| self.view(e))
+    }
+    fn view<'a>(&'a self, e: &Entry) -> HeaderTensor<'a> {
+        let dims_start = e.dims_start as usize;
+        HeaderTensor {
+            name: e.name(&self.names),
+            dtype: e.dtype,
+            shape: &self.dims[dims_start..dims_start + usize::from(e.rank)],
+            start_bytes: e.start_bytes,
+            end_bytes: e.end_bytes,
+        }
     }
 }
 
@@ -187,9 +234,9 @@ pub fn parse_header_with_path(bytes: &[u8], file_len_bytes: u64, path: &Path) ->
     let data_len_bytes = file_len_bytes - span;
     let mut parser = Parser::new(path, json);
     parser.run()?;
-    let Parser { metadata, mut tensors, .. } = parser;
-    check_tiling(path, &mut tensors, data_len_bytes)?;
-    Ok(Header { header_len_bytes, file_len_bytes, metadata, tensors })
+    let Parser { metadata, mut entries, names, dims, .. } = parser;
+    check_tiling(path, &mut entries, &names, data_len_bytes)?;
+    Ok(Header { header_len_bytes, file_len_bytes, metadata, names, dims, entries })
 }
 
 /// Read and validate the header of the safetensors file at `path`. Reads exactly `8 + n` bytes.
@@ -364,27 +411,27 @@ fn is_json_ws(b: u8) -> bool {
 }
 
 /// Sort by start and check that the ranges tile `[0, data_len)` exactly (rule 9).
-fn check_tiling(path: &Path, tensors: &mut [HeaderTensor], data_len_bytes: u64) -> Result<()> {
+fn check_tiling(path: &Path, tensors: &mut [Entry], names: &str, data_len_bytes: u64) -> Result<()> {
     tensors.sort_by_key(|t| (t.start_bytes, t.end_bytes));
     let mut expected = 0u64;
     for t in tensors.iter() {
         if t.start_bytes > expected {
             return Err(Error::new(path, ErrorKind::DataHole { start: t.start_bytes, expected })
-                .with_tensor(&*t.name));
+                .with_tensor(t.name(names)));
         }
         if t.start_bytes < expected {
             return Err(Error::new(
                 path,
                 ErrorKind::DataOverlap { start: t.start_bytes, previous_end: expected },
             )
-            .with_tensor(&*t.name));
+            .with_tensor(t.name(names)));
         }
         expected = t.end_bytes;
     }
     if expected != data_len_bytes {
         let err = Error::new(path, ErrorKind::DataLenMismatch { end: expected, data_len_bytes });
         return Err(match tensors.last() {
-            Some(t) => err.with_tensor(&*t.name),
+            Some(t) => err.with_tensor(t.name(names)),
             None => err,
         });
     }
@@ -450,7 +497,7 @@ impl NameSet {
         self.collided.clear();
     }
     /// Insert `name` (the tensor at `index`); returns false if the name was already present.
-    fn insert(&mut self, name: &str, index: u32, tensors: &[HeaderTensor]) -> bool {
+    fn insert(&mut self, name: &str, index: u32, entries: &[Entry], names: &str) -> bool {
         let hash = name_hash(self.seed, name.as_bytes());
         match self.first_by_hash.entry(hash) {
             std::collections::hash_map::Entry::Vacant(v) => {
@@ -458,7 +505,7 @@ impl NameSet {
                 true
             }
             std::collections::hash_map::Entry::Occupied(o) => {
-                if &*tensors[*o.get() as usize].name == name {
+                if entries[*o.get() as usize].name(names) == name {
                     false
                 } else {
                     self.collided.insert(name.to_string())
@@ -480,8 +527,10 @@ struct Parser<'a> {
     json: &'a [u8],
     metadata: Option<BTreeMap<String, String>>,
     metadata_seen: bool,
-    tensors: Vec<HeaderTensor>,
-    names: NameSet,
+    entries: Vec<Entry>,
+    names: String,
+    dims: Vec<u64>,
+    seen: NameSet,
 }
 
 impl<'a> Parser<'a> {
@@ -491,8 +540,10 @@ impl<'a> Parser<'a> {
             json,
             metadata: None,
             metadata_seen: false,
-            tensors: Vec::new(),
-            names: NameSet::new(),
+            entries: Vec::new(),
+            names: String::new(),
+            dims: Vec::new(),
+            seen: NameSet::new(),
         }
     }
 
@@ -516,8 +567,12 @@ impl<'a> Parser<'a> {
         // the header could hold at its densest) avoids growth peaks.
         let braces = json.iter().filter(|&&b| b == b'}').count();
         let capacity = braces.min(json.len() / ENTRY_BYTES_MIN + 1);
-        self.tensors.reserve_exact(capacity);
-        self.names.first_by_hash.reserve(capacity);
+        self.entries.reserve_exact(capacity);
+        self.seen.first_by_hash.reserve(capacity);
+        // Names and dims grow if these guesses are short: names are usually under a third of a
+        // header, and a dimension takes at least two bytes of JSON.
+        self.names.reserve(json.len() / 3);
+        self.dims.reserve((2 * capacity).min(json.len() / 2));
         let mut scratch = Scratch {
             buffers: Buffers::with_max_depth(CHUNK_BYTES_TARGET + 2, json.len() + 2),
             chunk: Vec::with_capacity(CHUNK_BYTES_TARGET + 2 + simd_json::INPUT_PADDING),
@@ -532,8 +587,10 @@ impl<'a> Parser<'a> {
             if self.parse_segments(&segments, &mut scratch).is_ok() {
                 return Ok(());
             }
-            self.tensors.clear();
+            self.entries.clear();
             self.names.clear();
+            self.dims.clear();
+            self.seen.clear();
             self.metadata = None;
             self.metadata_seen = false;
         }
@@ -688,7 +745,7 @@ impl<'a> Parser<'a> {
         if name.is_empty() {
             return Err(tensor_err(ErrorKind::BadTensorName { reason: "empty" }));
         }
-        if name.chars().any(char::is_control) {
+        if has_control(name) {
             return Err(tensor_err(ErrorKind::BadTensorName {
                 reason: "contains a NUL or control character",
             }));
@@ -697,7 +754,8 @@ impl<'a> Parser<'a> {
             return Err(tensor_err(ErrorKind::BadTensorEntry { message: "value is not an object".into() }));
         };
         let mut dtype: Option<Dtype> = None;
-        let mut shape: Option<Vec<u64>> = None;
+        // (first index in self.dims, rank)
+        let mut shape: Option<(usize, usize)> = None;
         let mut offsets: Option<(u64, u64)> = None;
         let mut i = 1;
         for _ in 0..len {
@@ -732,13 +790,12 @@ impl<'a> Parser<'a> {
                     if rank > RANK_MAX {
                         return Err(tensor_err(ErrorKind::RankTooLarge { rank, limit: RANK_MAX }));
                     }
-                    let mut dims = Vec::with_capacity(rank);
+                    let dims_start = self.dims.len();
                     for node in &v[1..] {
-                        dims.push(
-                            node_u64(node).map_err(|reason| tensor_err(ErrorKind::BadShape { reason }))?,
-                        );
+                        let d = node_u64(node).map_err(|reason| tensor_err(ErrorKind::BadShape { reason }))?;
+                        self.dims.push(d);
                     }
-                    shape = Some(dims);
+                    shape = Some((dims_start, rank));
                 }
                 "data_offsets" => {
                     if offsets.is_some() {
@@ -764,10 +821,10 @@ impl<'a> Parser<'a> {
             i = v_end;
         }
         let dtype = dtype.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "dtype" }))?;
-        let shape = shape.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "shape" }))?;
+        let (dims_start, rank) = shape.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "shape" }))?;
         let (start, end) =
             offsets.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "data_offsets" }))?;
-        let numel = shape
+        let numel = self.dims[dims_start..dims_start + rank]
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
             .ok_or_else(|| tensor_err(ErrorKind::SizeOverflow))?;
@@ -780,15 +837,23 @@ impl<'a> Parser<'a> {
         if expected_bytes != end - start {
             return Err(tensor_err(ErrorKind::SizeMismatch { expected_bytes, actual_bytes: end - start }));
         }
-        let index = u32::try_from(self.tensors.len())
-            .map_err(|_| tensor_err(ErrorKind::BadTensorEntry { message: "too many tensors".into() }))?;
-        if !self.names.insert(name, index, &self.tensors) {
+        // All three fit u32: the header is at most 100 MB, and each tensor, name byte and
+        // dimension takes at least one byte of it.
+        let too_many = || tensor_err(ErrorKind::BadTensorEntry { message: "header too large to index".into() });
+        let index = u32::try_from(self.entries.len()).map_err(|_| too_many())?;
+        let name_start = u32::try_from(self.names.len()).map_err(|_| too_many())?;
+        let name_len = u32::try_from(name.len()).map_err(|_| too_many())?;
+        let dims_start = u32::try_from(dims_start).map_err(|_| too_many())?;
+        if !self.seen.insert(name, index, &self.entries, &self.names) {
             return Err(tensor_err(ErrorKind::DuplicateTensor));
         }
-        self.tensors.push(HeaderTensor {
-            name: name.into(),
+        self.names.push_str(name);
+        self.entries.push(Entry {
+            name_start,
+            name_len,
+            dims_start,
+            rank: rank as u8, // rank <= RANK_MAX (64)
             dtype,
-            shape: shape.into_boxed_slice(),
             start_bytes: start,
             end_bytes: end,
         });

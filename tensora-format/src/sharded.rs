@@ -258,22 +258,22 @@ fn read_index_file(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// Turn a parsed header into tensor infos for file `file`.
-fn tensors_of(header: Header, file: FileId, out: &mut Vec<TensorInfo>) -> Option<BTreeMap<String, String>> {
+fn tensors_of(mut header: Header, file: FileId, out: &mut Vec<TensorInfo>) -> Option<BTreeMap<String, String>> {
     let data_start = header.data_start_bytes();
-    let (metadata, tensors) = header.into_parts();
-    out.reserve(tensors.len());
-    for t in tensors {
+    out.reserve(header.len());
+    for t in header.tensors() {
+        let (start, end) = t.data_offsets();
         out.push(TensorInfo {
-            len_bytes: t.end_bytes - t.start_bytes,
-            offset_bytes: data_start + t.start_bytes,
-            name: t.name.into(),
-            dtype: t.dtype,
-            shape: t.shape.into_vec(),
+            len_bytes: end - start,
+            offset_bytes: data_start + start,
+            name: t.name().to_string(),
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
             file,
             strides: None,
         });
     }
-    metadata
+    header.take_metadata()
 }
 
 fn file_entry(path: PathBuf, header: &Header, meta: &std::fs::Metadata) -> FileEntry {

@@ -74,10 +74,9 @@ pub struct Choice {
 /// sampled over the selected tensors' byte ranges of the first [`RESIDENCY_FILES_MAX`] files.
 pub fn gather(ckpt: &Checkpoint, selected: &[usize], streaming: bool, mapped: bool) -> Facts {
     let mut by_file: Vec<(u32, Vec<std::ops::Range<u64>>)> = Vec::new();
-    let mut bytes_selected = 0u64;
+    let bytes_selected = crate::load::distinct_bytes(ckpt, selected);
     for &i in selected {
         let t = &ckpt.tensors()[i];
-        bytes_selected += t.len_bytes();
         let f = t.file().0;
         match by_file.iter_mut().find(|(id, _)| *id == f) {
             Some((_, ranges)) => ranges.push(t.range()),

@@ -47,3 +47,8 @@ pub use load::{
     TensorRef, load, load_path, load_streaming,
 };
 pub use report::{LoadReport, Phases};
+
+/// The README's Rust examples, compiled as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

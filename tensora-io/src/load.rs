@@ -736,6 +736,36 @@ struct Session<'c> {
     progress_done: AtomicU64,
 }
 
+/// Bytes covered by the selected tensors, counting bytes shared by tied tensors (ServerlessLLM
+/// names that alias one storage) once: the union of their file ranges.
+pub(crate) fn distinct_bytes(ckpt: &Checkpoint, selected: &[usize]) -> u64 {
+    let mut ranges: Vec<(u32, u64, u64)> = selected
+        .iter()
+        .map(|&i| {
+            let t = &ckpt.tensors()[i];
+            let r = t.range();
+            (t.file().0, r.start, r.end)
+        })
+        .collect();
+    ranges.sort_unstable();
+    let mut total_bytes = 0u64;
+    let mut current: Option<(u32, u64, u64)> = None;
+    for (file, start, end) in ranges {
+        current = match current {
+            Some((f, s, e)) if f == file && start <= e => Some((f, s, e.max(end))),
+            Some((_, s, e)) => {
+                total_bytes += e - s;
+                Some((file, start, end))
+            }
+            None => Some((file, start, end)),
+        };
+    }
+    if let Some((_, s, e)) = current {
+        total_bytes += e - s;
+    }
+    total_bytes
+}
+
 impl<'c> Session<'c> {
     fn new(
         ckpt: &'c Checkpoint,
@@ -743,7 +773,7 @@ impl<'c> Session<'c> {
         selected: &[usize],
         streaming: bool,
     ) -> Result<Session<'c>, LoadError> {
-        let bytes_selected = selected.iter().map(|&i| ckpt.tensors()[i].len_bytes()).sum();
+        let bytes_selected = distinct_bytes(ckpt, selected);
         let ids = touched_files(ckpt, selected);
         let mapped = opts.residence == Residence::Mapped;
         let (backend, backend_name, mut direct, reason): (Arc<dyn IoBackend>, String, bool, String) =

@@ -219,7 +219,7 @@ fn rule4_tensor_names() {
     }
     // Unicode and escaped quotes are fine.
     let json = format!("{{{}}}", entry(r#"é.\"q\"/ü"#, "F32", "[2]", 0, 8));
-    assert_eq!(parse(&json, 8).unwrap().tensors()[0].name(), "é.\"q\"/ü");
+    assert_eq!(parse(&json, 8).unwrap().tensor(0).unwrap().name(), "é.\"q\"/ü");
 }
 
 #[test]
@@ -268,7 +268,7 @@ fn rule4_missing_and_duplicate_fields() {
 fn rule4_unknown_fields_are_ignored() {
     let json = r#"{"w":{"x":{"a":[1,{"b":null}],"c":-1.5e3},"dtype":"F32","y":"F16","shape":[2],"data_offsets":[0,8],"z":[]}}"#;
     let h = parse(json, 8).unwrap();
-    assert_eq!(h.tensors()[0].dtype(), Dtype::F32);
+    assert_eq!(h.tensor(0).unwrap().dtype(), Dtype::F32);
 }
 
 #[test]
@@ -305,7 +305,7 @@ fn rule5_duplicates_are_found_across_parse_chunks() {
     assert!(json.len() > 2 * CHUNK_BYTES_TARGET);
     let h = parse(&json, count).unwrap();
     assert_eq!(h.tensors().len(), count);
-    assert_eq!(h.tensors()[count - 1].name(), format!("t{}", count - 1));
+    assert_eq!(h.tensor(count - 1).unwrap().name(), format!("t{}", count - 1));
     parts.push(entry("t0", "U8", "[1]", count as u64, count as u64 + 1));
     let json = format!("{{{}}}", parts.join(","));
     let e = parse(&json, count + 1).unwrap_err();
@@ -336,7 +336,7 @@ fn rule6_every_dtype_is_accepted() {
         let nbytes = d.bytes_for(8).unwrap();
         let json = format!("{{{}}}", entry("t", d.as_str(), "[8]", 0, nbytes));
         let h = parse(&json, nbytes as usize).unwrap();
-        assert_eq!(h.tensors()[0].dtype(), d);
+        assert_eq!(h.tensor(0).unwrap().dtype(), d);
     }
 }
 
@@ -355,7 +355,7 @@ fn rule6_sub_byte_totals_must_be_whole_bytes() {
     let f6 = format!("{{{}}}", entry("t", "F6_E2M3", "[5]", 0, 4));
     assert!(matches!(kind(&f6, 4), ErrorKind::PartialByte { numel: 5, .. }));
     let ok = format!("{{{}}}", entry("t", "F6_E3M2", "[2,2]", 0, 3));
-    assert_eq!(parse(&ok, 3).unwrap().tensors()[0].nbytes(), 3);
+    assert_eq!(parse(&ok, 3).unwrap().tensor(0).unwrap().nbytes(), 3);
 }
 
 // ---- rule 7: shape and data_offsets are plain non-negative integers ----
@@ -378,7 +378,7 @@ fn rule7_shape_values() {
 fn rule7_rank_limit() {
     let ok = format!("[{}]", vec!["1"; 64].join(","));
     assert_eq!(
-        parse(&format!("{{{}}}", entry("t", "U8", &ok, 0, 1)), 1).unwrap().tensors()[0].shape().len(),
+        parse(&format!("{{{}}}", entry("t", "U8", &ok, 0, 1)), 1).unwrap().tensor(0).unwrap().shape().len(),
         64
     );
     let too_deep = format!("[{}]", vec!["1"; 65].join(","));
@@ -437,7 +437,7 @@ fn rule8_scalar_and_zero_dims() {
     );
     let h = parse(&json, 8).unwrap();
     assert_eq!(h.tensors().len(), 3);
-    assert_eq!(h.tensors()[0].shape(), &[] as &[u64]);
+    assert_eq!(h.tensor(0).unwrap().shape(), &[] as &[u64]);
     // A zero dimension with a non-empty range is a mismatch.
     let bad = format!("{{{}}}", entry("z", "F32", "[0]", 0, 4));
     assert!(matches!(kind(&bad, 4), ErrorKind::SizeMismatch { expected_bytes: 0, actual_bytes: 4 }));
@@ -473,7 +473,7 @@ fn rule9_zero_sized_tensors_anywhere_consistent_and_sorted_by_offset() {
         entry("start", "U8", "[0]", 0, 0)
     );
     let h = parse(&json, 8).unwrap();
-    let names: Vec<&str> = h.tensors().iter().map(HeaderTensor::name).collect();
+    let names: Vec<&str> = h.tensors().map(|t| t.name()).collect();
     assert_eq!(names, ["start", "a", "mid", "b", "end"]);
     assert_eq!(parse("{}", 0).unwrap().tensors().len(), 0);
 }
@@ -489,7 +489,7 @@ fn rule10_misaligned_data_and_bool_bytes_are_valid() {
     f.extend_from_slice(&[0x02, 0xFF, 0x7F]);
     let h = parse_header(&f, f.len() as u64).unwrap();
     assert_eq!(h.data_start_bytes(), 69);
-    assert_eq!(h.tensors()[0].dtype(), Dtype::Bool);
+    assert_eq!(h.tensor(0).unwrap().dtype(), Dtype::Bool);
 }
 
 // ---- properties ----
@@ -531,23 +531,29 @@ proptest! {
 #[test]
 fn name_set_stays_correct_when_hashes_collide() {
     let mut set = NameSet::new();
-    let mut tensors = Vec::new();
-    let t = |name: &str| HeaderTensor {
-        name: name.into(),
-        dtype: Dtype::U8,
-        shape: Box::new([]),
-        start_bytes: 0,
-        end_bytes: 1,
+    let mut entries = Vec::new();
+    let mut names = String::new();
+    let mut add = |entries: &mut Vec<Entry>, names: &mut String, name: &str| {
+        entries.push(Entry {
+            name_start: names.len() as u32,
+            name_len: name.len() as u32,
+            dims_start: 0,
+            rank: 0,
+            dtype: Dtype::U8,
+            start_bytes: 0,
+            end_bytes: 1,
+        });
+        names.push_str(name);
     };
-    assert!(set.insert("a", 0, &tensors));
-    tensors.push(t("a"));
+    assert!(set.insert("a", 0, &entries, &names));
+    add(&mut entries, &mut names, "a");
     // Force "b" to look like a collision with "a".
     let hash_b = name_hash(set.seed, b"b");
     set.first_by_hash.insert(hash_b, 0);
-    assert!(set.insert("b", 1, &tensors), "a different name with a colliding hash is new");
-    tensors.push(t("b"));
-    assert!(!set.insert("b", 2, &tensors), "and its duplicate is still found");
-    assert!(!set.insert("a", 2, &tensors));
+    assert!(set.insert("b", 1, &entries, &names), "a different name with a colliding hash is new");
+    add(&mut entries, &mut names, "b");
+    assert!(!set.insert("b", 2, &entries, &names), "and its duplicate is still found");
+    assert!(!set.insert("a", 2, &entries, &names));
     assert_ne!(name_hash(1, b"abcdefgh1"), name_hash(1, b"abcdefgh2"));
     assert_ne!(name_hash(1, b"x"), name_hash(2, b"x"));
 }
@@ -563,7 +569,7 @@ fn split_guesses_inside_strings_fall_back_to_the_exact_scan() {
     let json = format!("{{{}}}", parts.join(","));
     let h = parse(&json, count).unwrap();
     assert_eq!(h.tensors().len(), count);
-    assert_eq!(h.tensors()[5].name(), "t5},");
+    assert_eq!(h.tensor(5).unwrap().name(), "t5},");
     assert!(speculative_segments(json.as_bytes(), 0).unwrap().len() > 1, "the fast path did split");
     // And an unknown field whose nested objects end in `},"` at depth > 1.
     let parts: Vec<String> = (0..count)

@@ -61,7 +61,7 @@ fn written_file_parses_back_to_the_layout() {
     let header = parse_header(&bytes, bytes.len() as u64).unwrap();
     assert_eq!(header.metadata(), Some(&meta));
     for (i, s) in specs.iter().enumerate() {
-        let t = header.tensors().iter().find(|t| t.name() == s.name).unwrap();
+        let t = header.tensors().find(|t| t.name() == s.name).unwrap();
         let r = layout.tensor_range(i);
         assert_eq!(header.data_start_bytes() + t.data_offsets().0, r.start);
         assert_eq!((t.dtype(), t.shape()), (s.dtype, &s.shape[..]));
@@ -233,7 +233,7 @@ proptest! {
         prop_assert_eq!(header.tensors().len(), specs.len());
         prop_assert_eq!(header.metadata().cloned().unwrap_or_default(), meta);
         for (i, s) in specs.iter().enumerate() {
-            let t = header.tensors().iter().find(|t| t.name() == s.name).unwrap();
+            let t = header.tensors().find(|t| t.name() == s.name).unwrap();
             prop_assert_eq!(t.dtype(), s.dtype);
             prop_assert_eq!(t.shape(), &s.shape[..]);
             prop_assert_eq!(header.data_start_bytes() + t.data_offsets().0, layout.tensor_range(i).start);

@@ -1,0 +1,117 @@
+//! Runs a load on a worker thread with the GIL released, while the calling thread polls: it calls
+//! the Python `progress(bytes_done, bytes_total)` callback (on the caller's thread, with the GIL)
+//! and checks for signals (Ctrl-C). A callback returning `False` or raising, or a signal, sets the
+//! load's cancel flag; the exception is handed back unchanged.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBool;
+use tensora_io::ProgressHook;
+
+/// How often the caller wakes to report progress and check signals.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Default)]
+struct Shared {
+    done_bytes: AtomicU64,
+    total_bytes: AtomicU64,
+    finished: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Shared {
+    /// Wait until the work finishes or the poll interval passes; true when finished.
+    fn wait(&self) -> bool {
+        let g = self.finished.lock().unwrap_or_else(|e| e.into_inner());
+        if *g {
+            return true;
+        }
+        *self.changed.wait_timeout(g, POLL_INTERVAL).unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    fn finish(&self) {
+        *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.changed.notify_all();
+    }
+}
+
+/// What came back: the work's result, and the Python exception that cancelled it, if any.
+#[derive(Debug)]
+pub struct Outcome<T> {
+    pub result: T,
+    /// Raised by the callback or by a signal handler; takes precedence over `result`'s error.
+    pub py_err: Option<PyErr>,
+    /// The callback returned `False`.
+    pub cancelled_by_callback: bool,
+}
+
+/// Run `work` (given the progress hook to install) on a scoped thread with the GIL released.
+pub fn run<T: Send>(
+    py: Python<'_>,
+    callback: Option<&Py<PyAny>>,
+    cancel: &Arc<AtomicBool>,
+    work: impl FnOnce(Option<ProgressHook>) -> T + Send,
+) -> Outcome<T> {
+    let shared = Arc::new(Shared::default());
+    let callback = callback.map(|c| c.clone_ref(py));
+    let hook: Option<ProgressHook> = callback.as_ref().map(|_| {
+        let s = Arc::clone(&shared);
+        Arc::new(move |done: u64, total: u64| {
+            s.done_bytes.store(done, Ordering::Relaxed);
+            s.total_bytes.store(total, Ordering::Relaxed);
+        }) as ProgressHook
+    });
+    py.detach(|| {
+        std::thread::scope(|scope| {
+            let worker_shared = Arc::clone(&shared);
+            let worker = scope.spawn(move || {
+                let r = work(hook);
+                worker_shared.finish();
+                r
+            });
+            let mut py_err: Option<PyErr> = None;
+            let mut cancelled_by_callback = false;
+            let mut reported = (u64::MAX, u64::MAX);
+            loop {
+                let finished = shared.wait();
+                if py_err.is_none() && !cancelled_by_callback {
+                    let now =
+                        (shared.done_bytes.load(Ordering::Relaxed), shared.total_bytes.load(Ordering::Relaxed));
+                    let step = Python::attach(|py| -> PyResult<bool> {
+                        py.check_signals()?;
+                        let Some(cb) = &callback else { return Ok(true) };
+                        if now == reported || now.1 == 0 {
+                            return Ok(true);
+                        }
+                        reported = now;
+                        let ret = cb.call1(py, now)?;
+                        let ret = ret.bind(py);
+                        Ok(!(ret.is_instance_of::<PyBool>() && !ret.is_truthy()?))
+                    });
+                    match step {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            cancelled_by_callback = true;
+                            cancel.store(true, Ordering::Release);
+                        }
+                        Err(e) => {
+                            py_err = Some(e);
+                            cancel.store(true, Ordering::Release);
+                        }
+                    }
+                }
+                if finished {
+                    break;
+                }
+            }
+            let result = match worker.join() {
+                Ok(r) => r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            Outcome { result, py_err, cancelled_by_callback }
+        })
+    })
+}

@@ -1,0 +1,134 @@
+//! Memory that Python arrays point into, and the counter that proves it is freed.
+//!
+//! Every buffer handed to Python is a [`TensorData`] holding an `Arc<Owner>`. An [`Owner`] is an
+//! owned load (`tensora_io::Loaded`), private copy-on-write file mappings, or one heap copy. The
+//! memory lives exactly as long as the last `TensorData` (and so the last numpy array, torch
+//! tensor or DLPack capsule) that refers to it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tensora_format::Dtype;
+
+/// Owners alive in this process (test support: proves the last array frees the memory).
+static OWNERS_LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// How many [`Owner`]s are alive now.
+pub fn owners_live() -> usize {
+    OWNERS_LIVE.load(Ordering::SeqCst)
+}
+
+/// Where the bytes of a set of tensors live.
+#[derive(Debug)]
+pub enum Storage {
+    /// An owned load: the hugepage arena of `tensora_io::load`.
+    Loaded(tensora_io::Loaded),
+    /// One `MAP_PRIVATE` writable (copy-on-write) mapping per checkpoint file: writes never reach
+    /// the file.
+    Mapped(Vec<memmap2::MmapMut>),
+    /// One tensor's bytes copied out of a streaming window, in 8-byte words (aligned for every
+    /// element type).
+    Heap(Box<[u64]>),
+}
+
+/// Keeps a [`Storage`] alive and counts itself in [`owners_live`].
+#[derive(Debug)]
+pub struct Owner {
+    storage: Storage,
+}
+
+impl Owner {
+    pub fn new(storage: Storage) -> Arc<Owner> {
+        OWNERS_LIVE.fetch_add(1, Ordering::SeqCst);
+        Arc::new(Owner { storage })
+    }
+
+    /// What is kept alive.
+    pub fn storage(&self) -> &Storage {
+        &self.storage
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        OWNERS_LIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One tensor as Python sees it: an address inside an [`Owner`], its length and layout.
+///
+/// The address stays valid while `owner` lives: every [`Storage`] variant keeps its memory at a
+/// fixed address until dropped (an arena or mapping is never moved or remapped, a boxed slice is
+/// never reallocated).
+#[derive(Debug, Clone)]
+pub struct TensorBytes {
+    pub owner: Arc<Owner>,
+    /// Address of the first byte (kept as an integer so the type is `Send + Sync`).
+    pub addr: usize,
+    pub len_bytes: usize,
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    /// Strides in elements when the format records them; `None` is row-major.
+    pub strides: Option<Vec<u64>>,
+}
+
+impl TensorBytes {
+    /// Copy `bytes` into a fresh heap owner (used for tensors streamed through a recycled arena).
+    pub fn copied(t: &tensora_io::TensorRef<'_>) -> TensorBytes {
+        let bytes = t.bytes();
+        let words_len = bytes.len().div_ceil(8);
+        let mut words = vec![0u64; words_len].into_boxed_slice();
+        let dst: &mut [u8] = bytemuck_words(&mut words);
+        dst[..bytes.len()].copy_from_slice(bytes);
+        let addr = words.as_mut_ptr() as usize;
+        TensorBytes {
+            owner: Owner::new(Storage::Heap(words)),
+            addr,
+            len_bytes: bytes.len(),
+            name: t.name().to_owned(),
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            strides: t.info().strides().map(<[u64]>::to_vec),
+        }
+    }
+}
+
+/// The bytes of a word slice.
+fn bytemuck_words(words: &mut [u64]) -> &mut [u8] {
+    let len_bytes = std::mem::size_of_val(words);
+    // SAFETY: `u64` has no padding and any byte pattern is a valid `u8`; the byte slice covers
+    // exactly the words' memory and borrows `words` mutably for its whole lifetime.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len_bytes) }
+}
+
+/// Tests that count owners hold this, so concurrent tests do not skew the counter.
+#[cfg(test)]
+pub(crate) static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_follows_the_last_clone() {
+        let _serial = TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let before = owners_live();
+        let a = Owner::new(Storage::Heap(vec![1u64, 2].into_boxed_slice()));
+        let b = Arc::clone(&a);
+        assert_eq!(owners_live(), before + 1);
+        drop(a);
+        assert_eq!(owners_live(), before + 1, "a clone is still alive");
+        drop(b);
+        assert_eq!(owners_live(), before);
+    }
+
+    #[test]
+    fn words_view_covers_every_byte() {
+        let mut w = vec![0u64; 3].into_boxed_slice();
+        let b = bytemuck_words(&mut w);
+        assert_eq!(b.len(), 24);
+        b[23] = 0xff;
+        assert_eq!(w[2], 0xff << 56);
+    }
+}
