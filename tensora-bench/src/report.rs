@@ -667,10 +667,10 @@ mod tests {
     #[test]
     fn markdown_lists_every_cell_and_escapes_pipes() {
         let md = example().to_markdown();
-        assert_eq!(md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| subject")).count(), 8);
+        assert_eq!(md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| subject")).count(), 9);
         assert!(
             md.contains(
-                "| auto | cold | partial | owned | 1.00 | 1.00 | 1.00 | 50 % | ran io-uring/direct |"
+                "| auto | cold | partial | owned | 1.00 | 1.00 | 1.00 | 40 % | ran io-uring/direct |"
             )
         );
         assert!(md.contains("| sync | warm | full | owned | 5.50 | 5.00 | 6.00 | 55 % |"));

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::Context;
 use tensora_io::convert::{
     COPY_BUFFER_BYTES_DEFAULT, ConvertConfig, ConvertProgress, ConvertReport, TargetFormat,
 };
+
+use crate::units::parse_bytes;
 
 /// The layout to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -30,38 +31,20 @@ pub struct Args {
     /// Output layout.
     #[arg(long, value_enum)]
     pub to: To,
-    /// ServerlessLLM partition cap in bytes (suffixes K, M, G, KiB, MiB, GiB). Default 10 GiB.
+    /// ServerlessLLM partition cap in bytes, e.g. 10GiB (K/M/G/T = 1000-based, KiB/MiB/GiB/TiB =
+    /// 1024-based). Default 10 GiB.
     #[arg(long, value_parser = parse_bytes)]
     pub partition_bytes: Option<u64>,
     /// Safetensors shard cap in bytes (suffixes as above); writes shards plus
     /// model.safetensors.index.json.
     #[arg(long, value_parser = parse_bytes)]
     pub shard_bytes: Option<u64>,
-    /// Copy buffer size in bytes (at most 256 MiB). Default 64 MiB.
+    /// Copy buffer size in bytes (units as above; at most 256 MiB). Default 64 MiB.
     #[arg(long, value_parser = parse_bytes)]
     pub buffer_bytes: Option<u64>,
     /// Print the conversion report as JSON on stdout.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Parse `123`, `64M`, `64MiB`, `10G`, `10GiB` (K/M/G are powers of 1000, KiB/MiB/GiB of 1024).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, suffix) = s.split_at(digits_end);
-    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a byte count"))?;
-    let scale: u64 = match suffix.trim() {
-        "" | "B" => 1,
-        "K" | "KB" => 1_000,
-        "M" | "MB" => 1_000_000,
-        "G" | "GB" => 1_000_000_000,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        other => return Err(format!("unknown size suffix {other:?}")),
-    };
-    n.checked_mul(scale).ok_or_else(|| format!("{s:?} overflows u64"))
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -71,7 +54,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.to == To::Safetensors && args.partition_bytes.is_some() {
         anyhow::bail!("--partition-bytes applies to --to serverlessllm");
     }
-    let src = tensora_format::open(&args.src).with_context(|| format!("opening {}", args.src.display()))?;
+    // The format error names the path already.
+    let src = tensora_format::open(&args.src)?;
     let mut cfg = ConvertConfig {
         to: match args.to {
             To::Serverlessllm => TargetFormat::ServerlessLlm,
@@ -136,22 +120,4 @@ fn print_summary(r: &ConvertReport) {
         r.peak_rss_bytes >> 20,
         r.destination.display()
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_byte_counts_with_suffixes() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_bytes("10G"), Ok(10_000_000_000));
-        assert_eq!(parse_bytes("10GiB"), Ok(10 << 30));
-        assert_eq!(parse_bytes("3 K"), Ok(3000));
-        assert!(parse_bytes("").is_err());
-        assert!(parse_bytes("12XB").is_err());
-        assert!(parse_bytes("-1").is_err());
-        assert!(parse_bytes("18446744073709551615GiB").is_err());
-    }
 }

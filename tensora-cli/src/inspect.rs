@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 
-use anyhow::Context as _;
 use serde::Serialize;
 use tensora_format::{Checkpoint, Dtype};
 
@@ -50,8 +49,7 @@ struct JsonReport<'a> {
 
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let ckpt =
-        tensora_format::open(&args.path).with_context(|| format!("cannot open {}", args.path.display()))?;
+    let ckpt = tensora_format::open(&args.path)?;
     for w in ckpt.warnings() {
         eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
     }

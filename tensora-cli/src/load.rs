@@ -12,6 +12,8 @@ use anyhow::Context as _;
 use tensora_io::{BackendChoice, IoMode, LoadOptions, LoadReport, Residence};
 use tensora_plan::Selection;
 
+use crate::units::parse_bytes;
+
 /// Load a checkpoint and report the backend, why it was chosen, and the time per phase.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -32,11 +34,11 @@ pub struct Args {
     /// Reads in flight per worker (io_uring queue depth).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub queue_depth: Option<u32>,
-    /// In-flight byte budget, e.g. 268435456, 256MiB, 1GiB, 512M (default 1GiB). When streaming,
-    /// also the bound on arena memory.
+    /// In-flight byte budget, e.g. 268435456, 256MiB, 1GiB, 512M (K/M/G/T = 1000-based,
+    /// KiB/MiB/GiB/TiB = 1024-based; default 1 GiB). When streaming, also the bound on arena memory.
     #[arg(long, value_parser = parse_bytes)]
     pub budget: Option<u64>,
-    /// Size of one read, e.g. 8MiB.
+    /// Size of one read, e.g. 8MiB (units as for --budget).
     #[arg(long, value_parser = parse_bytes)]
     pub chunk: Option<u64>,
     /// Load only tensors whose name matches this glob (repeatable).
@@ -65,37 +67,11 @@ fn parse_backend(s: &str) -> Result<String, String> {
     }
 }
 
-/// Parse a byte count: a plain integer or one with a unit (K, M, G, T as powers of 1024 with or
-/// without `iB`/`B`; `KB`, `MB`, `GB`, `TB` as powers of 1000).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("invalid byte count {s:?}"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" | "k" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        "T" | "TiB" => 1 << 40,
-        "KB" | "kB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        other => return Err(format!("unknown unit {other:?} in {s:?} (use B, KiB, MiB, GiB, TiB)")),
-    };
-    let bytes = n.checked_mul(mult).ok_or_else(|| format!("byte count {s:?} overflows"))?;
-    if bytes == 0 {
-        return Err("byte count must be positive".to_owned());
-    }
-    Ok(bytes)
-}
-
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let t = Instant::now();
-    let ckpt =
-        tensora_format::open(&args.path).with_context(|| format!("cannot open {}", args.path.display()))?;
+    // The format error names the path already.
+    let ckpt = tensora_format::open(&args.path)?;
     let parse_seconds = t.elapsed().as_secs_f64();
     for w in ckpt.warnings() {
         eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
@@ -159,15 +135,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     report.phases.parse = parse_seconds;
     report.finalize();
 
+    match print(&args, &report) {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        // `tensora load ... | head`: the reader left; the load itself succeeded.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn print(args: &Args, report: &LoadReport) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
+        serde_json::to_writer_pretty(&mut out, report)?;
         writeln!(out)?;
     } else {
-        write_text(&mut out, &report)?;
+        write_text(&mut out, report)?;
     }
-    out.flush()?;
-    Ok(ExitCode::SUCCESS)
+    out.flush()
 }
 
 fn progress_bar(args: &Args) -> Option<indicatif::ProgressBar> {
@@ -203,19 +187,6 @@ fn write_text(out: &mut impl Write, r: &LoadReport) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_counts_with_units() {
-        assert_eq!(parse_bytes("256MiB"), Ok(256 << 20));
-        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
-        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("2 MB"), Ok(2_000_000));
-        assert!(parse_bytes("0").is_err());
-        assert!(parse_bytes("12 parsecs").is_err());
-        assert!(parse_bytes("MiB").is_err());
-        assert!(parse_bytes("99999999999TiB").is_err());
-    }
 
     #[test]
     fn backend_names_are_checked() {

@@ -1,6 +1,7 @@
 //! `tensora`: inspect, load, convert, hash and verify checkpoints.
 //!
-//! Exit status is 0 on success and 1 on any error, with one line on stderr starting `error:`.
+//! Exit status is 0 on success and 1 on any error, with one line on stderr starting `error:`
+//! (usage errors included; `--help` and `--version` print to stdout and exit 0).
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -11,6 +12,7 @@ mod convert;
 mod hash;
 mod inspect;
 mod load;
+mod units;
 mod verify;
 
 #[derive(Debug, Parser)]
@@ -41,11 +43,14 @@ enum Command {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            // --help and --version are not errors.
-            let code = if e.use_stderr() { 1 } else { 0 };
+        // --help and --version are not errors: clap prints them as it likes.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return ExitCode::from(code);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("error: {}", usage_error_line(&e.render().to_string()));
+            return ExitCode::from(1);
         }
     };
     let result = match cli.command {
@@ -58,9 +63,55 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("error: {msg}");
+            eprintln!("error: {}", error_line(e.chain().map(ToString::to_string)));
             ExitCode::from(1)
         }
+    }
+}
+
+/// The one line for a usage error: the first line of clap's message, without its own `error: `
+/// prefix (the tip and usage lines that follow are dropped; `--help` has them).
+fn usage_error_line(rendered: &str) -> String {
+    let first = rendered.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("invalid usage");
+    first.strip_prefix("error:").map_or(first, str::trim_start).to_owned()
+}
+
+/// An error and its causes as one line, `outer: cause: …`, leaving out a cause whose text the line
+/// already holds (a `tensora_format::Error` shows its `io::Error` in its own message, and is its
+/// source too).
+fn error_line(chain: impl Iterator<Item = String>) -> String {
+    let mut line = String::new();
+    for message in chain {
+        let message = message.replace('\n', " ");
+        if line.contains(message.as_str()) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&message);
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let chain = ["x: I/O error: gone (os error 2)", "gone (os error 2)"].map(String::from);
+        assert_eq!(error_line(chain.into_iter()), "x: I/O error: gone (os error 2)");
+        let chain = ["cannot load m", "m: bad header", "bad\nheader"].map(String::from);
+        assert_eq!(error_line(chain.into_iter()), "cannot load m: m: bad header");
+        let chain = ["opening a", "a: truncated"].map(String::from);
+        assert_eq!(error_line(chain.into_iter()), "opening a: a: truncated");
+    }
+
+    #[test]
+    fn usage_errors_keep_only_their_first_line() {
+        let rendered = "error: unexpected argument '--x' found\n\n  tip: ...\n\nUsage: tensora\n";
+        assert_eq!(usage_error_line(rendered), "unexpected argument '--x' found");
+        assert_eq!(usage_error_line(""), "invalid usage");
     }
 }

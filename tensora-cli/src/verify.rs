@@ -1,13 +1,14 @@
 //! `tensora verify`: structure, file integrity, digests against a manifest, cross-backend agreement.
 //!
-//! Prints every finding, one per line, then a one-line summary as the last line. Exit status 0
-//! when there are no errors (warnings allowed), 1 otherwise.
+//! Prints every finding, one per line, then a one-line summary as the last line; with `--json`,
+//! the report as one JSON document and then the same summary line, so the last line of stdout is
+//! always the summary. Exit status 0 when there are no errors (warnings allowed); 1 otherwise,
+//! with one `error:` line on stderr.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use tensora_verify::check::{VerifyOptions, verify_path};
 use tensora_verify::manifest::Manifest;
 use tensora_verify::scan::ScanConfig;
@@ -23,14 +24,20 @@ pub struct Args {
     /// Also load the checkpoint with every available backend and require identical digests.
     #[arg(long)]
     pub cross_check: bool,
-    /// Print the report as one JSON document.
+    /// Print the report as one JSON document, followed by the one-line summary as the last line
+    /// (parse stdout without its last line, or read the JSON's "summary" field).
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let manifest = match &args.manifest {
-        Some(p) => Some(Manifest::read(p).with_context(|| format!("reading manifest {}", p.display()))?),
+        Some(p) => Some(Manifest::read(p).map_err(|e| {
+            // I/O and size errors name the file already; parse errors do not.
+            let names_path = e.to_string().contains(&*p.to_string_lossy());
+            let e = anyhow::Error::new(e);
+            if names_path { e } else { e.context(format!("manifest {}", p.display())) }
+        })?),
         None => None,
     };
     let cross = tensora_verify::fused::cross_check;
@@ -46,7 +53,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
         _ => {}
     }
-    Ok(if report.is_clean() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    if report.is_clean() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("error: {}: verification failed with {} errors", args.path.display(), report.errors());
+        Ok(ExitCode::from(1))
+    }
 }
 
 fn print(args: &Args, report: &tensora_verify::check::Report) -> std::io::Result<()> {
@@ -59,7 +71,7 @@ fn print(args: &Args, report: &tensora_verify::check::Report) -> std::io::Result
         for f in &report.findings {
             writeln!(out, "{f}")?;
         }
-        writeln!(out, "{}", report.summary_line())?;
     }
+    writeln!(out, "{}", report.summary_line())?;
     out.flush()
 }

@@ -21,6 +21,16 @@ fn last_line(out: &Output) -> String {
     text(out).lines().last().unwrap_or_default().to_owned()
 }
 
+/// The JSON document of `verify --json`, and the summary line that must follow it.
+fn json_report(out: &Output) -> Value {
+    let mut docs = serde_json::Deserializer::from_slice(&out.stdout).into_iter::<Value>();
+    let report = docs.next().expect("a JSON document").expect("valid JSON");
+    let rest = &text(out)[docs.byte_offset()..];
+    assert_eq!(rest.trim(), report["summary"].as_str().unwrap(), "the summary line must follow the JSON");
+    assert_eq!(last_line(out), report["summary"].as_str().unwrap());
+    report
+}
+
 /// A writable copy of a fixture (a file or a directory) in a temporary directory.
 fn copy_fixture(src: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -242,7 +252,7 @@ fn manifest_disagreements_are_each_reported() {
     let out =
         tensora(&["verify", "--json", "--manifest", manifest.to_str().unwrap(), ckpt.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = json_report(&out);
     let codes: BTreeMap<String, Vec<String>> =
         report["findings"].as_array().unwrap().iter().fold(BTreeMap::new(), |mut acc, f| {
             acc.entry(f["code"].as_str().unwrap().to_owned())
@@ -276,7 +286,7 @@ fn a_bad_manifest_is_an_error_not_a_panic() {
 #[test]
 fn cross_check_compares_every_available_backend() {
     let out = tensora(&["verify", "--cross-check", "--json", SLLM_TINY]);
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = json_report(&out);
     assert_eq!(out.status.code(), Some(0), "{report:#}");
     let checked: Vec<&str> =
         report["backends_checked"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
@@ -284,4 +294,65 @@ fn cross_check_compares_every_available_backend() {
         tensora_io::registry::backends().iter().filter(|b| b.available().is_ok()).map(|b| b.name()).collect();
     assert_eq!(checked, available);
     assert!(checked.contains(&"sync"));
+}
+
+/// stderr holds exactly one line, starting `error:`, and that line repeats no message.
+fn assert_one_error_line(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: "), "{err}");
+    err
+}
+
+#[test]
+fn a_failed_verify_has_one_error_line_and_the_summary_last() {
+    let out = tensora(&["verify", "/nonexistent/model.safetensors"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = assert_one_error_line(&out);
+    assert!(err.contains("/nonexistent/model.safetensors") && err.contains("1 errors"), "{err}");
+    assert!(last_line(&out).starts_with("FAILED: 1 errors"), "{}", text(&out));
+    let out = tensora(&["verify", "--json", "/nonexistent/model.safetensors"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json_report(&out)["ok"], false);
+}
+
+#[test]
+fn a_missing_manifest_names_its_path_once() {
+    let out = tensora(&["verify", "--manifest", "/nonexistent/m.json", SLLM_TINY]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = assert_one_error_line(&out);
+    assert_eq!(err.matches("/nonexistent/m.json").count(), 1, "{err}");
+    assert_eq!(err.matches("os error 2").count(), 1, "{err}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_as_manifest_is_refused_without_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("m.json");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let out = tensora(&["verify", "--manifest", fifo.to_str().unwrap(), SLLM_TINY]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = assert_one_error_line(&out);
+    assert!(err.contains("not a regular file"), "{err}");
+}
+
+#[test]
+fn a_truncated_partition_is_reported_as_truncated() {
+    let (dir, ckpt) = copy_fixture(SLLM_TINY);
+    let part = ckpt.join("tensor.data_2");
+    let full = std::fs::metadata(&part).unwrap().len();
+    let mut perms = std::fs::metadata(&part).unwrap().permissions();
+    #[allow(clippy::permissions_set_readonly_false)]
+    perms.set_readonly(false);
+    std::fs::set_permissions(&part, perms).unwrap();
+    std::fs::OpenOptions::new().write(true).open(&part).unwrap().set_len(100).unwrap();
+    let out = tensora(&["verify", ckpt.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let t = text(&out);
+    let line = t.lines().find(|l| l.contains("truncated")).unwrap_or_else(|| panic!("{t}"));
+    assert!(line.contains("tensor.data_2") && line.contains(&format!("expected {full}")), "{line}");
+    assert!(line.contains("100 bytes"), "{line}");
+    drop(dir);
 }

@@ -50,14 +50,10 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.kind {
-            ErrorKind::Io(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+/// `source()` is `None` for every kind: the message of an underlying I/O error is already part of
+/// `Display` (so `{e}` alone says everything), and an error-chain printer such as anyhow's `{:#}`
+/// would otherwise repeat it. Match on [`ErrorKind::Io`] to get at the `io::Error`.
+impl std::error::Error for Error {}
 
 /// Which rule failed. One variant per rule, so tests match on the variant.
 #[derive(Debug, thiserror::Error)]

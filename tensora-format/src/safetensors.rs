@@ -4,14 +4,17 @@
 //! section. [`read_header`] reads exactly `8 + n` bytes of a file and never the data;
 //! [`parse_header`] does the same work on bytes the caller already has (e.g. fetched remotely).
 //!
-//! The JSON is parsed with `simd-json` into a tape, in bounded chunks: a linear scan finds the
-//! top-level commas of the header object, and each run of whole entries (about
-//! [`CHUNK_BYTES_TARGET`] bytes) is parsed as one JSON object of its own. The header is then
-//! textually `ws { X1 , X2 , … , Xk } ws`, and because each `{Xi}` is a valid, non-empty JSON
-//! object, so is the whole. This keeps the parser's working memory small and independent of the
-//! header size, while simd-json does all JSON validation (UTF-8, escapes, numbers, NaN, comments,
-//! trailing commas). Unknown fields are skipped on the tape in O(1) without recursion, so their
-//! nesting depth does not matter.
+//! The JSON is parsed with `simd-json` onto a tape, in bounded chunks: the header object is cut at
+//! top-level commas into runs of whole entries (about [`CHUNK_BYTES_TARGET`] bytes each), and each
+//! run is parsed as a JSON object of its own. The header is then textually
+//! `ws { X1 , X2 , … , Xk } ws`, and because each `{Xi}` is a valid, non-empty JSON object, so is
+//! the whole, wherever the cuts fall. Cuts are first guessed at `},"` (how one entry ends and the
+//! next begins); if any chunk fails, an exact string- and depth-aware scan recomputes the cuts and
+//! the parse is redone, so errors are always reported by the exact path. This keeps working memory
+//! small and independent of the header size, while simd-json does all JSON validation (UTF-8,
+//! escapes, numbers, NaN, comments, trailing commas). Unknown fields are skipped on the tape in
+//! O(1) without recursion, so their nesting depth does not matter. Names and shapes are stored in
+//! two shared buffers, so a parse makes no allocation per tensor.
 //!
 //! ```
 //! use tensora_format::safetensors::parse_header;
@@ -792,7 +795,8 @@ impl<'a> Parser<'a> {
                     }
                     let dims_start = self.dims.len();
                     for node in &v[1..] {
-                        let d = node_u64(node).map_err(|reason| tensor_err(ErrorKind::BadShape { reason }))?;
+                        let d =
+                            node_u64(node).map_err(|reason| tensor_err(ErrorKind::BadShape { reason }))?;
                         self.dims.push(d);
                     }
                     shape = Some((dims_start, rank));
@@ -821,7 +825,8 @@ impl<'a> Parser<'a> {
             i = v_end;
         }
         let dtype = dtype.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "dtype" }))?;
-        let (dims_start, rank) = shape.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "shape" }))?;
+        let (dims_start, rank) =
+            shape.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "shape" }))?;
         let (start, end) =
             offsets.ok_or_else(|| tensor_err(ErrorKind::MissingField { field: "data_offsets" }))?;
         let numel = self.dims[dims_start..dims_start + rank]
@@ -839,7 +844,8 @@ impl<'a> Parser<'a> {
         }
         // All three fit u32: the header is at most 100 MB, and each tensor, name byte and
         // dimension takes at least one byte of it.
-        let too_many = || tensor_err(ErrorKind::BadTensorEntry { message: "header too large to index".into() });
+        let too_many =
+            || tensor_err(ErrorKind::BadTensorEntry { message: "header too large to index".into() });
         let index = u32::try_from(self.entries.len()).map_err(|_| too_many())?;
         let name_start = u32::try_from(self.names.len()).map_err(|_| too_many())?;
         let name_len = u32::try_from(name.len()).map_err(|_| too_many())?;

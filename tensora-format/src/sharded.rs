@@ -258,7 +258,11 @@ fn read_index_file(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// Turn a parsed header into tensor infos for file `file`.
-fn tensors_of(mut header: Header, file: FileId, out: &mut Vec<TensorInfo>) -> Option<BTreeMap<String, String>> {
+fn tensors_of(
+    mut header: Header,
+    file: FileId,
+    out: &mut Vec<TensorInfo>,
+) -> Option<BTreeMap<String, String>> {
     let data_start = header.data_start_bytes();
     out.reserve(header.len());
     for t in header.tensors() {

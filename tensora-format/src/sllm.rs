@@ -17,8 +17,8 @@ use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
-use serde_json::Value;
+use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::checkpoint::{FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
 use crate::{Checkpoint, Dtype, Error, ErrorKind};
@@ -152,11 +152,11 @@ struct Collect {
 }
 
 impl Collect {
-    fn add(&mut self, name: String, value: &Value) -> Result<(), IndexError> {
+    fn add(&mut self, name: String, raw: RawEntry) -> Result<(), IndexError> {
         if name.is_empty() {
             return Err(IndexError::at(&name, ErrorKind::BadTensorName { reason: "empty name" }));
         }
-        let entry = parse_entry(&name, value).map_err(|kind| IndexError::at(&name, kind))?;
+        let entry = parse_entry(&name, raw).map_err(|kind| IndexError::at(&name, kind))?;
         let this_layout = if entry.partition.is_some() { IndexLayout::Legacy } else { IndexLayout::Upstream };
         match self.layout {
             None => self.layout = Some(this_layout),
@@ -183,13 +183,241 @@ impl<'de> Visitor<'de> for ObjectVisitor<'_> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         while let Some(name) = map.next_key::<String>()? {
-            let value: Value = map.next_value()?;
-            if let Err(failure) = self.collect.add(name, &value) {
+            let raw: RawEntry = map.next_value()?;
+            if let Err(failure) = self.collect.add(name, raw) {
                 self.collect.failure = Some(failure);
                 return Err(de::Error::custom("invalid tensor_index.json entry"));
             }
         }
         Ok(())
+    }
+}
+
+/// Skip the rest of a sequence without building any of it.
+fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+/// Skip the rest of a map without building any of it.
+fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+/// Implements the `visit_*` methods of a visitor for every JSON value other than those it
+/// handles itself, each giving `$other` (arrays and objects are skipped, never built).
+macro_rules! other_json_values {
+    ($other:expr; $($skip:ident),*) => {
+        $(other_json_values!(@one $skip, $other);)*
+    };
+    (@one bool, $other:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> { Ok($other) }
+    };
+    (@one number, $other:expr) => {
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> { Ok($other) }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> { Ok($other) }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> { Ok($other) }
+    };
+    (@one str, $other:expr) => {
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> { Ok($other) }
+    };
+    (@one null, $other:expr) => {
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> { Ok($other) }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> { Ok($other) }
+    };
+    (@one seq, $other:expr) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            drain_seq(seq)?;
+            Ok($other)
+        }
+    };
+    (@one map, $other:expr) => {
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            drain_map(map)?;
+            Ok($other)
+        }
+    };
+}
+
+/// One integer field of an entry, as read (no JSON tree is built, whatever the value is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Num {
+    U64(u64),
+    Negative,
+    /// A fraction, or an integer beyond u64 (serde_json reads those as floats).
+    NotU64Integer,
+    /// Not a number at all.
+    NotNumber,
+}
+
+impl Num {
+    /// `Ok(None)` when the value is not a number at all.
+    fn get(self) -> Result<Option<u64>, &'static str> {
+        match self {
+            Num::U64(v) => Ok(Some(v)),
+            Num::Negative => Err("is negative"),
+            Num::NotU64Integer => Err("is not an integer that fits in u64"),
+            Num::NotNumber => Ok(None),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Num, D::Error> {
+        struct NumVisitor;
+        impl<'de> Visitor<'de> for NumVisitor {
+            type Value = Num;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
+                Ok(Num::U64(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
+                Ok(u64::try_from(v).map_or(Num::Negative, Num::U64))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Num, E> {
+                Ok(Num::NotU64Integer)
+            }
+            other_json_values!(Num::NotNumber; bool, str, null, seq, map);
+        }
+        d.deserialize_any(NumVisitor)
+    }
+}
+
+/// The dtype field: a string, or anything else (skipped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum DtypeField {
+    Str(String),
+    NotString,
+}
+
+impl<'de> Deserialize<'de> for DtypeField {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<DtypeField, D::Error> {
+        struct DtypeVisitor;
+        impl<'de> Visitor<'de> for DtypeVisitor {
+            type Value = DtypeField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DtypeField, E> {
+                Ok(DtypeField::Str(v.to_owned()))
+            }
+            other_json_values!(DtypeField::NotString; bool, number, null, seq, map);
+        }
+        d.deserialize_any(DtypeVisitor)
+    }
+}
+
+/// Reads a shape or stride array, keeping at most [`RANK_MAX`] dimensions: a longer array is
+/// counted to its end without storing anything, so an index of any size costs O(1) memory per
+/// entry. The outcome is the same as validating a fully built array.
+struct DimsSeed {
+    field: &'static str,
+}
+
+/// A shape or stride field as read.
+#[derive(Debug)]
+enum Dims {
+    Valid(Vec<u64>),
+    Invalid(ErrorKind),
+    /// Not an array at all.
+    NotArray,
+}
+
+impl<'de> DeserializeSeed<'de> for DimsSeed {
+    type Value = Dims;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for DimsSeed {
+    type Value = Dims;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let field = self.field;
+        let mut dims: Vec<u64> = Vec::new();
+        let mut first_error: Option<ErrorKind> = None;
+        let mut rank = 0usize;
+        while let Some(n) = seq.next_element::<Num>()? {
+            if rank < RANK_MAX && first_error.is_none() {
+                match n.get() {
+                    Ok(Some(d)) => dims.push(d),
+                    Ok(None) => first_error = Some(bad_entry(format!("{field}[{rank}] must be an integer"))),
+                    Err(why) => {
+                        first_error = Some(ErrorKind::BadShape { reason: format!("{field}[{rank}] {why}") })
+                    }
+                }
+            }
+            rank = rank.saturating_add(1);
+        }
+        Ok(if rank > RANK_MAX {
+            Dims::Invalid(ErrorKind::RankTooLarge { rank, limit: RANK_MAX })
+        } else if let Some(e) = first_error {
+            Dims::Invalid(e)
+        } else {
+            Dims::Valid(dims)
+        })
+    }
+    other_json_values!(Dims::NotArray; bool, number, str, null, map);
+}
+
+/// One entry as read, each field already reduced to what validation needs; the array's length is
+/// counted (elements past the sixth are skipped unread).
+#[derive(Debug, Default)]
+struct RawEntry {
+    /// `None` when the value is not an array.
+    len: Option<usize>,
+    offset: Option<Num>,
+    size: Option<Num>,
+    shape: Option<Dims>,
+    stride: Option<Dims>,
+    dtype: Option<DtypeField>,
+    partition: Option<Num>,
+}
+
+impl<'de> Deserialize<'de> for RawEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawEntry, D::Error> {
+        struct EntryVisitor;
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = RawEntry;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawEntry, A::Error> {
+                let mut raw = RawEntry::default();
+                let mut len = 0usize;
+                loop {
+                    let more = match len {
+                        0 => seq.next_element::<Num>()?.map(|v| raw.offset = Some(v)).is_some(),
+                        1 => seq.next_element::<Num>()?.map(|v| raw.size = Some(v)).is_some(),
+                        2 => seq
+                            .next_element_seed(DimsSeed { field: "shape" })?
+                            .map(|v| raw.shape = Some(v))
+                            .is_some(),
+                        3 => seq
+                            .next_element_seed(DimsSeed { field: "stride" })?
+                            .map(|v| raw.stride = Some(v))
+                            .is_some(),
+                        4 => seq.next_element::<DtypeField>()?.map(|v| raw.dtype = Some(v)).is_some(),
+                        5 => seq.next_element::<Num>()?.map(|v| raw.partition = Some(v)).is_some(),
+                        _ => seq.next_element::<IgnoredAny>()?.is_some(),
+                    };
+                    if !more {
+                        break;
+                    }
+                    len = len.saturating_add(1);
+                }
+                raw.len = Some(len);
+                Ok(raw)
+            }
+            other_json_values!(RawEntry::default(); bool, number, str, null, map);
+        }
+        d.deserialize_any(EntryVisitor)
     }
 }
 
@@ -209,67 +437,43 @@ fn bad_entry(message: impl Into<String>) -> ErrorKind {
     ErrorKind::BadSllmEntry { message: message.into() }
 }
 
-/// A JSON integer as u64: `Ok(None)` when the value is not a number at all.
-fn as_u64(value: &Value) -> Result<Option<u64>, &'static str> {
-    let Value::Number(n) = value else { return Ok(None) };
-    if let Some(u) = n.as_u64() {
-        return Ok(Some(u));
-    }
-    if n.as_i64().is_some() {
-        return Err("is negative");
-    }
-    Err("is not an integer that fits in u64")
-}
-
-fn offset_field(value: &Value, field: &str) -> Result<u64, ErrorKind> {
-    match as_u64(value) {
+fn offset_field(value: Option<Num>, field: &str) -> Result<u64, ErrorKind> {
+    match value.unwrap_or(Num::NotNumber).get() {
         Ok(Some(v)) => Ok(v),
         Ok(None) => Err(bad_entry(format!("{field} must be an integer"))),
         Err(why) => Err(ErrorKind::BadOffsets { reason: format!("{field} {why}") }),
     }
 }
 
-fn dims_field(value: &Value, field: &str) -> Result<Vec<u64>, ErrorKind> {
-    let Value::Array(items) = value else {
-        return Err(bad_entry(format!("{field} must be an array of integers")));
-    };
-    if items.len() > RANK_MAX {
-        return Err(ErrorKind::RankTooLarge { rank: items.len(), limit: RANK_MAX });
+fn dims_field(value: Option<Dims>, field: &str) -> Result<Vec<u64>, ErrorKind> {
+    match value.unwrap_or(Dims::NotArray) {
+        Dims::Valid(dims) => Ok(dims),
+        Dims::Invalid(e) => Err(e),
+        Dims::NotArray => Err(bad_entry(format!("{field} must be an array of integers"))),
     }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, v)| match as_u64(v) {
-            Ok(Some(d)) => Ok(d),
-            Ok(None) => Err(bad_entry(format!("{field}[{i}] must be an integer"))),
-            Err(why) => Err(ErrorKind::BadShape { reason: format!("{field}[{i}] {why}") }),
-        })
-        .collect()
 }
 
-fn parse_entry(name: &str, value: &Value) -> Result<IndexEntry, ErrorKind> {
-    let Value::Array(fields) = value else {
-        return Err(bad_entry("value must be a 5- or 6-element array"));
+fn parse_entry(name: &str, raw: RawEntry) -> Result<IndexEntry, ErrorKind> {
+    let legacy = match raw.len {
+        None => return Err(bad_entry("value must be a 5- or 6-element array")),
+        Some(5) => false,
+        Some(6) => true,
+        Some(n) => return Err(bad_entry(format!("value has {n} elements, expected 5 or 6"))),
     };
-    let legacy = match fields.len() {
-        5 => false,
-        6 => true,
-        n => return Err(bad_entry(format!("value has {n} elements, expected 5 or 6"))),
-    };
-    let offset_bytes = offset_field(&fields[0], "offset")?;
-    let size_bytes = offset_field(&fields[1], "size")?;
+    let offset_bytes = offset_field(raw.offset, "offset")?;
+    let size_bytes = offset_field(raw.size, "size")?;
     if offset_bytes.checked_add(size_bytes).is_none() {
         return Err(ErrorKind::BadOffsets { reason: "offset + size overflows u64".to_owned() });
     }
-    let shape = dims_field(&fields[2], "shape")?;
-    let strides = dims_field(&fields[3], "stride")?;
-    let Value::String(dtype_name) = &fields[4] else {
+    let shape = dims_field(raw.shape, "shape")?;
+    let strides = dims_field(raw.stride, "stride")?;
+    let Some(DtypeField::Str(dtype_name)) = raw.dtype else {
         return Err(bad_entry("dtype must be a string"));
     };
-    let dtype = if legacy { dtype_from_short(dtype_name) } else { dtype_from_torch(dtype_name) }
+    let dtype = if legacy { dtype_from_short(&dtype_name) } else { dtype_from_torch(&dtype_name) }
         .ok_or_else(|| ErrorKind::UnknownTorchDtype { dtype: dtype_name.clone() })?;
     let partition = if legacy {
-        match as_u64(&fields[5]) {
+        match raw.partition.unwrap_or(Num::NotNumber).get() {
             Ok(Some(p)) => Some(u32::try_from(p).map_err(|_| ErrorKind::BadOffsets {
                 reason: format!("partition_id {p} does not fit in u32"),
             })?),
@@ -473,6 +677,68 @@ fn first_record_offsets(tensors: &[TensorInfo], partitions: usize) -> Vec<Option
     first
 }
 
+/// A partition shorter than the index needs (see [`partition_shortfalls`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionShortfall {
+    pub path: PathBuf,
+    /// The end of the last tensor the index places in this partition.
+    pub expected_len_bytes: u64,
+    /// The partition's size now.
+    pub actual_len_bytes: u64,
+}
+
+/// The partitions of `dir` that are shorter than its `tensor_index.json` needs: what a
+/// `tensora verify` reports as truncation after [`open_dir`] failed with
+/// [`ErrorKind::OutsidePartition`].
+///
+/// Each tensor is placed as [`open_dir`] places it: by its partition number (legacy layout), or
+/// in the partition where its global offset starts given the current file sizes (upstream). A
+/// truncated last partition is thus named exactly; a shortened middle one shifts the global
+/// offsets of the partitions after it, so the shortfall may show on a later partition too.
+///
+/// ```
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+/// let short = tensora_format::sllm::partition_shortfalls(std::path::Path::new(dir)).unwrap();
+/// assert!(short.is_empty());
+/// ```
+pub fn partition_shortfalls(dir: &Path) -> crate::Result<Vec<PartitionShortfall>> {
+    let index_path = dir.join(INDEX_FILE_NAME);
+    let bytes = read_capped(&index_path, INDEX_LEN_BYTES_MAX).map_err(|k| Error::new(&index_path, k))?;
+    let index = parse_index_inner(&bytes).map_err(|e| Error::new(&index_path, e.kind))?;
+    drop(bytes);
+    let files = probe_partitions(dir)?;
+    let lens: Vec<u64> = files.iter().map(|f| f.stamp.len_bytes).collect();
+    let mut starts = Vec::with_capacity(lens.len());
+    let mut total_bytes = 0u64;
+    for &len in &lens {
+        starts.push(total_bytes);
+        total_bytes = total_bytes.saturating_add(len);
+    }
+    let mut needed: Vec<u64> = vec![0; lens.len()];
+    for e in &index.entries {
+        let (p, local_end) = match e.partition {
+            None => {
+                let p = starts.partition_point(|&s| s <= e.offset_bytes).saturating_sub(1);
+                (p, e.end_bytes() - starts[p])
+            }
+            Some(p) => (p as usize, e.end_bytes()),
+        };
+        if let Some(slot) = needed.get_mut(p) {
+            *slot = (*slot).max(local_end);
+        }
+    }
+    Ok(files
+        .into_iter()
+        .zip(needed)
+        .filter(|(f, need)| *need > f.stamp.len_bytes)
+        .map(|(f, need)| PartitionShortfall {
+            expected_len_bytes: need,
+            actual_len_bytes: f.stamp.len_bytes,
+            path: f.path,
+        })
+        .collect())
+}
+
 /// Open a ServerlessLLM directory: read and validate `tensor_index.json` (at most
 /// [`INDEX_LEN_BYTES_MAX`]), probe the partitions, and map every tensor to its partition and
 /// local offset. Tied weights (several names on the same storage) become several tensors with the
@@ -518,8 +784,14 @@ pub fn open_dir(dir: &Path) -> crate::Result<Checkpoint> {
             }
         };
         let Some((p, local)) = located else {
+            // Name the partition the tensor starts in (most often a truncated one); the range is
+            // the index's own (global for the upstream layout, local for the legacy one).
+            let p = match e.partition {
+                None => starts.partition_point(|&s| s <= e.offset_bytes).saturating_sub(1) as u32,
+                Some(p) => p,
+            };
             return Err(Error::new(
-                &index_path,
+                partition_path(dir, p),
                 ErrorKind::OutsidePartition { offset: e.offset_bytes, end: e.end_bytes() },
             )
             .with_tensor(e.name));

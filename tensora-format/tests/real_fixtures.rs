@@ -106,6 +106,14 @@ fn rewriting_hf_fixtures_keeps_layout_and_bytes_and_hf_reads_ours() {
         let data_len =
             |c: &tensora_format::Checkpoint| c.files()[0].len_bytes() - c.files()[0].data_start_bytes();
         assert_eq!(data_len(&copy), data_len(&original));
+        // Indeed the very same layout: HF orders by alignment, then name, which is the order we
+        // were given the specs in, so every tensor sits at the same place in the data section.
+        let rel = |c: &tensora_format::Checkpoint, name: &str| {
+            c.tensor(name).unwrap().offset_bytes() - c.files()[0].data_start_bytes()
+        };
+        for t in original.tensors() {
+            assert_eq!(rel(&copy, t.name()), rel(&original, t.name()), "{}", t.name());
+        }
 
         // HF's reference implementation accepts our file and sees the same tensors and bytes.
         let bytes = std::fs::read(&out).unwrap();

@@ -37,7 +37,8 @@ use crate::error::LoadError;
 use crate::load::{LoadOptions, Loaded};
 
 use crate::backend::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind};
-use crate::uring::{DestPtr, RunState, direct_align_bytes, direct_aligned, job_error, validate_job};
+use crate::read_progress::{ReadProgress, Step};
+use crate::uring::{DestPtr, RunState, direct_align_bytes, direct_aligned, validate_job};
 
 /// Largest number of reads in flight (and blocking-pool threads) one run uses.
 pub const ASYNC_QUEUE_DEPTH_MAX: u32 = 256;
@@ -133,13 +134,12 @@ impl IoBackend for AsyncBackend {
 }
 
 fn run(job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
-    let reads = job.plan.reads();
     let depth = job.queue_depth.clamp(1, ASYNC_QUEUE_DEPTH_MAX) as usize;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(depth)
         .thread_name("tensora-async-io")
         .build()
-        .map_err(|e| job_error(&reads[0], ReadErrorKind::Unavailable(format!("tokio runtime: {e}"))))?;
+        .map_err(|e| ReadError::run(ReadErrorKind::Unavailable(format!("tokio runtime: {e}"))))?;
     let state = RunState::new(job);
     // The runtime is dropped before this function returns, on every path including unwinding,
     // and dropping it waits for every blocking read that has started: no read can outlive the
@@ -154,6 +154,8 @@ struct Done {
     index: u32,
     retries: u64,
     direct_fallback: bool,
+    /// Bytes that landed before `result` (names the failing byte on error).
+    done_bytes: u64,
     result: Result<(), ReadErrorKind>,
 }
 
@@ -165,9 +167,13 @@ async fn drive(job: &Job<'_>, sink: &dyn CompletionSink, state: &RunState, depth
     // Each task hands its permit back with its result; this loop releases it.
     let mut tasks: JoinSet<(Done, Permit)> = JoinSet::new();
     let mut pending: Option<u32> = None;
+    let mut next_home = 0usize;
     loop {
         while tasks.len() < depth && !state.stopped() {
-            let Some(index) = pending.take().or_else(|| state.claim()) else { break };
+            // One driver: rotate the home queue so that every file has reads in flight.
+            let home = state.home(next_home);
+            let Some(index) = pending.take().or_else(|| state.claim(home)) else { break };
+            next_home = next_home.wrapping_add(1);
             let read = &reads[index as usize];
             if state.check_cancel(job, read) {
                 break;
@@ -210,7 +216,8 @@ async fn drive(job: &Job<'_>, sink: &dyn CompletionSink, state: &RunState, depth
             Err(e) => match e.try_into_panic() {
                 Ok(payload) => std::panic::resume_unwind(payload),
                 Err(e) => {
-                    state.fail(job_error(&reads[0], ReadErrorKind::Io(io::Error::other(e.to_string()))));
+                    // A read task that was cancelled rather than run: the run's error, not a read's.
+                    state.fail(ReadError::run(ReadErrorKind::Io(io::Error::other(e.to_string()))));
                     continue;
                 }
             },
@@ -230,7 +237,12 @@ async fn drive(job: &Job<'_>, sink: &dyn CompletionSink, state: &RunState, depth
                 stats.bytes_read += read.len_bytes;
                 state.land(job, sink, done.index);
             }
-            Err(kind) => state.fail(job_error(read, kind)),
+            Err(kind) => state.fail(ReadError {
+                file: read.file,
+                offset_bytes: read.offset_bytes + done.done_bytes,
+                len_bytes: read.len_bytes - done.done_bytes,
+                kind,
+            }),
         }
     }
     stats
@@ -269,71 +281,57 @@ impl ReadSpec {
         index: u32,
         mut pread: impl FnMut(RawFd, *mut u8, usize, libc::off_t) -> io::Result<usize>,
     ) -> Done {
-        let mut done = Done { index, retries: 0, direct_fallback: false, result: Ok(()) };
+        let mut done = Done { index, retries: 0, direct_fallback: false, done_bytes: 0, result: Ok(()) };
         let read = &self.read;
-        let mut landed = 0u64;
+        let mut progress = ReadProgress::new(read, self.file_len_bytes, self.retries_max);
         let mut direct_fd = self.direct_fd;
-        while landed < read.len_bytes {
-            let ptr = self.dest.at(read.arena_offset_bytes + landed);
-            let remaining = read.len_bytes - landed;
-            let offset = read.offset_bytes + landed;
-            let want = remaining.min(isize::MAX as u64 & !(self.direct_align_bytes - 1));
+        loop {
+            let call = progress.next_call(direct_fd.map(|_| self.direct_align_bytes));
+            let ptr = self.dest.at(read.arena_offset_bytes + call.done_bytes);
             let fd = match direct_fd {
-                Some(fd) if direct_aligned(ptr, offset, want, self.direct_align_bytes) => fd,
+                Some(fd)
+                    if direct_aligned(
+                        ptr,
+                        call.file_offset_bytes,
+                        call.len_bytes,
+                        self.direct_align_bytes,
+                    ) =>
+                {
+                    fd
+                }
                 _ => self.buffered_fd,
             };
-            let Ok(file_offset) = libc::off_t::try_from(offset) else {
+            let direct = fd != self.buffered_fd;
+            let Ok(file_offset) = libc::off_t::try_from(call.file_offset_bytes) else {
+                done.done_bytes = progress.done_bytes();
                 done.result = Err(ReadErrorKind::Io(io::Error::new(
                     io::ErrorKind::InvalidInput,
                     "offset exceeds off_t",
                 )));
                 return done;
             };
-            let got = match pread(fd, ptr, want as usize, file_offset) {
-                Ok(got) => got,
-                Err(e) => match e.raw_os_error() {
-                    Some(libc::EINVAL) if fd != self.buffered_fd => {
-                        direct_fd = None;
-                        done.direct_fallback = true;
-                        continue;
+            // `next_call` caps the length at 1 GiB, so it fits usize.
+            let result = pread(fd, ptr, call.len_bytes as usize, file_offset);
+            let step = progress.on_io_result(&result, call.len_bytes, direct);
+            done.retries = progress.retries();
+            done.done_bytes = progress.done_bytes();
+            match step {
+                Step::Landed => return done,
+                Step::Again { backoff } => {
+                    if let Some(backoff) = backoff {
+                        std::thread::sleep(backoff);
                     }
-                    Some(libc::EINTR | libc::EAGAIN) => {
-                        done.retries += 1;
-                        if done.retries > u64::from(self.retries_max) {
-                            done.result = Err(ReadErrorKind::Io(e));
-                            return done;
-                        }
-                        continue;
-                    }
-                    _ => {
-                        done.result = Err(ReadErrorKind::Io(e));
-                        return done;
-                    }
-                },
-            };
-            let got = got as u64;
-            if got == 0 {
-                if offset >= self.file_len_bytes {
-                    // Alignment padding past the file's known end (see the io_uring backend).
-                    return done;
                 }
-                done.result =
-                    Err(ReadErrorKind::UnexpectedEof { read_bytes: landed, expected_bytes: read.len_bytes });
-                return done;
-            }
-            landed += got.min(want);
-            if got < want && landed < read.len_bytes {
-                done.retries += 1;
-                if done.retries > u64::from(self.retries_max) {
-                    done.result = Err(ReadErrorKind::UnexpectedEof {
-                        read_bytes: landed,
-                        expected_bytes: read.len_bytes,
-                    });
+                Step::DirectRefused => {
+                    direct_fd = None;
+                    done.direct_fallback = true;
+                }
+                Step::Fail(kind) => {
+                    done.result = Err(kind);
                     return done;
                 }
             }
         }
-        done
     }
 }
 
@@ -398,9 +396,8 @@ mod tests {
         let mut f = fixture(10_000);
         let done = spec(&mut f, 10_000, 2, None)
             .execute_with(0, |_, _, _, _| Err(io::Error::from_raw_os_error(libc::EINTR)));
-        assert!(
-            matches!(done.result, Err(ReadErrorKind::Io(ref e)) if e.raw_os_error() == Some(libc::EINTR))
-        );
+        assert!(matches!(done.result, Err(ReadErrorKind::Io(ref e))
+            if e.kind() == io::ErrorKind::Interrupted && e.to_string().contains("gave up after 2 retries")));
         assert_eq!(done.retries, 3);
     }
 
@@ -417,11 +414,25 @@ mod tests {
         assert_eq!(done.retries, 3);
         assert_eq!(f.dest, f.data);
 
-        // Too many short reads: the bound wins.
+        // Short reads that make progress do not consume the retry bound (a FUSE filesystem
+        // returning 3000 bytes per call), even with retries_max = 0.
         let mut f = fixture(10_000);
-        let done = spec(&mut f, 10_000, 1, None)
+        let done = spec(&mut f, 10_000, 0, None)
             .execute_with(0, |fd, buf, len, off| real_pread(fd, buf, len, off, 3000));
-        assert!(matches!(done.result, Err(ReadErrorKind::UnexpectedEof { read_bytes: 6000, .. })));
+        assert!(done.result.is_ok());
+        assert_eq!(done.retries, 3);
+        assert_eq!(f.dest, f.data);
+
+        // A source that always returns 1 byte hits the bound on calls per read.
+        let mut f = fixture(100_000);
+        let mut calls = 0u64;
+        let done = spec(&mut f, 100_000, 1, None).execute_with(0, |fd, buf, len, off| {
+            calls += 1;
+            real_pread(fd, buf, len, off, 1)
+        });
+        assert!(matches!(done.result, Err(ReadErrorKind::Io(ref e)) if e.to_string().contains("calls")));
+        assert_eq!(calls, 100_000u64.div_ceil(4096) + 1 + 2);
+        assert_eq!(done.done_bytes, calls);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //!
 //! | facts | choice | why |
 //! |---|---|---|
-//! | `Residence::Mapped` | mmap, mapped | the caller asked for zero-copy views |
+//! | `Residence::Mapped` | mmap, mapped | the caller asked for zero-copy views; on a network/FUSE filesystem every selected range is prewarmed (`MADV_POPULATE_READ`) before the views are handed out, so a lazy page fault never waits on the network (and a failing read is a typed error, not a `SIGBUS` later) |
 //! | network/FUSE filesystem | sync, buffered | never lazy mmap there; O_DIRECT semantics vary |
 //! | warm (≥ [`WARM_FRACTION`] of sampled pages cached) | sync, buffered | one copy from the page cache into the hugepage arena is the roofline |
 //! | cold, O_DIRECT works, io_uring available, ≥ [`DIRECT_MIN_BYTES`] selected | io-uring, direct | deep queue of large aligned reads, no page-cache copy |
@@ -75,12 +75,17 @@ pub struct Choice {
 pub fn gather(ckpt: &Checkpoint, selected: &[usize], streaming: bool, mapped: bool) -> Facts {
     let mut by_file: Vec<(u32, Vec<std::ops::Range<u64>>)> = Vec::new();
     let bytes_selected = crate::load::distinct_bytes(ckpt, selected);
+    // Position of each checkpoint file in `by_file` (files in order of first use), by file id.
+    let mut position: Vec<Option<usize>> = vec![None; ckpt.files().len()];
     for &i in selected {
         let t = &ckpt.tensors()[i];
         let f = t.file().0;
-        match by_file.iter_mut().find(|(id, _)| *id == f) {
-            Some((_, ranges)) => ranges.push(t.range()),
-            None => by_file.push((f, vec![t.range()])),
+        match position[f as usize] {
+            Some(p) => by_file[p].1.push(t.range()),
+            None => {
+                position[f as usize] = Some(by_file.len());
+                by_file.push((f, vec![t.range()]));
+            }
         }
     }
     let entries: Vec<_> = by_file.iter().map(|(f, _)| ckpt.file(tensora_format::FileId(*f))).collect();
@@ -131,7 +136,10 @@ pub fn choose(f: &Facts) -> Choice {
     );
     if f.mapped {
         let reason = if remote {
-            format!("mapped views requested (warning: {fs_name} is a network/FUSE filesystem); {facts}")
+            format!(
+                "mapped views requested (warning: {fs_name} is a network/FUSE filesystem: every \
+                 selected range is prewarmed, never faulted in lazily); {facts}"
+            )
         } else {
             format!("mapped views requested; {facts}")
         };
@@ -237,6 +245,7 @@ mod tests {
         assert!(c.reason.contains("nfs"));
         f.mapped = true;
         assert!(choose(&f).reason.contains("warning"));
+        assert!(choose(&f).reason.contains("prewarmed"));
     }
 
     #[test]

@@ -20,9 +20,14 @@ use tensora_plan::{Budget, Plan};
 /// # Safety
 ///
 /// Implementors guarantee that [`Destination::host_ptr`] points to `len_bytes()` bytes of
-/// writable memory that stays valid and does not move for as long as the destination lives, and
-/// that writing to disjoint ranges of it from several threads at once is sound. Backends write
-/// only inside the ranges the plan gives them, and a plan's reads never overlap.
+/// writable, **initialised** memory that stays valid and does not move for as long as the
+/// destination lives, and that writing to disjoint ranges of it from several threads at once is
+/// sound. Initialised matters: backends make `&mut [u8]` over a read's range (the `sync` backend
+/// hands it to [`ReadAt`](crate::sync::ReadAt)), which is undefined behaviour over uninitialised
+/// bytes. An [`Arena`](crate::arena::Arena) is zero-filled anonymous memory and a
+/// [`CallerBuffer`](crate::dest::CallerBuffer) comes from a `&mut [u8]`, so both qualify; a
+/// staging buffer from a device allocator must be zeroed (or otherwise written) once before use.
+/// Backends write only inside the ranges the plan gives them, and a plan's reads never overlap.
 ///
 /// A pinned-memory or GPU staging sink implements this by exposing a host staging buffer and
 /// doing its device copy in [`Destination::on_landed`]; neither the planner nor the backends change.
@@ -58,8 +63,25 @@ impl SourceFile {
     }
 }
 
+/// The knobs of one run, for [`Job::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobConfig {
+    /// Worker threads (sync, mmap-owned) or rings (io_uring). At least 1.
+    pub threads: usize,
+    /// Submission queue depth per ring (io_uring) or reads kept in flight per worker.
+    pub queue_depth: u32,
+    /// Use the `O_DIRECT` descriptor where one is open. Backends fall back to buffered on `EINVAL`.
+    pub direct: bool,
+    /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read (see
+    /// [`crate::read_progress`]).
+    pub retries_max: u32,
+}
+
 /// Everything a backend needs for one run. Plan file ids index into `files`.
-#[derive(Clone, Copy)]
+///
+/// The fields are public for reading; a `Job` can only be built through the `unsafe`
+/// [`Job::new`], and it is neither `Clone` nor `Copy`, so safe code holding a `&Job` cannot make a
+/// second job aimed at the same destination ranges.
 pub struct Job<'a> {
     pub plan: &'a Plan,
     pub files: &'a [SourceFile],
@@ -75,8 +97,67 @@ pub struct Job<'a> {
     /// Set by the caller to stop the run early; the backend drains what is in flight and returns
     /// [`ReadErrorKind::Cancelled`].
     pub cancel: &'a AtomicBool,
-    /// Bound on retries of transient errors (`EINTR`, `EAGAIN`, short reads) for one read.
+    /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read; short reads that make
+    /// progress do not count (see [`crate::read_progress`]).
     pub retries_max: u32,
+    /// Private: only [`Job::new`] builds a job.
+    _sealed: Sealed,
+}
+
+/// Keeps [`Job`] from being built with a struct literal.
+#[derive(Debug)]
+struct Sealed;
+
+impl<'a> Job<'a> {
+    /// A job that writes the reads of `plan` into `dest`.
+    ///
+    /// # Safety
+    ///
+    /// Backends write into `dest` through raw pointers, from several threads, while the job runs
+    /// (any [`IoBackend::execute`] call with it). The caller guarantees that for that whole time
+    /// the destination ranges of the plan's reads (`arena_offset_bytes .. + len_bytes` of every
+    /// [`Plan::reads`] entry) are written by nobody else, and none of them is referenced (`&` or
+    /// `&mut`) before its read has been reported to the [`CompletionSink`]: in particular no
+    /// other job over an overlapping range of the same destination runs at the same time. Ranges
+    /// outside the destination are refused by the backends, so the plan need not be checked
+    /// against it.
+    ///
+    /// ```
+    /// use std::sync::atomic::AtomicBool;
+    /// use tensora_io::{Job, JobConfig};
+    /// use tensora_io::arena::Arena;
+    /// use tensora_plan::{Budget, Order, Plan, PlanConfig};
+    ///
+    /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
+    /// let arena = Arena::with_len(4096)?;
+    /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
+    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// // SAFETY: nothing else touches `arena` while the job runs.
+    /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
+    /// assert_eq!(job.threads, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub unsafe fn new(
+        plan: &'a Plan,
+        files: &'a [SourceFile],
+        dest: &'a dyn Destination,
+        budget: &'a Budget,
+        cancel: &'a AtomicBool,
+        config: JobConfig,
+    ) -> Job<'a> {
+        Job {
+            plan,
+            files,
+            dest,
+            budget,
+            threads: config.threads,
+            queue_depth: config.queue_depth,
+            direct: config.direct,
+            cancel,
+            retries_max: config.retries_max,
+            _sealed: Sealed,
+        }
+    }
 }
 
 impl std::fmt::Debug for Job<'_> {
@@ -125,6 +206,17 @@ pub struct ReadError {
     pub offset_bytes: u64,
     pub len_bytes: u64,
     pub kind: ReadErrorKind,
+}
+
+impl ReadError {
+    /// The `file` of an error that belongs to the run, not to one read (a ring that cannot be
+    /// set up or entered, a worker that could not be joined): it names no file and no offset.
+    pub const NO_FILE: u32 = u32::MAX;
+
+    /// An error of the whole run (see [`ReadError::NO_FILE`]).
+    pub fn run(kind: ReadErrorKind) -> ReadError {
+        ReadError { file: Self::NO_FILE, offset_bytes: 0, len_bytes: 0, kind }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

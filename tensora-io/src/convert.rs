@@ -188,7 +188,9 @@ pub fn convert(src: &Checkpoint, dst: &Path, cfg: &ConvertConfig) -> Result<Conv
     let (tied_tensors, files_written, bytes_written) = if single_file {
         let layout = safetensors_layout(src)?;
         copier.set_total(layout.specs().iter().map(|s| s.nbytes().unwrap_or(0)).sum());
-        copier.prepare_buffer(src.tensors().iter().map(|t| t.nbytes()));
+        copier.prepare_buffer(src.tensors().iter().map(safetensors_copy_len_bytes));
+        // The writer commits `dst` when the last tensor is written: check the sources before that.
+        copier.check_sources_after = src.tensors().len();
         let result = tensora_format::write::write_safetensors(dst, &layout, |i, out| copier.dense(i, out));
         copier.finish(result)?;
         (0, 1, layout.file_len_bytes())
@@ -198,6 +200,7 @@ pub fn convert(src: &Checkpoint, dst: &Path, cfg: &ConvertConfig) -> Result<Conv
             TargetFormat::ServerlessLlm => write_sllm(src, temp.path(), cfg, &mut copier)?,
             TargetFormat::Safetensors => write_st_dir(src, temp.path(), cfg, &mut copier)?,
         };
+        check_sources(src.files(), &sources)?;
         let bytes = dir_len_bytes(temp.path())?;
         temp.commit(dst)?;
         (tied, files, bytes)
@@ -245,19 +248,45 @@ fn open_sources(files: &[FileEntry]) -> Result<Vec<File>, ConvertError> {
         .map(|f| {
             let file = File::open(f.path()).map_err(io_err(f.path(), "opening source"))?;
             let meta = file.metadata().map_err(io_err(f.path(), "stat of source"))?;
-            let now = tensora_format::FileStamp::from_metadata(&meta);
-            let then = f.stamp();
-            if now.len_bytes != then.len_bytes {
-                let what = format!("size {} is now {}", then.len_bytes, now.len_bytes);
-                return Err(ConvertError::SourceChanged { path: f.path().to_path_buf(), what });
-            }
-            if (now.dev, now.inode) != (then.dev, then.inode) {
-                let what = "replaced by another file".to_owned();
-                return Err(ConvertError::SourceChanged { path: f.path().to_path_buf(), what });
-            }
+            compare_source_stamp(f, &meta)?;
             Ok(file)
         })
         .collect()
+}
+
+/// After the copy: `fstat` every source descriptor and `stat` every source path against the
+/// parse-time stamp (size, mtime, inode), like the load path's close check. A source rewritten or
+/// replaced during the conversion fails it.
+fn check_sources(files: &[FileEntry], sources: &[File]) -> Result<(), ConvertError> {
+    for (f, file) in files.iter().zip(sources) {
+        let meta = file.metadata().map_err(io_err(f.path(), "stat of source"))?;
+        compare_source_stamp(f, &meta)?;
+        let meta = fs::metadata(f.path()).map_err(io_err(f.path(), "stat of source"))?;
+        compare_source_stamp(f, &meta)?;
+    }
+    Ok(())
+}
+
+/// The full stamp of `meta` against the parse-time one.
+fn compare_source_stamp(f: &FileEntry, meta: &fs::Metadata) -> Result<(), ConvertError> {
+    let now = tensora_format::FileStamp::from_metadata(meta);
+    let then = f.stamp();
+    let what = if now.len_bytes != then.len_bytes {
+        format!("size {} is now {}", then.len_bytes, now.len_bytes)
+    } else if (now.dev, now.inode) != (then.dev, then.inode) {
+        "replaced by another file".to_owned()
+    } else if now.modified != then.modified {
+        "modified in place (mtime changed)".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(ConvertError::SourceChanged { path: f.path().to_path_buf(), what })
+}
+
+/// Bytes one tensor needs in the copy buffer for safetensors output: its logical bytes when
+/// contiguous, its whole storage when it must be gathered.
+fn safetensors_copy_len_bytes(t: &TensorInfo) -> u64 {
+    if is_contiguous(t) { t.nbytes() } else { t.len_bytes() }
 }
 
 /// Copies tensor bytes from the sources through one bounded buffer, reporting progress.
@@ -271,6 +300,10 @@ struct Copier<'a> {
     progress: Option<ConvertProgress>,
     /// The detailed error behind the last `io::Error` handed to a writer.
     failure: Option<ConvertError>,
+    /// When non-zero: after this many [`Copier::dense`] calls, check the source stamps (the
+    /// single-file writer commits right after its last tensor, so the check runs inside it).
+    check_sources_after: usize,
+    dense_done: usize,
 }
 
 impl<'a> Copier<'a> {
@@ -284,6 +317,8 @@ impl<'a> Copier<'a> {
             total_bytes: 0,
             progress: cfg.progress.clone(),
             failure: None,
+            check_sources_after: 0,
+            dense_done: 0,
         }
     }
 
@@ -352,9 +387,15 @@ impl<'a> Copier<'a> {
     fn dense(&mut self, i: usize, out: &mut dyn Write) -> io::Result<()> {
         let t = &self.ckpt.tensors()[i];
         if is_contiguous(t) {
-            return self.copy_raw(t, t.nbytes(), out);
+            self.copy_raw(t, t.nbytes(), out)?;
+        } else {
+            self.gather(t, out)?;
         }
-        self.gather(t, out)
+        self.dense_done += 1;
+        if self.check_sources_after > 0 && self.dense_done == self.check_sources_after {
+            check_sources(self.ckpt.files(), self.sources).map_err(|e| self.stash(e))?;
+        }
+        Ok(())
     }
 
     /// Gather a strided tensor: read its storage (which must fit in the buffer), then emit the
@@ -487,9 +528,7 @@ fn write_st_dir(
     copier: &mut Copier<'_>,
 ) -> Result<(usize, usize), ConvertError> {
     copier.set_total(src.tensors().iter().map(TensorInfo::nbytes).sum());
-    copier.prepare_buffer(
-        src.tensors().iter().map(|t| if is_contiguous(t) { t.nbytes() } else { t.len_bytes() }),
-    );
+    copier.prepare_buffer(src.tensors().iter().map(safetensors_copy_len_bytes));
     match cfg.shard_bytes_max {
         None => {
             let layout = safetensors_layout(src)?;
@@ -833,6 +872,55 @@ mod tests {
         convert(&src, &again, &cfg(TargetFormat::ServerlessLlm)).unwrap();
         let again = sllm::open_dir(&again).unwrap();
         assert_eq!(again.tensor("t").unwrap().strides(), Some(&[1u64, 3][..]));
+    }
+
+    #[test]
+    fn single_file_output_sizes_the_buffer_for_strided_storage() {
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("strided");
+        fs::create_dir(&dir).unwrap();
+        // A [2, 2] u8 view with strides [1, 4] over 16 bytes of storage: 4 logical bytes, but the
+        // gather reads all 16 into the buffer.
+        fs::write(dir.join(sllm::INDEX_FILE_NAME), r#"{"t": [0, 16, [2, 2], [1, 4], "torch.uint8"]}"#)
+            .unwrap();
+        let storage: Vec<u8> = (0..16).collect();
+        fs::write(sllm::partition_path(&dir, 0), &storage).unwrap();
+        let src = sllm::open_dir(&dir).unwrap();
+        for dst in [out.path().join("t.safetensors"), out.path().join("t-dir")] {
+            convert(&src, &dst, &cfg(TargetFormat::Safetensors)).unwrap();
+            let st = tensora_format::open(&dst).unwrap();
+            assert_eq!(bytes_of(&st, "t"), [0, 4, 1, 5], "{}", dst.display());
+        }
+    }
+
+    #[test]
+    fn a_source_rewritten_in_place_during_conversion_fails() {
+        for single_file in [true, false] {
+            let out = tempfile::tempdir().unwrap();
+            let model = generated_model(out.path(), 4, 3);
+            let src = tensora_format::open(&model).unwrap();
+            // Rewrite the source in place (same size, same inode, new mtime) once copying started.
+            let victim = model.clone();
+            let touched = Mutex::new(false);
+            let progress: ConvertProgress = Arc::new(move |done, _| {
+                let mut touched = touched.lock().unwrap();
+                if done > 0 && !*touched {
+                    *touched = true;
+                    let f = fs::OpenOptions::new().write(true).open(&victim).unwrap();
+                    f.set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1))
+                        .unwrap();
+                }
+            });
+            let dst = if single_file { out.path().join("o.safetensors") } else { out.path().join("o") };
+            let c = ConvertConfig { progress: Some(progress), ..cfg(TargetFormat::Safetensors) };
+            let err = convert(&src, &dst, &c).unwrap_err();
+            assert!(
+                matches!(&err, ConvertError::SourceChanged { what, .. } if what.contains("mtime")),
+                "{err}"
+            );
+            assert!(!dst.exists());
+            assert_eq!(leftovers(out.path()), std::slice::from_ref(&model));
+        }
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub enum LoadError {
     /// A read failed permanently (or its transient errors outlived the retries).
     #[error("{}: reading at offset {offset_bytes} ({len_bytes} bytes) for tensor {tensor:?}: {kind}", path.display())]
     Read { path: PathBuf, offset_bytes: u64, len_bytes: u64, tensor: String, kind: ReadErrorKind },
+    /// The backend failed as a whole rather than on one read (e.g. an io_uring ring could not be
+    /// entered): no file or offset is involved.
+    #[error("backend {backend} failed: {kind}")]
+    Backend { backend: String, kind: ReadErrorKind },
     /// The destination arena could not be allocated.
     #[error("allocating a {len_bytes}-byte arena: {source}")]
     Arena {

@@ -33,13 +33,15 @@ pub mod fault;
 pub mod load;
 pub mod mmap;
 pub mod probe;
+pub mod read_progress;
 pub mod registry;
 pub mod report;
 pub mod sync;
 pub mod uring;
 
 pub use backend::{
-    CompletionSink, Destination, IoBackend, IoStats, Job, ReadError, ReadErrorKind, SourceFile, StopReason,
+    CompletionSink, Destination, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile,
+    StopReason,
 };
 pub use error::{BoxError, LoadError, ViewError};
 pub use load::{

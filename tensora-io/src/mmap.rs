@@ -12,8 +12,19 @@
 //! Do not map files that other writers may rewrite in place; writers should replace files by
 //! rename (as `tensora_format::write` does), which leaves existing mappings intact.
 //!
-//! Mappings are `MAP_PRIVATE`: writes by others to pages already copied are not seen, and nothing
-//! this process does can modify the file.
+//! # Writes by others show through
+//!
+//! Mappings are `MAP_PRIVATE` and read-only, so this process never copies a page (copy-on-write
+//! happens only on a write through the mapping, which a read-only mapping cannot do): every page
+//! is the page cache's page. Another process writing the file in place is therefore seen through
+//! the mapping, possibly in the middle of a read, and a views-based [`Residence::Mapped`] load
+//! hands out live views, not a snapshot. [`MappedFiles::map`] stays a safe function because
+//! `tensora-bench` calls it (a signature change there is a lead's decision); its contract is the
+//! one an `unsafe fn` would state: the caller guarantees that the files are neither modified nor
+//! truncated while mapped. The backends in this crate only map files they opened and stamped, and
+//! the load path re-checks every stamp after the I/O.
+//!
+//! [`Residence::Mapped`]: crate::Residence::Mapped
 //!
 //! # Example
 //!
@@ -123,8 +134,13 @@ pub struct MappedFiles {
 impl MappedFiles {
     /// Maps each file `MAP_PRIVATE`, read-only, over its expected `len_bytes`. Each file's size is
     /// checked with `fstat` first: a file shorter than expected is an `InvalidData` error naming
-    /// it (mapping it would turn the missing tail into `SIGBUS`). See the module docs on
-    /// truncation after mapping.
+    /// it (mapping it would turn the missing tail into `SIGBUS`).
+    ///
+    /// # Contract
+    ///
+    /// The caller must ensure the files are neither modified nor truncated while mapped: in-place
+    /// writes by others show through the returned bytes (they are live views, not a snapshot),
+    /// and a truncation turns later accesses into `SIGBUS`. See the module docs.
     pub fn map(files: &[SourceFile]) -> io::Result<MappedFiles> {
         let mut maps = Vec::with_capacity(files.len());
         for f in files {
@@ -482,8 +498,12 @@ impl IoBackend for MmapBackend {
             match map_one(f) {
                 Ok(m) => maps.push(m),
                 Err(e) => {
-                    let first = reads.iter().find(|r| r.file as usize == i).unwrap_or(&reads[0]);
-                    return Err(job_error(first, ReadErrorKind::Io(e)));
+                    return Err(ReadError {
+                        file: i as u32,
+                        offset_bytes: 0,
+                        len_bytes: f.len_bytes,
+                        kind: ReadErrorKind::Io(e),
+                    });
                 }
             }
         }
@@ -506,7 +526,7 @@ impl IoBackend for MmapBackend {
         let base = DestPtr::new(job);
         let workers = job.threads.clamp(1, MMAP_THREADS_MAX).min(reads.len());
         let config = self.config;
-        let per_worker = run_workers(workers, |_| copy_worker(job, sink, &state, &maps, base, config));
+        let per_worker = run_workers(workers, |w| copy_worker(job, sink, &state, &maps, base, config, w));
         state.finish(per_worker)
     }
 }
@@ -518,11 +538,13 @@ fn copy_worker(
     maps: &MappedFiles,
     base: DestPtr,
     config: MmapConfig,
+    worker: usize,
 ) -> IoStats {
     let mut stats = IoStats::default();
     let reads = job.plan.reads();
+    let home = state.home(worker);
     while !state.stopped() {
-        let Some(index) = state.claim() else { break };
+        let Some(index) = state.claim(home) else { break };
         let read = &reads[index as usize];
         if state.check_cancel(job, read) {
             break;
@@ -547,9 +569,15 @@ fn copy_worker(
         state.begin_inflight(permit.bytes());
         let range = FileRange { file: read.file, offset_bytes: read.offset_bytes, len_bytes: copy_len };
         if copy_len > 0 {
-            if config.populate_source {
-                // A hint: a failure here surfaces as a fault (or SIGBUS) during the copy anyway.
-                let _ = maps.prewarm_piece(&range);
+            if config.populate_source
+                && let Err(e) = maps.prewarm_piece(&range)
+            {
+                // Populating failed (EFAULT: the pages are gone, e.g. the file was truncated; EIO:
+                // the storage failed). Copying would raise SIGBUS: fail the read instead.
+                state.end_inflight(permit.bytes());
+                drop(permit);
+                state.fail(populate_error(job, read, e));
+                break;
             }
             let src = maps.bytes(read.file, read.offset_bytes..read.offset_bytes + copy_len);
             // SAFETY: `validate_job` checked that [arena_offset, arena_offset + len) lies inside
@@ -568,11 +596,80 @@ fn copy_worker(
     stats
 }
 
+/// The error for a read whose source pages could not be populated. `EFAULT` means the pages
+/// past the file's end are gone: the file was truncated after mapping, so this is an unexpected
+/// end of file at the file's current length (found with `fstat`).
+fn populate_error(job: &Job<'_>, read: &Read, e: io::Error) -> ReadError {
+    if e.raw_os_error() != Some(libc::EFAULT) {
+        return job_error(read, ReadErrorKind::Io(e));
+    }
+    let file = &job.files[read.file as usize];
+    let now_len = file.buffered.metadata().map_or(read.offset_bytes, |m| m.len());
+    let read_bytes = now_len.saturating_sub(read.offset_bytes).min(read.len_bytes);
+    ReadError {
+        file: read.file,
+        offset_bytes: read.offset_bytes + read_bytes,
+        len_bytes: read.len_bytes - read_bytes,
+        kind: ReadErrorKind::UnexpectedEof { read_bytes, expected_bytes: read.len_bytes },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::JobConfig;
     use proptest::prelude::*;
     use std::io::Write;
+
+    /// Truncates the file after the first read has landed.
+    struct TruncateAfterFirst {
+        path: std::path::PathBuf,
+        done: std::sync::atomic::AtomicU32,
+    }
+
+    impl crate::backend::CompletionSink for TruncateAfterFirst {
+        fn read_done(&self, _read: u32) -> Result<(), crate::backend::StopReason> {
+            if self.done.fetch_add(1, Ordering::AcqRel) == 0 {
+                std::fs::OpenOptions::new().write(true).open(&self.path).unwrap().set_len(0).unwrap();
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_file_truncated_after_mapping_is_an_error_not_sigbus() {
+        const LEN: usize = 256 << 10;
+        let (tmp, f) = source(&vec![5u8; LEN]);
+        let extents = [Extent { file: 0, offset_bytes: 0, len_bytes: LEN as u64, tag: 0 }];
+        let config =
+            tensora_plan::PlanConfig { chunk_bytes: 64 << 10, ..tensora_plan::PlanConfig::default() };
+        let plan = tensora_plan::Plan::build(&extents, &config, &tensora_plan::Order::File).unwrap();
+        assert_eq!(plan.reads().len(), 4);
+        let arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
+        let budget = tensora_plan::Budget::new(1 << 20);
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        let files = [f];
+        // SAFETY: nothing else reads or writes the destination while this job runs.
+        let job = unsafe {
+            Job::new(
+                &plan,
+                &files,
+                &arena,
+                &budget,
+                &cancel,
+                JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 0 },
+            )
+        };
+        let sink = TruncateAfterFirst { path: tmp.path().to_path_buf(), done: Default::default() };
+        let backend = MmapBackend::new(MmapConfig { populate_source: true, willneed_lookahead_reads: 0 });
+        let err = backend.execute(&job, &sink).unwrap_err();
+        assert!(
+            matches!(err.kind, ReadErrorKind::UnexpectedEof { read_bytes: 0, .. } | ReadErrorKind::Io(_)),
+            "{err}"
+        );
+        assert_eq!(err.offset_bytes, 64 << 10, "{err}");
+        assert_eq!(sink.done.load(Ordering::Acquire), 1);
+    }
 
     fn source(bytes: &[u8]) -> (tempfile::NamedTempFile, SourceFile) {
         let mut tmp = tempfile::NamedTempFile::new().unwrap();

@@ -8,13 +8,17 @@
 //! cursor). Before a read is issued its bytes are acquired from the job's [`Budget`]; the permit is
 //! released once the read has landed.
 //!
-//! Transient errors (`EINTR`, `EAGAIN`, short reads) are retried, at most `job.retries_max` times
-//! per read; `EAGAIN` backs off for [`EAGAIN_BACKOFF_MAX`] at most. A read that hits end of file
-//! before its planned end fails with [`ReadErrorKind::UnexpectedEof`]. With `job.direct`, reads
-//! whose offset, length and destination address are block-aligned go through the `O_DIRECT`
-//! descriptor; one that fails with `EINVAL` is re-issued buffered (counted in
+//! Every read follows the rules of [`crate::read_progress`], shared with the `io-uring` and
+//! `async` backends: short reads resubmit the remainder (counted in [`IoStats::retries`] but not
+//! against the bound), zero-progress events (`EINTR`, `EAGAIN`) are retried at most
+//! `job.retries_max` times per read, `EAGAIN` backs off for [`EAGAIN_BACKOFF_MAX`] at most, and a
+//! read that hits end of file before the file's known end fails with
+//! `ReadErrorKind::UnexpectedEof`. With `job.direct`, calls whose offset, length and destination
+//! address are block-aligned go through the `O_DIRECT` descriptor; `EINVAL` there turns direct
+//! I/O off for that file and the remainder is re-issued buffered (counted in
 //! [`IoStats::direct_fallbacks`]). The first error stops every worker before its next read and is
-//! returned; nothing is in flight when [`IoBackend::execute`] returns.
+//! returned, naming the first byte that did not land; nothing is in flight when
+//! [`IoBackend::execute`] returns.
 //!
 //! All reads go through a [`ReadAt`] layer ([`Pread`] by default) so that tests can inject faults
 //! ([`crate::fault::FaultySource`]).
@@ -22,16 +26,17 @@
 use std::fmt::Debug;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use crate::backend::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, SourceFile};
+use tensora_plan::Read;
+
+use crate::backend::{CompletionSink, IoBackend, IoStats, Job, ReadError, SourceFile};
+pub use crate::read_progress::EAGAIN_BACKOFF_MAX;
+use crate::read_progress::{ReadProgress, Step};
+use crate::uring::{DestPtr, RunState, direct_align_bytes, direct_aligned, run_workers, validate_job};
 
 /// Upper bound on worker threads, whatever the job asks.
 pub const THREADS_MAX: usize = 256;
-/// Longest single back-off after `EAGAIN`.
-pub const EAGAIN_BACKOFF_MAX: Duration = Duration::from_millis(10);
 /// Block size assumed for O_DIRECT eligibility (offset, length and address multiples of it).
 pub const DIRECT_BLOCK_BYTES: u64 = 4096;
 
@@ -96,201 +101,87 @@ impl SyncBackend {
     }
 }
 
-/// State shared by the workers of one run.
-struct Shared<'a> {
-    job: &'a Job<'a>,
-    sink: &'a dyn CompletionSink,
-    reader: &'a dyn ReadAt,
-    /// Next position inside each queue (relative to the queue's start).
-    cursors: Vec<AtomicU32>,
-    stop: AtomicBool,
-    first_error: Mutex<Option<ReadError>>,
-    bytes_read: AtomicU64,
-    reads: AtomicU64,
-    retries: AtomicU64,
-    inflight_bytes: AtomicU64,
-    peak_inflight_bytes: AtomicU64,
-    direct_fallbacks: AtomicU64,
+/// One worker of a run: claims reads round-robin from its home queue (see [`RunState::claim`])
+/// until every queue is drained or the run stops.
+fn worker(
+    job: &Job<'_>,
+    sink: &dyn CompletionSink,
+    reader: &dyn ReadAt,
+    state: &RunState,
+    w: usize,
+) -> IoStats {
+    let mut stats = IoStats::default();
+    let home = state.home(w);
+    while !state.stopped() {
+        let Some(index) = state.claim(home) else { break };
+        let read = &job.plan.reads()[index as usize];
+        if state.check_cancel(job, read) {
+            break;
+        }
+        let permit = job.budget.acquire(read.len_bytes);
+        state.begin_inflight(permit.bytes());
+        let result = fill(job, reader, state, read, &mut stats);
+        state.end_inflight(permit.bytes());
+        drop(permit);
+        match result {
+            Ok(()) => {
+                stats.reads += 1;
+                stats.bytes_read += read.len_bytes;
+                state.land(job, sink, index);
+            }
+            Err(Some(e)) => state.fail(e),
+            // Another worker failed the run: its error is the one reported.
+            Err(None) => break,
+        }
+    }
+    stats
 }
 
-impl Shared<'_> {
-    fn fail(&self, error: ReadError) {
-        self.stop.store(true, Ordering::Release);
-        let mut slot = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(error);
+/// Reads all of `read` into its destination range through the shared [`ReadProgress`] rules.
+/// `Err(None)` means the run was stopped by another worker.
+fn fill(
+    job: &Job<'_>,
+    reader: &dyn ReadAt,
+    state: &RunState,
+    read: &Read,
+    stats: &mut IoStats,
+) -> Result<(), Option<ReadError>> {
+    let file = &job.files[read.file as usize];
+    let base = DestPtr::new(job);
+    let align = direct_align_bytes(job);
+    // SAFETY: `validate_job` checked that `arena_offset_bytes .. + len_bytes` lies inside the
+    // destination (whose length fits usize); the `Destination` contract makes that memory
+    // initialised, valid and writable for the job's life, and plan reads never overlap, so this
+    // slice is the only one touching these bytes while the read runs.
+    let buf =
+        unsafe { std::slice::from_raw_parts_mut(base.at(read.arena_offset_bytes), read.len_bytes as usize) };
+    let mut progress = ReadProgress::new(read, file.len_bytes, job.retries_max);
+    loop {
+        if state.stopped() {
+            return Err(None);
         }
-    }
-
-    /// Claim the next read index, starting at queue `home`; None when every queue is drained.
-    fn claim(&self, home: usize) -> Option<u32> {
-        let queues = self.job.plan.queues();
-        let n = queues.len();
-        for step in 0..n {
-            let q = (home + step) % n;
-            let range = &queues[q].reads;
-            let len = range.end - range.start;
-            let cursor = &self.cursors[q];
-            if cursor.load(Ordering::Relaxed) >= len {
-                continue;
-            }
-            let pos = cursor.fetch_add(1, Ordering::AcqRel);
-            if pos < len {
-                return Some(range.start + pos);
-            }
-        }
-        None
-    }
-
-    fn worker(&self, worker_index: usize) {
-        // File order: spread workers over files. Priority order: everyone starts on the most
-        // urgent queue and moves on only when it runs dry.
-        let queue_count = self.job.plan.queues().len().max(1);
-        let home = match self.job.plan.order() {
-            tensora_plan::Order::File => worker_index % queue_count,
-            tensora_plan::Order::Priority(_) => 0,
-        };
-        loop {
-            if self.stop.load(Ordering::Acquire) {
-                return;
-            }
-            if self.job.cancel.load(Ordering::Acquire) {
-                self.fail(ReadError {
-                    file: 0,
-                    offset_bytes: 0,
-                    len_bytes: 0,
-                    kind: ReadErrorKind::Cancelled,
-                });
-                return;
-            }
-            let Some(read_index) = self.claim(home) else { return };
-            if let Err(e) = self.one_read(read_index) {
-                self.fail(e);
-                return;
-            }
-        }
-    }
-
-    fn one_read(&self, read_index: u32) -> Result<(), ReadError> {
-        let read = &self.job.plan.reads()[read_index as usize];
-        let error = |kind| ReadError {
-            file: read.file,
-            offset_bytes: read.offset_bytes,
-            len_bytes: read.len_bytes,
-            kind,
-        };
-        let dest = self.job.dest;
-        let in_dest =
-            read.arena_offset_bytes.checked_add(read.len_bytes).is_some_and(|end| end <= dest.len_bytes());
-        let file = self.job.files.get(read.file as usize);
-        let (Some(file), true) = (file, in_dest) else {
-            return Err(error(ReadErrorKind::Io(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "read outside the destination or the job's files",
-            ))));
-        };
-        let _permit = self.job.budget.acquire(read.len_bytes);
-        let now = self.inflight_bytes.fetch_add(read.len_bytes, Ordering::AcqRel) + read.len_bytes;
-        self.peak_inflight_bytes.fetch_max(now, Ordering::AcqRel);
-        // SAFETY: the range `arena_offset_bytes .. + len_bytes` lies inside the destination (checked
-        // above); the `Destination` contract makes its memory valid and writable for the job's life,
-        // and plan reads never overlap, so this slice is the only one touching these bytes.
-        let buf = unsafe {
-            std::slice::from_raw_parts_mut(
-                dest.host_ptr().as_ptr().add(read.arena_offset_bytes as usize),
-                read.len_bytes as usize,
-            )
-        };
-        let result = self.fill(file, read.file, buf, read.offset_bytes);
-        self.inflight_bytes.fetch_sub(read.len_bytes, Ordering::AcqRel);
-        // Name the byte where the read failed, so the load layer can name the tensor holding it.
-        result.map_err(|(kind, done_bytes)| ReadError {
-            file: read.file,
-            offset_bytes: read.offset_bytes + done_bytes,
-            len_bytes: read.len_bytes - done_bytes,
-            kind,
-        })?;
-        dest.on_landed(read.arena_offset_bytes, read.len_bytes).map_err(|e| error(ReadErrorKind::Io(e)))?;
-        self.bytes_read.fetch_add(read.len_bytes, Ordering::Relaxed);
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.sink.read_done(read_index).map_err(|_| error(ReadErrorKind::Stopped))
-    }
-
-    /// Fill `buf` from `offset_bytes`, retrying transient errors within the job's bound. On error,
-    /// also returns how many bytes had landed.
-    fn fill(
-        &self,
-        file: &SourceFile,
-        file_index: u32,
-        buf: &mut [u8],
-        offset_bytes: u64,
-    ) -> Result<(), (ReadErrorKind, u64)> {
-        let mut done_bytes = 0;
-        self.fill_loop(file, file_index, buf, offset_bytes, &mut done_bytes)
-            .map_err(|kind| (kind, done_bytes))
-    }
-
-    fn fill_loop(
-        &self,
-        file: &SourceFile,
-        file_index: u32,
-        buf: &mut [u8],
-        offset_bytes: u64,
-        done_out: &mut u64,
-    ) -> Result<(), ReadErrorKind> {
-        let expected_bytes = buf.len() as u64;
-        let mut done: usize = 0;
-        let mut retries: u32 = 0;
-        let mut use_direct = self.job.direct && file.direct.is_some();
-        while done < buf.len() {
-            if self.stop.load(Ordering::Acquire) {
-                return Err(ReadErrorKind::Stopped);
-            }
-            let pos = offset_bytes + done as u64;
-            let rest = &mut buf[done..];
-            let aligned = pos.is_multiple_of(DIRECT_BLOCK_BYTES)
-                && (rest.len() as u64).is_multiple_of(DIRECT_BLOCK_BYTES)
-                && (rest.as_ptr() as usize as u64).is_multiple_of(DIRECT_BLOCK_BYTES);
-            let direct_now = use_direct && aligned;
-            match self.reader.read_at(file, file_index, rest, pos, direct_now) {
-                Ok(0) => {
-                    return Err(ReadErrorKind::UnexpectedEof { read_bytes: done as u64, expected_bytes });
-                }
-                Ok(n) => {
-                    done += n.min(rest.len());
-                    *done_out = done as u64;
-                    if done < buf.len() {
-                        retries = self.retry(retries, io::Error::other("short read"))?;
-                    }
-                }
-                Err(e) if direct_now && e.raw_os_error() == Some(libc::EINVAL) => {
-                    self.direct_fallbacks.fetch_add(1, Ordering::Relaxed);
-                    use_direct = false;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                    retries = self.retry(retries, e)?;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    retries = self.retry(retries, e)?;
-                    let backoff = Duration::from_micros(100u64 << retries.min(7)).min(EAGAIN_BACKOFF_MAX);
+        let direct_ok = job.direct && file.direct.is_some() && state.direct_allowed(read.file);
+        let call = progress.next_call(direct_ok.then_some(align));
+        let rest = &mut buf[call.done_bytes as usize..(call.done_bytes + call.len_bytes) as usize];
+        let direct_now =
+            direct_ok && direct_aligned(rest.as_ptr(), call.file_offset_bytes, call.len_bytes, align);
+        let result = reader.read_at(file, read.file, rest, call.file_offset_bytes, direct_now);
+        let retries_before = progress.retries();
+        let step = progress.on_io_result(&result, call.len_bytes, direct_now);
+        stats.retries += progress.retries() - retries_before;
+        match step {
+            Step::Landed => return Ok(()),
+            Step::Again { backoff } => {
+                if let Some(backoff) = backoff {
                     std::thread::sleep(backoff);
                 }
-                Err(e) => return Err(ReadErrorKind::Io(e)),
             }
+            Step::DirectRefused => {
+                stats.direct_fallbacks += 1;
+                state.disable_direct(read.file);
+            }
+            Step::Fail(kind) => return Err(Some(progress.error(kind))),
         }
-        Ok(())
-    }
-
-    /// Count one retry; fail once the bound is exceeded, keeping the last error as the cause.
-    fn retry(&self, retries: u32, last: io::Error) -> Result<u32, ReadErrorKind> {
-        if retries >= self.job.retries_max {
-            return Err(ReadErrorKind::Io(io::Error::new(
-                last.kind(),
-                format!("gave up after {retries} retries: {last}"),
-            )));
-        }
-        self.retries.fetch_add(1, Ordering::Relaxed);
-        Ok(retries + 1)
     }
 }
 
@@ -300,41 +191,15 @@ impl IoBackend for SyncBackend {
     }
 
     fn execute(&self, job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
-        let queues = job.plan.queues();
-        let shared = Shared {
-            job,
-            sink,
-            reader: &*self.reader,
-            cursors: queues.iter().map(|_| AtomicU32::new(0)).collect(),
-            stop: AtomicBool::new(false),
-            first_error: Mutex::new(None),
-            bytes_read: AtomicU64::new(0),
-            reads: AtomicU64::new(0),
-            retries: AtomicU64::new(0),
-            inflight_bytes: AtomicU64::new(0),
-            peak_inflight_bytes: AtomicU64::new(0),
-            direct_fallbacks: AtomicU64::new(0),
-        };
+        validate_job(job)?;
         let reads_total = job.plan.reads().len();
-        let threads = job.threads.clamp(1, THREADS_MAX).min(reads_total.max(1));
-        if reads_total > 0 {
-            std::thread::scope(|s| {
-                for w in 1..threads {
-                    let shared = &shared;
-                    s.spawn(move || shared.worker(w));
-                }
-                shared.worker(0);
-            });
+        if reads_total == 0 {
+            return Ok(IoStats::default());
         }
-        if let Some(e) = shared.first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(e);
-        }
-        Ok(IoStats {
-            bytes_read: shared.bytes_read.into_inner(),
-            reads: shared.reads.into_inner(),
-            retries: shared.retries.into_inner(),
-            peak_inflight_bytes: shared.peak_inflight_bytes.into_inner(),
-            direct_fallbacks: shared.direct_fallbacks.into_inner(),
-        })
+        let state = RunState::new(job);
+        let threads = job.threads.clamp(1, THREADS_MAX).min(reads_total);
+        let reader = &*self.reader;
+        let per_worker = run_workers(threads, |w| worker(job, sink, reader, &state, w));
+        state.finish(per_worker)
     }
 }

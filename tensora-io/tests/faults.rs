@@ -190,3 +190,65 @@ fn a_bit_flip_passes_the_loader_and_changes_exactly_one_bit() {
     assert_eq!(diffs, [123]);
     assert_eq!(got[123] ^ want[123], 1 << 6);
 }
+
+/// A `pread` source like a FUSE filesystem: at most `call_bytes_max` per call, and `EIO` for any
+/// call that starts at or after `eio_from` in file 0.
+#[derive(Debug)]
+struct Fuse {
+    call_bytes_max: usize,
+    eio_from: u64,
+}
+
+impl tensora_io::sync::ReadAt for Fuse {
+    fn read_at(
+        &self,
+        file: &tensora_io::SourceFile,
+        file_index: u32,
+        buf: &mut [u8],
+        offset_bytes: u64,
+        direct: bool,
+    ) -> std::io::Result<usize> {
+        if file_index == 0 && offset_bytes >= self.eio_from {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        let n = buf.len().min(self.call_bytes_max);
+        tensora_io::sync::Pread.read_at(file, file_index, &mut buf[..n], offset_bytes, direct)
+    }
+}
+
+fn fuse(call_bytes_max: usize, eio_from: u64) -> LoadOptions {
+    let backend = tensora_io::sync::SyncBackend::with_reader(Arc::new(Fuse { call_bytes_max, eio_from }));
+    LoadOptions { backend: BackendChoice::Custom(Arc::new(backend)), ..LoadOptions::default() }
+}
+
+#[test]
+fn short_reads_that_make_progress_never_exhaust_the_retries() {
+    // 1 MiB reads served 4 KiB per call with retries_max 0: progress is not a retry.
+    let g = generate(9, &[vec![(Dtype::F32, vec![512 << 10])]]);
+    let ckpt = g.open();
+    let opts = LoadOptions { chunk_bytes: 1 << 20, retries_max: 0, threads: 2, ..fuse(4096, u64::MAX) };
+    let loaded = load(&ckpt, &opts).unwrap();
+    for t in loaded.tensors() {
+        assert_eq!(t.bytes(), &g.data[t.name()][..], "{}", t.name());
+    }
+    assert!(loaded.report().retries >= 255, "{:?}", loaded.report());
+}
+
+#[test]
+fn an_error_mid_read_names_the_first_byte_that_did_not_land() {
+    let g = one_shard();
+    let ckpt = g.open();
+    let t1 = ckpt.tensor("s0.t1").unwrap();
+    // Reads of 64 KiB served 4 KiB per call; the call at t1 + 8 KiB fails.
+    let bad_offset = t1.offset_bytes() + (8 << 10);
+    let opts = LoadOptions { chunk_bytes: 64 << 10, threads: 1, ..fuse(4096, bad_offset) };
+    let err = load(&ckpt, &opts).unwrap_err();
+    match &err {
+        LoadError::Read { offset_bytes, tensor, kind: ReadErrorKind::Io(e), .. } => {
+            assert_eq!(*offset_bytes, bad_offset, "{err}");
+            assert_eq!(tensor, "s0.t1");
+            assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -325,3 +325,36 @@ proptest! {
         prop_assert!(report.peak_inflight_bytes <= budget_bytes);
     }
 }
+
+#[test]
+fn mapped_loads_report_mmap_whatever_backend_is_named() {
+    let g = generate_mixed(5);
+    let ckpt = g.open();
+    for backend in [BackendChoice::Named("sync".into()), BackendChoice::Auto] {
+        let opts = LoadOptions { backend, residence: Residence::Mapped, ..LoadOptions::default() };
+        let loaded = load(&ckpt, &opts).unwrap();
+        let r = loaded.report();
+        assert_eq!((r.backend.as_str(), r.io_mode.as_str()), ("mmap", "mapped"), "{r:?}");
+        assert!(r.reason.starts_with("mapped views requested"), "{r:?}");
+    }
+}
+
+#[test]
+fn peak_inflight_is_the_budgets_exact_peak() {
+    let g = generate_mixed(6);
+    let ckpt = g.open();
+    for name in runnable_backends() {
+        // One worker, reads of at most 16 KiB, a budget far above it: the peak is one read.
+        let opts = LoadOptions {
+            backend: BackendChoice::Named(name.into()),
+            threads: 1,
+            queue_depth: 1,
+            chunk_bytes: 16 << 10,
+            budget_bytes: 1 << 30,
+            ..LoadOptions::default()
+        };
+        let loaded = load(&ckpt, &opts).unwrap();
+        let r = loaded.report();
+        assert!(r.peak_inflight_bytes > 0 && r.peak_inflight_bytes <= 16 << 10, "{name}: {r:?}");
+    }
+}

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use proptest::prelude::*;
 use tensora_io::arena::Arena;
 use tensora_io::mmap::{FileRange, MappedFiles, MmapBackend, MmapConfig};
-use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, SourceFile, StopReason};
+use tensora_io::{
+    CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
+};
 use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
 
 /// A completion sink made of a closure.
@@ -76,16 +78,21 @@ fn run(backend: &dyn IoBackend, plan: &Plan, files: &[SourceFile], knobs: Knobs)
         reported.lock().unwrap().push(read);
         Ok(())
     });
-    let job = Job {
-        plan,
-        files,
-        dest: &arena,
-        budget: &budget,
-        threads: knobs.threads,
-        queue_depth: knobs.queue_depth,
-        direct: knobs.direct,
-        cancel: &cancel,
-        retries_max: 4,
+    // SAFETY: nothing else reads or writes the destination while this job runs.
+    let job = unsafe {
+        Job::new(
+            plan,
+            files,
+            &arena,
+            &budget,
+            &cancel,
+            JobConfig {
+                threads: knobs.threads,
+                queue_depth: knobs.queue_depth,
+                direct: knobs.direct,
+                retries_max: 4,
+            },
+        )
     };
     let result = backend.execute(&job, &sink);
     Run { result, arena, reported: reported.into_inner().unwrap(), budget }
@@ -198,16 +205,16 @@ fn run_with_sink(
     budget: &Budget,
 ) -> Result<IoStats, ReadError> {
     let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
-    let job = Job {
-        plan,
-        files: std::slice::from_ref(&file.source),
-        dest: &arena,
-        budget,
-        threads: 2,
-        queue_depth: 1,
-        direct: false,
-        cancel,
-        retries_max: 4,
+    // SAFETY: nothing else reads or writes the destination while this job runs.
+    let job = unsafe {
+        Job::new(
+            plan,
+            std::slice::from_ref(&file.source),
+            &arena,
+            budget,
+            cancel,
+            JobConfig { threads: 2, queue_depth: 1, direct: false, retries_max: 4 },
+        )
     };
     MmapBackend::default().execute(&job, sink)
 }

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use proptest::prelude::*;
 use tensora_io::arena::Arena;
 use tensora_io::uring::{self, UringBackend, UringConfig};
-use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, SourceFile, StopReason};
+use tensora_io::{
+    CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
+};
 use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
 
 /// A completion sink made of a closure.
@@ -77,16 +79,21 @@ fn run(backend: &dyn IoBackend, plan: &Plan, files: &[SourceFile], knobs: Knobs)
         reported.lock().unwrap().push(read);
         Ok(())
     });
-    let job = Job {
-        plan,
-        files,
-        dest: &arena,
-        budget: &budget,
-        threads: knobs.threads,
-        queue_depth: knobs.queue_depth,
-        direct: knobs.direct,
-        cancel: &cancel,
-        retries_max: 4,
+    // SAFETY: nothing else reads or writes the destination while this job runs.
+    let job = unsafe {
+        Job::new(
+            plan,
+            files,
+            &arena,
+            &budget,
+            &cancel,
+            JobConfig {
+                threads: knobs.threads,
+                queue_depth: knobs.queue_depth,
+                direct: knobs.direct,
+                retries_max: 4,
+            },
+        )
     };
     let result = backend.execute(&job, &sink);
     Run { result, arena, reported: reported.into_inner().unwrap(), budget }
@@ -243,16 +250,16 @@ fn run_with_sink(
     budget: &Budget,
 ) -> Result<IoStats, ReadError> {
     let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
-    let job = Job {
-        plan,
-        files: std::slice::from_ref(&file.source),
-        dest: &arena,
-        budget,
-        threads: 2,
-        queue_depth: 4,
-        direct: false,
-        cancel,
-        retries_max: 4,
+    // SAFETY: nothing else reads or writes the destination while this job runs.
+    let job = unsafe {
+        Job::new(
+            plan,
+            std::slice::from_ref(&file.source),
+            &arena,
+            budget,
+            cancel,
+            JobConfig { threads: 2, queue_depth: 4, direct: false, retries_max: 4 },
+        )
     };
     UringBackend::default().execute(&job, sink)
 }
@@ -319,16 +326,16 @@ fn a_plan_larger_than_the_destination_is_an_error_not_a_write() {
     let small = Arena::with_len(4096).unwrap();
     let budget = Budget::new(1 << 20);
     let cancel = AtomicBool::new(false);
-    let job = Job {
-        plan: &plan,
-        files: std::slice::from_ref(&file.source),
-        dest: &small,
-        budget: &budget,
-        threads: 1,
-        queue_depth: 2,
-        direct: false,
-        cancel: &cancel,
-        retries_max: 1,
+    // SAFETY: nothing else reads or writes the destination while this job runs.
+    let job = unsafe {
+        Job::new(
+            &plan,
+            std::slice::from_ref(&file.source),
+            &small,
+            &budget,
+            &cancel,
+            JobConfig { threads: 1, queue_depth: 2, direct: false, retries_max: 1 },
+        )
     };
     let err = UringBackend::default().execute(&job, &FnSink(|_| Ok(()))).unwrap_err();
     assert!(
@@ -394,16 +401,16 @@ fn a_failing_destination_stops_the_run_before_the_sink_hears_of_the_read() {
         reported.fetch_add(1, Ordering::SeqCst);
         Ok(())
     });
-    let job = Job {
-        plan: &plan,
-        files: std::slice::from_ref(&file.source),
-        dest: &dest,
-        budget: &budget,
-        threads: 2,
-        queue_depth: 4,
-        direct: false,
-        cancel: &cancel,
-        retries_max: 4,
+    // SAFETY: nothing else reads or writes the destination while this job runs.
+    let job = unsafe {
+        Job::new(
+            &plan,
+            std::slice::from_ref(&file.source),
+            &dest,
+            &budget,
+            &cancel,
+            JobConfig { threads: 2, queue_depth: 4, direct: false, retries_max: 4 },
+        )
     };
     let err = UringBackend::default().execute(&job, &sink).unwrap_err();
     assert!(matches!(err.kind, ReadErrorKind::Io(ref e) if e.to_string() == "device copy failed"), "{err}");

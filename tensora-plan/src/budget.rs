@@ -155,7 +155,7 @@ impl Budget {
             return Some(self.permit(0));
         }
         let mut state = self.inner.lock();
-        if !state.queue.is_empty() || state.in_use_bytes + bytes > self.inner.capacity_bytes {
+        if !state.queue.is_empty() || !state.fits(bytes, self.inner.capacity_bytes) {
             return None;
         }
         state.take(bytes);
@@ -176,7 +176,7 @@ impl Inner {
 
     /// Grants `bytes` to `ticket` if it is at the front and they fit; wakes the next waiter.
     fn try_grant(&self, state: &mut State, ticket: u64, bytes: u64) -> bool {
-        if state.queue.front() != Some(&ticket) || state.in_use_bytes + bytes > self.capacity_bytes {
+        if state.queue.front() != Some(&ticket) || !state.fits(bytes, self.capacity_bytes) {
             return false;
         }
         state.queue.pop_front();
@@ -198,6 +198,12 @@ impl State {
         self.next_ticket += 1;
         self.queue.push_back(ticket);
         ticket
+    }
+
+    /// Whether `bytes` more fit under `capacity_bytes`. Written without `in_use + bytes`, which
+    /// overflows for capacities above `u64::MAX / 2` (`in_use <= capacity` always holds).
+    fn fits(&self, bytes: u64, capacity_bytes: u64) -> bool {
+        bytes <= capacity_bytes - self.in_use_bytes
     }
 
     fn take(&mut self, bytes: u64) {
@@ -300,6 +306,23 @@ mod tests {
         assert_eq!(budget.in_use_bytes(), 70);
         drop(b);
         assert_eq!((budget.in_use_bytes(), budget.peak_bytes()), (0, 100));
+    }
+
+    #[test]
+    fn a_capacity_near_u64_max_never_overflows() {
+        let budget = Budget::new(u64::MAX);
+        let a = budget.acquire(u64::MAX - 10);
+        // `in_use + bytes` would overflow here (a panic in debug builds, a wrap-around grant in
+        // release builds).
+        assert!(budget.try_acquire(11).is_none());
+        assert!(budget.try_acquire(u64::MAX).is_none());
+        let b = budget.try_acquire(10).unwrap();
+        assert_eq!(budget.in_use_bytes(), u64::MAX);
+        drop(a);
+        let c = budget.acquire(u64::MAX - 10);
+        assert_eq!(c.bytes(), u64::MAX - 10);
+        drop((b, c));
+        assert_eq!((budget.in_use_bytes(), budget.peak_bytes()), (0, u64::MAX));
     }
 
     #[test]

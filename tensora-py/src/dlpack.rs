@@ -4,7 +4,7 @@
 //! The managed tensor holds an `Arc<Owner>`: memory stays alive until the consumer calls the
 //! deleter (torch does so when the last tensor viewing it is freed).
 
-use std::ffi::{c_void, CStr};
+use std::ffi::{CStr, c_void};
 use std::sync::Arc;
 
 use tensora_format::Dtype;
@@ -71,8 +71,8 @@ pub struct DLManagedTensor {
 /// What the managed tensor keeps alive: the owner and the shape/strides arrays it points into.
 struct Context {
     _owner: Arc<Owner>,
-    shape: Box<[i64]>,
-    strides: Box<[i64]>,
+    _shape: Box<[i64]>,
+    _strides: Box<[i64]>,
 }
 
 /// Why a tensor cannot be exported.
@@ -151,7 +151,7 @@ impl ManagedTensor {
             strides: strides.as_mut_ptr(),
             byte_offset: 0,
         };
-        let ctx = Box::new(Context { _owner: Arc::clone(&t.owner), shape, strides });
+        let ctx = Box::new(Context { _owner: Arc::clone(&t.owner), _shape: shape, _strides: strides });
         let managed = Box::new(DLManagedTensor {
             dl_tensor: tensor,
             manager_ctx: Box::into_raw(ctx).cast::<c_void>(),
@@ -221,8 +221,11 @@ impl Consumed {
             let t = &(*m).dl_tensor;
             let ndim = usize::try_from(t.ndim).unwrap_or(0);
             let shape = std::slice::from_raw_parts(t.shape, ndim).to_vec();
-            let strides =
-                if t.strides.is_null() { Vec::new() } else { std::slice::from_raw_parts(t.strides, ndim).to_vec() };
+            let strides = if t.strides.is_null() {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(t.strides, ndim).to_vec()
+            };
             Consumed {
                 data: t.data as usize,
                 device: t.device,

@@ -44,7 +44,7 @@ pub struct Outcome<T> {
     pub result: T,
     /// Raised by the callback or by a signal handler; takes precedence over `result`'s error.
     pub py_err: Option<PyErr>,
-    /// The callback returned `False`.
+    /// The callback returned `False` (at any call, even the last: the result is then discarded).
     pub cancelled_by_callback: bool,
 }
 
@@ -62,6 +62,8 @@ pub fn run<T: Send>(
         Arc::new(move |done: u64, total: u64| {
             s.done_bytes.store(done, Ordering::Relaxed);
             s.total_bytes.store(total, Ordering::Relaxed);
+            // Wake the caller now; a lost wake-up costs at most one poll interval.
+            s.changed.notify_one();
         }) as ProgressHook
     });
     py.detach(|| {
@@ -78,8 +80,10 @@ pub fn run<T: Send>(
             loop {
                 let finished = shared.wait();
                 if py_err.is_none() && !cancelled_by_callback {
-                    let now =
-                        (shared.done_bytes.load(Ordering::Relaxed), shared.total_bytes.load(Ordering::Relaxed));
+                    let now = (
+                        shared.done_bytes.load(Ordering::Relaxed),
+                        shared.total_bytes.load(Ordering::Relaxed),
+                    );
                     let step = Python::attach(|py| -> PyResult<bool> {
                         py.check_signals()?;
                         let Some(cb) = &callback else { return Ok(true) };
@@ -89,7 +93,8 @@ pub fn run<T: Send>(
                         reported = now;
                         let ret = cb.call1(py, now)?;
                         let ret = ret.bind(py);
-                        Ok(!(ret.is_instance_of::<PyBool>() && !ret.is_truthy()?))
+                        // Only a literal `False` cancels; `None` (no return) continues.
+                        Ok(!ret.is_instance_of::<PyBool>() || ret.is_truthy()?)
                     });
                     match step {
                         Ok(true) => {}

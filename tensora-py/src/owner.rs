@@ -22,7 +22,7 @@ pub fn owners_live() -> usize {
 #[derive(Debug)]
 pub enum Storage {
     /// An owned load: the hugepage arena of `tensora_io::load`.
-    Loaded(tensora_io::Loaded),
+    Loaded(Box<tensora_io::Loaded>),
     /// One `MAP_PRIVATE` writable (copy-on-write) mapping per checkpoint file: writes never reach
     /// the file.
     Mapped(Vec<memmap2::MmapMut>),

@@ -58,7 +58,8 @@ impl<T> Bounded<T> {
                 return Err(item);
             }
             let room = s.items.is_empty()
-                || (s.items.len() < self.items_max && s.bytes_queued.saturating_add(len_bytes) <= self.bytes_max);
+                || (s.items.len() < self.items_max
+                    && s.bytes_queued.saturating_add(len_bytes) <= self.bytes_max);
             if room {
                 break;
             }

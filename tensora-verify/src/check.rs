@@ -57,8 +57,11 @@ pub enum FindingKind {
     Truncated { path: PathBuf, expected_len_bytes: u64, actual_len_bytes: u64 },
     /// The file could not be opened or read.
     Unreadable { path: PathBuf, offset_bytes: Option<u64>, message: String },
-    /// The file has holes: `sparse_bytes` of its length are not backed by storage.
-    Sparse { path: PathBuf, sparse_bytes: u64 },
+    /// Fewer bytes are allocated to the file than its length needs: `sparse_bytes` of its length
+    /// are not backed by storage. The file has holes (read back as zeros), or lives on a
+    /// compressing filesystem (ZFS, btrfs) that stores it in fewer blocks. An error only when
+    /// under half of the length is allocated (see [`Self::severity`]), a warning otherwise.
+    Sparse { path: PathBuf, sparse_bytes: u64, len_bytes: u64, allocated_bytes: u64 },
     /// The file was modified or replaced while it was being checked.
     Changed { path: PathBuf, message: String },
     /// The file's size differs from the manifest's (and it is not shorter: see `Truncated`).
@@ -86,6 +89,10 @@ pub enum FindingKind {
     Misaligned { tensor: String, path: PathBuf, offset_bytes: u64, align_bytes: u64 },
     /// A backend was skipped by the cross-check because it cannot run here.
     BackendUnavailable { backend: String, reason: String },
+    /// A ServerlessLLM tensor whose strides are not row-major: some of its elements lie outside the
+    /// `numel × itemsize` bytes from its offset that its digest covers (`digest_bytes` of its
+    /// `storage_bytes`), so a digest match does not prove those elements intact.
+    Strided { tensor: String, path: PathBuf, digest_bytes: u64, storage_bytes: u64 },
 }
 
 impl FindingKind {
@@ -109,16 +116,33 @@ impl FindingKind {
             FindingKind::UnknownHeaderField { .. } => "unknown-header-field",
             FindingKind::Misaligned { .. } => "misaligned",
             FindingKind::BackendUnavailable { .. } => "backend-unavailable",
+            FindingKind::Strided { .. } => "strided",
         }
     }
 
-    /// The severity this kind of finding always has.
+    /// The severity of this finding.
+    ///
+    /// [`FindingKind::Sparse`] is an error only when fewer than half of the file's bytes are
+    /// allocated. Allocation (`st_blocks`) is all this crate can see: finding the holes themselves
+    /// takes `lseek(SEEK_HOLE)`, and `unsafe` is forbidden here. An interrupted download that
+    /// preallocated its length by `ftruncate` has allocated little, while compression on ZFS or
+    /// btrfs rarely saves more than half of model weights, whose bytes are near random: so below
+    /// half is an error, anything else a warning that names the figures (the scan has read every
+    /// byte either way, so digests still decide).
     pub const fn severity(&self) -> Severity {
         match self {
+            FindingKind::Sparse { len_bytes, allocated_bytes, .. } => {
+                if (*allocated_bytes).saturating_mul(2) < *len_bytes {
+                    Severity::Error
+                } else {
+                    Severity::Warning
+                }
+            }
             FindingKind::ParserWarning { .. }
             | FindingKind::UnknownHeaderField { .. }
             | FindingKind::Misaligned { .. }
-            | FindingKind::BackendUnavailable { .. } => Severity::Warning,
+            | FindingKind::BackendUnavailable { .. }
+            | FindingKind::Strided { .. } => Severity::Warning,
             _ => Severity::Error,
         }
     }
@@ -133,7 +157,8 @@ impl FindingKind {
             | FindingKind::TensorNotInManifest { tensor }
             | FindingKind::CrossCheckMismatch { tensor, .. }
             | FindingKind::UnknownHeaderField { tensor, .. }
-            | FindingKind::Misaligned { tensor, .. } => Some(tensor),
+            | FindingKind::Misaligned { tensor, .. }
+            | FindingKind::Strided { tensor, .. } => Some(tensor),
             _ => None,
         }
     }
@@ -160,8 +185,22 @@ impl fmt::Display for FindingKind {
             FindingKind::Unreadable { path, offset_bytes: None, message } => {
                 write!(f, "{}: unreadable: {message}", path.display())
             }
-            FindingKind::Sparse { path, sparse_bytes } => {
-                write!(f, "{}: sparse: {sparse_bytes} bytes are holes (read back as zeros)", path.display())
+            FindingKind::Sparse { path, sparse_bytes, len_bytes, allocated_bytes } => {
+                if self.severity() == Severity::Error {
+                    write!(
+                        f,
+                        "{}: sparse: {sparse_bytes} bytes are holes (read back as zeros): {allocated_bytes} of \
+                         {len_bytes} bytes allocated",
+                        path.display()
+                    )
+                } else {
+                    write!(
+                        f,
+                        "{}: sparse: {allocated_bytes} of {len_bytes} bytes allocated ({sparse_bytes} fewer): \
+                         holes, or a compressing filesystem (ZFS, btrfs)",
+                        path.display()
+                    )
+                }
             }
             FindingKind::Changed { path, message } => write!(f, "{}: {message}", path.display()),
             FindingKind::SizeMismatch { path, manifest_len_bytes, actual_len_bytes } => write!(
@@ -204,6 +243,11 @@ impl fmt::Display for FindingKind {
             FindingKind::BackendUnavailable { backend, reason } => {
                 write!(f, "backend {backend} skipped: {reason}")
             }
+            FindingKind::Strided { tensor, path, digest_bytes, storage_bytes } => write!(
+                f,
+                "tensor {tensor:?} ({}): strided: digest covers {digest_bytes} of {storage_bytes} storage bytes",
+                path.display()
+            ),
         }
     }
 }
@@ -361,7 +405,10 @@ pub fn verify_path(path: &Path, opts: &VerifyOptions<'_>) -> Report {
         Ok(ckpt) => verify_checkpoint(&ckpt, opts),
         Err(e) => {
             let algo = opts.manifest.map_or(opts.scan.algo, |m| m.algo);
-            let mut findings = vec![Finding::from(format_error_finding(&e))];
+            let mut findings = partition_truncation(&e);
+            if findings.is_empty() {
+                findings.push(Finding::from(format_error_finding(&e)));
+            }
             findings.extend(collect_after_failed_open(path, &e, opts.manifest));
             Report {
                 path: path.to_path_buf(),
@@ -416,6 +463,23 @@ pub fn verify_checkpoint(ckpt: &Checkpoint, opts: &VerifyOptions<'_>) -> Report 
                     path: ckpt.file(t.file()).path().to_path_buf(),
                     offset_bytes: t.offset_bytes(),
                     align_bytes,
+                }
+                .into(),
+            );
+        }
+    }
+
+    for t in ckpt.tensors() {
+        if let Some(strides) = t.strides()
+            && t.numel() > 0
+            && !is_row_major(t.shape(), strides)
+        {
+            findings.push(
+                FindingKind::Strided {
+                    tensor: t.name().to_owned(),
+                    path: ckpt.file(t.file()).path().to_path_buf(),
+                    digest_bytes: t.nbytes(),
+                    storage_bytes: t.len_bytes(),
                 }
                 .into(),
             );
@@ -515,8 +579,13 @@ fn scan_findings(scan: &Scan) -> Vec<Finding> {
                 out.push(FindingKind::Changed { path: path.clone(), message: p.to_string() })
             }
         }
-        if let Some(sparse_bytes) = f.sparse_bytes() {
-            out.push(FindingKind::Sparse { path, sparse_bytes });
+        if let (Some(sparse_bytes), Some(allocated_bytes)) = (f.sparse_bytes(), f.allocated_bytes) {
+            out.push(FindingKind::Sparse {
+                path,
+                sparse_bytes,
+                len_bytes: f.expected_len_bytes,
+                allocated_bytes,
+            });
         }
     }
     out.into_iter().map(Finding::from).collect()
@@ -549,7 +618,7 @@ fn manifest_findings(ckpt: &Checkpoint, scan: &Scan, m: &Manifest) -> Vec<Findin
     }
     for key in m.files.keys() {
         if !seen_keys.contains(key) {
-            out.push(FindingKind::FileMissing { path: manifest_file_path(ckpt.root(), ckpt.format(), key) });
+            out.push(FindingKind::FileMissing { path: manifest_file_path(ckpt.root(), key) });
         }
     }
     // Tensors.
@@ -585,11 +654,29 @@ fn manifest_findings(ckpt: &Checkpoint, scan: &Scan, m: &Manifest) -> Vec<Findin
     out.into_iter().map(Finding::from).collect()
 }
 
-/// Where a manifest file key points, relative to the checkpoint root.
-fn manifest_file_path(root: &Path, format: Format, key: &str) -> PathBuf {
-    match format {
-        Format::Safetensors => root.parent().map_or_else(|| PathBuf::from(key), |d| d.join(key)),
-        _ => root.join(key),
+/// Whether `strides` (in elements) are the row-major strides of `shape`, so the tensor's elements
+/// are exactly the `numel` consecutive elements from its offset. Dimensions of extent 1 may have
+/// any stride (torch leaves them arbitrary); callers skip empty tensors.
+fn is_row_major(shape: &[u64], strides: &[u64]) -> bool {
+    let mut expected = 1u64;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d != 1 && s != expected {
+            return false;
+        }
+        let Some(next) = expected.checked_mul(d) else { return false };
+        expected = next;
+    }
+    shape.len() == strides.len()
+}
+
+/// Where a manifest file key points, relative to the checkpoint root: inside it when the root is
+/// a directory (whatever the format: a directory of one `*.safetensors` opens as
+/// [`Format::Safetensors`] too), beside it when the root is a file.
+fn manifest_file_path(root: &Path, key: &str) -> PathBuf {
+    if root.is_dir() {
+        root.join(key)
+    } else {
+        root.parent().map_or_else(|| PathBuf::from(key), |d| d.join(key))
     }
 }
 
@@ -599,13 +686,16 @@ fn format_error_finding(e: &tensora_format::Error) -> FindingKind {
     let path = e.path().to_path_buf();
     match e.kind() {
         ErrorKind::DataLenMismatch { end, data_len_bytes } if end > data_len_bytes => {
-            let header_bytes = file_len(&path).map(|len| len - data_len_bytes);
-            match header_bytes {
-                Some(h) => FindingKind::Truncated {
-                    path,
-                    expected_len_bytes: h + end,
-                    actual_len_bytes: h + data_len_bytes,
-                },
+            // The file may have changed since the parse, and a crafted header can claim an end
+            // near 2^64: every step is checked, and anything that does not add up is structural.
+            let lens = file_len(&path).and_then(|len| {
+                let header_bytes = len.checked_sub(*data_len_bytes)?;
+                Some((header_bytes.checked_add(*end)?, header_bytes.checked_add(*data_len_bytes)?))
+            });
+            match lens {
+                Some((expected_len_bytes, actual_len_bytes)) => {
+                    FindingKind::Truncated { path, expected_len_bytes, actual_len_bytes }
+                }
                 None => FindingKind::Structure {
                     path,
                     tensor: e.tensor().map(str::to_owned),
@@ -622,6 +712,29 @@ fn format_error_finding(e: &tensora_format::Error) -> FindingKind {
         kind => {
             FindingKind::Structure { path, tensor: e.tensor().map(str::to_owned), message: kind.to_string() }
         }
+    }
+}
+
+/// A ServerlessLLM tensor outside its partition is most often a truncated partition: the
+/// partitions shorter than the index needs, as truncation findings naming each one with its
+/// expected and actual length (empty when the error is another one, or no partition is short).
+fn partition_truncation(e: &tensora_format::Error) -> Vec<Finding> {
+    if !matches!(e.kind(), ErrorKind::OutsidePartition { .. }) {
+        return Vec::new();
+    }
+    let Some(dir) = e.path().parent() else { return Vec::new() };
+    match tensora_format::sllm::partition_shortfalls(dir) {
+        Ok(short) => short
+            .into_iter()
+            .map(|s| {
+                Finding::from(FindingKind::Truncated {
+                    path: s.path,
+                    expected_len_bytes: s.expected_len_bytes,
+                    actual_len_bytes: s.actual_len_bytes,
+                })
+            })
+            .collect(),
+        Err(_) => Vec::new(),
     }
 }
 
@@ -789,6 +902,126 @@ mod tests {
         );
         let e = tensora_format::Error::new("/x", ErrorKind::HeaderLenZero);
         assert!(matches!(format_error_finding(&e), FindingKind::Structure { .. }));
+    }
+
+    fn copy_tiny() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(TINY).unwrap() {
+            let from = entry.unwrap().path();
+            let to = dir.path().join(from.file_name().unwrap());
+            std::fs::write(&to, std::fs::read(&from).unwrap()).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn a_truncated_partition_is_reported_as_truncation_naming_it() {
+        let dir = copy_tiny();
+        let part = dir.path().join("tensor.data_2");
+        let full_len = std::fs::metadata(&part).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&part).unwrap().set_len(1000).unwrap();
+        let report = verify_path(dir.path(), &VerifyOptions::default());
+        assert_eq!(
+            report.findings,
+            [Finding::from(FindingKind::Truncated {
+                path: part,
+                expected_len_bytes: full_len,
+                actual_len_bytes: 1000
+            })]
+        );
+        assert_eq!(report.findings[0].kind.code(), "truncated");
+    }
+
+    /// Writes a safetensors file with `header` and `data_len_bytes` zero bytes of data.
+    fn raw_safetensors(path: &Path, header: &str, data_len_bytes: usize) {
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.resize(bytes.len() + data_len_bytes, 0);
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_header_claiming_almost_two_to_the_64_bytes_gives_a_finding_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("huge.safetensors");
+        let n: u64 = 2_305_843_009_213_693_951; // 2^61 - 1: eight of them end at 2^64 - 8
+        let entries: Vec<String> = (0..8u64)
+            .map(|i| {
+                format!(r#""t{i}":{{"dtype":"U8","shape":[{n}],"data_offsets":[{},{}]}}"#, i * n, (i + 1) * n)
+            })
+            .collect();
+        raw_safetensors(&path, &format!("{{{}}}", entries.join(",")), 16);
+        let report = verify_path(&path, &VerifyOptions::default());
+        assert!(!report.is_clean());
+        for f in &report.findings {
+            if let FindingKind::Truncated { expected_len_bytes, actual_len_bytes, .. } = &f.kind {
+                assert!(expected_len_bytes > actual_len_bytes, "{f}");
+            }
+        }
+        // The same error against a file that shrank after the parse: the header length no longer
+        // fits in the file, which is structural, not a subtraction below zero.
+        let e = tensora_format::Error::new(
+            &path,
+            ErrorKind::DataLenMismatch { end: u64::MAX - 7, data_len_bytes: u64::MAX - 100 },
+        );
+        assert!(matches!(format_error_finding(&e), FindingKind::Structure { .. }));
+        let e = tensora_format::Error::new(
+            &path,
+            ErrorKind::DataLenMismatch { end: u64::MAX - 7, data_len_bytes: 16 },
+        );
+        assert!(matches!(format_error_finding(&e), FindingKind::Structure { .. }));
+    }
+
+    #[test]
+    fn manifest_file_keys_are_inside_a_directory_root_and_beside_a_file_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("model.safetensors");
+        std::fs::write(&file, b"x").unwrap();
+        assert_eq!(manifest_file_path(dir.path(), "model.safetensors"), file);
+        assert_eq!(manifest_file_path(&file, "other.safetensors"), dir.path().join("other.safetensors"));
+    }
+
+    #[test]
+    fn sparse_is_an_error_only_below_half_allocation() {
+        let sparse = |allocated_bytes| FindingKind::Sparse {
+            path: "/m".into(),
+            sparse_bytes: 1000 - allocated_bytes,
+            len_bytes: 1000,
+            allocated_bytes,
+        };
+        assert_eq!(sparse(499).severity(), Severity::Error);
+        assert_eq!(sparse(500).severity(), Severity::Warning);
+        assert_eq!(sparse(900).severity(), Severity::Warning);
+        let text = sparse(900).to_string();
+        assert!(text.contains("900 of 1000 bytes allocated") && text.contains("compressing"), "{text}");
+        assert!(sparse(0).to_string().contains("holes"));
+    }
+
+    #[test]
+    fn row_major_strides_are_recognised() {
+        assert!(is_row_major(&[2, 3], &[3, 1]));
+        assert!(is_row_major(&[], &[]));
+        assert!(is_row_major(&[1, 17], &[99, 1]), "extent-1 dimensions may have any stride");
+        assert!(!is_row_major(&[4, 3], &[1, 4]));
+        assert!(!is_row_major(&[2, 3], &[0, 1]));
+        assert!(!is_row_major(&[2], &[1, 1]));
+    }
+
+    #[test]
+    fn a_strided_tensor_gets_a_warning_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("tensor_index.json"),
+            r#"{"t": [0, 24, [2, 2], [1, 4], "torch.float32"]}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("tensor.data_0"), [0u8; 24]).unwrap();
+        let report = verify_path(dir.path(), &VerifyOptions::default());
+        assert_eq!(report.errors(), 0, "{:?}", report.findings);
+        let texts: Vec<String> = report.findings.iter().map(ToString::to_string).collect();
+        assert_eq!(texts.len(), 1, "{texts:?}");
+        assert!(texts[0].starts_with("warning: tensor \"t\""), "{texts:?}");
+        assert!(texts[0].contains("strided: digest covers 16 of 24 storage bytes"), "{texts:?}");
     }
 
     #[test]

@@ -171,9 +171,25 @@ impl Manifest {
 
     /// Parse a manifest document (see the module docs). Every digest must be valid hex of the
     /// right length; every shape a list of non-negative integers.
+    ///
+    /// The document is read straight into typed fields (no JSON tree): unknown keys are skipped
+    /// unread and a shape longer than [`MANIFEST_RANK_MAX`] stops the parse, so memory stays
+    /// proportional to the manifest's useful content. Malformed JSON is [`ManifestError::Json`];
+    /// well-formed JSON of the wrong shape is [`ManifestError::Invalid`].
+    ///
+    /// ```
+    /// use tensora_verify::manifest::Manifest;
+    /// let doc = br#"{"tensors": {"w": {"dtype": "F32", "shape": [2], "crc32c": "0a1b2c3d", "note": [1]}}}"#;
+    /// let m = Manifest::from_json_slice(doc).unwrap();
+    /// assert_eq!(m.tensors["w"].shape, [2]);
+    /// assert_eq!(m.algo, tensora_verify::Algo::Crc32c);
+    /// ```
     pub fn from_json_slice(bytes: &[u8]) -> Result<Manifest, ManifestError> {
-        let doc: Value = serde_json::from_slice(bytes)?;
-        Manifest::from_json_value(&doc)
+        let raw: RawManifest = serde_json::from_slice(bytes).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => ManifestError::Invalid(e.to_string()),
+            _ => ManifestError::Json(e),
+        })?;
+        raw.into_manifest()
     }
 
     /// Parse an already-decoded manifest document.
@@ -244,8 +260,18 @@ impl Manifest {
     /// Read and parse a manifest file, refusing one over [`MANIFEST_LEN_BYTES_MAX`].
     pub fn read(path: &Path) -> Result<Manifest, ManifestError> {
         let io_err = |source| ManifestError::Io { path: path.to_path_buf(), source };
+        // Opening a FIFO for reading blocks until a writer appears, and a device or directory is
+        // no manifest: only a regular file is opened.
+        if !std::fs::metadata(path).map_err(io_err)?.is_file() {
+            return Err(io_err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")));
+        }
         let file = File::open(path).map_err(io_err)?;
-        let len_bytes = file.metadata().map_err(io_err)?.len();
+        let meta = file.metadata().map_err(io_err)?;
+        if !meta.is_file() {
+            // Replaced between the check and the open.
+            return Err(io_err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")));
+        }
+        let len_bytes = meta.len();
         let too_large = |len_bytes| ManifestError::TooLarge {
             path: path.to_path_buf(),
             len_bytes,
@@ -273,6 +299,123 @@ impl Manifest {
 
 /// A document without `"algo"`: the algorithm is the one known digest key that every tensor has.
 /// An empty tensor map defaults to [`Algo::default`].
+/// A manifest document as read by [`Manifest::from_json_slice`]: only the known keys, each typed.
+#[derive(serde::Deserialize)]
+struct RawManifest {
+    algo: Option<String>,
+    format: Option<String>,
+    files: Option<BTreeMap<String, RawFile>>,
+    tensors: Option<BTreeMap<String, RawTensor>>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawFile {
+    len_bytes: Option<u64>,
+}
+
+#[derive(serde::Deserialize)]
+struct RawTensor {
+    dtype: Option<String>,
+    shape: Option<BoundedShape>,
+    crc32c: Option<String>,
+    xxh3: Option<String>,
+    sha256: Option<String>,
+}
+
+impl RawTensor {
+    fn digest_hex(&self, algo: Algo) -> Option<&str> {
+        match algo {
+            Algo::Crc32c => self.crc32c.as_deref(),
+            Algo::Xxh3 => self.xxh3.as_deref(),
+            Algo::Sha256 => self.sha256.as_deref(),
+        }
+    }
+}
+
+/// A shape of at most [`MANIFEST_RANK_MAX`] non-negative integers; a longer one stops the parse at
+/// its first extra element.
+struct BoundedShape(Vec<u64>);
+
+impl<'de> serde::Deserialize<'de> for BoundedShape {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<BoundedShape, D::Error> {
+        struct ShapeVisitor;
+        impl<'de> serde::de::Visitor<'de> for ShapeVisitor {
+            type Value = BoundedShape;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "a list of at most {MANIFEST_RANK_MAX} non-negative integers")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<BoundedShape, A::Error> {
+                let mut dims = Vec::new();
+                while let Some(d) = seq.next_element::<u64>()? {
+                    if dims.len() == MANIFEST_RANK_MAX {
+                        return Err(serde::de::Error::custom(format!(
+                            "shape rank over the limit of {MANIFEST_RANK_MAX}"
+                        )));
+                    }
+                    dims.push(d);
+                }
+                Ok(BoundedShape(dims))
+            }
+        }
+        d.deserialize_seq(ShapeVisitor)
+    }
+}
+
+impl RawManifest {
+    fn into_manifest(self) -> Result<Manifest, ManifestError> {
+        let invalid = |m: String| ManifestError::Invalid(m);
+        let tensors_raw = self.tensors.ok_or_else(|| invalid("missing object \"tensors\"".into()))?;
+        let algo = match self.algo {
+            Some(s) => s.parse::<Algo>().map_err(|e| invalid(e.to_string()))?,
+            None => {
+                let Some((_, first)) = tensors_raw.iter().next() else {
+                    return Ok(Manifest {
+                        algo: Algo::default(),
+                        format: self.format,
+                        files: files_of(self.files)?,
+                        tensors: BTreeMap::new(),
+                    });
+                };
+                let keys: Vec<Algo> =
+                    Algo::ALL.into_iter().filter(|a| first.digest_hex(*a).is_some()).collect();
+                match keys.as_slice() {
+                    [one] => *one,
+                    [] => return Err(invalid("no \"algo\" and no known digest key in the tensors".into())),
+                    _ => {
+                        return Err(invalid(
+                            "no \"algo\" and several digest keys: name one with \"algo\"".into(),
+                        ));
+                    }
+                }
+            }
+        };
+        let files = files_of(self.files)?;
+        let mut tensors = BTreeMap::new();
+        for (name, t) in tensors_raw {
+            let hex_str = t
+                .digest_hex(algo)
+                .ok_or_else(|| invalid(format!("tensor {name:?}: missing string {:?}", algo.as_str())))?;
+            let digest = Digest::from_hex(algo, hex_str)
+                .map_err(|source| ManifestError::BadDigest { tensor: name.clone(), source })?;
+            let dtype =
+                t.dtype.ok_or_else(|| invalid(format!("tensor {name:?}: missing string \"dtype\"")))?;
+            let shape = t.shape.ok_or_else(|| invalid(format!("tensor {name:?}: missing list \"shape\"")))?.0;
+            tensors.insert(name, ManifestTensor { dtype, shape, digest });
+        }
+        Ok(Manifest { algo, format: self.format, files, tensors })
+    }
+}
+
+fn files_of(raw: Option<BTreeMap<String, RawFile>>) -> Result<BTreeMap<String, ManifestFile>, ManifestError> {
+    raw.unwrap_or_default()
+        .into_iter()
+        .map(|(k, f)| match f.len_bytes {
+            Some(len_bytes) => Ok((k, ManifestFile { len_bytes })),
+            None => Err(ManifestError::Invalid(format!("file {k:?}: missing integer \"len_bytes\""))),
+        })
+        .collect()
+}
+
 fn infer_algo(tensors: &Map<String, Value>) -> Result<Algo, ManifestError> {
     let Some((_, first)) = tensors.iter().next() else {
         return Ok(Algo::default());
@@ -371,6 +514,63 @@ mod tests {
             other => panic!("expected BadDigest, got {other:?}"),
         }
         assert!(matches!(Manifest::from_json_slice(b"{not json"), Err(ManifestError::Json(_))));
+    }
+
+    #[test]
+    fn the_typed_reader_agrees_with_the_value_reader() {
+        let cases = [
+            serde_json::json!([]),
+            serde_json::json!({}),
+            serde_json::json!({"algo": "md5", "tensors": {}}),
+            serde_json::json!({"algo": 3, "tensors": {}}),
+            serde_json::json!({"algo": "crc32c", "tensors": {"x": {"dtype": "F32", "shape": [-1], "crc32c": "00000000"}}}),
+            serde_json::json!({"algo": "crc32c", "tensors": {"x": {"dtype": "F32", "shape": [1]}}}),
+            serde_json::json!({"algo": "crc32c", "tensors": {"x": {"shape": [1], "crc32c": "00000000"}}}),
+            serde_json::json!({"algo": "crc32c", "files": {"f": {}}, "tensors": {}}),
+            serde_json::json!({"tensors": {"x": {"dtype": "F32", "shape": [1]}}}),
+            serde_json::json!({"tensors": {"x": {"dtype": "F32", "shape": [1], "crc32c": "00000000", "sha256": "00"}}}),
+        ];
+        for doc in cases {
+            let bytes = serde_json::to_vec(&doc).unwrap();
+            assert!(matches!(Manifest::from_json_slice(&bytes), Err(ManifestError::Invalid(_))), "{doc}");
+            assert!(Manifest::from_json_value(&doc).is_err(), "{doc}");
+        }
+        let doc =
+            br#"{"algo": "crc32c", "tensors": {"x": {"dtype": "F32", "shape": [1], "crc32c": "0000"}}}"#;
+        assert!(matches!(Manifest::from_json_slice(doc), Err(ManifestError::BadDigest { .. })));
+        let doc = br#"{"extra": {"deep": [[1, 2], {"a": null}]}, "format": null, "tensors": {}}"#;
+        let m = Manifest::from_json_slice(doc).unwrap();
+        assert_eq!((m.algo, m.format, m.tensors.len()), (Algo::default(), None, 0));
+    }
+
+    #[test]
+    fn a_huge_shape_stops_the_parse_with_a_typed_error() {
+        let dims = vec!["1"; 100_000].join(",");
+        let doc =
+            format!(r#"{{"tensors": {{"x": {{"dtype": "U8", "shape": [{dims}], "crc32c": "00000000"}}}}}}"#);
+        match Manifest::from_json_slice(doc.as_bytes()) {
+            Err(ManifestError::Invalid(m)) => assert!(m.contains("rank over the limit"), "{m}"),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        let ok = vec!["1"; MANIFEST_RANK_MAX].join(",");
+        let doc =
+            format!(r#"{{"tensors": {{"x": {{"dtype": "U8", "shape": [{ok}], "crc32c": "00000000"}}}}}}"#);
+        assert_eq!(
+            Manifest::from_json_slice(doc.as_bytes()).unwrap().tensors["x"].shape.len(),
+            MANIFEST_RANK_MAX
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn read_refuses_a_fifo_without_opening_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("m.json");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        match Manifest::read(&fifo) {
+            Err(ManifestError::Io { source, .. }) => assert_eq!(source.kind(), io::ErrorKind::InvalidInput),
+            other => panic!("expected Io, got {other:?}"),
+        }
     }
 
     #[test]

@@ -135,8 +135,11 @@ pub struct FileScan {
 
 impl FileScan {
     /// The file has fewer allocated bytes than its length needs: it has holes (sparse regions),
-    /// which read back as zeros. Files under one block are never flagged (they may be stored
-    /// inline).
+    /// which read back as zeros, or a compressing filesystem (ZFS, btrfs) stores it in fewer
+    /// blocks. `st_blocks` cannot tell the two apart (finding the holes takes
+    /// `lseek(SEEK_HOLE)`, and this crate forbids `unsafe`), so the finding built from this is an
+    /// error only below half allocation ([`crate::check::FindingKind::severity`]). Files under one
+    /// block are never flagged (they may be stored inline).
     pub fn sparse_bytes(&self) -> Option<u64> {
         /// A hole is at least one filesystem block; allow one block of slack for inline tails.
         const BLOCK_BYTES: u64 = 4096;

@@ -533,7 +533,7 @@ fn name_set_stays_correct_when_hashes_collide() {
     let mut set = NameSet::new();
     let mut entries = Vec::new();
     let mut names = String::new();
-    let mut add = |entries: &mut Vec<Entry>, names: &mut String, name: &str| {
+    let add = |entries: &mut Vec<Entry>, names: &mut String, name: &str| {
         entries.push(Entry {
             name_start: names.len() as u32,
             name_len: name.len() as u32,
@@ -563,9 +563,8 @@ fn name_set_stays_correct_when_hashes_collide() {
 #[test]
 fn split_guesses_inside_strings_fall_back_to_the_exact_scan() {
     let count = 3 * CHUNK_BYTES_TARGET / 40;
-    let parts: Vec<String> = (0..count)
-        .map(|i| entry(&format!("t{i}}},"), "U8", "[1]", i as u64, i as u64 + 1))
-        .collect();
+    let parts: Vec<String> =
+        (0..count).map(|i| entry(&format!("t{i}}},"), "U8", "[1]", i as u64, i as u64 + 1)).collect();
     let json = format!("{{{}}}", parts.join(","));
     let h = parse(&json, count).unwrap();
     assert_eq!(h.tensors().len(), count);

@@ -111,6 +111,19 @@ fn rejects_rank_over_limit() {
 }
 
 #[test]
+fn a_huge_shape_array_is_counted_not_built() {
+    let dims = vec!["1"; 100_000].join(",");
+    let idx = entry(&format!(r#"[0, 4, [{dims}], [1], "torch.float32"]"#));
+    assert!(matches!(kind(&idx), ErrorKind::RankTooLarge { rank: 100_000, limit: RANK_MAX }));
+    // Elements of any type, nested arrays and objects included, count one each.
+    let idx = entry(&format!(r#"[0, 4, [1], [{dims},[1,[2]],{{"a":[3]}},"x",null], "torch.float32"]"#));
+    assert!(matches!(kind(&idx), ErrorKind::RankTooLarge { rank: 100_004, limit: RANK_MAX }));
+    // A long entry array is skipped past its sixth element without building anything.
+    let idx = entry(&format!(r#"[0, 4, [1], [1], "f32", 0, {dims}]"#));
+    assert!(matches!(kind(&idx), ErrorKind::BadSllmEntry { message } if message.contains("100006 elements")));
+}
+
+#[test]
 fn rejects_shape_stride_rank_mismatch() {
     let k = kind(&entry(r#"[0, 24, [2, 3], [3], "torch.float32"]"#));
     assert!(matches!(k, ErrorKind::StrideRankMismatch { shape_rank: 2, stride_rank: 1 }));
@@ -278,6 +291,43 @@ fn open_refuses_a_tensor_outside_every_partition() {
     // Legacy: partition id that does not exist.
     let legacy = write_dir(r#"{"a": [0, 8, [2], [1], "f32", 1]}"#, &[&[0u8; 16]]);
     assert!(matches!(open_kind(&legacy), ErrorKind::OutsidePartition { .. }));
+}
+
+#[test]
+fn outside_partition_names_the_partition_file() {
+    let beyond = write_dir(r#"{"a": [8, 16, [4], [1], "torch.float32"]}"#, &[&[0u8; 16]]);
+    assert_eq!(open_dir(beyond.path()).unwrap_err().path(), partition_path(beyond.path(), 0));
+    // Starts in the second partition, runs past its end.
+    let idx = r#"{"a": [0, 16, [4], [1], "torch.float32"], "b": [16, 16, [4], [1], "torch.float32"]}"#;
+    let second = write_dir(idx, &[&[0u8; 16], &[0u8; 8]]);
+    let err = open_dir(second.path()).unwrap_err();
+    assert_eq!((err.path(), err.tensor()), (partition_path(second.path(), 1).as_path(), Some("b")));
+    let legacy = write_dir(r#"{"a": [0, 8, [2], [1], "f32", 1]}"#, &[&[0u8; 16]]);
+    assert_eq!(open_dir(legacy.path()).unwrap_err().path(), partition_path(legacy.path(), 1));
+}
+
+#[test]
+fn partition_shortfalls_name_each_short_partition_with_its_needed_length() {
+    let idx = r#"{"a": [0, 16, [4], [1], "torch.float32"], "b": [16, 8, [2], [1], "torch.float32"],
+                  "c": [24, 8, [2], [1], "torch.float32"], "e": [32, 0, [0], [1], "torch.float32"]}"#;
+    let whole = write_dir(idx, &[&[0u8; 16], &[0u8; 16]]);
+    assert_eq!(partition_shortfalls(whole.path()).unwrap(), []);
+    let short = write_dir(idx, &[&[0u8; 16], &[0u8; 5]]);
+    assert_eq!(
+        partition_shortfalls(short.path()).unwrap(),
+        [PartitionShortfall {
+            path: partition_path(short.path(), 1),
+            expected_len_bytes: 16,
+            actual_len_bytes: 5
+        }]
+    );
+    let legacy = write_dir(
+        r#"{"a": [0, 8, [2], [1], "f32", 0], "b": [0, 12, [3], [1], "f32", 1]}"#,
+        &[&[0u8; 4], &[0u8; 12]],
+    );
+    let got = partition_shortfalls(legacy.path()).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].expected_len_bytes, got[0].actual_len_bytes), (8, 4));
 }
 
 #[test]

@@ -1,0 +1,249 @@
+"""Tensora: fast, strict, memory-bounded checkpoint loading with zero-copy tensors.
+
+A drop-in for ``safetensors`` where it is already called::
+
+    import tensora
+    weights = tensora.load_file("model.safetensors")            # {name: numpy.ndarray}
+    with tensora.safe_open("model.safetensors", framework="pt") as f:
+        w = f.get_tensor("lm_head.weight")                       # torch.Tensor, zero copy
+    for name, t in tensora.weights_iterator(files, framework="pt", budget=512 << 20):
+        model.load_weight(name, t)                               # streaming, memory-bounded
+
+Arrays and tensors point into memory owned by the load (or by a private copy-on-write mapping of
+the file, for ``safe_open``); it is freed when the last of them goes. Writing into them never
+changes the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from ._native import (
+    CancelledError,
+    ConvertError,
+    DtypeError,
+    FormatError,
+    LoadError,
+    SelectionError,
+    TensoraError,
+    VerifyError,
+)
+
+__all__ = [
+    "safe_open",
+    "load_file",
+    "weights_iterator",
+    "inspect",
+    "hash",
+    "verify",
+    "convert",
+    "backends",
+    "TensoraError",
+    "FormatError",
+    "LoadError",
+    "SelectionError",
+    "CancelledError",
+    "DtypeError",
+    "VerifyError",
+    "ConvertError",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+Progress = Callable[[int, int], Optional[bool]]
+
+# Safetensors dtype -> numpy dtype, for the dtypes numpy has.
+_NP_DTYPES = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"),
+    "F16": np.dtype("<f2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "F32": np.dtype("<f4"),
+    "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"),
+    "F64": np.dtype("<f8"),
+    "C64": np.dtype("<c8"),
+}
+
+_FRAMEWORKS = ("np", "numpy", "pt", "torch", "pytorch")
+
+
+def _check_framework(framework: str) -> str:
+    if framework not in _FRAMEWORKS:
+        raise ValueError(f"framework must be one of {_FRAMEWORKS}, not {framework!r}")
+    return "np" if framework in ("np", "numpy") else "pt"
+
+
+def _to_numpy(data: "_native.TensorData") -> np.ndarray:
+    dt = _NP_DTYPES.get(data.dtype)
+    if dt is None:
+        raise DtypeError(
+            f"tensor {data.name!r}: numpy has no dtype for {data.dtype}; use framework=\"pt\""
+        )
+    flat = np.frombuffer(data, dtype=dt)  # zero copy; the array's base keeps `data` alive
+    shape = tuple(data.shape)
+    strides = data.strides
+    if strides is None:
+        return flat.reshape(shape)
+    return np.lib.stride_tricks.as_strided(
+        flat, shape=shape, strides=tuple(s * dt.itemsize for s in strides)
+    )
+
+
+def _to_torch(data: "_native.TensorData"):
+    import torch
+
+    return torch.from_dlpack(data)
+
+
+def _convert(data: "_native.TensorData", fw: str):
+    return _to_numpy(data) if fw == "np" else _to_torch(data)
+
+
+def load_file(
+    path: PathLike,
+    framework: str = "np",
+    select: Union[None, str, List[str]] = None,
+    backend: str = "auto",
+    progress: Optional[Progress] = None,
+) -> Dict[str, Any]:
+    """Load every tensor (or the selected ones) of a checkpoint, like
+    ``safetensors.numpy.load_file``. ``path`` is a safetensors file, a sharded directory or
+    index, or a ServerlessLLM directory. ``select`` is a glob string or a list of exact names.
+
+    The whole load runs with the GIL released. ``progress(bytes_done, bytes_total)`` is called
+    on this thread as reads complete; returning ``False`` cancels (``CancelledError``), and an
+    exception it raises propagates unchanged. Ctrl-C also cancels.
+
+    The arrays share one owned buffer, freed when the last of them is gone.
+    """
+    fw = _check_framework(framework)
+    datas = _native.load(os.fspath(path), select, backend, progress)
+    return {name: _convert(d, fw) for name, d in datas.items()}
+
+
+class _Slice:
+    """A tensor that is indexed before it is materialised (HF ``get_slice``)."""
+
+    def __init__(self, mapped: "_native.Mapped", name: str, fw: str):
+        self._mapped = mapped
+        self._name = name
+        self._fw = fw
+
+    def get_shape(self) -> List[int]:
+        return list(self._mapped.info(self._name)[1])
+
+    def get_dtype(self) -> str:
+        return self._mapped.info(self._name)[0]
+
+    def __getitem__(self, index):
+        full = _convert(self._mapped.tensor(self._name), self._fw)
+        return full[index]
+
+
+class safe_open:
+    """``with tensora.safe_open(path, framework="np") as f:`` — HF ``safe_open`` semantics.
+
+    Files are mapped private and writable (copy-on-write); ``get_tensor`` returns a zero-copy
+    view of that mapping, so writes never reach the file. Two calls for the same name share
+    memory. Do not truncate a file while tensors of it are alive (SIGBUS on access).
+    """
+
+    def __init__(self, path: PathLike, framework: str = "np", backend: str = "auto", device: str = "cpu"):
+        if device != "cpu":
+            raise ValueError("tensora.safe_open loads to the CPU only; move tensors afterwards")
+        if backend != "auto" and backend not in _native.backends():
+            raise LoadError(f"unknown backend {backend!r} (known: {', '.join(_native.backends())})")
+        self._fw = _check_framework(framework)
+        self._mapped = _native.Mapped(os.fspath(path))
+
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mapped = None
+
+    def _m(self) -> "_native.Mapped":
+        if self._mapped is None:
+            raise TensoraError("safe_open is closed")
+        return self._mapped
+
+    def keys(self) -> List[str]:
+        return self._m().keys()
+
+    def offset_keys(self) -> List[str]:
+        return self.keys()
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        return self._m().metadata()
+
+    def get_tensor(self, name: str):
+        return _convert(self._m().tensor(name), self._fw)
+
+    def get_slice(self, name: str) -> _Slice:
+        self._m().info(name)  # raise now for a missing name
+        return _Slice(self._m(), name, self._fw)
+
+
+def weights_iterator(
+    path_or_files: Union[PathLike, Iterable[PathLike]],
+    framework: str = "pt",
+    budget: Optional[int] = None,
+    select: Union[None, str, List[str]] = None,
+    backend: str = "auto",
+) -> Iterator[Tuple[str, Any]]:
+    """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
+
+    A background thread streams the checkpoint through a window of ``budget`` bytes (default
+    256 MiB) and copies each tensor into its own buffer; at most ``budget`` bytes of tensors wait
+    for the consumer. Waiting releases the GIL. Breaking out of the loop stops the load.
+    """
+    fw = _check_framework(framework)
+    if isinstance(path_or_files, (str, os.PathLike)):
+        paths: Union[str, List[str]] = os.fspath(path_or_files)
+    else:
+        paths = [os.fspath(p) for p in path_or_files]
+    stream = _native.open_stream(paths, select, budget, backend)
+    try:
+        for name, data in stream:
+            yield name, _convert(data, fw)
+    finally:
+        stream.close()
+
+
+def inspect(path: PathLike) -> Dict[str, Any]:
+    """The checkpoint's structure: format, files, metadata, tensors (dtype, shape, offsets)."""
+    return json.loads(_native.inspect_json(os.fspath(path)))
+
+
+def hash(
+    path: PathLike, algo: str = "crc32c", backend: str = "auto", progress: Optional[Progress] = None
+) -> Dict[str, str]:
+    """One hex digest per tensor (``crc32c``, ``xxh3`` or ``sha256``) of its stored bytes."""
+    return _native.hash(os.fspath(path), algo, backend, progress)
+
+
+def verify(path: PathLike, manifest: Optional[PathLike] = None) -> Dict[str, Any]:
+    """Check structure and integrity (and digests against ``manifest``); the report as a dict
+    (``ok``, ``errors``, ``warnings``, ``findings``, ``summary``)."""
+    m = None if manifest is None else os.fspath(manifest)
+    return json.loads(_native.verify_json(os.fspath(path), m))
+
+
+def convert(src: PathLike, dst: PathLike, to: str, shard_bytes_max: Optional[int] = None) -> Dict[str, Any]:
+    """Convert a checkpoint to ``"safetensors"`` or ``"serverlessllm"`` at ``dst`` (created
+    atomically; it must not exist)."""
+    return json.loads(_native.convert_json(os.fspath(src), os.fspath(dst), to, shard_bytes_max))
+
+
+def backends() -> List[str]:
+    """The registered I/O backend names (plus ``"auto"``)."""
+    return list(_native.backends())

@@ -1,0 +1,75 @@
+import gc
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = REPO_ROOT.parent / "shared" / "fixtures"
+REAL = sorted((FIXTURES / "real").glob("*.safetensors"))
+SLLM_TINY = FIXTURES / "serverlessllm" / "tiny"
+SLLM_TINY_EXPECTED = FIXTURES / "serverlessllm" / "tiny.expected.json"
+
+# Every dtype numpy supports that safetensors stores.
+NUMPY_DTYPES = [
+    np.bool_, np.uint8, np.int8, np.uint16, np.int16, np.float16,
+    np.uint32, np.int32, np.float32, np.uint64, np.int64, np.float64, np.complex64,
+]
+
+
+def expected(path: Path) -> dict:
+    if path.suffix == ".safetensors":
+        path = path.with_name(path.name[: -len(".safetensors")] + ".expected.json")
+    return json.loads(path.read_text())["tensors"]
+
+
+def sha256(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    return sha256(Path(path).read_bytes())
+
+
+def collect() -> None:
+    for _ in range(3):
+        gc.collect()
+
+
+def make_tensors(seed: int = 0, n_per_dtype: int = 2) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for dt in NUMPY_DTYPES:
+        for i in range(n_per_dtype):
+            shape = (int(rng.integers(4, 9)), int(rng.integers(6, 17)))
+            raw = rng.integers(0, 256, size=int(np.prod(shape)) * np.dtype(dt).itemsize, dtype=np.uint8)
+            arr = raw.view(dt).reshape(shape)
+            if dt is np.bool_:
+                arr = (raw[: int(np.prod(shape))] & 1).astype(np.bool_).reshape(shape)
+            out[f"{np.dtype(dt).name}.{i}"] = arr
+    out["scalar.f32"] = np.array(3.5, dtype=np.float32)
+    out["empty.f32"] = np.zeros((0, 4), dtype=np.float32)
+    return out
+
+
+@pytest.fixture(scope="session")
+def every_dtype_file(tmp_path_factory) -> Path:
+    from safetensors.numpy import save_file
+
+    path = tmp_path_factory.mktemp("gen") / "every_dtype.safetensors"
+    save_file(make_tensors(), str(path), metadata={"format": "np", "origin": "tensora-tests"})
+    return path
+
+
+@pytest.fixture(scope="session")
+def big_file(tmp_path_factory) -> Path:
+    """~48 MiB of F32 in 24 tensors: long enough for a load to be observable from a thread."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(7)
+    tensors = {f"layer.{i}.weight": rng.standard_normal((512, 1024), dtype=np.float32) for i in range(24)}
+    path = tmp_path_factory.mktemp("big") / "big.safetensors"
+    save_file(tensors, str(path))
+    return path

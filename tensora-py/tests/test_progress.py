@@ -1,0 +1,116 @@
+"""Progress, cancel, exceptions from the callback, and the GIL released during loads."""
+
+import sys
+import threading
+import time
+
+import pytest
+
+import tensora
+from tensora import _native
+from conftest import collect
+
+
+def test_progress_reports_up_to_the_total(big_file):
+    calls = []
+    d = tensora.load_file(big_file, progress=lambda done, total: calls.append((done, total)))
+    total = sum(a.nbytes for a in d.values())
+    assert calls, "called at least once"
+    assert calls[-1] == (total, total)
+    assert all(t == total for _, t in calls)
+    assert [c for c, _ in calls] == sorted(c for c, _ in calls)
+
+
+def test_returning_false_cancels_and_frees(big_file):
+    collect()
+    base = _native.owners_live()
+    calls = []
+
+    def stop(done, total):
+        calls.append(done)
+        return False
+
+    with pytest.raises(tensora.CancelledError, match="returned False"):
+        tensora.load_file(big_file, progress=stop)
+    assert len(calls) == 1, "never called again after cancelling"
+    collect()
+    assert _native.owners_live() == base
+    with pytest.raises(tensora.CancelledError):
+        tensora.hash(big_file, progress=lambda done, total: False)
+
+
+def test_returning_none_or_true_continues(big_file):
+    assert len(tensora.load_file(big_file, progress=lambda d, t: None)) == 24
+    assert len(tensora.load_file(big_file, progress=lambda d, t: True)) == 24
+
+
+class Boom(Exception):
+    pass
+
+
+def test_callback_exception_propagates_unchanged(big_file):
+    raised = Boom("from the callback")
+
+    def cb(done, total):
+        raise raised
+
+    with pytest.raises(Boom) as e:
+        tensora.load_file(big_file, progress=cb)
+    assert e.value is raised
+    with pytest.raises(Boom):
+        tensora.hash(big_file, progress=cb)
+
+
+def test_keyboard_interrupt_propagates(big_file):
+    def cb(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tensora.load_file(big_file, progress=cb)
+
+
+def _counter_runs_during(fn) -> int:
+    """How often another Python thread ran while `fn` ran, with thread switching by the
+    interpreter made rare (10 s), so only released-GIL waits let it run."""
+    count = 0
+    stop = False
+
+    def spin():
+        nonlocal count
+        while not stop:
+            count += 1
+            time.sleep(0)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    t = threading.Thread(target=spin)
+    try:
+        t.start()
+        time.sleep(0.01)  # let it start (sleep releases the GIL)
+        before = count
+        fn()
+        during = count - before
+    finally:
+        stop = True
+        sys.setswitchinterval(old)
+        t.join()
+    return during
+
+
+def test_other_threads_run_during_a_load(big_file):
+    assert _counter_runs_during(lambda: tensora.load_file(big_file)) > 0
+
+
+def test_other_threads_run_during_streaming(big_file):
+    assert _counter_runs_during(lambda: list(tensora.weights_iterator(big_file, framework="np"))) > 0
+
+
+def test_a_pure_python_loop_does_not_let_the_thread_run():
+    # The control for the two tests above: with a 10 s switch interval, a GIL-holding busy loop
+    # of similar length lets the other thread run at most at its start.
+    def busy():
+        end = time.perf_counter() + 0.05
+        while time.perf_counter() < end:
+            pass
+
+    assert _counter_runs_during(busy) <= 1

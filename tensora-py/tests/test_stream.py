@@ -1,0 +1,78 @@
+"""weights_iterator: order, completeness, bounds, early exit, lists of files."""
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file as hf_load_file, save_file
+
+import tensora
+from tensora import _native
+from conftest import REAL, collect
+
+
+def test_yields_every_tensor_bit_exact(every_dtype_file):
+    want = hf_load_file(str(every_dtype_file))
+    got = list(tensora.weights_iterator(every_dtype_file, framework="np", budget=4096))
+    assert sorted(n for n, _ in got) == sorted(want)
+    for name, arr in got:
+        assert arr.dtype == want[name].dtype and arr.shape == want[name].shape
+        assert arr.tobytes() == want[name].tobytes()
+
+
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name)
+def test_real_fixtures_stream_like_load_file(path):
+    want = tensora.load_file(path)
+    got = dict(tensora.weights_iterator(path, framework="np", budget=64 << 10))
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].tobytes() == want[k].tobytes()
+
+
+def test_queue_stays_under_the_budget(big_file):
+    budget = 4 << 20  # two tensors of 2 MiB
+    stream = _native.open_stream(str(big_file), None, budget, "auto")
+    seen = 0
+    peak = 0
+    for _name, _data in stream:
+        seen += 1
+        import time
+
+        time.sleep(0.002)  # a slow consumer: the producer fills the queue
+        peak = max(peak, stream.queued()[1])
+    assert seen == 24
+    assert peak <= budget
+
+
+def test_breaking_early_stops_and_frees(big_file):
+    collect()
+    base = _native.owners_live()
+    it = tensora.weights_iterator(big_file, framework="np", budget=4 << 20)
+    first = next(it)
+    it.close()
+    del it
+    collect()
+    assert _native.owners_live() == base + 1  # only `first` remains
+    del first
+    collect()
+    assert _native.owners_live() == base
+
+
+def test_list_of_files_and_select(tmp_path):
+    a = {"x.0": np.arange(6, dtype=np.float32), "y.0": np.ones(3, dtype=np.int64)}
+    b = {"x.1": np.arange(4, dtype=np.float16)}
+    save_file(a, str(tmp_path / "a.safetensors"))
+    save_file(b, str(tmp_path / "b.safetensors"))
+    files = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    got = dict(tensora.weights_iterator(files, framework="np"))
+    assert sorted(got) == ["x.0", "x.1", "y.0"]
+    assert got["x.1"].tobytes() == b["x.1"].tobytes()
+    assert sorted(dict(tensora.weights_iterator(files, framework="np", select="x.*"))) == ["x.0", "x.1"]
+    assert sorted(dict(tensora.weights_iterator(files, framework="np", select=["x.1", "y.0"]))) == ["x.1", "y.0"]
+    with pytest.raises(tensora.SelectionError, match="absent"):
+        list(tensora.weights_iterator(files, framework="np", select=["x.1", "absent"]))
+
+
+def test_a_broken_file_raises_from_the_iterator(tmp_path, every_dtype_file):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x00" * 4)
+    with pytest.raises(tensora.FormatError):
+        list(tensora.weights_iterator([every_dtype_file, bad], framework="np"))

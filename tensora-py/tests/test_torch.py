@@ -1,0 +1,59 @@
+"""torch through DLPack: dtypes (bf16, fp8), shapes, zero copy, lifetimes, copy-on-write."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tensora  # noqa: E402
+from tensora import _native  # noqa: E402
+from conftest import SLLM_TINY, SLLM_TINY_EXPECTED, collect, expected, file_sha256, sha256  # noqa: E402
+
+
+def raw(t) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def test_load_file_pt_matches_expected_digests_including_bf16():
+    got = tensora.load_file(SLLM_TINY, framework="pt")
+    want = expected(SLLM_TINY_EXPECTED)
+    assert got["embed.weight"].dtype == torch.bfloat16
+    for name, e in want.items():
+        assert list(got[name].shape) == e["shape"]
+        assert sha256(raw(got[name])) == e["sha256"], name
+
+
+def test_fp8_dtypes_round_trip(tmp_path):
+    from safetensors.torch import save_file
+
+    t = {
+        "e4m3": torch.randn(4, 8).to(torch.float8_e4m3fn),
+        "e5m2": torch.randn(4, 8).to(torch.float8_e5m2),
+        "bf16": torch.randn(3, 5).to(torch.bfloat16),
+    }
+    path = tmp_path / "fp8.safetensors"
+    save_file(t, str(path))
+    got = tensora.load_file(path, framework="pt")
+    for k, v in t.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape
+        assert raw(got[k]) == raw(v)
+
+
+def test_torch_tensor_keeps_memory_alive_and_writes_stay_private(every_dtype_file):
+    collect()
+    base = _native.owners_live()
+    before = file_sha256(every_dtype_file)
+    with tensora.safe_open(every_dtype_file, framework="pt") as f:
+        t = f.get_tensor("float32.0")
+    t.add_(1.0)  # torch ignores read-only flags: the mapping must be copy-on-write
+    assert file_sha256(every_dtype_file) == before
+    assert _native.owners_live() == base + 1
+    del t
+    collect()
+    assert _native.owners_live() == base
+
+
+def test_weights_iterator_yields_torch_tensors(every_dtype_file):
+    got = dict(tensora.weights_iterator(every_dtype_file))
+    assert all(isinstance(v, torch.Tensor) for v in got.values())
+    assert got["int64.0"].numpy().tobytes() == tensora.load_file(every_dtype_file)["int64.0"].tobytes()

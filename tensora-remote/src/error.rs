@@ -1,0 +1,86 @@
+//! [`RemoteError`]: every way a remote open or load fails, each naming the object it concerns.
+
+use std::time::Duration;
+
+/// A remote open or load failed. Every variant names the object (as a URL) it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The location string is not a URL or path this crate understands.
+    #[error("bad location {input:?}: {reason}")]
+    Location { input: String, reason: String },
+    /// The location is a local path; load it with `tensora_io::load_path` instead.
+    #[error("{path:?} is a local path, not a remote location")]
+    NotRemote { path: std::path::PathBuf },
+    /// The object store client could not be built (bad endpoint, missing credentials, ...).
+    #[error("cannot configure the object store for {url}: {source}")]
+    Store {
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+    /// The object does not exist.
+    #[error("{url}: not found")]
+    NotFound { url: String },
+    /// No checkpoint layout was found at a directory location.
+    #[error("{url}: no checkpoint found ({reason})")]
+    NoCheckpoint { url: String, reason: String },
+    /// A safetensors header failed validation.
+    #[error("{url}: {source}")]
+    Format {
+        url: String,
+        #[source]
+        source: tensora_format::Error,
+    },
+    /// An index (`model.safetensors.index.json`) failed validation.
+    #[error("{url}: {kind}")]
+    Index { url: String, kind: tensora_format::ErrorKind },
+    /// The shards disagree with their index (missing shard, tensor in the wrong shard, duplicate).
+    #[error("{url}: {message}")]
+    Shards { url: String, message: String },
+    /// The object changed after the plan was made (ETag or size/last-modified differs, or the
+    /// server refused `If-Match`). The load fails rather than mixing two versions.
+    #[error("{url} changed during the load (planned {planned}, now {found})")]
+    Changed { url: String, planned: String, found: String },
+    /// The server answered with a different range or length than asked for.
+    #[error("{url}: asked for bytes {offset_bytes}..+{len_bytes}, {what}")]
+    BadResponse { url: String, offset_bytes: u64, len_bytes: u64, what: String },
+    /// A range could not be fetched within the retry bounds.
+    #[error(
+        "{url}: bytes {offset_bytes}..+{len_bytes} failed after {attempts} attempts and {:.2} s of retrying: {last_error}",
+        retry_time.as_secs_f64()
+    )]
+    RetriesExhausted {
+        url: String,
+        offset_bytes: u64,
+        len_bytes: u64,
+        attempts: u32,
+        retry_time: Duration,
+        last_error: String,
+    },
+    /// An object is larger than this crate will handle in memory (an index over its cap).
+    #[error("{url}: {len_bytes} bytes is over the {limit_bytes}-byte limit for this object")]
+    TooLarge { url: String, len_bytes: u64, limit_bytes: u64 },
+    /// The options are inconsistent.
+    #[error("invalid option {field}: {reason}")]
+    Options { field: &'static str, reason: String },
+    /// The completion sink asked to stop the load.
+    #[error("stopped by the completion sink")]
+    Stopped,
+    /// The planner refused the extents or the configuration.
+    #[error("planning failed: {0}")]
+    Plan(#[from] tensora_plan::PlanError),
+    /// The destination arena or the async runtime could not be created.
+    #[error("{what}: {source}")]
+    Resource {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RemoteError {
+    /// Whether the load failed because an object was replaced or modified mid-load.
+    pub fn is_changed(&self) -> bool {
+        matches!(self, RemoteError::Changed { .. })
+    }
+}

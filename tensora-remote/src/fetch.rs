@@ -1,0 +1,327 @@
+//! Ranged reads with bounded retries: one request per attempt, the body streamed straight into
+//! the caller's slice, a broken or stalled body resumed from the first byte that did not land.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
+
+use crate::RemoteError;
+
+/// Bounds on retrying one range. A range that fails more often, or keeps failing for longer,
+/// fails the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries of one range (each a new request that resumes where the last one stopped).
+    pub retries_per_range_max: u32,
+    /// How long one range may keep failing, from its first failure, before the load fails.
+    pub retry_time_max: Duration,
+    /// First backoff; doubled after each failure of the same range up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 10 retries per range, 30 s of retrying per range, backoff 100 ms doubling to 2 s.
+    fn default() -> Self {
+        RetryPolicy {
+            retries_per_range_max: 10,
+            retry_time_max: Duration::from_secs(30),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `retry` (1-based) of one range.
+    pub fn backoff(&self, retry: u32) -> Duration {
+        let shift = retry.saturating_sub(1).min(20);
+        self.backoff_initial.saturating_mul(1u32 << shift).min(self.backoff_max)
+    }
+}
+
+/// One object as seen when the plan was made. Every later range is conditional on it.
+#[derive(Debug, Clone)]
+pub struct RemoteObject {
+    /// Printable URL.
+    pub url: String,
+    /// Size, ETag and last-modified at plan time.
+    pub meta: ObjectMeta,
+}
+
+impl RemoteObject {
+    /// Size in bytes at plan time.
+    pub fn len_bytes(&self) -> u64 {
+        self.meta.size
+    }
+    /// What identifies this version of the object: its ETag, else size and last-modified.
+    pub fn version(&self) -> String {
+        version_of(&self.meta)
+    }
+    pub(crate) fn path(&self) -> &ObjectPath {
+        &self.meta.location
+    }
+}
+
+fn version_of(meta: &ObjectMeta) -> String {
+    match &meta.e_tag {
+        Some(tag) => format!("etag {tag}"),
+        None => format!("size {} last-modified {}", meta.size, meta.last_modified.to_rfc3339()),
+    }
+}
+
+/// Load-wide request counters, shared by every in-flight range.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub requests: AtomicU64,
+    pub retries: AtomicU64,
+    pub retry_nanos: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+impl Counters {
+    fn add_retry_time(&self, since: Option<Instant>) {
+        if let Some(t) = since {
+            let nanos = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.retry_nanos.fetch_add(nanos, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What each fetch needs: the store, the bounds and the counters.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fetcher<'a> {
+    pub store: &'a dyn ObjectStore,
+    pub policy: RetryPolicy,
+    /// The slowest transfer rate a healthy connection is expected to sustain.
+    pub rate_min_bytes_per_s: u64,
+    /// Allowance per attempt for connecting and the first byte.
+    pub request_overhead: Duration,
+    pub counters: &'a Counters,
+}
+
+enum Failure {
+    /// Retrying cannot help (missing object, changed object, bad range).
+    Fatal(RemoteError),
+    /// Network trouble, a server error, a short or stalled body: retry from where it stopped.
+    Transient(String),
+}
+
+impl<'a> Fetcher<'a> {
+    /// The time allowed for one attempt that still has `remaining_bytes` to transfer.
+    pub fn attempt_timeout(&self, remaining_bytes: u64) -> Duration {
+        let rate = self.rate_min_bytes_per_s.max(1);
+        self.request_overhead + Duration::from_secs_f64(remaining_bytes as f64 / rate as f64)
+    }
+
+    /// The object's current metadata (a `HEAD` request), retried under the policy.
+    pub async fn head(&self, path: &ObjectPath, url: &str) -> Result<ObjectMeta, RemoteError> {
+        let mut retries = 0u32;
+        let mut first_failure: Option<Instant> = None;
+        loop {
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            let options = GetOptions { head: true, ..GetOptions::default() };
+            let attempt = tokio::time::timeout(self.attempt_timeout(0), self.store.get_opts(path, options));
+            let failure = match attempt.await {
+                Ok(Ok(result)) => {
+                    self.counters.add_retry_time(first_failure);
+                    return Ok(result.meta);
+                }
+                Ok(Err(e)) => classify(e, url, None),
+                Err(_) => Failure::Transient("HEAD timed out".to_owned()),
+            };
+            self.retry_or_fail(failure, url, 0, 0, &mut retries, &mut first_failure).await?;
+        }
+    }
+
+    /// Fill `dest` with the object's bytes from `offset_bytes`, conditional on the version in
+    /// `object`. The body is copied chunk by chunk as it arrives; after a failure the next
+    /// attempt asks only for the bytes that have not landed.
+    pub async fn fetch(&self, object: &RemoteObject, offset_bytes: u64, dest: &mut [u8]) -> Result<(), RemoteError> {
+        let len_bytes = dest.len() as u64;
+        let mut landed = 0usize;
+        let mut retries = 0u32;
+        let mut first_failure: Option<Instant> = None;
+        if dest.is_empty() {
+            return Ok(());
+        }
+        loop {
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            let start = offset_bytes + landed as u64;
+            let tail = &mut dest[landed..];
+            let mut got = 0usize;
+            let timeout = self.attempt_timeout(tail.len() as u64);
+            let attempt = tokio::time::timeout(timeout, self.attempt(object, start, tail, &mut got)).await;
+            landed += got;
+            self.counters.bytes.fetch_add(got as u64, Ordering::Relaxed);
+            let failure = match attempt {
+                Ok(Ok(())) => {
+                    self.counters.add_retry_time(first_failure);
+                    return Ok(());
+                }
+                Ok(Err(failure)) => failure,
+                Err(_) => Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64())),
+            };
+            self.retry_or_fail(failure, &object.url, offset_bytes, len_bytes, &mut retries, &mut first_failure)
+                .await?;
+        }
+    }
+
+    async fn retry_or_fail(
+        &self,
+        failure: Failure,
+        url: &str,
+        offset_bytes: u64,
+        len_bytes: u64,
+        retries: &mut u32,
+        first_failure: &mut Option<Instant>,
+    ) -> Result<(), RemoteError> {
+        let message = match failure {
+            Failure::Fatal(e) => {
+                self.counters.add_retry_time(*first_failure);
+                return Err(e);
+            }
+            Failure::Transient(message) => message,
+        };
+        let since = *first_failure.get_or_insert_with(Instant::now);
+        let elapsed = since.elapsed();
+        let wait = self.policy.backoff(*retries + 1);
+        if *retries >= self.policy.retries_per_range_max || elapsed + wait > self.policy.retry_time_max {
+            self.counters.add_retry_time(*first_failure);
+            return Err(RemoteError::RetriesExhausted {
+                url: url.to_owned(),
+                offset_bytes,
+                len_bytes,
+                attempts: *retries + 1,
+                retry_time: elapsed,
+                last_error: message,
+            });
+        }
+        *retries += 1;
+        self.counters.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
+
+    /// One request for `tail.len()` bytes from `start`; `got` counts the bytes that landed, so a
+    /// timed-out attempt still reports its progress.
+    async fn attempt(
+        &self,
+        object: &RemoteObject,
+        start: u64,
+        tail: &mut [u8],
+        got: &mut usize,
+    ) -> Result<(), Failure> {
+        let end = start + tail.len() as u64;
+        let planned = &object.meta;
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(start..end)),
+            if_match: planned.e_tag.clone(),
+            if_unmodified_since: if planned.e_tag.is_none() { Some(planned.last_modified) } else { None },
+            ..GetOptions::default()
+        };
+        let result = self
+            .store
+            .get_opts(object.path(), options)
+            .await
+            .map_err(|e| classify(e, &object.url, Some(planned)))?;
+        if result.meta.size != planned.size || (planned.e_tag.is_some() && result.meta.e_tag != planned.e_tag) {
+            return Err(Failure::Fatal(RemoteError::Changed {
+                url: object.url.clone(),
+                planned: version_of(planned),
+                found: version_of(&result.meta),
+            }));
+        }
+        if result.range != (start..end) {
+            return Err(Failure::Fatal(RemoteError::BadResponse {
+                url: object.url.clone(),
+                offset_bytes: start,
+                len_bytes: tail.len() as u64,
+                what: format!("got bytes {}..{}", result.range.start, result.range.end),
+            }));
+        }
+        let mut body = result.into_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| Failure::Transient(format!("body: {e}")))?;
+            let Some(slot) = got.checked_add(chunk.len()).and_then(|e| tail.get_mut(*got..e)) else {
+                return Err(Failure::Fatal(RemoteError::BadResponse {
+                    url: object.url.clone(),
+                    offset_bytes: start,
+                    len_bytes: tail.len() as u64,
+                    what: "the body is longer than the range".to_owned(),
+                }));
+            };
+            slot.copy_from_slice(&chunk);
+            *got += chunk.len();
+        }
+        if *got < tail.len() {
+            return Err(Failure::Transient(format!("body ended after {} of {} bytes", *got, tail.len())));
+        }
+        Ok(())
+    }
+}
+
+fn classify(e: object_store::Error, url: &str, planned: Option<&ObjectMeta>) -> Failure {
+    use object_store::Error as E;
+    let changed = |found: String| {
+        Failure::Fatal(RemoteError::Changed {
+            url: url.to_owned(),
+            planned: planned.map(version_of).unwrap_or_default(),
+            found,
+        })
+    };
+    match e {
+        E::NotFound { .. } => match planned {
+            Some(_) => changed("gone".to_owned()),
+            None => Failure::Fatal(RemoteError::NotFound { url: url.to_owned() }),
+        },
+        E::Precondition { .. } | E::NotModified { .. } => {
+            changed("a different version (the server refused the precondition)".to_owned())
+        }
+        E::PermissionDenied { .. }
+        | E::Unauthenticated { .. }
+        | E::InvalidPath { .. }
+        | E::NotSupported { .. }
+        | E::NotImplemented { .. } => Failure::Fatal(RemoteError::BadResponse {
+            url: url.to_owned(),
+            offset_bytes: 0,
+            len_bytes: 0,
+            what: e.to_string(),
+        }),
+        other => Failure::Transient(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap() {
+        let p = RetryPolicy::default();
+        assert_eq!(p.backoff(1), Duration::from_millis(100));
+        assert_eq!(p.backoff(2), Duration::from_millis(200));
+        assert_eq!(p.backoff(5), Duration::from_millis(1600));
+        assert_eq!(p.backoff(6), Duration::from_secs(2));
+        assert_eq!(p.backoff(u32::MAX), Duration::from_secs(2));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// Backoff never decreases and never passes its cap.
+        #[test]
+        fn backoff_monotone_and_capped(init_ms in 0u64..5000, max_ms in 0u64..60_000, k in 1u32..64) {
+            let p = RetryPolicy {
+                backoff_initial: Duration::from_millis(init_ms),
+                backoff_max: Duration::from_millis(max_ms),
+                ..RetryPolicy::default()
+            };
+            prop_assert!(p.backoff(k) <= p.backoff(k + 1));
+            prop_assert!(p.backoff(k) <= p.backoff_max);
+        }
+    }
+}

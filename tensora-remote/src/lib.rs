@@ -1,0 +1,39 @@
+//! Load checkpoints from S3-compatible object stores and HTTP servers at wire speed.
+//!
+//! - [`Location`]: `s3://bucket/prefix/`, `http(s)://host/path/`, for a file or a directory;
+//!   [`StoreConfig`] (endpoint, plain HTTP, anonymous, credentials; `AWS_*` variables otherwise).
+//! - [`open_remote`]: the index and every safetensors header through ranged reads (the first 8
+//!   bytes, then exactly `n` more) into a [`RemoteCheckpoint`]. A directory's shard list comes from
+//!   `model.safetensors.index.json`, or on S3 from listing.
+//! - [`load_remote`]: the tensors planned by `tensora_plan` into ~8 MiB reads, one queue across all
+//!   shards, a bounded number in flight, each body streamed straight into a hugepage
+//!   `tensora_io::arena::Arena` by the [`RemoteExecutor`]. Every range carries `If-Match` with the
+//!   ETag seen at open (or `If-Unmodified-Since`), and the response's ETag and size are compared
+//!   too. Broken bodies are resumed where they stopped, under a bounded [`RetryPolicy`].
+//!
+//! ```
+//! use tensora_remote::{Location, RemoteOptions};
+//! let loc = Location::parse("s3://weights/llama-3-8b/")?;
+//! assert!(loc.is_remote() && loc.is_dir());
+//! let opts = RemoteOptions::default();
+//! assert_eq!(opts.inflight_bytes_max(), Some(16 * (8 << 20)));
+//! # Ok::<(), tensora_remote::RemoteError>(())
+//! ```
+#![forbid(unsafe_code)]
+
+mod checkpoint;
+mod error;
+mod executor;
+mod fetch;
+mod load;
+mod location;
+
+pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, RemoteTensor, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
+pub use error::RemoteError;
+pub use executor::RemoteExecutor;
+pub use fetch::{RemoteObject, RetryPolicy};
+pub use load::{
+    READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport, RemoteTensorRef,
+    RemoteTensors, load_remote, open_remote,
+};
+pub use location::{Location, StoreConfig};

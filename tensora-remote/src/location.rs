@@ -1,0 +1,243 @@
+//! Where a checkpoint lives: [`Location`] parsing, and [`StoreConfig`] for building the
+//! `object_store` client (endpoint, plain HTTP, anonymous access, credentials).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
+use url::Url;
+
+use crate::RemoteError;
+
+/// A parsed checkpoint location.
+///
+/// ```
+/// use tensora_remote::Location;
+/// let s3 = Location::parse("s3://models/llama/")?;
+/// assert!(s3.is_remote() && s3.is_dir());
+/// let http = Location::parse("http://127.0.0.1:8080/ckpt/model.safetensors")?;
+/// assert!(!http.is_dir());
+/// assert!(!Location::parse("/data/model.safetensors")?.is_remote());
+/// assert!(Location::parse("ftp://host/x").is_err());
+/// # Ok::<(), tensora_remote::RemoteError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A local file or directory (no scheme, or `file://`).
+    Local(PathBuf),
+    /// An HTTP(S) origin: `origin` is `scheme://host[:port]/`, `path` the object or prefix below it.
+    Http { origin: Url, path: ObjectPath, dir: bool },
+    /// An S3 bucket and a key (file) or prefix (directory).
+    S3 { bucket: String, path: ObjectPath, dir: bool },
+}
+
+/// Suffixes that make a location a file rather than a directory.
+const FILE_SUFFIXES: [&str; 2] = [".safetensors", ".json"];
+
+fn looks_like_dir(path: &str) -> bool {
+    path.is_empty() || path.ends_with('/') || !FILE_SUFFIXES.iter().any(|s| path.ends_with(s))
+}
+
+impl Location {
+    /// Parse `s3://bucket/prefix/`, `http(s)://host/path/`, `file:///path` or a plain path.
+    /// A location is a directory when it ends with `/` or does not end in `.safetensors` or
+    /// `.json`. `gs://` and `az://` are refused: the workspace builds `object_store` with the
+    /// `aws` and `http` features only.
+    pub fn parse(input: &str) -> Result<Location, RemoteError> {
+        let bad = |reason: &str| RemoteError::Location { input: input.to_owned(), reason: reason.to_owned() };
+        let Some((scheme, _)) = input.split_once("://") else {
+            return Ok(Location::Local(PathBuf::from(input)));
+        };
+        let url = Url::parse(input).map_err(|e| bad(&e.to_string()))?;
+        let dir = looks_like_dir(url.path());
+        match scheme.to_ascii_lowercase().as_str() {
+            "file" => {
+                let path = url.to_file_path().map_err(|()| bad("not a local file URL"))?;
+                Ok(Location::Local(path))
+            }
+            "http" | "https" => {
+                if url.host_str().is_none_or(str::is_empty) {
+                    return Err(bad("no host"));
+                }
+                let mut origin = url.clone();
+                origin.set_path("/");
+                origin.set_query(None);
+                origin.set_fragment(None);
+                let path = ObjectPath::from_url_path(url.path()).map_err(|e| bad(&e.to_string()))?;
+                Ok(Location::Http { origin, path, dir })
+            }
+            "s3" | "s3a" => {
+                let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| bad("no bucket"))?;
+                let path = ObjectPath::from_url_path(url.path()).map_err(|e| bad(&e.to_string()))?;
+                Ok(Location::S3 { bucket: bucket.to_owned(), path, dir })
+            }
+            "gs" | "az" | "abfs" | "abfss" | "azure" => Err(bad(
+                "Google Cloud Storage and Azure need object_store's `gcp`/`azure` features, which this build does not enable",
+            )),
+            _ => Err(bad("unsupported scheme (use s3://, http://, https:// or a local path)")),
+        }
+    }
+
+    /// Whether this names a remote object or prefix.
+    pub fn is_remote(&self) -> bool {
+        !matches!(self, Location::Local(_))
+    }
+
+    /// Whether this names a directory (prefix) rather than one file.
+    pub fn is_dir(&self) -> bool {
+        match self {
+            Location::Local(p) => p.is_dir(),
+            Location::Http { dir, .. } | Location::S3 { dir, .. } => *dir,
+        }
+    }
+
+    /// The object path (a key or prefix) inside the store.
+    pub(crate) fn object_path(&self) -> Option<&ObjectPath> {
+        match self {
+            Location::Local(_) => None,
+            Location::Http { path, .. } | Location::S3 { path, .. } => Some(path),
+        }
+    }
+
+    /// A printable URL for `path` inside this location's store.
+    pub(crate) fn url_of(&self, path: &ObjectPath) -> String {
+        match self {
+            Location::Local(p) => p.display().to_string(),
+            Location::Http { origin, .. } => {
+                let mut url = origin.clone();
+                if let Ok(mut segments) = url.path_segments_mut() {
+                    segments.pop_if_empty().extend(path.parts());
+                }
+                url.to_string()
+            }
+            Location::S3 { bucket, .. } => format!("s3://{bucket}/{path}"),
+        }
+    }
+}
+
+/// How to reach the store. Unset fields fall back to the usual `AWS_*` environment variables
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+/// `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`) for S3; HTTP origins need none of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// S3 endpoint, e.g. `http://127.0.0.1:4568` for a local server (path-style requests).
+    pub endpoint: Option<String>,
+    /// Allow plain `http://` endpoints (S3). HTTP origins given as `http://` always allow it.
+    pub allow_http: bool,
+    /// Send unsigned requests (public buckets).
+    pub anonymous: bool,
+    /// S3 region; the environment or `us-east-1` when unset.
+    pub region: Option<String>,
+    /// Access key id and secret; the environment when unset.
+    pub credentials: Option<(String, String)>,
+}
+
+/// Client-level timeouts, derived from [`crate::RemoteOptions`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientTimeouts {
+    pub connect: Duration,
+    pub request: Duration,
+    /// Idle connections kept per host: at least the reads in flight, so that none reconnects.
+    pub idle_per_host: usize,
+}
+
+/// Build the object store for `location`. object_store's own retries are off: the loader retries
+/// (and resumes) itself, so every retry is counted and bounded in one place.
+pub(crate) fn build_store(
+    location: &Location,
+    config: &StoreConfig,
+    timeouts: ClientTimeouts,
+) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+    let retry = object_store::RetryConfig { max_retries: 0, ..object_store::RetryConfig::default() };
+    let client = object_store::ClientOptions::new()
+        .with_connect_timeout(timeouts.connect)
+        .with_timeout(timeouts.request)
+        .with_pool_max_idle_per_host(timeouts.idle_per_host)
+        .with_http1_only();
+    match location {
+        Location::Local(path) => Err(RemoteError::NotRemote { path: path.clone() }),
+        Location::Http { origin, .. } => {
+            let client = client.with_allow_http(origin.scheme() == "http" || config.allow_http);
+            let store = object_store::http::HttpBuilder::new()
+                .with_url(origin.as_str())
+                .with_client_options(client)
+                .with_retry(retry)
+                .build()
+                .map_err(|source| RemoteError::Store { url: origin.to_string(), source })?;
+            Ok(Arc::new(store))
+        }
+        Location::S3 { bucket, .. } => {
+            let mut builder = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry)
+                .with_client_options(client);
+            if let Some(endpoint) = &config.endpoint {
+                builder = builder.with_endpoint(endpoint).with_virtual_hosted_style_request(false);
+            }
+            if config.allow_http {
+                builder = builder.with_allow_http(true);
+            }
+            if config.anonymous {
+                builder = builder.with_skip_signature(true);
+            }
+            if let Some(region) = &config.region {
+                builder = builder.with_region(region);
+            }
+            if let Some((key, secret)) = &config.credentials {
+                builder = builder.with_access_key_id(key).with_secret_access_key(secret);
+            }
+            let store = builder
+                .build()
+                .map_err(|source| RemoteError::Store { url: format!("s3://{bucket}/"), source })?;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_each_scheme() {
+        let l = Location::parse("s3://b/a/b/").unwrap();
+        assert_eq!(l, Location::S3 { bucket: "b".into(), path: ObjectPath::from("a/b"), dir: true });
+        let l = Location::parse("s3://b/a/model.safetensors.index.json").unwrap();
+        assert!(!l.is_dir());
+        let l = Location::parse("https://h:9/x/y.safetensors").unwrap();
+        let Location::Http { origin, path, dir } = l else { panic!("not http") };
+        assert_eq!((origin.as_str(), path.as_ref(), dir), ("https://h:9/", "x/y.safetensors", false));
+        assert_eq!(Location::parse("file:///tmp/x").unwrap(), Location::Local("/tmp/x".into()));
+        assert_eq!(Location::parse("rel/dir").unwrap(), Location::Local("rel/dir".into()));
+        assert!(Location::parse("http://host").unwrap().is_dir());
+    }
+
+    #[test]
+    fn refuses_unsupported() {
+        for bad in ["gs://b/x", "az://c/x", "ftp://h/x", "s3:///x", "http://"] {
+            assert!(matches!(Location::parse(bad), Err(RemoteError::Location { .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn url_of_round_trips_percent_encoding() {
+        let l = Location::parse("http://h/a%20b/m.safetensors").unwrap();
+        let p = l.object_path().unwrap().clone();
+        assert_eq!(p.as_ref(), "a b/m.safetensors");
+        assert_eq!(l.url_of(&p), "http://h/a%20b/m.safetensors");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// Parsing never panics, and a remote location always yields an object path.
+        #[test]
+        fn parse_never_panics(s in "(s3|http|https|gs|x)?(://)?[a-z0-9./%:_-]{0,24}") {
+            if let Ok(l) = Location::parse(&s) {
+                prop_assert_eq!(l.is_remote(), l.object_path().is_some());
+            }
+        }
+    }
+}

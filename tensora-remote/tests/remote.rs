@@ -1,0 +1,221 @@
+//! End-to-end loads from real servers on 127.0.0.1: nginx (HTTP, `If-Match`, rate limit) and
+//! s3rver (S3 API). A missing server binary fails the test with the line that installs it.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use support::{Nginx, S3rver, write_checkpoint};
+use tensora_remote::{Location, RemoteError, RemoteLoaded, RemoteOptions, RetryPolicy, load_remote};
+
+fn started<T>(server: Result<T, String>) -> T {
+    server.unwrap_or_else(|e| panic!("test server unavailable: {e}"))
+}
+
+/// Small chunks and short timeouts so that the tests stay fast.
+fn small_opts() -> RemoteOptions {
+    RemoteOptions {
+        chunk_bytes: 256 << 10,
+        reads_inflight_max: 4,
+        request_overhead: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(1),
+        retry: RetryPolicy {
+            retries_per_range_max: 50,
+            retry_time_max: Duration::from_secs(8),
+            backoff_initial: Duration::from_millis(50),
+            backoff_max: Duration::from_millis(250),
+        },
+        ..RemoteOptions::default()
+    }
+}
+
+/// Every tensor of `remote` has the same bytes as a local load of `dir`.
+fn assert_matches_local(remote: &mut RemoteLoaded, dir: &Path) {
+    let local = tensora_io::load_path(dir, &tensora_io::LoadOptions::default()).expect("local load");
+    assert_eq!(remote.len(), local.len());
+    let view = remote.tensors();
+    let mut seen = 0;
+    for t in view.iter() {
+        let want = local.tensor(t.info.name()).unwrap_or_else(|| panic!("{} missing locally", t.info.name()));
+        assert_eq!(t.info.dtype(), want.dtype());
+        assert_eq!(t.info.shape(), want.shape());
+        assert_eq!(Sha256::digest(t.bytes), Sha256::digest(want.bytes()), "{}", t.info.name());
+        seen += 1;
+    }
+    assert_eq!(seen, local.len());
+}
+
+#[test]
+fn http_sharded_checkpoint_matches_a_local_load() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    write_checkpoint(&dir, 3, 4, 192 << 10);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    let mut loaded = load_remote(&Location::parse(&nginx.url("ckpt/")).unwrap(), &small_opts()).unwrap();
+    assert_matches_local(&mut loaded, &dir);
+    let r = loaded.report();
+    assert_eq!(r.load.files, 3);
+    assert_eq!(r.retries, 0);
+    assert_eq!(r.load.bytes_selected, 12 * (192 << 10));
+    // 1 index HEAD + GET, 3 × (HEAD + 2 header GETs), 12 tensors in 256 KiB reads.
+    assert!(r.requests >= 2 + 9 + 9, "{} requests", r.requests);
+    assert!(r.load.peak_inflight_bytes <= r.inflight_bytes_max);
+    let json = serde_json::to_value(r).unwrap();
+    assert!(json["requests"].is_u64() && json["bytes_selected"].is_u64() && json["phases"]["io"].is_f64());
+
+    // The index file itself is a location too, and so is one shard.
+    let mut via_index =
+        load_remote(&Location::parse(&nginx.url("ckpt/model.safetensors.index.json")).unwrap(), &small_opts())
+            .unwrap();
+    assert_matches_local(&mut via_index, &dir);
+    let shard = load_remote(&Location::parse(&nginx.url("ckpt/model-00002-of-00003.safetensors")).unwrap(), &small_opts())
+        .unwrap();
+    assert_eq!(shard.len(), 4);
+}
+
+#[test]
+fn http_real_fixtures_match_expected_digests() {
+    let fixtures = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real"));
+    let nginx = started(Nginx::start(fixtures, "50m"));
+    let mut checked = 0;
+    for entry in std::fs::read_dir(fixtures).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".safetensors") else { continue };
+        let expected: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fixtures.join(format!("{stem}.expected.json"))).unwrap()).unwrap();
+        let mut loaded = load_remote(&Location::parse(&nginx.url(&name)).unwrap(), &small_opts()).unwrap();
+        let tensors = expected["tensors"].as_object().expect("tensors object");
+        assert_eq!(loaded.len(), tensors.len(), "{name}");
+        let view = loaded.tensors();
+        for (tname, want) in tensors {
+            let t = view.get(tname).unwrap_or_else(|| panic!("{name}: {tname} missing"));
+            assert_eq!(hex::encode(Sha256::digest(t.bytes)), want["sha256"].as_str().unwrap(), "{name}: {tname}");
+        }
+        checked += 1;
+    }
+    assert!(checked >= 1, "no fixtures found in {}", fixtures.display());
+}
+
+#[test]
+fn s3_sharded_checkpoint_matches_a_local_load_by_index_and_by_listing() {
+    let src = tempfile::tempdir().unwrap();
+    write_checkpoint(src.path(), 2, 3, 160 << 10);
+    let shards_only = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(src.path()).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().ends_with(".safetensors") {
+            std::fs::copy(entry.path(), shards_only.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let s3 = started(S3rver::start());
+    s3.upload_dir(src.path(), "indexed").unwrap();
+    s3.upload_dir(shards_only.path(), "listed").unwrap();
+    let opts = RemoteOptions { store: s3.store_config(), ..small_opts() };
+    for prefix in ["indexed", "listed"] {
+        let location = Location::parse(&format!("s3://{}/{prefix}/", support::BUCKET)).unwrap();
+        let mut loaded = load_remote(&location, &opts).unwrap_or_else(|e| panic!("{prefix}: {e}"));
+        assert_matches_local(&mut loaded, src.path());
+        assert_eq!(loaded.report().load.backend, "remote-s3");
+    }
+    let missing = Location::parse(&format!("s3://{}/nothing-here/", support::BUCKET)).unwrap();
+    assert!(matches!(load_remote(&missing, &opts), Err(RemoteError::NoCheckpoint { .. })));
+}
+
+/// A checkpoint that takes about two seconds on the rate-limited port: 4 × 512 KiB reads over 2
+/// connections at 256 KiB/s (nginx sends the first second's worth of each response at once, then
+/// throttles, so each read takes about a second).
+fn slow_fixture() -> (tempfile::TempDir, std::path::PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("slow");
+    std::fs::create_dir(&dir).unwrap();
+    write_checkpoint(&dir, 2, 2, 512 << 10);
+    (root, dir)
+}
+
+fn slow_opts() -> RemoteOptions {
+    RemoteOptions { reads_inflight_max: 2, chunk_bytes: 512 << 10, ..small_opts() }
+}
+
+#[test]
+fn server_killed_and_restarted_mid_load_completes_with_equal_bytes() {
+    let (root, dir) = slow_fixture();
+    let mut nginx = started(Nginx::start(root.path(), "256k"));
+    let location = Location::parse(&nginx.slow_url("slow/")).unwrap();
+    let loader = std::thread::spawn(move || load_remote(&location, &slow_opts()));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!loader.is_finished(), "the load finished before the server was killed");
+    nginx.kill();
+    std::thread::sleep(Duration::from_secs(1));
+    nginx.restart().unwrap();
+    let mut loaded = loader.join().unwrap().expect("the load survives a restart");
+    eprintln!("restart test: {:?}", loaded.report());
+    assert_matches_local(&mut loaded, &dir);
+    let r = loaded.report();
+    assert!(r.retries > 0, "no retry was needed");
+    assert!(r.retry_seconds > 0.5, "retry time {} s", r.retry_seconds);
+}
+
+#[test]
+fn server_gone_for_good_fails_within_the_retry_budget() {
+    let (root, _dir) = slow_fixture();
+    let mut nginx = started(Nginx::start(root.path(), "256k"));
+    let location = Location::parse(&nginx.slow_url("slow/")).unwrap();
+    let mut opts = slow_opts();
+    opts.retry.retry_time_max = Duration::from_millis(1500);
+    let t0 = Instant::now();
+    let loader = std::thread::spawn(move || load_remote(&location, &opts));
+    std::thread::sleep(Duration::from_millis(500));
+    nginx.kill();
+    let err = loader.join().unwrap().expect_err("no result without a server");
+    let elapsed = t0.elapsed();
+    assert!(matches!(err, RemoteError::RetriesExhausted { .. }), "{err}");
+    assert!(err.to_string().contains("/slow/model-0000"), "{err}");
+    assert!(elapsed < Duration::from_secs(6), "took {elapsed:?}");
+}
+
+#[test]
+fn object_replaced_mid_load_fails_cleanly() {
+    let (root, dir) = slow_fixture();
+    let nginx = started(Nginx::start(root.path(), "256k"));
+    let location = Location::parse(&nginx.slow_url("slow/")).unwrap();
+    let loader = std::thread::spawn(move || load_remote(&location, &slow_opts()));
+    std::thread::sleep(Duration::from_millis(300));
+    // Same size, new bytes and a new mtime (nginx's ETag is mtime-size): the last shard, which the
+    // loader reads last.
+    let shard = dir.join("model-00002-of-00002.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xFF;
+    let tmp = dir.join("replacement.tmp");
+    std::fs::write(&tmp, &bytes).unwrap();
+    let later = std::fs::metadata(&shard).unwrap().modified().unwrap() + Duration::from_secs(100);
+    std::fs::File::options().write(true).open(&tmp).unwrap().set_modified(later).unwrap();
+    std::fs::rename(&tmp, &shard).unwrap();
+    let err = loader.join().unwrap().expect_err("a replaced object must fail the load");
+    assert!(err.is_changed(), "{err}");
+    assert!(err.to_string().contains("model-00002-of-00002.safetensors"), "{err}");
+}
+
+#[test]
+fn bad_objects_get_typed_errors() {
+    let root = tempfile::tempdir().unwrap();
+    // Claims a 1000-byte header in a 16-byte file.
+    let mut bad = 1000u64.to_le_bytes().to_vec();
+    bad.extend_from_slice(b"{}      ");
+    std::fs::write(root.path().join("bad.safetensors"), &bad).unwrap();
+    std::fs::create_dir(root.path().join("empty")).unwrap();
+    std::fs::write(root.path().join("short.safetensors"), b"abc").unwrap();
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    let opts = small_opts();
+    let err = load_remote(&Location::parse(&nginx.url("bad.safetensors")).unwrap(), &opts).unwrap_err();
+    assert!(matches!(&err, RemoteError::Format { source, .. }
+        if matches!(source.kind(), tensora_format::ErrorKind::HeaderBeyondFile { .. })), "{err}");
+    let err = load_remote(&Location::parse(&nginx.url("short.safetensors")).unwrap(), &opts).unwrap_err();
+    assert!(matches!(err, RemoteError::Format { .. }), "{err}");
+    let err = load_remote(&Location::parse(&nginx.url("missing.safetensors")).unwrap(), &opts).unwrap_err();
+    assert!(matches!(err, RemoteError::NotFound { .. }), "{err}");
+    let err = load_remote(&Location::parse(&nginx.url("empty/")).unwrap(), &opts).unwrap_err();
+    assert!(matches!(err, RemoteError::NoCheckpoint { .. }), "{err}");
+}

@@ -1,0 +1,287 @@
+//! Test and bench harness: real nginx and s3rver processes on 127.0.0.1, started on free ports,
+//! waited on until they accept connections, and killed on drop; plus generated checkpoints.
+//!
+//! Install lines (CI):
+//! - nginx: `apt-get update && apt-get install -y nginx-light` (or set `TENSORA_NGINX`);
+//! - s3rver: `npm install --prefix target/tensora-remote-s3rver s3rver@3.7.1` run from the
+//!   workspace root (or set `TENSORA_S3RVER_DIR` to the directory holding `node_modules/`).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use object_store::ObjectStoreExt;
+use tensora_format::Dtype;
+use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
+
+/// How long a server gets to start accepting connections.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(15);
+/// The bucket s3rver is started with.
+pub const BUCKET: &str = "tensora";
+/// s3rver's default credentials.
+pub const S3RVER_KEY: (&str, &str) = ("S3RVER", "S3RVER");
+
+/// A free TCP port on 127.0.0.1 (bound once, then released for the server to take).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn wait_ready(child: &mut Child, port: u16, what: &str, log: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            return Err(format!("{what} exited with {status} before listening on {port}: {log}"));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what} did not listen on 127.0.0.1:{port} within {READY_TIMEOUT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+}
+
+fn nginx_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("TENSORA_NGINX") {
+        return Ok(PathBuf::from(p));
+    }
+    for p in ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"] {
+        if Path::new(p).exists() {
+            return Ok(PathBuf::from(p));
+        }
+    }
+    Err("nginx not found: install it with `apt-get update && apt-get install -y nginx-light` \
+         (or set TENSORA_NGINX to the binary)"
+        .to_owned())
+}
+
+/// nginx serving `root` on two ports: `port` at full speed, `slow_port` with `limit_rate` per
+/// connection. One process (`master_process off`), so killing it stops the server at once.
+#[derive(Debug)]
+pub struct Nginx {
+    child: Option<Child>,
+    conf_dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub port: u16,
+    pub slow_port: u16,
+}
+
+impl Nginx {
+    /// Start nginx on `root` with `limit_rate` (nginx syntax, e.g. `50m`) on the slow port.
+    pub fn start(root: &Path, limit_rate: &str) -> Result<Nginx, String> {
+        let conf_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let (port, slow_port) = (free_port(), free_port());
+        let d = conf_dir.path().display();
+        let r = root.display();
+        let user = if is_root() { "user root;" } else { "" };
+        let conf = format!(
+            "{user}\ndaemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
+             error_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\nhttp {{\n\
+             access_log off;\nsendfile on;\ntcp_nopush on;\nkeepalive_requests 1000000;\n\
+             client_body_temp_path {d}/body;\nproxy_temp_path {d}/proxy;\nfastcgi_temp_path {d}/fastcgi;\n\
+             uwsgi_temp_path {d}/uwsgi;\nscgi_temp_path {d}/scgi;\ndefault_type application/octet-stream;\n\
+             server {{ listen 127.0.0.1:{port}; root {r}; location / {{ }} }}\n\
+             server {{ listen 127.0.0.1:{slow_port}; root {r}; limit_rate {limit_rate}; location / {{ }} }}\n}}\n"
+        );
+        std::fs::write(conf_dir.path().join("nginx.conf"), conf).map_err(|e| e.to_string())?;
+        let mut nginx =
+            Nginx { child: None, conf_dir, root: root.to_path_buf(), port, slow_port };
+        nginx.restart()?;
+        Ok(nginx)
+    }
+
+    /// Start (again) with the same configuration and ports.
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.kill();
+        let binary = nginx_binary()?;
+        let d = self.conf_dir.path();
+        let mut child = Command::new(&binary)
+            .arg("-p")
+            .arg(d)
+            .arg("-c")
+            .arg(d.join("nginx.conf"))
+            .arg("-e")
+            .arg(d.join("error.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
+        let log = d.join("error.log");
+        wait_ready(&mut child, self.port, "nginx", &log)?;
+        wait_ready(&mut child, self.slow_port, "nginx", &log)?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Kill the server (SIGKILL) and reap it; open connections are reset.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}/{path}", self.port)
+    }
+
+    pub fn slow_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}/{path}", self.slow_port)
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn s3rver_dir() -> PathBuf {
+    match std::env::var_os("TENSORA_S3RVER_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tensora-remote-s3rver"),
+    }
+}
+
+/// s3rver (npm `s3rver@3.7.1`) with one bucket, [`BUCKET`], data in a temp directory.
+#[derive(Debug)]
+pub struct S3rver {
+    child: Option<Child>,
+    data_dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+impl S3rver {
+    pub fn start() -> Result<S3rver, String> {
+        let dir = s3rver_dir();
+        let script = dir.join("node_modules/s3rver/bin/s3rver.js");
+        if !script.exists() {
+            return Err(format!(
+                "s3rver not found at {}: install it with `npm install --prefix {} s3rver@3.7.1` \
+                 (needs node and npm: `apt-get install -y nodejs npm`), or set TENSORA_S3RVER_DIR",
+                script.display(),
+                dir.display()
+            ));
+        }
+        let data_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let mut s3 = S3rver { child: None, data_dir, port: free_port() };
+        s3.restart_with(&script)?;
+        Ok(s3)
+    }
+
+    fn restart_with(&mut self, script: &Path) -> Result<(), String> {
+        self.kill();
+        let log = self.data_dir.path().join("s3rver.log");
+        let log_file = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let mut child = Command::new("node")
+            .arg(script)
+            .arg("-d")
+            .arg(self.data_dir.path().join("data"))
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "--silent"])
+            .args(["--allow-mismatched-signatures", "--configure-bucket", BUCKET])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .map_err(|e| format!("cannot run node (install it with `apt-get install -y nodejs npm`): {e}"))?;
+        wait_ready(&mut child, self.port, "s3rver", &log)?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.restart_with(&s3rver_dir().join("node_modules/s3rver/bin/s3rver.js"))
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The store config a client needs for this server.
+    pub fn store_config(&self) -> tensora_remote::StoreConfig {
+        tensora_remote::StoreConfig {
+            endpoint: Some(self.endpoint()),
+            allow_http: true,
+            anonymous: false,
+            region: Some("us-east-1".to_owned()),
+            credentials: Some((S3RVER_KEY.0.to_owned(), S3RVER_KEY.1.to_owned())),
+        }
+    }
+
+    /// Upload every file of `dir` (not recursive) under `prefix/` through the S3 API.
+    pub fn upload_dir(&self, dir: &Path, prefix: &str) -> Result<(), String> {
+        let store = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(BUCKET)
+            .with_endpoint(self.endpoint())
+            .with_allow_http(true)
+            .with_region("us-east-1")
+            .with_access_key_id(S3RVER_KEY.0)
+            .with_secret_access_key(S3RVER_KEY.1)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        let mut entries: Vec<_> = std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let bytes = std::fs::read(entry.path()).map_err(|e| e.to_string())?;
+            let key = object_store::path::Path::from(format!("{prefix}/{name}"));
+            rt.block_on(store.put(&key, bytes.into())).map_err(|e| format!("upload {key}: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for S3rver {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// SplitMix64, for reproducible tensor bytes.
+pub fn fill_bytes(seed: u64, out: &mut [u8]) {
+    let mut state = seed;
+    for chunk in out.chunks_mut(8) {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+    }
+}
+
+/// Write a sharded checkpoint into `dir`: `shards` shards of `tensors_per_shard` F32 tensors of
+/// `tensor_bytes` each (a multiple of 4), plus `model.safetensors.index.json`.
+pub fn write_checkpoint(dir: &Path, shards: usize, tensors_per_shard: usize, tensor_bytes: u64) {
+    let specs: Vec<TensorSpec> = (0..shards * tensors_per_shard)
+        .map(|i| TensorSpec { name: format!("layers.{i}.weight"), dtype: Dtype::F32, shape: vec![tensor_bytes / 4] })
+        .collect();
+    let shard_cap = tensor_bytes * tensors_per_shard as u64;
+    let layout = ShardedLayout::new(specs, BTreeMap::new(), shard_cap).expect("layout");
+    let mut buf = vec![0u8; tensor_bytes as usize];
+    write_sharded(dir, &layout, |i, out: &mut dyn Write| {
+        fill_bytes(i as u64 + 1, &mut buf);
+        out.write_all(&buf)
+    })
+    .expect("write sharded checkpoint");
+}
