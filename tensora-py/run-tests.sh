@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Build the tensora Python package into a venv and run its pytest suite.
 # Called by `cargo xtask test`; works on a fresh machine with network access to PyPI.
-#   target/py-venv is reused when present; set PYTHON to choose the interpreter (default python3).
+#   target/py-venv (or $TENSORA_PY_VENV) is reused when present; PYTHON picks the interpreter.
 set -euo pipefail
 
 crate_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo_root="$(cd "$crate_dir/.." && pwd)"
 target_dir="${CARGO_TARGET_DIR:-$repo_root/target}"
-venv="$target_dir/py-venv"
+venv="${TENSORA_PY_VENV:-$target_dir/py-venv}"
 python="${PYTHON:-python3}"
 
 if [ ! -x "$venv/bin/python" ]; then

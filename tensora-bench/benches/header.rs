@@ -9,17 +9,16 @@
 //!
 //! Run: `cargo bench -p tensora-bench --bench header`. Under `cargo test --all-targets` (a debug
 //! build) the header has 10,000 tensors so the run stays short.
-#![deny(unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tensora_format::Dtype;
 use tensora_format::write::{SafetensorsLayout, TensorSpec};
+use tensora_io::alloc::CountingAlloc;
 
 /// Tensors in the benchmark header (release builds).
 const TENSORS_BENCH: usize = 100_000;
@@ -28,81 +27,9 @@ const TENSORS_TEST: usize = 10_000;
 /// Interleaved timing rounds (release builds).
 const INTERLEAVED_ROUNDS: usize = 40;
 
-/// Counts live heap bytes and their high-water mark while enabled; delegates to the system
-/// allocator. Counting is switched off during the timed runs so that it does not skew them.
-struct CountingAlloc {
-    enabled: AtomicBool,
-    live_bytes: AtomicUsize,
-    peak_bytes: AtomicUsize,
-}
-
-impl CountingAlloc {
-    fn added(&self, bytes: usize) {
-        if !self.enabled.load(Ordering::Relaxed) {
-            return;
-        }
-        let now = self.live_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.peak_bytes.fetch_max(now, Ordering::Relaxed);
-    }
-    fn removed(&self, bytes: usize) {
-        if !self.enabled.load(Ordering::Relaxed) {
-            return;
-        }
-        self.live_bytes.fetch_sub(bytes, Ordering::Relaxed);
-    }
-    /// Run `f` and return the peak heap growth it caused, in bytes. Frees of memory allocated
-    /// before counting started are not seen, so `f` must only drop what it allocated itself.
-    fn peak_during<T>(&self, f: impl FnOnce() -> T) -> (T, usize) {
-        self.live_bytes.store(0, Ordering::Relaxed);
-        self.peak_bytes.store(0, Ordering::Relaxed);
-        self.enabled.store(true, Ordering::Relaxed);
-        let out = f();
-        self.enabled.store(false, Ordering::Relaxed);
-        (out, self.peak_bytes.load(Ordering::Relaxed))
-    }
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged, so `System`'s
-// guarantees are ours; the counters are plain atomics and never affect the memory handed out.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: forwarded unchanged; the caller upholds `GlobalAlloc::alloc`'s contract.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            self.added(layout.size());
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as for `alloc`.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            self.added(layout.size());
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from this allocator (hence from `System`) with this `layout`.
-        unsafe { System.dealloc(ptr, layout) };
-        self.removed(layout.size());
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `ptr`/`layout` came from this allocator; the caller upholds `realloc`'s contract.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            self.added(new_size);
-            self.removed(layout.size());
-        }
-        p
-    }
-}
-
+/// Counts heap bytes while a parser runs (the `unsafe impl GlobalAlloc` lives in tensora-io).
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc {
-    enabled: AtomicBool::new(false),
-    live_bytes: AtomicUsize::new(0),
-    peak_bytes: AtomicUsize::new(0),
-};
+static ALLOC: CountingAlloc = CountingAlloc::new();
 
 /// A whole file image (header plus data) with `count` tensors of assorted dtypes and small shapes,
 /// named like a mixture-of-experts transformer. Returns (file bytes, header length n).

@@ -112,3 +112,20 @@ fn bad_arguments_fail_with_exit_1() {
     assert_eq!(out.status.code(), Some(1));
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn a_fifo_or_directory_as_manifest_target_is_refused_not_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("m.json");
+    assert!(Command::new("mkfifo").arg(&fifo).status().expect("mkfifo").success());
+    let ckpt = format!("{SLLM}/tiny");
+    for target in [fifo.as_path(), dir.path()] {
+        let out = tensora(&["hash", "--write-manifest", target.to_str().unwrap(), &ckpt]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with("error:") && err.contains("not a regular file"), "{err}");
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+}

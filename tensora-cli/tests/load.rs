@@ -119,3 +119,85 @@ fn errors_exit_1_with_one_error_line() {
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"), "{args:?}");
     }
 }
+
+/// `tensora SUBCOMMAND ARGS...` with stdout and stderr captured.
+fn tensora(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tensora")).args(args).output().unwrap()
+}
+
+/// Exactly one stderr line starting `error: `, in which no `": "`-separated part is repeated.
+fn assert_one_plain_error_line(out: &Output, what: &str) -> String {
+    assert_eq!(out.status.code(), Some(1), "{what}");
+    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+    assert_eq!(stderr.lines().count(), 1, "{what}: {stderr}");
+    let line = stderr.trim_end().to_owned();
+    let body = line.strip_prefix("error: ").unwrap_or_else(|| panic!("{what}: {line}"));
+    assert!(!body.starts_with("error"), "{what}: {line}");
+    let parts: Vec<&str> = body.split(": ").collect();
+    for (i, p) in parts.iter().enumerate() {
+        assert!(!parts[i + 1..].contains(p), "{what}: {p:?} repeated in {line}");
+    }
+    line
+}
+
+#[test]
+fn every_subcommand_reports_a_missing_path_and_a_bad_flag_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join("out");
+    let dst = dst.to_str().unwrap();
+    let missing = "/nonexistent/model.safetensors";
+    let runs: [(&str, Vec<&str>); 5] = [
+        ("inspect", vec![missing]),
+        ("load", vec![missing]),
+        ("convert", vec![missing, dst, "--to", "serverlessllm"]),
+        ("hash", vec![missing]),
+        ("verify", vec![missing]),
+    ];
+    for (sub, rest) in &runs {
+        let mut args = vec![*sub];
+        args.extend_from_slice(rest);
+        let line = assert_one_plain_error_line(&tensora(&args), &format!("{args:?}"));
+        assert!(line.contains(missing), "{line}");
+        assert_eq!(
+            line.matches("No such file").count() + line.matches("verification failed").count(),
+            1,
+            "{line}"
+        );
+
+        let mut args = vec![*sub, "--no-such-flag"];
+        args.extend_from_slice(rest);
+        let line = assert_one_plain_error_line(&tensora(&args), &format!("{args:?}"));
+        assert!(line.contains("--no-such-flag"), "{line}");
+    }
+    // Not an error: help and version go to stdout, exit 0.
+    let out = tensora(&["load", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1024-based"));
+    assert!(out.stderr.is_empty());
+}
+
+#[test]
+fn budget_units_are_the_shared_ones_and_zero_is_refused() {
+    let path = format!("{REAL}/fracast-0.safetensors");
+    let r = report(&[&path, "--json", "--stream", "--budget", "64K"]);
+    assert!(r["peak_inflight_bytes"].as_u64().unwrap() <= 64_000, "{r}");
+    for bad in ["0", "0MiB", "64Q"] {
+        let line = assert_one_plain_error_line(&tensora_load(&[&path, "--budget", bad]), bad);
+        assert!(line.contains("--budget"), "{line}");
+    }
+}
+
+#[test]
+fn a_reader_that_leaves_early_is_not_an_error() {
+    let path = format!("{REAL}/fracast-0.safetensors");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tensora"))
+        .args(["load", "--json", &path])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before the report is written
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -249,7 +249,8 @@ impl Checkpoint {
         &self.warnings
     }
     /// Sum of [`TensorInfo::len_bytes`] over all tensors (tied tensors counted once each).
+    /// Saturates at `u64::MAX` (tied tensors can alias huge storage many times).
     pub fn total_tensor_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.len_bytes).sum()
+        self.tensors.iter().fold(0u64, |sum, t| sum.saturating_add(t.len_bytes))
     }
 }

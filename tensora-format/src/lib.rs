@@ -35,6 +35,7 @@
 mod checkpoint;
 mod dtype;
 mod error;
+mod fsutil;
 pub mod safetensors;
 pub mod sharded;
 pub mod sllm;
@@ -45,6 +46,7 @@ use std::path::Path;
 pub use checkpoint::{Checkpoint, FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
 pub use dtype::Dtype;
 pub use error::{Error, ErrorKind};
+pub use fsutil::{open_regular, read_capped};
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -251,11 +251,7 @@ pub fn read_header(path: &Path) -> Result<Header> {
 /// [`read_header`], also returning the file's metadata as seen through the same open handle.
 pub(crate) fn read_header_stamped(path: &Path) -> Result<(Header, std::fs::Metadata)> {
     let io = |e| Error::new(path, ErrorKind::Io(e));
-    let mut file = File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    if !meta.is_file() {
-        return Err(Error::new(path, ErrorKind::NotACheckpoint { reason: "not a regular file".to_string() }));
-    }
+    let (mut file, meta) = crate::open_regular(path)?;
     let file_len_bytes = meta.len();
     let mut prefix = [0u8; 8];
     let prefix_len = read_up_to(&mut file, &mut prefix).map_err(io)?;

@@ -13,7 +13,6 @@
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use simd_json::{Buffers, Node, StaticNode};
@@ -240,21 +239,7 @@ fn tape_to_json(nodes: &[Node<'_>]) -> String {
 
 /// Read an index file with the [`INDEX_BYTES_MAX`] cap.
 fn read_index_file(path: &Path) -> Result<Vec<u8>> {
-    let io = |e| Error::new(path, ErrorKind::Io(e));
-    let file = std::fs::File::open(path).map_err(io)?;
-    let len_bytes = file.metadata().map_err(io)?.len();
-    if len_bytes > INDEX_BYTES_MAX {
-        return Err(Error::new(path, ErrorKind::IndexTooLarge { len_bytes, limit_bytes: INDEX_BYTES_MAX }));
-    }
-    let mut bytes = Vec::with_capacity(len_bytes as usize);
-    file.take(INDEX_BYTES_MAX + 1).read_to_end(&mut bytes).map_err(io)?;
-    if bytes.len() as u64 > INDEX_BYTES_MAX {
-        return Err(Error::new(
-            path,
-            ErrorKind::IndexTooLarge { len_bytes: bytes.len() as u64, limit_bytes: INDEX_BYTES_MAX },
-        ));
-    }
-    Ok(bytes)
+    crate::read_capped(path, INDEX_BYTES_MAX)
 }
 
 /// Turn a parsed header into tensor infos for file `file`.

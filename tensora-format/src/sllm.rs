@@ -370,8 +370,8 @@ impl<'de> Visitor<'de> for DimsSeed {
 /// counted (elements past the sixth are skipped unread).
 #[derive(Debug, Default)]
 struct RawEntry {
-    /// `None` when the value is not an array.
-    len: Option<usize>,
+    /// Number of array elements; `None` when the value is not an array.
+    elements: Option<usize>,
     offset: Option<Num>,
     size: Option<Num>,
     shape: Option<Dims>,
@@ -412,7 +412,7 @@ impl<'de> Deserialize<'de> for RawEntry {
                     }
                     len = len.saturating_add(1);
                 }
-                raw.len = Some(len);
+                raw.elements = Some(len);
                 Ok(raw)
             }
             other_json_values!(RawEntry::default(); bool, number, str, null, map);
@@ -454,7 +454,7 @@ fn dims_field(value: Option<Dims>, field: &str) -> Result<Vec<u64>, ErrorKind> {
 }
 
 fn parse_entry(name: &str, raw: RawEntry) -> Result<IndexEntry, ErrorKind> {
-    let legacy = match raw.len {
+    let legacy = match raw.elements {
         None => return Err(bad_entry("value must be a 5- or 6-element array")),
         Some(5) => false,
         Some(6) => true,

@@ -497,19 +497,40 @@ impl ShardedLayout {
 
 /// Write every shard of `layout` into `dir` (which must exist), then the index, each atomically.
 /// `fill(i, out)` gets the global spec index `i`, as passed to [`ShardedLayout::new`].
+///
+/// Nothing is mixed and nothing is left half-written: if any shard or the index already exists in
+/// `dir`, this refuses before writing anything; if writing fails part-way, the shards already
+/// written are removed again, so `dir` holds either the whole checkpoint (index last) or none of it.
 pub fn write_sharded<F>(dir: &Path, layout: &ShardedLayout, mut fill: F) -> Result<()>
 where
     F: FnMut(usize, &mut dyn Write) -> io::Result<()>,
 {
-    for shard in &layout.shards {
-        let path = dir.join(&shard.file_name);
-        write_safetensors(&path, &shard.layout, |j, out| fill(shard.spec_indices[j], out))?;
-    }
     let index_path = dir.join(SHARD_INDEX_FILE_NAME);
-    let io_err = |e: io::Error| Error::new(&index_path, ErrorKind::Io(e));
-    let mut atomic = AtomicFile::create(&index_path).map_err(io_err)?;
-    atomic.write_all(&layout.index_json).map_err(io_err)?;
-    atomic.commit().map_err(io_err)
+    let targets: Vec<std::path::PathBuf> =
+        layout.shards.iter().map(|s| dir.join(&s.file_name)).chain([index_path.clone()]).collect();
+    if let Some(existing) = targets.iter().find(|p| p.symlink_metadata().is_ok()) {
+        return Err(Error::new(
+            existing,
+            ErrorKind::Write { reason: "already exists; refusing to mix shards of two checkpoints".into() },
+        ));
+    }
+    let mut written: Vec<&Path> = Vec::with_capacity(targets.len());
+    let result = (|| {
+        for (shard, path) in layout.shards.iter().zip(&targets) {
+            write_safetensors(path, &shard.layout, |j, out| fill(shard.spec_indices[j], out))?;
+            written.push(path);
+        }
+        let io_err = |e: io::Error| Error::new(&index_path, ErrorKind::Io(e));
+        let mut atomic = AtomicFile::create(&index_path).map_err(io_err)?;
+        atomic.write_all(&layout.index_json).map_err(io_err)?;
+        atomic.commit().map_err(io_err)
+    })();
+    if result.is_err() {
+        for path in written {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    result
 }
 
 #[cfg(test)]

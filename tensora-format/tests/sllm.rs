@@ -278,3 +278,28 @@ fn generic_open_recognises_the_directory_and_its_index_file() {
     let by_index = tensora_format::open(Path::new(TINY).join(sllm::INDEX_FILE_NAME)).unwrap();
     assert_eq!(by_index.tensors(), by_dir.tensors());
 }
+
+#[test]
+fn a_truncated_tiny_partition_is_named_with_its_lengths() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in fs::read_dir(TINY).unwrap() {
+        let from = entry.unwrap().path();
+        fs::write(dir.path().join(from.file_name().unwrap()), fs::read(&from).unwrap()).unwrap();
+    }
+    let part = sllm::partition_path(dir.path(), 2);
+    let full_len = fs::metadata(&part).unwrap().len();
+    fs::OpenOptions::new().write(true).open(&part).unwrap().set_len(full_len - 100).unwrap();
+    let err = sllm::open_dir(dir.path()).unwrap_err();
+    assert_eq!(err.path(), part);
+    assert!(matches!(err.kind(), tensora_format::ErrorKind::OutsidePartition { .. }), "{err}");
+    assert!(err.tensor().is_some());
+    let short = sllm::partition_shortfalls(dir.path()).unwrap();
+    assert_eq!(
+        short,
+        [sllm::PartitionShortfall {
+            path: part,
+            expected_len_bytes: full_len,
+            actual_len_bytes: full_len - 100
+        }]
+    );
+}

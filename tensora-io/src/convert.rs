@@ -11,6 +11,11 @@
 //! ServerlessLLM can express) are stored once when writing ServerlessLLM and written out per name
 //! for safetensors. Non-contiguous ServerlessLLM tensors are gathered into row-major order for
 //! safetensors (their storage must fit in the copy buffer).
+//!
+//! Sources are checked like the load path checks them: each file's full parse-time stamp (size,
+//! mtime, inode) is compared at open, and again after the copy with `fstat` on the descriptor and
+//! `stat` on the path, before the output is committed; a source rewritten or replaced during the
+//! conversion fails it with [`ConvertError::SourceChanged`] and leaves no destination.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CString, OsString};

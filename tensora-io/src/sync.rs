@@ -4,9 +4,9 @@
 //! Workers pull reads from the plan's per-file queues. Worker `w` starts on queue `w mod files`
 //! (queue 0, the most urgent, under a priority order) and, when that queue runs dry, moves on to the
 //! next queue with work, so several files stay busy at once and a single file is shared by all
-//! workers (each read is positional, so there is no shared
-//! cursor). Before a read is issued its bytes are acquired from the job's [`Budget`]; the permit is
-//! released once the read has landed.
+//! workers (each read is positional, so there is no shared cursor). Before a read is issued its
+//! bytes are acquired from the job's [`Budget`](tensora_plan::Budget); the permit is released
+//! once the read has landed.
 //!
 //! Every read follows the rules of [`crate::read_progress`], shared with the `io-uring` and
 //! `async` backends: short reads resubmit the remainder (counted in [`IoStats::retries`] but not

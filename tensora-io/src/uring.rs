@@ -1073,13 +1073,20 @@ mod tests {
     #[test]
     fn workers_claim_round_robin_across_file_queues() {
         let h = harness(LEN as u64);
-        let files = [h.files[0].buffered.try_clone().unwrap(), h.files[0].buffered.try_clone().unwrap()]
-            .map(|buffered| SourceFile { path: h.files[0].path.clone(), len_bytes: LEN as u64, buffered, direct: None });
+        let files = [h.files[0].buffered.try_clone().unwrap(), h.files[0].buffered.try_clone().unwrap()].map(
+            |buffered| SourceFile {
+                path: h.files[0].path.clone(),
+                len_bytes: LEN as u64,
+                buffered,
+                direct: None,
+            },
+        );
         // Two files, four 16 KiB reads each.
         let extents: Vec<tensora_plan::Extent> = (0..2)
             .map(|f| tensora_plan::Extent { file: f, offset_bytes: 0, len_bytes: LEN as u64, tag: f })
             .collect();
-        let config = tensora_plan::PlanConfig { chunk_bytes: 16 << 10, ..tensora_plan::PlanConfig::default() };
+        let config =
+            tensora_plan::PlanConfig { chunk_bytes: 16 << 10, ..tensora_plan::PlanConfig::default() };
         for (order, homes) in [
             (tensora_plan::Order::File, [0u32, 1, 0, 1]),
             (tensora_plan::Order::Priority(vec![1, 0]), [1, 1, 1, 1]),
@@ -1100,9 +1107,8 @@ mod tests {
             let state = RunState::new(&job);
             // Workers 0 and 1 claim in turn: under a file order both files are busy at once;
             // under a priority order both start on the most urgent queue (file 1's tensor).
-            let claimed: Vec<u32> = (0..4)
-                .map(|i| plan.reads()[state.claim(state.home(i % 2)).unwrap() as usize].file)
-                .collect();
+            let claimed: Vec<u32> =
+                (0..4).map(|i| plan.reads()[state.claim(state.home(i % 2)).unwrap() as usize].file).collect();
             assert_eq!(claimed, homes, "{order:?}");
             let mut rest = 0;
             while state.claim(0).is_some() {

@@ -1,6 +1,6 @@
 """Warm-cache throughput of tensora.load_file / weights_iterator vs HF safetensors.numpy.load_file.
 
-    python tensora-py/bench/bench_load.py CHECKPOINT_DIR_OR_FILE [--runs N]
+    python tensora-py/bench/bench_load.py CHECKPOINT_DIR_OR_FILE [--runs N] [--cli target/release/tensora]
 
 GB = 1e9 bytes of tensor data delivered. One warm-up run per subject (fills the page cache),
 then N timed runs; the median is reported. Each result is dropped inside the timed region
@@ -11,7 +11,9 @@ import argparse
 import glob
 import gc
 import os
+import json
 import statistics
+import subprocess
 import time
 
 import tensora
@@ -46,6 +48,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--cli", help="path to the tensora CLI: also report its own `load --json` gbps")
     args = ap.parse_args()
     total = sum(t["len_bytes"] for t in tensora.inspect(args.path)["tensors"])
     print(f"{args.path}: {total / 1e9:.3f} GB of tensor data, warm, median of {args.runs}")
@@ -61,6 +64,13 @@ def main():
             gc.collect()
         med = statistics.median(secs)
         print(f"{name:48s} {total / med / 1e9:6.2f} GB/s  (median {med:.3f} s, min {min(secs):.3f} s)")
+    if args.cli:
+        gbps = []
+        for _ in range(args.runs + 1):
+            out = subprocess.run([args.cli, "load", args.path, "--json"], check=True, capture_output=True)
+            gbps.append(json.loads(out.stdout)["gbps"])
+        gbps = gbps[1:]  # the first run is the warm-up
+        print(f"{'tensora CLI load (its own report, excl. drop)':48s} {statistics.median(gbps):6.2f} GB/s  (max {max(gbps):.2f})")
 
 
 if __name__ == "__main__":

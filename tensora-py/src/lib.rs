@@ -113,6 +113,13 @@ pub struct TensorData {
     t: TensorBytes,
 }
 
+impl TensorData {
+    /// The exported bytes.
+    pub fn into_bytes(self) -> TensorBytes {
+        self.t
+    }
+}
+
 #[pymethods]
 impl TensorData {
     #[getter]

@@ -26,8 +26,7 @@ pub enum Storage {
     /// One `MAP_PRIVATE` writable (copy-on-write) mapping per checkpoint file: writes never reach
     /// the file.
     Mapped(Vec<memmap2::MmapMut>),
-    /// One tensor's bytes copied out of a streaming window, in 8-byte words (aligned for every
-    /// element type).
+    /// Bytes in 8-byte words (aligned for every element type), e.g. built by a caller in Rust.
     Heap(Box<[u64]>),
 }
 
@@ -73,36 +72,6 @@ pub struct TensorBytes {
     pub strides: Option<Vec<u64>>,
 }
 
-impl TensorBytes {
-    /// Copy `bytes` into a fresh heap owner (used for tensors streamed through a recycled arena).
-    pub fn copied(t: &tensora_io::TensorRef<'_>) -> TensorBytes {
-        let bytes = t.bytes();
-        let words_len = bytes.len().div_ceil(8);
-        let mut words = vec![0u64; words_len].into_boxed_slice();
-        let dst: &mut [u8] = bytemuck_words(&mut words);
-        dst[..bytes.len()].copy_from_slice(bytes);
-        let addr = words.as_mut_ptr() as usize;
-        TensorBytes {
-            owner: Owner::new(Storage::Heap(words)),
-            addr,
-            len_bytes: bytes.len(),
-            name: t.name().to_owned(),
-            dtype: t.dtype(),
-            shape: t.shape().to_vec(),
-            strides: t.info().strides().map(<[u64]>::to_vec),
-        }
-    }
-}
-
-/// The bytes of a word slice.
-fn bytemuck_words(words: &mut [u64]) -> &mut [u8] {
-    let len_bytes = std::mem::size_of_val(words);
-    // SAFETY: `u64` has no padding and any byte pattern is a valid `u8`; the byte slice covers
-    // exactly the words' memory and borrows `words` mutably for its whole lifetime.
-    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len_bytes) }
-}
-
-/// Tests that count owners hold this, so concurrent tests do not skew the counter.
 #[cfg(test)]
 pub(crate) static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -121,14 +90,5 @@ mod tests {
         assert_eq!(owners_live(), before + 1, "a clone is still alive");
         drop(b);
         assert_eq!(owners_live(), before);
-    }
-
-    #[test]
-    fn words_view_covers_every_byte() {
-        let mut w = vec![0u64; 3].into_boxed_slice();
-        let b = bytemuck_words(&mut w);
-        assert_eq!(b.len(), 24);
-        b[23] = 0xff;
-        assert_eq!(w[2], 0xff << 56);
     }
 }

@@ -1,10 +1,11 @@
-//! `weights_iterator`: a background thread drives `tensora_io::load_streaming` over each file in
-//! turn, copies every tensor out of the recycled streaming window into its own heap buffer, and
-//! hands it over a [`Bounded`] queue. The Python side waits with the GIL released.
+//! `weights_iterator`: a background thread loads the checkpoint in chunks of consecutive tensors
+//! of at most `budget` bytes each (one owned `tensora_io::load` per chunk, so every chunk lands
+//! in its own hugepage arena at full speed) and hands each tensor, zero copy, over a [`Bounded`]
+//! queue. The Python side waits with the GIL released.
 //!
-//! Memory: the streaming arena (at most `max(budget, largest tensor)`) plus at most
-//! `budget` bytes (and [`QUEUE_TENSORS_MAX`] tensors) of copies waiting in the queue, plus
-//! whatever the consumer keeps.
+//! Memory: the chunk being loaded (at most `max(budget, largest tensor)`) plus at most `budget`
+//! bytes (and [`QUEUE_TENSORS_MAX`] tensors) waiting in the queue, plus what the consumer keeps:
+//! a chunk's arena is freed when the last tensor of it is gone.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -14,14 +15,15 @@ use std::thread::JoinHandle;
 
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
+use tensora_format::Checkpoint;
 use tensora_io::{BackendChoice, LoadError, LoadOptions};
 use tensora_plan::Selection;
 
-use crate::owner::TensorBytes;
+use crate::owner::{Owner, Storage, TensorBytes};
 use crate::queue::{Bounded, Pop};
-use crate::{SelectionError, TensorData, format_err, load_err};
+use crate::{TensorData, format_err, load_err};
 
-/// Default streaming budget: arena bytes, and bytes of copies waiting in the queue.
+/// Default streaming budget: bytes per chunk, and bytes of tensors waiting in the queue.
 pub const BUDGET_DEFAULT_BYTES: u64 = 256 << 20;
 /// Bound on tensors waiting in the queue.
 pub const QUEUE_TENSORS_MAX: usize = 64;
@@ -45,6 +47,15 @@ impl std::fmt::Debug for Stream {
     }
 }
 
+/// What the producer thread needs.
+struct Job {
+    paths: Vec<PathBuf>,
+    selection: Selection,
+    names_wanted: Option<BTreeSet<String>>,
+    budget_bytes: u64,
+    backend: BackendChoice,
+}
+
 impl Stream {
     pub fn start(
         paths: Vec<PathBuf>,
@@ -53,13 +64,17 @@ impl Stream {
         budget_bytes: u64,
         backend: BackendChoice,
     ) -> PyResult<Stream> {
+        if budget_bytes == 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err("budget must be at least 1 byte"));
+        }
         let queue = Arc::new(Bounded::new(QUEUE_TENSORS_MAX, budget_bytes));
         let cancel = Arc::new(AtomicBool::new(false));
         let (q, c) = (Arc::clone(&queue), Arc::clone(&cancel));
+        let job = Job { paths, selection, names_wanted, budget_bytes, backend };
         let thread = std::thread::Builder::new()
             .name("tensora-stream".into())
             .spawn(move || {
-                if let Err(e) = produce(&paths, selection, names_wanted, budget_bytes, backend, &q, &c) {
+                if let Err(e) = produce(&job, &q, &c) {
                     let _ = q.push(Msg::Failed(e), 0);
                 }
                 q.close();
@@ -69,53 +84,81 @@ impl Stream {
     }
 }
 
-/// Stream every file; several files share one selection (names are checked across all of them).
-fn produce(
-    paths: &[PathBuf],
-    selection: Selection,
-    names_wanted: Option<BTreeSet<String>>,
-    budget_bytes: u64,
-    backend: BackendChoice,
-    queue: &Bounded<Msg>,
-    cancel: &Arc<AtomicBool>,
-) -> PyResult<()> {
-    let per_file = if paths.len() > 1 {
-        // One checkpoint's names are not all in each file: select by predicate per file, then
-        // check exact names over the whole list.
-        let m = selection.matcher().map_err(|e| SelectionError::new_err(format!("selection: {e}")))?;
-        Selection::Predicate(Arc::new(move |n: &str| m.matches(n)))
-    } else {
-        selection
-    };
+/// Split `picked` (tensor indices in file order) into runs of at most `budget_bytes` (a larger
+/// tensor is a run of its own).
+pub fn chunks(ckpt: &Checkpoint, picked: &[usize], budget_bytes: u64) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut cur_bytes = 0u64;
+    for &i in picked {
+        let len = ckpt.tensors()[i].len_bytes();
+        if !cur.is_empty() && cur_bytes.saturating_add(len) > budget_bytes {
+            out.push(std::mem::take(&mut cur));
+            cur_bytes = 0;
+        }
+        cur.push(i);
+        cur_bytes = cur_bytes.saturating_add(len);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// Load every file in chunks; several files share one selection (exact names are checked
+/// across the whole list, as one checkpoint's names are spread over its shards).
+fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResult<()> {
+    let multi = job.paths.len() > 1;
+    let matcher = job.selection.matcher().map_err(|e| load_err(LoadError::Selection(e)))?;
     let mut seen: BTreeSet<String> = BTreeSet::new();
-    for path in paths {
+    for path in &job.paths {
         let ckpt = tensora_format::open(path).map_err(format_err)?;
-        let opts = LoadOptions {
-            backend: backend.clone(),
-            selection: per_file.clone(),
-            budget_bytes,
-            cancel: Some(Arc::clone(cancel)),
-            ..LoadOptions::default()
+        let names = || ckpt.tensors().iter().map(|t| t.name());
+        let mut picked: Vec<usize> = if multi {
+            names().enumerate().filter(|(_, n)| matcher.matches(n)).map(|(i, _)| i).collect()
+        } else {
+            matcher.select(names()).map_err(|e| load_err(LoadError::Selection(e)))?
         };
-        let r = tensora_io::load_streaming(&ckpt, &opts, |t| {
-            if names_wanted.is_some() {
-                seen.insert(t.name().to_owned());
+        picked.sort_unstable();
+        picked.dedup();
+        for chunk in chunks(&ckpt, &picked, job.budget_bytes) {
+            if cancel.load(Ordering::Acquire) {
+                return Ok(());
             }
-            let copy = TensorBytes::copied(t);
-            let len = copy.len_bytes as u64;
-            queue.push(Msg::Tensor(copy), len).map_err(|_| "the iterator was closed".into())
-        });
-        match r {
-            Ok(_) => {}
-            Err(_) if cancel.load(Ordering::Acquire) => return Ok(()),
-            Err(e) => return Err(load_err(e)),
+            let names: Vec<String> = chunk.iter().map(|&i| ckpt.tensors()[i].name().to_owned()).collect();
+            let opts = LoadOptions {
+                backend: job.backend.clone(),
+                selection: Selection::Names(names),
+                budget_bytes: job.budget_bytes,
+                cancel: Some(Arc::clone(cancel)),
+                ..LoadOptions::default()
+            };
+            let loaded = match tensora_io::load(&ckpt, &opts) {
+                Ok(l) => l,
+                Err(_) if cancel.load(Ordering::Acquire) => return Ok(()),
+                Err(e) => return Err(load_err(e)),
+            };
+            let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
+            let Storage::Loaded(loaded) = owner.storage() else {
+                return Err(crate::LoadError_::new_err("internal: load produced no owned storage"));
+            };
+            for t in loaded.tensors() {
+                if job.names_wanted.is_some() {
+                    seen.insert(t.name().to_owned());
+                }
+                let data = crate::exported(&owner, &t).into_bytes();
+                let len = data.len_bytes as u64;
+                if queue.push(Msg::Tensor(data), len).is_err() {
+                    return Ok(()); // the iterator was closed
+                }
+            }
         }
     }
-    if let Some(wanted) = names_wanted.filter(|_| paths.len() > 1) {
-        let missing: Vec<&String> = wanted.iter().filter(|n| !seen.contains(*n)).collect();
+    if let Some(wanted) = job.names_wanted.as_ref().filter(|_| multi) {
+        let missing: Vec<String> = wanted.iter().filter(|n| !seen.contains(*n)).cloned().collect();
         if !missing.is_empty() {
             return Err(load_err(LoadError::Selection(tensora_plan::PlanError::UnknownNames {
-                names: missing.into_iter().cloned().collect(),
+                names: missing,
             })));
         }
     }
@@ -178,5 +221,35 @@ impl Drop for Stream {
         // closed queue at its next tensor and exits on its own.
         self.cancel.store(true, Ordering::Release);
         self.queue.close_and_clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn fixture() -> Checkpoint {
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.int8.safetensors");
+        tensora_format::open(p).expect("fixture opens")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// Chunks keep every picked tensor once, in order, and stay under the budget unless a
+        /// single tensor is larger.
+        #[test]
+        fn chunks_cover_in_order_under_budget(mask in proptest::collection::vec(any::<bool>(), 67), budget in 1u64..200_000) {
+            let ckpt = fixture();
+            let picked: Vec<usize> =
+                (0..ckpt.tensors().len()).filter(|&i| mask.get(i).copied().unwrap_or(true)).collect();
+            let cs = chunks(&ckpt, &picked, budget);
+            prop_assert_eq!(cs.concat(), picked);
+            for c in &cs {
+                prop_assert!(!c.is_empty());
+                let bytes: u64 = c.iter().map(|&i| ckpt.tensors()[i].len_bytes()).sum();
+                prop_assert!(bytes <= budget || c.len() == 1, "{} bytes in {} tensors", bytes, c.len());
+            }
+        }
     }
 }

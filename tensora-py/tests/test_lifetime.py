@@ -45,16 +45,28 @@ def test_safe_open_arrays_outlive_the_context(every_dtype_file):
     assert _native.owners_live() == base
 
 
-def test_weights_iterator_copies_are_owned_one_by_one(every_dtype_file):
+def test_weights_iterator_chunks_free_with_their_last_tensor(every_dtype_file):
     collect()
     base = _native.owners_live()
-    kept = dict(tensora.weights_iterator(every_dtype_file, framework="np", budget=1 << 12))
+    # A 1-byte budget puts every tensor in a chunk (an arena) of its own.
+    kept = dict(tensora.weights_iterator(every_dtype_file, framework="np", budget=1))
     collect()
-    assert _native.owners_live() == base + len(kept), "each streamed tensor owns its own copy"
+    assert _native.owners_live() == base + len(kept)
     kept.popitem()
     collect()
     assert _native.owners_live() == base + len(kept)
     kept.clear()
+    collect()
+    assert _native.owners_live() == base
+    # A large budget loads everything as one chunk, alive while any of its tensors is.
+    kept = dict(tensora.weights_iterator(every_dtype_file, framework="np", budget=1 << 30))
+    collect()
+    assert _native.owners_live() == base + 1
+    last = kept.popitem()
+    kept.clear()
+    collect()
+    assert _native.owners_live() == base + 1
+    del last
     collect()
     assert _native.owners_live() == base
 

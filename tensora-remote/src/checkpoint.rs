@@ -126,7 +126,10 @@ fn parent(path: &ObjectPath) -> ObjectPath {
 }
 
 /// Open the checkpoint at `location` (headers and index only).
-pub(crate) async fn open(location: &Location, fetcher: &Fetcher<'_>) -> Result<RemoteCheckpoint, RemoteError> {
+pub(crate) async fn open(
+    location: &Location,
+    fetcher: &Fetcher<'_>,
+) -> Result<RemoteCheckpoint, RemoteError> {
     let path = location.object_path().ok_or_else(|| match location {
         Location::Local(p) => RemoteError::NotRemote { path: p.clone() },
         _ => RemoteError::NoCheckpoint { url: String::new(), reason: "no object path".to_owned() },
@@ -184,13 +187,14 @@ async fn open_listed(
     prefix: &ObjectPath,
 ) -> Result<RemoteCheckpoint, RemoteError> {
     let url = location.url_of(prefix);
-    let listed = fetcher
-        .store
-        .list_with_delimiter(Some(prefix))
-        .await
-        .map_err(|e| RemoteError::NoCheckpoint { url: url.clone(), reason: format!("listing failed: {e}") })?;
+    let listed = fetcher.store.list_with_delimiter(Some(prefix)).await.map_err(|e| {
+        RemoteError::NoCheckpoint { url: url.clone(), reason: format!("listing failed: {e}") }
+    })?;
     if listed.objects.len() > LIST_ENTRIES_MAX {
-        return Err(RemoteError::NoCheckpoint { url, reason: format!("more than {LIST_ENTRIES_MAX} objects") });
+        return Err(RemoteError::NoCheckpoint {
+            url,
+            reason: format!("more than {LIST_ENTRIES_MAX} objects"),
+        });
     }
     let names: BTreeSet<&ObjectPath> = listed.objects.iter().map(|o| &o.location).collect();
     let indexes: Vec<_> = names.iter().filter(|p| file_name(p).ends_with(INDEX_SUFFIX)).collect();
@@ -198,7 +202,10 @@ async fn open_listed(
         [one] => return open_indexed(location, fetcher, one).await,
         [] => {}
         _ => {
-            return Err(RemoteError::NoCheckpoint { url, reason: "more than one *.safetensors.index.json".to_owned() });
+            return Err(RemoteError::NoCheckpoint {
+                url,
+                reason: "more than one *.safetensors.index.json".to_owned(),
+            });
         }
     }
     if names.iter().any(|p| file_name(p) == SLLM_INDEX_NAME) {
@@ -207,7 +214,10 @@ async fn open_listed(
     let shards: Vec<ObjectPath> =
         names.into_iter().filter(|p| file_name(p).ends_with(".safetensors")).cloned().collect();
     if shards.is_empty() {
-        return Err(RemoteError::NoCheckpoint { url, reason: "no *.safetensors objects under the prefix".to_owned() });
+        return Err(RemoteError::NoCheckpoint {
+            url,
+            reason: "no *.safetensors objects under the prefix".to_owned(),
+        });
     }
     let format = if shards.len() == 1 { Format::Safetensors } else { Format::SafetensorsSharded };
     let shards = open_shards(location, fetcher, shards).await?;
@@ -249,7 +259,11 @@ async fn open_shards(
 }
 
 /// The header of one safetensors object: the first 8 bytes, then exactly `n` more.
-async fn open_shard(location: &Location, fetcher: &Fetcher<'_>, path: ObjectPath) -> Result<Shard, RemoteError> {
+async fn open_shard(
+    location: &Location,
+    fetcher: &Fetcher<'_>,
+    path: ObjectPath,
+) -> Result<Shard, RemoteError> {
     let url = location.url_of(&path);
     let meta = fetcher.head(&path, &url).await?;
     let object = RemoteObject { url: url.clone(), meta };
@@ -290,7 +304,12 @@ fn assemble(
             if let Some(map) = &wanted {
                 match map.get(t.name()) {
                     Some(s) if *s == shard_name => {}
-                    Some(s) => return Err(shards_err(format!("tensor {:?} is here, the index puts it in {s}", t.name()))),
+                    Some(s) => {
+                        return Err(shards_err(format!(
+                            "tensor {:?} is here, the index puts it in {s}",
+                            t.name()
+                        )));
+                    }
                     None => return Err(shards_err(format!("tensor {:?} is not in the index", t.name()))),
                 }
             }
@@ -310,7 +329,9 @@ fn assemble(
         }
     }
     if let Some((url, ix)) = index {
-        if let Some((missing, shard)) = ix.weight_map().iter().find(|(t, _)| !by_name.contains_key(t.as_str())) {
+        if let Some((missing, shard)) =
+            ix.weight_map().iter().find(|(t, _)| !by_name.contains_key(t.as_str()))
+        {
             return Err(RemoteError::Shards {
                 url: url.to_owned(),
                 message: format!("tensor {missing:?} is indexed in {shard} but not found there"),

@@ -93,10 +93,14 @@ fn split_reads<'d>(plan: &Plan, dest: &'d mut [u8]) -> Result<Vec<Option<&'d mut
             field: "dest",
             reason: format!("read {i} at arena offset {}: {what}", read.arena_offset_bytes),
         };
-        let skip = read.arena_offset_bytes.checked_sub(rest_start_bytes).ok_or_else(|| bad("overlaps another read"))?;
+        let skip = read
+            .arena_offset_bytes
+            .checked_sub(rest_start_bytes)
+            .ok_or_else(|| bad("overlaps another read"))?;
         let skip = usize::try_from(skip).map_err(|_| bad("offset too large"))?;
         let len = usize::try_from(read.len_bytes).map_err(|_| bad("length too large"))?;
-        let (_, tail) = std::mem::take(&mut rest).split_at_mut_checked(skip).ok_or_else(|| bad("past the end"))?;
+        let (_, tail) =
+            std::mem::take(&mut rest).split_at_mut_checked(skip).ok_or_else(|| bad("past the end"))?;
         let (mine, tail) = tail.split_at_mut_checked(len).ok_or_else(|| bad("past the end"))?;
         slots[i] = Some(mine);
         rest = tail;

@@ -140,7 +140,12 @@ impl<'a> Fetcher<'a> {
     /// Fill `dest` with the object's bytes from `offset_bytes`, conditional on the version in
     /// `object`. The body is copied chunk by chunk as it arrives; after a failure the next
     /// attempt asks only for the bytes that have not landed.
-    pub async fn fetch(&self, object: &RemoteObject, offset_bytes: u64, dest: &mut [u8]) -> Result<(), RemoteError> {
+    pub async fn fetch(
+        &self,
+        object: &RemoteObject,
+        offset_bytes: u64,
+        dest: &mut [u8],
+    ) -> Result<(), RemoteError> {
         let len_bytes = dest.len() as u64;
         let mut landed = 0usize;
         let mut retries = 0u32;
@@ -163,10 +168,19 @@ impl<'a> Fetcher<'a> {
                     return Ok(());
                 }
                 Ok(Err(failure)) => failure,
-                Err(_) => Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64())),
+                Err(_) => {
+                    Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64()))
+                }
             };
-            self.retry_or_fail(failure, &object.url, offset_bytes, len_bytes, &mut retries, &mut first_failure)
-                .await?;
+            self.retry_or_fail(
+                failure,
+                &object.url,
+                offset_bytes,
+                len_bytes,
+                &mut retries,
+                &mut first_failure,
+            )
+            .await?;
         }
     }
 
@@ -228,7 +242,8 @@ impl<'a> Fetcher<'a> {
             .get_opts(object.path(), options)
             .await
             .map_err(|e| classify(e, &object.url, Some(planned)))?;
-        if result.meta.size != planned.size || (planned.e_tag.is_some() && result.meta.e_tag != planned.e_tag) {
+        if result.meta.size != planned.size || (planned.e_tag.is_some() && result.meta.e_tag != planned.e_tag)
+        {
             return Err(Failure::Fatal(RemoteError::Changed {
                 url: object.url.clone(),
                 planned: version_of(planned),

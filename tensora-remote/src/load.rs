@@ -87,7 +87,8 @@ impl RemoteOptions {
     }
 
     fn timeouts(&self) -> ClientTimeouts {
-        let chunk = Duration::from_secs_f64(self.chunk_bytes as f64 / self.rate_min_bytes_per_s.max(1) as f64);
+        let chunk =
+            Duration::from_secs_f64(self.chunk_bytes as f64 / self.rate_min_bytes_per_s.max(1) as f64);
         ClientTimeouts {
             connect: self.connect_timeout,
             request: self.request_overhead + chunk,
@@ -201,7 +202,11 @@ pub fn open_remote(location: &Location, opts: &RemoteOptions) -> Result<RemoteCh
     runtime(opts)?.block_on(crate::checkpoint::open(location, &fetcher))
 }
 
-fn fetcher<'a>(store: &'a dyn object_store::ObjectStore, opts: &RemoteOptions, counters: &'a Counters) -> Fetcher<'a> {
+fn fetcher<'a>(
+    store: &'a dyn object_store::ObjectStore,
+    opts: &RemoteOptions,
+    counters: &'a Counters,
+) -> Fetcher<'a> {
     Fetcher {
         store,
         policy: opts.retry,
@@ -252,14 +257,22 @@ pub fn load_remote(location: &Location, opts: &RemoteOptions) -> Result<RemoteLo
         .tensors()
         .iter()
         .enumerate()
-        .map(|(i, t)| Extent { file: t.file(), offset_bytes: t.offset_bytes(), len_bytes: t.len_bytes(), tag: i as u32 })
+        .map(|(i, t)| Extent {
+            file: t.file(),
+            offset_bytes: t.offset_bytes(),
+            len_bytes: t.len_bytes(),
+            tag: i as u32,
+        })
         .collect();
     let file_lens: Vec<u64> = checkpoint.files().iter().map(|f| f.len_bytes()).collect();
-    let config = PlanConfig { chunk_bytes: opts.chunk_bytes, budget_bytes: inflight_bytes_max, ..PlanConfig::default() };
+    let config = PlanConfig {
+        chunk_bytes: opts.chunk_bytes,
+        budget_bytes: inflight_bytes_max,
+        ..PlanConfig::default()
+    };
     let plan = Plan::build_with_file_lens(&extents, &config, &Order::File, &file_lens)?;
-    let offsets: Vec<u64> = (0..extents.len())
-        .map(|i| plan.location(i as u32).map_or(0, |l| l.arena_offset_bytes))
-        .collect();
+    let offsets: Vec<u64> =
+        (0..extents.len()).map(|i| plan.location(i as u32).map_or(0, |l| l.arena_offset_bytes)).collect();
     let t_plan = t2.elapsed();
 
     let t3 = Instant::now();

@@ -67,12 +67,17 @@ fn http_sharded_checkpoint_matches_a_local_load() {
     assert!(json["requests"].is_u64() && json["bytes_selected"].is_u64() && json["phases"]["io"].is_f64());
 
     // The index file itself is a location too, and so is one shard.
-    let mut via_index =
-        load_remote(&Location::parse(&nginx.url("ckpt/model.safetensors.index.json")).unwrap(), &small_opts())
-            .unwrap();
+    let mut via_index = load_remote(
+        &Location::parse(&nginx.url("ckpt/model.safetensors.index.json")).unwrap(),
+        &small_opts(),
+    )
+    .unwrap();
     assert_matches_local(&mut via_index, &dir);
-    let shard = load_remote(&Location::parse(&nginx.url("ckpt/model-00002-of-00003.safetensors")).unwrap(), &small_opts())
-        .unwrap();
+    let shard = load_remote(
+        &Location::parse(&nginx.url("ckpt/model-00002-of-00003.safetensors")).unwrap(),
+        &small_opts(),
+    )
+    .unwrap();
     assert_eq!(shard.len(), 4);
 }
 
@@ -85,14 +90,19 @@ fn http_real_fixtures_match_expected_digests() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(stem) = name.strip_suffix(".safetensors") else { continue };
         let expected: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(fixtures.join(format!("{stem}.expected.json"))).unwrap()).unwrap();
+            serde_json::from_slice(&std::fs::read(fixtures.join(format!("{stem}.expected.json"))).unwrap())
+                .unwrap();
         let mut loaded = load_remote(&Location::parse(&nginx.url(&name)).unwrap(), &small_opts()).unwrap();
         let tensors = expected["tensors"].as_object().expect("tensors object");
         assert_eq!(loaded.len(), tensors.len(), "{name}");
         let view = loaded.tensors();
         for (tname, want) in tensors {
             let t = view.get(tname).unwrap_or_else(|| panic!("{name}: {tname} missing"));
-            assert_eq!(hex::encode(Sha256::digest(t.bytes)), want["sha256"].as_str().unwrap(), "{name}: {tname}");
+            assert_eq!(
+                hex::encode(Sha256::digest(t.bytes)),
+                want["sha256"].as_str().unwrap(),
+                "{name}: {tname}"
+            );
         }
         checked += 1;
     }
@@ -210,8 +220,11 @@ fn bad_objects_get_typed_errors() {
     let nginx = started(Nginx::start(root.path(), "50m"));
     let opts = small_opts();
     let err = load_remote(&Location::parse(&nginx.url("bad.safetensors")).unwrap(), &opts).unwrap_err();
-    assert!(matches!(&err, RemoteError::Format { source, .. }
-        if matches!(source.kind(), tensora_format::ErrorKind::HeaderBeyondFile { .. })), "{err}");
+    assert!(
+        matches!(&err, RemoteError::Format { source, .. }
+        if matches!(source.kind(), tensora_format::ErrorKind::HeaderBeyondFile { .. })),
+        "{err}"
+    );
     let err = load_remote(&Location::parse(&nginx.url("short.safetensors")).unwrap(), &opts).unwrap_err();
     assert!(matches!(err, RemoteError::Format { .. }), "{err}");
     let err = load_remote(&Location::parse(&nginx.url("missing.safetensors")).unwrap(), &opts).unwrap_err();

@@ -1007,6 +1007,45 @@ mod tests {
         assert!(!is_row_major(&[2], &[1, 1]));
     }
 
+    /// Element offsets (in elements) of every index of `shape`, in row-major index order.
+    fn element_offsets(shape: &[u64], strides: &[u64]) -> Vec<u64> {
+        let mut out = vec![0u64];
+        for (&d, &st) in shape.iter().zip(strides) {
+            out = out.iter().flat_map(|&base| (0..d).map(move |i| base + i * st)).collect();
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+        /// Row-major exactly when the elements are the first `numel` elements in order: then the
+        /// digest of `numel × itemsize` bytes from the offset covers every element.
+        #[test]
+        fn row_major_means_the_elements_are_the_dense_prefix(
+            dims in proptest::collection::vec((1u64..4, 0u64..13), 0..5)
+        ) {
+            let (shape, strides): (Vec<u64>, Vec<u64>) = dims.into_iter().unzip();
+            let dense: Vec<u64> = (0..shape.iter().product::<u64>()).collect();
+            proptest::prop_assert_eq!(
+                is_row_major(&shape, &strides),
+                element_offsets(&shape, &strides) == dense
+            );
+        }
+
+        /// Sparse is an error exactly below half allocation, whatever the figures.
+        #[test]
+        fn sparse_severity_is_the_half_rule(len_bytes in 0u64..1 << 40, allocated_bytes in 0u64..1 << 40) {
+            let k = FindingKind::Sparse {
+                path: "/m".into(),
+                sparse_bytes: len_bytes.saturating_sub(allocated_bytes),
+                len_bytes,
+                allocated_bytes,
+            };
+            let error = allocated_bytes < len_bytes / 2 + len_bytes % 2;
+            proptest::prop_assert_eq!(k.severity() == Severity::Error, error);
+        }
+    }
+
     #[test]
     fn a_strided_tensor_gets_a_warning_naming_it() {
         let dir = tempfile::tempdir().unwrap();

@@ -36,7 +36,10 @@ impl DigestCollector {
     }
 
     /// Digest one completed tensor: its first `nbytes` bytes (a ServerlessLLM tensor's storage may
-    /// be longer). Errors if the tensor is unknown or arrives twice with a different digest.
+    /// be longer). With strides that are not row-major some elements lie past those bytes; the
+    /// digest keeps this definition and `verify` warns about such tensors
+    /// ([`crate::check::FindingKind::Strided`]). Errors if the tensor is unknown or arrives twice
+    /// with a different digest.
     pub fn record(&self, t: &TensorRef<'_>) -> Result<(), tensora_io::BoxError> {
         let i = *self
             .index

@@ -297,8 +297,6 @@ impl Manifest {
     }
 }
 
-/// A document without `"algo"`: the algorithm is the one known digest key that every tensor has.
-/// An empty tensor map defaults to [`Algo::default`].
 /// A manifest document as read by [`Manifest::from_json_slice`]: only the known keys, each typed.
 #[derive(serde::Deserialize)]
 struct RawManifest {
@@ -416,6 +414,8 @@ fn files_of(raw: Option<BTreeMap<String, RawFile>>) -> Result<BTreeMap<String, M
         .collect()
 }
 
+/// A document without `"algo"`: the algorithm is the one known digest key that every tensor has.
+/// An empty tensor map defaults to [`Algo::default`].
 fn infer_algo(tensors: &Map<String, Value>) -> Result<Algo, ManifestError> {
     let Some((_, first)) = tensors.iter().next() else {
         return Ok(Algo::default());
@@ -433,7 +433,17 @@ fn infer_algo(tensors: &Map<String, Value>) -> Result<Algo, ManifestError> {
 /// Write `bytes` to `path` atomically with [`tensora_format::write::AtomicFile`]: a temporary
 /// file in the same directory, `fsync`, `rename` over `path`, `fsync` of the directory. On any
 /// error before the rename the temporary file is removed and `path` is untouched.
+///
+/// An existing `path` that is not a regular file (a FIFO, a device such as `/dev/null`, a
+/// directory) is refused: the rename would replace the node itself.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => {
+            // The caller names the path.
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "exists and is not a regular file"));
+        }
+        _ => {}
+    }
     let mut file = tensora_format::write::AtomicFile::create(path)?;
     file.write_all(bytes)?;
     file.commit()
@@ -559,6 +569,19 @@ mod tests {
             Manifest::from_json_slice(doc.as_bytes()).unwrap().tensors["x"].shape.len(),
             MANIFEST_RANK_MAX
         );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn write_refuses_to_replace_a_fifo_or_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("m.json");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let err = sample(Algo::Crc32c).write_atomic(&fifo).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+        assert_eq!(write_atomic(dir.path(), b"{}").unwrap_err().kind(), io::ErrorKind::InvalidInput);
     }
 
     #[cfg(unix)]

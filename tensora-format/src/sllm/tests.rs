@@ -123,6 +123,26 @@ fn a_huge_shape_array_is_counted_not_built() {
     assert!(matches!(kind(&idx), ErrorKind::BadSllmEntry { message } if message.contains("100006 elements")));
 }
 
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// Arrays of any length are counted, never built: a rank up to the limit parses, a longer one
+    /// is `RankTooLarge` with the exact rank, for shape and stride alike.
+    #[test]
+    fn rank_is_counted_exactly(rank in 0usize..300, stride_side in proptest::bool::ANY) {
+        let dims = vec!["1"; rank].join(",");
+        let ok = vec!["1"; rank.min(RANK_MAX)].join(",");
+        let (shape, stride) = if stride_side { (ok.clone(), dims) } else { (dims, ok.clone()) };
+        let idx = entry(&format!(r#"[0, 4, [{shape}], [{stride}], "torch.float32"]"#));
+        match parse_index(idx.as_bytes()) {
+            Ok(parsed) => proptest::prop_assert!(rank <= RANK_MAX && parsed.entries[0].shape.len() == rank),
+            Err(ErrorKind::RankTooLarge { rank: got, limit }) => {
+                proptest::prop_assert!(rank > RANK_MAX && got == rank && limit == RANK_MAX)
+            }
+            Err(other) => proptest::prop_assert!(false, "rank {rank}: {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn rejects_shape_stride_rank_mismatch() {
     let k = kind(&entry(r#"[0, 24, [2, 3], [3], "torch.float32"]"#));

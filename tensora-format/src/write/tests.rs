@@ -261,3 +261,29 @@ proptest! {
         let _ = parse_header(&file, file.len() as u64);
     }
 }
+
+#[test]
+fn sharded_output_never_mixes_and_leaves_nothing_on_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs: Vec<TensorSpec> = (0..6).map(|i| spec(&format!("t{i}"), Dtype::F32, &[16])).collect();
+    let sharded = ShardedLayout::new(specs.clone(), BTreeMap::new(), 64).unwrap();
+    assert!(sharded.shards().len() >= 3);
+
+    // A failure in the last shard removes the shards already written, and writes no index.
+    let last = *sharded.shards().last().unwrap().spec_indices.last().unwrap();
+    let err = write_sharded(dir.path(), &sharded, |i, out| {
+        if i == last { Err(std::io::Error::other("injected")) } else { fill_pattern(i, 64, out) }
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("injected") || matches!(err.kind(), ErrorKind::Write { .. }), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+
+    // A complete write succeeds; a second write into the same directory is refused untouched.
+    write_sharded(dir.path(), &sharded, |i, out| fill_pattern(i, 64, out)).unwrap();
+    let before = std::fs::read(dir.path().join(crate::write::SHARD_INDEX_FILE_NAME)).unwrap();
+    let err = write_sharded(dir.path(), &sharded, |i, out| fill_pattern(i, 64, out)).unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Write { .. }), "{err}");
+    assert_eq!(std::fs::read(dir.path().join(crate::write::SHARD_INDEX_FILE_NAME)).unwrap(), before);
+    assert_eq!(crate::open(dir.path()).unwrap().tensors().len(), 6);
+}

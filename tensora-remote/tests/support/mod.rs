@@ -95,8 +95,7 @@ impl Nginx {
              server {{ listen 127.0.0.1:{slow_port}; root {r}; limit_rate {limit_rate}; location / {{ }} }}\n}}\n"
         );
         std::fs::write(conf_dir.path().join("nginx.conf"), conf).map_err(|e| e.to_string())?;
-        let mut nginx =
-            Nginx { child: None, conf_dir, root: root.to_path_buf(), port, slow_port };
+        let mut nginx = Nginx { child: None, conf_dir, root: root.to_path_buf(), port, slow_port };
         nginx.restart()?;
         Ok(nginx)
     }
@@ -238,7 +237,8 @@ impl S3rver {
             .with_secret_access_key(S3RVER_KEY.1)
             .build()
             .map_err(|e| e.to_string())?;
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        let rt =
+            tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
         let mut entries: Vec<_> = std::fs::read_dir(dir).map_err(|e| e.to_string())?.flatten().collect();
         entries.sort_by_key(|e| e.file_name());
         for entry in entries {
@@ -274,7 +274,11 @@ pub fn fill_bytes(seed: u64, out: &mut [u8]) {
 /// `tensor_bytes` each (a multiple of 4), plus `model.safetensors.index.json`.
 pub fn write_checkpoint(dir: &Path, shards: usize, tensors_per_shard: usize, tensor_bytes: u64) {
     let specs: Vec<TensorSpec> = (0..shards * tensors_per_shard)
-        .map(|i| TensorSpec { name: format!("layers.{i}.weight"), dtype: Dtype::F32, shape: vec![tensor_bytes / 4] })
+        .map(|i| TensorSpec {
+            name: format!("layers.{i}.weight"),
+            dtype: Dtype::F32,
+            shape: vec![tensor_bytes / 4],
+        })
         .collect();
     let shard_cap = tensor_bytes * tensors_per_shard as u64;
     let layout = ShardedLayout::new(specs, BTreeMap::new(), shard_cap).expect("layout");
