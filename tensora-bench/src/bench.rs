@@ -64,6 +64,12 @@ impl BenchConfig {
         Ok(())
     }
 
+    /// Where the reports go: `out_dir`, or `out_dir/quick` for `--quick`, so that the quick bench
+    /// run by `cargo xtask test` never overwrites a full run's reports.
+    pub fn report_dir(&self) -> PathBuf {
+        if self.quick { self.out_dir.join("quick") } else { self.out_dir.clone() }
+    }
+
     /// Where the fixtures of this size live.
     pub fn fixtures_dir(&self) -> PathBuf {
         self.out_dir.join("fixtures").join(self.size.as_str())
@@ -660,6 +666,14 @@ mod tests {
             if n == 2 { anyhow::bail!("second run fails") } else { Ok(1) }
         });
         assert!(err.is_err());
+    }
+
+    #[test]
+    fn quick_reports_do_not_overwrite_full_ones() {
+        assert_eq!(config(false, true).report_dir(), PathBuf::from("unused"));
+        assert_eq!(config(true, true).report_dir(), PathBuf::from("unused/quick"));
+        // Fixtures are shared by size, whatever the mode.
+        assert_eq!(config(true, true).fixtures_dir(), config(false, true).fixtures_dir());
     }
 
     #[test]

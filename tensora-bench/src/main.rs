@@ -96,7 +96,9 @@ fn run(config: &BenchConfig, fixtures_only: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     let report = bench::run(config, &mut log)?;
-    let paths = bench::write_reports(&report, &config.out_dir)?;
+    let report_dir = config.report_dir();
+    std::fs::create_dir_all(&report_dir)?;
+    let paths = bench::write_reports(&report, &report_dir)?;
     println!("{}", report.to_markdown());
     for p in paths {
         eprintln!("[tensora-bench] wrote {}", p.display());

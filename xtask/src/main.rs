@@ -11,7 +11,8 @@ const USAGE: &str = "usage: cargo xtask <test|bench|fixtures|fuzz> [options]
   test                 fmt check, clippy -D warnings, every test (unit, integration, doc), quick bench
   bench [OPTIONS]      build tensora-bench in release mode and run it; writes
                        target/tensora-bench/report.{md,json,svg}
-      --quick          small fixtures, 3 runs, a subset of the cells
+      --quick          small fixtures, 3 runs, a subset of the cells; reports go to
+                       target/tensora-bench/quick/
       --size small|full
       --runs N         timed runs per cell (default 5)
       --cold|--no-cold run the cold-cache cells or not (default: run them)
