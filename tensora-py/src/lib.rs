@@ -36,8 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -47,14 +46,22 @@ use tensora_plan::Selection;
 
 use crate::owner::{Owner, Storage, TensorBytes};
 
-create_exception!(tensora, TensoraError, PyException, "Base class of every Tensora error.");
-create_exception!(tensora, FormatError, TensoraError, "The checkpoint's files or indexes are invalid.");
-create_exception!(tensora, LoadError_, TensoraError, "Reading the tensors failed.");
-create_exception!(tensora, SelectionError, TensoraError, "The selection names missing tensors.");
-create_exception!(tensora, CancelledError, TensoraError, "The load was cancelled.");
-create_exception!(tensora, DtypeError, TensoraError, "The dtype has no equivalent in the framework.");
-create_exception!(tensora, VerifyError, TensoraError, "Hashing or verification could not run.");
-create_exception!(tensora, ConvertError, TensoraError, "Conversion failed.");
+/// The Python exception classes (`tensora.TensoraError` and its subclasses).
+pub mod exc {
+    use pyo3::create_exception;
+    use pyo3::exceptions::PyException;
+
+    create_exception!(tensora, TensoraError, PyException, "Base class of every Tensora error.");
+    create_exception!(tensora, FormatError, TensoraError, "The checkpoint's files or indexes are invalid.");
+    create_exception!(tensora, LoadError, TensoraError, "Reading the tensors failed.");
+    create_exception!(tensora, SelectionError, TensoraError, "The selection names missing tensors.");
+    create_exception!(tensora, CancelledError, TensoraError, "The load was cancelled.");
+    create_exception!(tensora, DtypeError, TensoraError, "The dtype has no equivalent in the framework.");
+    create_exception!(tensora, VerifyError, TensoraError, "Hashing or verification could not run.");
+    create_exception!(tensora, ConvertError, TensoraError, "Conversion failed.");
+}
+
+use exc::{CancelledError, ConvertError, DtypeError, FormatError, SelectionError, TensoraError, VerifyError};
 
 /// Map a load error to its Python exception, with the CLI's message.
 pub(crate) fn load_err(e: LoadError) -> PyErr {
@@ -63,7 +70,7 @@ pub(crate) fn load_err(e: LoadError) -> PyErr {
         LoadError::Cancelled => CancelledError::new_err(msg),
         LoadError::Selection(_) => SelectionError::new_err(msg),
         LoadError::Format(_) => FormatError::new_err(msg),
-        _ => LoadError_::new_err(msg),
+        _ => exc::LoadError::new_err(msg),
     }
 }
 
@@ -290,11 +297,11 @@ fn map_checkpoint(path: &Path) -> PyResult<Mapped> {
     let mut maps = Vec::with_capacity(ckpt.files().len());
     let mut bases = Vec::with_capacity(ckpt.files().len());
     for f in ckpt.files() {
-        let io = |e: std::io::Error| LoadError_::new_err(format!("{}: {e}", f.path().display()));
+        let io = |e: std::io::Error| exc::LoadError::new_err(format!("{}: {e}", f.path().display()));
         let file = std::fs::File::open(f.path()).map_err(io)?;
         let now = tensora_format::FileStamp::from_metadata(&file.metadata().map_err(io)?);
         if now != f.stamp() {
-            return Err(LoadError_::new_err(format!(
+            return Err(exc::LoadError::new_err(format!(
                 "{}: file changed since it was parsed (size, mtime or inode)",
                 f.path().display()
             )));
@@ -354,7 +361,7 @@ fn load<'py>(
     let loaded = finish(out)?;
     let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
     let Storage::Loaded(loaded) = owner.storage() else {
-        return Err(LoadError_::new_err("internal: load produced no owned storage"));
+        return Err(exc::LoadError::new_err("internal: load produced no owned storage"));
     };
     let mut ts: Vec<_> = loaded.tensors().collect();
     ts.sort_unstable_by(|a, b| a.name().cmp(b.name()));
@@ -510,7 +517,7 @@ fn open_stream(
     )
 }
 
-/// How many memory owners (loads, mappings, streamed copies) are alive: test support.
+/// How many memory owners (loads, mappings, streamed runs) are alive: test support.
 #[pyfunction]
 fn owners_live() -> usize {
     owner::owners_live()
@@ -527,7 +534,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("TensoraError", py.get_type::<TensoraError>())?;
     m.add("FormatError", py.get_type::<FormatError>())?;
-    m.add("LoadError", py.get_type::<LoadError_>())?;
+    m.add("LoadError", py.get_type::<exc::LoadError>())?;
     m.add("SelectionError", py.get_type::<SelectionError>())?;
     m.add("CancelledError", py.get_type::<CancelledError>())?;
     m.add("DtypeError", py.get_type::<DtypeError>())?;

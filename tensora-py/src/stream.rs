@@ -79,7 +79,7 @@ impl Stream {
                 }
                 q.close();
             })
-            .map_err(|e| crate::LoadError_::new_err(format!("starting the stream thread: {e}")))?;
+            .map_err(|e| crate::exc::LoadError::new_err(format!("starting the stream thread: {e}")))?;
         Ok(Stream { queue, cancel, thread: Some(thread) })
     }
 }
@@ -140,7 +140,7 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
             };
             let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
             let Storage::Loaded(loaded) = owner.storage() else {
-                return Err(crate::LoadError_::new_err("internal: load produced no owned storage"));
+                return Err(crate::exc::LoadError::new_err("internal: load produced no owned storage"));
             };
             for t in loaded.tensors() {
                 if job.names_wanted.is_some() {

@@ -110,3 +110,12 @@ def test_errors_are_typed_and_carry_the_message(tmp_path, every_dtype_file):
         tensora.load_file(every_dtype_file, backend="warp-drive")
     with pytest.raises(ValueError):
         tensora.load_file(every_dtype_file, framework="jax")
+
+
+def test_exception_classes_are_named_and_rooted():
+    names = ["FormatError", "LoadError", "SelectionError", "CancelledError", "DtypeError", "VerifyError", "ConvertError"]
+    for n in names:
+        cls = getattr(tensora, n)
+        assert cls.__name__ == n and cls.__module__ == "tensora"
+        assert issubclass(cls, tensora.TensoraError)
+    assert issubclass(tensora.TensoraError, Exception)

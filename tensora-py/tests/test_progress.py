@@ -114,3 +114,31 @@ def test_a_pure_python_loop_does_not_let_the_thread_run():
             pass
 
     assert _counter_runs_during(busy) <= 1
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "setitimer"), reason="needs setitimer")
+def test_a_signal_during_a_load_cancels_it(big_file):
+    # A signal handler that raises (as Ctrl-C's does) runs at the caller's next poll, inside
+    # the load; the load is cancelled and its memory freed.
+    import signal
+
+    def handler(signum, frame):
+        raise Interrupted
+
+    collect()
+    base = _native.owners_live()
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.002)
+        with pytest.raises(Interrupted):
+            tensora.load_file(big_file)
+            time.sleep(1)  # only reached if the load finished first: the handler fires here
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    collect()
+    assert _native.owners_live() == base

@@ -23,6 +23,10 @@ use tensora_remote::{Location, RemoteOptions, load_remote};
 
 /// Range size of the curl anchors and of the loader's reads.
 const CHUNK_BYTES: u64 = 8 << 20;
+/// Per-transfer curl config lines for the S3 anchor (options reset at every `next`).
+/// curl 7.88 does not add `x-amz-content-sha256`, which S3 servers require.
+const SIGV4: &str = "aws-sigv4 = \"aws:amz:us-east-1:s3\"\nuser = \"S3RVER:S3RVER\"\n\
+                     header = \"x-amz-content-sha256: UNSIGNED-PAYLOAD\"";
 /// Upper bound on `--runs`.
 const RUNS_MAX: usize = 99;
 
@@ -81,7 +85,7 @@ fn shard_files(dir: &Path) -> Vec<(String, u64)> {
 }
 
 /// A curl config with one transfer per 8 MiB range of every shard.
-fn curl_config(base_url: &str, files: &[(String, u64)]) -> String {
+fn curl_config(base_url: &str, files: &[(String, u64)], per_transfer: &str) -> String {
     let mut cfg = String::new();
     for (name, len) in files {
         let mut start = 0;
@@ -92,7 +96,7 @@ fn curl_config(base_url: &str, files: &[(String, u64)]) -> String {
             }
             let _ = writeln!(
                 cfg,
-                "url = \"{base_url}{name}\"\nrange = \"{start}-{end}\"\noutput = \"/dev/null\"\nsilent\nfail"
+                "url = \"{base_url}{name}\"\nrange = \"{start}-{end}\"\noutput = \"/dev/null\"\nsilent\nfail\n{per_transfer}"
             );
             start = end + 1;
         }
@@ -108,6 +112,7 @@ fn curl_run(config: &Path, extra: &[&str]) -> f64 {
         .args(extra)
         .arg("-K")
         .arg(config)
+        .stderr(std::process::Stdio::null())
         .status()
         .expect("run curl");
     assert!(status.success(), "curl failed: {status}");
@@ -166,7 +171,7 @@ fn main() -> Result<(), String> {
 
     // 1. nginx vs curl.
     let cfg_path = work.join("curl-nginx.cfg");
-    std::fs::write(&cfg_path, curl_config(&nginx.url(&format!("{ckpt_name}/")), &files))
+    std::fs::write(&cfg_path, curl_config(&nginx.url(&format!("{ckpt_name}/")), &files, ""))
         .map_err(|e| e.to_string())?;
     let fast = RemoteOptions { reads_inflight_max: 8, chunk_bytes: CHUNK_BYTES, ..RemoteOptions::default() };
     curl_run(&cfg_path, &[]); // warm the page cache
@@ -209,12 +214,11 @@ fn main() -> Result<(), String> {
     s3.upload_dir(&s3_dir, "bench")?;
     let s3_cfg = work.join("curl-s3.cfg");
     let base = format!("{}/{}/bench/", s3.endpoint(), support::BUCKET);
-    std::fs::write(&s3_cfg, curl_config(&base, &s3_files)).map_err(|e| e.to_string())?;
-    let sig = ["--aws-sigv4", "aws:amz:us-east-1:s3", "--user", "S3RVER:S3RVER"];
+    std::fs::write(&s3_cfg, curl_config(&base, &s3_files, SIGV4)).map_err(|e| e.to_string())?;
     let s3_opts = RemoteOptions { store: s3.store_config(), ..fast.clone() };
     let s3_url = format!("s3://{}/bench/", support::BUCKET);
     for _ in 0..args.runs {
-        cells.push(anchor_cell("s3rver curl --aws-sigv4 anchor", &s3_cfg, &sig, s3_bytes, 1));
+        cells.push(anchor_cell("s3rver curl --aws-sigv4 anchor", &s3_cfg, &[], s3_bytes, 1));
         cells.push(load_cell("s3rver load_remote", &s3_url, &s3_opts, 1));
     }
     drop(s3);

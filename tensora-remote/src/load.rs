@@ -176,6 +176,13 @@ impl RemoteLoaded {
     }
 }
 
+impl Drop for RemoteLoaded {
+    /// Park the arena for the next load (`tensora_io::arena::Arena::recycle`).
+    fn drop(&mut self) {
+        std::mem::replace(&mut self.arena, Arena::empty()).recycle();
+    }
+}
+
 fn runtime(opts: &RemoteOptions) -> Result<tokio::runtime::Runtime, RemoteError> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(opts.runtime_threads)
@@ -276,7 +283,9 @@ pub fn load_remote(location: &Location, opts: &RemoteOptions) -> Result<RemoteLo
     let t_plan = t2.elapsed();
 
     let t3 = Instant::now();
-    let mut arena = Arena::with_len(plan.arena_len_bytes())
+    // Every byte a tensor view can see is written by a read, so a recycled arena's old contents
+    // never show; reuse spares repeated loads the page faults of a fresh mapping.
+    let mut arena = Arena::recycled(plan.arena_len_bytes())
         .map_err(|source| RemoteError::Resource { what: "cannot allocate the destination arena", source })?;
     let budget = Budget::new(inflight_bytes_max);
     let executor =

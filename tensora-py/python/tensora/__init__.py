@@ -202,9 +202,10 @@ def weights_iterator(
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
 
-    A background thread streams the checkpoint through a window of ``budget`` bytes (default
-    256 MiB) and copies each tensor into its own buffer; at most ``budget`` bytes of tensors wait
-    for the consumer. Waiting releases the GIL. Breaking out of the loop stops the load.
+    A background thread loads runs of consecutive tensors of at most ``budget`` bytes each
+    (default 256 MiB; a larger tensor is a run of its own) and yields them zero copy; at most
+    ``budget`` bytes of tensors wait for the consumer. A run's memory is freed when its last
+    tensor is gone. Waiting releases the GIL. Breaking out of the loop stops the load.
     """
     fw = _check_framework(framework)
     if isinstance(path_or_files, (str, os.PathLike)):
