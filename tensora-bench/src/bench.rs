@@ -278,7 +278,6 @@ struct Runner<'a> {
     config: &'a BenchConfig,
     dropper: Option<CacheDropper>,
     python: Result<PathBuf, String>,
-    direct_buffers: Option<ReadBuffers>,
     copy_buffers: Option<ReadBuffers>,
     log: &'a mut dyn FnMut(&str),
 }
@@ -313,7 +312,7 @@ pub fn measure_fixtures(
         crate::writer::write_text(&script, peers::PYTHON_SCRIPT).map_err(|e| format!("{e:#}"))?;
         Ok(script)
     });
-    let mut runner = Runner { config, dropper, python, direct_buffers: None, copy_buffers: None, log };
+    let mut runner = Runner { config, dropper, python, copy_buffers: None, log };
     let backends = crate::loaders::backend_names();
     let mut cells = Vec::new();
     for fixture in fixtures {
@@ -479,14 +478,20 @@ impl Runner<'_> {
         let files = &fixture.data_files;
         let samples = match &spec.subject {
             Subject::RooflineWarm { .. } => {
-                let need = files
-                    .iter()
-                    .map(|f| std::fs::metadata(f).map(|m| m.len()))
-                    .try_fold(0, |acc, l| l.map(|l: u64| acc.max(l)))?;
-                // One arena per cell, reused by its runs (the warm-up faults it in), freed after.
-                let mut arena = Arena::with_len(need).context("map the roofline arena")?;
-                let samples = measure(runs, cold, || roofline::warm_pread(files, &mut arena))?;
-                let details = Some(serde_json::json!({ "huge_pages_advised": arena.huge_pages_advised() }));
+                // A fresh arena per run, as an owned load maps one; the previous run's arena is
+                // unmapped before the clock starts.
+                let mut held: Option<Arena> = None;
+                let mut huge = false;
+                let samples = measure_timed(runs, cold, || {
+                    drop(held.take());
+                    let (seconds, bytes, arena) = roofline::warm_pread_fresh(files)?;
+                    huge = arena.huge_pages_advised();
+                    held = Some(arena);
+                    Ok((seconds, bytes))
+                })?;
+                drop(held);
+                let details =
+                    Some(serde_json::json!({ "huge_pages_advised": huge, "arena": "fresh per run" }));
                 return Ok(Outcome::Samples(samples, details));
             }
             Subject::RooflineDirect { .. } => {
@@ -495,9 +500,11 @@ impl Runner<'_> {
                         return Ok(Outcome::Skipped(format!("no O_DIRECT on {}: {why}", f.display())));
                     }
                 }
-                let bufs =
-                    self.direct_buffers.get_or_insert_with(|| ReadBuffers::new(roofline::DIRECT_QUEUE_DEPTH));
-                measure(runs, cold, || roofline::cold_direct(files, bufs))?
+                if let Err(why) = tensora_io::uring::probe() {
+                    return Ok(Outcome::Skipped(format!("io_uring unavailable: {why}")));
+                }
+                let mut arena = roofline::direct_arena(files)?;
+                measure(runs, cold, || roofline::cold_direct(files, &mut arena))?
             }
             Subject::RooflineBuffered { .. } => {
                 let bufs = self.copy_buffers.get_or_insert_with(|| ReadBuffers::new(roofline::COPY_THREADS));

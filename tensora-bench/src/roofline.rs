@@ -1,14 +1,15 @@
 //! The machine's limits, measured on the same files in the same run as the loaders.
 //!
-//! - warm: every file read with 2 threads of `pread` into a `tensora_io::arena::Arena` (2 MiB
-//!   aligned, `MADV_HUGEPAGE`), reused across runs so the warm-up has faulted it in: one copy from
-//!   the page cache, no page faults, the best a warm load can do;
-//! - cold, direct: `O_DIRECT` sequential reads of 8 MiB blocks, 32 in flight;
+//! - warm: every file read with 2 threads of `pread` into a fresh `tensora_io::arena::Arena` (2 MiB
+//!   aligned, `MADV_HUGEPAGE`) mapped for each run, the files laid end to end: one copy from the
+//!   page cache plus the huge-page faults that any load into new memory pays. This is the same work
+//!   an owned load does (Tensora's loads map a fresh arena by default, `ArenaReuse::Fresh`), so the
+//!   ratio compares like with like. Mapping the arena is timed; unmapping the previous one is not.
+//! - cold, direct: `O_DIRECT` reads of 8 MiB blocks, 32 in flight on one io_uring ring
+//!   (`tensora_io::probe::direct_read_roofline`), into an arena faulted in by the warm-up;
 //! - cold, buffered: 2 threads of buffered `pread` in 8 MiB blocks.
 //!
-//! The device roofline is the better of the two cold figures. Queue depth 32 is reached with 32
-//! reader threads, each keeping one blocking read in flight (this crate forbids `unsafe`, so it
-//! does not drive io_uring itself).
+//! The device roofline is the better of the two cold figures.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -66,15 +67,16 @@ fn open_len(path: &PathBuf, direct: bool) -> Result<(File, u64)> {
     Ok((file, len))
 }
 
-/// Warm roofline: read every file with [`COPY_THREADS`] threads into `arena`, one file after the
-/// other (each file at the arena's start). Returns the bytes read.
+/// Warm roofline: read every file with [`COPY_THREADS`] threads into `arena`, the files laid end
+/// to end from the arena's start. Returns the bytes read.
 pub fn warm_pread(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
     let mut total = 0u64;
     for path in files {
         let (file, len) = open_len(path, false)?;
-        let len = usize::try_from(len).ok().filter(|&l| l as u64 <= arena.len_bytes());
+        let start = usize::try_from(total).context("arena offset")?;
+        let len = usize::try_from(len).ok().filter(|&l| (start + l) as u64 <= arena.len_bytes());
         let len = len.with_context(|| format!("{} does not fit the arena", path.display()))?;
-        let dest = &mut arena.as_mut_slice()[..len];
+        let dest = &mut arena.as_mut_slice()[start..start + len];
         let next = Mutex::new(dest.chunks_mut(BLOCK_BYTES).enumerate());
         let errors: Mutex<Vec<std::io::Error>> = Mutex::new(Vec::new());
         std::thread::scope(|s| {
@@ -188,10 +190,31 @@ pub fn read_through_cache(files: &[PathBuf], buffers: &mut ReadBuffers) -> Resul
     Ok(total)
 }
 
-/// Cold direct roofline: `O_DIRECT` reads, [`DIRECT_QUEUE_DEPTH`] in flight. `buffers` must hold
-/// that many buffers. Fails (e.g. `EINVAL`) where the filesystem has no O_DIRECT.
-pub fn cold_direct(files: &[PathBuf], buffers: &mut ReadBuffers) -> Result<u64> {
-    parallel_blocks(files, true, buffers)
+/// Warm roofline with the arena's cost included: map a fresh arena for all of `files`, then
+/// [`warm_pread`] into it. Returns (seconds, bytes, the arena), so the caller unmaps it untimed.
+pub fn warm_pread_fresh(files: &[PathBuf]) -> Result<(f64, u64, Arena)> {
+    let total_bytes = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len())).sum::<Result<u64, _>>()?;
+    let t = std::time::Instant::now();
+    let mut arena = Arena::with_len(total_bytes).context("map the roofline arena")?;
+    let bytes = warm_pread(files, &mut arena)?;
+    Ok((t.elapsed().as_secs_f64(), bytes, arena))
+}
+
+/// Cold direct roofline: `O_DIRECT` reads of [`BLOCK_BYTES`], [`DIRECT_QUEUE_DEPTH`] in flight on
+/// one io_uring ring, into `arena` (sized with `tensora_io::probe::direct_roofline_arena_bytes`).
+/// Fails where the filesystem has no O_DIRECT or io_uring is unavailable.
+pub fn cold_direct(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
+    let config = tensora_io::probe::DirectRooflineConfig {
+        queue_depth: DIRECT_QUEUE_DEPTH as u32,
+        block_bytes: BLOCK_BYTES as u64,
+    };
+    tensora_io::probe::direct_read_roofline(files, config, arena).context("O_DIRECT io_uring roofline")
+}
+
+/// The arena [`cold_direct`] needs for `files`.
+pub fn direct_arena(files: &[PathBuf]) -> Result<Arena> {
+    let lens = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len())).collect::<Result<Vec<_>, _>>()?;
+    Ok(Arena::with_len(tensora_io::probe::direct_roofline_arena_bytes(&lens))?)
 }
 
 /// Cold buffered roofline: [`COPY_THREADS`] threads of buffered `pread`. `buffers` must hold that
@@ -238,10 +261,15 @@ mod tests {
         let expected = (BLOCK_BYTES * 2 + 12_345 + 100) as u64;
         assert_eq!(cold_buffered(&files, &mut ReadBuffers::new(COPY_THREADS)).unwrap(), expected);
         // tmpfs has no O_DIRECT: accept EINVAL there, but never a wrong count.
-        match cold_direct(&files, &mut ReadBuffers::new(4)) {
+        let mut arena = direct_arena(&files).unwrap();
+        match cold_direct(&files, &mut arena) {
             Ok(n) => assert_eq!(n, expected),
             Err(e) => assert!(format!("{e:#}").contains("O_DIRECT"), "{e:#}"),
         }
+        let (seconds, bytes, mut fresh) = warm_pread_fresh(&files).unwrap();
+        assert!(seconds > 0.0);
+        assert_eq!(bytes, expected);
+        assert_eq!(&fresh.as_slice()[..BLOCK_BYTES * 2 + 12_345], &std::fs::read(&files[0]).unwrap()[..]);
         assert!(cold_buffered(&[dir.path().join("missing")], &mut ReadBuffers::new(1)).is_err());
         assert_eq!(read_through_cache(&files, &mut ReadBuffers::new(1)).unwrap(), expected);
         assert!(read_through_cache(&files, &mut ReadBuffers::new(0)).is_err());

@@ -174,7 +174,10 @@ fn main() -> Result<(), String> {
     std::fs::write(&cfg_path, curl_config(&nginx.url(&format!("{ckpt_name}/")), &files, ""))
         .map_err(|e| e.to_string())?;
     let fast = RemoteOptions { reads_inflight_max: 8, chunk_bytes: CHUNK_BYTES, ..RemoteOptions::default() };
-    curl_run(&cfg_path, &[]); // warm the page cache
+    // Warm-ups: the page cache for both, and the loader's recycled arena (as a service that loads
+    // repeatedly would have it).
+    curl_run(&cfg_path, &[]);
+    load_cell("warm-up", &nginx.url(&format!("{ckpt_name}/")), &fast, 1);
     for _ in 0..args.runs {
         // Interleave anchor and loader runs so that both see the same machine state.
         cells.push(anchor_cell("nginx curl anchor", &cfg_path, &[], total_bytes, 1));
