@@ -8,7 +8,8 @@ use anyhow::{Context, Result, bail};
 
 const USAGE: &str = "usage: cargo xtask <test|bench|fixtures|fuzz> [options]
 
-  test                 fmt check, clippy -D warnings, every test (unit, integration, doc), quick bench
+  test                 fmt check, clippy -D warnings, every test (unit, integration, doc), quick bench,
+                       Python binding tests (tensora-py/run-tests.sh)
   bench [OPTIONS]      build tensora-bench in release mode and run it; writes
                        target/tensora-bench/report.{md,json,svg}
       --quick          small fixtures, 3 runs, a subset of the cells; reports go to
@@ -91,7 +92,10 @@ fn test(args: &[String]) -> Result<()> {
     run(&cargo, &["test", "--workspace", "--all-targets"])?;
     run(&cargo, &["test", "--workspace", "--doc"])?;
     // The quick bench, so the bench never rots.
-    bench(&["--quick".to_string()])
+    bench(&["--quick".to_string()])?;
+    // The Python bindings: build into a venv under target/ and run pytest.
+    let script = workspace_root().join("tensora-py").join("run-tests.sh");
+    run("bash", &[script.to_str().context("non-UTF-8 path")?])
 }
 
 /// Check the bench options and return them as tensora-bench arguments.
