@@ -36,6 +36,7 @@ pub struct RemoteTensor {
     file: u32,
     offset_bytes: u64,
     len_bytes: u64,
+    strides: Option<Vec<u64>>,
 }
 
 impl RemoteTensor {
@@ -56,8 +57,18 @@ impl RemoteTensor {
     pub fn offset_bytes(&self) -> u64 {
         self.offset_bytes
     }
+    /// Bytes of storage to read (for ServerlessLLM, the recorded storage size).
     pub fn len_bytes(&self) -> u64 {
         self.len_bytes
+    }
+    /// Strides in elements when the format records them (ServerlessLLM); `None` is row-major.
+    pub fn strides(&self) -> Option<&[u64]> {
+        self.strides.as_deref()
+    }
+    /// `numel × bits / 8`: the dense bytes from the tensor's offset that a digest covers.
+    pub fn nbytes(&self) -> u64 {
+        // The parsers checked that this fits inside `len_bytes`.
+        self.shape.iter().product::<u64>() * u64::from(self.dtype.bits()) / 8
     }
 }
 
@@ -140,7 +151,7 @@ pub(crate) async fn open(
             return open_indexed(location, fetcher, path).await;
         }
         if name == SLLM_INDEX_NAME {
-            return Err(sllm_unsupported(location, path));
+            return open_sllm(location, fetcher, path).await;
         }
         let shard = open_shard(location, fetcher, path.clone()).await?;
         return assemble(location, Format::Safetensors, vec![shard], None);
@@ -156,7 +167,7 @@ pub(crate) async fn open(
     }
     let sllm = path.clone().join(SLLM_INDEX_NAME);
     match fetcher.head(&sllm, &location.url_of(&sllm)).await {
-        Ok(_) => return Err(sllm_unsupported(location, &sllm)),
+        Ok(_) => return open_sllm(location, fetcher, &sllm).await,
         Err(RemoteError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
@@ -173,11 +184,105 @@ pub(crate) async fn open(
     }
 }
 
-fn sllm_unsupported(location: &Location, path: &ObjectPath) -> RemoteError {
-    RemoteError::NoCheckpoint {
-        url: location.url_of(path),
-        reason: "ServerlessLLM layouts are not supported over remote stores yet".to_owned(),
+/// A ServerlessLLM directory: `tensor_index.json` (parsed and checked by
+/// `tensora_format::sllm::parse_index`), then `tensor.data_0, _1, …` probed with HEAD until one is
+/// missing; global offsets are mapped to (partition, local offset) by the partitions' sizes, and a
+/// tensor must lie inside one partition.
+async fn open_sllm(
+    location: &Location,
+    fetcher: &Fetcher<'_>,
+    index_path: &ObjectPath,
+) -> Result<RemoteCheckpoint, RemoteError> {
+    use tensora_format::sllm::{INDEX_LEN_BYTES_MAX, PARTITION_PREFIX, PARTITIONS_MAX, parse_index};
+    let url = location.url_of(index_path);
+    let meta = fetcher.head(index_path, &url).await?;
+    if meta.size > INDEX_LEN_BYTES_MAX {
+        return Err(RemoteError::TooLarge { url, len_bytes: meta.size, limit_bytes: INDEX_LEN_BYTES_MAX });
     }
+    let object = RemoteObject { url: url.clone(), meta };
+    // Bounded by INDEX_LEN_BYTES_MAX above.
+    let mut bytes = vec![0u8; object.len_bytes() as usize];
+    fetcher.fetch(&object, 0, &mut bytes).await?;
+    let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
+    drop(bytes);
+    let dir = parent(index_path);
+    let mut files = Vec::new();
+    for i in 0..=PARTITIONS_MAX {
+        let path = dir.clone().join(format!("{PARTITION_PREFIX}{i}").as_str());
+        let part_url = location.url_of(&path);
+        match fetcher.head(&path, &part_url).await {
+            Ok(meta) if i < PARTITIONS_MAX => files.push(RemoteObject { url: part_url, meta }),
+            Ok(_) => {
+                return Err(RemoteError::NoCheckpoint {
+                    url,
+                    reason: format!("more than {PARTITIONS_MAX} partitions"),
+                });
+            }
+            Err(RemoteError::NotFound { .. }) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    if files.is_empty() {
+        return Err(RemoteError::NoCheckpoint {
+            url,
+            reason: format!("no {PARTITION_PREFIX}0 beside the index"),
+        });
+    }
+    let lens: Vec<u64> = files.iter().map(RemoteObject::len_bytes).collect();
+    let mut starts = Vec::with_capacity(lens.len());
+    let mut total = 0u64;
+    for &len in &lens {
+        starts.push(total);
+        total = total.checked_add(len).ok_or_else(|| RemoteError::NoCheckpoint {
+            url: url.clone(),
+            reason: "partition sizes overflow u64".to_owned(),
+        })?;
+    }
+    let mut tensors = Vec::with_capacity(index.entries.len());
+    for e in index.entries {
+        let located = match e.partition {
+            None => {
+                let p = starts.partition_point(|&s| s <= e.offset_bytes).saturating_sub(1);
+                let local = e.offset_bytes - starts[p];
+                local.checked_add(e.size_bytes).is_some_and(|end| end <= lens[p]).then_some((p, local))
+            }
+            Some(p) => {
+                let p = p as usize;
+                (p < lens.len() && e.end_bytes() <= lens[p]).then_some((p, e.offset_bytes))
+            }
+        };
+        let Some((p, local)) = located else {
+            return Err(RemoteError::Shards {
+                url,
+                message: format!(
+                    "tensor {:?} (bytes {}..{}) does not lie inside one partition",
+                    e.name,
+                    e.offset_bytes,
+                    e.end_bytes()
+                ),
+            });
+        };
+        tensors.push(RemoteTensor {
+            name: e.name,
+            dtype: e.dtype,
+            shape: e.shape,
+            file: p as u32,
+            offset_bytes: local,
+            len_bytes: e.size_bytes,
+            strides: Some(e.strides),
+        });
+    }
+    tensors.sort_by_key(|t| (t.file, t.offset_bytes));
+    let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+    Ok(RemoteCheckpoint {
+        location: location.clone(),
+        format: Format::ServerlessLlm,
+        files,
+        tensors,
+        by_name,
+        metadata: BTreeMap::new(),
+        warnings: Vec::new(),
+    })
 }
 
 /// An S3 prefix without an index: every `*.safetensors` object directly under it is a shard.
@@ -208,8 +313,8 @@ async fn open_listed(
             });
         }
     }
-    if names.iter().any(|p| file_name(p) == SLLM_INDEX_NAME) {
-        return Err(sllm_unsupported(location, prefix));
+    if let Some(sllm) = names.iter().find(|p| file_name(p) == SLLM_INDEX_NAME) {
+        return open_sllm(location, fetcher, sllm).await;
     }
     let shards: Vec<ObjectPath> =
         names.into_iter().filter(|p| file_name(p).ends_with(".safetensors")).cloned().collect();
@@ -321,6 +426,7 @@ fn assemble(
                 file: file as u32,
                 offset_bytes: data_start + start,
                 len_bytes: end - start,
+                strides: None,
             };
             if by_name.insert(tensor.name.clone(), tensors.len()).is_some() {
                 return Err(shards_err(format!("tensor {:?} appears in more than one shard", t.name())));

@@ -314,6 +314,232 @@ fn classify(e: object_store::Error, url: &str, planned: Option<&ObjectMeta>) -> 
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::VecDeque;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Mutex;
+
+    use futures::TryStreamExt;
+    use futures::stream::BoxStream;
+    use object_store::memory::InMemory;
+    use object_store::{
+        GetResultPayload, ListResult, MultipartUpload, ObjectStoreExt, PutMultipartOptions, PutOptions,
+        PutPayload, PutResult,
+    };
+
+    type BoxFut<'a, T> = Pin<Box<dyn Future<Output = object_store::Result<T>> + Send + 'a>>;
+
+    /// An in-memory store whose GET bodies break: each GET pops a byte count after which its body
+    /// fails (none left: whole bodies). Bodies arrive in `BODY_CHUNK_BYTES` pieces.
+    #[derive(Debug, Default)]
+    struct BreakingStore {
+        inner: InMemory,
+        breaks: Mutex<VecDeque<usize>>,
+    }
+
+    const BODY_CHUNK_BYTES: usize = 1000;
+
+    impl std::fmt::Display for BreakingStore {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "BreakingStore")
+        }
+    }
+
+    impl ObjectStore for BreakingStore {
+        fn put_opts<'a, 'b, 'c>(
+            &'a self,
+            l: &'b ObjectPath,
+            p: PutPayload,
+            o: PutOptions,
+        ) -> BoxFut<'c, PutResult>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            self.inner.put_opts(l, p, o)
+        }
+        fn put_multipart_opts<'a, 'b, 'c>(
+            &'a self,
+            l: &'b ObjectPath,
+            o: PutMultipartOptions,
+        ) -> BoxFut<'c, Box<dyn MultipartUpload>>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            self.inner.put_multipart_opts(l, o)
+        }
+        fn get_opts<'a, 'b, 'c>(
+            &'a self,
+            l: &'b ObjectPath,
+            o: GetOptions,
+        ) -> BoxFut<'c, object_store::GetResult>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            Box::pin(async move {
+                let head = o.head;
+                let mut result = self.inner.get_opts(l, o).await?;
+                if head {
+                    return Ok(result);
+                }
+                let brk = self.breaks.lock().unwrap().pop_front();
+                let GetResultPayload::Stream(body) = result.payload;
+                let bytes: Vec<bytes::Bytes> = body.try_collect::<Vec<_>>().await?;
+                let all: Vec<u8> = bytes.concat();
+                let keep = brk.map_or(all.len(), |k| k.min(all.len()));
+                let mut pieces: Vec<object_store::Result<bytes::Bytes>> = all[..keep]
+                    .chunks(BODY_CHUNK_BYTES)
+                    .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+                    .collect();
+                if keep < all.len() {
+                    pieces.push(Err(object_store::Error::Generic {
+                        store: "BreakingStore",
+                        source: "connection reset".into(),
+                    }));
+                }
+                result.payload = GetResultPayload::Stream(futures::stream::iter(pieces).boxed());
+                Ok(result)
+            })
+        }
+        fn delete_stream(
+            &self,
+            locations: BoxStream<'static, object_store::Result<ObjectPath>>,
+        ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
+            self.inner.delete_stream(locations)
+        }
+        fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+            self.inner.list(prefix)
+        }
+        fn list_with_delimiter<'a, 'b, 'c>(&'a self, prefix: Option<&'b ObjectPath>) -> BoxFut<'c, ListResult>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            self.inner.list_with_delimiter(prefix)
+        }
+        fn copy_opts<'a, 'b, 'c, 'd>(
+            &'a self,
+            from: &'b ObjectPath,
+            to: &'c ObjectPath,
+            o: object_store::CopyOptions,
+        ) -> BoxFut<'d, ()>
+        where
+            'a: 'd,
+            'b: 'd,
+            'c: 'd,
+            Self: 'd,
+        {
+            self.inner.copy_opts(from, to, o)
+        }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    fn fast_policy(retries: u32) -> RetryPolicy {
+        RetryPolicy {
+            retries_per_range_max: retries,
+            retry_time_max: Duration::from_secs(10),
+            backoff_initial: Duration::ZERO,
+            backoff_max: Duration::ZERO,
+        }
+    }
+
+    /// Store `data` at `x`, and return the store and the object as seen "at open".
+    fn setup(rt: &tokio::runtime::Runtime, data: &[u8]) -> (BreakingStore, RemoteObject) {
+        let store = BreakingStore::default();
+        let path = ObjectPath::from("x");
+        rt.block_on(store.inner.put(&path, data.to_vec().into())).unwrap();
+        let meta = rt.block_on(store.inner.head(&path)).unwrap();
+        (store, RemoteObject { url: "mem://x".into(), meta })
+    }
+
+    fn fetcher<'a>(store: &'a BreakingStore, counters: &'a Counters, retries: u32) -> Fetcher<'a> {
+        Fetcher {
+            store,
+            policy: fast_policy(retries),
+            rate_min_bytes_per_s: 1 << 30,
+            request_overhead: Duration::from_secs(5),
+            counters,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        /// However bodies break (within the retry bound), the range lands exactly, each retry
+        /// resumes where the last attempt stopped, and retries are counted.
+        #[test]
+        fn broken_bodies_resume_to_exact_bytes(
+            len in 1usize..20_000,
+            start_frac in 0.0f64..1.0,
+            breaks in proptest::collection::vec(0usize..8_000, 0..6),
+        ) {
+            let rt = rt();
+            let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+            let (store, object) = setup(&rt, &data);
+            store.breaks.lock().unwrap().extend(breaks.iter().copied());
+            let counters = Counters::default();
+            let f = fetcher(&store, &counters, breaks.len() as u32);
+            let offset = ((len - 1) as f64 * start_frac) as usize;
+            let mut dest = vec![0u8; len - offset];
+            rt.block_on(f.fetch(&object, offset as u64, &mut dest)).unwrap();
+            prop_assert_eq!(&dest[..], &data[offset..]);
+            let retries = counters.retries.load(Ordering::Relaxed);
+            prop_assert!(retries <= breaks.len() as u64);
+            prop_assert_eq!(counters.requests.load(Ordering::Relaxed), retries + 1);
+            prop_assert_eq!(counters.bytes.load(Ordering::Relaxed), dest.len() as u64);
+        }
+    }
+
+    #[test]
+    fn too_many_breaks_exhaust_the_retries() {
+        let rt = rt();
+        let data = vec![7u8; 10_000];
+        let (store, object) = setup(&rt, &data);
+        store.breaks.lock().unwrap().extend([0, 100, 0, 5]);
+        let counters = Counters::default();
+        let mut dest = vec![0u8; 10_000];
+        let err = rt.block_on(fetcher(&store, &counters, 3).fetch(&object, 0, &mut dest)).unwrap_err();
+        assert!(matches!(err, RemoteError::RetriesExhausted { attempts: 4, .. }), "{err}");
+        assert_eq!(counters.retries.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn a_replaced_object_is_changed_not_retried() {
+        let rt = rt();
+        let (store, object) = setup(&rt, &[1u8; 5000]);
+        rt.block_on(store.inner.put(object.path(), vec![2u8; 5000].into())).unwrap();
+        let counters = Counters::default();
+        let mut dest = vec![0u8; 5000];
+        let err = rt.block_on(fetcher(&store, &counters, 5).fetch(&object, 0, &mut dest)).unwrap_err();
+        assert!(err.is_changed(), "{err}");
+        assert_eq!(counters.retries.load(Ordering::Relaxed), 0);
+        // Replaced between two attempts of one range: the resumed request is refused too.
+        let (store, object) = setup(&rt, &[1u8; 5000]);
+        store.breaks.lock().unwrap().push_back(2000);
+        let path = object.path().clone();
+        let fetch = async {
+            let mut f = fetcher(&store, &counters, 5);
+            f.policy.backoff_initial = Duration::from_millis(20);
+            f.policy.backoff_max = Duration::from_millis(20);
+            let mut dest = vec![0u8; 5000];
+            f.fetch(&object, 0, &mut dest).await
+        };
+        // The first attempt breaks after 2000 bytes; replace before the retry runs.
+        let replace = async {
+            tokio::task::yield_now().await;
+            store.inner.put(&path, vec![3u8; 5000].into()).await.unwrap();
+        };
+        let (result, ()) = rt.block_on(async { futures::future::join(fetch, replace).await });
+        assert!(result.unwrap_err().is_changed());
+    }
 
     #[test]
     fn backoff_doubles_to_the_cap() {

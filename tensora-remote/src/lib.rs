@@ -4,7 +4,8 @@
 //!   [`StoreConfig`] (endpoint, plain HTTP, anonymous, credentials; `AWS_*` variables otherwise).
 //! - [`open_remote`]: the index and every safetensors header through ranged reads (the first 8
 //!   bytes, then exactly `n` more) into a [`RemoteCheckpoint`]. A directory's shard list comes from
-//!   `model.safetensors.index.json`, or on S3 from listing.
+//!   `model.safetensors.index.json`, or on S3 from listing; a ServerlessLLM directory from
+//!   `tensor_index.json` and `tensor.data_N` probed with HEAD.
 //! - [`load_remote`]: the tensors planned by `tensora_plan` into ~8 MiB reads, one queue across all
 //!   shards, a bounded number in flight, each body streamed straight into a hugepage
 //!   `tensora_io::arena::Arena` by the [`RemoteExecutor`]. Every range carries `If-Match` with the

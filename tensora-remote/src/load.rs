@@ -299,8 +299,8 @@ pub fn load_remote(location: &Location, opts: &RemoteOptions) -> Result<RemoteLo
     let mut load = LoadReport {
         backend: format!("{}-{}", executor.name(), scheme(location)),
         reason: format!(
-            "object_store ranged GETs of {} MiB, {} in flight, one queue across {} objects",
-            opts.chunk_bytes >> 20,
+            "object_store ranged GETs of {} KiB, {} in flight, one queue across {} objects",
+            opts.chunk_bytes >> 10,
             opts.reads_inflight_max,
             checkpoint.files().len()
         ),

@@ -110,6 +110,31 @@ fn http_real_fixtures_match_expected_digests() {
 }
 
 #[test]
+fn http_serverlessllm_matches_expected_digests() {
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm"));
+    let expected: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(root.join("tiny.expected.json")).unwrap()).unwrap();
+    let tensors = expected["tensors"].as_object().expect("tensors object");
+    let nginx = started(Nginx::start(root, "50m"));
+    for path in ["tiny/", "tiny/tensor_index.json"] {
+        let mut loaded = load_remote(&Location::parse(&nginx.url(path)).unwrap(), &small_opts()).unwrap();
+        assert_eq!(loaded.checkpoint().format(), tensora_format::Format::ServerlessLlm);
+        assert_eq!(loaded.len(), tensors.len(), "{path}");
+        let view = loaded.tensors();
+        for (name, want) in tensors {
+            let t = view.get(name).unwrap_or_else(|| panic!("{path}: {name} missing"));
+            assert!(t.info.strides().is_some());
+            let dense = &t.bytes[..t.info.nbytes() as usize];
+            assert_eq!(
+                hex::encode(Sha256::digest(dense)),
+                want["sha256"].as_str().unwrap(),
+                "{path}: {name}"
+            );
+        }
+    }
+}
+
+#[test]
 fn s3_sharded_checkpoint_matches_a_local_load_by_index_and_by_listing() {
     let src = tempfile::tempdir().unwrap();
     write_checkpoint(src.path(), 2, 3, 160 << 10);
@@ -160,7 +185,6 @@ fn server_killed_and_restarted_mid_load_completes_with_equal_bytes() {
     std::thread::sleep(Duration::from_secs(1));
     nginx.restart().unwrap();
     let mut loaded = loader.join().unwrap().expect("the load survives a restart");
-    eprintln!("restart test: {:?}", loaded.report());
     assert_matches_local(&mut loaded, &dir);
     let r = loaded.report();
     assert!(r.retries > 0, "no retry was needed");

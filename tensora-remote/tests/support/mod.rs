@@ -116,7 +116,12 @@ impl Nginx {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
+            .map_err(|e| {
+                format!(
+                    "cannot run {}: {e} (install nginx with `apt-get update && apt-get install -y nginx-light`)",
+                    binary.display()
+                )
+            })?;
         let log = d.join("error.log");
         wait_ready(&mut child, self.port, "nginx", &log)?;
         wait_ready(&mut child, self.slow_port, "nginx", &log)?;
