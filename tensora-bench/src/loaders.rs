@@ -13,7 +13,7 @@ use tensora_io::mmap::MappedFiles;
 use tensora_io::{BackendChoice, LoadOptions, SourceFile};
 use tensora_plan::Selection;
 
-use crate::bench::{AUTO, Outcome, measure};
+use crate::bench::{AUTO, Outcome, measure, measure_timed};
 use crate::cache::CacheDropper;
 use crate::fixtures::{self, Fixture, GENERATOR_VERSION, Manifest, ManifestFile, Size};
 use crate::peers;
@@ -174,8 +174,8 @@ impl TensoraCell<'_> {
 }
 
 /// Time `runs` loads of a cell. Each timed run opens and parses the checkpoint (as the peers'
-/// runs deserialize their headers), loads, touches one byte per page of every tensor, and drops
-/// the result. The last run's `LoadReport` becomes the cell's details.
+/// runs deserialize their headers), loads, and touches one byte per page of every tensor; the
+/// result is dropped untimed, before the next run. The last run's `LoadReport` becomes the cell's details.
 pub fn measure_tensora(
     cell: &TensoraCell<'_>,
     runs: usize,
@@ -191,7 +191,12 @@ pub fn measure_tensora(
     }
     let opts = cell.options();
     let mut last_report = None;
-    let samples = measure(runs, cold, || {
+    // The previous run's result is dropped (its arena unmapped) before the clock starts, as the
+    // roofline unmaps its arena untimed.
+    let mut held: Option<tensora_io::Loaded> = None;
+    let samples = measure_timed(runs, cold, || {
+        drop(held.take());
+        let t = std::time::Instant::now();
         let ckpt = open(cell.open_path)?;
         let mut bytes = 0u64;
         let mut checksum = 0u64;
@@ -207,12 +212,16 @@ pub fn measure_tensora(
                 bytes += t.bytes().len() as u64;
                 checksum = checksum.wrapping_add(peers::touch(t.bytes()));
             }
-            loaded.report().clone()
+            let report = loaded.report().clone();
+            held = Some(loaded);
+            report
         };
+        let seconds = t.elapsed().as_secs_f64();
         std::hint::black_box(checksum);
         last_report = Some(report);
-        Ok(bytes)
+        Ok((seconds, bytes))
     })?;
+    drop(held);
     let details = last_report.map(serde_json::to_value).transpose()?;
     Ok(Outcome::Samples(samples, details))
 }

@@ -4,7 +4,8 @@
 //!   aligned, `MADV_HUGEPAGE`) mapped for each run, the files laid end to end: one copy from the
 //!   page cache plus the huge-page faults that any load into new memory pays. This is the same work
 //!   an owned load does (Tensora's loads map a fresh arena by default, `ArenaReuse::Fresh`), so the
-//!   ratio compares like with like. Mapping the arena is timed; unmapping the previous one is not.
+//!   ratio compares like with like. Mapping the arena and the one-byte-per-page touch that every
+//!   loader and peer does are timed; unmapping the previous arena is not (nor for the loaders).
 //! - cold, direct: `O_DIRECT` reads of 8 MiB blocks, 32 in flight on one io_uring ring
 //!   (`tensora_io::probe::direct_read_roofline`), into an arena faulted in by the warm-up;
 //! - cold, buffered: 2 threads of buffered `pread` in 8 MiB blocks.
@@ -197,6 +198,9 @@ pub fn warm_pread_fresh(files: &[PathBuf]) -> Result<(f64, u64, Arena)> {
     let t = std::time::Instant::now();
     let mut arena = Arena::with_len(total_bytes).context("map the roofline arena")?;
     let bytes = warm_pread(files, &mut arena)?;
+    // The same one-byte-per-page touch every loader and peer does after loading.
+    let len = usize::try_from(bytes).context("arena length")?;
+    std::hint::black_box(crate::peers::touch(&arena.as_mut_slice()[..len]));
     Ok((t.elapsed().as_secs_f64(), bytes, arena))
 }
 

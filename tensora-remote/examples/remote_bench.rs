@@ -8,7 +8,7 @@
 //!    shards loaded one after another (same options, one shard per load).
 //!
 //! Run: `cargo run --release -p tensora-remote --example remote_bench -- [--shards 8]
-//! [--shard-mib 128] [--runs 3] [--s3-shard-mib 32] [--json PATH]`. Needs nginx and s3rver (see
+//! [--shard-mib 128] [--runs 3] [--s3-shard-mib 32] [--runtime-threads 2] [--json PATH]`. Needs nginx and s3rver (see
 //! `tests/support/mod.rs` for the install lines) and curl.
 
 #[path = "../tests/support/mod.rs"]
@@ -35,11 +35,12 @@ struct Args {
     shard_mib: u64,
     s3_shard_mib: u64,
     runs: usize,
+    runtime_threads: usize,
     json: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { shards: 8, shard_mib: 128, s3_shard_mib: 32, runs: 3, json: None };
+    let mut args = Args { shards: 8, shard_mib: 128, s3_shard_mib: 32, runs: 3, runtime_threads: 2, json: None };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -50,6 +51,9 @@ fn parse_args() -> Result<Args, String> {
                 args.s3_shard_mib = value()?.parse().map_err(|e| format!("--s3-shard-mib: {e}"))?
             }
             "--runs" => args.runs = value()?.parse().map_err(|e| format!("--runs: {e}"))?,
+            "--runtime-threads" => {
+                args.runtime_threads = value()?.parse().map_err(|e| format!("--runtime-threads: {e}"))?
+            }
             "--json" => args.json = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -173,7 +177,12 @@ fn main() -> Result<(), String> {
     let cfg_path = work.join("curl-nginx.cfg");
     std::fs::write(&cfg_path, curl_config(&nginx.url(&format!("{ckpt_name}/")), &files, ""))
         .map_err(|e| e.to_string())?;
-    let fast = RemoteOptions { reads_inflight_max: 8, chunk_bytes: CHUNK_BYTES, ..RemoteOptions::default() };
+    let fast = RemoteOptions {
+        reads_inflight_max: 8,
+        chunk_bytes: CHUNK_BYTES,
+        runtime_threads: args.runtime_threads,
+        ..RemoteOptions::default()
+    };
     // Warm-ups: the page cache for both, and the loader's recycled arena (as a service that loads
     // repeatedly would have it).
     curl_run(&cfg_path, &[]);
