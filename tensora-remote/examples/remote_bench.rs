@@ -40,7 +40,8 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args { shards: 8, shard_mib: 128, s3_shard_mib: 32, runs: 3, runtime_threads: 2, json: None };
+    let mut args =
+        Args { shards: 8, shard_mib: 128, s3_shard_mib: 32, runs: 3, runtime_threads: 2, json: None };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));

@@ -215,7 +215,7 @@ fn object_replaced_mid_load_fails_cleanly() {
     let nginx = started(Nginx::start(root.path(), "256k"));
     let location = Location::parse(&nginx.slow_url("slow/")).unwrap();
     let loader = std::thread::spawn(move || load_remote(&location, &slow_opts()));
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_millis(450));
     // Same size, new bytes and a new mtime (nginx's ETag is mtime-size): the last shard, which the
     // loader reads last.
     let shard = dir.join("model-00002-of-00002.safetensors");
