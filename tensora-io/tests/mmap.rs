@@ -1,8 +1,6 @@
 //! The mmap backend (owned mode) against random plans, and `MappedFiles`: residency via
 //! `mincore`, prewarm, lock, size checks, cancellation and sink stops.
 
-use std::io::Write;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use proptest::prelude::*;
@@ -13,127 +11,9 @@ use tensora_io::{
 };
 use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
 
-/// A completion sink made of a closure.
-struct FnSink<F>(F);
+mod harness;
 
-impl<F: Fn(u32) -> Result<(), StopReason> + Sync> CompletionSink for FnSink<F> {
-    fn read_done(&self, read: u32) -> Result<(), StopReason> {
-        (self.0)(read)
-    }
-}
-
-struct TestFile {
-    _tmp: tempfile::NamedTempFile,
-    data: Vec<u8>,
-    source: SourceFile,
-}
-
-fn test_file(data: Vec<u8>, claimed_len_bytes: u64, direct: bool) -> TestFile {
-    let mut tmp = tempfile::NamedTempFile::new().unwrap();
-    tmp.write_all(&data).unwrap();
-    tmp.as_file().sync_all().unwrap();
-    let path = tmp.path().to_path_buf();
-    let source = SourceFile {
-        len_bytes: claimed_len_bytes,
-        buffered: std::fs::File::open(&path).unwrap(),
-        direct: if direct { Some(tensora_io::probe::open_direct(&path).unwrap()) } else { None },
-        path,
-    };
-    TestFile { _tmp: tmp, data, source }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-struct Run {
-    result: Result<IoStats, ReadError>,
-    arena: Arena,
-    reported: Vec<u32>,
-    budget: Budget,
-}
-
-#[derive(Clone, Copy)]
-struct Knobs {
-    threads: usize,
-    queue_depth: u32,
-    direct: bool,
-    budget_bytes: u64,
-}
-
-fn run(backend: &dyn IoBackend, plan: &Plan, files: &[SourceFile], knobs: Knobs) -> Run {
-    let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
-    let budget = Budget::new(knobs.budget_bytes);
-    let cancel = AtomicBool::new(false);
-    let reported = Mutex::new(Vec::new());
-    let sink = FnSink(|read| {
-        reported.lock().unwrap().push(read);
-        Ok(())
-    });
-    // SAFETY: nothing else reads or writes the destination while this job runs.
-    let job = unsafe {
-        Job::new(
-            plan,
-            files,
-            &arena,
-            &budget,
-            &cancel,
-            JobConfig {
-                threads: knobs.threads,
-                queue_depth: knobs.queue_depth,
-                direct: knobs.direct,
-                retries_max: 4,
-            },
-        )
-    };
-    let result = backend.execute(&job, &sink);
-    Run { result, arena, reported: reported.into_inner().unwrap(), budget }
-}
-
-/// Every extent's bytes landed where the plan says, and every read was reported exactly once.
-fn check_bytes(run: &mut Run, plan: &Plan, extents: &[Extent], files: &[TestFile]) {
-    let stats = run.result.as_ref().expect("run failed");
-    assert_eq!(stats.reads, plan.reads().len() as u64);
-    assert!(stats.peak_inflight_bytes <= run.budget.capacity_bytes());
-    assert_eq!(run.budget.in_use_bytes(), 0);
-    let mut reported = run.reported.clone();
-    reported.sort_unstable();
-    assert_eq!(reported, (0..plan.reads().len() as u32).collect::<Vec<_>>());
-    let arena = run.arena.as_slice();
-    for (extent, loc) in extents.iter().zip(plan.locations()) {
-        let want = &files[extent.file as usize].data
-            [extent.offset_bytes as usize..(extent.offset_bytes + extent.len_bytes) as usize];
-        let at = loc.arena_offset_bytes as usize;
-        assert_eq!(&arena[at..at + want.len()], want, "extent {extent:?}");
-    }
-}
-
-fn extents_strategy() -> impl Strategy<Value = (Vec<usize>, Vec<(usize, u64, u64)>)> {
-    prop::collection::vec(1usize..120_000, 1..3).prop_flat_map(|lens| {
-        let n = lens.len();
-        let raw = prop::collection::vec((0..n, 0.0f64..1.0, 0.0f64..1.0), 1..12);
-        (Just(lens), raw).prop_map(|(lens, raw)| {
-            let picked = raw
-                .into_iter()
-                .map(|(f, a, b)| {
-                    let len = lens[f] as u64;
-                    let off = ((len as f64) * a) as u64 % len;
-                    let ext = (((len - off) as f64) * b) as u64;
-                    (f, off, ext.max(1).min(len - off))
-                })
-                .collect();
-            (lens, picked)
-        })
-    })
-}
+use harness::*;
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
@@ -178,15 +58,6 @@ proptest! {
         let knobs = Knobs { threads, queue_depth: 1, direct, budget_bytes: budget_kib << 10 };
         let mut run = run(&backend, &plan, &sources, knobs);
         check_bytes(&mut run, &plan, &extents, &files);
-    }
-}
-
-fn clone_source(s: &SourceFile) -> SourceFile {
-    SourceFile {
-        path: s.path.clone(),
-        len_bytes: s.len_bytes,
-        buffered: s.buffered.try_clone().unwrap(),
-        direct: s.direct.as_ref().map(|d| d.try_clone().unwrap()),
     }
 }
 

@@ -1,0 +1,144 @@
+//! Shared harness of the backend tests (`uring.rs`, `mmap.rs`, `async_load.rs`): temp files with
+//! known contents, a closure sink, one backend run into an arena, the byte-exact check and the
+//! random-extents strategy. Each test binary uses a different subset, hence `dead_code`.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+
+use proptest::prelude::*;
+use tensora_io::arena::Arena;
+use tensora_io::{CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, SourceFile, StopReason};
+use tensora_plan::{Budget, Extent, Plan};
+
+/// A completion sink made of a closure.
+pub struct FnSink<F>(pub F);
+
+impl<F: Fn(u32) -> Result<(), StopReason> + Sync> CompletionSink for FnSink<F> {
+    fn read_done(&self, read: u32) -> Result<(), StopReason> {
+        (self.0)(read)
+    }
+}
+
+pub struct TestFile {
+    pub _tmp: tempfile::NamedTempFile,
+    pub data: Vec<u8>,
+    pub source: SourceFile,
+}
+
+pub fn test_file(data: Vec<u8>, claimed_len_bytes: u64, direct: bool) -> TestFile {
+    let mut tmp = tempfile::NamedTempFile::new().unwrap();
+    tmp.write_all(&data).unwrap();
+    tmp.as_file().sync_all().unwrap();
+    let path = tmp.path().to_path_buf();
+    let source = SourceFile {
+        len_bytes: claimed_len_bytes,
+        buffered: std::fs::File::open(&path).unwrap(),
+        direct: if direct { Some(tensora_io::probe::open_direct(&path).unwrap()) } else { None },
+        path,
+    };
+    TestFile { _tmp: tmp, data, source }
+}
+
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub struct Run {
+    pub result: Result<IoStats, ReadError>,
+    pub arena: Arena,
+    pub reported: Vec<u32>,
+    pub budget: Budget,
+}
+
+#[derive(Clone, Copy)]
+pub struct Knobs {
+    pub threads: usize,
+    pub queue_depth: u32,
+    pub direct: bool,
+    pub budget_bytes: u64,
+}
+
+pub fn run(backend: &dyn IoBackend, plan: &Plan, files: &[SourceFile], knobs: Knobs) -> Run {
+    let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
+    let budget = Budget::new(knobs.budget_bytes);
+    let cancel = AtomicBool::new(false);
+    let reported = Mutex::new(Vec::new());
+    let sink = FnSink(|read| {
+        reported.lock().unwrap().push(read);
+        Ok(())
+    });
+    // SAFETY: nothing else reads or writes the destination while this job runs.
+    let job = unsafe {
+        Job::new(
+            plan,
+            files,
+            &arena,
+            &budget,
+            &cancel,
+            JobConfig {
+                threads: knobs.threads,
+                queue_depth: knobs.queue_depth,
+                direct: knobs.direct,
+                retries_max: 4,
+            },
+        )
+    };
+    let result = backend.execute(&job, &sink);
+    Run { result, arena, reported: reported.into_inner().unwrap(), budget }
+}
+
+/// Every extent's bytes landed where the plan says, and every read was reported exactly once.
+pub fn check_bytes(run: &mut Run, plan: &Plan, extents: &[Extent], files: &[TestFile]) {
+    let stats = run.result.as_ref().expect("run failed");
+    assert_eq!(stats.reads, plan.reads().len() as u64);
+    assert!(stats.peak_inflight_bytes <= run.budget.capacity_bytes());
+    assert_eq!(run.budget.in_use_bytes(), 0);
+    let mut reported = run.reported.clone();
+    reported.sort_unstable();
+    assert_eq!(reported, (0..plan.reads().len() as u32).collect::<Vec<_>>());
+    let arena = run.arena.as_slice();
+    for (extent, loc) in extents.iter().zip(plan.locations()) {
+        let want = &files[extent.file as usize].data
+            [extent.offset_bytes as usize..(extent.offset_bytes + extent.len_bytes) as usize];
+        let at = loc.arena_offset_bytes as usize;
+        assert_eq!(&arena[at..at + want.len()], want, "extent {extent:?}");
+    }
+}
+
+pub fn extents_strategy() -> impl Strategy<Value = (Vec<usize>, Vec<(usize, u64, u64)>)> {
+    prop::collection::vec(1usize..120_000, 1..3).prop_flat_map(|lens| {
+        let n = lens.len();
+        let raw = prop::collection::vec((0..n, 0.0f64..1.0, 0.0f64..1.0), 1..12);
+        (Just(lens), raw).prop_map(|(lens, raw)| {
+            let picked = raw
+                .into_iter()
+                .map(|(f, a, b)| {
+                    let len = lens[f] as u64;
+                    let off = ((len as f64) * a) as u64 % len;
+                    let ext = (((len - off) as f64) * b) as u64;
+                    (f, off, ext.max(1).min(len - off))
+                })
+                .collect();
+            (lens, picked)
+        })
+    })
+}
+
+pub fn clone_source(s: &SourceFile) -> SourceFile {
+    SourceFile {
+        path: s.path.clone(),
+        len_bytes: s.len_bytes,
+        buffered: s.buffered.try_clone().unwrap(),
+        direct: s.direct.as_ref().map(|d| d.try_clone().unwrap()),
+    }
+}
