@@ -31,28 +31,8 @@ proptest! {
         seed in any::<u64>(),
         budget_kib in 4u64..256,
     ) {
-        let files: Vec<TestFile> = lens
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| test_file(pattern(len, seed ^ i as u64), len as u64, direct))
-            .collect();
-        let extents: Vec<Extent> = picked
-            .iter()
-            .enumerate()
-            .map(|(tag, &(file, offset_bytes, len_bytes))| Extent {
-                file: file as u32,
-                offset_bytes,
-                len_bytes,
-                tag: tag as u32,
-            })
-            .collect();
-        let align_bytes = if direct { 4096 } else { 1 };
-        let config = PlanConfig {
-            align_bytes,
-            chunk_bytes: chunk_kib * 4096,
-            coalesce_gap_bytes: 8192,
-            budget_bytes: 1 << 20,
-        };
+        let (files, extents) = random_files_and_extents(&lens, &picked, seed, direct);
+        let config = random_plan_config(direct, chunk_kib);
         let file_lens: Vec<u64> = lens.iter().map(|&l| l as u64).collect();
         let plan = Plan::build_with_file_lens(&extents, &config, &Order::File, &file_lens).unwrap();
         let sources: Vec<SourceFile> = files.iter().map(|f| clone_source(&f.source)).collect();

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use proptest::prelude::*;
 use tensora_io::arena::Arena;
 use tensora_io::{CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, SourceFile, StopReason};
-use tensora_plan::{Budget, Extent, Plan};
+use tensora_plan::{Budget, Extent, Plan, PlanConfig};
 
 /// A completion sink made of a closure.
 pub struct FnSink<F>(pub F);
@@ -140,5 +140,41 @@ pub fn clone_source(s: &SourceFile) -> SourceFile {
         len_bytes: s.len_bytes,
         buffered: s.buffered.try_clone().unwrap(),
         direct: s.direct.as_ref().map(|d| d.try_clone().unwrap()),
+    }
+}
+
+/// Temp files of `lens` bytes (contents from `seed`) and the extents `picked` over them, tagged in
+/// order: the inputs of every backend's random-plan property.
+pub fn random_files_and_extents(
+    lens: &[usize],
+    picked: &[(usize, u64, u64)],
+    seed: u64,
+    direct: bool,
+) -> (Vec<TestFile>, Vec<Extent>) {
+    let files = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| test_file(pattern(len, seed ^ i as u64), len as u64, direct))
+        .collect();
+    let extents = picked
+        .iter()
+        .enumerate()
+        .map(|(tag, &(file, offset_bytes, len_bytes))| Extent {
+            file: file as u32,
+            offset_bytes,
+            len_bytes,
+            tag: tag as u32,
+        })
+        .collect();
+    (files, extents)
+}
+
+/// The plan configuration of the random-plan properties: 4 KiB-aligned when `direct`.
+pub fn random_plan_config(direct: bool, chunk_kib: u64) -> PlanConfig {
+    PlanConfig {
+        align_bytes: if direct { 4096 } else { 1 },
+        chunk_bytes: chunk_kib * 4096,
+        coalesce_gap_bytes: 8192,
+        budget_bytes: 1 << 20,
     }
 }
