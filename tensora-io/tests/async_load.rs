@@ -1,19 +1,16 @@
 //! The async backend against random plans (buffered and O_DIRECT), EOF, cancellation and sink
 //! stops, and `load_async` keeping the caller's runtime responsive.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
-use tensora_io::arena::Arena;
 use tensora_io::async_load::{AsyncBackend, load_async};
 use tensora_io::{BackendChoice, LoadOptions, TensorHook};
-use tensora_io::{
-    CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
-};
-use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
+use tensora_io::{ReadErrorKind, SourceFile};
+use tensora_plan::{Order, Plan};
 
 mod harness;
 
@@ -43,39 +40,10 @@ proptest! {
     }
 }
 
-fn whole_file_plan(len_bytes: u64, chunk_bytes: u64) -> (Vec<Extent>, Plan) {
-    let extents = vec![Extent { file: 0, offset_bytes: 0, len_bytes, tag: 0 }];
-    let config = PlanConfig { align_bytes: 1, chunk_bytes, coalesce_gap_bytes: 0, budget_bytes: 64 << 10 };
-    let plan = Plan::build(&extents, &config, &Order::File).unwrap();
-    (extents, plan)
-}
-
-fn run_with_sink(
-    sink: &dyn CompletionSink,
-    cancel: &AtomicBool,
-    plan: &Plan,
-    file: &TestFile,
-    budget: &Budget,
-) -> Result<IoStats, ReadError> {
-    let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
-    // SAFETY: nothing else reads or writes the destination while this job runs.
-    let job = unsafe {
-        Job::new(
-            plan,
-            std::slice::from_ref(&file.source),
-            &arena,
-            budget,
-            cancel,
-            JobConfig { threads: 2, queue_depth: 4, direct: false, retries_max: 4 },
-        )
-    };
-    AsyncBackend.execute(&job, sink)
-}
-
 #[test]
 fn read_past_a_truncated_file_is_unexpected_eof() {
     let file = test_file(pattern(10_000, 1), 100 << 10, false);
-    let (_, plan) = whole_file_plan(100 << 10, 16 << 10);
+    let (_, plan) = whole_file_plan(100 << 10, 1, 16 << 10);
     let knobs = Knobs { threads: 2, queue_depth: 4, direct: false, budget_bytes: 1 << 20 };
     let run = run(&AsyncBackend, &plan, std::slice::from_ref(&file.source), knobs);
     let err = run.result.unwrap_err();
@@ -85,40 +53,18 @@ fn read_past_a_truncated_file_is_unexpected_eof() {
 
 #[test]
 fn cancel_flag_stops_the_run() {
-    let file = test_file(pattern(1 << 20, 3), 1 << 20, false);
-    let (_, plan) = whole_file_plan(1 << 20, 16 << 10);
-    let cancel = AtomicBool::new(false);
-    let done = AtomicUsize::new(0);
-    let sink = FnSink(|_| {
-        if done.fetch_add(1, Ordering::SeqCst) == 2 {
-            cancel.store(true, Ordering::SeqCst);
-        }
-        Ok(())
-    });
-    let budget = Budget::new(64 << 10);
-    let result = run_with_sink(&sink, &cancel, &plan, &file, &budget);
-    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Cancelled));
-    assert!(done.load(Ordering::SeqCst) < plan.reads().len());
-    assert_eq!(budget.in_use_bytes(), 0);
+    check_cancel_flag_stops_the_run(&AsyncBackend, 4);
 }
 
 #[test]
 fn sink_stop_returns_stopped() {
-    let file = test_file(pattern(1 << 20, 4), 1 << 20, false);
-    let (_, plan) = whole_file_plan(1 << 20, 16 << 10);
-    let done = AtomicUsize::new(0);
-    let sink = FnSink(|_| if done.fetch_add(1, Ordering::SeqCst) >= 3 { Err(StopReason) } else { Ok(()) });
-    let budget = Budget::new(64 << 10);
-    let result = run_with_sink(&sink, &AtomicBool::new(false), &plan, &file, &budget);
-    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Stopped));
-    assert!(done.load(Ordering::SeqCst) <= 5, "{}", done.load(Ordering::SeqCst));
-    assert_eq!(budget.in_use_bytes(), 0);
+    check_sink_stop_returns_stopped(&AsyncBackend, 4);
 }
 
 #[test]
 fn execute_from_inside_a_runtime_does_not_panic() {
     let file = test_file(pattern(200_000, 11), 200_000, false);
-    let (extents, plan) = whole_file_plan(200_000, 16 << 10);
+    let (extents, plan) = whole_file_plan(200_000, 1, 16 << 10);
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let mut run = runtime.block_on(async {
         let knobs = Knobs { threads: 1, queue_depth: 4, direct: false, budget_bytes: 1 << 20 };

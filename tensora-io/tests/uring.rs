@@ -7,9 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use proptest::prelude::*;
 use tensora_io::arena::Arena;
 use tensora_io::uring::{self, UringBackend, UringConfig};
-use tensora_io::{
-    CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
-};
+use tensora_io::{IoBackend, Job, JobConfig, ReadErrorKind, SourceFile};
 use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
 
 mod harness;
@@ -44,14 +42,6 @@ proptest! {
     }
 }
 
-fn one_extent_plan(len_bytes: u64, align_bytes: u64) -> (Vec<Extent>, Plan) {
-    let extents = vec![Extent { file: 0, offset_bytes: 0, len_bytes, tag: 0 }];
-    let config =
-        PlanConfig { align_bytes, chunk_bytes: 16 << 10, coalesce_gap_bytes: 0, budget_bytes: 64 << 10 };
-    let plan = Plan::build(&extents, &config, &Order::File).unwrap();
-    (extents, plan)
-}
-
 const KNOBS: Knobs = Knobs { threads: 2, queue_depth: 4, direct: false, budget_bytes: 64 << 10 };
 
 #[test]
@@ -65,7 +55,7 @@ fn read_past_a_truncated_file_is_unexpected_eof() {
     for direct in [false, true] {
         // The file claims 100 KiB (what the header said) but only 10_000 bytes are left.
         let file = test_file(pattern(10_000, 1), 100 << 10, direct);
-        let (_, plan) = one_extent_plan(100 << 10, if direct { 4096 } else { 1 });
+        let (_, plan) = whole_file_plan(100 << 10, if direct { 4096 } else { 1 }, 16 << 10);
         let knobs = Knobs { direct, ..KNOBS };
         let run = run(&UringBackend::default(), &plan, std::slice::from_ref(&file.source), knobs);
         let err = run.result.unwrap_err();
@@ -79,7 +69,7 @@ fn read_past_a_truncated_file_is_unexpected_eof() {
 fn aligned_plan_without_file_lengths_accepts_padding_past_eof() {
     // Plan::build rounds the last read up to 8192 bytes; the file has 5000.
     let file = test_file(pattern(5000, 2), 5000, true);
-    let (extents, plan) = one_extent_plan(5000, 4096);
+    let (extents, plan) = whole_file_plan(5000, 4096, 16 << 10);
     assert!(plan.reads()[0].len_bytes > 5000);
     for direct in [false, true] {
         let mut run = run(
@@ -93,66 +83,20 @@ fn aligned_plan_without_file_lengths_accepts_padding_past_eof() {
 }
 
 /// Runs a 1 MiB plan of 16 KiB reads with a custom sink.
-fn run_with_sink(
-    sink: &dyn CompletionSink,
-    cancel: &AtomicBool,
-    plan: &Plan,
-    file: &TestFile,
-    budget: &Budget,
-) -> Result<IoStats, ReadError> {
-    let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
-    // SAFETY: nothing else reads or writes the destination while this job runs.
-    let job = unsafe {
-        Job::new(
-            plan,
-            std::slice::from_ref(&file.source),
-            &arena,
-            budget,
-            cancel,
-            JobConfig { threads: 2, queue_depth: 4, direct: false, retries_max: 4 },
-        )
-    };
-    UringBackend::default().execute(&job, sink)
-}
-
 #[test]
 fn cancel_flag_stops_the_run_with_nothing_in_flight() {
-    let file = test_file(pattern(1 << 20, 3), 1 << 20, false);
-    let (_, plan) = one_extent_plan(1 << 20, 1);
-    let cancel = AtomicBool::new(false);
-    let done = AtomicUsize::new(0);
-    let sink = FnSink(|_| {
-        if done.fetch_add(1, Ordering::SeqCst) == 2 {
-            cancel.store(true, Ordering::SeqCst);
-        }
-        Ok(())
-    });
-    let budget = Budget::new(64 << 10);
-    let result = run_with_sink(&sink, &cancel, &plan, &file, &budget);
-    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Cancelled));
-    assert!(done.load(Ordering::SeqCst) < plan.reads().len());
-    assert_eq!(budget.in_use_bytes(), 0);
+    check_cancel_flag_stops_the_run(&UringBackend::default(), 4);
 }
 
 #[test]
 fn sink_stop_returns_stopped_with_nothing_in_flight() {
-    let file = test_file(pattern(1 << 20, 4), 1 << 20, false);
-    let (_, plan) = one_extent_plan(1 << 20, 1);
-    let done = AtomicUsize::new(0);
-    let sink = FnSink(|_| if done.fetch_add(1, Ordering::SeqCst) >= 3 { Err(StopReason) } else { Ok(()) });
-    let budget = Budget::new(64 << 10);
-    let result = run_with_sink(&sink, &AtomicBool::new(false), &plan, &file, &budget);
-    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Stopped));
-    // The 4th call stopped the run: no sink call after it from this worker, and the other worker
-    // stops before its next one.
-    assert!(done.load(Ordering::SeqCst) <= 5, "{}", done.load(Ordering::SeqCst));
-    assert_eq!(budget.in_use_bytes(), 0);
+    check_sink_stop_returns_stopped(&UringBackend::default(), 4);
 }
 
 #[test]
 fn a_panicking_sink_drains_the_ring_before_unwinding() {
     let file = test_file(pattern(1 << 20, 5), 1 << 20, false);
-    let (_, plan) = one_extent_plan(1 << 20, 1);
+    let (_, plan) = whole_file_plan(1 << 20, 1, 16 << 10);
     let done = AtomicUsize::new(0);
     let sink = FnSink(|_| {
         if done.fetch_add(1, Ordering::SeqCst) == 1 {
@@ -162,7 +106,7 @@ fn a_panicking_sink_drains_the_ring_before_unwinding() {
     });
     let budget = Budget::new(64 << 10);
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        run_with_sink(&sink, &AtomicBool::new(false), &plan, &file, &budget)
+        run_with_sink(&UringBackend::default(), 4, &sink, &AtomicBool::new(false), &plan, &file, &budget)
     }));
     // The panic surfaced, and every permit was returned: the guard waited for the CQEs.
     let payload = outcome.expect_err("the sink's panic must propagate");
@@ -173,7 +117,7 @@ fn a_panicking_sink_drains_the_ring_before_unwinding() {
 #[test]
 fn a_plan_larger_than_the_destination_is_an_error_not_a_write() {
     let file = test_file(pattern(100_000, 6), 100_000, false);
-    let (_, plan) = one_extent_plan(100_000, 1);
+    let (_, plan) = whole_file_plan(100_000, 1, 16 << 10);
     let small = Arena::with_len(4096).unwrap();
     let budget = Budget::new(1 << 20);
     let cancel = AtomicBool::new(false);
@@ -239,7 +183,7 @@ unsafe impl tensora_io::Destination for FailingSink {
 #[test]
 fn a_failing_destination_stops_the_run_before_the_sink_hears_of_the_read() {
     let file = test_file(pattern(1 << 20, 12), 1 << 20, false);
-    let (_, plan) = one_extent_plan(1 << 20, 1);
+    let (_, plan) = whole_file_plan(1 << 20, 1, 16 << 10);
     let dest = FailingSink {
         arena: Arena::with_len(plan.arena_len_bytes()).unwrap(),
         landed: AtomicUsize::new(0),

@@ -5,12 +5,14 @@
 
 use std::io::Write;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 use tensora_io::arena::Arena;
-use tensora_io::{CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, SourceFile, StopReason};
-use tensora_plan::{Budget, Extent, Plan, PlanConfig};
+use tensora_io::{
+    CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
+};
+use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
 
 /// A completion sink made of a closure.
 pub struct FnSink<F>(pub F);
@@ -177,4 +179,71 @@ pub fn random_plan_config(direct: bool, chunk_kib: u64) -> PlanConfig {
         coalesce_gap_bytes: 8192,
         budget_bytes: 1 << 20,
     }
+}
+
+/// A plan reading all `len_bytes` of file 0 as one extent, in reads of `chunk_bytes`.
+pub fn whole_file_plan(len_bytes: u64, align_bytes: u64, chunk_bytes: u64) -> (Vec<Extent>, Plan) {
+    let extents = vec![Extent { file: 0, offset_bytes: 0, len_bytes, tag: 0 }];
+    let config = PlanConfig { align_bytes, chunk_bytes, coalesce_gap_bytes: 0, budget_bytes: 64 << 10 };
+    let plan = Plan::build(&extents, &config, &Order::File).unwrap();
+    (extents, plan)
+}
+
+/// Run `backend` over `plan` (2 workers, buffered) into a fresh arena, reporting to `sink`.
+pub fn run_with_sink(
+    backend: &dyn IoBackend,
+    queue_depth: u32,
+    sink: &dyn CompletionSink,
+    cancel: &AtomicBool,
+    plan: &Plan,
+    file: &TestFile,
+    budget: &Budget,
+) -> Result<IoStats, ReadError> {
+    let arena = Arena::with_len(plan.arena_len_bytes()).unwrap();
+    // SAFETY: nothing else reads or writes the destination while this job runs.
+    let job = unsafe {
+        Job::new(
+            plan,
+            std::slice::from_ref(&file.source),
+            &arena,
+            budget,
+            cancel,
+            JobConfig { threads: 2, queue_depth, direct: false, retries_max: 4 },
+        )
+    };
+    backend.execute(&job, sink)
+}
+
+/// Setting the cancel flag from the sink stops the run with `Cancelled`, before every read was
+/// reported, with every budget permit returned (nothing left in flight).
+pub fn check_cancel_flag_stops_the_run(backend: &dyn IoBackend, queue_depth: u32) {
+    let file = test_file(pattern(1 << 20, 3), 1 << 20, false);
+    let (_, plan) = whole_file_plan(1 << 20, 1, 16 << 10);
+    let cancel = AtomicBool::new(false);
+    let done = AtomicUsize::new(0);
+    let sink = FnSink(|_| {
+        if done.fetch_add(1, Ordering::SeqCst) == 2 {
+            cancel.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    });
+    let budget = Budget::new(64 << 10);
+    let result = run_with_sink(backend, queue_depth, &sink, &cancel, &plan, &file, &budget);
+    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Cancelled));
+    assert!(done.load(Ordering::SeqCst) < plan.reads().len());
+    assert_eq!(budget.in_use_bytes(), 0);
+}
+
+/// A sink returning `StopReason` stops the run with `Stopped`: the 4th call stopped it, so no sink
+/// call follows from that worker and the other worker stops before its next one.
+pub fn check_sink_stop_returns_stopped(backend: &dyn IoBackend, queue_depth: u32) {
+    let file = test_file(pattern(1 << 20, 4), 1 << 20, false);
+    let (_, plan) = whole_file_plan(1 << 20, 1, 16 << 10);
+    let done = AtomicUsize::new(0);
+    let sink = FnSink(|_| if done.fetch_add(1, Ordering::SeqCst) >= 3 { Err(StopReason) } else { Ok(()) });
+    let budget = Budget::new(64 << 10);
+    let result = run_with_sink(backend, queue_depth, &sink, &AtomicBool::new(false), &plan, &file, &budget);
+    assert!(matches!(result.unwrap_err().kind, ReadErrorKind::Stopped));
+    assert!(done.load(Ordering::SeqCst) <= 5, "{}", done.load(Ordering::SeqCst));
+    assert_eq!(budget.in_use_bytes(), 0);
 }
