@@ -7,6 +7,8 @@
 //! ("one-thread", || Box::new(crate::one_thread::OneThreadPread)),
 //! ```
 //!
+//! It is safe code only: `Job::claim` hands out each read's destination slice once per job.
+//!
 //! Out of tree, pass it as `BackendChoice::Custom` (the one call below). Run with
 //! `cargo run -p tensora-io --example custom_backend [CHECKPOINT]`.
 
@@ -31,7 +33,9 @@ impl IoBackend for OneThreadPread {
         let mut stats = IoStats::default();
         for queue in job.plan.queues() {
             for index in queue.reads.clone() {
-                let read = &job.plan.reads()[index as usize];
+                // The read's destination slice, handed out once per job: no `unsafe` needed.
+                let mut target = job.claim(index)?;
+                let read = target.read().clone();
                 let fail = |kind| ReadError {
                     file: read.file,
                     offset_bytes: read.offset_bytes,
@@ -41,33 +45,18 @@ impl IoBackend for OneThreadPread {
                 if job.cancel.load(Ordering::Acquire) {
                     return Err(fail(ReadErrorKind::Cancelled));
                 }
-                let fits = read
-                    .arena_offset_bytes
-                    .checked_add(read.len_bytes)
-                    .is_some_and(|e| e <= job.dest.len_bytes());
-                let Some(file) = job.files.get(read.file as usize).filter(|_| fits) else {
-                    return Err(fail(ReadErrorKind::Io(std::io::Error::other("read outside the job"))));
+                let Some(file) = job.files.get(read.file as usize) else {
+                    return Err(fail(ReadErrorKind::Io(std::io::Error::other("read names no file"))));
                 };
                 let _permit = job.budget.acquire(read.len_bytes);
-                // SAFETY: the range lies inside the destination (checked above), which the
-                // `Destination` contract keeps valid and writable for the job; plan reads never
-                // overlap and this backend has one read in flight, so the slice is unique.
-                let buf = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        job.dest.host_ptr().as_ptr().add(read.arena_offset_bytes as usize),
-                        read.len_bytes as usize,
-                    )
-                };
                 file.buffered
-                    .read_exact_at(buf, read.offset_bytes)
-                    .map_err(|e| fail(ReadErrorKind::Io(e)))?;
-                job.dest
-                    .on_landed(read.arena_offset_bytes, read.len_bytes)
+                    .read_exact_at(target.buf(), read.offset_bytes)
                     .map_err(|e| fail(ReadErrorKind::Io(e)))?;
                 stats.bytes_read += read.len_bytes;
                 stats.reads += 1;
                 stats.peak_inflight_bytes = stats.peak_inflight_bytes.max(read.len_bytes);
-                sink.read_done(index).map_err(|_| fail(ReadErrorKind::Stopped))?;
+                // `on_landed` on the destination, then `read_done` on the sink.
+                target.land(sink)?;
             }
         }
         Ok(stats)

@@ -11,9 +11,9 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use tensora_plan::{Budget, Plan};
+use tensora_plan::{Budget, Plan, Read};
 
 /// Where bytes land.
 ///
@@ -100,6 +100,11 @@ pub struct Job<'a> {
     /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read; short reads that make
     /// progress do not count (see [`crate::read_progress`]).
     pub retries_max: u32,
+    /// Checkpoint file id of each plan file (`None`: plan file `i` is checkpoint file `i`).
+    file_ids: Option<&'a [u32]>,
+    /// One bit per plan read: set once its destination range has been handed out
+    /// ([`Job::claim`]) or taken by a built-in backend. A range is never handed out twice.
+    claims: Box<[AtomicU64]>,
     /// Private: only [`Job::new`] builds a job.
     _sealed: Sealed,
 }
@@ -145,6 +150,7 @@ impl<'a> Job<'a> {
         cancel: &'a AtomicBool,
         config: JobConfig,
     ) -> Job<'a> {
+        let words = plan.reads().len().div_ceil(64);
         Job {
             plan,
             files,
@@ -155,8 +161,202 @@ impl<'a> Job<'a> {
             direct: config.direct,
             cancel,
             retries_max: config.retries_max,
+            file_ids: None,
+            claims: (0..words).map(|_| AtomicU64::new(0)).collect(),
             _sealed: Sealed,
         }
+    }
+
+    /// Records which checkpoint file each plan file is (`file_ids[plan_file]`), for backends
+    /// that do not read through [`Job::files`] (see [`IoBackend::reads_local_files`]).
+    pub fn with_file_ids(mut self, file_ids: &'a [u32]) -> Job<'a> {
+        self.file_ids = Some(file_ids);
+        self
+    }
+
+    /// The checkpoint file id (index into `Checkpoint::files`) of plan file `plan_file`, or
+    /// `None` if the plan names a file the job does not know.
+    ///
+    /// ```
+    /// # use std::sync::atomic::AtomicBool;
+    /// # use tensora_io::{Job, JobConfig};
+    /// # use tensora_plan::{Budget, Order, Plan, PlanConfig};
+    /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
+    /// let arena = tensora_io::arena::Arena::with_len(4096)?;
+    /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
+    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// // SAFETY: nothing else touches `arena` while the job runs.
+    /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
+    /// assert_eq!(job.checkpoint_file(3), Some(3));
+    /// let job = job.with_file_ids(&[7, 2]);
+    /// assert_eq!((job.checkpoint_file(1), job.checkpoint_file(2)), (Some(2), None));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn checkpoint_file(&self, plan_file: u32) -> Option<u32> {
+        match self.file_ids {
+            Some(ids) => ids.get(plan_file as usize).copied(),
+            None => Some(plan_file),
+        }
+    }
+
+    /// Claim read `index` (into [`Plan::reads`]) for writing: its destination range as a
+    /// [`ReadTarget`]. Each read is handed out at most once per job, whoever asks (a second
+    /// claim, or a claim of a read a built-in backend already took, is an error), so a backend
+    /// written in safe code can fill reads from several threads or tasks at once.
+    ///
+    /// Errors name the read: an index outside the plan, a range outside the destination, or a
+    /// read claimed before.
+    ///
+    /// ```
+    /// # use std::sync::atomic::AtomicBool;
+    /// # use tensora_io::{Job, JobConfig, CompletionSink, StopReason};
+    /// # use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
+    /// struct Count(std::sync::atomic::AtomicU32);
+    /// impl CompletionSink for Count {
+    ///     fn read_done(&self, _read: u32) -> Result<(), StopReason> {
+    ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ///         Ok(())
+    ///     }
+    /// }
+    /// let extents = [Extent { file: 0, offset_bytes: 8, len_bytes: 100, tag: 0 }];
+    /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
+    /// let arena = tensora_io::arena::Arena::with_len(plan.arena_len_bytes())?;
+    /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
+    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// // SAFETY: nothing else touches `arena` while the job runs.
+    /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
+    /// let mut target = job.claim(0)?;
+    /// target.buf().fill(7);
+    /// assert!(job.claim(0).is_err(), "a read is handed out once");
+    /// let sink = Count(Default::default());
+    /// target.land(&sink)?;
+    /// assert_eq!(sink.0.into_inner(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn claim(&self, index: u32) -> Result<ReadTarget<'_>, ReadError> {
+        let read = self.checked_read(index)?;
+        self.take_claim(index, read)?;
+        let ptr = self.dest.host_ptr().as_ptr().wrapping_add(read.arena_offset_bytes as usize);
+        // SAFETY: `checked_read` proved the range lies inside the destination (whose length fits
+        // usize); the `Destination` contract makes that memory initialised, valid and writable
+        // for as long as the destination (and so this job) lives; `Job::new`'s contract says
+        // nobody outside the job touches the plan's ranges while it runs; plan reads never
+        // overlap; and the claim bit, set above for the first and only time, makes this the one
+        // slice of this range the job ever hands out.
+        let buf = unsafe { std::slice::from_raw_parts_mut(ptr, read.len_bytes as usize) };
+        Ok(ReadTarget { job: self, index, buf })
+    }
+
+    /// Claims every read of the plan at once, for a built-in backend that writes through raw
+    /// pointers (after checking every range). Fails if any read was claimed before.
+    pub(crate) fn claim_all(&self) -> Result<(), ReadError> {
+        let reads = self.plan.reads();
+        for (w, word) in self.claims.iter().enumerate() {
+            let bits = (reads.len() - w * 64).min(64);
+            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+            let before = word.fetch_or(mask, Ordering::AcqRel);
+            if before & mask != 0 {
+                let index = w * 64 + (before & mask).trailing_zeros() as usize;
+                return Err(already_claimed(&reads[index], index as u32));
+            }
+        }
+        Ok(())
+    }
+
+    fn take_claim(&self, index: u32, read: &Read) -> Result<(), ReadError> {
+        let bit = 1u64 << (index % 64);
+        let word = &self.claims[index as usize / 64];
+        if word.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+            return Err(already_claimed(read, index));
+        }
+        Ok(())
+    }
+
+    /// Read `index`, checked to exist and to land inside the destination.
+    fn checked_read(&self, index: u32) -> Result<&Read, ReadError> {
+        let invalid = |read: Option<&Read>, why: String| ReadError {
+            file: read.map_or(ReadError::NO_FILE, |r| r.file),
+            offset_bytes: read.map_or(0, |r| r.offset_bytes),
+            len_bytes: read.map_or(0, |r| r.len_bytes),
+            kind: ReadErrorKind::Io(io::Error::new(io::ErrorKind::InvalidInput, why)),
+        };
+        let reads = self.plan.reads();
+        let Some(read) = reads.get(index as usize) else {
+            return Err(invalid(None, format!("read {index} is not in the plan ({} reads)", reads.len())));
+        };
+        let dest_len = self.dest.len_bytes();
+        let end = read.arena_offset_bytes.checked_add(read.len_bytes);
+        if end.is_none_or(|e| e > dest_len) || usize::try_from(dest_len).is_err() {
+            return Err(invalid(
+                Some(read),
+                format!(
+                    "read {index} lands at {}..+{} but the destination holds {dest_len} bytes",
+                    read.arena_offset_bytes, read.len_bytes
+                ),
+            ));
+        }
+        Ok(read)
+    }
+}
+
+fn already_claimed(read: &Read, index: u32) -> ReadError {
+    ReadError {
+        file: read.file,
+        offset_bytes: read.offset_bytes,
+        len_bytes: read.len_bytes,
+        kind: ReadErrorKind::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("read {index} was already claimed in this job"),
+        )),
+    }
+}
+
+/// One read's destination range, handed out once by [`Job::claim`]. Fill [`ReadTarget::buf`],
+/// then report it with [`ReadTarget::land`]. Dropping it without landing leaves the read
+/// incomplete (the load then fails naming the tensor), never half-reported.
+pub struct ReadTarget<'j> {
+    job: &'j Job<'j>,
+    index: u32,
+    buf: &'j mut [u8],
+}
+
+impl ReadTarget<'_> {
+    /// The read's index in [`Plan::reads`].
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The planned read: file (a plan file; see [`Job::checkpoint_file`]), file offset, length.
+    pub fn read(&self) -> &Read {
+        &self.job.plan.reads()[self.index as usize]
+    }
+
+    /// The destination bytes of this read, exactly `read().len_bytes` long.
+    pub fn buf(&mut self) -> &mut [u8] {
+        self.buf
+    }
+
+    /// Every byte of the read has been written: calls [`Destination::on_landed`], then
+    /// [`CompletionSink::read_done`] (an error from the sink becomes [`ReadErrorKind::Stopped`]).
+    pub fn land(self, sink: &dyn CompletionSink) -> Result<(), ReadError> {
+        let read = self.read();
+        let fail = |kind| ReadError {
+            file: read.file,
+            offset_bytes: read.offset_bytes,
+            len_bytes: read.len_bytes,
+            kind,
+        };
+        self.job
+            .dest
+            .on_landed(read.arena_offset_bytes, read.len_bytes)
+            .map_err(|e| fail(ReadErrorKind::Io(e)))?;
+        sink.read_done(self.index).map_err(|_| fail(ReadErrorKind::Stopped))
+    }
+}
+
+impl std::fmt::Debug for ReadTarget<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadTarget").field("index", &self.index).field("read", self.read()).finish()
     }
 }
 
@@ -245,6 +445,14 @@ pub trait IoBackend: Send + Sync {
     /// Whether this backend can run here, and if not, why (probed, not guessed).
     fn available(&self) -> Result<(), String> {
         Ok(())
+    }
+    /// Whether the load layer opens the checkpoint's files as local files for this backend
+    /// (the default). A backend that reads from elsewhere (an object store) returns false: the
+    /// load layer then opens, `fstat`s and stamp-checks nothing, [`Job::files`] is empty, and the
+    /// backend maps plan files to checkpoint files with [`Job::checkpoint_file`]. Such a backend
+    /// fills reads through [`Job::claim`]; `Residence::Mapped` is refused for it.
+    fn reads_local_files(&self) -> bool {
+        true
     }
     /// Execute every read of `job.plan` into `job.dest`, calling `sink.read_done` once per read
     /// after its bytes have landed and `dest.on_landed` was called. On error, nothing is in

@@ -41,13 +41,13 @@ pub mod sync;
 pub mod uring;
 
 pub use backend::{
-    CompletionSink, Destination, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile,
-    StopReason,
+    CompletionSink, Destination, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, ReadTarget,
+    SourceFile, StopReason,
 };
 pub use error::{BoxError, LoadError, ViewError};
 pub use load::{
-    ArenaReuse, BackendChoice, Element, IoMode, LoadOptions, Loaded, ProgressHook, Residence, TensorHook,
-    TensorRef, load, load_path, load_streaming,
+    ArenaReuse, BackendChoice, Element, IoMode, LoadOptions, Loaded, PieceRef, ProgressHook, ReadHook,
+    Residence, TensorHook, TensorRef, load, load_path, load_streaming,
 };
 pub use report::{LoadReport, Phases};
 

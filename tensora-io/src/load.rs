@@ -87,7 +87,8 @@ pub enum Residence {
     /// Copied into an owned hugepage arena.
     #[default]
     Owned,
-    /// Zero-copy views into a private read-only mapping of each file (see [`crate::mmap`]).
+    /// Zero-copy views into a private copy-on-write mapping of each file (see [`crate::mmap`]):
+    /// writes through [`Loaded::tensor_mut_ptr`] copy the page and never reach the file.
     /// The bytes are **live views of the page cache, not a snapshot**: another process writing a
     /// file in place is seen through them, and truncating a mapped file while the views live
     /// raises SIGBUS on access. The file stamps are checked once, after mapping; keep the files
@@ -98,6 +99,25 @@ pub enum Residence {
 
 /// Called on the worker thread that completed a tensor's last read.
 pub type TensorHook = Arc<dyn Fn(&TensorRef<'_>) -> Result<(), BoxError> + Send + Sync>;
+/// Called on the worker that completed a read, once per piece (one tensor's bytes inside that
+/// read), right after the read landed, while its bytes are hot in that core's cache. Pieces of one
+/// tensor may arrive in any order and on different threads; every piece of a tensor is reported
+/// before its [`LoadOptions::on_tensor`] hook runs. With [`Residence::Mapped`] it is called once
+/// per tensor, with the whole tensor at offset 0. An error stops the load like an `on_tensor`
+/// error ([`LoadError::Callback`], naming the tensor).
+pub type ReadHook = Arc<dyn Fn(&PieceRef<'_>) -> Result<(), BoxError> + Send + Sync>;
+
+/// Part of one tensor's bytes, landed by one read (see [`ReadHook`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PieceRef<'a> {
+    pub info: &'a TensorInfo,
+    /// Index of the tensor in `Checkpoint::tensors`.
+    pub tensor_index: usize,
+    /// Where `bytes` start inside the tensor's storage (`0..=info.len_bytes()`).
+    pub offset_in_tensor_bytes: u64,
+    pub bytes: &'a [u8],
+}
+
 /// Called with `(bytes_done, bytes_total)` of selected tensor bytes as reads complete.
 pub type ProgressHook = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
@@ -139,6 +159,9 @@ pub struct LoadOptions {
     /// Load files whose allocated blocks are far below their size.
     pub allow_sparse: bool,
     pub on_tensor: Option<TensorHook>,
+    /// Per-read hook, for work that wants each read's bytes while they are hot in cache (fused
+    /// digests). See [`ReadHook`].
+    pub on_read: Option<ReadHook>,
     pub progress: Option<ProgressHook>,
     /// Bound on checkpoint files open at once.
     pub files_open_max: usize,
@@ -193,6 +216,7 @@ impl Default for LoadOptions {
             retries_max: RETRIES_DEFAULT_MAX,
             allow_sparse: false,
             on_tensor: None,
+            on_read: None,
             progress: None,
             files_open_max: FILES_OPEN_DEFAULT_MAX,
             cancel: None,
@@ -216,6 +240,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("retries_max", &self.retries_max)
             .field("allow_sparse", &self.allow_sparse)
             .field("on_tensor", &self.on_tensor.is_some())
+            .field("on_read", &self.on_read.is_some())
             .field("progress", &self.progress.is_some())
             .field("files_open_max", &self.files_open_max)
             .finish()
@@ -357,6 +382,47 @@ impl Loaded {
     }
     pub fn report(&self) -> &LoadReport {
         &self.report
+    }
+
+    /// A pointer to tensor `name`'s bytes (`info().len_bytes()` of them, returned as the second
+    /// value) that may be written through, for bindings that hand out writable buffers (numpy,
+    /// DLPack). It derives from the storage's own mutable base pointer (the arena's mapping, or a
+    /// private copy-on-write file mapping under [`Residence::Mapped`], whose writes never reach
+    /// the file), never from a shared slice. Writing through it is sound only while no `&[u8]` of
+    /// the same range (from [`Loaded::tensor`] or [`Loaded::tensors`]) is alive, and tied tensors
+    /// (ServerlessLLM names sharing one storage) share their bytes. `None` for an unknown name or
+    /// an empty tensor.
+    ///
+    /// ```
+    /// use tensora_io::{load, LoadOptions};
+    /// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+    /// let ckpt = tensora_format::sllm::open_dir(std::path::Path::new(dir))?;
+    /// let loaded = load(&ckpt, &LoadOptions::default())?;
+    /// let name = loaded.tensors().find(|t| !t.bytes().is_empty()).unwrap().name().to_owned();
+    /// let (ptr, len) = loaded.tensor_mut_ptr(&name).unwrap();
+    /// assert_eq!(len as u64, loaded.tensor(&name).unwrap().info().len_bytes());
+    /// // SAFETY: no slice of this tensor is alive while we write.
+    /// unsafe { ptr.as_ptr().write(42) };
+    /// assert_eq!(loaded.tensor(&name).unwrap().bytes()[0], 42);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn tensor_mut_ptr(&self, name: &str) -> Option<(NonNull<u8>, usize)> {
+        let e = &self.entries[*self.by_name.get(name)?];
+        let len_bytes = e.info.len_bytes();
+        let len = usize::try_from(len_bytes).ok().filter(|&l| l > 0)?;
+        let end = e.offset_bytes.checked_add(len_bytes)?;
+        let ptr = match &self.storage {
+            Storage::Arena(a) => {
+                if end > a.len_bytes() {
+                    return None;
+                }
+                // SAFETY: `offset_bytes + len <= arena length` (checked above), so the result
+                // stays inside the arena's mapping.
+                unsafe { a.host_ptr().add(e.offset_bytes as usize) }
+            }
+            Storage::Mapped(m) => m.ptr_mut(e.file, e.offset_bytes..end)?,
+        };
+        Some((ptr, len))
     }
 
     fn get(&self, i: usize) -> TensorRef<'_> {
@@ -594,7 +660,10 @@ fn load_mapped(
     let ids = touched_files(ckpt, &selected);
     let mut files = FileSet::new(ids.len().max(1));
     let sources = files.take(ckpt, &ids, false, session.opts.allow_sparse)?;
-    let mapped = crate::mmap::MappedFiles::map(&sources).map_err(LoadError::Map);
+    // Copy-on-write, so `Loaded::tensor_mut_ptr` can hand out writable views that never reach
+    // the files.
+    let mapped = crate::mmap::MappedFiles::map_with(&sources, crate::mmap::MapMode::CopyOnWrite)
+        .map_err(LoadError::Map);
     files.give_back(&ids, sources);
     let mapped = mapped?;
     // Mapped index of each checkpoint file, by checkpoint file id.
@@ -613,6 +682,13 @@ fn load_mapped(
     let storage = Storage::Mapped(mapped);
     let mut loaded =
         Loaded { storage, arena_reuse: ArenaReuse::Fresh, entries, by_name, report: LoadReport::default() };
+    if let Some(hook) = &session.opts.on_read {
+        for (t, &ti) in loaded.tensors().zip(&selected) {
+            let piece =
+                PieceRef { info: t.info(), tensor_index: ti, offset_in_tensor_bytes: 0, bytes: t.bytes() };
+            hook(&piece).map_err(|source| LoadError::Callback { tensor: t.name().to_owned(), source })?;
+        }
+    }
     if let Some(hook) = &session.opts.on_tensor {
         for t in loaded.tensors() {
             hook(&t).map_err(|source| LoadError::Callback { tensor: t.name().to_owned(), source })?;
@@ -843,6 +919,12 @@ impl<'c> Session<'c> {
         if let Err(reason) = backend.available() {
             return Err(LoadError::BackendUnavailable { backend: backend_name, reason });
         }
+        if mapped && !backend.reads_local_files() {
+            return Err(LoadError::BackendUnavailable {
+                backend: backend_name,
+                reason: "mapped residence needs local files; this backend reads from elsewhere".to_owned(),
+            });
+        }
         // Mapped views never run a backend: name what actually serves the bytes.
         let (backend_name, reason) = match &opts.backend {
             BackendChoice::Auto => (backend_name, reason),
@@ -921,6 +1003,10 @@ impl<'c> Session<'c> {
         dest: &SubDest<'_>,
         notify: &(dyn Fn(u32) -> Result<(), StopReason> + Sync),
     ) -> Result<IoStats, LoadError> {
+        if !self.backend.reads_local_files() {
+            // The backend reaches the files its own way (an object store): nothing to open here.
+            return self.execute(&[], wp, dest, notify);
+        }
         let sources = files.take(self.ckpt, &wp.files, self.direct, self.opts.allow_sparse)?;
         let result = self.execute(&sources, wp, dest, notify);
         files.give_back(&wp.files, sources);
@@ -972,7 +1058,8 @@ impl<'c> Session<'c> {
                     retries_max: self.opts.retries_max,
                 },
             )
-        };
+        }
+        .with_file_ids(&wp.files);
         let stats = if plan.reads().is_empty() {
             IoStats::default()
         } else {
@@ -1004,7 +1091,11 @@ impl<'c> Session<'c> {
             _ => {}
         }
         let wp = tracker.wp;
-        let path = sources.get(e.file as usize).map_or_else(PathBuf::new, |s| s.path.clone());
+        let path = match (sources.get(e.file as usize), wp.files.get(e.file as usize)) {
+            (Some(s), _) => s.path.clone(),
+            (None, Some(&f)) => self.ckpt.file(FileId(f)).path().to_owned(),
+            (None, None) => PathBuf::new(),
+        };
         let covering = wp.plan.reads().iter().find(|r| {
             r.file == e.file
                 && r.offset_bytes <= e.offset_bytes
@@ -1085,6 +1176,28 @@ impl Tracker<'_> {
         (self.notify)(tag)
     }
 
+    /// Runs the per-read hook on one landed piece.
+    fn piece(
+        &self,
+        hook: &ReadHook,
+        r: &tensora_plan::Read,
+        p: &tensora_plan::Piece,
+    ) -> Result<(), StopReason> {
+        let Some(&ti) = self.wp.tensors.get(p.tag as usize) else { return Err(StopReason) };
+        let info = &self.session.ckpt.tensors()[ti];
+        let arena_offset = r.arena_offset_bytes + p.read_offset_bytes;
+        let Some(bytes) = self.dest.landed(arena_offset, p.len_bytes) else { return Err(StopReason) };
+        let offset_in_tensor_bytes = p.extent_offset_bytes;
+        if let Err(source) = hook(&PieceRef { info, tensor_index: ti, offset_in_tensor_bytes, bytes }) {
+            let mut slot = self.hook_error.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                *slot = Some(LoadError::Callback { tensor: info.name().to_owned(), source });
+            }
+            return Err(StopReason);
+        }
+        Ok(())
+    }
+
     /// The error to report after the sink stopped the run.
     fn stop_error(&self) -> LoadError {
         self.hook_error.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or(LoadError::Cancelled)
@@ -1098,6 +1211,9 @@ impl CompletionSink for Tracker<'_> {
         let mut piece_bytes = 0;
         for p in plan.read_pieces(r) {
             piece_bytes += p.len_bytes;
+            if let Some(hook) = &self.session.opts.on_read {
+                self.piece(hook, r, p)?;
+            }
             let Some(counter) = self.remaining.get(p.tag as usize) else { return Err(StopReason) };
             let before = counter.fetch_sub(1, Ordering::AcqRel);
             if before == 1 {
@@ -1125,6 +1241,20 @@ impl<'a> SubDest<'a> {
         let base_bytes = base_bytes.min(parent.len_bytes());
         let len_bytes = len_bytes.min(parent.len_bytes() - base_bytes);
         SubDest { parent, base_bytes, len_bytes }
+    }
+
+    /// `len_bytes` at `offset_bytes` of this sub-destination, for a read that has landed.
+    fn landed(&self, offset_bytes: u64, len_bytes: u64) -> Option<&'a [u8]> {
+        if offset_bytes.checked_add(len_bytes)? > self.len_bytes {
+            return None;
+        }
+        if len_bytes == 0 {
+            return Some(&[]);
+        }
+        // SAFETY: inside this sub-destination (checked above); called from `read_done` for a
+        // read that has landed, and plan reads never overlap, so no backend writes this range
+        // again while the slice is used (the arena is reused only after the run ends).
+        Some(unsafe { self.parent.slice_unchecked(self.base_bytes + offset_bytes, len_bytes) })
     }
 
     /// The bytes of tensor `tag` of `wp`, which runs in this sub-destination.

@@ -53,10 +53,11 @@
 use std::io;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use memmap2::{Advice, Mmap, MmapOptions};
+use memmap2::{Advice, Mmap, MmapMut, MmapOptions};
 use tensora_plan::{Extent, Read};
 
 use crate::backend::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, SourceFile};
@@ -123,12 +124,52 @@ pub fn page_size_bytes() -> u64 {
     })
 }
 
-/// Private read-only mappings of a set of files, indexed like the plan's file ids. `Send + Sync`:
-/// share it with `Arc`.
+/// Private mappings of a set of files, indexed like the plan's file ids. `Send + Sync`: share it
+/// with `Arc`.
 #[derive(Debug)]
 pub struct MappedFiles {
-    maps: Vec<Mmap>,
+    maps: Vec<Mapping>,
     paths: Vec<PathBuf>,
+}
+
+/// How [`MappedFiles`] maps its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MapMode {
+    /// `MAP_PRIVATE`, `PROT_READ`: the bytes can only be read.
+    #[default]
+    ReadOnly,
+    /// `MAP_PRIVATE`, `PROT_READ | PROT_WRITE`: writes (through [`MappedFiles::ptr_mut`]) copy the
+    /// page and never reach the file. Under strict overcommit (`vm.overcommit_memory = 2`) the
+    /// whole mapping counts against the commit limit.
+    CopyOnWrite,
+}
+
+/// One mapped file.
+#[derive(Debug)]
+enum Mapping {
+    ReadOnly(Mmap),
+    /// The mapping and its base address, taken from `as_mut_ptr` once at map time so that
+    /// writable pointers derive from a mutable borrow, never from a shared slice.
+    CopyOnWrite(MmapMut, usize),
+}
+
+impl Mapping {
+    fn advise_range(&self, advice: Advice, start: usize, len: usize) -> io::Result<()> {
+        match self {
+            Mapping::ReadOnly(m) => m.advise_range(advice, start, len),
+            Mapping::CopyOnWrite(m, _) => m.advise_range(advice, start, len),
+        }
+    }
+}
+
+impl std::ops::Deref for Mapping {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Mapping::ReadOnly(m) => m,
+            Mapping::CopyOnWrite(m, _) => m,
+        }
+    }
 }
 
 impl MappedFiles {
@@ -142,11 +183,30 @@ impl MappedFiles {
     /// writes by others show through the returned bytes (they are live views, not a snapshot),
     /// and a truncation turns later accesses into `SIGBUS`. See the module docs.
     pub fn map(files: &[SourceFile]) -> io::Result<MappedFiles> {
+        MappedFiles::map_with(files, MapMode::ReadOnly)
+    }
+
+    /// [`MappedFiles::map`] with a choice of [`MapMode`]; same contract.
+    pub fn map_with(files: &[SourceFile], mode: MapMode) -> io::Result<MappedFiles> {
         let mut maps = Vec::with_capacity(files.len());
         for f in files {
-            maps.push(map_one(f)?);
+            maps.push(map_one(f, mode)?);
         }
         Ok(MappedFiles { maps, paths: files.iter().map(|f| f.path.clone()).collect() })
+    }
+
+    /// A pointer to `range` of `file` that may be written through, for a
+    /// [`MapMode::CopyOnWrite`] mapping (`None` for a read-only one, or out of bounds). Writes
+    /// copy the touched pages privately; the file never changes. Writing is sound only while no
+    /// `&[u8]` over the same bytes (from [`MappedFiles::get`] or [`MappedFiles::bytes`]) is alive.
+    pub fn ptr_mut(&self, file: u32, range: Range<u64>) -> Option<NonNull<u8>> {
+        let Mapping::CopyOnWrite(map, base) = self.maps.get(file as usize)? else { return None };
+        let start = usize::try_from(range.start).ok()?;
+        let end = usize::try_from(range.end).ok()?;
+        if start > end || end > map.len() {
+            return None;
+        }
+        NonNull::new((*base as *mut u8).wrapping_add(start))
     }
 
     /// Number of mapped files.
@@ -329,7 +389,7 @@ impl MappedFiles {
     }
 
     /// Bounds-checks `r` and returns (mapping, start, len) in mapping coordinates.
-    fn span(&self, r: &FileRange) -> io::Result<(&Mmap, usize, usize)> {
+    fn span(&self, r: &FileRange) -> io::Result<(&Mapping, usize, usize)> {
         let map = self.maps.get(r.file as usize).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -418,7 +478,7 @@ fn mincore_span(addr: usize, len: u64, stride: u64) -> io::Result<Residency> {
     Ok(out)
 }
 
-fn map_one(f: &SourceFile) -> io::Result<Mmap> {
+fn map_one(f: &SourceFile, mode: MapMode) -> io::Result<Mapping> {
     let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", f.path.display()));
     let on_disk = f.buffered.metadata().map_err(named)?.len();
     if on_disk < f.len_bytes {
@@ -434,9 +494,20 @@ fn map_one(f: &SourceFile) -> io::Result<Mmap> {
     let len = usize::try_from(f.len_bytes).map_err(|_| {
         io::Error::new(io::ErrorKind::InvalidInput, format!("{}: too large to map", f.path.display()))
     })?;
-    // SAFETY: a private read-only mapping of a file whose size was just checked. The remaining risk,
-    // truncation by another process while mapped (SIGBUS), is documented in the module docs.
-    unsafe { MmapOptions::new().len(len).map_copy_read_only(&f.buffered) }.map_err(named)
+    match mode {
+        // SAFETY: a private read-only mapping of a file whose size was just checked. The remaining
+        // risk, truncation by another process while mapped (SIGBUS), is documented in the module
+        // docs.
+        MapMode::ReadOnly => unsafe { MmapOptions::new().len(len).map_copy_read_only(&f.buffered) }
+            .map(Mapping::ReadOnly)
+            .map_err(named),
+        MapMode::CopyOnWrite => {
+            // SAFETY: as above; `MAP_PRIVATE` means writes copy pages and never reach the file.
+            let mut m = unsafe { MmapOptions::new().len(len).map_copy(&f.buffered) }.map_err(named)?;
+            let base = m.as_mut_ptr() as usize;
+            Ok(Mapping::CopyOnWrite(m, base))
+        }
+    }
 }
 
 /// Knobs of the mmap backend's owned mode.
@@ -495,7 +566,7 @@ impl IoBackend for MmapBackend {
         }
         let mut maps = Vec::with_capacity(job.files.len());
         for (i, f) in job.files.iter().enumerate() {
-            match map_one(f) {
+            match map_one(f, MapMode::ReadOnly) {
                 Ok(m) => maps.push(m),
                 Err(e) => {
                     return Err(ReadError {

@@ -222,7 +222,8 @@ impl IoBackend for UringBackend {
 // ---------------------------------------------------------------------------------------------
 
 /// Checks every read of the plan against the files and the destination, so that no backend ever
-/// writes outside the destination because of a plan/destination mismatch.
+/// writes outside the destination because of a plan/destination mismatch, then claims every read
+/// of the job ([`Job::claim`] can no longer hand any of them out).
 pub(crate) fn validate_job(job: &Job<'_>) -> Result<(), ReadError> {
     let dest_len = job.dest.len_bytes();
     for read in job.plan.reads() {
@@ -256,7 +257,9 @@ pub(crate) fn validate_job(job: &Job<'_>) -> Result<(), ReadError> {
             kind: ReadErrorKind::Io(io::Error::new(io::ErrorKind::InvalidInput, "destination exceeds usize")),
         });
     }
-    Ok(())
+    // Every range checked: take them all, so no other backend (or `Job::claim`) can hand any of
+    // them out while this run writes through raw pointers.
+    job.claim_all()
 }
 
 /// A [`ReadError`] for a whole read.

@@ -1,0 +1,309 @@
+//! The seams that let code outside tensora-io plug in: `Job::claim` (a safe, once-only hand-out
+//! of each read's destination), backends that do not read local files (`reads_local_files`),
+//! the per-read hook (`LoadOptions::on_read`) and writable views (`Loaded::tensor_mut_ptr`).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use support::*;
+use tensora_format::{Checkpoint, Dtype};
+use tensora_io::{
+    BackendChoice, CompletionSink, IoBackend, IoStats, Job, JobConfig, LoadError, LoadOptions, ReadError,
+    ReadErrorKind, Residence, StopReason, load, load_streaming,
+};
+use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig, Selection};
+
+struct CountSink(AtomicUsize);
+
+impl CompletionSink for CountSink {
+    fn read_done(&self, _read: u32) -> Result<(), StopReason> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn small_job_parts() -> (Plan, tensora_io::arena::Arena, Budget, AtomicBool) {
+    let extents: Vec<Extent> = (0..4)
+        .map(|i| Extent { file: 0, offset_bytes: i * 10_000, len_bytes: 5_000, tag: i as u32 })
+        .collect();
+    let config = PlanConfig { coalesce_gap_bytes: 0, chunk_bytes: 4096, ..PlanConfig::default() };
+    let plan = Plan::build(&extents, &config, &Order::File).unwrap();
+    let arena = tensora_io::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
+    (plan, arena, Budget::new(1 << 20), AtomicBool::new(false))
+}
+
+const CONFIG: JobConfig = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+
+#[test]
+fn claim_hands_out_each_read_once_and_checks_the_index() {
+    let (plan, arena, budget, cancel) = small_job_parts();
+    assert!(plan.reads().len() >= 4, "{} reads", plan.reads().len());
+    // SAFETY: nothing else touches `arena` while the job lives.
+    let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, CONFIG) };
+    let sink = CountSink(AtomicUsize::new(0));
+    for (i, read) in plan.reads().iter().enumerate() {
+        let mut t = job.claim(i as u32).unwrap();
+        assert_eq!(t.index(), i as u32);
+        assert_eq!(t.buf().len() as u64, read.len_bytes);
+        t.buf().fill(i as u8 + 1);
+        let again = job.claim(i as u32).unwrap_err();
+        assert!(again.to_string().contains("already claimed"), "{again}");
+        t.land(&sink).unwrap();
+    }
+    assert_eq!(sink.0.load(Ordering::Relaxed), plan.reads().len());
+    let past = job.claim(plan.reads().len() as u32).unwrap_err();
+    assert!(past.to_string().contains("not in the plan"), "{past}");
+    drop(job);
+    let mut arena = arena;
+    for (i, read) in plan.reads().iter().enumerate() {
+        let start = read.arena_offset_bytes as usize;
+        let bytes = &arena.as_mut_slice()[start..start + read.len_bytes as usize];
+        assert!(bytes.iter().all(|&b| b == i as u8 + 1), "read {i}");
+    }
+}
+
+#[test]
+fn a_destination_too_small_for_a_read_is_refused_by_claim() {
+    let (plan, _arena, budget, cancel) = small_job_parts();
+    let tiny = tensora_io::arena::Arena::with_len(4096).unwrap();
+    // SAFETY: nothing else touches `tiny` while the job lives.
+    let job = unsafe { Job::new(&plan, &[], &tiny, &budget, &cancel, CONFIG) };
+    let last = plan.reads().len() as u32 - 1;
+    let e = job.claim(last).unwrap_err();
+    assert!(e.to_string().contains("destination holds 4096 bytes"), "{e}");
+}
+
+#[test]
+fn a_built_in_backend_and_claim_never_share_a_read() {
+    let (plan, arena, budget, cancel) = small_job_parts();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), pattern_bytes(40_000)).unwrap();
+    let f = std::fs::File::open(file.path()).unwrap();
+    let sources = [tensora_io::SourceFile {
+        path: file.path().to_owned(),
+        len_bytes: 40_000,
+        buffered: f,
+        direct: None,
+    }];
+    // SAFETY: nothing else touches `arena` while the job lives.
+    let job = unsafe { Job::new(&plan, &sources, &arena, &budget, &cancel, CONFIG) };
+    // Someone claimed read 1 first: the sync backend must refuse to run rather than write it.
+    let held = job.claim(1).unwrap();
+    let sync = tensora_io::registry::by_name("sync").unwrap();
+    let e = sync.execute(&job, &CountSink(AtomicUsize::new(0))).unwrap_err();
+    assert!(e.to_string().contains("already claimed"), "{e}");
+    drop(held);
+    // And once a backend ran, nothing can be claimed again.
+    let (plan, arena, budget, cancel) = small_job_parts();
+    // SAFETY: as above.
+    let job = unsafe { Job::new(&plan, &sources, &arena, &budget, &cancel, CONFIG) };
+    sync.execute(&job, &CountSink(AtomicUsize::new(0))).unwrap();
+    assert!(job.claim(0).is_err());
+}
+
+fn pattern_bytes(len: usize) -> Vec<u8> {
+    tensor_bytes(99, 0, len)
+}
+
+/// A backend that serves every checkpoint file from memory, keyed by checkpoint file id, the way
+/// an object-store backend would: it never touches `job.files`.
+struct InMemory {
+    files: Vec<Vec<u8>>,
+}
+
+impl IoBackend for InMemory {
+    fn name(&self) -> &'static str {
+        "in-memory"
+    }
+    fn reads_local_files(&self) -> bool {
+        false
+    }
+    fn execute(&self, job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
+        assert!(job.files.is_empty(), "a non-local backend gets no opened files");
+        let mut stats = IoStats::default();
+        for index in 0..job.plan.reads().len() as u32 {
+            let mut target = job.claim(index)?;
+            let read = target.read().clone();
+            let missing = || ReadError {
+                file: read.file,
+                offset_bytes: read.offset_bytes,
+                len_bytes: read.len_bytes,
+                kind: ReadErrorKind::UnexpectedEof { read_bytes: 0, expected_bytes: read.len_bytes },
+            };
+            let file = job.checkpoint_file(read.file).ok_or_else(missing)?;
+            let bytes = self.files.get(file as usize).ok_or_else(missing)?;
+            let src = bytes
+                .get(read.offset_bytes as usize..(read.offset_bytes + read.len_bytes) as usize)
+                .ok_or_else(missing)?;
+            target.buf().copy_from_slice(src);
+            stats.reads += 1;
+            stats.bytes_read += read.len_bytes;
+            target.land(sink)?;
+        }
+        Ok(stats)
+    }
+}
+
+fn in_memory(ckpt: &Checkpoint) -> Arc<InMemory> {
+    Arc::new(InMemory { files: ckpt.files().iter().map(|f| std::fs::read(f.path()).unwrap()).collect() })
+}
+
+#[test]
+fn a_backend_that_reads_no_local_files_loads_owned_partial_and_streaming() {
+    let g = generate_mixed(7);
+    let ckpt = g.open();
+    let backend = in_memory(&ckpt);
+    // The files are gone: only the backend's copy remains, so nothing may open them.
+    let dir_path = g.path().to_owned();
+    for f in ckpt.files() {
+        std::fs::remove_file(f.path()).unwrap();
+    }
+    let opts = LoadOptions { backend: BackendChoice::Custom(backend), ..LoadOptions::default() };
+    let loaded = load(&ckpt, &opts).unwrap();
+    assert_eq!(loaded.len(), g.data.len());
+    for (name, want) in &g.data {
+        assert_eq!(loaded.tensor(name).unwrap().bytes(), &want[..], "{name}");
+    }
+    assert_eq!(loaded.report().backend, "in-memory");
+
+    let partial = LoadOptions { selection: Selection::Glob(vec!["s1.*".into()]), ..opts.clone() };
+    let loaded = load(&ckpt, &partial).unwrap();
+    assert!(loaded.len() > 0 && loaded.tensors().all(|t| t.name().starts_with("s1.")));
+
+    let mut seen = BTreeMap::new();
+    let streaming = LoadOptions { budget_bytes: 256 << 10, ..opts.clone() };
+    load_streaming(&ckpt, &streaming, |t| {
+        seen.insert(t.name().to_owned(), t.bytes().to_vec());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, g.data);
+
+    let mapped = LoadOptions { residence: Residence::Mapped, ..opts };
+    match load(&ckpt, &mapped) {
+        Err(LoadError::BackendUnavailable { reason, .. }) => {
+            assert!(reason.contains("local files"), "{reason}")
+        }
+        other => panic!("mapped residence with a non-local backend: {:?}", other.map(|l| l.len())),
+    }
+    assert!(dir_path.exists());
+}
+
+/// Per tensor: the pieces the hook saw, as (offset, bytes).
+type Pieces = Mutex<BTreeMap<String, Vec<(u64, Vec<u8>)>>>;
+
+fn piece_hook(pieces: &Arc<Pieces>, completed: &Arc<Mutex<Vec<String>>>) -> LoadOptions {
+    let (p, c) = (Arc::clone(pieces), Arc::clone(completed));
+    let (p2, completed) = (Arc::clone(pieces), Arc::clone(completed));
+    LoadOptions {
+        on_read: Some(Arc::new(move |piece| {
+            assert!(
+                !c.lock().unwrap().iter().any(|n| n == piece.info.name()),
+                "{}: a piece arrived after the tensor completed",
+                piece.info.name()
+            );
+            let end = piece.offset_in_tensor_bytes + piece.bytes.len() as u64;
+            assert!(end <= piece.info.len_bytes(), "{}: piece past the tensor", piece.info.name());
+            p.lock()
+                .unwrap()
+                .entry(piece.info.name().to_owned())
+                .or_default()
+                .push((piece.offset_in_tensor_bytes, piece.bytes.to_vec()));
+            Ok(())
+        })),
+        on_tensor: Some(Arc::new(move |t| {
+            // Every piece is in before the tensor completes, and they tile it exactly.
+            let mut got = p2.lock().unwrap().remove(t.name()).unwrap_or_default();
+            got.sort_by_key(|(o, _)| *o);
+            let mut joined = Vec::new();
+            for (offset, bytes) in got {
+                assert_eq!(offset, joined.len() as u64, "{}: pieces overlap or leave a gap", t.name());
+                joined.extend_from_slice(&bytes);
+            }
+            assert_eq!(joined, t.bytes(), "{}", t.name());
+            completed.lock().unwrap().push(t.name().to_owned());
+            Ok(())
+        })),
+        ..LoadOptions::default()
+    }
+}
+
+#[test]
+fn read_hook_pieces_tile_every_tensor_before_it_completes_on_every_backend() {
+    let g = generate_mixed(11);
+    let ckpt = g.open();
+    for backend in runnable_backends() {
+        for residence in [Residence::Owned, Residence::Mapped] {
+            for chunk_bytes in [4096, 64 << 10, 8 << 20] {
+                let pieces: Arc<Pieces> = Arc::default();
+                let completed = Arc::new(Mutex::new(Vec::new()));
+                let opts = LoadOptions {
+                    backend: BackendChoice::Named(backend.to_owned()),
+                    residence,
+                    chunk_bytes,
+                    ..piece_hook(&pieces, &completed)
+                };
+                load(&ckpt, &opts).unwrap_or_else(|e| panic!("{backend} {residence:?}: {e}"));
+                let mut done = completed.lock().unwrap().clone();
+                done.sort();
+                let mut want: Vec<String> = g.data.keys().cloned().collect();
+                want.sort();
+                assert_eq!(done, want, "{backend} {residence:?} chunk {chunk_bytes}");
+                assert!(pieces.lock().unwrap().is_empty(), "pieces left over");
+            }
+        }
+    }
+}
+
+#[test]
+fn read_hook_sees_tied_tensors_and_its_error_names_the_tensor() {
+    let ckpt = tensora_format::open(&fixture("serverlessllm/tiny")).unwrap();
+    let pieces: Arc<Pieces> = Arc::default();
+    let completed = Arc::new(Mutex::new(Vec::new()));
+    let opts = LoadOptions { budget_bytes: 16 << 10, ..piece_hook(&pieces, &completed) };
+    let mut n = 0;
+    load_streaming(&ckpt, &opts, |_| {
+        n += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(n, ckpt.tensors().len());
+    assert_eq!(completed.lock().unwrap().len(), ckpt.tensors().len());
+
+    let victim = ckpt.tensors().iter().find(|t| t.len_bytes() > 0).unwrap().name().to_owned();
+    let v = victim.clone();
+    let failing = LoadOptions {
+        on_read: Some(Arc::new(move |p| if p.info.name() == v { Err("refused".into()) } else { Ok(()) })),
+        ..LoadOptions::default()
+    };
+    match load(&ckpt, &failing) {
+        Err(LoadError::Callback { tensor, source }) => {
+            assert_eq!(tensor, victim);
+            assert_eq!(source.to_string(), "refused");
+        }
+        other => panic!("expected a callback error, got {:?}", other.map(|l| l.len())),
+    }
+}
+
+#[test]
+fn tensor_mut_ptr_writes_the_load_and_never_the_file() {
+    let g = generate(3, &[vec![(Dtype::F32, vec![4096]), (Dtype::U8, vec![0]), (Dtype::I16, vec![3])]]);
+    let ckpt = g.open();
+    let file = ckpt.files()[0].path().to_owned();
+    let before = std::fs::read(&file).unwrap();
+    for residence in [Residence::Owned, Residence::Mapped] {
+        let loaded = load(&ckpt, &LoadOptions { residence, ..LoadOptions::default() }).unwrap();
+        assert!(loaded.tensor_mut_ptr("nope").is_none());
+        assert!(loaded.tensor_mut_ptr("s0.t1").is_none(), "empty tensor has no bytes to write");
+        let (ptr, len) = loaded.tensor_mut_ptr("s0.t0").unwrap();
+        assert_eq!(len, 4096 * 4);
+        // SAFETY: no slice of `s0.t0` is alive while we write, and `len` bytes are in bounds.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0xAB, len) };
+        assert!(loaded.tensor("s0.t0").unwrap().bytes().iter().all(|&b| b == 0xAB), "{residence:?}");
+        assert_eq!(loaded.tensor("s0.t2").unwrap().bytes(), &g.data["s0.t2"][..], "{residence:?}");
+    }
+    assert_eq!(std::fs::read(&file).unwrap(), before, "a private mapping never writes the file");
+}
