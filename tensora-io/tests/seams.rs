@@ -91,11 +91,10 @@ fn a_built_in_backend_and_claim_never_share_a_read() {
     // SAFETY: nothing else touches `arena` while the job lives.
     let job = unsafe { Job::new(&plan, &sources, &arena, &budget, &cancel, CONFIG) };
     // Someone claimed read 1 first: the sync backend must refuse to run rather than write it.
-    let held = job.claim(1).unwrap();
+    let _held = job.claim(1).unwrap();
     let sync = tensora_io::registry::by_name("sync").unwrap();
     let e = sync.execute(&job, &CountSink(AtomicUsize::new(0))).unwrap_err();
     assert!(e.to_string().contains("already claimed"), "{e}");
-    drop(held);
     // And once a backend ran, nothing can be claimed again.
     let (plan, arena, budget, cancel) = small_job_parts();
     // SAFETY: as above.
@@ -171,7 +170,7 @@ fn a_backend_that_reads_no_local_files_loads_owned_partial_and_streaming() {
 
     let partial = LoadOptions { selection: Selection::Glob(vec!["s1.*".into()]), ..opts.clone() };
     let loaded = load(&ckpt, &partial).unwrap();
-    assert!(loaded.len() > 0 && loaded.tensors().all(|t| t.name().starts_with("s1.")));
+    assert!(!loaded.is_empty() && loaded.tensors().all(|t| t.name().starts_with("s1.")));
 
     let mut seen = BTreeMap::new();
     let streaming = LoadOptions { budget_bytes: 256 << 10, ..opts.clone() };
@@ -260,7 +259,7 @@ fn read_hook_pieces_tile_every_tensor_before_it_completes_on_every_backend() {
 
 #[test]
 fn read_hook_sees_tied_tensors_and_its_error_names_the_tensor() {
-    let ckpt = tensora_format::open(&fixture("serverlessllm/tiny")).unwrap();
+    let ckpt = tensora_format::open(fixture("serverlessllm/tiny")).unwrap();
     let pieces: Arc<Pieces> = Arc::default();
     let completed = Arc::new(Mutex::new(Vec::new()));
     let opts = LoadOptions { budget_bytes: 16 << 10, ..piece_hook(&pieces, &completed) };
