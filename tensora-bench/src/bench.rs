@@ -289,7 +289,32 @@ pub fn run(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<Report> {
     let prepared = prepare_fixtures(config, log)?;
     let machine = Machine::detect(&config.fixtures_dir());
     let (cells, cache_drop) = measure_fixtures(config, &prepared.fixtures, log)?;
-    Ok(build_report(config, machine, prepared, cells, cache_drop))
+    let pairs = measure_acceptance_pairs(config, &prepared.fixtures, log)?;
+    let mut report = build_report(config, machine, prepared, cells, cache_drop);
+    report.pairs = pairs;
+    Ok(report)
+}
+
+/// The paired acceptance runs ([`crate::paired`]) on the main fixture: warm always, cold when
+/// cold cells run.
+pub fn measure_acceptance_pairs(
+    config: &BenchConfig,
+    fixtures: &[Fixture],
+    log: &mut dyn FnMut(&str),
+) -> Result<Vec<crate::paired::Pair>> {
+    let Some(main) = fixtures.iter().find(|f| f.name == fixtures::TINYLLAMA) else { return Ok(Vec::new()) };
+    let dropper = match (config.cold, main.data_files.first()) {
+        (true, Some(probe)) => Some(CacheDropper::probe(probe)?),
+        _ => None,
+    };
+    crate::paired::measure_pairs(
+        &main.name,
+        &main.open_path,
+        &main.data_files,
+        config.runs,
+        dropper.as_ref(),
+        log,
+    )
 }
 
 /// Measure every planned cell of every fixture. Returns the cells and, when cold cells ran, how
@@ -363,6 +388,7 @@ pub fn build_report(
         fixtures_skipped: prepared.skipped,
         rooflines: Vec::new(),
         cells,
+        pairs: Vec::new(),
     };
     report.compute_rooflines();
     report

@@ -34,6 +34,7 @@ pub mod bench;
 pub mod cache;
 pub mod fixtures;
 pub mod loaders;
+pub mod paired;
 pub mod peers;
 pub mod report;
 pub mod rng;

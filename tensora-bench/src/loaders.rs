@@ -173,6 +173,40 @@ impl TensoraCell<'_> {
     }
 }
 
+/// One timed run of a cell: open and parse the checkpoint, load, and touch one byte per page of
+/// every tensor. `held` carries the previous owned result, dropped (unmapped) before the clock
+/// starts; this run's result replaces it. Returns (seconds, bytes loaded, the load report).
+pub fn run_tensora_once(
+    cell: &TensoraCell<'_>,
+    opts: &LoadOptions,
+    held: &mut Option<tensora_io::Loaded>,
+) -> Result<(f64, u64, tensora_io::LoadReport)> {
+    drop(held.take());
+    let t = std::time::Instant::now();
+    let ckpt = open(cell.open_path)?;
+    let mut bytes = 0u64;
+    let mut checksum = 0u64;
+    let report = if cell.streaming {
+        tensora_io::load_streaming(&ckpt, opts, |t| {
+            bytes += t.bytes().len() as u64;
+            checksum = checksum.wrapping_add(peers::touch(t.bytes()));
+            Ok(())
+        })?
+    } else {
+        let loaded = tensora_io::load(&ckpt, opts)?;
+        for t in loaded.tensors() {
+            bytes += t.bytes().len() as u64;
+            checksum = checksum.wrapping_add(peers::touch(t.bytes()));
+        }
+        let report = loaded.report().clone();
+        *held = Some(loaded);
+        report
+    };
+    let seconds = t.elapsed().as_secs_f64();
+    std::hint::black_box(checksum);
+    Ok((seconds, bytes, report))
+}
+
 /// Time `runs` loads of a cell. Each timed run opens and parses the checkpoint (as the peers'
 /// runs deserialize their headers), loads, and touches one byte per page of every tensor; the
 /// result is dropped untimed, before the next run. The last run's `LoadReport` becomes the cell's details.
@@ -195,29 +229,7 @@ pub fn measure_tensora(
     // roofline unmaps its arena untimed.
     let mut held: Option<tensora_io::Loaded> = None;
     let samples = measure_timed(runs, cold, || {
-        drop(held.take());
-        let t = std::time::Instant::now();
-        let ckpt = open(cell.open_path)?;
-        let mut bytes = 0u64;
-        let mut checksum = 0u64;
-        let report = if cell.streaming {
-            tensora_io::load_streaming(&ckpt, &opts, |t| {
-                bytes += t.bytes().len() as u64;
-                checksum = checksum.wrapping_add(peers::touch(t.bytes()));
-                Ok(())
-            })?
-        } else {
-            let loaded = tensora_io::load(&ckpt, &opts)?;
-            for t in loaded.tensors() {
-                bytes += t.bytes().len() as u64;
-                checksum = checksum.wrapping_add(peers::touch(t.bytes()));
-            }
-            let report = loaded.report().clone();
-            held = Some(loaded);
-            report
-        };
-        let seconds = t.elapsed().as_secs_f64();
-        std::hint::black_box(checksum);
+        let (seconds, bytes, report) = run_tensora_once(cell, &opts, &mut held)?;
         last_report = Some(report);
         Ok((seconds, bytes))
     })?;

@@ -38,6 +38,10 @@ struct Args {
     /// Only generate (or check) the fixtures.
     #[arg(long, conflicts_with = "replot")]
     fixtures_only: bool,
+    /// Only the paired acceptance runs on the main fixture (see `tensora_bench::paired`); writes
+    /// pairs.json beside the reports.
+    #[arg(long, conflicts_with_all = ["replot", "fixtures_only"])]
+    pairs_only: bool,
     /// Measure nothing: re-render report.md and report.svg from the existing report.json.
     #[arg(long)]
     replot: bool,
@@ -58,7 +62,13 @@ fn main() -> ExitCode {
         quick: args.quick,
         seed: args.seed,
     };
-    let result = if args.replot { replot(&config.out_dir) } else { run(&config, args.fixtures_only) };
+    let result = if args.replot {
+        replot(&config.out_dir)
+    } else if args.pairs_only {
+        pairs_only(&config)
+    } else {
+        run(&config, args.fixtures_only)
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -78,6 +88,23 @@ fn replot(out_dir: &std::path::Path) -> anyhow::Result<()> {
         eprintln!("[tensora-bench] wrote {}", p.display());
     }
     println!("{}", report.to_markdown());
+    Ok(())
+}
+
+fn pairs_only(config: &BenchConfig) -> anyhow::Result<()> {
+    config.validate()?;
+    let started = std::time::Instant::now();
+    let mut log = |line: &str| eprintln!("[tensora-bench +{:.1}s] {line}", started.elapsed().as_secs_f64());
+    let prepared = bench::prepare_fixtures(config, &mut log)?;
+    let pairs = bench::measure_acceptance_pairs(config, &prepared.fixtures, &mut log)?;
+    for p in &pairs {
+        println!("{}", p.line());
+    }
+    let dir = config.report_dir();
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("pairs.json");
+    tensora_bench::writer::write_text(&path, &serde_json::to_string_pretty(&pairs)?)?;
+    eprintln!("[tensora-bench] wrote {}", path.display());
     Ok(())
 }
 

@@ -305,6 +305,9 @@ pub struct Report {
     pub fixtures_skipped: Vec<(String, String)>,
     pub rooflines: Vec<Rooflines>,
     pub cells: Vec<Cell>,
+    /// Paired acceptance runs (see [`crate::paired`]).
+    #[serde(default)]
+    pub pairs: Vec<crate::paired::Pair>,
 }
 
 /// Roofline subject names.
@@ -394,6 +397,37 @@ impl Report {
             writeln!(s, "Cold cache: {}.\n", r.cache_drop.as_deref().unwrap_or("not measured (--no-cold)"));
         for (name, why) in &self.fixtures_skipped {
             let _ = writeln!(s, "Fixture `{name}` skipped: {why}.  ");
+        }
+        if !self.pairs.is_empty() {
+            s.push_str(
+                "\n## Acceptance, paired runs\n\nThe loader and its roofline alternately, back to back, \
+                 order alternating; the ratio is taken per pair, so drift within the run cancels.\n\n",
+            );
+            s.push_str("| fixture | cache | loader | loader GB/s | anchor | anchor GB/s | ratio median (min..max) | goal |\n");
+            s.push_str("|---|---|---|---:|---|---:|---:|---|\n");
+            let fmt = |v: &[f64]| {
+                crate::stats::Summary::of(v)
+                    .map_or("-".to_string(), |g| format!("{:.2} ({:.2}..{:.2})", g.median, g.min, g.max))
+            };
+            for p in &self.pairs {
+                let verdict = match p.met() {
+                    Some(true) => "met",
+                    Some(false) => "missed",
+                    None => "no data",
+                };
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {} | {:.2}: {verdict} |",
+                    p.fixture,
+                    p.cache.as_str(),
+                    p.subject,
+                    fmt(&p.subject_gbps),
+                    p.anchor,
+                    fmt(&p.anchor_gbps),
+                    fmt(&p.ratios),
+                    p.goal
+                );
+            }
         }
         for f in &self.fixtures {
             let cells: Vec<&Cell> = self.cells.iter().filter(|c| c.fixture == f.name).collect();
@@ -622,9 +656,26 @@ mod tests {
             fixtures_skipped: vec![("sllm".into(), "converter missing".into())],
             rooflines: Vec::new(),
             cells,
+            pairs: vec![crate::paired::Pair {
+                fixture: f.into(),
+                cache: Cache::Warm,
+                subject: "auto (sync buffered)".into(),
+                anchor: ROOFLINE_WARM.into(),
+                subject_gbps: vec![8.0, 9.0],
+                anchor_gbps: vec![10.0, 10.0],
+                ratios: vec![0.8, 0.9],
+                goal: 0.85,
+            }],
         };
         r.compute_rooflines();
         r
+    }
+
+    #[test]
+    fn paired_runs_get_their_own_table() {
+        let md = example().to_markdown();
+        assert!(md.contains("## Acceptance, paired runs"), "{md}");
+        assert!(md.contains("| 0.85 (0.80..0.90) | 0.85: met |"), "{md}");
     }
 
     #[test]
@@ -667,7 +718,15 @@ mod tests {
     #[test]
     fn markdown_lists_every_cell_and_escapes_pipes() {
         let md = example().to_markdown();
-        assert_eq!(md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| subject")).count(), 9);
+        let rows = |header: &str| {
+            md.lines()
+                .skip_while(|l| !l.starts_with(header))
+                .skip(2)
+                .take_while(|l| l.starts_with("| "))
+                .count()
+        };
+        assert_eq!(rows("| subject"), 9);
+        assert_eq!(rows("| fixture"), 1);
         assert!(
             md.contains(
                 "| auto | cold | partial | owned | 1.00 | 1.00 | 1.00 | 40 % | ran io-uring/direct |"

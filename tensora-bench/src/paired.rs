@@ -1,0 +1,242 @@
+//! Paired acceptance runs: the loader and its roofline measured **alternately**, run after run,
+//! and the ratio taken per pair.
+//!
+//! A virtual disk and a shared host drift within a bench run (the cells measured minutes apart can
+//! differ by 20 % for the same code). The cell table compares each cell with the best roofline
+//! pass of the run, which is conservative; these pairs answer the acceptance questions with the
+//! drift cancelled: each pair's two runs happen back to back, the order alternates between pairs
+//! (so neither side always runs on the other's leftovers), and the summary is over per-pair
+//! ratios.
+//!
+//! - warm: `auto` owned full load vs the warm roofline (2-thread `pread` into a fresh hugepage
+//!   arena), both touching one byte per page;
+//! - cold: `auto` owned full load vs the better of the two device probes of the same pair
+//!   (O_DIRECT QD32 8 MiB on one io_uring ring, and a buffered 2-thread `pread`), the page cache
+//!   dropped before every run.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::bench::{AUTO, WARMUP_RUNS};
+use crate::cache::CacheDropper;
+use crate::loaders::{TensoraCell, run_tensora_once};
+use crate::report::Cache;
+use crate::roofline::{self, ReadBuffers};
+use crate::stats::{Summary, gbps, ratio};
+
+/// Goal of the warm pair (issue #5): auto at least this fraction of the warm roofline.
+pub const WARM_GOAL: f64 = 0.85;
+/// Goal of the cold pair (issue #5): auto at least this fraction of the best device probe.
+pub const COLD_GOAL: f64 = 0.9;
+
+/// One paired comparison.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pair {
+    pub fixture: String,
+    pub cache: Cache,
+    /// What the loader ran (`auto`'s choice of the last run).
+    pub subject: String,
+    /// What it is compared with.
+    pub anchor: String,
+    /// Loader GB/s per pair.
+    pub subject_gbps: Vec<f64>,
+    /// Anchor GB/s per pair (the better probe of the pair, cold).
+    pub anchor_gbps: Vec<f64>,
+    /// `subject / anchor` per pair.
+    pub ratios: Vec<f64>,
+    pub goal: f64,
+}
+
+impl Pair {
+    /// Median, min and max of the per-pair ratios.
+    pub fn ratio(&self) -> Option<Summary> {
+        Summary::of(&self.ratios)
+    }
+
+    /// Whether the median ratio reaches the goal.
+    pub fn met(&self) -> Option<bool> {
+        self.ratio().map(|r| r.median >= self.goal)
+    }
+}
+
+/// Runs the pairs on one fixture: warm always, cold when `dropper` is given.
+pub fn measure_pairs(
+    fixture: &str,
+    open_path: &std::path::Path,
+    files: &[PathBuf],
+    runs: usize,
+    dropper: Option<&CacheDropper>,
+    log: &mut dyn FnMut(&str),
+) -> Result<Vec<Pair>> {
+    let cell = TensoraCell {
+        open_path,
+        backend: AUTO,
+        selection: None,
+        streaming: false,
+        streaming_budget_bytes: 0,
+    };
+    let opts = cell.options();
+    let mut bufs = ReadBuffers::new(roofline::COPY_THREADS);
+    let mut out = Vec::new();
+
+    // Warm: files in the page cache, fresh memory on both sides.
+    roofline::read_through_cache(files, &mut bufs)?;
+    let mut pair = Pair {
+        fixture: fixture.to_owned(),
+        cache: Cache::Warm,
+        subject: AUTO.to_owned(),
+        anchor: crate::report::ROOFLINE_WARM.to_owned(),
+        subject_gbps: Vec::new(),
+        anchor_gbps: Vec::new(),
+        ratios: Vec::new(),
+        goal: WARM_GOAL,
+    };
+    let mut held = None;
+    for i in 0..WARMUP_RUNS + runs {
+        let anchor = |held: &mut Option<tensora_io::Loaded>| -> Result<f64> {
+            drop(held.take());
+            let (seconds, bytes, arena) = roofline::warm_pread_fresh(files)?;
+            drop(arena);
+            Ok(gbps(bytes, seconds))
+        };
+        let (a, s, report) = if i % 2 == 0 {
+            let a = anchor(&mut held)?;
+            let (seconds, bytes, report) = run_tensora_once(&cell, &opts, &mut held)?;
+            (a, gbps(bytes, seconds), report)
+        } else {
+            let (seconds, bytes, report) = run_tensora_once(&cell, &opts, &mut held)?;
+            (anchor(&mut held)?, gbps(bytes, seconds), report)
+        };
+        if i >= WARMUP_RUNS {
+            pair.push(s, a);
+            pair.subject = format!("auto ({} {})", report.backend, report.io_mode);
+        }
+    }
+    drop(held.take());
+    log(&pair.line());
+    out.push(pair);
+
+    let Some(dropper) = dropper else { return Ok(out) };
+    let mut direct_arena = roofline::direct_arena(files)?;
+    let direct_ok = files.iter().all(|f| tensora_io::probe::direct_io_supported(f).is_ok())
+        && tensora_io::uring::probe().is_ok();
+    let mut pair = Pair {
+        fixture: fixture.to_owned(),
+        cache: Cache::Cold,
+        subject: AUTO.to_owned(),
+        anchor: if direct_ok {
+            format!("best of {} and {}", crate::report::ROOFLINE_DIRECT, crate::report::ROOFLINE_BUFFERED)
+        } else {
+            crate::report::ROOFLINE_BUFFERED.to_owned()
+        },
+        subject_gbps: Vec::new(),
+        anchor_gbps: Vec::new(),
+        ratios: Vec::new(),
+        goal: COLD_GOAL,
+    };
+    for i in 0..WARMUP_RUNS + runs {
+        // Three runs per pair, rotated so that none always follows the same one.
+        let mut speeds = [0.0f64; 3];
+        let mut report = None;
+        for k in 0..3 {
+            let which = (i + k) % 3;
+            dropper.drop_files(files)?;
+            speeds[which] = match which {
+                0 if direct_ok => {
+                    let t = std::time::Instant::now();
+                    let bytes = roofline::cold_direct(files, &mut direct_arena)?;
+                    gbps(bytes, t.elapsed().as_secs_f64())
+                }
+                0 => 0.0,
+                1 => {
+                    let t = std::time::Instant::now();
+                    let bytes = roofline::cold_buffered(files, &mut bufs)?;
+                    gbps(bytes, t.elapsed().as_secs_f64())
+                }
+                _ => {
+                    let (seconds, bytes, r) =
+                        run_tensora_once(&cell, &opts, &mut held).context("cold auto load")?;
+                    drop(held.take());
+                    report = Some(r);
+                    gbps(bytes, seconds)
+                }
+            };
+        }
+        if i >= WARMUP_RUNS {
+            pair.push(speeds[2], speeds[0].max(speeds[1]));
+            if let Some(r) = report {
+                pair.subject = format!("auto ({} {})", r.backend, r.io_mode);
+            }
+        }
+    }
+    log(&pair.line());
+    out.push(pair);
+    Ok(out)
+}
+
+impl Pair {
+    fn push(&mut self, subject_gbps: f64, anchor_gbps: f64) {
+        self.subject_gbps.push(subject_gbps);
+        self.anchor_gbps.push(anchor_gbps);
+        if let Some(r) = ratio(subject_gbps, anchor_gbps) {
+            self.ratios.push(r);
+        }
+    }
+
+    /// One line for the log and the report.
+    pub fn line(&self) -> String {
+        let fmt = |s: Option<Summary>| {
+            s.map_or("-".to_owned(), |s| format!("{:.2} ({:.2}..{:.2})", s.median, s.min, s.max))
+        };
+        format!(
+            "{} {} pairs: {} {} GB/s vs {} {} GB/s; ratio {} (goal {:.2}: {})",
+            self.fixture,
+            self.cache.as_str(),
+            self.subject,
+            fmt(Summary::of(&self.subject_gbps)),
+            self.anchor,
+            fmt(Summary::of(&self.anchor_gbps)),
+            fmt(self.ratio()),
+            self.goal,
+            match self.met() {
+                Some(true) => "met",
+                Some(false) => "missed",
+                None => "no data",
+            }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_are_per_pair_and_the_goal_uses_their_median() {
+        let mut p = Pair {
+            fixture: "f".into(),
+            cache: Cache::Warm,
+            subject: "auto".into(),
+            anchor: "roofline".into(),
+            subject_gbps: vec![],
+            anchor_gbps: vec![],
+            ratios: vec![],
+            goal: 0.85,
+        };
+        assert_eq!(p.met(), None);
+        // A drifting machine: both sides slow down together, the ratio stays put.
+        for (s, a) in [(9.0, 10.0), (4.5, 5.0), (2.0, 2.5)] {
+            p.push(s, a);
+        }
+        p.push(1.0, 0.0); // no ratio against a zero anchor
+        let r = p.ratio().unwrap();
+        assert_eq!((r.median, r.min, r.max, r.count), (0.9, 0.8, 0.9, 3));
+        assert_eq!(p.met(), Some(true));
+        assert!(p.line().contains("ratio 0.90 (0.80..0.90)"), "{}", p.line());
+        p.goal = 0.95;
+        assert_eq!(p.met(), Some(false));
+        assert!(p.line().contains("missed"));
+    }
+}
