@@ -217,6 +217,12 @@ fn plan_cells_once(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Ve
             }
         }
     }
+    if main {
+        // Zero-copy views, for the comparison with peers that map (and with `fs::read`).
+        for &cache in caches {
+            cells.push(CellSpec::new(Subject::Tensora(AUTO.to_string()), cache, Full, Mode::Mapped));
+        }
+    }
     if !peers {
         return cells;
     }
@@ -561,6 +567,7 @@ impl Runner<'_> {
                     backend,
                     selection: selected.is_some().then_some(partial),
                     streaming: spec.mode == Mode::Streaming,
+                    mapped: spec.mode == Mode::Mapped,
                     streaming_budget_bytes: STREAMING_BUDGET_BYTES,
                 };
                 return crate::loaders::measure_tensora(&load, runs, cold);
@@ -621,9 +628,14 @@ mod tests {
         assert_eq!(cells[n - 2].subject, Subject::RooflineDirect { again: true });
         assert_eq!(cells[n - 1].subject, Subject::RooflineBuffered { again: true });
         assert!(cells[3..n - 3].iter().all(|c| c.subject.kind() != Kind::Roofline));
-        // (4 backends + auto) × warm/cold × full/partial × owned/streaming.
+        // (4 backends + auto) × warm/cold × full/partial × owned/streaming, plus auto mapped
+        // warm and cold.
         let tensora = cells.iter().filter(|c| matches!(c.subject, Subject::Tensora(_))).count();
-        assert_eq!(tensora, 5 * 2 * 2 * 2);
+        assert_eq!(tensora, 5 * 2 * 2 * 2 + 2);
+        for cache in [Cache::Warm, Cache::Cold] {
+            let want = CellSpec::new(Subject::Tensora(AUTO.to_string()), cache, Scope::Full, Mode::Mapped);
+            assert!(cells.contains(&want), "{want:?}");
+        }
         for b in BACKENDS.iter().chain([&AUTO]) {
             for cache in [Cache::Warm, Cache::Cold] {
                 for scope in [Scope::Full, Scope::Partial] {

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use tensora_format::Checkpoint;
 use tensora_io::convert::{ConvertConfig, TargetFormat};
 use tensora_io::mmap::MappedFiles;
-use tensora_io::{BackendChoice, LoadOptions, SourceFile};
+use tensora_io::{BackendChoice, LoadOptions, Residence, SourceFile};
 use tensora_plan::Selection;
 
 use crate::bench::{AUTO, Outcome, measure, measure_timed};
@@ -149,6 +149,8 @@ pub struct TensoraCell<'a> {
     /// `None`: every tensor.
     pub selection: Option<&'a [String]>,
     pub streaming: bool,
+    /// Zero-copy views (`Residence::Mapped`) instead of an owned arena.
+    pub mapped: bool,
     /// In-flight (and, streaming, arena) budget of streaming cells.
     pub streaming_budget_bytes: u64,
 }
@@ -168,6 +170,7 @@ impl TensoraCell<'_> {
                 Some(names) => Selection::Names(names.to_vec()),
             },
             budget_bytes: if self.streaming { self.streaming_budget_bytes } else { defaults.budget_bytes },
+            residence: if self.mapped { Residence::Mapped } else { Residence::Owned },
             ..defaults
         }
     }

@@ -75,6 +75,7 @@ pub fn measure_pairs(
         backend: AUTO,
         selection: None,
         streaming: false,
+        mapped: false,
         streaming_budget_bytes: 0,
     };
     let opts = cell.options();

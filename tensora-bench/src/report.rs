@@ -72,6 +72,8 @@ pub enum Mode {
     Streaming,
     /// Rooflines: bytes read and discarded (or overwritten).
     Raw,
+    /// Zero-copy views of private file mappings (`Residence::Mapped`): no fresh memory, no copy.
+    Mapped,
 }
 
 impl Mode {
@@ -81,6 +83,7 @@ impl Mode {
             Mode::Owned => "owned",
             Mode::Streaming => "streaming",
             Mode::Raw => "raw",
+            Mode::Mapped => "mapped",
         }
     }
 }
