@@ -351,6 +351,35 @@ impl Arena {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len_bytes) }
     }
 
+    /// Faults in `offset_bytes .. + len_bytes` (widened to whole pages, clipped to the arena)
+    /// with `MADV_POPULATE_WRITE`, without reading or writing any byte: pages already present keep
+    /// their contents, missing ones arrive zero-filled, exactly as a first write would find them.
+    /// So it is safe while backends write into the arena, or DMA lands in it, concurrently. A
+    /// hint: errors (kernels before 5.14) are returned for the caller to ignore.
+    pub fn populate_write(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        const PAGE_BYTES: u64 = 4096;
+        let end = offset_bytes.saturating_add(len_bytes).min(self.len_bytes as u64);
+        let start = (offset_bytes / PAGE_BYTES) * PAGE_BYTES;
+        if start >= end {
+            return Ok(());
+        }
+        let len = (end.next_multiple_of(PAGE_BYTES) - start).min(self.map_len_bytes as u64 - start);
+        // SAFETY: the range is page-aligned and lies inside this arena's own writable mapping
+        // (`start < len_bytes <= map_len_bytes`, `len` clipped to the mapping); MADV_POPULATE_WRITE
+        // only populates page tables and changes no byte of memory that is already present.
+        let rc = unsafe {
+            libc::madvise(
+                self.ptr.as_ptr().add(start as usize).cast(),
+                len as usize,
+                libc::MADV_POPULATE_WRITE,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Bytes of `offset_bytes .. offset_bytes + len_bytes`, without an exclusive borrow.
     ///
     /// # Safety
@@ -411,6 +440,23 @@ mod tests {
             Prefault::PopulateWrite,
             Prefault::ParallelTouch { threads: 3 },
         ]
+    }
+
+    #[test]
+    fn populate_write_keeps_contents_and_clips_to_the_arena() {
+        let mut a = Arena::with_len((4 << 20) + 100).unwrap();
+        a.as_mut_slice()[5000] = 9;
+        // Inside, straddling the end, past the end, empty: never an out-of-bounds madvise.
+        for (offset, len) in [(4000u64, 3 << 20), (4 << 20, 1 << 30), (64 << 20, 4096), (17, 0)] {
+            match a.populate_write(offset, len) {
+                Ok(()) => {}
+                // Kernels before 5.14 have no MADV_POPULATE_WRITE: a hint, so an error is fine.
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}"),
+            }
+        }
+        let bytes = a.as_slice();
+        assert_eq!(bytes[5000], 9, "present pages keep their contents");
+        assert_eq!(bytes.iter().map(|&b| u64::from(b)).sum::<u64>(), 9, "everything else is still zero");
     }
 
     #[test]
