@@ -240,21 +240,36 @@ fn plan_cells_once(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Ve
     cells
 }
 
-/// Run `body` [`WARMUP_RUNS`] + `runs` times, dropping the cache before each run when `cold` is
-/// given. `body` returns (seconds, bytes) so that it can time itself (the Python peer does).
+/// How many times to run a measured body: `warmup` untimed runs, then `timed` ones. A plain
+/// `usize` converts to that many timed runs after [`WARMUP_RUNS`] warm-ups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Runs {
+    pub warmup: usize,
+    pub timed: usize,
+}
+
+impl From<usize> for Runs {
+    fn from(timed: usize) -> Runs {
+        Runs { warmup: WARMUP_RUNS, timed }
+    }
+}
+
+/// Run `body` `warmup + timed` times, dropping the cache before each run when `cold` is given.
+/// `body` returns (seconds, bytes) so that it can time itself (the Python peer does).
 pub fn measure_timed(
-    runs: usize,
+    runs: impl Into<Runs>,
     cold: Option<(&CacheDropper, &[PathBuf])>,
     mut body: impl FnMut() -> Result<(f64, u64)>,
 ) -> Result<Vec<Sample>> {
-    let runs = runs.min(RUNS_MAX);
-    let mut samples = Vec::with_capacity(runs);
-    for i in 0..WARMUP_RUNS + runs {
+    let Runs { warmup, timed } = runs.into();
+    let (warmup, timed) = (warmup.min(RUNS_MAX), timed.min(RUNS_MAX));
+    let mut samples = Vec::with_capacity(timed);
+    for i in 0..warmup + timed {
         if let Some((dropper, files)) = cold {
             dropper.drop_files(files)?;
         }
         let (seconds, bytes) = body()?;
-        if i >= WARMUP_RUNS {
+        if i >= warmup {
             samples.push(Sample { seconds, bytes, gbps: gbps(bytes, seconds) });
         }
     }
@@ -263,7 +278,7 @@ pub fn measure_timed(
 
 /// [`measure_timed`] with the wall clock around `body`, which returns the bytes it loaded.
 pub fn measure(
-    runs: usize,
+    runs: impl Into<Runs>,
     cold: Option<(&CacheDropper, &[PathBuf])>,
     mut body: impl FnMut() -> Result<u64>,
 ) -> Result<Vec<Sample>> {
@@ -281,7 +296,6 @@ pub fn partial_names(all_names: &[String]) -> Vec<String> {
 
 /// Shared state of one bench run.
 struct Runner<'a> {
-    config: &'a BenchConfig,
     dropper: Option<CacheDropper>,
     python: Result<PathBuf, String>,
     copy_buffers: Option<ReadBuffers>,
@@ -343,14 +357,40 @@ pub fn measure_fixtures(
         crate::writer::write_text(&script, peers::PYTHON_SCRIPT).map_err(|e| format!("{e:#}"))?;
         Ok(script)
     });
-    let mut runner = Runner { config, dropper, python, copy_buffers: None, log };
+    let mut runner = Runner { dropper, python, copy_buffers: None, log };
     let backends = crate::loaders::backend_names();
     let mut cells = Vec::new();
     for fixture in fixtures {
         let names = crate::loaders::tensor_names(fixture)?;
         let partial: Vec<String> = partial_names(&names);
-        for spec in plan_cells(config, &fixture.name, &backends) {
-            let cell = runner.run_cell(fixture, &spec, &partial);
+        let specs = plan_cells(config, &fixture.name, &backends);
+        // Interleaved rounds: every cell runs once per round (its warm-up in the first), so drift
+        // of the machine within the run spreads over all cells alike instead of favouring
+        // whichever ran during a fast minute.
+        let mut fixture_cells: Vec<Option<Cell>> = vec![None; specs.len()];
+        for round in 0..config.runs {
+            let runs = Runs { warmup: if round == 0 { WARMUP_RUNS } else { 0 }, timed: 1 };
+            for (spec, slot) in specs.iter().zip(fixture_cells.iter_mut()) {
+                match slot {
+                    Some(cell) if cell.status != crate::report::Status::Ok => continue,
+                    _ => {}
+                }
+                let cell = runner.run_cell(fixture, spec, &partial, runs);
+                *slot = Some(match slot.take() {
+                    Some(mut so_far) if cell.status == crate::report::Status::Ok => {
+                        let mut samples = std::mem::take(&mut so_far.samples);
+                        samples.extend(cell.samples.iter().cloned());
+                        let details = cell.details.clone().or(so_far.details.take());
+                        let mut merged = so_far.with_samples(samples);
+                        merged.details = details;
+                        merged
+                    }
+                    _ => cell,
+                });
+            }
+        }
+        for (spec, cell) in specs.iter().zip(fixture_cells) {
+            let Some(cell) = cell else { continue };
             let line = match &cell.gbps {
                 Some(g) => format!("{:.2} GB/s median ({:.2}..{:.2})", g.median, g.min, g.max),
                 None => format!("{:?}: {}", cell.status, cell.reason.as_deref().unwrap_or("")),
@@ -468,7 +508,7 @@ pub fn fixture_facts(f: &Fixture, generate_seconds: f64) -> FixtureFacts {
 }
 
 impl Runner<'_> {
-    fn run_cell(&mut self, fixture: &Fixture, spec: &CellSpec, partial: &[String]) -> Cell {
+    fn run_cell(&mut self, fixture: &Fixture, spec: &CellSpec, partial: &[String], runs: Runs) -> Cell {
         let cell = Cell::new(
             &fixture.name,
             spec.subject.name(),
@@ -477,7 +517,7 @@ impl Runner<'_> {
             spec.scope,
             spec.mode,
         );
-        match self.try_cell(fixture, spec, partial) {
+        match self.try_cell(fixture, spec, partial, runs) {
             Ok(Outcome::Samples(samples, details)) => {
                 let mut cell = cell.with_samples(samples);
                 cell.details = details;
@@ -488,8 +528,13 @@ impl Runner<'_> {
         }
     }
 
-    fn try_cell(&mut self, fixture: &Fixture, spec: &CellSpec, partial: &[String]) -> Result<Outcome> {
-        let runs = self.config.runs;
+    fn try_cell(
+        &mut self,
+        fixture: &Fixture,
+        spec: &CellSpec,
+        partial: &[String],
+        runs: Runs,
+    ) -> Result<Outcome> {
         let cold = match spec.cache {
             Cache::Warm => {
                 // Warm means the files are in the page cache, whatever the previous cell did (a

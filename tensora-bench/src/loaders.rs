@@ -121,7 +121,7 @@ fn source_files(paths: &[PathBuf]) -> Result<Vec<SourceFile>> {
 /// `SafeTensors::deserialize` + `to_vec` per selected tensor.
 pub fn peer_mmap(
     files: &[PathBuf],
-    runs: usize,
+    runs: crate::bench::Runs,
     cold: Option<(&CacheDropper, &[PathBuf])>,
     selected: Option<&HashSet<String>>,
 ) -> Result<Vec<Sample>> {
@@ -215,7 +215,7 @@ pub fn run_tensora_once(
 /// result is dropped untimed, before the next run. The last run's `LoadReport` becomes the cell's details.
 pub fn measure_tensora(
     cell: &TensoraCell<'_>,
-    runs: usize,
+    runs: crate::bench::Runs,
     cold: Option<(&CacheDropper, &[PathBuf])>,
 ) -> Result<Outcome> {
     if cell.backend != AUTO {
