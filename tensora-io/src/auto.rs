@@ -12,7 +12,8 @@
 //! |---|---|---|
 //! | `Residence::Mapped` | mmap, mapped | the caller asked for zero-copy views; on a network/FUSE filesystem every selected range is prewarmed (`MADV_POPULATE_READ`) before the views are handed out, so a lazy page fault never waits on the network (and a failing read is a typed error, not a `SIGBUS` later) |
 //! | network/FUSE filesystem | sync, buffered | never lazy mmap there; O_DIRECT semantics vary |
-//! | warm (≥ [`WARM_FRACTION`] of sampled pages cached) | sync, buffered | one copy from the page cache into the hugepage arena is the roofline |
+//! | warm, owned (not streaming), ≥ [`WARM_MMAP_DENSITY_MIN`] of the files' bytes selected | mmap (owned copy) | a `memcpy` from the mapped page cache into the hugepage arena beat `pread`'s kernel copy in paired runs here; every piece is populated (`MADV_POPULATE_READ`) before it is copied, so a truncated file is a read error, not a `SIGBUS` |
+//! | warm otherwise (≥ [`WARM_FRACTION`] of sampled pages cached) | sync, buffered | one copy from the page cache into the hugepage arena; sparse selections and streaming windows gain nothing from mapping |
 //! | cold, O_DIRECT works, io_uring available, ≥ [`DIRECT_MIN_BYTES`] selected | io-uring, direct | deep queue of large aligned reads, no page-cache copy |
 //! | cold otherwise | sync, buffered | kernel readahead with several threads |
 
@@ -24,6 +25,8 @@ use crate::probe::{self, Filesystem, ResidencySample};
 
 /// At or above this fraction of sampled pages resident, the selection counts as warm.
 pub const WARM_FRACTION: f64 = 0.5;
+/// A warm owned load selecting at least this fraction of its files' bytes copies from a mapping.
+pub const WARM_MMAP_DENSITY_MIN: f64 = 0.5;
 /// Below this many selected bytes a cold load stays buffered (O_DIRECT setup is not worth it).
 pub const DIRECT_MIN_BYTES: u64 = 256 << 20;
 /// Files whose residency is sampled (the first ones the selection touches).
@@ -154,6 +157,15 @@ pub fn choose(f: &Facts) -> Choice {
             ),
         };
     }
+    if f.warm() && !f.streaming && f.density() >= WARM_MMAP_DENSITY_MIN {
+        return Choice {
+            backend: "mmap",
+            direct: false,
+            reason: format!(
+                "warm, owned, dense: memcpy from the mapped page cache into the hugepage arena; {facts}"
+            ),
+        };
+    }
     if f.warm() {
         return Choice {
             backend: "sync",
@@ -203,8 +215,23 @@ mod tests {
     }
 
     #[test]
+    fn warm_dense_owned_picks_mmap_and_the_rest_sync() {
+        let mut f = facts();
+        let c = choose(&f);
+        assert_eq!((c.backend, c.direct), ("mmap", false));
+        assert!(c.reason.contains("warm, owned, dense"), "{}", c.reason);
+        f.streaming = true;
+        assert_eq!(choose(&f).backend, "sync");
+        f.streaming = false;
+        f.bytes_selected = f.bytes_files / 10;
+        assert_eq!(choose(&f).backend, "sync", "a sparse selection reads only what it needs");
+    }
+
+    #[test]
     fn warm_picks_sync_buffered_and_names_the_facts() {
-        let c = choose(&facts());
+        let mut f = facts();
+        f.streaming = true;
+        let c = choose(&f);
         assert_eq!((c.backend, c.direct), ("sync", false));
         assert!(
             c.reason.contains("warm") && c.reason.contains("100% of sampled pages cached"),
