@@ -2,8 +2,9 @@
 //! `tensora._native`). The Python layer in `python/tensora/__init__.py` turns the buffers made
 //! here into numpy arrays (buffer protocol) or torch tensors (DLPack), zero copy.
 //!
-//! Every buffer handed to Python holds an `Arc` of its [`owner::Owner`]: an owned load, private
-//! copy-on-write mappings, or one heap copy. Memory is freed when the last array goes.
+//! Every buffer handed to Python holds an `Arc` of its [`owner::Owner`]: a load (an owned arena,
+//! or zero-copy views of private copy-on-write mappings, see [`place`]), a `safe_open` tensor's
+//! own copy-on-write mapping, or one heap copy. Memory is freed when the last array goes.
 //!
 //! ```
 //! use tensora::owner::{Owner, Storage, TensorBytes, owners_live};
@@ -27,6 +28,7 @@
 pub mod dlpack;
 pub mod drive;
 pub mod owner;
+pub mod place;
 pub mod queue;
 mod stream;
 
@@ -159,9 +161,10 @@ impl TensorData {
         let len = isize::try_from(t.len_bytes).map_err(|_| PyValueError::new_err("tensor too large"))?;
         // SAFETY: `view` is valid (the caller's contract). The range `addr .. addr + len` lies in
         // memory kept alive by `t.owner`, which `view.obj` (a new reference to `slf`, set by
-        // `PyBuffer_FillInfo`) keeps alive until the buffer is released. The memory is writable:
-        // an anonymous arena, a MAP_PRIVATE copy-on-write mapping or a heap box, none of which
-        // Rust reads through a live reference while Python holds the buffer.
+        // `PyBuffer_FillInfo`) keeps alive until the buffer is released. The memory is writable
+        // and the address was derived from a mutable pointer (`Loaded::tensor_mut_ptr`, a
+        // copy-on-write `MmapMut`, or a heap box): an anonymous arena or a MAP_PRIVATE mapping,
+        // which Rust never reads through a live reference while Python holds the buffer.
         let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), t.addr as *mut c_void, len, 0, flags) };
         if rc != 0 { Err(PyErr::fetch(slf.py())) } else { Ok(()) }
     }
@@ -227,20 +230,22 @@ unsafe fn drop_managed(raw: *mut dlpack::DLManagedTensor) {
     }
 }
 
-/// A checkpoint whose files are mapped privately and writable (copy-on-write), for `safe_open`.
+/// A checkpoint opened for `safe_open`: its files stay open, and each `tensor` call maps that
+/// tensor's bytes privately and writable (copy-on-write) on its own, so two calls for the same
+/// name return independent memory (as HF's `get_tensor`, which copies), still without a copy.
 #[pyclass(module = "tensora._native", frozen)]
 #[derive(Debug)]
 pub struct Mapped {
     ckpt: Checkpoint,
-    owner: Arc<Owner>,
-    bases: Vec<usize>,
+    /// One descriptor per checkpoint file (indexed by file id), stamp-checked when opened.
+    files: Vec<std::fs::File>,
 }
 
 #[pymethods]
 impl Mapped {
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Mapped> {
-        py.detach(|| map_checkpoint(&path))
+        py.detach(|| open_checkpoint_files(&path))
     }
 
     /// Tensor names, sorted (as HF `safe_open.keys()`).
@@ -268,17 +273,19 @@ impl Mapped {
         Ok((t.dtype().as_str(), t.shape().to_vec()))
     }
 
-    /// The tensor's bytes, zero copy over the private mapping.
-    fn tensor(&self, name: &str) -> PyResult<TensorData> {
+    /// The tensor's bytes in a private copy-on-write mapping of its own (zero copy; writes stay
+    /// in this mapping). The pages are read in now (GIL released), so a failing or truncated
+    /// file is an exception here, not a `SIGBUS` later.
+    fn tensor(&self, py: Python<'_>, name: &str) -> PyResult<TensorData> {
         let info = self.ckpt.tensor(name).ok_or_else(|| missing(name))?;
-        let base = self.bases[info.file().0 as usize];
-        let offset = usize::try_from(info.offset_bytes()).map_err(|_| missing(name))?;
-        let len_bytes = usize::try_from(info.len_bytes()).map_err(|_| missing(name))?;
+        let entry = self.ckpt.file(info.file());
+        let file = self.files.get(info.file().index()).ok_or_else(|| missing(name))?;
+        let (owner, addr) = py.detach(|| map_tensor(entry, file, info))?;
         Ok(TensorData {
             t: TensorBytes {
-                owner: Arc::clone(&self.owner),
-                addr: base + offset,
-                len_bytes,
+                owner,
+                addr,
+                len_bytes: usize::try_from(info.len_bytes()).map_err(|_| missing(name))?,
                 name: name.to_owned(),
                 dtype: info.dtype(),
                 shape: info.shape().to_vec(),
@@ -292,84 +299,225 @@ fn missing(name: &str) -> PyErr {
     SelectionError::new_err(format!("no tensor named {name:?}"))
 }
 
-fn map_checkpoint(path: &Path) -> PyResult<Mapped> {
+/// An error naming the file.
+fn file_err(path: &Path, what: impl std::fmt::Display) -> PyErr {
+    exc::LoadError::new_err(format!("{}: {what}", path.display()))
+}
+
+/// Whether the descriptor's file still has the size, mtime and inode seen at parse time.
+fn check_stamp(entry: &tensora_format::FileEntry, file: &std::fs::File) -> PyResult<()> {
+    let meta = file.metadata().map_err(|e| file_err(entry.path(), e))?;
+    if tensora_format::FileStamp::from_metadata(&meta) != entry.stamp() {
+        return Err(file_err(entry.path(), "file changed since it was parsed (size, mtime or inode)"));
+    }
+    Ok(())
+}
+
+fn open_checkpoint_files(path: &Path) -> PyResult<Mapped> {
     let ckpt = tensora_format::open(path).map_err(format_err)?;
-    let mut maps = Vec::with_capacity(ckpt.files().len());
-    let mut bases = Vec::with_capacity(ckpt.files().len());
+    let mut files = Vec::with_capacity(ckpt.files().len());
     for f in ckpt.files() {
-        let io = |e: std::io::Error| exc::LoadError::new_err(format!("{}: {e}", f.path().display()));
-        let file = std::fs::File::open(f.path()).map_err(io)?;
-        let now = tensora_format::FileStamp::from_metadata(&file.metadata().map_err(io)?);
-        if now != f.stamp() {
-            return Err(exc::LoadError::new_err(format!(
-                "{}: file changed since it was parsed (size, mtime or inode)",
-                f.path().display()
-            )));
-        }
-        let mut map = if f.len_bytes() == 0 {
-            memmap2::MmapMut::map_anon(1).map_err(io)?
-        } else {
-            // SAFETY: MAP_PRIVATE + PROT_WRITE (copy-on-write): writes through the mapping never
-            // reach the file. The file's stamp matched the parsed one just above, so every tensor
-            // range lies inside the mapping. Truncation by another process while mapped raises
-            // SIGBUS on access (documented in the Python API); no Rust reference into the mapping
-            // outlives a call.
-            unsafe { memmap2::MmapOptions::new().map_copy(&file) }.map_err(io)?
+        let file = std::fs::File::open(f.path()).map_err(|e| file_err(f.path(), e))?;
+        check_stamp(f, &file)?;
+        files.push(file);
+    }
+    Ok(Mapped { ckpt, files })
+}
+
+/// Map one tensor's byte range of `file` privately and writable, read its pages in, and return
+/// the owner and the address of its first byte.
+fn map_tensor(
+    entry: &tensora_format::FileEntry,
+    file: &std::fs::File,
+    info: &tensora_format::TensorInfo,
+) -> PyResult<(Arc<Owner>, usize)> {
+    if info.len_bytes() == 0 {
+        let words = vec![0u64; 1].into_boxed_slice();
+        let addr = words.as_ptr() as usize;
+        return Ok((Owner::new(Storage::Heap(words)), addr));
+    }
+    check_stamp(entry, file)?;
+    let len = usize::try_from(info.len_bytes()).map_err(|_| file_err(entry.path(), "tensor too large"))?;
+    // SAFETY: MAP_PRIVATE + PROT_WRITE (copy-on-write): writes through the mapping never reach
+    // the file. The descriptor's stamp matched the parsed one just above, and the parser checked
+    // that the tensor's range lies inside a file of that size. Truncation by another process
+    // while mapped raises SIGBUS on access to a page not yet read in (documented in the Python
+    // API); the pages are read in just below. No Rust reference into the mapping outlives this
+    // call: Python reaches it only through the raw address.
+    let mut map = unsafe { memmap2::MmapOptions::new().offset(info.offset_bytes()).len(len).map_copy(file) }
+        .map_err(|e| file_err(entry.path(), e))?;
+    let addr = map.as_mut_ptr() as usize;
+    let never = AtomicBool::new(false);
+    let cfg = place::PopulateConfig { threads: 1, cancel: &never, progress: None };
+    // SAFETY: the span is exactly the live mapping `map`, which outlives the call.
+    unsafe { place::populate(&[(addr, len)], &cfg) }.map_err(|e| match e {
+        place::PopulateError::Io { source, .. } => file_err(entry.path(), source),
+        place::PopulateError::Cancelled => CancelledError::new_err("cancelled"),
+    })?;
+    Ok((Owner::new(Storage::Mapped(vec![map])), addr))
+}
+
+/// What Python gets for one tensor of a `Loaded` held by `owner`. Writable pointers come from
+/// `Loaded::tensor_mut_ptr` (derived from the storage's own mutable base, never from a shared
+/// slice); an empty tensor gets a dangling, never-dereferenced address.
+pub(crate) struct ExportMeta {
+    name: String,
+    len_bytes: u64,
+    dtype: tensora_format::Dtype,
+    shape: Vec<u64>,
+    strides: Option<Vec<u64>>,
+}
+
+impl ExportMeta {
+    /// Metadata of every tensor of `loaded`, taken before any buffer is handed out: the `&[u8]`
+    /// that `Loaded::tensors` forms must not be alive while Python writes (tied tensors share
+    /// bytes).
+    pub(crate) fn all(loaded: &tensora_io::Loaded) -> Vec<ExportMeta> {
+        loaded
+            .tensors()
+            .map(|t| ExportMeta {
+                name: t.name().to_owned(),
+                len_bytes: t.info().len_bytes(),
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+                strides: t.info().strides().map(<[u64]>::to_vec),
+            })
+            .collect()
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The buffer for this tensor of `loaded` (which `owner` holds).
+    pub(crate) fn export(self, owner: &Arc<Owner>, loaded: &tensora_io::Loaded) -> PyResult<TensorData> {
+        let (addr, len_bytes) = match loaded.tensor_mut_ptr(&self.name) {
+            Some((ptr, len)) => (ptr.as_ptr() as usize, len),
+            // Empty: nothing can be read or written through the address.
+            None if self.len_bytes == 0 => (std::ptr::NonNull::<u64>::dangling().as_ptr() as usize, 0),
+            None => {
+                return Err(exc::LoadError::new_err(format!(
+                    "internal: the load gave no writable pointer for tensor {:?}",
+                    self.name
+                )));
+            }
         };
-        bases.push(map.as_mut_ptr() as usize);
-        maps.push(map);
-    }
-    Ok(Mapped { ckpt, owner: Owner::new(Storage::Mapped(maps)), bases })
-}
-
-fn exported(owner: &Arc<Owner>, t: &tensora_io::TensorRef<'_>) -> TensorData {
-    TensorData {
-        t: TensorBytes {
-            owner: Arc::clone(owner),
-            addr: t.bytes().as_ptr() as usize,
-            len_bytes: t.bytes().len(),
-            name: t.name().to_owned(),
-            dtype: t.dtype(),
-            shape: t.shape().to_vec(),
-            strides: t.info().strides().map(<[u64]>::to_vec),
-        },
+        Ok(TensorData {
+            t: TensorBytes {
+                owner: Arc::clone(owner),
+                addr,
+                len_bytes,
+                name: self.name,
+                dtype: self.dtype,
+                shape: self.shape,
+                strides: self.strides,
+            },
+        })
     }
 }
 
-/// Load every selected tensor into one owned arena (GIL released) and return
-/// `{name: TensorData}` sorted by name.
+/// `tensora_io::load`, and for mapped views read every selected page in before returning (so
+/// an I/O error or a truncated file is an error now, never a `SIGBUS` later). Also returns the
+/// seconds spent reading pages in (0 for an owned load).
+pub(crate) fn load_chunk(
+    ckpt: &Checkpoint,
+    opts: &LoadOptions,
+    cancel: &AtomicBool,
+) -> Result<(tensora_io::Loaded, f64), LoadError> {
+    let loaded = tensora_io::load(ckpt, opts)?;
+    if opts.residence != Residence::Mapped {
+        return Ok((loaded, 0.0));
+    }
+    let t = std::time::Instant::now();
+    let names: Vec<String> = loaded.tensors().map(|t| t.name().to_owned()).collect();
+    let spans: Vec<(&str, place::Span)> = names
+        .iter()
+        .filter_map(|n| loaded.tensor_mut_ptr(n).map(|(p, len)| (n.as_str(), (p.as_ptr() as usize, len))))
+        .collect();
+    let ranges: Vec<place::Span> = spans.iter().map(|s| s.1).collect();
+    let cfg = place::PopulateConfig { threads: opts.threads, cancel, progress: opts.progress.as_ref() };
+    // SAFETY: every span is a tensor's range inside `loaded`'s mappings, alive for the call.
+    unsafe { place::populate(&ranges, &cfg) }.map_err(|e| match e {
+        place::PopulateError::Cancelled => LoadError::Cancelled,
+        place::PopulateError::Io { span, source } => {
+            let name = spans.get(span).map_or("?", |s| s.0);
+            LoadError::Map(std::io::Error::new(source.kind(), format!("tensor {name:?}: {source}")))
+        }
+    })?;
+    Ok((loaded, t.elapsed().as_secs_f64()))
+}
+
+/// The tensors of one load, as Python receives them.
+struct Exported {
+    owner: Arc<Owner>,
+    metas: Vec<ExportMeta>,
+    report: tensora_io::LoadReport,
+}
+
+/// Open, decide where the tensors live (see [`place`]), load, and for mapped views read every
+/// selected page in before returning. Runs with the GIL released.
+fn load_placed(
+    path: &Path,
+    opts: LoadOptions,
+    placement: place::Placement,
+    cancel: &AtomicBool,
+) -> Result<Exported, LoadError> {
+    let t = std::time::Instant::now();
+    let ckpt = tensora_format::open(path)?;
+    let parse = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    let decision = place::decide(&place::facts(&ckpt, &opts.selection, &opts.backend, placement)?);
+    let decide_seconds = t.elapsed().as_secs_f64();
+    let opts = LoadOptions { residence: decision.residence, ..opts };
+    let (loaded, populate_seconds) = load_chunk(&ckpt, &opts, cancel)?;
+    let mut report = loaded.report().clone();
+    report.phases.parse = parse;
+    report.phases.open += decide_seconds;
+    // The report's phases end before the pages are read in: bill that to `io`.
+    report.phases.io += populate_seconds;
+    let metas = ExportMeta::all(&loaded);
+    report.reason = format!("{}; {}", decision.reason, report.reason);
+    report.finalize();
+    let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
+    Ok(Exported { owner, metas, report })
+}
+
+/// Load every selected tensor (GIL released) and return `({name: TensorData}, report_json)`,
+/// the dict sorted by name. `residence`: `"auto"` (zero-copy mapped views when the files are
+/// local and warm and `backend` is `"auto"`, an owned arena otherwise), `"owned"` or `"mapped"`.
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="auto"))]
 fn load<'py>(
     py: Python<'py>,
     path: PathBuf,
     select: Option<&Bound<'py, PyAny>>,
     backend: &str,
     progress: Option<Py<PyAny>>,
-) -> PyResult<Bound<'py, PyDict>> {
+    residence: &str,
+) -> PyResult<(Bound<'py, PyDict>, String)> {
+    let placement = place::Placement::parse(residence).map_err(PyValueError::new_err)?;
     let cancel = Arc::new(AtomicBool::new(false));
     let opts = LoadOptions {
         backend: self::backend(backend),
         selection: selection(select)?,
-        residence: Residence::Owned,
         cancel: Some(Arc::clone(&cancel)),
         ..LoadOptions::default()
     };
     let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
-        tensora_io::load_path(&path, &LoadOptions { progress: hook, ..opts })
+        load_placed(&path, LoadOptions { progress: hook, ..opts }, placement, &cancel)
     });
-    let loaded = finish(out)?;
-    let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
+    let Exported { owner, mut metas, report } = finish(out)?;
     let Storage::Loaded(loaded) = owner.storage() else {
         return Err(exc::LoadError::new_err("internal: load produced no owned storage"));
     };
-    let mut ts: Vec<_> = loaded.tensors().collect();
-    ts.sort_unstable_by(|a, b| a.name().cmp(b.name()));
+    metas.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     let d = PyDict::new(py);
-    for t in ts {
-        d.set_item(t.name(), exported(&owner, &t))?;
+    for m in metas {
+        let name = m.name.clone();
+        d.set_item(name, m.export(&owner, loaded)?)?;
     }
-    Ok(d)
+    let report = serde_json::to_string(&report).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+    Ok((d, report))
 }
 
 /// The checkpoint's structure as JSON (format, files, metadata, tensors, warnings).
@@ -490,13 +638,15 @@ fn convert_json(
 
 /// Stream tensors from one path or a list of files; see `stream::Stream`.
 #[pyfunction]
-#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto"))]
+#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto", residence="auto"))]
 fn open_stream(
     paths: &Bound<'_, PyAny>,
     select: Option<&Bound<'_, PyAny>>,
     budget_bytes: Option<u64>,
     backend: &str,
+    residence: &str,
 ) -> PyResult<stream::Stream> {
+    let placement = place::Placement::parse(residence).map_err(PyValueError::new_err)?;
     let paths: Vec<PathBuf> = if let Ok(p) = paths.extract::<PathBuf>() {
         vec![p]
     } else if paths.is_instance_of::<PyList>() || paths.is_instance_of::<PyTuple>() {
@@ -514,6 +664,7 @@ fn open_stream(
         names_wanted,
         budget_bytes.unwrap_or(stream::BUDGET_DEFAULT_BYTES),
         self::backend(backend),
+        placement,
     )
 }
 

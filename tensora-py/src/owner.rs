@@ -1,7 +1,8 @@
 //! Memory that Python arrays point into, and the counter that proves it is freed.
 //!
-//! Every buffer handed to Python is a [`TensorData`] holding an `Arc<Owner>`. An [`Owner`] is an
-//! owned load (`tensora_io::Loaded`), private copy-on-write file mappings, or one heap copy. The
+//! Every buffer handed to Python is a `TensorData` holding an `Arc<Owner>`. An [`Owner`] is a
+//! load (`tensora_io::Loaded`: an arena or mapped views), private copy-on-write file mappings,
+//! or one heap copy. The
 //! memory lives exactly as long as the last `TensorData` (and so the last numpy array, torch
 //! tensor or DLPack capsule) that refers to it.
 
@@ -21,10 +22,12 @@ pub fn owners_live() -> usize {
 /// Where the bytes of a set of tensors live.
 #[derive(Debug)]
 pub enum Storage {
-    /// An owned load: the hugepage arena of `tensora_io::load`.
+    /// A `tensora_io::load`: its hugepage arena, or (`Residence::Mapped`) its private
+    /// copy-on-write mappings of the files. Exported addresses come from
+    /// `Loaded::tensor_mut_ptr`.
     Loaded(Box<tensora_io::Loaded>),
-    /// One `MAP_PRIVATE` writable (copy-on-write) mapping per checkpoint file: writes never reach
-    /// the file.
+    /// `MAP_PRIVATE` writable (copy-on-write) mappings (`safe_open`: one per `get_tensor`):
+    /// writes never reach the file.
     Mapped(Vec<memmap2::MmapMut>),
     /// Bytes in 8-byte words (aligned for every element type), e.g. built by a caller in Rust.
     Heap(Box<[u64]>),

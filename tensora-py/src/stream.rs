@@ -1,11 +1,14 @@
 //! `weights_iterator`: a background thread loads the checkpoint in chunks of consecutive tensors
-//! of at most `budget` bytes each (one owned `tensora_io::load` per chunk, so every chunk lands
-//! in its own hugepage arena at full speed) and hands each tensor, zero copy, over a [`Bounded`]
-//! queue. The Python side waits with the GIL released.
+//! of at most `budget` bytes each (one `tensora_io::load` per chunk) and hands each tensor, zero
+//! copy, over a [`Bounded`] queue. The Python side waits with the GIL released. Where each chunk
+//! lives is decided once per file by [`crate::place`], as for `load_file`: warm local files give
+//! mapped views (each chunk's pages read in before its tensors are queued), anything else an
+//! owned hugepage arena per chunk.
 //!
 //! Memory: the chunk being loaded (at most `max(budget, largest tensor)`) plus at most `budget`
 //! bytes (and [`QUEUE_TENSORS_MAX`] tensors) waiting in the queue, plus what the consumer keeps:
-//! a chunk's arena is freed when the last tensor of it is gone.
+//! a chunk's arena (or mapping) is freed when the last tensor of it is gone. Mapped chunks hold
+//! page-cache pages, which the kernel can reclaim, not anonymous memory.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -54,6 +57,7 @@ struct Job {
     names_wanted: Option<BTreeSet<String>>,
     budget_bytes: u64,
     backend: BackendChoice,
+    placement: crate::place::Placement,
 }
 
 impl Stream {
@@ -63,6 +67,7 @@ impl Stream {
         names_wanted: Option<BTreeSet<String>>,
         budget_bytes: u64,
         backend: BackendChoice,
+        placement: crate::place::Placement,
     ) -> PyResult<Stream> {
         if budget_bytes == 0 {
             return Err(pyo3::exceptions::PyValueError::new_err("budget must be at least 1 byte"));
@@ -70,7 +75,7 @@ impl Stream {
         let queue = Arc::new(Bounded::new(QUEUE_TENSORS_MAX, budget_bytes));
         let cancel = Arc::new(AtomicBool::new(false));
         let (q, c) = (Arc::clone(&queue), Arc::clone(&cancel));
-        let job = Job { paths, selection, names_wanted, budget_bytes, backend };
+        let job = Job { paths, selection, names_wanted, budget_bytes, backend, placement };
         let thread = std::thread::Builder::new()
             .name("tensora-stream".into())
             .spawn(move || {
@@ -121,6 +126,8 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
         };
         picked.sort_unstable();
         picked.dedup();
+        let decision =
+            crate::place::decide(&crate::place::facts_for(&ckpt, &picked, &job.backend, job.placement));
         for chunk in chunks(&ckpt, &picked, job.budget_bytes) {
             if cancel.load(Ordering::Acquire) {
                 return Ok(());
@@ -130,11 +137,12 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
                 backend: job.backend.clone(),
                 selection: Selection::Names(names),
                 budget_bytes: job.budget_bytes,
+                residence: decision.residence,
                 cancel: Some(Arc::clone(cancel)),
                 ..LoadOptions::default()
             };
-            let loaded = match tensora_io::load(&ckpt, &opts) {
-                Ok(l) => l,
+            let loaded = match crate::load_chunk(&ckpt, &opts, cancel) {
+                Ok((l, _)) => l,
                 Err(_) if cancel.load(Ordering::Acquire) => return Ok(()),
                 Err(e) => return Err(load_err(e)),
             };
@@ -142,11 +150,11 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
             let Storage::Loaded(loaded) = owner.storage() else {
                 return Err(crate::exc::LoadError::new_err("internal: load produced no owned storage"));
             };
-            for t in loaded.tensors() {
+            for m in crate::ExportMeta::all(loaded) {
                 if job.names_wanted.is_some() {
-                    seen.insert(t.name().to_owned());
+                    seen.insert(m.name().to_owned());
                 }
-                let data = crate::exported(&owner, &t).into_bytes();
+                let data = m.export(&owner, loaded)?.into_bytes();
                 let len = data.len_bytes as u64;
                 if queue.push(Msg::Tensor(data), len).is_err() {
                     return Ok(()); // the iterator was closed

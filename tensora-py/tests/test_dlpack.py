@@ -11,7 +11,7 @@ from conftest import SLLM_TINY, collect
 
 def test_numpy_from_dlpack_is_zero_copy_and_exact(every_dtype_file):
     want = hf_load_file(str(every_dtype_file))
-    datas = _native.load(str(every_dtype_file), None, "auto", None)
+    datas, _ = _native.load(str(every_dtype_file), None, "auto", None)
     for name, data in datas.items():
         if data.dtype == "C64" and not hasattr(np, "complex64"):
             continue
@@ -26,7 +26,7 @@ def test_numpy_from_dlpack_is_zero_copy_and_exact(every_dtype_file):
 def test_dlpack_keeps_the_owner_alive_and_frees_it(every_dtype_file):
     collect()
     base = _native.owners_live()
-    data = _native.load(str(every_dtype_file), ["float64.1"], "auto", None)["float64.1"]
+    data = _native.load(str(every_dtype_file), ["float64.1"], "auto", None)[0]["float64.1"]
     arr = np.from_dlpack(data)
     del data
     collect()
@@ -39,7 +39,7 @@ def test_dlpack_keeps_the_owner_alive_and_frees_it(every_dtype_file):
 def test_an_unconsumed_capsule_frees_on_drop(every_dtype_file):
     collect()
     base = _native.owners_live()
-    data = _native.load(str(every_dtype_file), ["int16.0"], "auto", None)["int16.0"]
+    data = _native.load(str(every_dtype_file), ["int16.0"], "auto", None)[0]["int16.0"]
     capsule = data.__dlpack__()
     del data
     collect()
@@ -50,14 +50,14 @@ def test_an_unconsumed_capsule_frees_on_drop(every_dtype_file):
 
 
 def test_bf16_exports_but_numpy_refuses_it():
-    data = _native.load(str(SLLM_TINY), ["embed.weight"], "auto", None)["embed.weight"]
+    data = _native.load(str(SLLM_TINY), ["embed.weight"], "auto", None)[0]["embed.weight"]
     assert data.dtype == "BF16" and data.shape == [100, 64]
     with pytest.raises((BufferError, TypeError, ValueError, RuntimeError)):
         np.from_dlpack(data)
 
 
 def test_cross_device_and_copy_requests_are_refused(every_dtype_file):
-    data = _native.load(str(every_dtype_file), ["int16.0"], "auto", None)["int16.0"]
+    data = _native.load(str(every_dtype_file), ["int16.0"], "auto", None)[0]["int16.0"]
     with pytest.raises(BufferError):
         data.__dlpack__(dl_device=(2, 0))
     with pytest.raises(BufferError):

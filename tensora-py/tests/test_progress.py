@@ -11,9 +11,10 @@ from tensora import _native
 from conftest import collect
 
 
-def test_progress_reports_up_to_the_total(big_file):
+@pytest.mark.parametrize("residence", ["auto", "owned", "mapped"])
+def test_progress_reports_up_to_the_total(big_file, residence):
     calls = []
-    d = tensora.load_file(big_file, progress=lambda done, total: calls.append((done, total)))
+    d = tensora.load_file(big_file, residence=residence, progress=lambda done, total: calls.append((done, total)))
     total = sum(a.nbytes for a in d.values())
     assert calls, "called at least once"
     assert calls[-1] == (total, total)
@@ -21,7 +22,8 @@ def test_progress_reports_up_to_the_total(big_file):
     assert [c for c, _ in calls] == sorted(c for c, _ in calls)
 
 
-def test_returning_false_cancels_and_frees(big_file):
+@pytest.mark.parametrize("residence", ["auto", "owned", "mapped"])
+def test_returning_false_cancels_and_frees(big_file, residence):
     collect()
     base = _native.owners_live()
     calls = []
@@ -31,7 +33,7 @@ def test_returning_false_cancels_and_frees(big_file):
         return False
 
     with pytest.raises(tensora.CancelledError, match="returned False"):
-        tensora.load_file(big_file, progress=stop)
+        tensora.load_file(big_file, residence=residence, progress=stop)
     assert len(calls) == 1, "never called again after cancelling"
     collect()
     assert _native.owners_live() == base

@@ -9,9 +9,10 @@ from tensora import _native
 from conftest import REAL, collect
 
 
-def test_yields_every_tensor_bit_exact(every_dtype_file):
+@pytest.mark.parametrize("residence", ["auto", "owned", "mapped"])
+def test_yields_every_tensor_bit_exact(every_dtype_file, residence):
     want = hf_load_file(str(every_dtype_file))
-    got = list(tensora.weights_iterator(every_dtype_file, framework="np", budget=4096))
+    got = list(tensora.weights_iterator(every_dtype_file, framework="np", budget=4096, residence=residence))
     assert sorted(n for n, _ in got) == sorted(want)
     for name, arr in got:
         assert arr.dtype == want[name].dtype and arr.shape == want[name].shape
@@ -27,9 +28,10 @@ def test_real_fixtures_stream_like_load_file(path):
         assert got[k].tobytes() == want[k].tobytes()
 
 
-def test_queue_stays_under_the_budget(big_file):
+@pytest.mark.parametrize("residence", ["owned", "mapped"])
+def test_queue_stays_under_the_budget(big_file, residence):
     budget = 4 << 20  # two tensors of 2 MiB
-    stream = _native.open_stream(str(big_file), None, budget, "auto")
+    stream = _native.open_stream(str(big_file), None, budget, "auto", residence)
     seen = 0
     peak = 0
     for _name, _data in stream:
@@ -76,3 +78,19 @@ def test_a_broken_file_raises_from_the_iterator(tmp_path, every_dtype_file):
     bad.write_bytes(b"\x00" * 4)
     with pytest.raises(tensora.FormatError):
         list(tensora.weights_iterator([every_dtype_file, bad], framework="np"))
+
+
+def test_an_unknown_residence_is_a_value_error(every_dtype_file):
+    with pytest.raises(ValueError, match="residence"):
+        list(tensora.weights_iterator(every_dtype_file, residence="lazy"))
+
+
+@pytest.mark.parametrize("residence", ["owned", "mapped"])
+def test_streamed_writes_stay_private(every_dtype_file, residence):
+    from conftest import file_sha256
+
+    before = file_sha256(every_dtype_file)
+    for _, arr in tensora.weights_iterator(every_dtype_file, framework="np", residence=residence):
+        if arr.size:
+            arr.reshape(-1)[0] = arr.reshape(-1)[-1]
+    assert file_sha256(every_dtype_file) == before

@@ -11,7 +11,7 @@ from conftest import SLLM_TINY, SLLM_TINY_EXPECTED, collect, expected, file_sha2
 
 
 def raw(t) -> bytes:
-    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def test_load_file_pt_matches_expected_digests_including_bf16():
@@ -57,3 +57,24 @@ def test_weights_iterator_yields_torch_tensors(every_dtype_file):
     got = dict(tensora.weights_iterator(every_dtype_file))
     assert all(isinstance(v, torch.Tensor) for v in got.values())
     assert got["int64.0"].numpy().tobytes() == tensora.load_file(every_dtype_file)["int64.0"].tobytes()
+
+
+@pytest.mark.parametrize("residence", ["owned", "mapped"])
+def test_in_place_torch_writes_stay_in_their_load(every_dtype_file, residence):
+    before = file_sha256(every_dtype_file)
+    a = tensora.load_file(every_dtype_file, framework="pt", residence=residence)
+    b = tensora.load_file(every_dtype_file, framework="pt", residence=residence)
+    orig = b["float32.1"].clone()
+    a["float32.1"].add_(1.0)
+    assert torch.equal(a["float32.1"], orig + 1.0)
+    assert torch.equal(b["float32.1"], orig), "another load does not see the write"
+    assert file_sha256(every_dtype_file) == before
+
+
+def test_safe_open_get_tensor_twice_is_independent_in_torch(every_dtype_file):
+    with tensora.safe_open(every_dtype_file, framework="pt") as f:
+        a = f.get_tensor("float64.0")
+        b = f.get_tensor("float64.0")
+        orig = b.clone()
+        a.mul_(2.0)
+        assert torch.equal(b, orig)

@@ -37,6 +37,7 @@ from ._native import (
 __all__ = [
     "safe_open",
     "load_file",
+    "load_file_with_report",
     "weights_iterator",
     "inspect",
     "hash",
@@ -114,20 +115,51 @@ def load_file(
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     progress: Optional[Progress] = None,
+    residence: str = "auto",
 ) -> Dict[str, Any]:
     """Load every tensor (or the selected ones) of a checkpoint, like
     ``safetensors.numpy.load_file``. ``path`` is a safetensors file, a sharded directory or
     index, or a ServerlessLLM directory. ``select`` is a glob string or a list of exact names.
 
+    ``residence`` says where the tensors live:
+
+    - ``"auto"`` (default): when ``backend`` is ``"auto"`` and the files are on a local
+      filesystem and (mostly) in the page cache, zero-copy views of private copy-on-write
+      mappings of the files, with every page read in before this returns (so an I/O error is an
+      exception here, never a ``SIGBUS`` later); otherwise (cold files, network or FUSE
+      filesystems, a named backend) ``"owned"``. ``load_file_with_report`` says which and why.
+    - ``"owned"``: one copy into a buffer this process owns: a snapshot of the files.
+    - ``"mapped"``: the mapped views, whatever the facts.
+
+    Writes into the arrays never reach the files. Mapped views are private to this process but,
+    until written, show the page cache: do not modify or truncate the files in place while the
+    arrays live (replace them by rename instead). In particular ``save_file(weights, same_path)``
+    truncates the file under its own input (``SIGBUS``): write to a new path and rename, or load
+    with ``residence="owned"``.
+
     The whole load runs with the GIL released. ``progress(bytes_done, bytes_total)`` is called
     on this thread as reads complete; returning ``False`` cancels (``CancelledError``), and an
     exception it raises propagates unchanged. Ctrl-C also cancels.
 
-    The arrays share one owned buffer, freed when the last of them is gone.
+    The arrays share one owner (buffer or mappings), freed when the last of them is gone.
     """
+    return load_file_with_report(path, framework, select, backend, progress, residence)[0]
+
+
+def load_file_with_report(
+    path: PathLike,
+    framework: str = "np",
+    select: Union[None, str, List[str]] = None,
+    backend: str = "auto",
+    progress: Optional[Progress] = None,
+    residence: str = "auto",
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
+    and why, then the backend's own reason), ``io_mode`` (``"mapped"`` for zero-copy views),
+    ``bytes_selected``, ``seconds``, ``gbps``, ``phases`` and the page-fault counts."""
     fw = _check_framework(framework)
-    datas = _native.load(os.fspath(path), select, backend, progress)
-    return {name: _convert(d, fw) for name, d in datas.items()}
+    datas, report = _native.load(os.fspath(path), select, backend, progress, residence)
+    return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
 
 
 class _Slice:
@@ -152,9 +184,10 @@ class _Slice:
 class safe_open:
     """``with tensora.safe_open(path, framework="np") as f:`` — HF ``safe_open`` semantics.
 
-    Files are mapped private and writable (copy-on-write); ``get_tensor`` returns a zero-copy
-    view of that mapping, so writes never reach the file. Two calls for the same name share
-    memory. Do not truncate a file while tensors of it are alive (SIGBUS on access).
+    Each ``get_tensor`` maps that tensor's bytes privately and writable (copy-on-write) on its
+    own and reads them in before returning: zero copy, writes never reach the file, and two
+    calls for the same name return independent tensors (as HF's, which copies). Do not modify
+    or truncate a file in place while tensors of it are alive.
     """
 
     def __init__(self, path: PathLike, framework: str = "np", backend: str = "auto", device: str = "cpu"):
@@ -199,6 +232,7 @@ def weights_iterator(
     budget: Optional[int] = None,
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
+    residence: str = "auto",
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
 
@@ -206,13 +240,15 @@ def weights_iterator(
     (default 256 MiB; a larger tensor is a run of its own) and yields them zero copy; at most
     ``budget`` bytes of tensors wait for the consumer. A run's memory is freed when its last
     tensor is gone. Waiting releases the GIL. Breaking out of the loop stops the load.
+    ``residence`` is decided per file as in ``load_file`` (warm local files: mapped views, each
+    run's pages read in before it is yielded; otherwise an owned buffer per run).
     """
     fw = _check_framework(framework)
     if isinstance(path_or_files, (str, os.PathLike)):
         paths: Union[str, List[str]] = os.fspath(path_or_files)
     else:
         paths = [os.fspath(p) for p in path_or_files]
-    stream = _native.open_stream(paths, select, budget, backend)
+    stream = _native.open_stream(paths, select, budget, backend, residence)
     try:
         for name, data in stream:
             yield name, _convert(data, fw)
