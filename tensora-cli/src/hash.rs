@@ -12,7 +12,9 @@ use tensora_verify::manifest::Manifest;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory.
+    /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory; or a
+    /// remote location (s3://bucket/prefix/, http(s)://host/path/), digested inside a streamed
+    /// remote load (memory bounded by its in-flight cap).
     pub path: PathBuf,
     /// Digest algorithm: crc32c (fast, default), xxh3 (XXH3-128) or sha256.
     #[arg(long, default_value = "crc32c", value_parser = parse_algo)]
@@ -27,6 +29,8 @@ pub struct Args {
     /// Also write a manifest (digests plus file sizes and format) to FILE, atomically.
     #[arg(long, value_name = "FILE")]
     pub write_manifest: Option<PathBuf>,
+    #[command(flatten)]
+    pub remote: crate::remote::RemoteArgs,
 }
 
 fn parse_algo(s: &str) -> Result<Algo, String> {
@@ -34,23 +38,54 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(location) = crate::remote::location(&args.path)? {
+        if args.backend.is_some() {
+            anyhow::bail!("--backend does not apply to a remote location ({})", args.path.display());
+        }
+        let remote = crate::remote::open(&location, &args.remote.options())?;
+        let ckpt = remote.checkpoint();
+        let progress = checkpoint_progress(ckpt);
+        let (digests, _) = crate::remote::digests(&remote, args.algo, progress_hook(&progress))
+            .with_context(|| format!("hashing {}", args.path.display()))?;
+        if let Some(bar) = progress {
+            bar.finish_and_clear();
+        }
+        return finish(&args, ckpt, &digests);
+    }
     let ckpt = tensora_verify::open_checkpoint(&args.path)?;
-    let progress = progress_bar(distinct_bytes(
-        ckpt.tensors().iter().map(|t| (t.file().index(), t.offset_bytes(), t.len_bytes())),
-    ));
-    let hook = progress.clone().map(|bar| {
-        Arc::new(move |done: u64, total: u64| {
-            bar.set_length(total);
-            bar.set_position(done);
-        }) as tensora_verify::hash::ProgressFn
-    });
-    let opts = HashOptions { algo: args.algo, backend: args.backend.clone(), progress: hook };
+    let progress = checkpoint_progress(&ckpt);
+    let opts =
+        HashOptions { algo: args.algo, backend: args.backend.clone(), progress: progress_hook(&progress) };
     let digests =
         hash_checkpoint(&ckpt, &opts).with_context(|| format!("hashing {}", args.path.display()))?;
     if let Some(bar) = progress {
         bar.finish_and_clear();
     }
-    let manifest = Manifest::from_checkpoint(&ckpt, args.algo, &digests)?;
+    finish(&args, &ckpt, &digests)
+}
+
+fn checkpoint_progress(ckpt: &tensora_format::Checkpoint) -> Option<indicatif::ProgressBar> {
+    progress_bar(distinct_bytes(
+        ckpt.tensors().iter().map(|t| (t.file().index(), t.offset_bytes(), t.len_bytes())),
+    ))
+}
+
+fn progress_hook(progress: &Option<indicatif::ProgressBar>) -> Option<tensora_verify::hash::ProgressFn> {
+    progress.clone().map(|bar| {
+        Arc::new(move |done: u64, total: u64| {
+            bar.set_length(total);
+            bar.set_position(done);
+        }) as tensora_verify::hash::ProgressFn
+    })
+}
+
+/// The manifest (written when asked) and the digests printed.
+fn finish(
+    args: &Args,
+    ckpt: &tensora_format::Checkpoint,
+    digests: &[tensora_verify::Digest],
+) -> anyhow::Result<ExitCode> {
+    let manifest = Manifest::from_checkpoint(ckpt, args.algo, digests)?;
 
     // The manifest first: it is the durable result, and must not depend on stdout's reader.
     if let Some(path) = &args.write_manifest {
@@ -65,7 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    match print(&args, &ckpt, &manifest) {
+    match print(args, ckpt, &manifest) {
         Ok(()) => {}
         // `tensora hash ... | head`: the reader left; that is not an error.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),

@@ -13,13 +13,16 @@ use tensora_format::{Checkpoint, Dtype};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a directory of shards (with or without
-    /// *.safetensors.index.json), or a ServerlessLLM directory.
+    /// *.safetensors.index.json), or a ServerlessLLM directory; or a remote location
+    /// (s3://bucket/prefix/, http(s)://host/path/), whose headers are read with ranged requests.
     pub path: std::path::PathBuf,
     /// Print JSON: {"format", "files": [{"path", "size", "tensors"}], "tensors": [{"name", "dtype",
     /// "shape", "file", "offset", "nbytes"}], "metadata"}. "file" is the index into "files",
     /// "offset" is absolute in that file, "size" and "nbytes" are in bytes.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: crate::remote::RemoteArgs,
 }
 
 #[derive(Serialize)]
@@ -49,13 +52,24 @@ struct JsonReport<'a> {
 
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let ckpt = tensora_format::open(&args.path)?;
-    for w in ckpt.warnings() {
-        eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
-    }
+    let remote;
+    let local;
+    let ckpt = match crate::remote::location(&args.path)? {
+        Some(location) => {
+            remote = crate::remote::open(&location, &args.remote.options())?;
+            remote.checkpoint()
+        }
+        None => {
+            local = tensora_format::open(&args.path)?;
+            for w in local.warnings() {
+                eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
+            }
+            &local
+        }
+    };
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
-    let written = if args.json { write_json(&ckpt, &mut out) } else { write_text(&ckpt, &mut out) };
+    let written = if args.json { write_json(ckpt, &mut out) } else { write_text(ckpt, &mut out) };
     match written.and_then(|()| out.flush()) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         // The reader went away (e.g. `| head`): not an error of ours.

@@ -17,7 +17,12 @@ use crate::units::parse_bytes;
 /// Load a checkpoint and report the backend, why it was chosen, and the time per phase.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint path: a .safetensors file, a directory of shards, or a ServerlessLLM directory.
+    /// Checkpoint path: a .safetensors file, a directory of shards, or a ServerlessLLM directory;
+    /// or a remote location (s3://bucket/prefix/, http(s)://host/path/). Remote loads read ranged
+    /// GETs of --chunk bytes, --queue-depth of them in flight (default 16), driven by --threads
+    /// runtime threads (default 2); --backend, --direct, --buffered, --mapped and --allow-sparse
+    /// do not apply to them. Their --json report adds "requests", "url" and "retry_seconds", and
+    /// "retries" counts HTTP retries.
     pub path: std::path::PathBuf,
     /// I/O backend: auto, or one of sync, mmap, io-uring, async.
     #[arg(long, default_value = "auto", value_parser = parse_backend)]
@@ -57,6 +62,8 @@ pub struct Args {
     /// Print the load report as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: crate::remote::RemoteArgs,
 }
 
 fn parse_backend(s: &str) -> Result<String, String> {
@@ -69,6 +76,9 @@ fn parse_backend(s: &str) -> Result<String, String> {
 
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(location) = crate::remote::location(&args.path)? {
+        return run_remote(&args, &location);
+    }
     let t = Instant::now();
     // The format error names the path already.
     let ckpt = tensora_format::open(&args.path)?;
@@ -92,29 +102,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         allow_sparse: args.allow_sparse,
         ..LoadOptions::default()
     };
-    if !args.select.is_empty() {
-        opts.selection = Selection::Glob(args.select.clone());
-    }
     if let Some(n) = args.threads {
         opts.threads = usize::try_from(n).context("--threads")?;
     }
     if let Some(q) = args.queue_depth {
         opts.queue_depth = q;
     }
-    if let Some(b) = args.budget {
-        opts.budget_bytes = b;
-    }
     if let Some(c) = args.chunk {
         opts.chunk_bytes = c;
     }
-    let bar = progress_bar(&args);
-    if let Some(bar) = &bar {
-        let bar = bar.clone();
-        opts.progress = Some(Arc::new(move |done, total| {
-            bar.set_length(total);
-            bar.set_position(done);
-        }));
-    }
+    let bar = common_options(&args, &mut opts);
 
     let mut report = if args.stream {
         let mut delivered: u64 = 0;
@@ -138,6 +135,88 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     match print(&args, &report) {
         Ok(()) => Ok(ExitCode::SUCCESS),
         // `tensora load ... | head`: the reader left; the load itself succeeded.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Selection, budget and the progress bar: the options local and remote loads share.
+fn common_options(args: &Args, opts: &mut LoadOptions) -> Option<indicatif::ProgressBar> {
+    if !args.select.is_empty() {
+        opts.selection = Selection::Glob(args.select.clone());
+    }
+    if let Some(b) = args.budget {
+        opts.budget_bytes = b;
+    }
+    let bar = progress_bar(args);
+    if let Some(bar) = &bar {
+        let bar = bar.clone();
+        opts.progress = Some(Arc::new(move |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        }));
+    }
+    bar
+}
+
+/// `tensora load URL`: open the remote checkpoint and load it through `tensora_remote`.
+fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Result<ExitCode> {
+    let local_only = [
+        (args.backend != "auto", "--backend"),
+        (args.direct, "--direct"),
+        (args.buffered, "--buffered"),
+        (args.mapped, "--mapped"),
+        (args.allow_sparse, "--allow-sparse"),
+    ];
+    if let Some((_, flag)) = local_only.iter().find(|(set, _)| *set) {
+        anyhow::bail!("{flag} does not apply to a remote location ({})", args.path.display());
+    }
+    let mut remote_opts = args.remote.options();
+    if let Some(c) = args.chunk {
+        remote_opts.chunk_bytes = c;
+    }
+    if let Some(q) = args.queue_depth {
+        remote_opts.reads_inflight_max = usize::try_from(q).context("--queue-depth")?;
+    }
+    if let Some(n) = args.threads {
+        remote_opts.runtime_threads = usize::try_from(n).context("--threads")?;
+    }
+    let checkpoint = crate::remote::open(location, &remote_opts)?;
+    let mut opts = LoadOptions::default();
+    let bar = common_options(args, &mut opts);
+    let context = || format!("cannot load {}", args.path.display());
+    let report = if args.stream {
+        let mut delivered: u64 = 0;
+        checkpoint
+            .load_streaming(&opts, |t| {
+                delivered = delivered.wrapping_add(t.bytes().first().copied().map_or(0, u64::from));
+                Ok(())
+            })
+            .with_context(context)?
+    } else {
+        checkpoint.load(&opts).with_context(context)?.report().clone()
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let printed = (|| {
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            serde_json::to_writer_pretty(&mut out, &report)?;
+            writeln!(out)?;
+        } else {
+            writeln!(out, "location     {}", report.url)?;
+            write_text(&mut out, &report.load)?;
+            writeln!(
+                out,
+                "requests     {} ({} retries, {:.3} s retrying)",
+                report.requests, report.load.retries, report.retry_seconds
+            )?;
+        }
+        out.flush()
+    })();
+    match printed {
+        Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
         Err(e) => Err(e.into()),
     }

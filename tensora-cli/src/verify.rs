@@ -15,7 +15,11 @@ use tensora_verify::scan::ScanConfig;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory.
+    /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory; or a
+    /// remote location (s3://bucket/prefix/, http(s)://host/path/). A remote location is checked
+    /// for structure (every header and index valid) and, with --manifest, object sizes and tensor
+    /// digests from a streamed load; the local file-integrity checks (sparse files, readability
+    /// to EOF, files changed on disk) and --cross-check do not apply to it.
     pub path: PathBuf,
     /// Manifest written by `tensora hash --write-manifest` (or any `{"tensors": ...}` document
     /// with digests) to compare file sizes and tensor digests with.
@@ -28,6 +32,8 @@ pub struct Args {
     /// (parse stdout without its last line, or read the JSON's "summary" field).
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub remote: crate::remote::RemoteArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -40,13 +46,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         })?),
         None => None,
     };
-    let cross = tensora_verify::fused::cross_check;
-    let opts = VerifyOptions {
-        manifest: manifest.as_ref(),
-        cross_check: if args.cross_check { Some(&cross) } else { None },
-        scan: ScanConfig::default(),
+    let report = match crate::remote::location(&args.path)? {
+        Some(location) => {
+            if args.cross_check {
+                anyhow::bail!("--cross-check does not apply to a remote location ({})", args.path.display());
+            }
+            crate::remote::verify(&location, &args.remote.options(), manifest.as_ref())
+        }
+        None => {
+            let cross = tensora_verify::fused::cross_check;
+            let opts = VerifyOptions {
+                manifest: manifest.as_ref(),
+                cross_check: if args.cross_check { Some(&cross) } else { None },
+                scan: ScanConfig::default(),
+            };
+            verify_path(&args.path, &opts)
+        }
     };
-    let report = verify_path(&args.path, &opts);
 
     match print(&args, &report) {
         // A reader that left early (`| head`) does not change the verdict.

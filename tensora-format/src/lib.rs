@@ -11,6 +11,7 @@
 //! - [`sharded`] parses HF shard indexes.
 //! - [`write`] writes HF-compatible safetensors, single-file or sharded, atomically and streaming.
 //! - [`sllm`] is the ServerlessLLM layout.
+//! - [`assemble`] builds a [`Checkpoint`] from headers and indexes read elsewhere (remote objects).
 //!
 //! ```
 //! use std::collections::BTreeMap;
@@ -32,6 +33,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod assemble;
 mod checkpoint;
 mod dtype;
 mod error;

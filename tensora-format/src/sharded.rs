@@ -265,25 +265,22 @@ fn tensors_of(
     header.take_metadata()
 }
 
-fn file_entry(path: PathBuf, header: &Header, meta: &std::fs::Metadata) -> FileEntry {
-    FileEntry { path, stamp: FileStamp::from_metadata(meta), data_start_bytes: header.data_start_bytes() }
-}
-
 /// Open one `.safetensors` file.
 pub(crate) fn open_file(path: &Path) -> Result<Checkpoint> {
     let (header, meta) = read_header_stamped(path)?;
-    let entry = file_entry(path.to_path_buf(), &header, &meta);
+    Ok(assemble_file(path.to_path_buf(), FileStamp::from_metadata(&meta), header))
+}
+
+/// One safetensors file from its validated header and its stamp (which the caller checked agree).
+pub(crate) fn assemble_file(path: PathBuf, stamp: FileStamp, header: Header) -> Checkpoint {
+    let entry = FileEntry { path: path.clone(), stamp, data_start_bytes: header.data_start_bytes() };
     let mut tensors = Vec::new();
     let metadata = tensors_of(header, FileId(0), &mut tensors).unwrap_or_default();
-    Ok(Checkpoint::from_parts(
-        Format::Safetensors,
-        path.to_path_buf(),
-        vec![entry],
-        tensors,
-        metadata,
-        Vec::new(),
-    ))
+    Checkpoint::from_parts(Format::Safetensors, path, vec![entry], tensors, metadata, Vec::new())
 }
+
+/// A shard as handed to the assembly functions: where it is, its stamp and its parsed header.
+pub(crate) type ShardParts = (PathBuf, FileStamp, Header);
 
 /// Merge a shard's `__metadata__` into `into`; keys already present keep their value, and a
 /// different value from another shard is a warning.
@@ -318,6 +315,24 @@ pub(crate) fn open_indexed(dir: &Path, index_path: &Path) -> Result<Checkpoint> 
     let bytes = read_index_file(index_path)?;
     let index = parse_index(&bytes).map_err(|k| Error::new(index_path, k))?;
     drop(bytes);
+    assemble_indexed(dir, index_path, &index, |shard| {
+        let path = dir.join(shard);
+        if !path.is_file() {
+            return Err(Error::new(index_path, ErrorKind::MissingShard { shard: shard.to_string() }));
+        }
+        let (header, meta) = read_header_stamped(&path)?;
+        Ok((path, FileStamp::from_metadata(&meta), header))
+    })
+}
+
+/// The checks of [`open_indexed`] over shards handed out by `shard_of` (called once per shard
+/// name of the index, in sorted order; an error from it is returned as is).
+pub(crate) fn assemble_indexed(
+    dir: &Path,
+    index_path: &Path,
+    index: &ShardIndex,
+    mut shard_of: impl FnMut(&str) -> Result<ShardParts>,
+) -> Result<Checkpoint> {
     let mut shard_names: Vec<&str> = index.weight_map.iter().map(|(_, s)| s.as_str()).collect();
     shard_names.sort_unstable();
     shard_names.dedup();
@@ -331,12 +346,8 @@ pub(crate) fn open_indexed(dir: &Path, index_path: &Path) -> Result<Checkpoint> 
     let mut metadata = index.metadata.clone();
     let mut warnings = Vec::new();
     for (k, shard) in shard_names.iter().enumerate() {
-        let path = dir.join(shard);
-        if !path.is_file() {
-            return Err(Error::new(index_path, ErrorKind::MissingShard { shard: (*shard).to_string() }));
-        }
-        let (header, meta) = read_header_stamped(&path)?;
-        files.push(file_entry(path.clone(), &header, &meta));
+        let (path, stamp, header) = shard_of(shard)?;
+        files.push(FileEntry { path: path.clone(), stamp, data_start_bytes: header.data_start_bytes() });
         let first_new = tensors.len();
         let shard_meta = tensors_of(header, FileId(k as u32), &mut tensors);
         for t in &tensors[first_new..] {
@@ -389,14 +400,29 @@ pub(crate) fn open_indexed(dir: &Path, index_path: &Path) -> Result<Checkpoint> 
 
 /// Open a directory of `.safetensors` files with no index (files in name order).
 pub(crate) fn open_unindexed(dir: &Path, shard_paths: &[PathBuf]) -> Result<Checkpoint> {
-    let mut files = Vec::with_capacity(shard_paths.len());
+    assemble_unindexed(
+        dir,
+        shard_paths.iter().map(|path| {
+            let (header, meta) = read_header_stamped(path)?;
+            Ok((path.clone(), FileStamp::from_metadata(&meta), header))
+        }),
+    )
+}
+
+/// The checks of [`open_unindexed`] over shards in the given order (the first error stops).
+pub(crate) fn assemble_unindexed(
+    dir: &Path,
+    shards: impl Iterator<Item = Result<ShardParts>>,
+) -> Result<Checkpoint> {
+    let mut files: Vec<FileEntry> = Vec::new();
     let mut tensors: Vec<TensorInfo> = Vec::new();
     let mut found_in: HashMap<String, usize> = HashMap::new();
     let mut metadata = BTreeMap::new();
     let mut warnings = Vec::new();
-    for (k, path) in shard_paths.iter().enumerate() {
-        let (header, meta) = read_header_stamped(path)?;
-        files.push(file_entry(path.clone(), &header, &meta));
+    for (k, shard) in shards.enumerate() {
+        let (path, stamp, header) = shard?;
+        files.push(FileEntry { path: path.clone(), stamp, data_start_bytes: header.data_start_bytes() });
+        let path = &path;
         let first_new = tensors.len();
         let shard_meta = tensors_of(header, FileId(k as u32), &mut tensors);
         for t in &tensors[first_new..] {
@@ -405,10 +431,7 @@ pub(crate) fn open_unindexed(dir: &Path, shard_paths: &[PathBuf]) -> Result<Chec
                     |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
                 return Err(Error::new(
                     dir,
-                    ErrorKind::TensorInTwoShards {
-                        first: name_of(&shard_paths[prev]),
-                        second: name_of(path),
-                    },
+                    ErrorKind::TensorInTwoShards { first: name_of(&files[prev].path), second: name_of(path) },
                 )
                 .with_tensor(t.name.clone()));
             }

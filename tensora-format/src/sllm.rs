@@ -764,6 +764,17 @@ pub fn open_dir(dir: &Path) -> crate::Result<Checkpoint> {
     })?;
     drop(bytes);
     let files = probe_partitions(dir)?;
+    assemble(dir, index_path, index, files)
+}
+
+/// The checks of [`open_dir`] after the partitions were found: every tensor mapped to its
+/// partition and local offset (and refused when it lies outside one), the warnings added.
+pub(crate) fn assemble(
+    dir: &Path,
+    index_path: PathBuf,
+    index: SllmIndex,
+    files: Vec<FileEntry>,
+) -> crate::Result<Checkpoint> {
     let lens: Vec<u64> = files.iter().map(|f| f.stamp.len_bytes).collect();
     let mut starts = Vec::with_capacity(lens.len());
     let mut total_bytes = 0u64;

@@ -7,9 +7,19 @@
 //! 3. rate-limited nginx (`limit_rate 50m`): one queue across all shards with 32 in flight vs the
 //!    shards loaded one after another (same options, one shard per load).
 //!
-//! Run: `cargo run --release -p tensora-remote --example remote_bench -- [--shards 8]
-//! [--shard-mib 128] [--runs 3] [--s3-shard-mib 32] [--runtime-threads 2] [--json PATH]`. Needs nginx and s3rver (see
-//! `tests/support/mod.rs` for the install lines) and curl.
+//! 4. peak RSS of a streamed load (32 × 8 MiB in flight) in a fresh child process, against the
+//!    in-flight cap + 64 MiB.
+//!
+//! Each cell reports the median, min and max of its runs; the ratios are of medians. Against the
+//! curl anchors the loader runs with a recycled arena after one warm-up load (a service that loads
+//! repeatedly has it; the anchors write to /dev/null and pay no page faults either), and, like a
+//! service, reuses its HTTP client (kept by `open_remote`) across runs. The rate-limited cells
+//! recycle arenas too (all one-queue runs first, then all shard-after-shard runs).
+//!
+//! Run: `cargo xtask bench --remote [--runs N]`, or `cargo run --release -p tensora-remote
+//! --example remote_bench -- [--shards 8] [--shard-mib 128] [--runs 3] [--s3-shard-mib 32]
+//! [--runtime-threads 2] [--out DIR]`, which writes `DIR/report.{md,json}`. Needs nginx and
+//! s3rver (see `tests/support/mod.rs` for the install lines) and curl.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -19,7 +29,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use tensora_remote::{Location, RemoteOptions, load_remote};
+use tensora_io::{ArenaReuse, LoadOptions};
+use tensora_remote::{Location, RemoteOptions, open_remote};
 
 /// Range size of the curl anchors and of the loader's reads.
 const CHUNK_BYTES: u64 = 8 << 20;
@@ -36,12 +47,21 @@ struct Args {
     s3_shard_mib: u64,
     runs: usize,
     runtime_threads: usize,
-    json: Option<PathBuf>,
+    out: Option<PathBuf>,
+    /// Child mode: stream-load this URL and print `peak_rss_bytes inflight_bytes_max`.
+    rss_probe: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args =
-        Args { shards: 8, shard_mib: 128, s3_shard_mib: 32, runs: 3, runtime_threads: 2, json: None };
+    let mut args = Args {
+        shards: 8,
+        shard_mib: 128,
+        s3_shard_mib: 32,
+        runs: 3,
+        runtime_threads: 2,
+        out: None,
+        rss_probe: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -55,7 +75,8 @@ fn parse_args() -> Result<Args, String> {
             "--runtime-threads" => {
                 args.runtime_threads = value()?.parse().map_err(|e| format!("--runtime-threads: {e}"))?
             }
-            "--json" => args.json = Some(PathBuf::from(value()?)),
+            "--out" => args.out = Some(PathBuf::from(value()?)),
+            "--rss-probe" => args.rss_probe = Some(value()?),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -69,9 +90,10 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-fn median(mut xs: Vec<f64>) -> f64 {
+fn median(xs: &[f64]) -> f64 {
+    let mut xs = xs.to_vec();
     xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
+    xs.get(xs.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// The shard files of a checkpoint directory, sorted, with their sizes.
@@ -110,7 +132,7 @@ fn curl_config(base_url: &str, files: &[(String, u64)], per_transfer: &str) -> S
 }
 
 /// Seconds for one `curl --parallel --parallel-max 8` run over `config`.
-fn curl_run(config: &Path, extra: &[&str]) -> f64 {
+fn curl_run(config: &Path, extra: &[&str]) -> Result<f64, String> {
     let t = Instant::now();
     let status = Command::new("curl")
         .args(["-s", "--fail", "--parallel", "--parallel-max", "8"])
@@ -119,9 +141,11 @@ fn curl_run(config: &Path, extra: &[&str]) -> f64 {
         .arg(config)
         .stderr(std::process::Stdio::null())
         .status()
-        .expect("run curl");
-    assert!(status.success(), "curl failed: {status}");
-    t.elapsed().as_secs_f64()
+        .map_err(|e| format!("cannot run curl: {e}"))?;
+    if !status.success() {
+        return Err(format!("curl failed: {status}"));
+    }
+    Ok(t.elapsed().as_secs_f64())
 }
 
 struct Cell {
@@ -133,35 +157,85 @@ struct Cell {
 }
 
 impl Cell {
+    fn new(name: &str, bytes: u64) -> Cell {
+        Cell { name: name.to_owned(), bytes, seconds: Vec::new(), peak_rss_bytes: 0, requests: 0 }
+    }
+    /// GB/s of the median run.
     fn gbps(&self) -> f64 {
-        self.bytes as f64 / median(self.seconds.clone()) / 1e9
+        self.bytes as f64 / median(&self.seconds) / 1e9
+    }
+    /// GB/s of the slowest and the fastest run.
+    fn gbps_range(&self) -> (f64, f64) {
+        let max_s = self.seconds.iter().copied().fold(f64::MIN, f64::max);
+        let min_s = self.seconds.iter().copied().fold(f64::MAX, f64::min);
+        (self.bytes as f64 / max_s / 1e9, self.bytes as f64 / min_s / 1e9)
     }
 }
 
-fn load_cell(name: &str, url: &str, opts: &RemoteOptions, runs: usize) -> Cell {
-    let location = Location::parse(url).expect("location");
-    let mut cell =
-        Cell { name: name.to_owned(), bytes: 0, seconds: Vec::new(), peak_rss_bytes: 0, requests: 0 };
-    for _ in 0..runs {
-        let t = Instant::now();
-        let loaded = load_remote(&location, opts).unwrap_or_else(|e| panic!("{name}: {e}"));
-        cell.seconds.push(t.elapsed().as_secs_f64());
-        let r = loaded.report();
-        cell.bytes = r.load.bytes_selected;
-        cell.peak_rss_bytes = cell.peak_rss_bytes.max(r.load.peak_rss_bytes);
-        cell.requests = r.requests;
-    }
-    cell
+/// One timed `open_remote` + `load` of `url` into `cell`, into a recycled arena.
+fn load_run(cell: &mut Cell, url: &str, opts: &RemoteOptions) -> Result<(), String> {
+    let location = Location::parse(url).map_err(|e| e.to_string())?;
+    let load = LoadOptions { arena_reuse: ArenaReuse::Recycle, ..LoadOptions::default() };
+    let t = Instant::now();
+    let loaded = open_remote(&location, opts)
+        .and_then(|c| c.load(&load))
+        .map_err(|e| format!("{}: {e}", cell.name))?;
+    cell.seconds.push(t.elapsed().as_secs_f64());
+    let r = loaded.report();
+    cell.bytes = r.load.bytes_selected;
+    cell.peak_rss_bytes = cell.peak_rss_bytes.max(r.load.peak_rss_bytes);
+    cell.requests = r.requests;
+    Ok(())
 }
 
-fn anchor_cell(name: &str, config: &Path, extra: &[&str], bytes: u64, runs: usize) -> Cell {
-    let seconds = (0..runs).map(|_| curl_run(config, extra)).collect();
-    Cell { name: name.to_owned(), bytes, seconds, peak_rss_bytes: 0, requests: 0 }
+/// Child mode: a streamed load of `url`, printing its peak RSS and in-flight cap.
+fn rss_probe(url: &str, opts: &RemoteOptions) -> Result<(), String> {
+    let location = Location::parse(url).map_err(|e| e.to_string())?;
+    let checkpoint = open_remote(&location, opts).map_err(|e| e.to_string())?;
+    let mut sum = 0u64;
+    let report = checkpoint
+        .load_streaming(&LoadOptions::default(), |t| {
+            sum = sum.wrapping_add(t.bytes().iter().step_by(4096).map(|&b| u64::from(b)).sum::<u64>());
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    println!("{} {} {sum}", report.load.peak_rss_bytes, report.inflight_bytes_max);
+    Ok(())
+}
+
+fn uptime() -> String {
+    std::fs::read_to_string("/proc/loadavg").map(|s| s.trim().to_owned()).unwrap_or_default()
+}
+
+struct Check {
+    name: &'static str,
+    value: f64,
+    target: f64,
+    unit: &'static str,
+}
+
+impl Check {
+    fn pass(&self) -> bool {
+        if self.unit == "MiB" { self.value <= self.target } else { self.value >= self.target }
+    }
 }
 
 fn main() -> Result<(), String> {
     let args = parse_args()?;
+    let base_opts = RemoteOptions {
+        reads_inflight_max: 8,
+        chunk_bytes: CHUNK_BYTES,
+        runtime_threads: args.runtime_threads,
+        ..RemoteOptions::default()
+    };
+    let limited = RemoteOptions { reads_inflight_max: 32, ..base_opts.clone() };
+    if let Some(url) = &args.rss_probe {
+        return rss_probe(url, &limited);
+    }
     let work = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tensora-remote-bench");
+    let out_dir = args.out.clone().unwrap_or_else(|| work.join("report"));
+    std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
+    let load_before = uptime();
     let dir = work.join(format!("ckpt-{}x{}m", args.shards, args.shard_mib));
     if shard_files(&dir).len() != args.shards {
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -172,50 +246,57 @@ fn main() -> Result<(), String> {
     let total_bytes: u64 = files.iter().map(|f| f.1).sum();
     let ckpt_name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
     let nginx = support::Nginx::start(&work, "50m")?;
-    let mut cells = Vec::new();
+    let ckpt_url = nginx.url(&format!("{ckpt_name}/"));
 
-    // 1. nginx vs curl.
+    // 1. nginx vs curl, interleaved so that both see the same machine state.
     let cfg_path = work.join("curl-nginx.cfg");
-    std::fs::write(&cfg_path, curl_config(&nginx.url(&format!("{ckpt_name}/")), &files, ""))
-        .map_err(|e| e.to_string())?;
-    let fast = RemoteOptions {
-        reads_inflight_max: 8,
-        chunk_bytes: CHUNK_BYTES,
-        runtime_threads: args.runtime_threads,
-        ..RemoteOptions::default()
-    };
-    // Warm-ups: the page cache for both, and the loader's recycled arena (as a service that loads
-    // repeatedly would have it).
-    curl_run(&cfg_path, &[]);
-    load_cell("warm-up", &nginx.url(&format!("{ckpt_name}/")), &fast, 1);
+    std::fs::write(&cfg_path, curl_config(&ckpt_url, &files, "")).map_err(|e| e.to_string())?;
+    curl_run(&cfg_path, &[])?;
+    load_run(&mut Cell::new("warm-up", 0), &ckpt_url, &base_opts)?;
+    let mut nginx_curl = Cell::new("nginx: curl --parallel-max 8, 8 MiB ranges", total_bytes);
+    let mut nginx_load = Cell::new("nginx: open_remote + load, 8 in flight", 0);
     for _ in 0..args.runs {
-        // Interleave anchor and loader runs so that both see the same machine state.
-        cells.push(anchor_cell("nginx curl anchor", &cfg_path, &[], total_bytes, 1));
-        cells.push(load_cell("nginx load_remote", &nginx.url(&format!("{ckpt_name}/")), &fast, 1));
+        nginx_curl.seconds.push(curl_run(&cfg_path, &[])?);
+        load_run(&mut nginx_load, &ckpt_url, &base_opts)?;
     }
 
     // 3. rate-limited nginx: one queue vs one shard after another.
-    let limited = RemoteOptions { reads_inflight_max: 32, ..fast.clone() };
-    let slow_dir = nginx.slow_url(&format!("{ckpt_name}/"));
-    cells.push(load_cell("nginx 50m/conn, one queue, 32 in flight", &slow_dir, &limited, args.runs));
-    let mut seq = Cell {
-        name: "nginx 50m/conn, shards one after another".into(),
-        bytes: total_bytes,
-        seconds: vec![],
-        peak_rss_bytes: 0,
-        requests: 0,
-    };
+    let slow_url = nginx.slow_url(&format!("{ckpt_name}/"));
+    let mut one_queue = Cell::new("nginx 50 MB/s per connection: one queue, 32 in flight", 0);
+    let mut sequential = Cell::new("nginx 50 MB/s per connection: shards one after another", total_bytes);
+    // The client for the slow port (its connections and certificates), as for the fast one.
+    let slow_location = Location::parse(&slow_url).map_err(|e| e.to_string())?;
+    open_remote(&slow_location, &limited).map_err(|e| e.to_string())?;
+    // All one-queue runs, then all shard-after-shard runs, each with a recycled arena (1 GiB for
+    // the first, 128 MiB for the second): alternating the two sizes would defeat recycling and
+    // bill page faults (and THP compaction stalls) to whichever came second.
+    for _ in 0..args.runs {
+        load_run(&mut one_queue, &slow_url, &limited)?;
+    }
     for _ in 0..args.runs {
         let t = Instant::now();
         for (name, _) in &files {
             let url = nginx.slow_url(&format!("{ckpt_name}/{name}"));
-            load_remote(&Location::parse(&url).expect("url"), &limited).map_err(|e| e.to_string())?;
+            let mut shard = Cell::new("shard", 0);
+            load_run(&mut shard, &url, &limited)?;
         }
-        seq.seconds.push(t.elapsed().as_secs_f64());
+        sequential.seconds.push(t.elapsed().as_secs_f64());
     }
-    cells.push(seq);
 
-    // 2. s3rver vs curl --aws-sigv4 (smaller shards: s3rver stores whole PUT bodies in memory).
+    // 4. Peak RSS of a streamed load, in a fresh process so earlier arenas do not count.
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let probe = Command::new(exe)
+        .args(["--rss-probe", &ckpt_url, "--runtime-threads", &args.runtime_threads.to_string()])
+        .output()
+        .map_err(|e| format!("cannot start the RSS probe: {e}"))?;
+    if !probe.status.success() {
+        return Err(format!("RSS probe failed: {}", String::from_utf8_lossy(&probe.stderr)));
+    }
+    let probe_out = String::from_utf8_lossy(&probe.stdout);
+    let mut fields = probe_out.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
+    let (stream_rss, stream_cap) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
+
+    // 2. s3rver vs curl --aws-sigv4 (smaller shards: s3rver keeps whole PUT bodies in memory).
     let s3_dir = work.join(format!("ckpt-{}x{}m", args.shards, args.s3_shard_mib));
     if shard_files(&s3_dir).len() != args.shards {
         std::fs::create_dir_all(&s3_dir).map_err(|e| e.to_string())?;
@@ -228,74 +309,104 @@ fn main() -> Result<(), String> {
     let s3_cfg = work.join("curl-s3.cfg");
     let base = format!("{}/{}/bench/", s3.endpoint(), support::BUCKET);
     std::fs::write(&s3_cfg, curl_config(&base, &s3_files, SIGV4)).map_err(|e| e.to_string())?;
-    let s3_opts = RemoteOptions { store: s3.store_config(), ..fast.clone() };
+    let s3_opts = RemoteOptions { store: s3.store_config(), ..base_opts.clone() };
     let s3_url = format!("s3://{}/bench/", support::BUCKET);
+    let mut s3_curl = Cell::new("s3rver: curl --aws-sigv4 --parallel-max 8, 8 MiB ranges", s3_bytes);
+    let mut s3_load = Cell::new("s3rver: open_remote + load, 8 in flight", 0);
+    curl_run(&s3_cfg, &[])?;
+    load_run(&mut Cell::new("warm-up", 0), &s3_url, &s3_opts)?;
     for _ in 0..args.runs {
-        cells.push(anchor_cell("s3rver curl --aws-sigv4 anchor", &s3_cfg, &[], s3_bytes, 1));
-        cells.push(load_cell("s3rver load_remote", &s3_url, &s3_opts, 1));
+        s3_curl.seconds.push(curl_run(&s3_cfg, &[])?);
+        load_run(&mut s3_load, &s3_url, &s3_opts)?;
     }
     drop(s3);
     drop(nginx);
 
-    // Merge the interleaved single-run cells by name.
-    let mut merged: Vec<Cell> = Vec::new();
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let checks = [
+        Check {
+            name: "nginx load / curl anchor",
+            value: nginx_load.gbps() / nginx_curl.gbps(),
+            target: 0.9,
+            unit: "x",
+        },
+        Check {
+            name: "s3rver load / curl SigV4 anchor",
+            value: s3_load.gbps() / s3_curl.gbps(),
+            target: 0.9,
+            unit: "x",
+        },
+        Check { name: "rate-limited one queue, GB/s", value: one_queue.gbps(), target: 1.5, unit: "GB/s" },
+        Check {
+            name: "rate-limited one queue / shards one after another",
+            value: one_queue.gbps() / sequential.gbps(),
+            target: 1.8,
+            unit: "x",
+        },
+        Check {
+            name: "streamed load peak RSS (MiB) vs in-flight cap + 64 MiB",
+            value: mib(stream_rss),
+            target: mib(stream_cap + (64 << 20)),
+            unit: "MiB",
+        },
+    ];
+    let cells = [&nginx_curl, &nginx_load, &one_queue, &sequential, &s3_curl, &s3_load];
+    let load_after = uptime();
+
+    let mut md = String::new();
+    let _ = writeln!(md, "# tensora-remote bench\n");
+    let _ = writeln!(
+        md,
+        "{} runs per cell, interleaved with their anchors; /proc/loadavg before: `{load_before}`, after: `{load_after}`.\n",
+        args.runs
+    );
+    let _ = writeln!(
+        md,
+        "| cell | MB | median s | GB/s median | GB/s min–max | runs (s) |\n|---|---|---|---|---|---|"
+    );
     for c in cells {
-        match merged.iter_mut().find(|m| m.name == c.name) {
-            Some(m) => {
-                m.seconds.extend(c.seconds);
-                m.peak_rss_bytes = m.peak_rss_bytes.max(c.peak_rss_bytes);
-            }
-            None => merged.push(c),
-        }
-    }
-    let gbps = |name: &str| merged.iter().find(|c| c.name == name).map_or(0.0, Cell::gbps);
-    let mut out = String::new();
-    let _ = writeln!(out, "| cell | MB | median s | GB/s | runs (s) |\n|---|---|---|---|---|");
-    for c in &merged {
         let runs: Vec<String> = c.seconds.iter().map(|s| format!("{s:.3}")).collect();
+        let (lo, hi) = c.gbps_range();
         let _ = writeln!(
-            out,
-            "| {} | {:.0} | {:.3} | {:.3} | {} |",
+            md,
+            "| {} | {:.0} | {:.3} | {:.3} | {lo:.3}–{hi:.3} | {} |",
             c.name,
             c.bytes as f64 / 1e6,
-            median(c.seconds.clone()),
+            median(&c.seconds),
             c.gbps(),
             runs.join(" ")
         );
     }
-    let ratios = [
-        ("nginx load / curl", gbps("nginx load_remote") / gbps("nginx curl anchor")),
-        ("s3rver load / curl sigv4", gbps("s3rver load_remote") / gbps("s3rver curl --aws-sigv4 anchor")),
-        (
-            "rate-limited one queue / one shard after another",
-            gbps("nginx 50m/conn, one queue, 32 in flight")
-                / gbps("nginx 50m/conn, shards one after another"),
-        ),
-    ];
-    for (name, r) in ratios {
-        let _ = writeln!(out, "{name}: {r:.2}x");
+    let _ = writeln!(md, "\n| acceptance | value | target | pass |\n|---|---|---|---|");
+    for c in &checks {
+        let cmp = if c.unit == "MiB" { "≤" } else { "≥" };
+        let _ =
+            writeln!(md, "| {} | {:.2} | {cmp} {:.2} {} | {} |", c.name, c.value, c.target, c.unit, c.pass());
     }
-    let peak = merged.iter().map(|c| c.peak_rss_bytes).max().unwrap_or(0);
-    let cap = limited.inflight_bytes_max().unwrap_or(0);
-    let _ = writeln!(
-        out,
-        "peak RSS {:.0} MiB over all loads; largest arena {:.0} MiB + in-flight cap {:.0} MiB + 64 MiB = {:.0} MiB",
-        peak as f64 / 1048576.0,
-        total_bytes as f64 / 1048576.0,
-        cap as f64 / 1048576.0,
-        (total_bytes + cap + (64 << 20)) as f64 / 1048576.0
-    );
-    print!("{out}");
-    if let Some(path) = args.json {
-        let cells: Vec<_> = merged
-            .iter()
-            .map(|c| serde_json::json!({"name": c.name, "bytes": c.bytes, "seconds": c.seconds, "gbps": c.gbps(), "peak_rss_bytes": c.peak_rss_bytes, "requests": c.requests}))
-            .collect();
-        let ratios: serde_json::Map<_, _> =
-            ratios.iter().map(|(n, r)| (n.to_string(), serde_json::json!(r))).collect();
-        let doc = serde_json::json!({"cells": cells, "ratios": ratios, "runs": args.runs});
-        std::fs::write(&path, serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    }
+    print!("{md}");
+    std::fs::write(out_dir.join("report.md"), &md).map_err(|e| e.to_string())?;
+    let cells_json: Vec<_> = cells
+        .iter()
+        .map(|c| {
+            let (lo, hi) = c.gbps_range();
+            serde_json::json!({
+                "name": c.name, "bytes": c.bytes, "seconds": c.seconds, "median_seconds": median(&c.seconds),
+                "gbps_median": c.gbps(), "gbps_min": lo, "gbps_max": hi,
+                "peak_rss_bytes": c.peak_rss_bytes, "requests": c.requests,
+            })
+        })
+        .collect();
+    let checks_json: Vec<_> = checks
+        .iter()
+        .map(|c| serde_json::json!({"name": c.name, "value": c.value, "target": c.target, "unit": c.unit, "pass": c.pass()}))
+        .collect();
+    let doc = serde_json::json!({
+        "runs": args.runs, "loadavg_before": load_before, "loadavg_after": load_after,
+        "cells": cells_json, "acceptance": checks_json,
+        "stream_peak_rss_bytes": stream_rss, "stream_inflight_bytes_max": stream_cap,
+    });
+    std::fs::write(out_dir.join("report.json"), serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    eprintln!("wrote {}", out_dir.join("report.{md,json}").display());
     Ok(())
 }

@@ -1,18 +1,24 @@
 //! [`RemoteCheckpoint`]: a checkpoint whose headers and index were read with ranged requests.
 //!
-//! `tensora_format::Checkpoint` can only be built by the format crate's own (file-based) parsers,
-//! so remote layouts get this type: the same validated facts (tensor ranges inside their objects,
-//! dtype × shape = length, unique names, ordered by (file, offset)) plus each object's version.
+//! The headers and indexes are parsed by `tensora_format` and assembled by
+//! `tensora_format::assemble` with the same rules as a local directory, so what comes out is a
+//! real, valid-by-construction `tensora_format::Checkpoint` (file paths are the objects' URLs;
+//! each file's stamp is the object's size and last-modified, device and inode 0), plus each
+//! object's version (ETag) that every later range is conditional on.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::Path;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
+use tensora_format::assemble::{Partition, SafetensorsObject};
 use tensora_format::safetensors::{header_span_bytes, parse_header_with_path};
 use tensora_format::sharded::{INDEX_BYTES_MAX, INDEX_SUFFIX, parse_index};
-use tensora_format::{Dtype, Format};
+use tensora_format::{Checkpoint, FileStamp, Format, TensorInfo};
 
+use crate::client::{Client, CounterSnapshot};
 use crate::fetch::{Fetcher, RemoteObject};
 use crate::{Location, RemoteError};
 
@@ -27,103 +33,157 @@ pub const HEADER_FETCHES_INFLIGHT_MAX: usize = 16;
 /// Listing entries read from an S3 prefix before giving up.
 pub const LIST_ENTRIES_MAX: usize = tensora_format::sharded::DIR_ENTRIES_MAX;
 
-/// One tensor of a [`RemoteCheckpoint`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteTensor {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<u64>,
-    file: u32,
-    offset_bytes: u64,
-    len_bytes: u64,
-    strides: Option<Vec<u64>>,
-}
-
-impl RemoteTensor {
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-    pub fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    pub fn shape(&self) -> &[u64] {
-        &self.shape
-    }
-    /// Index into [`RemoteCheckpoint::files`].
-    pub fn file(&self) -> u32 {
-        self.file
-    }
-    /// Absolute offset of the first byte in its object.
-    pub fn offset_bytes(&self) -> u64 {
-        self.offset_bytes
-    }
-    /// Bytes of storage to read (for ServerlessLLM, the recorded storage size).
-    pub fn len_bytes(&self) -> u64 {
-        self.len_bytes
-    }
-    /// Strides in elements when the format records them (ServerlessLLM); `None` is row-major.
-    pub fn strides(&self) -> Option<&[u64]> {
-        self.strides.as_deref()
-    }
-    /// `numel × bits / 8`: the dense bytes from the tensor's offset that a digest covers.
-    pub fn nbytes(&self) -> u64 {
-        // The parsers checked that this fits inside `len_bytes`.
-        self.shape.iter().product::<u64>() * u64::from(self.dtype.bits()) / 8
-    }
-}
-
-/// A remote checkpoint: its objects (with the version seen at open), tensors in (file, offset)
-/// order, metadata and non-fatal warnings.
+/// A remote checkpoint: a validated `tensora_format::Checkpoint` whose file paths are URLs, and
+/// for each of its files the object version seen at open.
 #[derive(Debug, Clone)]
 pub struct RemoteCheckpoint {
     location: Location,
-    format: Format,
-    files: Vec<RemoteObject>,
-    tensors: Vec<RemoteTensor>,
-    by_name: HashMap<String, usize>,
-    metadata: BTreeMap<String, String>,
-    warnings: Vec<String>,
+    checkpoint: Checkpoint,
+    /// Indexed like `checkpoint.files()`.
+    objects: Vec<RemoteObject>,
+    client: Arc<Client>,
+    connect_seconds: f64,
+    parse_seconds: f64,
+    /// Requests and retries spent opening.
+    open_counts: CounterSnapshot,
 }
 
 impl RemoteCheckpoint {
     pub fn location(&self) -> &Location {
         &self.location
     }
-    pub fn format(&self) -> Format {
-        self.format
+    /// The checkpoint, for `tensora_io::load`, digests and inspection.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
     }
-    /// The objects, indexed by [`RemoteTensor::file`].
-    pub fn files(&self) -> &[RemoteObject] {
-        &self.files
+    pub fn format(&self) -> Format {
+        self.checkpoint.format()
+    }
+    /// The objects, indexed like `checkpoint().files()` (file ids).
+    pub fn objects(&self) -> &[RemoteObject] {
+        &self.objects
     }
     /// All tensors, ordered by (file, offset).
-    pub fn tensors(&self) -> &[RemoteTensor] {
-        &self.tensors
+    pub fn tensors(&self) -> &[TensorInfo] {
+        self.checkpoint.tensors()
     }
     /// O(1) lookup by name.
-    pub fn tensor(&self, name: &str) -> Option<&RemoteTensor> {
-        self.by_name.get(name).map(|&i| &self.tensors[i])
-    }
-    /// O(1) lookup of a tensor's index in [`RemoteCheckpoint::tensors`].
-    pub fn tensor_index(&self, name: &str) -> Option<usize> {
-        self.by_name.get(name).copied()
-    }
-    pub fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
-    }
-    /// Non-fatal findings (e.g. a disagreeing `total_size`).
-    pub fn warnings(&self) -> &[String] {
-        &self.warnings
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.checkpoint.tensor(name)
     }
     /// Sum of the tensors' lengths.
     pub fn total_tensor_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.len_bytes).sum()
+        self.checkpoint.total_tensor_bytes()
     }
+    /// The location as a printable URL.
+    pub fn url(&self) -> String {
+        root_url(&self.location)
+    }
+    /// Requests sent to open the checkpoint (HEAD and GET, retries included).
+    pub fn open_requests(&self) -> u64 {
+        self.open_counts.requests
+    }
+    pub(crate) fn client(&self) -> &Arc<Client> {
+        &self.client
+    }
+    pub(crate) fn connect_seconds(&self) -> f64 {
+        self.connect_seconds
+    }
+    pub(crate) fn parse_seconds(&self) -> f64 {
+        self.parse_seconds
+    }
+    pub(crate) fn open_counts(&self) -> CounterSnapshot {
+        self.open_counts
+    }
+}
+
+/// What the async opening produces; [`open`] adds the client and the timings.
+pub(crate) struct Opened {
+    checkpoint: Checkpoint,
+    objects: Vec<RemoteObject>,
+}
+
+impl Opened {
+    /// Pair a checkpoint with its objects, ordered like its files (matched by URL).
+    fn new(checkpoint: Checkpoint, objects: Vec<RemoteObject>) -> Result<Opened, RemoteError> {
+        let mut by_url: HashMap<String, RemoteObject> =
+            objects.into_iter().map(|o| (o.url.clone(), o)).collect();
+        let objects = checkpoint
+            .files()
+            .iter()
+            .map(|f| {
+                let url = f.path().to_string_lossy();
+                by_url.remove(url.as_ref()).ok_or_else(|| RemoteError::NoCheckpoint {
+                    url: url.into_owned(),
+                    reason: "a checkpoint file without its object".to_owned(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Opened { checkpoint, objects })
+    }
+}
+
+/// Open the checkpoint at `location` (headers and index only) with `client`.
+pub(crate) fn open(
+    location: &Location,
+    client: Arc<Client>,
+    connect_seconds: f64,
+) -> Result<RemoteCheckpoint, RemoteError> {
+    let t = Instant::now();
+    let before = client.snapshot();
+    let fetcher = client.fetcher();
+    let Opened { checkpoint, objects } = client.runtime.block_on(open_async(location, &fetcher))?;
+    let parse_seconds = t.elapsed().as_secs_f64();
+    let open_counts = client.snapshot().since(before);
+    Ok(RemoteCheckpoint {
+        location: location.clone(),
+        checkpoint,
+        objects,
+        client,
+        connect_seconds,
+        parse_seconds,
+        open_counts,
+    })
+}
+
+/// What a local file's stamp is to the load layer: the object's size and last-modified.
+fn stamp(object: &RemoteObject) -> FileStamp {
+    FileStamp {
+        len_bytes: object.meta.size,
+        modified: Some(SystemTime::from(object.meta.last_modified)),
+        dev: 0,
+        inode: 0,
+    }
+}
+
+fn format_err(e: tensora_format::Error) -> RemoteError {
+    RemoteError::Format { url: e.path().to_string_lossy().into_owned(), source: e }
 }
 
 struct Shard {
     object: RemoteObject,
     header: tensora_format::safetensors::Header,
+}
+
+impl Shard {
+    fn into_parts(self) -> (SafetensorsObject, RemoteObject) {
+        let part = SafetensorsObject {
+            path: PathBuf::from(&self.object.url),
+            stamp: stamp(&self.object),
+            header: self.header,
+        };
+        (part, self.object)
+    }
+}
+
+/// How the shards of [`assemble`] are related.
+enum Layout<'a> {
+    /// One file.
+    Single,
+    /// Shards found by listing, in name order.
+    Listed,
+    /// Shards named by an HF index.
+    Indexed { url: &'a str, index: &'a tensora_format::sharded::ShardIndex },
 }
 
 fn file_name(path: &ObjectPath) -> &str {
@@ -137,10 +197,7 @@ fn parent(path: &ObjectPath) -> ObjectPath {
 }
 
 /// Open the checkpoint at `location` (headers and index only).
-pub(crate) async fn open(
-    location: &Location,
-    fetcher: &Fetcher<'_>,
-) -> Result<RemoteCheckpoint, RemoteError> {
+async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened, RemoteError> {
     let path = location.object_path().ok_or_else(|| match location {
         Location::Local(p) => RemoteError::NotRemote { path: p.clone() },
         _ => RemoteError::NoCheckpoint { url: String::new(), reason: "no object path".to_owned() },
@@ -154,7 +211,7 @@ pub(crate) async fn open(
             return open_sllm(location, fetcher, path).await;
         }
         let shard = open_shard(location, fetcher, path.clone()).await?;
-        return assemble(location, Format::Safetensors, vec![shard], None);
+        return assemble(location, vec![shard], Layout::Single);
     }
     let index = path.clone().join(HF_INDEX_NAME);
     match fetcher.head(&index, &location.url_of(&index)).await {
@@ -173,7 +230,7 @@ pub(crate) async fn open(
     }
     let single = path.clone().join(SINGLE_FILE_NAME);
     match open_shard(location, fetcher, single).await {
-        Ok(shard) => assemble(location, Format::Safetensors, vec![shard], None),
+        Ok(shard) => assemble(location, vec![shard], Layout::Single),
         Err(RemoteError::NotFound { .. }) => Err(RemoteError::NoCheckpoint {
             url: location.url_of(path),
             reason: format!(
@@ -192,7 +249,7 @@ async fn open_sllm(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
-) -> Result<RemoteCheckpoint, RemoteError> {
+) -> Result<Opened, RemoteError> {
     use tensora_format::sllm::{INDEX_LEN_BYTES_MAX, PARTITION_PREFIX, PARTITIONS_MAX, parse_index};
     let url = location.url_of(index_path);
     let meta = fetcher.head(index_path, &url).await?;
@@ -228,61 +285,14 @@ async fn open_sllm(
             reason: format!("no {PARTITION_PREFIX}0 beside the index"),
         });
     }
-    let lens: Vec<u64> = files.iter().map(RemoteObject::len_bytes).collect();
-    let mut starts = Vec::with_capacity(lens.len());
-    let mut total = 0u64;
-    for &len in &lens {
-        starts.push(total);
-        total = total.checked_add(len).ok_or_else(|| RemoteError::NoCheckpoint {
-            url: url.clone(),
-            reason: "partition sizes overflow u64".to_owned(),
-        })?;
-    }
-    let mut tensors = Vec::with_capacity(index.entries.len());
-    for e in index.entries {
-        let located = match e.partition {
-            None => {
-                let p = starts.partition_point(|&s| s <= e.offset_bytes).saturating_sub(1);
-                let local = e.offset_bytes - starts[p];
-                local.checked_add(e.size_bytes).is_some_and(|end| end <= lens[p]).then_some((p, local))
-            }
-            Some(p) => {
-                let p = p as usize;
-                (p < lens.len() && e.end_bytes() <= lens[p]).then_some((p, e.offset_bytes))
-            }
-        };
-        let Some((p, local)) = located else {
-            return Err(RemoteError::Shards {
-                url,
-                message: format!(
-                    "tensor {:?} (bytes {}..{}) does not lie inside one partition",
-                    e.name,
-                    e.offset_bytes,
-                    e.end_bytes()
-                ),
-            });
-        };
-        tensors.push(RemoteTensor {
-            name: e.name,
-            dtype: e.dtype,
-            shape: e.shape,
-            file: p as u32,
-            offset_bytes: local,
-            len_bytes: e.size_bytes,
-            strides: Some(e.strides),
-        });
-    }
-    tensors.sort_by_key(|t| (t.file, t.offset_bytes));
-    let by_name = tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-    Ok(RemoteCheckpoint {
-        location: location.clone(),
-        format: Format::ServerlessLlm,
-        files,
-        tensors,
-        by_name,
-        metadata: BTreeMap::new(),
-        warnings: Vec::new(),
-    })
+    let partitions = files
+        .iter()
+        .map(|object| Partition { path: PathBuf::from(&object.url), stamp: stamp(object) })
+        .collect();
+    let root = PathBuf::from(location.url_of(&dir));
+    let checkpoint = tensora_format::assemble::serverlessllm(&root, Path::new(&url), index, partitions)
+        .map_err(format_err)?;
+    Opened::new(checkpoint, files)
 }
 
 /// An S3 prefix without an index: every `*.safetensors` object directly under it is a shard.
@@ -290,7 +300,7 @@ async fn open_listed(
     location: &Location,
     fetcher: &Fetcher<'_>,
     prefix: &ObjectPath,
-) -> Result<RemoteCheckpoint, RemoteError> {
+) -> Result<Opened, RemoteError> {
     let url = location.url_of(prefix);
     let listed = fetcher.store.list_with_delimiter(Some(prefix)).await.map_err(|e| {
         RemoteError::NoCheckpoint { url: url.clone(), reason: format!("listing failed: {e}") }
@@ -324,16 +334,15 @@ async fn open_listed(
             reason: "no *.safetensors objects under the prefix".to_owned(),
         });
     }
-    let format = if shards.len() == 1 { Format::Safetensors } else { Format::SafetensorsSharded };
     let shards = open_shards(location, fetcher, shards).await?;
-    assemble(location, format, shards, None)
+    assemble(location, shards, Layout::Listed)
 }
 
 async fn open_indexed(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
-) -> Result<RemoteCheckpoint, RemoteError> {
+) -> Result<Opened, RemoteError> {
     let url = location.url_of(index_path);
     let meta = fetcher.head(index_path, &url).await?;
     if meta.size > INDEX_BYTES_MAX {
@@ -348,7 +357,7 @@ async fn open_indexed(
     let names: BTreeSet<&str> = index.weight_map().iter().map(|(_, shard)| shard.as_str()).collect();
     let paths: Vec<ObjectPath> = names.into_iter().map(|n| dir.clone().join(n)).collect();
     let shards = open_shards(location, fetcher, paths).await?;
-    assemble(location, Format::SafetensorsSharded, shards, Some((&url, &index)))
+    assemble(location, shards, Layout::Indexed { url: &url, index: &index })
 }
 
 async fn open_shards(
@@ -386,78 +395,29 @@ async fn open_shard(
     Ok(Shard { object, header })
 }
 
-fn assemble(
-    location: &Location,
-    format: Format,
-    mut shards: Vec<Shard>,
-    index: Option<(&str, &tensora_format::sharded::ShardIndex)>,
-) -> Result<RemoteCheckpoint, RemoteError> {
-    let mut tensors = Vec::new();
-    let mut by_name = HashMap::new();
-    let mut metadata = BTreeMap::new();
-    let mut warnings = Vec::new();
-    let wanted: Option<HashMap<&str, &str>> =
-        index.map(|(_, ix)| ix.weight_map().iter().map(|(t, s)| (t.as_str(), s.as_str())).collect());
-    for (file, shard) in shards.iter_mut().enumerate() {
-        let shard_name = file_name(&shard.object.meta.location).to_owned();
-        let data_start = shard.header.data_start_bytes();
-        if index.is_none() {
-            metadata.extend(shard.header.take_metadata().unwrap_or_default());
-        }
-        for t in shard.header.tensors() {
-            let shards_err = |message: String| RemoteError::Shards { url: shard.object.url.clone(), message };
-            if let Some(map) = &wanted {
-                match map.get(t.name()) {
-                    Some(s) if *s == shard_name => {}
-                    Some(s) => {
-                        return Err(shards_err(format!(
-                            "tensor {:?} is here, the index puts it in {s}",
-                            t.name()
-                        )));
-                    }
-                    None => return Err(shards_err(format!("tensor {:?} is not in the index", t.name()))),
-                }
-            }
-            let (start, end) = t.data_offsets();
-            let tensor = RemoteTensor {
-                name: t.name().to_owned(),
-                dtype: t.dtype(),
-                shape: t.shape().to_vec(),
-                file: file as u32,
-                offset_bytes: data_start + start,
-                len_bytes: end - start,
-                strides: None,
+fn assemble(location: &Location, shards: Vec<Shard>, layout: Layout<'_>) -> Result<Opened, RemoteError> {
+    let root = PathBuf::from(root_url(location));
+    let (parts, objects): (Vec<_>, Vec<_>) = shards.into_iter().map(Shard::into_parts).unzip();
+    let checkpoint = match layout {
+        Layout::Single => {
+            let Some(part) = parts.into_iter().next() else {
+                return Err(RemoteError::NoCheckpoint {
+                    url: root_url(location),
+                    reason: "no object".into(),
+                });
             };
-            if by_name.insert(tensor.name.clone(), tensors.len()).is_some() {
-                return Err(shards_err(format!("tensor {:?} appears in more than one shard", t.name())));
-            }
-            tensors.push(tensor);
+            tensora_format::assemble::safetensors_file(part)
+        }
+        Layout::Listed => tensora_format::assemble::unindexed_shards(&root, parts),
+        Layout::Indexed { url, index } => {
+            tensora_format::assemble::indexed_shards(&root, Path::new(url), index, parts)
         }
     }
-    if let Some((url, ix)) = index {
-        if let Some((missing, shard)) =
-            ix.weight_map().iter().find(|(t, _)| !by_name.contains_key(t.as_str()))
-        {
-            return Err(RemoteError::Shards {
-                url: url.to_owned(),
-                message: format!("tensor {missing:?} is indexed in {shard} but not found there"),
-            });
-        }
-        metadata.extend(ix.metadata().iter().map(|(k, v)| (k.clone(), v.clone())));
-        if let Some(total) = ix.total_size_bytes() {
-            let actual: u64 = tensors.iter().map(|t: &RemoteTensor| t.len_bytes).sum();
-            if total != actual {
-                warnings.push(format!("{url}: total_size {total} differs from the tensors' {actual} bytes"));
-            }
-        }
-    }
-    Ok(RemoteCheckpoint {
-        location: location.clone(),
-        format,
-        files: shards.into_iter().map(|s| s.object).collect(),
-        tensors,
-        by_name,
-        metadata,
-        warnings,
-    })
+    .map_err(format_err)?;
+    Opened::new(checkpoint, objects)
+}
+
+/// The printable URL of the location itself.
+fn root_url(location: &Location) -> String {
+    location.url_of(location.object_path().unwrap_or(&ObjectPath::default()))
 }

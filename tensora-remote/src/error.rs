@@ -34,9 +34,6 @@ pub enum RemoteError {
     /// An index (`model.safetensors.index.json`) failed validation.
     #[error("{url}: {kind}")]
     Index { url: String, kind: tensora_format::ErrorKind },
-    /// The shards disagree with their index (missing shard, tensor in the wrong shard, duplicate).
-    #[error("{url}: {message}")]
-    Shards { url: String, message: String },
     /// The object changed after the plan was made (ETag or size/last-modified differs, or the
     /// server refused `If-Match`). The load fails rather than mixing two versions.
     #[error("{url} changed during the load (planned {planned}, now {found})")]
@@ -66,9 +63,10 @@ pub enum RemoteError {
     /// The completion sink asked to stop the load.
     #[error("stopped by the completion sink")]
     Stopped,
-    /// The planner refused the extents or the configuration.
-    #[error("planning failed: {0}")]
-    Plan(#[from] tensora_plan::PlanError),
+    /// The load layer failed for a reason of its own (a selection naming no tensor, a hook's
+    /// error, an unsupported residence, memory): see the `tensora_io::LoadError`.
+    #[error("{0}")]
+    Load(#[from] tensora_io::LoadError),
     /// The destination arena or the async runtime could not be created.
     #[error("{what}: {source}")]
     Resource {

@@ -3,14 +3,17 @@
 //! - [`Location`]: `s3://bucket/prefix/`, `http(s)://host/path/`, for a file or a directory;
 //!   [`StoreConfig`] (endpoint, plain HTTP, anonymous, credentials; `AWS_*` variables otherwise).
 //! - [`open_remote`]: the index and every safetensors header through ranged reads (the first 8
-//!   bytes, then exactly `n` more) into a [`RemoteCheckpoint`]. A directory's shard list comes from
-//!   `model.safetensors.index.json`, or on S3 from listing; a ServerlessLLM directory from
-//!   `tensor_index.json` and `tensor.data_N` probed with HEAD.
-//! - [`load_remote`]: the tensors planned by `tensora_plan` into ~8 MiB reads, one queue across all
-//!   shards, a bounded number in flight, each body streamed straight into a hugepage
-//!   `tensora_io::arena::Arena` by the [`RemoteExecutor`]. Every range carries `If-Match` with the
-//!   ETag seen at open (or `If-Unmodified-Since`), and the response's ETag and size are compared
-//!   too. Broken bodies are resumed where they stopped, under a bounded [`RetryPolicy`].
+//!   bytes, then exactly `n` more) into a [`RemoteCheckpoint`]: a real `tensora_format::Checkpoint`
+//!   (assembled by `tensora_format::assemble` under the local rules) plus each object's version.
+//!   A directory's shard list comes from `model.safetensors.index.json`, or on S3 from listing; a
+//!   ServerlessLLM directory from `tensor_index.json` and `tensor.data_N` probed with HEAD.
+//! - [`RemoteCheckpoint::load`] / [`RemoteCheckpoint::load_streaming`] / [`load_remote`]:
+//!   `tensora_io::load` and `load_streaming` with a [`RemoteBackend`], so selection, priority,
+//!   streaming, hooks and the report are those of a local load. The backend fetches ~8 MiB planned
+//!   reads, one queue across all shards, a bounded number in flight, each body streamed straight
+//!   into the read's slice of the destination. Every range carries `If-Match` with the ETag seen at
+//!   open (or `If-Unmodified-Since`), and the response's ETag and size are compared too. Broken
+//!   bodies are resumed where they stopped, under a bounded [`RetryPolicy`].
 //!
 //! ```
 //! use tensora_remote::{Location, RemoteOptions};
@@ -22,19 +25,20 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod backend;
 mod checkpoint;
+mod client;
 mod error;
-mod executor;
 mod fetch;
 mod load;
 mod location;
 
-pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, RemoteTensor, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
+pub use backend::RemoteBackend;
+pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
 pub use error::RemoteError;
-pub use executor::RemoteExecutor;
 pub use fetch::{RemoteObject, RetryPolicy};
 pub use load::{
-    READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport, RemoteTensorRef,
-    RemoteTensors, load_remote, open_remote,
+    READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport, load_remote,
+    open_remote,
 };
 pub use location::{Location, StoreConfig};

@@ -1,19 +1,18 @@
-//! The load API: [`RemoteOptions`] in, [`RemoteLoaded`] (tensor bytes in a hugepage arena) and
-//! [`RemoteReport`] out.
+//! The load API: [`RemoteOptions`] in, [`RemoteLoaded`] (a `tensora_io::Loaded`) or a streamed
+//! load's [`RemoteReport`] out. Loads go through `tensora_io::load` / `load_streaming` with a
+//! [`RemoteBackend`], so selection, priority, streaming, hooks and the report are the local ones.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tensora_io::arena::Arena;
-use tensora_io::report::{Faults, peak_rss_bytes};
-use tensora_io::{CompletionSink, LoadReport, Phases, StopReason};
-use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
+use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, TensorRef};
 
-use crate::checkpoint::{RemoteCheckpoint, RemoteTensor};
-use crate::executor::RemoteExecutor;
-use crate::fetch::{Counters, Fetcher, RetryPolicy};
-use crate::location::{ClientTimeouts, build_store};
+use crate::backend::RemoteBackend;
+use crate::checkpoint::RemoteCheckpoint;
+use crate::client::{Client, CounterSnapshot};
+use crate::fetch::RetryPolicy;
+use crate::location::ClientTimeouts;
 use crate::{Location, RemoteError, StoreConfig};
 
 /// Most ranges in flight that [`RemoteOptions::validate`] accepts.
@@ -31,7 +30,7 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
 /// | `retry` | [`RetryPolicy::default`] | retries per range and retry time |
-/// | `runtime_threads` | 2 | tokio worker threads driving the connections |
+/// | `runtime_threads` | 2 | tokio worker threads driving the connections, and as many threads issuing reads and copying bodies; 0: one event loop on the calling thread does it all (like `curl --parallel`) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteOptions {
     pub store: StoreConfig,
@@ -69,8 +68,8 @@ impl RemoteOptions {
         if !(1..=READS_INFLIGHT_LIMIT).contains(&self.reads_inflight_max) {
             return bad("reads_inflight_max", format!("must be 1..={READS_INFLIGHT_LIMIT}"));
         }
-        if !(1..=RUNTIME_THREADS_LIMIT).contains(&self.runtime_threads) {
-            return bad("runtime_threads", format!("must be 1..={RUNTIME_THREADS_LIMIT}"));
+        if self.runtime_threads > RUNTIME_THREADS_LIMIT {
+            return bad("runtime_threads", format!("must be 0..={RUNTIME_THREADS_LIMIT}"));
         }
         if self.rate_min_bytes_per_s == 0 {
             return bad("rate_min_bytes_per_s", "must be at least 1".into());
@@ -86,7 +85,7 @@ impl RemoteOptions {
         self.chunk_bytes.checked_mul(self.reads_inflight_max as u64)
     }
 
-    fn timeouts(&self) -> ClientTimeouts {
+    pub(crate) fn timeouts(&self) -> ClientTimeouts {
         let chunk =
             Duration::from_secs_f64(self.chunk_bytes as f64 / self.rate_min_bytes_per_s.max(1) as f64);
         ClientTimeouts {
@@ -97,63 +96,29 @@ impl RemoteOptions {
     }
 }
 
-/// What a remote load did: the same fields as a local load's report, plus request counts.
+/// What a remote load did: the same fields as a local load's report (`retries` counts HTTP
+/// retries, each resuming where the previous attempt stopped), plus the requests sent.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RemoteReport {
     #[serde(flatten)]
     pub load: LoadReport,
     /// The location loaded.
     pub url: String,
-    /// HTTP requests sent (HEAD and GET, retries included).
+    /// HTTP requests sent to open the checkpoint and to load it (HEAD and GET, retries included).
     pub requests: u64,
-    /// Requests that were retries (each resumed where the previous one stopped).
-    pub retries: u64,
     /// Total time ranges spent between their first failure and their success or final failure.
     pub retry_seconds: f64,
-    /// The in-flight byte cap.
+    /// The in-flight byte cap (`chunk_bytes × reads_inflight_max`, or the load's smaller budget).
     pub inflight_bytes_max: u64,
 }
 
-/// A loaded remote checkpoint: every tensor's bytes in one arena.
+/// A loaded remote checkpoint: a `tensora_io::Loaded` (every selected tensor's bytes) with the
+/// checkpoint it came from and the remote report.
 #[derive(Debug)]
 pub struct RemoteLoaded {
     checkpoint: RemoteCheckpoint,
-    arena: Arena,
-    /// Arena offset of each tensor, by index in `checkpoint.tensors()`.
-    offsets: Vec<u64>,
+    loaded: Loaded,
     report: RemoteReport,
-}
-
-/// One tensor of a [`RemoteLoaded`], with its bytes.
-#[derive(Debug, Clone, Copy)]
-pub struct RemoteTensorRef<'a> {
-    pub info: &'a RemoteTensor,
-    pub bytes: &'a [u8],
-}
-
-/// Read access to a [`RemoteLoaded`]'s tensors (the arena hands out slices only through `&mut`).
-#[derive(Debug)]
-pub struct RemoteTensors<'a> {
-    checkpoint: &'a RemoteCheckpoint,
-    data: &'a [u8],
-    offsets: &'a [u64],
-}
-
-impl<'a> RemoteTensors<'a> {
-    fn at(&self, index: usize) -> Option<RemoteTensorRef<'a>> {
-        let info = self.checkpoint.tensors().get(index)?;
-        let start = usize::try_from(*self.offsets.get(index)?).ok()?;
-        let bytes = self.data.get(start..start.checked_add(usize::try_from(info.len_bytes()).ok()?)?)?;
-        Some(RemoteTensorRef { info, bytes })
-    }
-    /// The tensor called `name`.
-    pub fn get(&self, name: &str) -> Option<RemoteTensorRef<'a>> {
-        self.at(self.checkpoint.tensor_index(name)?)
-    }
-    /// Every tensor, in (file, offset) order.
-    pub fn iter(&self) -> impl Iterator<Item = RemoteTensorRef<'a>> + '_ {
-        (0..self.checkpoint.tensors().len()).filter_map(|i| self.at(i))
-    }
 }
 
 impl RemoteLoaded {
@@ -163,36 +128,34 @@ impl RemoteLoaded {
     pub fn report(&self) -> &RemoteReport {
         &self.report
     }
-    /// Number of tensors.
+    /// The loaded tensors, as from a local load.
+    pub fn loaded(&self) -> &Loaded {
+        &self.loaded
+    }
+    /// The tensor called `name`, if it was selected.
+    pub fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
+        self.loaded.tensor(name)
+    }
+    /// Every loaded tensor.
+    pub fn tensors(&self) -> impl Iterator<Item = TensorRef<'_>> {
+        self.loaded.tensors()
+    }
+    /// Number of loaded tensors.
     pub fn len(&self) -> usize {
-        self.offsets.len()
+        self.loaded.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.offsets.is_empty()
+        self.loaded.is_empty()
     }
-    /// Borrow the tensors' bytes.
-    pub fn tensors(&mut self) -> RemoteTensors<'_> {
-        RemoteTensors { checkpoint: &self.checkpoint, data: self.arena.as_slice(), offsets: &self.offsets }
+    /// The `tensora_io::Loaded`, by value.
+    pub fn into_loaded(self) -> Loaded {
+        self.loaded
     }
-}
-
-impl Drop for RemoteLoaded {
-    /// Park the arena for the next load (`tensora_io::arena::Arena::recycle`).
-    fn drop(&mut self) {
-        std::mem::replace(&mut self.arena, Arena::empty()).recycle();
-    }
-}
-
-fn runtime(opts: &RemoteOptions) -> Result<tokio::runtime::Runtime, RemoteError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(opts.runtime_threads)
-        .enable_all()
-        .build()
-        .map_err(|source| RemoteError::Resource { what: "cannot start the async runtime", source })
 }
 
 /// Open a remote checkpoint: read its index and every header with ranged requests (the first 8
-/// bytes, then exactly `n` more), never tensor data.
+/// bytes, then exactly `n` more), never tensor data. The result keeps the client (connections,
+/// runtime) for its loads.
 ///
 /// ```
 /// use tensora_remote::{Location, RemoteOptions, open_remote};
@@ -202,40 +165,17 @@ fn runtime(opts: &RemoteOptions) -> Result<tokio::runtime::Runtime, RemoteError>
 /// # Ok::<(), tensora_remote::RemoteError>(())
 /// ```
 pub fn open_remote(location: &Location, opts: &RemoteOptions) -> Result<RemoteCheckpoint, RemoteError> {
-    opts.validate()?;
-    let store = build_store(location, &opts.store, opts.timeouts())?;
-    let counters = Counters::default();
-    let fetcher = fetcher(&*store, opts, &counters);
-    runtime(opts)?.block_on(crate::checkpoint::open(location, &fetcher))
+    let t0 = Instant::now();
+    let client = Client::connect(location, opts)?;
+    let connect_seconds = t0.elapsed().as_secs_f64();
+    crate::checkpoint::open(location, client, connect_seconds)
 }
 
-fn fetcher<'a>(
-    store: &'a dyn object_store::ObjectStore,
-    opts: &RemoteOptions,
-    counters: &'a Counters,
-) -> Fetcher<'a> {
-    Fetcher {
-        store,
-        policy: opts.retry,
-        rate_min_bytes_per_s: opts.rate_min_bytes_per_s,
-        request_overhead: opts.request_overhead,
-        counters,
-    }
-}
-
-struct NoSink;
-impl CompletionSink for NoSink {
-    fn read_done(&self, _read: u32) -> Result<(), StopReason> {
-        Ok(())
-    }
-}
-
-/// Load every tensor of the checkpoint at `location` into memory.
+/// Load every tensor of the checkpoint at `location` into memory: [`open_remote`], then
+/// [`RemoteCheckpoint::load`] with the default `LoadOptions`.
 ///
-/// Plans the tensors with `tensora_plan` (reads of `chunk_bytes`), fetches the reads of all
-/// shards through one queue with `reads_inflight_max` in flight, each range conditional on the
-/// ETag (or size and last-modified) seen at open. On any failure nothing is returned: no partial
-/// model, and an object replaced mid-load is [`RemoteError::Changed`].
+/// On any failure nothing is returned: no partial model, and an object replaced mid-load is
+/// [`RemoteError::Changed`].
 ///
 /// ```
 /// use tensora_remote::{Location, RemoteOptions, load_remote};
@@ -245,102 +185,75 @@ impl CompletionSink for NoSink {
 /// # Ok::<(), tensora_remote::RemoteError>(())
 /// ```
 pub fn load_remote(location: &Location, opts: &RemoteOptions) -> Result<RemoteLoaded, RemoteError> {
-    opts.validate()?;
-    let inflight_bytes_max = opts.inflight_bytes_max().unwrap_or(u64::MAX);
-    let faults_before = Faults::now();
-    let t0 = Instant::now();
-    let store = build_store(location, &opts.store, opts.timeouts())?;
-    let rt = runtime(opts)?;
-    let counters = Counters::default();
-    let fetcher = fetcher(&*store, opts, &counters);
-    let t_open = t0.elapsed();
-
-    let t1 = Instant::now();
-    let checkpoint = rt.block_on(crate::checkpoint::open(location, &fetcher))?;
-    let t_parse = t1.elapsed();
-
-    let t2 = Instant::now();
-    let extents: Vec<Extent> = checkpoint
-        .tensors()
-        .iter()
-        .enumerate()
-        .map(|(i, t)| Extent {
-            file: t.file(),
-            offset_bytes: t.offset_bytes(),
-            len_bytes: t.len_bytes(),
-            tag: i as u32,
-        })
-        .collect();
-    let file_lens: Vec<u64> = checkpoint.files().iter().map(|f| f.len_bytes()).collect();
-    let config = PlanConfig {
-        chunk_bytes: opts.chunk_bytes,
-        budget_bytes: inflight_bytes_max,
-        ..PlanConfig::default()
-    };
-    let plan = Plan::build_with_file_lens(&extents, &config, &Order::File, &file_lens)?;
-    let offsets: Vec<u64> =
-        (0..extents.len()).map(|i| plan.location(i as u32).map_or(0, |l| l.arena_offset_bytes)).collect();
-    let t_plan = t2.elapsed();
-
-    let t3 = Instant::now();
-    // Every byte a tensor view can see is written by a read, so a recycled arena's old contents
-    // never show; reuse spares repeated loads the page faults of a fresh mapping.
-    let mut arena = Arena::recycled(plan.arena_len_bytes())
-        .map_err(|source| RemoteError::Resource { what: "cannot allocate the destination arena", source })?;
-    let budget = Budget::new(inflight_bytes_max);
-    let executor =
-        RemoteExecutor { fetcher, objects: checkpoint.files(), reads_inflight_max: opts.reads_inflight_max };
-    let stats = rt.block_on(executor.execute(&plan, arena.as_mut_slice(), &budget, &NoSink))?;
-    let t_io = t3.elapsed();
-
-    let t4 = Instant::now();
-    drop(rt);
-    let faults = Faults::now().since(faults_before);
-    let mut load = LoadReport {
-        backend: format!("{}-{}", executor.name(), scheme(location)),
-        reason: format!(
-            "object_store ranged GETs of {} KiB, {} in flight, one queue across {} objects",
-            opts.chunk_bytes >> 10,
-            opts.reads_inflight_max,
-            checkpoint.files().len()
-        ),
-        io_mode: "streamed".to_owned(),
-        bytes_selected: plan.bytes_selected(),
-        bytes_read: stats.bytes_read,
-        phases: Phases::default(),
-        peak_inflight_bytes: stats.peak_inflight_bytes,
-        retries: stats.retries,
-        minor_faults: faults.minor,
-        major_faults: faults.major,
-        peak_rss_bytes: peak_rss_bytes(),
-        tensors: checkpoint.tensors().len(),
-        files: checkpoint.files().len(),
-        windows: 1,
-        ..LoadReport::default()
-    };
-    load.phases = Phases {
-        open: t_open.as_secs_f64(),
-        parse: t_parse.as_secs_f64(),
-        plan: t_plan.as_secs_f64(),
-        io: t_io.as_secs_f64(),
-        finish: t4.elapsed().as_secs_f64(),
-    };
-    load.finalize();
-    let report = RemoteReport {
-        load,
-        url: location.url_of(location.object_path().unwrap_or(&object_store::path::Path::default())),
-        requests: counters.requests.load(Ordering::Relaxed),
-        retries: counters.retries.load(Ordering::Relaxed),
-        retry_seconds: counters.retry_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-        inflight_bytes_max,
-    };
-    Ok(RemoteLoaded { checkpoint, arena, offsets, report })
+    open_remote(location, opts)?.load(&LoadOptions::default())
 }
 
-fn scheme(location: &Location) -> &'static str {
-    match location {
-        Location::Local(_) => "local",
-        Location::Http { .. } => "http",
-        Location::S3 { .. } => "s3",
+impl RemoteCheckpoint {
+    /// `load` with a [`RemoteBackend`] of this checkpoint; chunk size and in-flight cap from the
+    /// [`RemoteOptions`] it was opened with (the budget is the smaller of `load.budget_bytes`
+    /// and `chunk_bytes × reads_inflight_max`).
+    fn load_options(&self, load: &LoadOptions) -> (LoadOptions, Arc<RemoteBackend>, u64) {
+        let backend = Arc::new(RemoteBackend::new(self));
+        let remote = &self.client().opts;
+        let cap = remote.inflight_bytes_max().unwrap_or(u64::MAX).min(load.budget_bytes);
+        let opts = LoadOptions {
+            backend: BackendChoice::Custom(backend.clone()),
+            chunk_bytes: remote.chunk_bytes,
+            budget_bytes: cap,
+            ..load.clone()
+        };
+        (opts, backend, cap)
+    }
+
+    fn finish_report(&self, mut load: LoadReport, since: CounterSnapshot, cap: u64) -> RemoteReport {
+        let counts = self.client().snapshot().since(since).plus(self.open_counts());
+        load.phases.open += self.connect_seconds();
+        load.phases.parse += self.parse_seconds();
+        load.retries = counts.retries;
+        let remote = &self.client().opts;
+        load.reason = format!(
+            "object_store ranged GETs of {} KiB, {} in flight, one queue across {} objects",
+            remote.chunk_bytes >> 10,
+            remote.reads_inflight_max,
+            self.objects().len()
+        );
+        load.io_mode = "streamed".to_owned();
+        load.finalize();
+        RemoteReport {
+            load,
+            url: self.url(),
+            requests: counts.requests,
+            retry_seconds: counts.retry_nanos as f64 / 1e9,
+            inflight_bytes_max: cap,
+        }
+    }
+
+    fn error(&self, backend: &RemoteBackend, e: tensora_io::LoadError) -> RemoteError {
+        backend.take_error().unwrap_or(RemoteError::Load(e))
+    }
+
+    /// Load the tensors `load` selects (selection, priority, hooks, arena reuse as for a local
+    /// `tensora_io::load`) from the objects. Every range is conditional on the object version
+    /// seen at open; nothing partial is returned on failure.
+    pub fn load(&self, load: &LoadOptions) -> Result<RemoteLoaded, RemoteError> {
+        let (opts, backend, cap) = self.load_options(load);
+        let before = self.client().snapshot();
+        let loaded = tensora_io::load(self.checkpoint(), &opts).map_err(|e| self.error(&backend, e))?;
+        let report = self.finish_report(loaded.report().clone(), before, cap);
+        Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report })
+    }
+
+    /// `tensora_io::load_streaming` from the objects: `f` gets each tensor as soon as its bytes
+    /// landed, and arena memory stays within the in-flight cap (see [`RemoteCheckpoint::load`]).
+    pub fn load_streaming(
+        &self,
+        load: &LoadOptions,
+        f: impl FnMut(&TensorRef<'_>) -> Result<(), BoxError>,
+    ) -> Result<RemoteReport, RemoteError> {
+        let (opts, backend, cap) = self.load_options(load);
+        let before = self.client().snapshot();
+        let report =
+            tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(|e| self.error(&backend, e))?;
+        Ok(self.finish_report(report, before, cap))
     }
 }

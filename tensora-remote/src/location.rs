@@ -117,6 +117,17 @@ impl Location {
     }
 }
 
+/// The location as a URL (`s3://bucket/key`, `http://host/path`), or the local path.
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = match self.object_path() {
+            Some(path) => self.url_of(path),
+            None => self.url_of(&ObjectPath::default()),
+        };
+        f.write_str(&url)
+    }
+}
+
 /// How to reach the store. Unset fields fall back to the usual `AWS_*` environment variables
 /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
 /// `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`) for S3; HTTP origins need none of them.
@@ -169,6 +180,24 @@ pub(crate) fn build_store(
             Ok(Arc::new(store))
         }
         Location::S3 { bucket, .. } => {
+            // A plain-http endpoint without permission fails every request in the HTTP client
+            // (retried like a network error); refuse it here, once, with the fix in the message.
+            let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+            let endpoint =
+                config.endpoint.clone().or_else(|| env("AWS_ENDPOINT")).or_else(|| env("AWS_ENDPOINT_URL"));
+            let allow_http =
+                config.allow_http || env("AWS_ALLOW_HTTP").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+            if let Some(endpoint) = endpoint.filter(|e| e.to_ascii_lowercase().starts_with("http://"))
+                && !allow_http
+            {
+                return Err(RemoteError::Options {
+                    field: "allow_http",
+                    reason: format!(
+                        "the S3 endpoint {endpoint} is plain http: allow it with --allow-http \
+                         (StoreConfig::allow_http, or AWS_ALLOW_HTTP=true)"
+                    ),
+                });
+            }
             let mut builder = object_store::aws::AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
                 .with_retry(retry)

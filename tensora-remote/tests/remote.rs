@@ -8,7 +8,11 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use support::{Nginx, S3rver, write_checkpoint};
-use tensora_remote::{Location, RemoteError, RemoteLoaded, RemoteOptions, RetryPolicy, load_remote};
+use tensora_io::LoadOptions;
+use tensora_plan::Selection;
+use tensora_remote::{
+    Location, RemoteError, RemoteLoaded, RemoteOptions, RetryPolicy, load_remote, open_remote,
+};
 
 fn started<T>(server: Result<T, String>) -> T {
     server.unwrap_or_else(|e| panic!("test server unavailable: {e}"))
@@ -32,16 +36,15 @@ fn small_opts() -> RemoteOptions {
 }
 
 /// Every tensor of `remote` has the same bytes as a local load of `dir`.
-fn assert_matches_local(remote: &mut RemoteLoaded, dir: &Path) {
+fn assert_matches_local(remote: &RemoteLoaded, dir: &Path) {
     let local = tensora_io::load_path(dir, &tensora_io::LoadOptions::default()).expect("local load");
     assert_eq!(remote.len(), local.len());
-    let view = remote.tensors();
     let mut seen = 0;
-    for t in view.iter() {
-        let want = local.tensor(t.info.name()).unwrap_or_else(|| panic!("{} missing locally", t.info.name()));
-        assert_eq!(t.info.dtype(), want.dtype());
-        assert_eq!(t.info.shape(), want.shape());
-        assert_eq!(Sha256::digest(t.bytes), Sha256::digest(want.bytes()), "{}", t.info.name());
+    for t in remote.tensors() {
+        let want = local.tensor(t.name()).unwrap_or_else(|| panic!("{} missing locally", t.name()));
+        assert_eq!(t.dtype(), want.dtype());
+        assert_eq!(t.shape(), want.shape());
+        assert_eq!(Sha256::digest(t.bytes()), Sha256::digest(want.bytes()), "{}", t.name());
         seen += 1;
     }
     assert_eq!(seen, local.len());
@@ -54,11 +57,11 @@ fn http_sharded_checkpoint_matches_a_local_load() {
     std::fs::create_dir(&dir).unwrap();
     write_checkpoint(&dir, 3, 4, 192 << 10);
     let nginx = started(Nginx::start(root.path(), "50m"));
-    let mut loaded = load_remote(&Location::parse(&nginx.url("ckpt/")).unwrap(), &small_opts()).unwrap();
-    assert_matches_local(&mut loaded, &dir);
+    let loaded = load_remote(&Location::parse(&nginx.url("ckpt/")).unwrap(), &small_opts()).unwrap();
+    assert_matches_local(&loaded, &dir);
     let r = loaded.report();
     assert_eq!(r.load.files, 3);
-    assert_eq!(r.retries, 0);
+    assert_eq!(r.load.retries, 0);
     assert_eq!(r.load.bytes_selected, 12 * (192 << 10));
     // 1 index HEAD + GET, 3 × (HEAD + 2 header GETs), 12 tensors in 256 KiB reads.
     assert!(r.requests >= 2 + 9 + 9, "{} requests", r.requests);
@@ -67,18 +70,62 @@ fn http_sharded_checkpoint_matches_a_local_load() {
     assert!(json["requests"].is_u64() && json["bytes_selected"].is_u64() && json["phases"]["io"].is_f64());
 
     // The index file itself is a location too, and so is one shard.
-    let mut via_index = load_remote(
+    let via_index = load_remote(
         &Location::parse(&nginx.url("ckpt/model.safetensors.index.json")).unwrap(),
         &small_opts(),
     )
     .unwrap();
-    assert_matches_local(&mut via_index, &dir);
+    assert_matches_local(&via_index, &dir);
     let shard = load_remote(
         &Location::parse(&nginx.url("ckpt/model-00002-of-00003.safetensors")).unwrap(),
         &small_opts(),
     )
     .unwrap();
     assert_eq!(shard.len(), 4);
+}
+
+#[test]
+fn partial_and_streaming_remote_loads_match_a_local_load() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    write_checkpoint(&dir, 3, 4, 96 << 10);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let opened = open_remote(&location, &small_opts()).unwrap();
+    assert_eq!(opened.checkpoint().files().len(), 3);
+    assert!(opened.checkpoint().files()[0].path().to_string_lossy().starts_with("http://127.0.0.1:"));
+    let local = tensora_io::load_path(&dir, &tensora_io::LoadOptions::default()).unwrap();
+
+    // Partial: one shard's worth of names by glob, plus one exact name from another shard.
+    let names: Vec<String> = opened.tensors().iter().map(|t| t.name().to_owned()).collect();
+    let pick = vec![names[0].clone(), names[names.len() - 1].clone()];
+    let opts = LoadOptions { selection: Selection::Names(pick.clone()), ..LoadOptions::default() };
+    let partial = opened.load(&opts).unwrap();
+    assert_eq!(partial.len(), 2);
+    for name in &pick {
+        let (got, want) = (partial.tensor(name).unwrap(), local.tensor(name).unwrap());
+        assert_eq!(Sha256::digest(got.bytes()), Sha256::digest(want.bytes()), "{name}");
+    }
+    assert_eq!(partial.report().load.bytes_selected, 2 * (96 << 10));
+    assert!(partial.report().load.bytes_read < 3 * (96 << 10), "{:?}", partial.report().load);
+
+    // Streaming under a budget smaller than the checkpoint: every tensor once, same bytes.
+    let opts = LoadOptions { budget_bytes: 256 << 10, ..LoadOptions::default() };
+    let mut seen = std::collections::BTreeMap::new();
+    let report = opened
+        .load_streaming(&opts, |t| {
+            seen.insert(t.name().to_owned(), Sha256::digest(t.bytes()));
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(seen.len(), names.len());
+    for (name, digest) in &seen {
+        assert_eq!(*digest, Sha256::digest(local.tensor(name).unwrap().bytes()), "{name}");
+    }
+    assert!(report.load.windows > 1, "{:?}", report.load);
+    assert!(report.load.peak_inflight_bytes <= 256 << 10);
+    assert!(report.requests > opened.open_requests());
 }
 
 #[test]
@@ -92,14 +139,13 @@ fn http_real_fixtures_match_expected_digests() {
         let expected: serde_json::Value =
             serde_json::from_slice(&std::fs::read(fixtures.join(format!("{stem}.expected.json"))).unwrap())
                 .unwrap();
-        let mut loaded = load_remote(&Location::parse(&nginx.url(&name)).unwrap(), &small_opts()).unwrap();
+        let loaded = load_remote(&Location::parse(&nginx.url(&name)).unwrap(), &small_opts()).unwrap();
         let tensors = expected["tensors"].as_object().expect("tensors object");
         assert_eq!(loaded.len(), tensors.len(), "{name}");
-        let view = loaded.tensors();
         for (tname, want) in tensors {
-            let t = view.get(tname).unwrap_or_else(|| panic!("{name}: {tname} missing"));
+            let t = loaded.tensor(tname).unwrap_or_else(|| panic!("{name}: {tname} missing"));
             assert_eq!(
-                hex::encode(Sha256::digest(t.bytes)),
+                hex::encode(Sha256::digest(t.bytes())),
                 want["sha256"].as_str().unwrap(),
                 "{name}: {tname}"
             );
@@ -117,14 +163,13 @@ fn http_serverlessllm_matches_expected_digests() {
     let tensors = expected["tensors"].as_object().expect("tensors object");
     let nginx = started(Nginx::start(root, "50m"));
     for path in ["tiny/", "tiny/tensor_index.json"] {
-        let mut loaded = load_remote(&Location::parse(&nginx.url(path)).unwrap(), &small_opts()).unwrap();
+        let loaded = load_remote(&Location::parse(&nginx.url(path)).unwrap(), &small_opts()).unwrap();
         assert_eq!(loaded.checkpoint().format(), tensora_format::Format::ServerlessLlm);
         assert_eq!(loaded.len(), tensors.len(), "{path}");
-        let view = loaded.tensors();
         for (name, want) in tensors {
-            let t = view.get(name).unwrap_or_else(|| panic!("{path}: {name} missing"));
-            assert!(t.info.strides().is_some());
-            let dense = &t.bytes[..t.info.nbytes() as usize];
+            let t = loaded.tensor(name).unwrap_or_else(|| panic!("{path}: {name} missing"));
+            assert!(t.info().strides().is_some());
+            let dense = &t.bytes()[..t.info().nbytes() as usize];
             assert_eq!(
                 hex::encode(Sha256::digest(dense)),
                 want["sha256"].as_str().unwrap(),
@@ -150,8 +195,8 @@ fn s3_sharded_checkpoint_matches_a_local_load_by_index_and_by_listing() {
     let opts = RemoteOptions { store: s3.store_config(), ..small_opts() };
     for prefix in ["indexed", "listed"] {
         let location = Location::parse(&format!("s3://{}/{prefix}/", support::BUCKET)).unwrap();
-        let mut loaded = load_remote(&location, &opts).unwrap_or_else(|e| panic!("{prefix}: {e}"));
-        assert_matches_local(&mut loaded, src.path());
+        let loaded = load_remote(&location, &opts).unwrap_or_else(|e| panic!("{prefix}: {e}"));
+        assert_matches_local(&loaded, src.path());
         assert_eq!(loaded.report().load.backend, "remote-s3");
     }
     let missing = Location::parse(&format!("s3://{}/nothing-here/", support::BUCKET)).unwrap();
@@ -184,10 +229,10 @@ fn server_killed_and_restarted_mid_load_completes_with_equal_bytes() {
     nginx.kill();
     std::thread::sleep(Duration::from_secs(1));
     nginx.restart().unwrap();
-    let mut loaded = loader.join().unwrap().expect("the load survives a restart");
-    assert_matches_local(&mut loaded, &dir);
+    let loaded = loader.join().unwrap().expect("the load survives a restart");
+    assert_matches_local(&loaded, &dir);
     let r = loaded.report();
-    assert!(r.retries > 0, "no retry was needed");
+    assert!(r.load.retries > 0, "no retry was needed");
     assert!(r.retry_seconds > 0.5, "retry time {} s", r.retry_seconds);
 }
 

@@ -17,6 +17,11 @@ const USAGE: &str = "usage: cargo xtask <test|bench|fixtures|fuzz> [options]
       --size small|full
       --runs N         timed runs per cell (default 5)
       --cold|--no-cold run the cold-cache cells or not (default: run them)
+  bench --remote [--runs N]
+                       tensora-remote against real nginx and s3rver on 127.0.0.1 (needs nginx, curl,
+                       node + s3rver, see .ci/run), each beside its curl anchor in the same run
+                       (default 3 runs; medians, min/max, ratios, acceptance); writes
+                       target/tensora-bench/remote/report.{md,json}. Not part of `test`.
   fixtures [--size small|full]
                        only generate (or check) the bench fixtures
   fuzz [TARGET] [--seconds N]
@@ -137,7 +142,49 @@ fn run_bench_binary(bench_args: Vec<String>) -> Result<()> {
 }
 
 fn bench(args: &[String]) -> Result<()> {
+    if args.iter().any(|a| a == "--remote") {
+        let out = target_dir().join("tensora-bench").join("remote");
+        let out = out.to_str().context("non-UTF-8 target directory")?.to_owned();
+        let mut cmd: Vec<String> =
+            ["run", "--release", "--quiet", "-p", "tensora-remote", "--example", "remote_bench", "--"]
+                .map(String::from)
+                .to_vec();
+        cmd.extend(remote_bench_args(args)?);
+        cmd.extend(["--out".to_owned(), out]);
+        let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        return run(&cargo(), &cmd);
+    }
     run_bench_binary(bench_args(args, false)?)
+}
+
+/// The options of `bench --remote` (only `--runs N` besides the flag itself), as arguments of
+/// the remote bench.
+fn remote_bench_args(args: &[String]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--remote" => {}
+            "--runs" => {
+                let v = it.next().context("--runs needs a number")?;
+                let n: usize = v.parse().with_context(|| format!("--runs: {v:?} is not a number"))?;
+                if n == 0 {
+                    bail!("--runs must be at least 1");
+                }
+                out.extend([arg.clone(), v.clone()]);
+            }
+            other => bail!("`bench --remote` takes only --runs N, got {other:?}\n{USAGE}"),
+        }
+    }
+    Ok(out)
+}
+
+/// `$CARGO_TARGET_DIR`, or `target/` in the workspace root.
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) => workspace_root().join(d),
+        None => workspace_root().join("target"),
+    }
 }
 
 fn fixtures(args: &[String]) -> Result<()> {
@@ -228,6 +275,18 @@ mod tests {
             strings(&["--size", "small", "--fixtures-only"])
         );
         assert!(bench_args(&strings(&["--quick"]), true).is_err());
+    }
+
+    #[test]
+    fn remote_bench_takes_only_runs() {
+        assert_eq!(remote_bench_args(&strings(&["--remote"])).unwrap(), strings(&[]));
+        assert_eq!(
+            remote_bench_args(&strings(&["--runs", "5", "--remote"])).unwrap(),
+            strings(&["--runs", "5"])
+        );
+        assert!(remote_bench_args(&strings(&["--remote", "--quick"])).is_err());
+        assert!(remote_bench_args(&strings(&["--remote", "--runs", "0"])).is_err());
+        assert!(remote_bench_args(&strings(&["--remote", "--runs"])).is_err());
     }
 
     #[test]

@@ -1,0 +1,227 @@
+//! Remote locations (`s3://bucket/prefix/`, `http(s)://host/path/`) for `inspect`, `load`, `hash`
+//! and `verify`: the shared flags, and opening through `tensora_remote`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use tensora_io::{LoadOptions, ProgressHook};
+use tensora_remote::{
+    Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, StoreConfig, open_remote,
+};
+use tensora_verify::check::{Finding, FindingKind, Report};
+use tensora_verify::fused::DigestCollector;
+use tensora_verify::manifest::file_key;
+use tensora_verify::{Algo, Digest, Manifest};
+
+/// How to reach an object store; ignored for local paths.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RemoteArgs {
+    /// S3 endpoint for an S3-compatible server, e.g. http://127.0.0.1:9000 (default: AWS, or
+    /// AWS_ENDPOINT). Credentials and region come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_SESSION_TOKEN and AWS_REGION.
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// Allow a plain http:// S3 endpoint (http:// origins of HTTP locations always are).
+    #[arg(long)]
+    pub allow_http: bool,
+    /// Send unsigned S3 requests (public buckets); no credentials needed.
+    #[arg(long)]
+    pub anonymous: bool,
+}
+
+impl RemoteArgs {
+    /// Remote options with these store settings and the defaults for everything else.
+    pub fn options(&self) -> RemoteOptions {
+        RemoteOptions {
+            store: StoreConfig {
+                endpoint: self.endpoint.clone(),
+                allow_http: self.allow_http,
+                anonymous: self.anonymous,
+                ..StoreConfig::default()
+            },
+            ..RemoteOptions::default()
+        }
+    }
+}
+
+/// The remote location `path` names, or `None` for a local path (including `file://`).
+pub fn location(path: &Path) -> anyhow::Result<Option<Location>> {
+    let Some(text) = path.to_str() else { return Ok(None) };
+    if !text.contains("://") {
+        return Ok(None);
+    }
+    let location = Location::parse(text)?;
+    Ok(location.is_remote().then_some(location))
+}
+
+/// Open a remote checkpoint (headers and indexes by ranged reads), printing its warnings.
+pub fn open(location: &Location, opts: &RemoteOptions) -> anyhow::Result<RemoteCheckpoint> {
+    let remote = open_remote(location, opts)?;
+    for w in remote.checkpoint().warnings() {
+        eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
+    }
+    Ok(remote)
+}
+
+/// One digest per tensor (in `Checkpoint::tensors` order), computed on the workers of a streamed
+/// remote load as each tensor lands, so memory stays within the load's in-flight cap.
+pub fn digests(
+    remote: &RemoteCheckpoint,
+    algo: Algo,
+    progress: Option<ProgressHook>,
+) -> anyhow::Result<(Vec<Digest>, RemoteReport)> {
+    let ckpt = remote.checkpoint();
+    let collector = DigestCollector::new(ckpt, algo);
+    let opts = LoadOptions { on_tensor: Some(collector.hook()), progress, ..LoadOptions::default() };
+    let report = remote.load_streaming(&opts, |_| Ok(()))?;
+    Ok((collector.finish(ckpt)?, report))
+}
+
+/// `verify URL`: structure (the checkpoint opens: every header and index valid, every tensor
+/// inside its object), then digests from a streamed load compared with the manifest (file sizes,
+/// dtype, shape, digest, missing and extra tensors). The local integrity scan (sparse files,
+/// readability to EOF, stamps) has no remote counterpart; every range of the load is conditional
+/// on the object version seen at open instead.
+pub fn verify(location: &Location, opts: &RemoteOptions, manifest: Option<&Manifest>) -> Report {
+    let algo = manifest.map_or(Algo::default(), |m| m.algo);
+    let url = PathBuf::from(location.to_string());
+    let mut report = Report {
+        path: url.clone(),
+        format: None,
+        algo,
+        findings: Vec::new(),
+        files: 0,
+        tensors: 0,
+        tensors_digested: 0,
+        bytes_scanned: 0,
+        backends_checked: Vec::new(),
+    };
+    let remote = match open_remote(location, opts) {
+        Ok(r) => r,
+        Err(e) => {
+            report.findings.push(open_finding(&url, e).into());
+            return report;
+        }
+    };
+    let ckpt = remote.checkpoint();
+    report.format = Some(ckpt.format());
+    report.files = ckpt.files().len();
+    report.tensors = ckpt.tensors().len();
+    for w in ckpt.warnings() {
+        report
+            .findings
+            .push(FindingKind::ParserWarning { path: w.path.clone(), message: w.message.clone() }.into());
+    }
+    let digests = match digests(&remote, algo, None) {
+        Ok((d, load)) => {
+            report.bytes_scanned = load.load.bytes_read;
+            report.tensors_digested = d.len();
+            d
+        }
+        Err(e) => {
+            let message = format!("{e:#}");
+            let kind = match e.downcast::<RemoteError>() {
+                Ok(RemoteError::Changed { url, .. }) => FindingKind::Changed { path: url.into(), message },
+                _ => FindingKind::Unreadable { path: url, offset_bytes: None, message },
+            };
+            report.findings.push(kind.into());
+            return report;
+        }
+    };
+    if let Some(m) = manifest {
+        report.findings.extend(manifest_findings(ckpt, &digests, m));
+    }
+    report
+}
+
+fn open_finding(url: &Path, e: RemoteError) -> FindingKind {
+    let message = e.to_string();
+    match e {
+        RemoteError::NotFound { url } => FindingKind::FileMissing { path: url.into() },
+        RemoteError::Format { url, source } => FindingKind::Structure {
+            path: url.into(),
+            tensor: source.tensor().map(str::to_owned),
+            message: source.kind().to_string(),
+        },
+        RemoteError::Changed { url, .. } => FindingKind::Changed { path: url.into(), message },
+        _ => FindingKind::Unreadable { path: url.to_path_buf(), offset_bytes: None, message },
+    }
+}
+
+/// The checkpoint against a manifest: object sizes, then each tensor's dtype, shape and digest.
+fn manifest_findings(ckpt: &tensora_format::Checkpoint, digests: &[Digest], m: &Manifest) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let mut seen_keys = BTreeSet::new();
+    for f in ckpt.files() {
+        let key = file_key(ckpt, f.path());
+        if let Some(mf) = m.files.get(&key) {
+            let (expected, actual) = (mf.len_bytes, f.len_bytes());
+            if actual < expected {
+                out.push(FindingKind::Truncated {
+                    path: f.path().to_path_buf(),
+                    expected_len_bytes: expected,
+                    actual_len_bytes: actual,
+                });
+            } else if actual != expected {
+                out.push(FindingKind::SizeMismatch {
+                    path: f.path().to_path_buf(),
+                    manifest_len_bytes: expected,
+                    actual_len_bytes: actual,
+                });
+            }
+        }
+        seen_keys.insert(key);
+    }
+    for key in m.files.keys().filter(|k| !seen_keys.contains(*k)) {
+        out.push(FindingKind::FileMissing { path: ckpt.root().join(key) });
+    }
+    for (t, d) in ckpt.tensors().iter().zip(digests) {
+        let Some(mt) = m.tensors.get(t.name()) else {
+            out.push(FindingKind::TensorNotInManifest { tensor: t.name().to_owned() });
+            continue;
+        };
+        if mt.dtype != t.dtype().as_str() || mt.shape != t.shape() {
+            out.push(FindingKind::MetaMismatch {
+                tensor: t.name().to_owned(),
+                expected: format!("{} {:?}", mt.dtype, mt.shape),
+                actual: format!("{} {:?}", t.dtype(), t.shape()),
+            });
+        }
+        if *d != mt.digest {
+            out.push(FindingKind::DigestMismatch {
+                tensor: t.name().to_owned(),
+                path: ckpt.file(t.file()).path().to_path_buf(),
+                offset_bytes: t.offset_bytes(),
+                expected: mt.digest,
+                actual: *d,
+            });
+        }
+    }
+    for name in m.tensors.keys().filter(|n| ckpt.tensor(n).is_none()) {
+        out.push(FindingKind::TensorMissing { tensor: name.clone() });
+    }
+    out.into_iter().map(Finding::from).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_remote_urls_are_remote() {
+        assert!(location(Path::new("/tmp/x.safetensors")).unwrap().is_none());
+        assert!(location(Path::new("file:///tmp/x.safetensors")).unwrap().is_none());
+        assert!(location(Path::new("s3://b/m/")).unwrap().is_some());
+        assert!(location(Path::new("http://127.0.0.1:1/m.safetensors")).unwrap().is_some());
+        assert!(location(Path::new("gs://b/m/")).is_err());
+    }
+
+    #[test]
+    fn flags_reach_the_store_config() {
+        let args =
+            RemoteArgs { endpoint: Some("http://127.0.0.1:1".into()), allow_http: true, anonymous: true };
+        let store = args.options().store;
+        assert_eq!(store.endpoint.as_deref(), Some("http://127.0.0.1:1"));
+        assert!(store.allow_http && store.anonymous);
+    }
+}

@@ -1,0 +1,167 @@
+//! `tensora inspect|load|hash|verify` on remote locations: real nginx and s3rver processes on
+//! 127.0.0.1 (the harness of tensora-remote's tests), compared with the same commands on the
+//! local files.
+
+#[path = "../../tensora-remote/tests/support/mod.rs"]
+mod support;
+
+use std::process::{Command, Output};
+
+use support::{Nginx, S3rver, write_checkpoint};
+
+fn tensora(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tensora")).args(args).output().unwrap()
+}
+
+fn ok_json(args: &[&str]) -> serde_json::Value {
+    let out = tensora(args);
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+fn started<T>(server: Result<T, String>) -> T {
+    server.unwrap_or_else(|e| panic!("test server unavailable: {e}"))
+}
+
+/// A 3-shard checkpoint in `root/ckpt`, served by nginx.
+fn served() -> (tempfile::TempDir, Nginx) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    write_checkpoint(&dir, 3, 3, 64 << 10);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    (root, nginx)
+}
+
+fn assert_one_error_line(out: &Output, needle: &str) {
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].starts_with("error:") && lines[0].contains(needle), "{stderr}");
+}
+
+#[test]
+fn inspect_and_load_a_url_report_what_local_paths_do() {
+    let (root, nginx) = served();
+    let dir = root.path().join("ckpt");
+    let url = nginx.url("ckpt/");
+    let dir_s = dir.to_str().unwrap();
+
+    let remote = ok_json(&["inspect", &url, "--json"]);
+    let local = ok_json(&["inspect", dir_s, "--json"]);
+    assert_eq!(remote["tensors"], local["tensors"]);
+    assert_eq!(remote["format"], local["format"]);
+    let files = remote["files"].as_array().unwrap();
+    assert_eq!(files.len(), 3);
+    assert!(files[0]["path"].as_str().unwrap().starts_with("http://127.0.0.1:"), "{files:?}");
+    let out = tensora(&["inspect", &url]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("tensors: 9"));
+
+    let remote = ok_json(&["load", &url, "--json"]);
+    let local = ok_json(&["load", dir_s, "--json"]);
+    for key in local.as_object().unwrap().keys() {
+        assert!(remote.get(key).is_some(), "remote report lacks {key}: {remote}");
+    }
+    assert!(remote["requests"].as_u64().unwrap() > 9, "{remote}");
+    assert_eq!(remote["retries"], 0);
+    assert_eq!(remote["bytes_selected"], local["bytes_selected"]);
+    assert_eq!(remote["tensors"], 9);
+
+    // Partial and streamed.
+    let partial = ok_json(&["load", &url, "--json", "--select", "layers.1.*", "--select", "layers.8.*"]);
+    assert_eq!(partial["tensors"], 2);
+    assert_eq!(partial["bytes_selected"], 2 * (64 << 10));
+    let streamed = ok_json(&["load", &url, "--json", "--stream", "--budget", "128KiB", "--chunk", "64KiB"]);
+    assert_eq!(streamed["tensors"], 9);
+    assert!(streamed["windows"].as_u64().unwrap() > 1, "{streamed}");
+    let text = tensora(&["load", &url]);
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains("requests"));
+
+    // Local-only flags are refused with one line.
+    assert_one_error_line(&tensora(&["load", &url, "--mapped"]), "--mapped does not apply");
+    assert_one_error_line(&tensora(&["load", &url, "--backend", "sync"]), "--backend does not apply");
+    assert_one_error_line(&tensora(&["load", &nginx.url("missing/")]), "no checkpoint found");
+}
+
+#[test]
+fn hash_and_verify_a_url_against_a_manifest() {
+    let (root, nginx) = served();
+    let dir = root.path().join("ckpt");
+    let url = nginx.url("ckpt/");
+    for algo in ["crc32c", "sha256"] {
+        let remote = ok_json(&["hash", &url, "--json", "--algo", algo]);
+        let local = ok_json(&["hash", dir.to_str().unwrap(), "--json", "--algo", algo]);
+        assert_eq!(remote, local, "{algo}");
+    }
+    // A manifest of the local files verifies the remote copy.
+    let manifest = root.path().join("manifest.json");
+    let out = tensora(&["hash", dir.to_str().unwrap(), "--write-manifest", manifest.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = tensora(&["verify", &url, "--manifest", manifest.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.lines().last().unwrap().starts_with("OK: 0 errors"), "{stdout}");
+    assert!(stdout.contains("9/9 tensors digested"), "{stdout}");
+
+    // A manifest that disagrees: one digest changed, one tensor missing from the checkpoint.
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let tensors = doc["tensors"].as_object_mut().unwrap();
+    let first = tensors.keys().next().unwrap().clone();
+    tensors[&first]["crc32c"] = serde_json::json!("00000000");
+    tensors.insert("ghost".into(), tensors[&first].clone());
+    std::fs::write(&manifest, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let out = tensora(&["verify", &url, "--manifest", manifest.to_str().unwrap(), "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json_text = &stdout[..stdout.trim_end().rfind('\n').unwrap()];
+    let report: serde_json::Value = serde_json::from_str(json_text).unwrap();
+    let codes: Vec<&str> =
+        report["findings"].as_array().unwrap().iter().map(|f| f["code"].as_str().unwrap()).collect();
+    assert!(codes.contains(&"digest-mismatch") && codes.contains(&"tensor-missing"), "{codes:?}");
+
+    // A broken object is a structure error; a missing one is a missing file.
+    std::fs::write(root.path().join("bad.safetensors"), 1000u64.to_le_bytes()).unwrap();
+    let out = tensora(&["verify", &nginx.url("bad.safetensors")]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("error:"));
+    let out = tensora(&["verify", &nginx.url("gone.safetensors"), "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("file-missing"));
+    assert_one_error_line(&tensora(&["verify", &url, "--cross-check"]), "--cross-check does not apply");
+}
+
+#[test]
+fn s3_locations_take_endpoint_flags_and_aws_environment() {
+    let src = tempfile::tempdir().unwrap();
+    write_checkpoint(src.path(), 2, 2, 32 << 10);
+    let s3 = started(S3rver::start());
+    s3.upload_dir(src.path(), "m").unwrap();
+    let url = format!("s3://{}/m/", support::BUCKET);
+    let endpoint = s3.endpoint();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tensora"))
+            .args(args)
+            .env("AWS_ACCESS_KEY_ID", support::S3RVER_KEY.0)
+            .env("AWS_SECRET_ACCESS_KEY", support::S3RVER_KEY.1)
+            .env("AWS_REGION", "us-east-1")
+            .output()
+            .unwrap()
+    };
+    let out = run(&["load", &url, "--json", "--endpoint", &endpoint, "--allow-http"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["tensors"], 4);
+    assert_eq!(report["backend"], "remote-s3");
+    let out = run(&["hash", &url, "--json", "--endpoint", &endpoint, "--allow-http"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let remote: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(remote, ok_json(&["hash", src.path().to_str().unwrap(), "--json"]));
+    // Without --allow-http the plain-http endpoint is refused.
+    let out = run(&["inspect", &url, "--endpoint", &endpoint]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--allow-http"), "{stderr}");
+}

@@ -1,0 +1,325 @@
+//! [`RemoteBackend`]: a `tensora_io::IoBackend` that reads from an object store or HTTP server.
+//!
+//! The load layer (`tensora_io::load` / `load_streaming`) plans, selects, tracks completions and
+//! runs the hooks; this backend only moves bytes. All reads of a job form one issue queue (the
+//! plan's queues one after another: each file front to back, so when one shard's last chunks are
+//! in flight the next shard's first chunks already are: lookahead across shards). A few issuing
+//! threads (`RemoteOptions::runtime_threads`) pull the next read from that queue, each keeping its
+//! share of `reads_inflight_max` ranges in flight; every range holds a budget permit while in
+//! flight, is claimed from the job ([`tensora_io::Job::claim`]), fetched with one conditional GET
+//! whose body is copied chunk by chunk straight into the claimed slice (resumed where it stopped
+//! after a failure, see `fetch.rs`), and landed ([`tensora_io::ReadTarget::land`]).
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use futures::StreamExt;
+use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind};
+
+use crate::RemoteError;
+use crate::checkpoint::RemoteCheckpoint;
+use crate::client::Client;
+use crate::fetch::RemoteObject;
+
+/// Reads a remote checkpoint's objects for `tensora_io`. Build it from an opened
+/// [`RemoteCheckpoint`] and hand it to a load as `BackendChoice::Custom(Arc::new(backend))`;
+/// [`RemoteCheckpoint::load`] does exactly that.
+///
+/// A failed range fails the run with a `ReadError` naming the object's file id, the range and the
+/// cause; the typed [`RemoteError`] behind the first failure is kept for
+/// [`RemoteBackend::take_error`].
+#[derive(Debug)]
+pub struct RemoteBackend {
+    client: Arc<Client>,
+    /// Indexed by checkpoint file id.
+    objects: Vec<RemoteObject>,
+    name: &'static str,
+    first_error: Mutex<Option<RemoteError>>,
+}
+
+impl RemoteBackend {
+    /// A backend for the objects of `checkpoint`, reusing its client (store, connections, runtime).
+    pub fn new(checkpoint: &RemoteCheckpoint) -> RemoteBackend {
+        RemoteBackend {
+            client: Arc::clone(checkpoint.client()),
+            objects: checkpoint.objects().to_vec(),
+            name: match checkpoint.location() {
+                crate::Location::S3 { .. } => "remote-s3",
+                _ => "remote-http",
+            },
+            first_error: Mutex::new(None),
+        }
+    }
+
+    /// The typed error behind the first failed range of the last failed run, if any.
+    pub fn take_error(&self) -> Option<RemoteError> {
+        self.first_error.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    fn keep_error(&self, e: RemoteError) -> String {
+        let text = e.to_string();
+        let mut slot = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        text
+    }
+}
+
+/// Why one read did not land.
+enum Fail {
+    Read(ReadError),
+    Remote { read: u32, error: RemoteError },
+}
+
+impl IoBackend for RemoteBackend {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn reads_local_files(&self) -> bool {
+        false
+    }
+
+    fn execute(&self, job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
+        let plan = job.plan;
+        let reads = plan.reads();
+        let order: Vec<u32> = plan.queues().iter().flat_map(|q| q.reads.clone()).collect();
+        let opts = &self.client.opts;
+        // A current-thread runtime (0 threads) is driven by one caller at a time: one issuer.
+        let threads = opts.runtime_threads.clamp(1, order.len().max(1));
+        let per_thread = opts.reads_inflight_max.div_ceil(threads).max(1);
+        let cursor = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let fetcher = self.client.fetcher();
+        let retries_before = self.client.counters.retries.load(Ordering::Relaxed);
+
+        let one = |index: u32| async move {
+            let read = &reads[index as usize];
+            let fail_with = |kind| {
+                Fail::Read(ReadError {
+                    file: read.file,
+                    offset_bytes: read.offset_bytes,
+                    len_bytes: read.len_bytes,
+                    kind,
+                })
+            };
+            if job.cancel.load(Ordering::Relaxed) {
+                return Err(fail_with(ReadErrorKind::Cancelled));
+            }
+            let Some(object) = job.checkpoint_file(read.file).and_then(|f| self.objects.get(f as usize))
+            else {
+                return Err(fail_with(ReadErrorKind::Io(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("read {index} names plan file {} that maps to no object", read.file),
+                ))));
+            };
+            let _permit = job.budget.acquire_async(read.len_bytes).await;
+            let mut target = job.claim(index).map_err(Fail::Read)?;
+            fetcher
+                .fetch(object, read.offset_bytes, target.buf())
+                .await
+                .map_err(|error| Fail::Remote { read: index, error })?;
+            target.land(sink).map_err(Fail::Read)?;
+            Ok(read.len_bytes)
+        };
+        // One issuing loop per thread, all pulling from the same queue.
+        let issue = || -> Result<IoStats, Fail> {
+            let next = std::iter::from_fn(|| {
+                if stop.load(Ordering::Relaxed) {
+                    return None;
+                }
+                order.get(cursor.fetch_add(1, Ordering::Relaxed)).copied()
+            });
+            let mut stats = IoStats::default();
+            let result = self.client.runtime.block_on(async {
+                let mut done = futures::stream::iter(next).map(one).buffer_unordered(per_thread);
+                while let Some(r) = done.next().await {
+                    let len_bytes = r?;
+                    stats.reads += 1;
+                    stats.bytes_read += len_bytes;
+                }
+                Ok(())
+            });
+            if result.is_err() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            result.map(|()| stats)
+        };
+        let results: Vec<Result<IoStats, Fail>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (1..threads).map(|_| s.spawn(issue)).collect();
+            let mut results = vec![issue()];
+            for h in handles {
+                results.push(h.join().unwrap_or_else(|_| {
+                    Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
+                        "a remote issuing thread panicked",
+                    )))))
+                }));
+            }
+            results
+        });
+        let mut total = IoStats::default();
+        let mut first_failure = None;
+        for r in results {
+            match r {
+                Ok(s) => {
+                    total.reads += s.reads;
+                    total.bytes_read += s.bytes_read;
+                }
+                Err(f) => {
+                    // A cancelled or stopped read is a consequence; prefer the cause.
+                    let is_cause =
+                        !matches!(&f, Fail::Read(ReadError { kind: ReadErrorKind::Cancelled, .. }));
+                    if first_failure.is_none() || is_cause && first_failure.as_ref().is_some_and(|(c, _)| !c)
+                    {
+                        first_failure = Some((is_cause, f));
+                    }
+                }
+            }
+        }
+        if let Some((_, f)) = first_failure {
+            return Err(match f {
+                Fail::Read(e) => e,
+                Fail::Remote { read, error } => {
+                    let r = &reads[read as usize];
+                    let text = self.keep_error(error);
+                    ReadError {
+                        file: r.file,
+                        offset_bytes: r.offset_bytes,
+                        len_bytes: r.len_bytes,
+                        kind: ReadErrorKind::Io(std::io::Error::other(text)),
+                    }
+                }
+            });
+        }
+        total.retries = self.client.counters.retries.load(Ordering::Relaxed).saturating_sub(retries_before);
+        total.peak_inflight_bytes = job.budget.peak_bytes();
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use object_store::memory::InMemory;
+    use object_store::path::Path as ObjectPath;
+    use object_store::{ObjectStore, ObjectStoreExt};
+    use proptest::prelude::*;
+    use tensora_format::Dtype;
+    use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
+    use tensora_io::LoadOptions;
+    use tensora_plan::Selection;
+
+    use crate::{Location, RemoteOptions};
+
+    /// A sharded checkpoint of tensors with the given byte lengths (F32, so multiples of 4), in
+    /// `dir`, and the same files in an in-memory store under `ckpt/`.
+    fn stored(dir: &Path, lens_words: &[u64], shard_cap: u64, rt: &tokio::runtime::Runtime) -> Arc<InMemory> {
+        let specs = lens_words
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| TensorSpec { name: format!("t{i}"), dtype: Dtype::F32, shape: vec![n] })
+            .collect();
+        let layout = ShardedLayout::new(specs, BTreeMap::new(), shard_cap).unwrap();
+        write_sharded(dir, &layout, |i, out| {
+            let bytes: Vec<u8> = (0..lens_words[i] * 4).map(|b| (b as usize * 7 + i * 13) as u8).collect();
+            out.write_all(&bytes)
+        })
+        .unwrap();
+        let store = Arc::new(InMemory::new());
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            let bytes = std::fs::read(&path).unwrap();
+            rt.block_on(store.put(&ObjectPath::from(format!("ckpt/{name}")), bytes.into())).unwrap();
+        }
+        store
+    }
+
+    fn open(store: Arc<InMemory>, opts: &RemoteOptions) -> RemoteCheckpoint {
+        let location = Location::parse("http://mem.invalid/ckpt/").unwrap();
+        let client = Client::with_store(store as Arc<dyn ObjectStore>, opts).unwrap();
+        crate::checkpoint::open(&location, client, 0.0).unwrap()
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().build().unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// For any layout, selection, chunk size, reads in flight and issuing threads, owned and
+        /// streamed remote loads deliver exactly the bytes a local load of the same files does.
+        #[test]
+        fn remote_loads_equal_local_loads(
+            lens in proptest::collection::vec(0u64..20_000, 1..10),
+            cap_words in 1u64..40_000,
+            chunk in 4096u64..100_000,
+            inflight in 1usize..9,
+            threads in 0usize..4,
+            picks in proptest::collection::vec(any::<bool>(), 10),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let store = stored(dir.path(), &lens, cap_words * 4, &rt());
+            let opts = RemoteOptions { chunk_bytes: chunk, reads_inflight_max: inflight, runtime_threads: threads,
+                ..RemoteOptions::default() };
+            let remote = open(store, &opts);
+            let names: Vec<String> =
+                (0..lens.len()).filter(|&i| picks[i]).map(|i| format!("t{i}")).collect();
+            let selection = if names.is_empty() { Selection::All } else { Selection::Names(names) };
+            let load = LoadOptions { selection, ..LoadOptions::default() };
+            let local = tensora_io::load_path(dir.path(), &load).unwrap();
+            let loaded = remote.load(&load).unwrap();
+            prop_assert_eq!(loaded.len(), local.len());
+            for t in local.tensors() {
+                prop_assert_eq!(loaded.tensor(t.name()).unwrap().bytes(), t.bytes(), "{}", t.name());
+            }
+            prop_assert!(loaded.report().load.peak_inflight_bytes <= loaded.report().inflight_bytes_max);
+            let mut streamed = 0usize;
+            let stream = LoadOptions { budget_bytes: (chunk * 2).max(100_000), ..load };
+            remote.load_streaming(&stream, |t| {
+                let want = local.tensor(t.name()).ok_or("not selected locally")?;
+                if t.bytes() != want.bytes() {
+                    return Err(format!("{} differs", t.name()).into());
+                }
+                streamed += 1;
+                Ok(())
+            }).unwrap();
+            prop_assert_eq!(streamed, local.len());
+        }
+    }
+
+    #[test]
+    fn an_object_replaced_after_open_fails_with_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = rt();
+        let store = stored(dir.path(), &[1000, 2000, 3000], 8000, &rt);
+        let remote = open(Arc::clone(&store), &RemoteOptions::default());
+        let victim = ObjectPath::from(format!(
+            "ckpt/{}",
+            Path::new(remote.checkpoint().files()[0].path()).file_name().unwrap().to_str().unwrap()
+        ));
+        let bytes = rt.block_on(async { store.get(&victim).await.unwrap().bytes().await.unwrap() });
+        rt.block_on(store.put(&victim, bytes.to_vec().into())).unwrap();
+        let err = remote.load(&LoadOptions::default()).unwrap_err();
+        assert!(err.is_changed(), "{err}");
+        // A load layer failure that is not a fetch is the load layer's error.
+        let missing =
+            LoadOptions { selection: Selection::Names(vec!["nope".into()]), ..LoadOptions::default() };
+        let err = remote.load(&missing).unwrap_err();
+        assert!(matches!(err, RemoteError::Load(_)), "{err}");
+    }
+
+    #[test]
+    fn mapped_residence_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = stored(dir.path(), &[100], 1000, &rt());
+        let remote = open(store, &RemoteOptions::default());
+        let opts = LoadOptions { residence: tensora_io::Residence::Mapped, ..LoadOptions::default() };
+        assert!(matches!(remote.load(&opts), Err(RemoteError::Load(_))));
+    }
+}

@@ -1,0 +1,136 @@
+//! [`Client`]: one object store, the async runtime that drives it and the request counters,
+//! shared by opening a checkpoint and every load of it (so connections are reused).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use object_store::ObjectStore;
+
+use crate::fetch::{Counters, Fetcher};
+use crate::location::build_store;
+use crate::{Location, RemoteError, RemoteOptions};
+
+pub(crate) struct Client {
+    pub store: Arc<dyn ObjectStore>,
+    pub runtime: tokio::runtime::Runtime,
+    pub counters: Counters,
+    pub opts: RemoteOptions,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("store", &self.store.to_string()).field("opts", &self.opts).finish()
+    }
+}
+
+/// Request counters at one moment, to report the difference over a load.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CounterSnapshot {
+    pub requests: u64,
+    pub retries: u64,
+    pub retry_nanos: u64,
+}
+
+impl CounterSnapshot {
+    pub fn since(self, earlier: CounterSnapshot) -> CounterSnapshot {
+        CounterSnapshot {
+            requests: self.requests.saturating_sub(earlier.requests),
+            retries: self.retries.saturating_sub(earlier.retries),
+            retry_nanos: self.retry_nanos.saturating_sub(earlier.retry_nanos),
+        }
+    }
+    pub fn plus(self, other: CounterSnapshot) -> CounterSnapshot {
+        CounterSnapshot {
+            requests: self.requests.saturating_add(other.requests),
+            retries: self.retries.saturating_add(other.retries),
+            retry_nanos: self.retry_nanos.saturating_add(other.retry_nanos),
+        }
+    }
+}
+
+/// Clients kept for later opens in this process (same store, same options): building one costs
+/// milliseconds (the HTTP client loads the system's root certificates), and a kept one keeps its
+/// connections open.
+pub const CLIENT_CACHE_MAX: usize = 8;
+
+/// Most recently used last.
+static CLIENTS: Mutex<Vec<(String, Arc<Client>)>> = Mutex::new(Vec::new());
+
+/// What makes two clients interchangeable: the store (HTTP origin or S3 bucket), every option,
+/// and for S3 the `AWS_*` environment the store builder reads.
+fn cache_key(location: &Location, opts: &RemoteOptions) -> String {
+    let store = match location {
+        Location::Local(p) => format!("local {}", p.display()),
+        Location::Http { origin, .. } => origin.to_string(),
+        Location::S3 { bucket, .. } => {
+            let mut env: Vec<(String, String)> =
+                std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
+            env.sort();
+            format!("s3://{bucket} {env:?}")
+        }
+    };
+    format!("{store} {opts:?}")
+}
+
+impl Client {
+    /// A client for `location` with `opts` (validated here): a kept one when an earlier open in
+    /// this process used the same store and options, else a new one (then kept, evicting the
+    /// least recently used beyond [`CLIENT_CACHE_MAX`]).
+    pub fn connect(location: &Location, opts: &RemoteOptions) -> Result<Arc<Client>, RemoteError> {
+        opts.validate()?;
+        let key = cache_key(location, opts);
+        let mut cache = CLIENTS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
+            let entry = cache.remove(i);
+            let client = Arc::clone(&entry.1);
+            cache.push(entry);
+            return Ok(client);
+        }
+        let store = build_store(location, &opts.store, opts.timeouts())?;
+        let client = Client::with_store(store, opts)?;
+        cache.push((key, Arc::clone(&client)));
+        if cache.len() > CLIENT_CACHE_MAX {
+            let evicted = cache.remove(0);
+            // Dropped outside the lock: a runtime shuts its threads down when the last user goes.
+            drop(cache);
+            drop(evicted);
+        }
+        Ok(client)
+    }
+
+    /// A client over an already built store (tests use an in-memory one).
+    pub fn with_store(store: Arc<dyn ObjectStore>, opts: &RemoteOptions) -> Result<Arc<Client>, RemoteError> {
+        opts.validate()?;
+        let mut builder = if opts.runtime_threads == 0 {
+            tokio::runtime::Builder::new_current_thread()
+        } else {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(opts.runtime_threads);
+            b
+        };
+        let runtime = builder
+            .thread_name("tensora-remote")
+            .enable_all()
+            .build()
+            .map_err(|source| RemoteError::Resource { what: "cannot start the async runtime", source })?;
+        Ok(Arc::new(Client { store, runtime, counters: Counters::default(), opts: opts.clone() }))
+    }
+
+    pub fn fetcher(&self) -> Fetcher<'_> {
+        Fetcher {
+            store: &*self.store,
+            policy: self.opts.retry,
+            rate_min_bytes_per_s: self.opts.rate_min_bytes_per_s,
+            request_overhead: self.opts.request_overhead,
+            counters: &self.counters,
+        }
+    }
+
+    pub fn snapshot(&self) -> CounterSnapshot {
+        CounterSnapshot {
+            requests: self.counters.requests.load(Ordering::Relaxed),
+            retries: self.counters.retries.load(Ordering::Relaxed),
+            retry_nanos: self.counters.retry_nanos.load(Ordering::Relaxed),
+        }
+    }
+}
