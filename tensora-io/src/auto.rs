@@ -12,7 +12,7 @@
 //! |---|---|---|
 //! | `Residence::Mapped` | mmap, mapped | the caller asked for zero-copy views; on a network/FUSE filesystem every selected range is prewarmed (`MADV_POPULATE_READ`) before the views are handed out, so a lazy page fault never waits on the network (and a failing read is a typed error, not a `SIGBUS` later) |
 //! | network/FUSE filesystem | sync, buffered | never lazy mmap there; O_DIRECT semantics vary |
-//! | warm, owned (not streaming), ≥ [`WARM_MMAP_DENSITY_MIN`] of the files' bytes selected | mmap (owned copy) | a `memcpy` from the mapped page cache into the hugepage arena beat `pread`'s kernel copy in paired runs here; every piece is populated (`MADV_POPULATE_READ`) before it is copied, so a truncated file is a read error, not a `SIGBUS` |
+//! | warm, owned (not streaming), ≥ [`WARM_MMAP_DENSITY_MIN`] of the files' bytes selected, `MADV_POPULATE_READ` available | mmap (owned copy) | a `memcpy` from the mapped page cache into the hugepage arena beat `pread`'s kernel copy in paired runs here; every piece is populated (`MADV_POPULATE_READ`) before it is copied, so a file truncated before that is a read error (a truncation in the microseconds between populate and copy would still fault: the files must not change during a load, which the stamps check) |
 //! | warm otherwise (≥ [`WARM_FRACTION`] of sampled pages cached) | sync, buffered | one copy from the page cache into the hugepage arena; sparse selections and streaming windows gain nothing from mapping |
 //! | cold, O_DIRECT works, io_uring available, ≥ [`DIRECT_MIN_BYTES`] selected | io-uring, direct | deep queue of large aligned reads, no page-cache copy |
 //! | cold otherwise | sync, buffered | kernel readahead with several threads |
@@ -51,6 +51,9 @@ pub struct Facts {
     pub cpus: usize,
     pub streaming: bool,
     pub mapped: bool,
+    /// Whether `MADV_POPULATE_READ` works here (Linux 5.14+; probed once): the mmap backend's
+    /// guard against faulting on a truncated file.
+    pub populate_read: bool,
 }
 
 impl Facts {
@@ -121,6 +124,7 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], streaming: bool, mapped: bo
         cpus: probe::cpu_count(),
         streaming,
         mapped,
+        populate_read: probe::populate_read_supported(),
     }
 }
 
@@ -157,7 +161,7 @@ pub fn choose(f: &Facts) -> Choice {
             ),
         };
     }
-    if f.warm() && !f.streaming && f.density() >= WARM_MMAP_DENSITY_MIN {
+    if f.warm() && !f.streaming && f.density() >= WARM_MMAP_DENSITY_MIN && f.populate_read {
         return Choice {
             backend: "mmap",
             direct: false,
@@ -211,6 +215,7 @@ mod tests {
             cpus: 2,
             streaming: false,
             mapped: false,
+            populate_read: true,
         }
     }
 
@@ -223,6 +228,9 @@ mod tests {
         f.streaming = true;
         assert_eq!(choose(&f).backend, "sync");
         f.streaming = false;
+        f.populate_read = false;
+        assert_eq!(choose(&f).backend, "sync", "without MADV_POPULATE_READ a truncation would fault");
+        f.populate_read = true;
         f.bytes_selected = f.bytes_files / 10;
         assert_eq!(choose(&f).backend, "sync", "a sparse selection reads only what it needs");
     }

@@ -213,7 +213,7 @@ impl<'a> Job<'a> {
     /// # use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
     /// struct Count(std::sync::atomic::AtomicU32);
     /// impl CompletionSink for Count {
-    ///     fn read_done(&self, _read: u32) -> Result<(), StopReason> {
+    ///     fn read_done(&self, _landed: tensora_io::Landed) -> Result<(), StopReason> {
     ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     ///         Ok(())
     ///     }
@@ -236,15 +236,16 @@ impl<'a> Job<'a> {
     pub fn claim(&self, index: u32) -> Result<ReadTarget<'_>, ReadError> {
         let read = self.checked_read(index)?;
         self.take_claim(index, read)?;
-        let ptr = self.dest.host_ptr().as_ptr().wrapping_add(read.arena_offset_bytes as usize);
-        // SAFETY: `checked_read` proved the range lies inside the destination (whose length fits
-        // usize); the `Destination` contract makes that memory initialised, valid and writable
-        // for as long as the destination (and so this job) lives; `Job::new`'s contract says
-        // nobody outside the job touches the plan's ranges while it runs; plan reads never
-        // overlap; and the claim bit, set above for the first and only time, makes this the one
-        // slice of this range the job ever hands out.
-        let buf = unsafe { std::slice::from_raw_parts_mut(ptr, read.len_bytes as usize) };
-        Ok(ReadTarget { job: self, index, buf })
+        // SAFETY: `checked_read` proved `arena_offset_bytes + len_bytes <= dest.len_bytes()`,
+        // which fits usize, so the offset stays inside the destination's allocation.
+        let ptr = unsafe { self.dest.host_ptr().add(read.arena_offset_bytes as usize) };
+        Ok(ReadTarget {
+            job: self,
+            index,
+            ptr,
+            len: read.len_bytes as usize,
+            _bytes: std::marker::PhantomData,
+        })
     }
 
     /// Claims every read of the plan at once, for a built-in backend that writes through raw
@@ -317,8 +318,18 @@ fn already_claimed(read: &Read, index: u32) -> ReadError {
 pub struct ReadTarget<'j> {
     job: &'j Job<'j>,
     index: u32,
-    buf: &'j mut [u8],
+    /// Start of the read's destination range (`read().len_bytes` bytes), claimed for this target
+    /// alone. Kept as a pointer, not a `&mut [u8]` field, so that no unique borrow of the bytes is
+    /// alive while [`ReadTarget::land`] hands them to the sink for reading.
+    ptr: NonNull<u8>,
+    len: usize,
+    _bytes: std::marker::PhantomData<&'j mut [u8]>,
 }
+
+// SAFETY: a `ReadTarget` is the one hand-out of its byte range (the claim bit makes it unique), so
+// moving it to another thread is like moving the `&mut [u8]` it stands for; the `&Job` it holds is
+// `Sync`.
+unsafe impl Send for ReadTarget<'_> {}
 
 impl ReadTarget<'_> {
     /// The read's index in [`Plan::reads`].
@@ -333,7 +344,12 @@ impl ReadTarget<'_> {
 
     /// The destination bytes of this read, exactly `read().len_bytes` long.
     pub fn buf(&mut self) -> &mut [u8] {
-        self.buf
+        // SAFETY: `ptr..ptr + len` lies inside the destination (checked by `Job::claim`), whose
+        // contract makes it initialised, valid and writable while the job lives ('j); `Job::new`'s
+        // contract says nobody outside the job touches it during the run; plan reads never
+        // overlap; and the claim bit, set once, makes this target the range's only hand-out. The
+        // `&mut self` borrow keeps the slice unique within the target.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 
     /// Every byte of the read has been written: calls [`Destination::on_landed`], then
@@ -350,7 +366,7 @@ impl ReadTarget<'_> {
             .dest
             .on_landed(read.arena_offset_bytes, read.len_bytes)
             .map_err(|e| fail(ReadErrorKind::Io(e)))?;
-        sink.read_done(self.index).map_err(|_| fail(ReadErrorKind::Stopped))
+        sink.read_done(Landed::new(self.index)).map_err(|_| fail(ReadErrorKind::Stopped))
     }
 }
 
@@ -373,11 +389,33 @@ impl std::fmt::Debug for Job<'_> {
     }
 }
 
+/// Proof that every byte of one read has landed. Only [`ReadTarget::land`] (and the built-in
+/// backends, inside this crate) make one, at most once per read per job, so a sink that receives
+/// a `Landed` knows the read's bytes are written and nobody writes them again: a backend in safe
+/// code cannot report a read it did not finish, or report one twice.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Landed {
+    read: u32,
+}
+
+impl Landed {
+    /// Made only where the read's bytes are known to have landed (a built-in backend's run, or
+    /// [`ReadTarget::land`] consuming the read's only `&mut` hand-out).
+    pub(crate) fn new(read: u32) -> Landed {
+        Landed { read }
+    }
+
+    /// The read's index in [`Plan::reads`].
+    pub fn read(&self) -> u32 {
+        self.read
+    }
+}
+
 /// Receives each completed read, from whichever worker completed it.
 pub trait CompletionSink: Sync {
-    /// `read` indexes [`Plan::reads`]. Returning an error stops the run: the backend drains
-    /// what is in flight and returns [`ReadErrorKind::Stopped`].
-    fn read_done(&self, read: u32) -> Result<(), StopReason>;
+    /// `landed` names a read of [`Plan::reads`] whose bytes have all landed. Returning an error
+    /// stops the run: the backend drains what is in flight and returns [`ReadErrorKind::Stopped`].
+    fn read_done(&self, landed: Landed) -> Result<(), StopReason>;
 }
 
 /// Why a [`CompletionSink`] stopped a run (e.g. a streaming callback failed). The load layer keeps

@@ -41,8 +41,8 @@ pub mod sync;
 pub mod uring;
 
 pub use backend::{
-    CompletionSink, Destination, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, ReadTarget,
-    SourceFile, StopReason,
+    CompletionSink, Destination, IoBackend, IoStats, Job, JobConfig, Landed, ReadError, ReadErrorKind,
+    ReadTarget, SourceFile, StopReason,
 };
 pub use error::{BoxError, LoadError, ViewError};
 pub use load::{

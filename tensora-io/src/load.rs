@@ -1242,7 +1242,8 @@ impl Tracker<'_> {
 }
 
 impl CompletionSink for Tracker<'_> {
-    fn read_done(&self, read: u32) -> Result<(), StopReason> {
+    fn read_done(&self, landed: crate::backend::Landed) -> Result<(), StopReason> {
+        let read = landed.read();
         let plan = &self.wp.plan;
         let Some(r) = plan.reads().get(read as usize) else { return Err(StopReason) };
         let mut piece_bytes = 0;

@@ -138,36 +138,50 @@ pub enum MapMode {
     /// `MAP_PRIVATE`, `PROT_READ`: the bytes can only be read.
     #[default]
     ReadOnly,
-    /// `MAP_PRIVATE`, `PROT_READ | PROT_WRITE`: writes (through [`MappedFiles::ptr_mut`]) copy the
-    /// page and never reach the file. Under strict overcommit (`vm.overcommit_memory = 2`) the
-    /// whole mapping counts against the commit limit.
+    /// `MAP_PRIVATE | MAP_NORESERVE`, `PROT_READ | PROT_WRITE`: writes (through
+    /// [`MappedFiles::ptr_mut`]) copy the page and never reach the file. `MAP_NORESERVE` keeps the
+    /// mapping out of the commit charge, so a file larger than RAM + swap maps as it does
+    /// read-only (only pages actually written are charged, when written).
     CopyOnWrite,
 }
 
-/// One mapped file.
+/// One mapped file: the mapping, its base address and its length. The base is taken once at map
+/// time (`as_mut_ptr` for a writable one) and every view is built over just the bytes asked for,
+/// so no `&[u8]` over the whole file exists while a writer uses [`MappedFiles::ptr_mut`].
 #[derive(Debug)]
-enum Mapping {
+struct Mapping {
+    _map: MapKind,
+    base: usize,
+    len: usize,
+}
+
+/// Keeps the mapping alive (unmapped on drop); never dereferenced after mapping.
+#[derive(Debug)]
+enum MapKind {
     ReadOnly(Mmap),
-    /// The mapping and its base address, taken from `as_mut_ptr` once at map time so that
-    /// writable pointers derive from a mutable borrow, never from a shared slice.
-    CopyOnWrite(MmapMut, usize),
+    CopyOnWrite(MmapMut),
 }
 
 impl Mapping {
-    fn advise_range(&self, advice: Advice, start: usize, len: usize) -> io::Result<()> {
-        match self {
-            Mapping::ReadOnly(m) => m.advise_range(advice, start, len),
-            Mapping::CopyOnWrite(m, _) => m.advise_range(advice, start, len),
-        }
+    fn writable(&self) -> bool {
+        matches!(self._map, MapKind::CopyOnWrite(_))
     }
-}
 
-impl std::ops::Deref for Mapping {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            Mapping::ReadOnly(m) => m,
-            Mapping::CopyOnWrite(m, _) => m,
+    /// `start..end` of the mapping, or `None` out of bounds.
+    fn bytes(&self, start: usize, end: usize) -> Option<&[u8]> {
+        if start > end || end > self.len {
+            return None;
+        }
+        // SAFETY: `base..base + len` is this live mapping (valid for reads while `self` lives) and
+        // `start..end` lies inside it. The slice covers only the requested bytes; writers through
+        // `ptr_mut` must not touch them while it lives (their documented contract).
+        Some(unsafe { std::slice::from_raw_parts((self.base as *const u8).add(start), end - start) })
+    }
+
+    fn advise_range(&self, advice: Advice, start: usize, len: usize) -> io::Result<()> {
+        match &self._map {
+            MapKind::ReadOnly(m) => m.advise_range(advice, start, len),
+            MapKind::CopyOnWrite(m) => m.advise_range(advice, start, len),
         }
     }
 }
@@ -200,13 +214,13 @@ impl MappedFiles {
     /// copy the touched pages privately; the file never changes. Writing is sound only while no
     /// `&[u8]` over the same bytes (from [`MappedFiles::get`] or [`MappedFiles::bytes`]) is alive.
     pub fn ptr_mut(&self, file: u32, range: Range<u64>) -> Option<NonNull<u8>> {
-        let Mapping::CopyOnWrite(map, base) = self.maps.get(file as usize)? else { return None };
+        let map = self.maps.get(file as usize).filter(|m| m.writable())?;
         let start = usize::try_from(range.start).ok()?;
         let end = usize::try_from(range.end).ok()?;
-        if start > end || end > map.len() {
+        if start > end || end > map.len {
             return None;
         }
-        NonNull::new((*base as *mut u8).wrapping_add(start))
+        NonNull::new((map.base as *mut u8).wrapping_add(start))
     }
 
     /// Number of mapped files.
@@ -216,7 +230,7 @@ impl MappedFiles {
 
     /// Mapped length of `file`, or `None` if there is no such file.
     pub fn len_bytes(&self, file: u32) -> Option<u64> {
-        self.maps.get(file as usize).map(|m| m.len() as u64)
+        self.maps.get(file as usize).map(|m| m.len as u64)
     }
 
     /// Path `file` was mapped from.
@@ -229,7 +243,7 @@ impl MappedFiles {
         let map = self.maps.get(file as usize)?;
         let start = usize::try_from(range.start).ok()?;
         let end = usize::try_from(range.end).ok()?;
-        map.get(start..end)
+        map.bytes(start, end)
     }
 
     /// The bytes of `range` in `file`.
@@ -314,7 +328,7 @@ impl MappedFiles {
             Ok(()) => Ok(()),
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 let page = page_size_bytes() as usize;
-                let bytes = &map[start..start + len];
+                let bytes = map.bytes(start, start + len).unwrap_or(&[]);
                 let mut sum = 0u8;
                 for i in (0..bytes.len()).step_by(page) {
                     sum = sum.wrapping_add(bytes[i]);
@@ -401,15 +415,12 @@ impl MappedFiles {
                 io::ErrorKind::InvalidInput,
                 format!(
                     "range {}..+{} out of bounds of mapped file #{} ({} bytes)",
-                    r.offset_bytes,
-                    r.len_bytes,
-                    r.file,
-                    map.len()
+                    r.offset_bytes, r.len_bytes, r.file, map.len
                 ),
             )
         };
         let end = r.offset_bytes.checked_add(r.len_bytes).ok_or_else(out_of_bounds)?;
-        if end > map.len() as u64 {
+        if end > map.len as u64 {
             return Err(out_of_bounds());
         }
         Ok((map, r.offset_bytes as usize, r.len_bytes as usize))
@@ -422,7 +433,7 @@ impl MappedFiles {
             return Ok(None);
         }
         let page = page_size_bytes() as usize;
-        let addr = map.as_ptr() as usize + start;
+        let addr = map.base + start;
         let aligned = addr & !(page - 1);
         Ok(Some((aligned, len + (addr - aligned))))
     }
@@ -495,17 +506,20 @@ fn map_one(f: &SourceFile, mode: MapMode) -> io::Result<Mapping> {
         io::Error::new(io::ErrorKind::InvalidInput, format!("{}: too large to map", f.path.display()))
     })?;
     match mode {
-        // SAFETY: a private read-only mapping of a file whose size was just checked. The remaining
-        // risk, truncation by another process while mapped (SIGBUS), is documented in the module
-        // docs.
-        MapMode::ReadOnly => unsafe { MmapOptions::new().len(len).map_copy_read_only(&f.buffered) }
-            .map(Mapping::ReadOnly)
-            .map_err(named),
+        MapMode::ReadOnly => {
+            // SAFETY: a private read-only mapping of a file whose size was just checked. The
+            // remaining risk, truncation by another process while mapped (SIGBUS), is documented in
+            // the module docs.
+            let m = unsafe { MmapOptions::new().len(len).map_copy_read_only(&f.buffered) }.map_err(named)?;
+            Ok(Mapping { base: m.as_ptr() as usize, len, _map: MapKind::ReadOnly(m) })
+        }
         MapMode::CopyOnWrite => {
-            // SAFETY: as above; `MAP_PRIVATE` means writes copy pages and never reach the file.
-            let mut m = unsafe { MmapOptions::new().len(len).map_copy(&f.buffered) }.map_err(named)?;
+            // SAFETY: as above; `MAP_PRIVATE` means writes copy pages and never reach the file, and
+            // `MAP_NORESERVE` only leaves the commit charge to pages actually written.
+            let mut m = unsafe { MmapOptions::new().len(len).no_reserve_swap().map_copy(&f.buffered) }
+                .map_err(named)?;
             let base = m.as_mut_ptr() as usize;
-            Ok(Mapping::CopyOnWrite(m, base))
+            Ok(Mapping { base, len, _map: MapKind::CopyOnWrite(m) })
         }
     }
 }
@@ -699,7 +713,7 @@ mod tests {
     }
 
     impl crate::backend::CompletionSink for TruncateAfterFirst {
-        fn read_done(&self, _read: u32) -> Result<(), crate::backend::StopReason> {
+        fn read_done(&self, _landed: crate::backend::Landed) -> Result<(), crate::backend::StopReason> {
             if self.done.fetch_add(1, Ordering::AcqRel) == 0 {
                 std::fs::OpenOptions::new().write(true).open(&self.path).unwrap().set_len(0).unwrap();
             }

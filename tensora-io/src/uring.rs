@@ -94,7 +94,7 @@ impl Default for UringConfig {
 ///
 /// struct Count(std::sync::atomic::AtomicU32);
 /// impl CompletionSink for Count {
-///     fn read_done(&self, _read: u32) -> Result<(), StopReason> {
+///     fn read_done(&self, _landed: tensora_io::Landed) -> Result<(), StopReason> {
 ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 ///         Ok(())
 ///     }
@@ -406,7 +406,7 @@ impl RunState {
             self.fail(job_error(read, ReadErrorKind::Io(e)));
             return;
         }
-        if let Err(StopReason) = sink.read_done(index) {
+        if let Err(StopReason) = sink.read_done(crate::backend::Landed::new(index)) {
             self.fail(job_error(read, ReadErrorKind::Stopped));
         }
     }

@@ -114,3 +114,31 @@ fn mapped_files_are_send_and_sync() {
     assert_eq!(maps.path(0), Some(file.source.path.as_path()));
     assert_eq!(maps.file_count(), 1);
 }
+
+#[test]
+fn a_copy_on_write_mapping_larger_than_memory_is_not_charged_up_front() {
+    // 64 GiB, sparse: more than this machine's RAM + swap. Without MAP_NORESERVE a writable
+    // private mapping of it is refused with ENOMEM under the default overcommit heuristic.
+    const LEN_BYTES: u64 = 64 << 30;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    if let Err(e) = file.as_file().set_len(LEN_BYTES) {
+        eprintln!("this filesystem cannot hold a sparse 64 GiB file ({e}); nothing to map");
+        return;
+    }
+    let source = tensora_io::SourceFile {
+        path: file.path().to_owned(),
+        len_bytes: LEN_BYTES,
+        buffered: std::fs::File::open(file.path()).unwrap(),
+        direct: None,
+    };
+    let maps = MappedFiles::map_with(std::slice::from_ref(&source), tensora_io::mmap::MapMode::CopyOnWrite)
+        .expect("a copy-on-write mapping charges only the pages written");
+    let ptr = maps.ptr_mut(0, (LEN_BYTES - 4096)..LEN_BYTES).unwrap();
+    // SAFETY: no slice of these bytes is alive; the range is inside the mapping.
+    unsafe { ptr.as_ptr().write(7) };
+    assert_eq!(maps.get(0, (LEN_BYTES - 4096)..(LEN_BYTES - 4095)).unwrap(), &[7]);
+    assert!(maps.ptr_mut(0, 0..LEN_BYTES + 1).is_none());
+    let read_only = MappedFiles::map(std::slice::from_ref(&source)).unwrap();
+    assert!(read_only.ptr_mut(0, 0..1).is_none(), "a read-only mapping hands out no writable pointer");
+    assert_eq!(std::fs::metadata(file.path()).unwrap().len(), LEN_BYTES);
+}

@@ -19,7 +19,7 @@ use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig, Selection};
 struct CountSink(AtomicUsize);
 
 impl CompletionSink for CountSink {
-    fn read_done(&self, _read: u32) -> Result<(), StopReason> {
+    fn read_done(&self, _landed: tensora_io::Landed) -> Result<(), StopReason> {
         self.0.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

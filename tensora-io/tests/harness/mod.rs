@@ -18,8 +18,8 @@ use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
 pub struct FnSink<F>(pub F);
 
 impl<F: Fn(u32) -> Result<(), StopReason> + Sync> CompletionSink for FnSink<F> {
-    fn read_done(&self, read: u32) -> Result<(), StopReason> {
-        (self.0)(read)
+    fn read_done(&self, landed: tensora_io::Landed) -> Result<(), StopReason> {
+        (self.0)(landed.read())
     }
 }
 
