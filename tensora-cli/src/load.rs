@@ -21,7 +21,8 @@ pub struct Args {
     /// or a remote location (s3://bucket/prefix/, http(s)://host/path/). Remote loads read ranged
     /// GETs of --chunk bytes, --queue-depth of them in flight (default 16), driven by --threads
     /// runtime threads (default 2); --backend, --direct, --buffered, --mapped and --allow-sparse
-    /// do not apply to them. Their --json report adds "requests", "url" and "retry_seconds", and
+    /// do not apply to them. Their --json report adds "requests", "url", "retry_seconds" and
+    /// "open_requests", "open_retries", "open_retry_seconds" (what opening cost), and
     /// "retries" counts HTTP retries.
     pub path: std::path::PathBuf,
     /// I/O backend: auto, or one of sync, mmap, io-uring, async.
@@ -209,8 +210,12 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
             write_text(&mut out, &report.load)?;
             writeln!(
                 out,
-                "requests     {} ({} retries, {:.3} s retrying)",
-                report.requests, report.load.retries, report.retry_seconds
+                "requests     {} ({} retries, {:.3} s retrying); opening: {} ({} retries)",
+                report.requests,
+                report.load.retries,
+                report.retry_seconds,
+                report.open_requests,
+                report.open_retries
             )?;
         }
         out.flush()

@@ -121,8 +121,8 @@ pub fn verify(location: &Location, opts: &RemoteOptions, manifest: Option<&Manif
         Err(e) => {
             let message = format!("{e:#}");
             let kind = match e.downcast::<RemoteError>() {
-                Ok(RemoteError::Changed { url, .. }) => FindingKind::Changed { path: url.into(), message },
-                _ => FindingKind::Unreadable { path: url, offset_bytes: None, message },
+                Ok(e) => read_finding(&url, e, message),
+                Err(_) => FindingKind::Unreadable { path: url, offset_bytes: None, message },
             };
             report.findings.push(kind.into());
             return report;
@@ -132,6 +132,19 @@ pub fn verify(location: &Location, opts: &RemoteOptions, manifest: Option<&Manif
         report.findings.extend(manifest_findings(ckpt, &digests, m));
     }
     report
+}
+
+/// A failed load as a finding: the object and offset of the read that failed when the error
+/// names them (a `RemoteError::Read`), else the checkpoint's location.
+fn read_finding(root: &Path, e: RemoteError, message: String) -> FindingKind {
+    match e {
+        RemoteError::Read { url, offset_bytes, source, .. } => match *source {
+            RemoteError::Changed { .. } => FindingKind::Changed { path: url.into(), message },
+            _ => FindingKind::Unreadable { path: url.into(), offset_bytes: Some(offset_bytes), message },
+        },
+        RemoteError::Changed { url, .. } => FindingKind::Changed { path: url.into(), message },
+        _ => FindingKind::Unreadable { path: root.to_path_buf(), offset_bytes: None, message },
+    }
 }
 
 fn open_finding(url: &Path, e: RemoteError) -> FindingKind {
@@ -214,6 +227,42 @@ mod tests {
         assert!(location(Path::new("s3://b/m/")).unwrap().is_some());
         assert!(location(Path::new("http://127.0.0.1:1/m.safetensors")).unwrap().is_some());
         assert!(location(Path::new("gs://b/m/")).is_err());
+    }
+
+    #[test]
+    fn a_failed_read_is_a_finding_at_its_object_and_offset() {
+        let root = Path::new("http://h/m/");
+        let exhausted = RemoteError::RetriesExhausted {
+            url: "http://h/m/a.safetensors".into(),
+            offset_bytes: 4200,
+            len_bytes: 10,
+            attempts: 3,
+            retry_time: std::time::Duration::from_secs(1),
+            last_error: "reset".into(),
+        };
+        let read = |source| RemoteError::Read {
+            url: "http://h/m/a.safetensors".into(),
+            tensor: "w".into(),
+            offset_bytes: 4096,
+            source: Box::new(source),
+        };
+        let kind = read_finding(root, read(exhausted), "m".into());
+        assert!(
+            matches!(&kind, FindingKind::Unreadable { path, offset_bytes: Some(4096), .. }
+                if path == Path::new("http://h/m/a.safetensors")),
+            "{kind:?}"
+        );
+        let changed = RemoteError::Changed {
+            url: "http://h/m/a.safetensors".into(),
+            planned: "a".into(),
+            found: "b".into(),
+        };
+        let kind = read_finding(root, read(changed), "m".into());
+        assert!(
+            matches!(&kind, FindingKind::Changed { path, .. } if path == Path::new("http://h/m/a.safetensors"))
+        );
+        let kind = read_finding(root, RemoteError::Stopped, "m".into());
+        assert!(matches!(&kind, FindingKind::Unreadable { path, offset_bytes: None, .. } if path == root));
     }
 
     #[test]

@@ -21,7 +21,8 @@
 //! let header = tensora_format::safetensors::parse_header(&bytes, file_len_bytes)?;
 //! let stamp = FileStamp { len_bytes: file_len_bytes, modified: None, dev: 0, inode: 0 };
 //! let path = PathBuf::from("http://127.0.0.1:8080/model.safetensors");
-//! let ckpt = safetensors_file(SafetensorsObject { path, stamp, header })?;
+//! let name = "model.safetensors".to_owned();
+//! let ckpt = safetensors_file(SafetensorsObject { path, name, stamp, header })?;
 //! assert_eq!(ckpt.format(), Format::Safetensors);
 //! assert_eq!(ckpt.tensor("w").unwrap().range(), bytes.len() as u64..file_len_bytes);
 //! # Ok::<(), tensora_format::Error>(())
@@ -35,10 +36,14 @@ use crate::sharded::ShardIndex;
 use crate::sllm::{PARTITIONS_MAX, SllmIndex};
 use crate::{Checkpoint, Error, ErrorKind, FileEntry, FileStamp, Result};
 
-/// One safetensors object: its name (a path or URL), its stamp, and its parsed header.
+/// One safetensors object: its path (a path or URL, used in errors and as the file's path), its
+/// shard name, its stamp, and its parsed header.
 #[derive(Debug, Clone)]
 pub struct SafetensorsObject {
     pub path: PathBuf,
+    /// The shard's name as an HF index spells it (`model-00001-of-00002.safetensors`), decoded:
+    /// not the percent-encoded last segment of a URL. [`indexed_shards`] matches on it.
+    pub name: String,
     /// `len_bytes` must be the size the header was parsed against.
     pub stamp: FileStamp,
     pub header: Header,
@@ -53,7 +58,7 @@ pub struct Partition {
 
 /// The header must have been validated against the size the stamp records.
 fn checked(object: SafetensorsObject) -> Result<crate::sharded::ShardParts> {
-    let SafetensorsObject { path, stamp, header } = object;
+    let SafetensorsObject { path, stamp, header, .. } = object;
     if header.file_len_bytes() != stamp.len_bytes {
         return Err(Error::new(
             &path,
@@ -86,7 +91,8 @@ pub fn unindexed_shards(root: &Path, objects: Vec<SafetensorsObject>) -> Result<
 }
 
 /// Shards through their HF index (`index_path` names it in errors), as [`crate::open`] builds an
-/// indexed directory. Objects are matched to the index's shard names by their file name; a shard
+/// indexed directory. Objects are matched to the index's shard names by
+/// [`SafetensorsObject::name`] (never by the path, which may be a percent-encoded URL); a shard
 /// the index names but `objects` lacks is [`ErrorKind::MissingShard`], an object the index does not
 /// name (or a name given twice) is refused, and every tensor must be exactly where the map says.
 /// File ids follow the sorted shard names.
@@ -98,7 +104,7 @@ pub fn indexed_shards(
 ) -> Result<Checkpoint> {
     let mut by_name: HashMap<String, SafetensorsObject> = HashMap::with_capacity(objects.len());
     for object in objects {
-        let name = object.path.file_name().and_then(|n| n.to_str()).unwrap_or("").to_owned();
+        let name = object.name.clone();
         let refuse =
             |reason: &str| Error::new(&object.path, ErrorKind::NotACheckpoint { reason: reason.into() });
         if !index.weight_map().iter().any(|(_, shard)| *shard == name) {

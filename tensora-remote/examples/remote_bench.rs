@@ -232,7 +232,11 @@ fn main() -> Result<(), String> {
     if let Some(url) = &args.rss_probe {
         return rss_probe(url, &limited);
     }
-    let work = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tensora-remote-bench");
+    // The build's target directory (CARGO_TARGET_DIR when set, as cargo itself does).
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let work = target_dir.join("tensora-remote-bench");
     let out_dir = args.out.clone().unwrap_or_else(|| work.join("report"));
     std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
     let load_before = uptime();

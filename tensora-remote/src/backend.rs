@@ -13,14 +13,20 @@
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use futures::StreamExt;
 use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind};
 
 use crate::RemoteError;
 use crate::checkpoint::RemoteCheckpoint;
-use crate::client::Client;
-use crate::fetch::RemoteObject;
+use crate::client::{Client, CounterSnapshot, off_runtime};
+use crate::fetch::{Counters, RemoteObject};
+
+/// How often an in-flight range (including its backoff sleeps) looks at the job's cancel flag
+/// and at the run's stop flag (set by the first failed range): a failed or cancelled load ends
+/// within about this long, not when every other in-flight range has run out of retries.
+pub const STOP_POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Reads a remote checkpoint's objects for `tensora_io`. Build it from an opened
 /// [`RemoteCheckpoint`] and hand it to a load as `BackendChoice::Custom(Arc::new(backend))`;
@@ -28,7 +34,8 @@ use crate::fetch::RemoteObject;
 ///
 /// A failed range fails the run with a `ReadError` naming the object's file id, the range and the
 /// cause; the typed [`RemoteError`] behind the first failure is kept for
-/// [`RemoteBackend::take_error`].
+/// [`RemoteBackend::take_error`]. The backend owns its request counters: they count its runs
+/// only, never an open's or another backend's requests on the same store.
 #[derive(Debug)]
 pub struct RemoteBackend {
     client: Arc<Client>,
@@ -36,6 +43,7 @@ pub struct RemoteBackend {
     objects: Vec<RemoteObject>,
     name: &'static str,
     first_error: Mutex<Option<RemoteError>>,
+    counters: Counters,
 }
 
 impl RemoteBackend {
@@ -49,12 +57,18 @@ impl RemoteBackend {
                 _ => "remote-http",
             },
             first_error: Mutex::new(None),
+            counters: Counters::default(),
         }
     }
 
     /// The typed error behind the first failed range of the last failed run, if any.
     pub fn take_error(&self) -> Option<RemoteError> {
         self.first_error.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Requests, retries and retry time of this backend's runs so far.
+    pub(crate) fn counts(&self) -> CounterSnapshot {
+        self.counters.snapshot()
     }
 
     fn keep_error(&self, e: RemoteError) -> String {
@@ -67,10 +81,26 @@ impl RemoteBackend {
     }
 }
 
+/// How `reads_inflight_max` ranges are split over issuing threads: never more threads than
+/// ranges, and thread `i` keeps `max / threads` ranges in flight, plus one for the first
+/// `max % threads` threads, so the shares sum to exactly `max`.
+fn inflight_shares(reads_inflight_max: usize, threads: usize) -> Vec<usize> {
+    let max = reads_inflight_max.max(1);
+    let threads = threads.clamp(1, max);
+    (0..threads).map(|i| max / threads + usize::from(i < max % threads)).collect()
+}
+
 /// Why one read did not land.
 enum Fail {
     Read(ReadError),
     Remote { read: u32, error: RemoteError },
+}
+
+/// Resolves once the job is cancelled or the run stopped, polling every [`STOP_POLL_INTERVAL`].
+async fn stopped(cancel: &AtomicBool, stop: &AtomicBool) {
+    while !cancel.load(Ordering::Relaxed) && !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(STOP_POLL_INTERVAL).await;
+    }
 }
 
 impl IoBackend for RemoteBackend {
@@ -88,44 +118,60 @@ impl IoBackend for RemoteBackend {
         let order: Vec<u32> = plan.queues().iter().flat_map(|q| q.reads.clone()).collect();
         let opts = &self.client.opts;
         // A current-thread runtime (0 threads) is driven by one caller at a time: one issuer.
-        let threads = opts.runtime_threads.clamp(1, order.len().max(1));
-        let per_thread = opts.reads_inflight_max.div_ceil(threads).max(1);
+        let shares =
+            inflight_shares(opts.reads_inflight_max, opts.runtime_threads.clamp(1, order.len().max(1)));
         let cursor = AtomicUsize::new(0);
         let stop = AtomicBool::new(false);
-        let fetcher = self.client.fetcher();
-        let retries_before = self.client.counters.retries.load(Ordering::Relaxed);
+        let fetcher = self.client.fetcher(&self.counters);
+        let retries_before = self.counters.retries.load(Ordering::Relaxed);
 
-        let one = |index: u32| async move {
-            let read = &reads[index as usize];
-            let fail_with = |kind| {
-                Fail::Read(ReadError {
-                    file: read.file,
-                    offset_bytes: read.offset_bytes,
-                    len_bytes: read.len_bytes,
-                    kind,
-                })
-            };
-            if job.cancel.load(Ordering::Relaxed) {
-                return Err(fail_with(ReadErrorKind::Cancelled));
+        let one = |index: u32| {
+            let stop = &stop;
+            let fetcher = &fetcher;
+            async move {
+                let read = &reads[index as usize];
+                let fail_with = |kind| {
+                    Fail::Read(ReadError {
+                        file: read.file,
+                        offset_bytes: read.offset_bytes,
+                        len_bytes: read.len_bytes,
+                        kind,
+                    })
+                };
+                if job.cancel.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
+                    return Err(fail_with(ReadErrorKind::Cancelled));
+                }
+                let Some(object) = job.checkpoint_file(read.file).and_then(|f| self.objects.get(f as usize))
+                else {
+                    return Err(fail_with(ReadErrorKind::Io(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        format!("read {index} names plan file {} that maps to no object", read.file),
+                    ))));
+                };
+                let _permit = job.budget.acquire_async(read.len_bytes).await;
+                let mut target = job.claim(index).map_err(Fail::Read)?;
+                // Race the fetch (its retries and backoff sleeps included) against a cancel or
+                // another range's failure.
+                let raced = {
+                    let fetch = std::pin::pin!(fetcher.fetch(object, read.offset_bytes, target.buf()));
+                    let halt = std::pin::pin!(stopped(job.cancel, stop));
+                    match futures::future::select(fetch, halt).await {
+                        futures::future::Either::Left((fetched, _)) => Some(fetched),
+                        futures::future::Either::Right(((), _)) => None,
+                    }
+                };
+                match raced {
+                    Some(Ok(())) => {}
+                    Some(Err(error)) => return Err(Fail::Remote { read: index, error }),
+                    None => return Err(fail_with(ReadErrorKind::Cancelled)),
+                }
+                target.land(sink).map_err(Fail::Read)?;
+                Ok(read.len_bytes)
             }
-            let Some(object) = job.checkpoint_file(read.file).and_then(|f| self.objects.get(f as usize))
-            else {
-                return Err(fail_with(ReadErrorKind::Io(std::io::Error::new(
-                    std::io::ErrorKind::InvalidInput,
-                    format!("read {index} names plan file {} that maps to no object", read.file),
-                ))));
-            };
-            let _permit = job.budget.acquire_async(read.len_bytes).await;
-            let mut target = job.claim(index).map_err(Fail::Read)?;
-            fetcher
-                .fetch(object, read.offset_bytes, target.buf())
-                .await
-                .map_err(|error| Fail::Remote { read: index, error })?;
-            target.land(sink).map_err(Fail::Read)?;
-            Ok(read.len_bytes)
         };
+        let one = &one;
         // One issuing loop per thread, all pulling from the same queue.
-        let issue = || -> Result<IoStats, Fail> {
+        let issue = |inflight: usize| -> Result<IoStats, Fail> {
             let next = std::iter::from_fn(|| {
                 if stop.load(Ordering::Relaxed) {
                     return None;
@@ -133,31 +179,40 @@ impl IoBackend for RemoteBackend {
                 order.get(cursor.fetch_add(1, Ordering::Relaxed)).copied()
             });
             let mut stats = IoStats::default();
-            let result = self.client.runtime.block_on(async {
-                let mut done = futures::stream::iter(next).map(one).buffer_unordered(per_thread);
+            let result = self.client.runtime().block_on(async {
+                let mut done = futures::stream::iter(next).map(one).buffer_unordered(inflight);
                 while let Some(r) = done.next().await {
-                    let len_bytes = r?;
+                    let len_bytes = match r {
+                        Ok(n) => n,
+                        Err(f) => {
+                            // Every other in-flight range stops within STOP_POLL_INTERVAL.
+                            stop.store(true, Ordering::Relaxed);
+                            return Err(f);
+                        }
+                    };
                     stats.reads += 1;
                     stats.bytes_read += len_bytes;
                 }
                 Ok(())
             });
-            if result.is_err() {
-                stop.store(true, Ordering::Relaxed);
-            }
             result.map(|()| stats)
         };
-        let results: Vec<Result<IoStats, Fail>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (1..threads).map(|_| s.spawn(issue)).collect();
-            let mut results = vec![issue()];
-            for h in handles {
-                results.push(h.join().unwrap_or_else(|_| {
-                    Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
-                        "a remote issuing thread panicked",
-                    )))))
-                }));
-            }
-            results
+        // Blocking on the client's runtime panics inside another runtime: issue from plain
+        // threads then.
+        let issue = &issue;
+        let results: Vec<Result<IoStats, Fail>> = off_runtime(|| {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = shares[1..].iter().map(|&n| s.spawn(move || issue(n))).collect();
+                let mut results = vec![issue(shares[0])];
+                for h in handles {
+                    results.push(h.join().unwrap_or_else(|_| {
+                        Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
+                            "a remote issuing thread panicked",
+                        )))))
+                    }));
+                }
+                results
+            })
         });
         let mut total = IoStats::default();
         let mut first_failure = None;
@@ -193,7 +248,7 @@ impl IoBackend for RemoteBackend {
                 }
             });
         }
-        total.retries = self.client.counters.retries.load(Ordering::Relaxed).saturating_sub(retries_before);
+        total.retries = self.counters.retries.load(Ordering::Relaxed).saturating_sub(retries_before);
         total.peak_inflight_bytes = job.budget.peak_bytes();
         Ok(total)
     }
@@ -205,7 +260,6 @@ mod tests {
     use std::collections::BTreeMap;
     use std::path::Path;
 
-    use object_store::memory::InMemory;
     use object_store::path::Path as ObjectPath;
     use object_store::{ObjectStore, ObjectStoreExt};
     use proptest::prelude::*;
@@ -214,11 +268,17 @@ mod tests {
     use tensora_io::LoadOptions;
     use tensora_plan::Selection;
 
+    use crate::test_store::BreakingStore;
     use crate::{Location, RemoteOptions};
 
     /// A sharded checkpoint of tensors with the given byte lengths (F32, so multiples of 4), in
     /// `dir`, and the same files in an in-memory store under `ckpt/`.
-    fn stored(dir: &Path, lens_words: &[u64], shard_cap: u64, rt: &tokio::runtime::Runtime) -> Arc<InMemory> {
+    fn stored(
+        dir: &Path,
+        lens_words: &[u64],
+        shard_cap: u64,
+        rt: &tokio::runtime::Runtime,
+    ) -> Arc<BreakingStore> {
         let specs = lens_words
             .iter()
             .enumerate()
@@ -230,17 +290,17 @@ mod tests {
             out.write_all(&bytes)
         })
         .unwrap();
-        let store = Arc::new(InMemory::new());
+        let store = Arc::new(BreakingStore::default());
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_str().unwrap().to_owned();
             let bytes = std::fs::read(&path).unwrap();
-            rt.block_on(store.put(&ObjectPath::from(format!("ckpt/{name}")), bytes.into())).unwrap();
+            rt.block_on(store.inner.put(&ObjectPath::from(format!("ckpt/{name}")), bytes.into())).unwrap();
         }
         store
     }
 
-    fn open(store: Arc<InMemory>, opts: &RemoteOptions) -> RemoteCheckpoint {
+    fn open(store: Arc<BreakingStore>, opts: &RemoteOptions) -> RemoteCheckpoint {
         let location = Location::parse("http://mem.invalid/ckpt/").unwrap();
         let client = Client::with_store(store as Arc<dyn ObjectStore>, opts).unwrap();
         crate::checkpoint::open(&location, client, 0.0).unwrap()
@@ -303,10 +363,22 @@ mod tests {
             "ckpt/{}",
             Path::new(remote.checkpoint().files()[0].path()).file_name().unwrap().to_str().unwrap()
         ));
-        let bytes = rt.block_on(async { store.get(&victim).await.unwrap().bytes().await.unwrap() });
-        rt.block_on(store.put(&victim, bytes.to_vec().into())).unwrap();
+        let bytes = rt.block_on(async { store.inner.get(&victim).await.unwrap().bytes().await.unwrap() });
+        rt.block_on(store.inner.put(&victim, bytes.to_vec().into())).unwrap();
         let err = remote.load(&LoadOptions::default()).unwrap_err();
         assert!(err.is_changed(), "{err}");
+        // The error names the object, the offset and the tensor, around the remote cause.
+        let RemoteError::Read { url, tensor, offset_bytes, source } = &err else {
+            panic!("not a read: {err}")
+        };
+        let file = remote.checkpoint().files()[0].path().to_string_lossy().into_owned();
+        assert_eq!(*url, file);
+        let t = remote.tensor(tensor).unwrap_or_else(|| panic!("{tensor:?} is no tensor"));
+        assert_eq!(t.file(), tensora_format::FileId(0));
+        assert!(t.range().contains(offset_bytes), "{offset_bytes} outside {:?}", t.range());
+        assert!(matches!(**source, RemoteError::Changed { .. }), "{source}");
+        let text = err.to_string();
+        assert!(text.contains(&file) && text.contains(tensor.as_str()), "{text}");
         // A load layer failure that is not a fetch is the load layer's error.
         let missing =
             LoadOptions { selection: Selection::Names(vec!["nope".into()]), ..LoadOptions::default() };
@@ -321,5 +393,120 @@ mod tests {
         let remote = open(store, &RemoteOptions::default());
         let opts = LoadOptions { residence: tensora_io::Residence::Mapped, ..LoadOptions::default() };
         assert!(matches!(remote.load(&opts), Err(RemoteError::Load(_))));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// The in-flight shares never exceed the cap, sum to it, and differ by at most one.
+        #[test]
+        fn inflight_shares_split_the_cap_exactly(max in 1usize..200, threads in 0usize..80) {
+            let shares = inflight_shares(max, threads);
+            prop_assert_eq!(shares.len(), threads.clamp(1, max));
+            prop_assert_eq!(shares.iter().sum::<usize>(), max);
+            prop_assert!(shares.iter().all(|&n| n >= 1));
+            let (lo, hi) = (shares.iter().min().unwrap(), shares.iter().max().unwrap());
+            prop_assert!(hi - lo <= 1);
+        }
+    }
+
+    #[test]
+    fn inflight_shares_examples() {
+        // 3 threads × ceil(4 / 3) = 6 would exceed a cap of 4.
+        assert_eq!(inflight_shares(4, 3), vec![2, 1, 1]);
+        assert_eq!(inflight_shares(2, 8), vec![1, 1]);
+        assert_eq!(inflight_shares(16, 2), vec![8, 8]);
+    }
+
+    /// One tensor smaller than a chunk: exactly one GET per load, whatever else runs.
+    #[test]
+    fn each_load_counts_its_own_requests_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = stored(dir.path(), &[100, 200, 300, 400], 1200, &rt());
+        let remote = open(store, &RemoteOptions::default());
+        assert!(remote.open_requests() > 0);
+        let one = LoadOptions { selection: Selection::Names(vec!["t1".into()]), ..LoadOptions::default() };
+        let first = remote.load(&one).unwrap();
+        let second = remote.load(&one).unwrap();
+        for r in [first.report(), second.report()] {
+            assert_eq!((r.requests, r.load.retries), (1, 0), "{r:?}");
+            assert_eq!(r.open_requests, remote.open_requests());
+        }
+        // Concurrent loads on one client (one runtime, one store) do not count each other's.
+        let reports: Vec<crate::RemoteReport> = std::thread::scope(|s| {
+            let handles: Vec<_> =
+                (0..4).map(|_| s.spawn(|| remote.load(&one).unwrap().report().clone())).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in reports {
+            assert_eq!(r.requests, 1, "{r:?}");
+        }
+        // A second open on the same client counts its own requests, as many as the first.
+        let again = crate::checkpoint::open(remote.location(), Arc::clone(remote.client()), 0.0).unwrap();
+        assert_eq!(again.open_requests(), remote.open_requests());
+    }
+
+    /// After the first permanent failure, ranges still in flight (here: hanging) stop within a
+    /// poll interval, not when their own attempts time out.
+    #[test]
+    fn the_first_failure_stops_every_range_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = stored(dir.path(), &[20_000, 20_000, 20_000, 20_000], 40_000, &rt());
+        let attempt_timeout = Duration::from_secs(3);
+        let opts = RemoteOptions {
+            chunk_bytes: 8192,
+            reads_inflight_max: 6,
+            runtime_threads: 2,
+            request_overhead: attempt_timeout,
+            retry: crate::RetryPolicy { retries_per_range_max: 0, ..crate::RetryPolicy::default() },
+            ..RemoteOptions::default()
+        };
+        let remote = open(Arc::clone(&store), &opts);
+        // 6 in flight over 2 threads: the first 5 GETs hang (some on each thread), the 6th fails
+        // for good.
+        store.hang_next.store(5, Ordering::Relaxed);
+        store.refuse_next.store(1, Ordering::Relaxed);
+        let t = std::time::Instant::now();
+        let err = remote.load(&LoadOptions::default()).unwrap_err();
+        let elapsed = t.elapsed();
+        assert!(err.is_changed(), "{err}");
+        assert!(elapsed < attempt_timeout / 2, "took {elapsed:?} after the first failure");
+        // A cancelled load stops its hanging ranges too.
+        store.hang_next.store(u32::MAX, Ordering::Relaxed);
+        let cancel = Arc::new(AtomicBool::new(false));
+        let load = LoadOptions { cancel: Some(Arc::clone(&cancel)), ..LoadOptions::default() };
+        let t = std::time::Instant::now();
+        let err = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(100));
+                cancel.store(true, Ordering::Relaxed);
+            });
+            remote.load(&load).unwrap_err()
+        });
+        assert!(t.elapsed() < attempt_timeout / 2, "took {:?} to cancel: {err}", t.elapsed());
+    }
+
+    /// Opening, loading and dropping the last client from async code works (no nested
+    /// `block_on`, no runtime dropped on a runtime thread).
+    #[test]
+    fn works_from_inside_an_async_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = stored(dir.path(), &[100, 200, 300], 1200, &rt());
+        let outer =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let (loaded, streamed) = outer.block_on(async move {
+            let remote = open(store, &RemoteOptions::default());
+            let loaded = remote.load(&LoadOptions::default()).unwrap().len();
+            let mut streamed = 0;
+            remote
+                .load_streaming(&LoadOptions::default(), |_| {
+                    streamed += 1;
+                    Ok(())
+                })
+                .unwrap();
+            // The last user of the client goes here, on a runtime thread.
+            drop(remote);
+            (loaded, streamed)
+        });
+        assert_eq!((loaded, streamed), (3, 3));
     }
 }

@@ -18,13 +18,13 @@ use tensora_format::safetensors::{header_span_bytes, parse_header_with_path};
 use tensora_format::sharded::{INDEX_BYTES_MAX, INDEX_SUFFIX, parse_index};
 use tensora_format::{Checkpoint, FileStamp, Format, TensorInfo};
 
-use crate::client::{Client, CounterSnapshot};
-use crate::fetch::{Fetcher, RemoteObject};
+use crate::client::{Client, CounterSnapshot, off_runtime};
+use crate::fetch::{Counters, Fetcher, RemoteObject};
 use crate::{Location, RemoteError};
 
-/// The index name probed first in a directory.
+/// The HF index name probed in a directory on a plain HTTP server (after [`SLLM_INDEX_NAME`]).
 pub const HF_INDEX_NAME: &str = "model.safetensors.index.json";
-/// The ServerlessLLM index name.
+/// The ServerlessLLM index name: in a directory it wins over any HF index, as locally.
 pub const SLLM_INDEX_NAME: &str = "tensor_index.json";
 /// The single-file name probed last in a directory on a plain HTTP server.
 pub const SINGLE_FILE_NAME: &str = "model.safetensors";
@@ -130,11 +130,14 @@ pub(crate) fn open(
     connect_seconds: f64,
 ) -> Result<RemoteCheckpoint, RemoteError> {
     let t = Instant::now();
-    let before = client.snapshot();
-    let fetcher = client.fetcher();
-    let Opened { checkpoint, objects } = client.runtime.block_on(open_async(location, &fetcher))?;
+    // This open's own counters: a concurrent open or load on the same client counts its own.
+    let counters = Counters::default();
+    let fetcher = client.fetcher(&counters);
+    // Blocking on the client's runtime panics inside another runtime: open from a plain thread.
+    let opened = off_runtime(|| client.runtime().block_on(open_async(location, &fetcher)));
+    let Opened { checkpoint, objects } = opened?;
     let parse_seconds = t.elapsed().as_secs_f64();
-    let open_counts = client.snapshot().since(before);
+    let open_counts = counters.snapshot();
     Ok(RemoteCheckpoint {
         location: location.clone(),
         checkpoint,
@@ -162,6 +165,8 @@ fn format_err(e: tensora_format::Error) -> RemoteError {
 
 struct Shard {
     object: RemoteObject,
+    /// The shard's name as the index spells it (decoded; the URL is percent-encoded).
+    name: String,
     header: tensora_format::safetensors::Header,
 }
 
@@ -169,6 +174,7 @@ impl Shard {
     fn into_parts(self) -> (SafetensorsObject, RemoteObject) {
         let part = SafetensorsObject {
             path: PathBuf::from(&self.object.url),
+            name: self.name,
             stamp: stamp(&self.object),
             header: self.header,
         };
@@ -210,8 +216,20 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
         if name == SLLM_INDEX_NAME {
             return open_sllm(location, fetcher, path).await;
         }
-        let shard = open_shard(location, fetcher, path.clone()).await?;
+        let shard = open_shard(location, fetcher, path.clone(), name.to_owned()).await?;
         return assemble(location, vec![shard], Layout::Single);
+    }
+    // The local rules (tensora_format::open): a ServerlessLLM index wins, then the one HF index.
+    if let Location::S3 { .. } = location {
+        return open_listed(location, fetcher, path).await;
+    }
+    // A plain HTTP server cannot be listed: probe the names a directory would have, in the
+    // order the local opener decides by.
+    let sllm = path.clone().join(SLLM_INDEX_NAME);
+    match fetcher.head(&sllm, &location.url_of(&sllm)).await {
+        Ok(_) => return open_sllm(location, fetcher, &sllm).await,
+        Err(RemoteError::NotFound { .. }) => {}
+        Err(e) => return Err(e),
     }
     let index = path.clone().join(HF_INDEX_NAME);
     match fetcher.head(&index, &location.url_of(&index)).await {
@@ -219,22 +237,13 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
         Err(RemoteError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
-    if let Location::S3 { .. } = location {
-        return open_listed(location, fetcher, path).await;
-    }
-    let sllm = path.clone().join(SLLM_INDEX_NAME);
-    match fetcher.head(&sllm, &location.url_of(&sllm)).await {
-        Ok(_) => return open_sllm(location, fetcher, &sllm).await,
-        Err(RemoteError::NotFound { .. }) => {}
-        Err(e) => return Err(e),
-    }
     let single = path.clone().join(SINGLE_FILE_NAME);
-    match open_shard(location, fetcher, single).await {
+    match open_shard(location, fetcher, single, SINGLE_FILE_NAME.to_owned()).await {
         Ok(shard) => assemble(location, vec![shard], Layout::Single),
         Err(RemoteError::NotFound { .. }) => Err(RemoteError::NoCheckpoint {
             url: location.url_of(path),
             reason: format!(
-                "none of {HF_INDEX_NAME}, {SLLM_INDEX_NAME}, {SINGLE_FILE_NAME} exists (an HTTP server cannot be listed)"
+                "none of {SLLM_INDEX_NAME}, {HF_INDEX_NAME}, {SINGLE_FILE_NAME} exists (an HTTP server cannot be listed)"
             ),
         }),
         Err(e) => Err(e),
@@ -295,47 +304,82 @@ async fn open_sllm(
     Opened::new(checkpoint, files)
 }
 
-/// An S3 prefix without an index: every `*.safetensors` object directly under it is a shard.
+/// An S3 prefix, by the rules `tensora_format::open` applies to a directory: among the objects
+/// directly under it (names starting with `.` skipped), `tensor_index.json` makes it
+/// ServerlessLLM; else exactly one `*.safetensors.index.json` makes it indexed (two or more are
+/// refused); else every `*.safetensors` object is a shard. The listing is streamed and stops
+/// after [`LIST_ENTRIES_MAX`] entries (nested ones included): more is refused.
 async fn open_listed(
     location: &Location,
     fetcher: &Fetcher<'_>,
     prefix: &ObjectPath,
 ) -> Result<Opened, RemoteError> {
     let url = location.url_of(prefix);
-    let listed = fetcher.store.list_with_delimiter(Some(prefix)).await.map_err(|e| {
-        RemoteError::NoCheckpoint { url: url.clone(), reason: format!("listing failed: {e}") }
-    })?;
-    if listed.objects.len() > LIST_ENTRIES_MAX {
-        return Err(RemoteError::NoCheckpoint {
-            url,
-            reason: format!("more than {LIST_ENTRIES_MAX} objects"),
-        });
-    }
-    let names: BTreeSet<&ObjectPath> = listed.objects.iter().map(|o| &o.location).collect();
-    let indexes: Vec<_> = names.iter().filter(|p| file_name(p).ends_with(INDEX_SUFFIX)).collect();
-    match indexes.as_slice() {
-        [one] => return open_indexed(location, fetcher, one).await,
-        [] => {}
-        _ => {
-            return Err(RemoteError::NoCheckpoint {
-                url,
-                reason: "more than one *.safetensors.index.json".to_owned(),
-            });
-        }
-    }
+    let listed = fetcher.store.list(Some(prefix));
+    let names = direct_children(listed, prefix, LIST_ENTRIES_MAX)
+        .await
+        .map_err(|reason| RemoteError::NoCheckpoint { url: url.clone(), reason })?;
     if let Some(sllm) = names.iter().find(|p| file_name(p) == SLLM_INDEX_NAME) {
         return open_sllm(location, fetcher, sllm).await;
     }
-    let shards: Vec<ObjectPath> =
-        names.into_iter().filter(|p| file_name(p).ends_with(".safetensors")).cloned().collect();
+    let indexes: Vec<&ObjectPath> = names.iter().filter(|p| file_name(p).ends_with(INDEX_SUFFIX)).collect();
+    match indexes.as_slice() {
+        [one] => return open_indexed(location, fetcher, one).await,
+        [] => {}
+        many => {
+            let listed: Vec<&str> = many.iter().map(|p| file_name(p)).collect();
+            return Err(RemoteError::NoCheckpoint {
+                url,
+                reason: format!(
+                    "{} index files ({}); open one of them directly",
+                    many.len(),
+                    listed.join(", ")
+                ),
+            });
+        }
+    }
+    let shards: Vec<(ObjectPath, String)> = names
+        .into_iter()
+        .filter(|p| file_name(p).ends_with(".safetensors"))
+        .map(|p| {
+            let name = file_name(&p).to_owned();
+            (p, name)
+        })
+        .collect();
     if shards.is_empty() {
         return Err(RemoteError::NoCheckpoint {
             url,
-            reason: "no *.safetensors objects under the prefix".to_owned(),
+            reason: "no tensor_index.json, *.safetensors.index.json or *.safetensors object under the prefix"
+                .to_owned(),
         });
     }
     let shards = open_shards(location, fetcher, shards).await?;
     assemble(location, shards, Layout::Listed)
+}
+
+/// The objects directly under `prefix` whose names do not start with `.`, from a listing of
+/// everything under it, read as a stream: more than `entries_max` entries (nested ones included)
+/// is refused without reading further.
+async fn direct_children(
+    listed: futures::stream::BoxStream<'_, object_store::Result<object_store::ObjectMeta>>,
+    prefix: &ObjectPath,
+    entries_max: usize,
+) -> Result<BTreeSet<ObjectPath>, String> {
+    let mut listed = listed.take(entries_max.saturating_add(1));
+    let mut seen = 0usize;
+    let mut names = BTreeSet::new();
+    while let Some(meta) = listed.next().await {
+        let meta = meta.map_err(|e| format!("listing failed: {e}"))?;
+        seen += 1;
+        if seen > entries_max {
+            return Err(format!("more than {entries_max} objects under the prefix"));
+        }
+        let direct = meta.location.prefix_match(prefix).is_some_and(|rest| rest.count() == 1);
+        if direct && !file_name(&meta.location).starts_with('.') {
+            names.insert(meta.location);
+        }
+    }
+    Ok(names)
 }
 
 async fn open_indexed(
@@ -355,7 +399,8 @@ async fn open_indexed(
     let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     let dir = parent(index_path);
     let names: BTreeSet<&str> = index.weight_map().iter().map(|(_, shard)| shard.as_str()).collect();
-    let paths: Vec<ObjectPath> = names.into_iter().map(|n| dir.clone().join(n)).collect();
+    let paths: Vec<(ObjectPath, String)> =
+        names.into_iter().map(|n| (dir.clone().join(n), n.to_owned())).collect();
     let shards = open_shards(location, fetcher, paths).await?;
     assemble(location, shards, Layout::Indexed { url: &url, index: &index })
 }
@@ -363,20 +408,22 @@ async fn open_indexed(
 async fn open_shards(
     location: &Location,
     fetcher: &Fetcher<'_>,
-    paths: Vec<ObjectPath>,
+    paths: Vec<(ObjectPath, String)>,
 ) -> Result<Vec<Shard>, RemoteError> {
     futures::stream::iter(paths)
-        .map(|p| open_shard(location, fetcher, p))
+        .map(|(p, name)| open_shard(location, fetcher, p, name))
         .buffered(HEADER_FETCHES_INFLIGHT_MAX)
         .try_collect()
         .await
 }
 
-/// The header of one safetensors object: the first 8 bytes, then exactly `n` more.
+/// The header of one safetensors object (`name`: the shard's name as the index spells it): the
+/// first 8 bytes, then exactly `n` more.
 async fn open_shard(
     location: &Location,
     fetcher: &Fetcher<'_>,
     path: ObjectPath,
+    name: String,
 ) -> Result<Shard, RemoteError> {
     let url = location.url_of(&path);
     let meta = fetcher.head(&path, &url).await?;
@@ -392,7 +439,7 @@ async fn open_shard(
     bytes[..8].copy_from_slice(&prefix);
     fetcher.fetch(&object, 8, &mut bytes[8..]).await?;
     let header = parse_header_with_path(&bytes, file_len_bytes, Path::new(&url)).map_err(format_err)?;
-    Ok(Shard { object, header })
+    Ok(Shard { object, name, header })
 }
 
 fn assemble(location: &Location, shards: Vec<Shard>, layout: Layout<'_>) -> Result<Opened, RemoteError> {
@@ -420,4 +467,137 @@ fn assemble(location: &Location, shards: Vec<Shard>, layout: Layout<'_>) -> Resu
 /// The printable URL of the location itself.
 fn root_url(location: &Location) -> String {
     location.url_of(location.object_path().unwrap_or(&ObjectPath::default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    use object_store::memory::InMemory;
+    use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+    use tensora_format::Dtype;
+    use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
+
+    use crate::RemoteOptions;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    fn write_ckpt(dir: &Path, lens_words: &[u64], shard_cap: u64) {
+        let specs = lens_words
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| TensorSpec { name: format!("t{i}"), dtype: Dtype::F32, shape: vec![n] })
+            .collect();
+        let layout = ShardedLayout::new(specs, BTreeMap::new(), shard_cap).unwrap();
+        write_sharded(dir, &layout, |i, out| out.write_all(&vec![i as u8; lens_words[i] as usize * 4]))
+            .unwrap();
+    }
+
+    /// Every file of `dir` under `prefix/` in a fresh in-memory store.
+    fn upload(dir: &Path, prefix: &str) -> Arc<InMemory> {
+        let store = Arc::new(InMemory::new());
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            let key = ObjectPath::from(format!("{prefix}/{name}"));
+            rt().block_on(store.put(&key, std::fs::read(&path).unwrap().into())).unwrap();
+        }
+        store
+    }
+
+    fn open_at(store: Arc<InMemory>, location: &str) -> Result<RemoteCheckpoint, RemoteError> {
+        let location = Location::parse(location).unwrap();
+        let client = Client::with_store(store as Arc<dyn ObjectStore>, &RemoteOptions::default()).unwrap();
+        open(&location, client, 0.0)
+    }
+
+    /// Which layout a local open of `dir` picks, and which a remote open of the same files does,
+    /// on S3 (listing) and on plain HTTP (probing).
+    fn assert_same_dispatch(dir: &Path) {
+        let local = tensora_format::open(dir);
+        for location in ["s3://b/ckpt/", "http://mem.invalid/ckpt/"] {
+            let remote = open_at(upload(dir, "ckpt"), location);
+            match (&local, &remote) {
+                (Ok(l), Ok(r)) => {
+                    assert_eq!(l.format(), r.format(), "{location}");
+                    assert_eq!(l.tensors().len(), r.tensors().len(), "{location}");
+                }
+                // Two index files: refused locally; on S3 too (HTTP cannot see the second one).
+                (Err(_), Err(e)) => assert!(matches!(e, RemoteError::NoCheckpoint { .. }), "{e}"),
+                (Err(l), Ok(_)) if location.starts_with("http") => {
+                    assert!(l.to_string().contains("index files"), "{l}");
+                }
+                (l, r) => panic!("{location}: local {:?}, remote {:?}", l.as_ref().err(), r.as_ref().err()),
+            }
+        }
+    }
+
+    #[test]
+    fn a_serverlessllm_index_wins_over_an_hf_index_as_locally() {
+        let dir = tempfile::tempdir().unwrap();
+        write_ckpt(dir.path(), &[100, 200, 300], 1200);
+        let tiny =
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny"));
+        for entry in std::fs::read_dir(tiny).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+        assert_eq!(tensora_format::open(dir.path()).unwrap().format(), Format::ServerlessLlm);
+        assert_same_dispatch(dir.path());
+        let remote = open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap();
+        assert_eq!(remote.format(), Format::ServerlessLlm);
+        let remote = open_at(upload(dir.path(), "ckpt"), "http://mem.invalid/ckpt/").unwrap();
+        assert_eq!(remote.format(), Format::ServerlessLlm);
+    }
+
+    #[test]
+    fn hidden_objects_are_skipped_and_two_indexes_are_refused_as_locally() {
+        let dir = tempfile::tempdir().unwrap();
+        write_ckpt(dir.path(), &[100, 200, 300], 1200);
+        let index = dir.path().join(HF_INDEX_NAME);
+        // A hidden copy of the index (an editor's, a partial upload's) is not a second index.
+        std::fs::copy(&index, dir.path().join(".partial.safetensors.index.json")).unwrap();
+        assert_same_dispatch(dir.path());
+        assert_eq!(
+            open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap().checkpoint().files().len(),
+            2
+        );
+        // A visible second index: the local open refuses, so does the listed S3 one.
+        std::fs::copy(&index, dir.path().join("other.safetensors.index.json")).unwrap();
+        assert!(tensora_format::open(dir.path()).is_err());
+        assert_same_dispatch(dir.path());
+        let err = open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap_err();
+        assert!(err.to_string().contains("2 index files"), "{err}");
+    }
+
+    #[test]
+    fn listing_keeps_direct_children_and_stops_at_its_bound() {
+        let store = InMemory::new();
+        let one = ObjectPath::from("one");
+        let template: ObjectMeta = rt().block_on(async {
+            store.put(&one, vec![1u8].into()).await.unwrap();
+            store.head(&one).await.unwrap()
+        });
+        let meta = |key: &str| ObjectMeta { location: ObjectPath::from(key), ..template.clone() };
+        let prefix = ObjectPath::from("p");
+        let entries = vec![
+            meta("p/a.safetensors"),
+            meta("p/.hidden.safetensors"),
+            meta("p/sub/b.safetensors"),
+            meta("p/c.json"),
+        ];
+        let listing = |entries: &Vec<ObjectMeta>| futures::stream::iter(entries.clone()).map(Ok).boxed();
+        let names = rt().block_on(direct_children(listing(&entries), &prefix, 4)).unwrap();
+        let names: Vec<&str> = names.iter().map(|p| p.as_ref()).collect();
+        assert_eq!(names, ["p/a.safetensors", "p/c.json"]);
+        let err = rt().block_on(direct_children(listing(&entries), &prefix, 3)).unwrap_err();
+        assert!(err.contains("more than 3"), "{err}");
+        // An endless listing is cut off after the bound, not read to its end.
+        let endless = futures::stream::repeat_with(|| Ok(meta("p/x.safetensors"))).boxed();
+        let err = rt().block_on(direct_children(endless, &prefix, 1000)).unwrap_err();
+        assert!(err.contains("more than 1000"), "{err}");
+    }
 }

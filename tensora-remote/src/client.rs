@@ -1,7 +1,8 @@
-//! [`Client`]: one object store, the async runtime that drives it and the request counters,
-//! shared by opening a checkpoint and every load of it (so connections are reused).
+//! [`Client`]: one object store and the async runtime that drives it, shared by opening a
+//! checkpoint and every load of it (so connections are reused). Request counters are not the
+//! client's: each operation (an open, a load) owns its [`Counters`] and passes them to
+//! [`Client::fetcher`], so concurrent operations on one client never count each other's requests.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use object_store::ObjectStore;
@@ -12,9 +13,31 @@ use crate::{Location, RemoteError, RemoteOptions};
 
 pub(crate) struct Client {
     pub store: Arc<dyn ObjectStore>,
-    pub runtime: tokio::runtime::Runtime,
-    pub counters: Counters,
+    /// Always `Some` until dropped; taken in `Drop` to shut it down without blocking.
+    runtime: Option<tokio::runtime::Runtime>,
     pub opts: RemoteOptions,
+}
+
+impl Drop for Client {
+    /// The last user of a client may be async code (a client dropped on a runtime thread):
+    /// dropping a runtime there panics, so shut it down in the background instead.
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Run `f` on this thread, or, when this thread is inside an async runtime (where blocking on
+/// another runtime panics), on a scoped thread of its own, waiting for it.
+pub(crate) fn off_runtime<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    std::thread::scope(|s| match s.spawn(f).join() {
+        Ok(r) => r,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
 }
 
 impl std::fmt::Debug for Client {
@@ -23,29 +46,12 @@ impl std::fmt::Debug for Client {
     }
 }
 
-/// Request counters at one moment, to report the difference over a load.
+/// One operation's request counters, read at its end.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct CounterSnapshot {
     pub requests: u64,
     pub retries: u64,
     pub retry_nanos: u64,
-}
-
-impl CounterSnapshot {
-    pub fn since(self, earlier: CounterSnapshot) -> CounterSnapshot {
-        CounterSnapshot {
-            requests: self.requests.saturating_sub(earlier.requests),
-            retries: self.retries.saturating_sub(earlier.retries),
-            retry_nanos: self.retry_nanos.saturating_sub(earlier.retry_nanos),
-        }
-    }
-    pub fn plus(self, other: CounterSnapshot) -> CounterSnapshot {
-        CounterSnapshot {
-            requests: self.requests.saturating_add(other.requests),
-            retries: self.retries.saturating_add(other.retries),
-            retry_nanos: self.retry_nanos.saturating_add(other.retry_nanos),
-        }
-    }
 }
 
 /// Clients kept for later opens in this process (same store, same options): building one costs
@@ -69,7 +75,9 @@ fn cache_key(location: &Location, opts: &RemoteOptions) -> String {
             format!("s3://{bucket} {env:?}")
         }
     };
-    format!("{store} {opts:?}")
+    // `Debug` of the options redacts the secret key; two clients with different secrets differ.
+    // The key stays in this process's memory and is never printed.
+    format!("{store} {opts:?} {:?}", opts.store.credentials)
 }
 
 impl Client {
@@ -113,24 +121,23 @@ impl Client {
             .enable_all()
             .build()
             .map_err(|source| RemoteError::Resource { what: "cannot start the async runtime", source })?;
-        Ok(Arc::new(Client { store, runtime, counters: Counters::default(), opts: opts.clone() }))
+        Ok(Arc::new(Client { store, runtime: Some(runtime), opts: opts.clone() }))
     }
 
-    pub fn fetcher(&self) -> Fetcher<'_> {
+    /// The runtime driving this client's connections.
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        // Only `Drop` takes it.
+        self.runtime.as_ref().unwrap_or_else(|| unreachable!("the runtime is taken only on drop"))
+    }
+
+    /// A fetcher counting into `counters` (the calling operation's own).
+    pub fn fetcher<'a>(&'a self, counters: &'a Counters) -> Fetcher<'a> {
         Fetcher {
             store: &*self.store,
             policy: self.opts.retry,
             rate_min_bytes_per_s: self.opts.rate_min_bytes_per_s,
             request_overhead: self.opts.request_overhead,
-            counters: &self.counters,
-        }
-    }
-
-    pub fn snapshot(&self) -> CounterSnapshot {
-        CounterSnapshot {
-            requests: self.counters.requests.load(Ordering::Relaxed),
-            retries: self.counters.retries.load(Ordering::Relaxed),
-            retry_nanos: self.counters.retry_nanos.load(Ordering::Relaxed),
+            counters,
         }
     }
 }

@@ -54,6 +54,17 @@ pub enum RemoteError {
         retry_time: Duration,
         last_error: String,
     },
+    /// A read of a load failed for good: the object, the offset of the read and the tensor it
+    /// was for, with the remote cause (`RetriesExhausted`, `BadResponse`, `Changed`, ...) as the
+    /// source, which names the first byte that did not land.
+    #[error("{url}: reading at offset {offset_bytes} for tensor {tensor:?}: {source}")]
+    Read {
+        url: String,
+        tensor: String,
+        offset_bytes: u64,
+        #[source]
+        source: Box<RemoteError>,
+    },
     /// An object is larger than this crate will handle in memory (an index over its cap).
     #[error("{url}: {len_bytes} bytes is over the {limit_bytes}-byte limit for this object")]
     TooLarge { url: String, len_bytes: u64, limit_bytes: u64 },
@@ -77,8 +88,13 @@ pub enum RemoteError {
 }
 
 impl RemoteError {
-    /// Whether the load failed because an object was replaced or modified mid-load.
+    /// Whether the load failed because an object was replaced or modified mid-load (also when
+    /// that is the cause behind a [`RemoteError::Read`]).
     pub fn is_changed(&self) -> bool {
-        matches!(self, RemoteError::Changed { .. })
+        match self {
+            RemoteError::Changed { .. } => true,
+            RemoteError::Read { source, .. } => source.is_changed(),
+            _ => false,
+        }
     }
 }

@@ -73,7 +73,7 @@ fn version_of(meta: &ObjectMeta) -> String {
     }
 }
 
-/// Load-wide request counters, shared by every in-flight range.
+/// One operation's request counters (an open's, or one load's), shared by its in-flight ranges.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub requests: AtomicU64,
@@ -83,6 +83,14 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
+    pub fn snapshot(&self) -> crate::client::CounterSnapshot {
+        crate::client::CounterSnapshot {
+            requests: self.requests.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            retry_nanos: self.retry_nanos.load(Ordering::Relaxed),
+        }
+    }
+
     fn add_retry_time(&self, since: Option<Instant>) {
         if let Some(t) = since {
             let nanos = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -172,11 +180,12 @@ impl<'a> Fetcher<'a> {
                     Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64()))
                 }
             };
+            // Name the first byte that has not landed, and what is left of the range.
             self.retry_or_fail(
                 failure,
                 &object.url,
-                offset_bytes,
-                len_bytes,
+                offset_bytes + landed as u64,
+                len_bytes - landed as u64,
                 &mut retries,
                 &mut first_failure,
             )
@@ -314,130 +323,10 @@ fn classify(e: object_store::Error, url: &str, planned: Option<&ObjectMeta>) -> 
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::collections::VecDeque;
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::sync::Mutex;
 
-    use futures::TryStreamExt;
-    use futures::stream::BoxStream;
-    use object_store::memory::InMemory;
-    use object_store::{
-        GetResultPayload, ListResult, MultipartUpload, ObjectStoreExt, PutMultipartOptions, PutOptions,
-        PutPayload, PutResult,
-    };
+    use object_store::ObjectStoreExt;
 
-    type BoxFut<'a, T> = Pin<Box<dyn Future<Output = object_store::Result<T>> + Send + 'a>>;
-
-    /// An in-memory store whose GET bodies break: each GET pops a byte count after which its body
-    /// fails (none left: whole bodies). Bodies arrive in `BODY_CHUNK_BYTES` pieces.
-    #[derive(Debug, Default)]
-    struct BreakingStore {
-        inner: InMemory,
-        breaks: Mutex<VecDeque<usize>>,
-    }
-
-    const BODY_CHUNK_BYTES: usize = 1000;
-
-    impl std::fmt::Display for BreakingStore {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "BreakingStore")
-        }
-    }
-
-    impl ObjectStore for BreakingStore {
-        fn put_opts<'a, 'b, 'c>(
-            &'a self,
-            l: &'b ObjectPath,
-            p: PutPayload,
-            o: PutOptions,
-        ) -> BoxFut<'c, PutResult>
-        where
-            'a: 'c,
-            'b: 'c,
-            Self: 'c,
-        {
-            self.inner.put_opts(l, p, o)
-        }
-        fn put_multipart_opts<'a, 'b, 'c>(
-            &'a self,
-            l: &'b ObjectPath,
-            o: PutMultipartOptions,
-        ) -> BoxFut<'c, Box<dyn MultipartUpload>>
-        where
-            'a: 'c,
-            'b: 'c,
-            Self: 'c,
-        {
-            self.inner.put_multipart_opts(l, o)
-        }
-        fn get_opts<'a, 'b, 'c>(
-            &'a self,
-            l: &'b ObjectPath,
-            o: GetOptions,
-        ) -> BoxFut<'c, object_store::GetResult>
-        where
-            'a: 'c,
-            'b: 'c,
-            Self: 'c,
-        {
-            Box::pin(async move {
-                let head = o.head;
-                let mut result = self.inner.get_opts(l, o).await?;
-                if head {
-                    return Ok(result);
-                }
-                let brk = self.breaks.lock().unwrap().pop_front();
-                let GetResultPayload::Stream(body) = result.payload;
-                let bytes: Vec<bytes::Bytes> = body.try_collect::<Vec<_>>().await?;
-                let all: Vec<u8> = bytes.concat();
-                let keep = brk.map_or(all.len(), |k| k.min(all.len()));
-                let mut pieces: Vec<object_store::Result<bytes::Bytes>> = all[..keep]
-                    .chunks(BODY_CHUNK_BYTES)
-                    .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
-                    .collect();
-                if keep < all.len() {
-                    pieces.push(Err(object_store::Error::Generic {
-                        store: "BreakingStore",
-                        source: "connection reset".into(),
-                    }));
-                }
-                result.payload = GetResultPayload::Stream(futures::stream::iter(pieces).boxed());
-                Ok(result)
-            })
-        }
-        fn delete_stream(
-            &self,
-            locations: BoxStream<'static, object_store::Result<ObjectPath>>,
-        ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
-            self.inner.delete_stream(locations)
-        }
-        fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-            self.inner.list(prefix)
-        }
-        fn list_with_delimiter<'a, 'b, 'c>(&'a self, prefix: Option<&'b ObjectPath>) -> BoxFut<'c, ListResult>
-        where
-            'a: 'c,
-            'b: 'c,
-            Self: 'c,
-        {
-            self.inner.list_with_delimiter(prefix)
-        }
-        fn copy_opts<'a, 'b, 'c, 'd>(
-            &'a self,
-            from: &'b ObjectPath,
-            to: &'c ObjectPath,
-            o: object_store::CopyOptions,
-        ) -> BoxFut<'d, ()>
-        where
-            'a: 'd,
-            'b: 'd,
-            'c: 'd,
-            Self: 'd,
-        {
-            self.inner.copy_opts(from, to, o)
-        }
-    }
+    use crate::test_store::BreakingStore;
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
@@ -509,6 +398,9 @@ mod tests {
         let err = rt.block_on(fetcher(&store, &counters, 3).fetch(&object, 0, &mut dest)).unwrap_err();
         assert!(matches!(err, RemoteError::RetriesExhausted { attempts: 4, .. }), "{err}");
         assert_eq!(counters.retries.load(Ordering::Relaxed), 3);
+        // The error names the first byte that did not land (100 + 5 did), not the range start.
+        let RemoteError::RetriesExhausted { offset_bytes, len_bytes, .. } = err else { unreachable!() };
+        assert_eq!((offset_bytes, len_bytes), (105, 10_000 - 105));
     }
 
     #[test]

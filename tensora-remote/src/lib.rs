@@ -5,8 +5,9 @@
 //! - [`open_remote`]: the index and every safetensors header through ranged reads (the first 8
 //!   bytes, then exactly `n` more) into a [`RemoteCheckpoint`]: a real `tensora_format::Checkpoint`
 //!   (assembled by `tensora_format::assemble` under the local rules) plus each object's version.
-//!   A directory's shard list comes from `model.safetensors.index.json`, or on S3 from listing; a
-//!   ServerlessLLM directory from `tensor_index.json` and `tensor.data_N` probed with HEAD.
+//!   A directory follows the local rules: `tensor_index.json` (ServerlessLLM, partitions
+//!   `tensor.data_N` probed with HEAD) wins, then the one `*.safetensors.index.json`; on S3 the
+//!   prefix is listed (then unindexed `*.safetensors` shards too), on HTTP the names are probed.
 //! - [`RemoteCheckpoint::load`] / [`RemoteCheckpoint::load_streaming`] / [`load_remote`]:
 //!   `tensora_io::load` and `load_streaming` with a [`RemoteBackend`], so selection, priority,
 //!   streaming, hooks and the report are those of a local load. The backend fetches ~8 MiB planned
@@ -32,6 +33,8 @@ mod error;
 mod fetch;
 mod load;
 mod location;
+#[cfg(test)]
+mod test_store;
 
 pub use backend::RemoteBackend;
 pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};

@@ -10,7 +10,7 @@ use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, Tenso
 
 use crate::backend::RemoteBackend;
 use crate::checkpoint::RemoteCheckpoint;
-use crate::client::{Client, CounterSnapshot};
+use crate::client::Client;
 use crate::fetch::RetryPolicy;
 use crate::location::ClientTimeouts;
 use crate::{Location, RemoteError, StoreConfig};
@@ -96,18 +96,27 @@ impl RemoteOptions {
     }
 }
 
-/// What a remote load did: the same fields as a local load's report (`retries` counts HTTP
-/// retries, each resuming where the previous attempt stopped), plus the requests sent.
+/// What a remote load did: the same fields as a local load's report (`retries` counts this
+/// load's HTTP retries, each resuming where the previous attempt stopped), plus the requests this
+/// load sent, and, in fields of their own, what opening the checkpoint cost (the same figures for
+/// every load of one opened checkpoint: they are not part of any load's `requests`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RemoteReport {
     #[serde(flatten)]
     pub load: LoadReport,
     /// The location loaded.
     pub url: String,
-    /// HTTP requests sent to open the checkpoint and to load it (HEAD and GET, retries included).
+    /// HTTP requests this load sent (GETs, retries included).
     pub requests: u64,
-    /// Total time ranges spent between their first failure and their success or final failure.
+    /// Total time this load's ranges spent between their first failure and their success or
+    /// final failure.
     pub retry_seconds: f64,
+    /// HTTP requests sent to open the checkpoint (HEADs and header/index GETs, retries included).
+    pub open_requests: u64,
+    /// Retries while opening the checkpoint.
+    pub open_retries: u64,
+    /// Retry time while opening the checkpoint.
+    pub open_retry_seconds: f64,
     /// The in-flight byte cap (`chunk_bytes × reads_inflight_max`, or the load's smaller budget).
     pub inflight_bytes_max: u64,
 }
@@ -205,8 +214,9 @@ impl RemoteCheckpoint {
         (opts, backend, cap)
     }
 
-    fn finish_report(&self, mut load: LoadReport, since: CounterSnapshot, cap: u64) -> RemoteReport {
-        let counts = self.client().snapshot().since(since).plus(self.open_counts());
+    fn finish_report(&self, mut load: LoadReport, backend: &RemoteBackend, cap: u64) -> RemoteReport {
+        let counts = backend.counts();
+        let open = self.open_counts();
         load.phases.open += self.connect_seconds();
         load.phases.parse += self.parse_seconds();
         load.retries = counts.retries;
@@ -224,12 +234,26 @@ impl RemoteCheckpoint {
             url: self.url(),
             requests: counts.requests,
             retry_seconds: counts.retry_nanos as f64 / 1e9,
+            open_requests: open.requests,
+            open_retries: open.retries,
+            open_retry_seconds: open.retry_nanos as f64 / 1e9,
             inflight_bytes_max: cap,
         }
     }
 
+    /// The load layer's error, with the backend's typed cause when a fetch failed: then the
+    /// load layer's file, offset and tensor name it, around the remote cause.
     fn error(&self, backend: &RemoteBackend, e: tensora_io::LoadError) -> RemoteError {
-        backend.take_error().unwrap_or(RemoteError::Load(e))
+        let Some(cause) = backend.take_error() else { return RemoteError::Load(e) };
+        match e {
+            tensora_io::LoadError::Read { path, offset_bytes, tensor, .. } => RemoteError::Read {
+                url: path.to_string_lossy().into_owned(),
+                tensor,
+                offset_bytes,
+                source: Box::new(cause),
+            },
+            _ => cause,
+        }
     }
 
     /// Load the tensors `load` selects (selection, priority, hooks, arena reuse as for a local
@@ -237,9 +261,8 @@ impl RemoteCheckpoint {
     /// seen at open; nothing partial is returned on failure.
     pub fn load(&self, load: &LoadOptions) -> Result<RemoteLoaded, RemoteError> {
         let (opts, backend, cap) = self.load_options(load);
-        let before = self.client().snapshot();
         let loaded = tensora_io::load(self.checkpoint(), &opts).map_err(|e| self.error(&backend, e))?;
-        let report = self.finish_report(loaded.report().clone(), before, cap);
+        let report = self.finish_report(loaded.report().clone(), &backend, cap);
         Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report })
     }
 
@@ -251,9 +274,8 @@ impl RemoteCheckpoint {
         f: impl FnMut(&TensorRef<'_>) -> Result<(), BoxError>,
     ) -> Result<RemoteReport, RemoteError> {
         let (opts, backend, cap) = self.load_options(load);
-        let before = self.client().snapshot();
         let report =
             tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(|e| self.error(&backend, e))?;
-        Ok(self.finish_report(report, before, cap))
+        Ok(self.finish_report(report, &backend, cap))
     }
 }

@@ -130,8 +130,9 @@ impl std::fmt::Display for Location {
 
 /// How to reach the store. Unset fields fall back to the usual `AWS_*` environment variables
 /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
-/// `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`) for S3; HTTP origins need none of them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`) for S3; HTTP origins need none of them. Its `Debug`
+/// output shows the access key id but never the secret key.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct StoreConfig {
     /// S3 endpoint, e.g. `http://127.0.0.1:4568` for a local server (path-style requests).
     pub endpoint: Option<String>,
@@ -143,6 +144,19 @@ pub struct StoreConfig {
     pub region: Option<String>,
     /// Access key id and secret; the environment when unset.
     pub credentials: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let credentials = self.credentials.as_ref().map(|(key, _)| (key.as_str(), "<redacted>"));
+        f.debug_struct("StoreConfig")
+            .field("endpoint", &self.endpoint)
+            .field("allow_http", &self.allow_http)
+            .field("anonymous", &self.anonymous)
+            .field("region", &self.region)
+            .field("credentials", &credentials)
+            .finish()
+    }
 }
 
 /// Client-level timeouts, derived from [`crate::RemoteOptions`].
@@ -242,6 +256,18 @@ mod tests {
         assert_eq!(Location::parse("file:///tmp/x").unwrap(), Location::Local("/tmp/x".into()));
         assert_eq!(Location::parse("rel/dir").unwrap(), Location::Local("rel/dir".into()));
         assert!(Location::parse("http://host").unwrap().is_dir());
+    }
+
+    #[test]
+    fn debug_redacts_the_secret_key() {
+        let config = StoreConfig {
+            credentials: Some(("AKIDEXAMPLE".into(), "wJalrXUtnFEMI-secret".into())),
+            ..StoreConfig::default()
+        };
+        let text =
+            format!("{config:?} {:?}", crate::RemoteOptions { store: config.clone(), ..Default::default() });
+        assert!(!text.contains("wJalrXUtnFEMI-secret"), "{text}");
+        assert!(text.contains("AKIDEXAMPLE") && text.contains("<redacted>"), "{text}");
     }
 
     #[test]

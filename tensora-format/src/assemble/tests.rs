@@ -27,7 +27,8 @@ fn object(path: &Path) -> SafetensorsObject {
     let bytes = std::fs::read(path).unwrap();
     let span = crate::safetensors::header_span_bytes(&bytes[..8], meta.len()).unwrap() as usize;
     let header = crate::safetensors::parse_header(&bytes[..span], meta.len()).unwrap();
-    SafetensorsObject { path: path.to_path_buf(), stamp: FileStamp::from_metadata(&meta), header }
+    let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+    SafetensorsObject { path: path.to_path_buf(), name, stamp: FileStamp::from_metadata(&meta), header }
 }
 
 fn spec(name: &str, n: u64) -> TensorSpec {
@@ -120,6 +121,7 @@ fn indexed_shards_assemble_like_open_and_keep_every_rule() {
     let mut extra = objects.clone();
     let mut stranger = objects[0].clone();
     stranger.path = dir.path().join("stranger.safetensors");
+    stranger.name = "stranger.safetensors".to_owned();
     extra.push(stranger);
     let err = indexed_shards(dir.path(), &index_path, &index, extra).unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::NotACheckpoint { .. }), "{err}");
@@ -140,6 +142,28 @@ fn indexed_shards_assemble_like_open_and_keep_every_rule() {
         matches!(err.kind(), ErrorKind::TensorNotInIndex { .. } | ErrorKind::TensorNotInShard { .. }),
         "{err}"
     );
+}
+
+#[test]
+fn indexed_shards_match_on_the_name_not_on_an_encoded_url() {
+    let dir = tempfile::tempdir().unwrap();
+    write_sharded_dir(dir.path(), &[100, 200, 300], 800);
+    let (index_path, index) = parse_hf_index(dir.path());
+    let mut objects = shard_objects(dir.path());
+    assert!(objects.len() > 1);
+    for o in &mut objects {
+        // What a remote loader has: the URL, whose last segment is percent-encoded.
+        o.path = format!("http://h/ckpt/{}", o.name.replace('-', "%2D")).into();
+    }
+    let built = indexed_shards(Path::new("http://h/ckpt/"), &index_path, &index, objects.clone()).unwrap();
+    let paths: Vec<_> = built.files().iter().map(|f| f.path().to_path_buf()).collect();
+    let mut want: Vec<_> = objects.iter().map(|o| o.path.clone()).collect();
+    want.sort();
+    assert_eq!(paths, want);
+    // The name decides, so an object whose name is not in the index is refused whatever its path.
+    objects[0].name = "elsewhere.safetensors".to_owned();
+    let err = indexed_shards(Path::new("http://h/ckpt/"), &index_path, &index, objects).unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::NotACheckpoint { .. }), "{err}");
 }
 
 #[test]
