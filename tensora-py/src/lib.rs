@@ -2,9 +2,10 @@
 //! `tensora._native`). The Python layer in `python/tensora/__init__.py` turns the buffers made
 //! here into numpy arrays (buffer protocol) or torch tensors (DLPack), zero copy.
 //!
-//! Every buffer handed to Python holds an `Arc` of its [`owner::Owner`]: a load (an owned arena,
-//! or zero-copy views of private copy-on-write mappings, see [`place`]), a `safe_open` tensor's
-//! own copy-on-write mapping, or one heap copy. Memory is freed when the last array goes.
+//! Every buffer handed to Python holds an `Arc` of its [`owner::Owner`]: a load (an owned arena
+//! by default, or zero-copy views of private copy-on-write mappings, see [`place`]), a
+//! `safe_open` file's shared copy-on-write mapping, a repeated `get_tensor`'s own mapping, or one
+//! heap copy. Memory is freed when the last array goes.
 //!
 //! ```
 //! use tensora::owner::{Owner, Storage, TensorBytes, owners_live};
@@ -32,11 +33,11 @@ pub mod place;
 pub mod queue;
 mod stream;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
@@ -230,15 +231,43 @@ unsafe fn drop_managed(raw: *mut dlpack::DLManagedTensor) {
     }
 }
 
-/// A checkpoint opened for `safe_open`: its files stay open, and each `tensor` call maps that
-/// tensor's bytes privately and writable (copy-on-write) on its own, so two calls for the same
-/// name return independent memory (as HF's `get_tensor`, which copies), still without a copy.
+/// A checkpoint opened for `safe_open`: its files stay open. Each file is mapped once, whole,
+/// privately and writable (copy-on-write, `MAP_NORESERVE`), at the first call that needs it. The
+/// first `tensor` call for each tensor returns a view into that mapping with the tensor's pages
+/// read in, so any number of tensors costs one mapping per file (`vm.max_map_count` is 65,530 by
+/// default). A repeated call for a tensor already handed out returns independent memory, as HF's
+/// `get_tensor` (which copies): a mapping of its own while fewer than
+/// [`owner::CALL_MAPPINGS_MAX`] are alive in the process, else a heap copy read from the file.
 #[pyclass(module = "tensora._native", frozen)]
 #[derive(Debug)]
 pub struct Mapped {
     ckpt: Checkpoint,
     /// One descriptor per checkpoint file (indexed by file id), stamp-checked when opened.
     files: Vec<std::fs::File>,
+    state: Mutex<MapState>,
+}
+
+/// What `Mapped` has mapped and handed out.
+#[derive(Debug)]
+struct MapState {
+    /// Per file (indexed by file id): its whole-file mapping and that mapping's base address
+    /// (taken from its mutable pointer), once created.
+    shared: Vec<Option<(Arc<Owner>, usize)>>,
+    /// `(file id, offset)` of every tensor handed out from a shared mapping. A checkpoint's ranges
+    /// are disjoint or exact ties, so the start names the bytes (tied tensors share them). At most
+    /// one entry per tensor of the checkpoint.
+    handed_out: HashSet<(usize, u64)>,
+}
+
+/// What a `Mapped` fetch is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fetch {
+    /// `get_tensor`: the tensor's pages are read in before returning, and the bytes count as
+    /// handed out (a later fetch of them gets its own memory).
+    Tensor,
+    /// `get_slice`: nothing is read in and nothing is handed out; the caller copies the part it
+    /// indexes out at once, so only those pages are faulted in.
+    Lazy,
 }
 
 #[pymethods]
@@ -273,25 +302,102 @@ impl Mapped {
         Ok((t.dtype().as_str(), t.shape().to_vec()))
     }
 
-    /// The tensor's bytes in a private copy-on-write mapping of its own (zero copy; writes stay
-    /// in this mapping). The pages are read in now (GIL released), so a failing or truncated
-    /// file is an exception here, not a `SIGBUS` later.
+    /// The tensor's bytes, zero copy and copy-on-write (writes never reach the file), its pages
+    /// read in now (GIL released) so an I/O error or an already truncated file is an exception
+    /// here. The views stay backed by the file: truncating it in place later raises `SIGBUS`.
     fn tensor(&self, py: Python<'_>, name: &str) -> PyResult<TensorData> {
+        self.fetch(py, name, Fetch::Tensor)
+    }
+
+    /// The tensor's bytes for `get_slice`, nothing read in: copy the part needed out at once
+    /// and drop this (it may be the view a later `tensor` call hands out).
+    fn tensor_lazy(&self, py: Python<'_>, name: &str) -> PyResult<TensorData> {
+        self.fetch(py, name, Fetch::Lazy)
+    }
+
+    /// How many whole-file mappings this object has created (test support).
+    fn file_mappings(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).shared.iter().flatten().count()
+    }
+}
+
+impl Mapped {
+    fn fetch(&self, py: Python<'_>, name: &str, how: Fetch) -> PyResult<TensorData> {
         let info = self.ckpt.tensor(name).ok_or_else(|| missing(name))?;
         let entry = self.ckpt.file(info.file());
-        let file = self.files.get(info.file().index()).ok_or_else(|| missing(name))?;
-        let (owner, addr) = py.detach(|| map_tensor(entry, file, info))?;
+        let len_bytes =
+            usize::try_from(info.len_bytes()).map_err(|_| file_err(entry.path(), "tensor too large"))?;
+        let (owner, addr) = py.detach(|| self.place(info, len_bytes, how))?;
         Ok(TensorData {
             t: TensorBytes {
                 owner,
                 addr,
-                len_bytes: usize::try_from(info.len_bytes()).map_err(|_| missing(name))?,
+                len_bytes,
                 name: name.to_owned(),
                 dtype: info.dtype(),
                 shape: info.shape().to_vec(),
                 strides: info.strides().map(<[u64]>::to_vec),
             },
         })
+    }
+
+    /// Where the bytes of `info` are handed out from: the file's shared mapping when they are
+    /// not handed out yet, else memory of their own.
+    fn place(
+        &self,
+        info: &tensora_format::TensorInfo,
+        len_bytes: usize,
+        how: Fetch,
+    ) -> PyResult<(Arc<Owner>, usize)> {
+        if len_bytes == 0 {
+            let words = vec![0u64; 1].into_boxed_slice();
+            let addr = words.as_ptr() as usize;
+            return Ok((Owner::new(Storage::Heap(words)), addr));
+        }
+        let entry = self.ckpt.file(info.file());
+        let file_id = info.file().index();
+        let file =
+            self.files.get(file_id).ok_or_else(|| file_err(entry.path(), "internal: no descriptor"))?;
+        check_stamp(entry, file)?;
+        let key = (file_id, info.offset_bytes());
+        let shared = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.handed_out.contains(&key) {
+                None
+            } else {
+                let slot =
+                    st.shared.get_mut(file_id).ok_or_else(|| file_err(entry.path(), "internal: no slot"))?;
+                let (owner, base) = match slot {
+                    Some((o, base)) => (Arc::clone(o), *base),
+                    None => {
+                        let made = map_file(entry, file)?;
+                        *slot = Some((Arc::clone(&made.0), made.1));
+                        made
+                    }
+                };
+                if how == Fetch::Tensor {
+                    st.handed_out.insert(key);
+                }
+                Some((owner, base))
+            }
+        };
+        let Some((owner, base)) = shared else {
+            return own_copy(entry, file, info, len_bytes, how);
+        };
+        let offset =
+            usize::try_from(info.offset_bytes()).map_err(|_| file_err(entry.path(), "offset too large"))?;
+        let addr = base + offset;
+        if how == Fetch::Tensor {
+            // SAFETY: the tensor's range lies inside the file (the parser's guarantee), and the
+            // mapping covers the whole file at the size the stamp check just confirmed; `owner`
+            // keeps it mapped for the call.
+            if let Err(e) = unsafe { populate_tensor(entry, info, addr, len_bytes) } {
+                // Nobody got the view: the bytes are not handed out.
+                self.state.lock().unwrap_or_else(|e| e.into_inner()).handed_out.remove(&key);
+                return Err(e);
+            }
+        }
+        Ok((owner, addr))
     }
 }
 
@@ -321,40 +427,105 @@ fn open_checkpoint_files(path: &Path) -> PyResult<Mapped> {
         check_stamp(f, &file)?;
         files.push(file);
     }
-    Ok(Mapped { ckpt, files })
+    let state = MapState { shared: vec![None; files.len()], handed_out: HashSet::new() };
+    Ok(Mapped { ckpt, files, state: Mutex::new(state) })
 }
 
-/// Map one tensor's byte range of `file` privately and writable, read its pages in, and return
-/// the owner and the address of its first byte.
-fn map_tensor(
+/// Map all of `file` (whose stamp was just checked) privately and writable, nothing read in;
+/// the owner and the mapping's base address.
+fn map_file(entry: &tensora_format::FileEntry, file: &std::fs::File) -> PyResult<(Arc<Owner>, usize)> {
+    let len = usize::try_from(entry.len_bytes()).map_err(|_| file_err(entry.path(), "file too large"))?;
+    // SAFETY: MAP_PRIVATE + PROT_WRITE (copy-on-write): writes through the mapping never reach
+    // the file; MAP_NORESERVE charges only pages actually written, so a file larger than RAM +
+    // swap maps under overcommit mode 0. The caller checked the descriptor's stamp against the
+    // parsed one, so the file has the parsed length. Truncation by another process while mapped
+    // raises SIGBUS on access to a page not yet copied (documented in the Python API); pages
+    // handed out by `get_tensor` are read in first. No Rust reference into the mapping outlives
+    // this call: Python reaches it only through raw addresses.
+    let mut map = unsafe { memmap2::MmapOptions::new().len(len).no_reserve_swap().map_copy(file) }
+        .map_err(|e| file_err(entry.path(), e))?;
+    let base = map.as_mut_ptr() as usize;
+    Ok((Owner::new(Storage::Mapped(vec![map])), base))
+}
+
+/// Read in the pages of one tensor at `addr`; an error names the file, the offset and the tensor.
+///
+/// # Safety
+/// `addr .. addr + len_bytes` lies inside a live mapping that starts on a page boundary.
+unsafe fn populate_tensor(
+    entry: &tensora_format::FileEntry,
+    info: &tensora_format::TensorInfo,
+    addr: usize,
+    len_bytes: usize,
+) -> PyResult<()> {
+    let never = AtomicBool::new(false);
+    let cfg = place::PopulateConfig { threads: 1, cancel: &never, progress: None };
+    // SAFETY: per the contract.
+    unsafe { place::populate(&[(addr, len_bytes)], &cfg) }.map(|_| ()).map_err(|e| match e {
+        place::PopulateError::Io { piece_addr, piece_len_bytes, source, .. } => load_err(LoadError::Read {
+            path: entry.path().to_path_buf(),
+            offset_bytes: info.offset_bytes() + (piece_addr - addr) as u64,
+            len_bytes: piece_len_bytes as u64,
+            tensor: info.name().to_owned(),
+            kind: tensora_io::ReadErrorKind::Io(source),
+        }),
+        place::PopulateError::Cancelled => CancelledError::new_err("cancelled"),
+    })
+}
+
+/// Memory of its own for one tensor of `file` (a repeated `get_tensor`): a mapping of its own
+/// while a [`owner::CallSlot`] is free, else a heap copy read from the file.
+fn own_copy(
     entry: &tensora_format::FileEntry,
     file: &std::fs::File,
     info: &tensora_format::TensorInfo,
+    len_bytes: usize,
+    how: Fetch,
 ) -> PyResult<(Arc<Owner>, usize)> {
-    if info.len_bytes() == 0 {
-        let words = vec![0u64; 1].into_boxed_slice();
-        let addr = words.as_ptr() as usize;
-        return Ok((Owner::new(Storage::Heap(words)), addr));
+    let Some(slot) = owner::CallSlot::try_take() else {
+        return heap_copy(entry, file, info, len_bytes);
+    };
+    // SAFETY: as in `map_file`, for the tensor's own range (inside the file, whose stamp the
+    // caller just checked); `offset` need not be page-aligned (memmap2 aligns the mapping and
+    // returns a pointer to the offset).
+    let mut map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(info.offset_bytes())
+            .len(len_bytes)
+            .no_reserve_swap()
+            .map_copy(file)
     }
-    check_stamp(entry, file)?;
-    let len = usize::try_from(info.len_bytes()).map_err(|_| file_err(entry.path(), "tensor too large"))?;
-    // SAFETY: MAP_PRIVATE + PROT_WRITE (copy-on-write): writes through the mapping never reach
-    // the file. The descriptor's stamp matched the parsed one just above, and the parser checked
-    // that the tensor's range lies inside a file of that size. Truncation by another process
-    // while mapped raises SIGBUS on access to a page not yet read in (documented in the Python
-    // API); the pages are read in just below. No Rust reference into the mapping outlives this
-    // call: Python reaches it only through the raw address.
-    let mut map = unsafe { memmap2::MmapOptions::new().offset(info.offset_bytes()).len(len).map_copy(file) }
-        .map_err(|e| file_err(entry.path(), e))?;
+    .map_err(|e| file_err(entry.path(), e))?;
     let addr = map.as_mut_ptr() as usize;
-    let never = AtomicBool::new(false);
-    let cfg = place::PopulateConfig { threads: 1, cancel: &never, progress: None };
-    // SAFETY: the span is exactly the live mapping `map`, which outlives the call.
-    unsafe { place::populate(&[(addr, len)], &cfg) }.map_err(|e| match e {
-        place::PopulateError::Io { source, .. } => file_err(entry.path(), source),
-        place::PopulateError::Cancelled => CancelledError::new_err("cancelled"),
+    if how == Fetch::Tensor {
+        // SAFETY: the span is exactly the live mapping `map`, whose start rounds down to its
+        // page-aligned base; it outlives the call.
+        unsafe { populate_tensor(entry, info, addr, len_bytes) }?;
+    }
+    Ok((Owner::new(Storage::CallMapped(map, slot)), addr))
+}
+
+/// The tensor's bytes read from the file into 8-byte words (aligned for every dtype).
+fn heap_copy(
+    entry: &tensora_format::FileEntry,
+    file: &std::fs::File,
+    info: &tensora_format::TensorInfo,
+    len_bytes: usize,
+) -> PyResult<(Arc<Owner>, usize)> {
+    use std::os::unix::fs::FileExt;
+    // The length is the parsed tensor's, inside the file (checked by the parser and the stamp).
+    let mut words = vec![0u64; len_bytes.div_ceil(8)].into_boxed_slice();
+    // SAFETY: the words own `8 * words.len() >= len_bytes` initialised bytes, any byte pattern is
+    // a valid `u64`, and no other reference to them exists while this slice lives.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len_bytes) };
+    file.read_exact_at(bytes, info.offset_bytes()).map_err(|e| {
+        file_err(
+            entry.path(),
+            format_args!("reading tensor {:?} at offset {}: {e}", info.name(), info.offset_bytes()),
+        )
     })?;
-    Ok((Owner::new(Storage::Mapped(vec![map])), addr))
+    let addr = words.as_mut_ptr() as usize;
+    Ok((Owner::new(Storage::Heap(words)), addr))
 }
 
 /// What Python gets for one tensor of a `Loaded` held by `owner`. Writable pointers come from
@@ -417,8 +588,8 @@ impl ExportMeta {
 }
 
 /// `tensora_io::load`, and for mapped views read every selected page in before returning (so
-/// an I/O error or a truncated file is an error now, never a `SIGBUS` later). Also returns the
-/// seconds spent reading pages in (0 for an owned load).
+/// an I/O error or a file already truncated fails the load; see [`populate_loaded`]). Also
+/// returns the seconds spent reading pages in (0 for an owned load).
 pub(crate) fn load_chunk(
     ckpt: &Checkpoint,
     opts: &LoadOptions,
@@ -429,22 +600,44 @@ pub(crate) fn load_chunk(
         return Ok((loaded, 0.0));
     }
     let t = std::time::Instant::now();
+    let cfg = place::PopulateConfig { threads: opts.threads, cancel, progress: opts.progress.as_ref() };
+    populate_loaded(ckpt, &loaded, &cfg)?;
+    Ok((loaded, t.elapsed().as_secs_f64()))
+}
+
+/// Read in the pages of every tensor of a mapped load of `ckpt`. A failure is a
+/// [`LoadError::Read`] naming the file, the file offset of the failing piece and the tensor.
+pub(crate) fn populate_loaded(
+    ckpt: &Checkpoint,
+    loaded: &tensora_io::Loaded,
+    cfg: &place::PopulateConfig<'_>,
+) -> Result<(), LoadError> {
     let names: Vec<String> = loaded.tensors().map(|t| t.name().to_owned()).collect();
     let spans: Vec<(&str, place::Span)> = names
         .iter()
         .filter_map(|n| loaded.tensor_mut_ptr(n).map(|(p, len)| (n.as_str(), (p.as_ptr() as usize, len))))
         .collect();
     let ranges: Vec<place::Span> = spans.iter().map(|s| s.1).collect();
-    let cfg = place::PopulateConfig { threads: opts.threads, cancel, progress: opts.progress.as_ref() };
     // SAFETY: every span is a tensor's range inside `loaded`'s mappings, alive for the call.
-    unsafe { place::populate(&ranges, &cfg) }.map_err(|e| match e {
+    unsafe { place::populate(&ranges, cfg) }.map(|_| ()).map_err(|e| match e {
         place::PopulateError::Cancelled => LoadError::Cancelled,
-        place::PopulateError::Io { span, source } => {
-            let name = spans.get(span).map_or("?", |s| s.0);
-            LoadError::Map(std::io::Error::new(source.kind(), format!("tensor {name:?}: {source}")))
+        place::PopulateError::Io { span, piece_addr, piece_len_bytes, source } => {
+            let found = spans.get(span).and_then(|&(name, (span_addr, _))| {
+                let info = ckpt.tensor(name)?;
+                Some((name, info, piece_addr.checked_sub(span_addr)?))
+            });
+            match found {
+                Some((name, info, into_bytes)) => LoadError::Read {
+                    path: ckpt.file(info.file()).path().to_path_buf(),
+                    offset_bytes: info.offset_bytes() + into_bytes as u64,
+                    len_bytes: piece_len_bytes as u64,
+                    tensor: name.to_owned(),
+                    kind: tensora_io::ReadErrorKind::Io(source),
+                },
+                None => LoadError::Map(source),
+            }
         }
-    })?;
-    Ok((loaded, t.elapsed().as_secs_f64()))
+    })
 }
 
 /// The tensors of one load, as Python receives them.
@@ -483,10 +676,11 @@ fn load_placed(
 }
 
 /// Load every selected tensor (GIL released) and return `({name: TensorData}, report_json)`,
-/// the dict sorted by name. `residence`: `"auto"` (zero-copy mapped views when the files are
-/// local and warm and `backend` is `"auto"`, an owned arena otherwise), `"owned"` or `"mapped"`.
+/// the dict sorted by name. `residence`: `"owned"` (the default: an owned arena, a snapshot),
+/// `"auto"` (zero-copy mapped views when the files are local and warm and `backend` is `"auto"`,
+/// owned otherwise) or `"mapped"`.
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="auto"))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned"))]
 fn load<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -638,7 +832,7 @@ fn convert_json(
 
 /// Stream tensors from one path or a list of files; see `stream::Stream`.
 #[pyfunction]
-#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto", residence="auto"))]
+#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto", residence="owned"))]
 fn open_stream(
     paths: &Bound<'_, PyAny>,
     select: Option<&Bound<'_, PyAny>>,
@@ -666,6 +860,12 @@ fn open_stream(
         self::backend(backend),
         placement,
     )
+}
+
+/// How many per-call `safe_open` mappings are alive (at most `CALL_MAPPINGS_MAX`): test support.
+#[pyfunction]
+fn call_mappings_live() -> usize {
+    owner::call_mappings_live()
 }
 
 /// How many memory owners (loads, mappings, streamed runs) are alive: test support.
@@ -701,6 +901,125 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_json, m)?)?;
     m.add_function(wrap_pyfunction!(convert_json, m)?)?;
     m.add_function(wrap_pyfunction!(owners_live, m)?)?;
+    m.add_function(wrap_pyfunction!(call_mappings_live, m)?)?;
+    m.add("CALL_MAPPINGS_MAX", owner::CALL_MAPPINGS_MAX)?;
     m.add_function(wrap_pyfunction!(backends, m)?)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const BIG_BYTES: usize = 12 << 20;
+
+    /// A safetensors file with a 16-byte tensor `small` then a 12 MiB tensor `big` (U8); the
+    /// file's path and the absolute offset of `big`.
+    fn two_tensors(dir: &Path) -> (PathBuf, u64) {
+        let header = format!(
+            r#"{{"small":{{"dtype":"U8","shape":[16],"data_offsets":[0,16]}},"big":{{"dtype":"U8","shape":[{BIG_BYTES}],"data_offsets":[16,{}]}}}}"#,
+            16 + BIG_BYTES
+        );
+        let mut header = header.into_bytes();
+        while header.len() % 8 != 0 {
+            header.push(b' ');
+        }
+        let path = dir.join("two.safetensors");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+        f.write_all(&header).unwrap();
+        f.write_all(&[7u8; 16]).unwrap();
+        f.write_all(&vec![9u8; BIG_BYTES]).unwrap();
+        (path, 8 + header.len() as u64 + 16)
+    }
+
+    #[test]
+    fn a_populate_failure_names_the_file_the_offset_and_the_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, big_offset) = two_tensors(dir.path());
+        let ckpt = tensora_format::open(&path).unwrap();
+        let opts = LoadOptions { residence: Residence::Mapped, ..LoadOptions::default() };
+        let loaded = tensora_io::load(&ckpt, &opts).unwrap();
+        // Cut the file 1 MiB past the end of the first populate piece of `big`: that piece reads
+        // in, the next one runs past the end of the file.
+        let cut = big_offset + place::POPULATE_PIECE_BYTES_MAX as u64 + (1 << 20);
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(cut).unwrap();
+        let never = AtomicBool::new(false);
+        let cfg = place::PopulateConfig { threads: 1, cancel: &never, progress: None };
+        let e = populate_loaded(&ckpt, &loaded, &cfg).expect_err("the cut piece cannot be read in");
+        let msg = e.to_string();
+        let LoadError::Read { path: p, offset_bytes, len_bytes, tensor, kind } = e else {
+            panic!("expected a Read error, got {msg}");
+        };
+        assert_eq!(p, path);
+        assert_eq!(tensor, "big");
+        assert_eq!(offset_bytes, big_offset + place::POPULATE_PIECE_BYTES_MAX as u64);
+        assert_eq!(len_bytes, (BIG_BYTES - place::POPULATE_PIECE_BYTES_MAX) as u64);
+        assert!(
+            matches!(&kind, tensora_io::ReadErrorKind::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof),
+            "{kind:?}"
+        );
+        assert!(msg.contains(&path.display().to_string()) && msg.contains("\"big\""), "{msg}");
+        assert!(msg.contains(&format!("offset {offset_bytes}")), "{msg}");
+    }
+
+    fn fixture_path() -> &'static str {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.int8.safetensors")
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Whatever the order of `get_tensor` / `get_slice` fetches, every fetch shows the file's
+        /// bytes (earlier writes into handed-out tensors never show through), a repeated
+        /// `get_tensor` of a name gets memory of its own, and one mapping per file is made.
+        #[test]
+        fn fetches_show_the_file_and_repeats_are_independent(
+            ops in proptest::collection::vec((0usize..67, proptest::bool::ANY), 1..40),
+        ) {
+            let _serial = owner::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            let file_bytes = std::fs::read(fixture_path()).unwrap();
+            let m = open_checkpoint_files(Path::new(fixture_path())).unwrap();
+            let mut kept: Vec<(Arc<Owner>, usize)> = Vec::new();
+            let mut handed: HashSet<String> = HashSet::new();
+            for (i, tensor) in ops {
+                let info = &m.ckpt.tensors()[i % m.ckpt.tensors().len()];
+                let len = usize::try_from(info.len_bytes()).unwrap();
+                let how = if tensor { Fetch::Tensor } else { Fetch::Lazy };
+                let (owner, addr) = m.place(info, len, how).unwrap();
+                let off = usize::try_from(info.offset_bytes()).unwrap();
+                // SAFETY: `addr .. addr + len` lies in memory `owner` keeps alive; no write
+                // through another pointer happens while this slice lives.
+                let got = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+                proptest::prop_assert_eq!(got, &file_bytes[off..off + len], "{}", info.name());
+                let repeat = tensor && handed.contains(info.name());
+                if repeat {
+                    proptest::prop_assert!(
+                        kept.iter().all(|&(_, a)| a != addr) || len == 0,
+                        "a repeated get_tensor reused memory"
+                    );
+                }
+                if tensor {
+                    handed.insert(info.name().to_owned());
+                    // SAFETY: as above; this fetch was handed out to us alone (copy-on-write).
+                    unsafe { std::ptr::write_bytes(addr as *mut u8, 0xA5, len) };
+                    kept.push((owner, addr));
+                }
+            }
+            proptest::prop_assert!(m.file_mappings() <= 1);
+            proptest::prop_assert_eq!(owner::call_mappings_live(), kept.iter().filter(|(o, _)| matches!(o.storage(), Storage::CallMapped(..))).count());
+        }
+    }
+
+    #[test]
+    fn an_intact_mapped_load_populates() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _) = two_tensors(dir.path());
+        let ckpt = tensora_format::open(&path).unwrap();
+        let opts = LoadOptions { residence: Residence::Mapped, ..LoadOptions::default() };
+        let never = AtomicBool::new(false);
+        let (loaded, _) = load_chunk(&ckpt, &opts, &never).unwrap();
+        let big = loaded.tensors().find(|t| t.name() == "big").unwrap();
+        assert!(big.bytes().iter().all(|&b| b == 9));
+    }
 }

@@ -1,13 +1,17 @@
-//! Where `load_file` puts the tensors: zero-copy views of private copy-on-write mappings of the
-//! files, or an owned hugepage arena.
+//! Where `load_file` puts the tensors: an owned hugepage arena (the default,
+//! `residence="owned"`), or, opted into with `"auto"` or `"mapped"`, zero-copy views of private
+//! copy-on-write mappings of the files.
 //!
 //! A warm owned load pays for fresh memory: every 2 MiB page of the arena is faulted in and
 //! zeroed by the kernel before the copy lands in it (about 6.6 GB/s on the 2-core reference
 //! machine, whatever the backend). Mapped views skip both the zeroing and the copy: when the
 //! files sit in the page cache, a load is a page-table fill (`MADV_POPULATE_READ`, done here
-//! before returning, so a failing or truncated file is an exception now and not a `SIGBUS`
-//! later). Cold files and network or FUSE filesystems get the owned load: there the disk or the
-//! network is the bound, and an owned copy is a snapshot that nothing outside can change.
+//! before returning, so an I/O error or a file already truncated fails the load with a typed
+//! error). That protects the load only: the views stay backed by the files, so truncating or
+//! rewriting a file in place while its views live (`save_file(load_file(p), p)`) raises `SIGBUS`
+//! on the next access to a page not yet written. That is why owned is the default. Under
+//! `"auto"`, cold files and network or FUSE filesystems get the owned load: there the disk or
+//! the network is the bound, and an owned copy is a snapshot that nothing outside can change.
 //!
 //! [`decide`] is the rule; [`populate`] the prefault.
 
@@ -185,9 +189,10 @@ impl std::fmt::Debug for PopulateConfig<'_> {
 pub enum PopulateError {
     #[error("cancelled")]
     Cancelled,
-    /// The span containing the failing piece (index into the spans given) and the OS error.
+    /// The span containing the failing piece (index into the spans given), the address and
+    /// length of that piece (inside the span), and the OS error.
     #[error("reading in mapped pages failed: {source}")]
-    Io { span: usize, source: std::io::Error },
+    Io { span: usize, piece_addr: usize, piece_len_bytes: usize, source: std::io::Error },
 }
 
 /// `MADV_POPULATE_READ` every span (split into pieces of at most [`POPULATE_PIECE_BYTES_MAX`]
@@ -231,7 +236,12 @@ pub unsafe fn populate(spans: &[Span], cfg: &PopulateConfig<'_>) -> Result<u64, 
                 }
                 Err(source) => {
                     let mut slot = failed.lock().unwrap_or_else(|e| e.into_inner());
-                    slot.get_or_insert(PopulateError::Io { span, source });
+                    slot.get_or_insert(PopulateError::Io {
+                        span,
+                        piece_addr: addr,
+                        piece_len_bytes: len,
+                        source,
+                    });
                     return;
                 }
             }
@@ -399,7 +409,7 @@ mod tests {
     }
 
     #[test]
-    fn a_truncated_file_is_an_error_not_a_sigbus() {
+    fn populating_past_the_end_of_a_truncated_file_is_an_error() {
         use std::io::Write;
         let mut f = tempfile::tempfile().unwrap();
         f.write_all(&vec![1u8; 64 << 10]).unwrap();
@@ -413,7 +423,8 @@ mod tests {
         // SAFETY: the span is the whole live mapping.
         let r = unsafe { populate(&[(base, 64 << 10)], &cfg) };
         match r {
-            Err(PopulateError::Io { span: 0, source }) => {
+            Err(PopulateError::Io { span: 0, piece_addr, source, .. }) => {
+                assert_eq!(piece_addr, base);
                 assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof)
             }
             other => panic!("expected an UnexpectedEof error, got {other:?}"),

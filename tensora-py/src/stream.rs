@@ -1,9 +1,9 @@
 //! `weights_iterator`: a background thread loads the checkpoint in chunks of consecutive tensors
 //! of at most `budget` bytes each (one `tensora_io::load` per chunk) and hands each tensor, zero
 //! copy, over a [`Bounded`] queue. The Python side waits with the GIL released. Where each chunk
-//! lives is decided once per file by [`crate::place`], as for `load_file`: warm local files give
-//! mapped views (each chunk's pages read in before its tensors are queued), anything else an
-//! owned hugepage arena per chunk.
+//! lives is decided once per file by [`crate::place`], as for `load_file`: an owned hugepage
+//! arena per chunk by default; with `residence="auto"`, warm local files give mapped views (each
+//! chunk's pages read in before its tensors are queued).
 //!
 //! Memory: the chunk being loaded (at most `max(budget, largest tensor)`) plus at most `budget`
 //! bytes (and [`QUEUE_TENSORS_MAX`] tensors) waiting in the queue, plus what the consumer keeps:

@@ -20,4 +20,5 @@ def test_bench_writes_json_and_a_markdown_row(tmp_path, big_file, monkeypatch, c
         assert 0 < r[key]["gbps_min"] <= r[key]["gbps_median"] <= r[key]["gbps_max"], key
     assert r["auto"]["report"]["io_mode"] == "mapped", r["auto"]["report"]["reason"]
     assert r["owned"]["report"]["io_mode"] != "mapped"
+    assert r["owned"]["report"]["reason"].startswith("owned: residence"), "the default is owned"
     assert doc["markdown_row"] in capsys.readouterr().out

@@ -1,6 +1,11 @@
 """Where load_file puts tensors (mapped views or an owned buffer), why, and HF's copy semantics."""
 
+import ctypes
+import inspect
+import mmap
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -18,7 +23,7 @@ def _mapped(report: dict) -> bool:
 
 def test_warm_local_files_load_as_mapped_views(every_dtype_file):
     hf_load_file(str(every_dtype_file))  # reads the file: it is in the page cache now
-    d, report = tensora.load_file_with_report(every_dtype_file)
+    d, report = tensora.load_file_with_report(every_dtype_file, residence="auto")
     assert _mapped(report), report
     assert report["reason"].startswith("mapped: warm"), report["reason"]
     assert report["backend"] == "mmap"
@@ -38,7 +43,7 @@ def test_every_residence_matches_hf(every_dtype_file, residence):
 def test_owned_when_asked_or_a_backend_is_named(every_dtype_file):
     _, owned = tensora.load_file_with_report(every_dtype_file, residence="owned")
     assert not _mapped(owned) and owned["reason"].startswith("owned: residence"), owned
-    _, named = tensora.load_file_with_report(every_dtype_file, backend="sync")
+    _, named = tensora.load_file_with_report(every_dtype_file, backend="sync", residence="auto")
     assert not _mapped(named) and named["backend"] == "sync", named
     assert named["reason"].startswith("owned: a backend was named"), named["reason"]
 
@@ -57,7 +62,7 @@ def test_cold_files_get_an_owned_load(tmp_path):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-    d, report = tensora.load_file_with_report(path)
+    d, report = tensora.load_file_with_report(path, residence="auto")
     if _mapped(report):
         pytest.skip(f"this filesystem kept the pages cached after DONTNEED: {report['reason']}")
     assert report["reason"].startswith("owned: cold"), report["reason"]
@@ -91,19 +96,151 @@ def test_safe_open_get_tensor_twice_gives_independent_tensors(every_dtype_file):
     assert file_sha256(every_dtype_file) == before
 
 
-def test_each_get_tensor_owns_its_mapping(every_dtype_file):
+def test_get_tensor_shares_one_mapping_per_file_until_a_name_repeats(every_dtype_file):
     collect()
     base = _native.owners_live()
     with tensora.safe_open(every_dtype_file) as f:
         a = f.get_tensor("int8.0")
         b = f.get_tensor("int8.1")
-        assert _native.owners_live() == base + 2
-    del a
+        assert _native.owners_live() == base + 1, "first get_tensor of each name: the file's mapping"
+        c = f.get_tensor("int8.0")
+        assert _native.owners_live() == base + 2, "a repeated name gets memory of its own"
+        assert f._mapped.file_mappings() == 1
+    del a, b
     collect()
     assert _native.owners_live() == base + 1
-    del b
+    del c
     collect()
     assert _native.owners_live() == base
+
+
+def _maps_of(path) -> int:
+    """How many mappings of `path` this process has (/proc/self/maps)."""
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as m:
+        return sum(1 for line in m if line.rstrip("\n").endswith(" " + real))
+
+
+def test_many_get_tensor_calls_use_one_mapping_per_file(tmp_path):
+    path = tmp_path / "many.safetensors"
+    tensors = {f"t.{i:04d}": np.full((3, 5), i, dtype=np.float32) for i in range(600)}
+    save_file(tensors, str(path))
+    with tensora.safe_open(path) as f:
+        got = {k: f.get_tensor(k) for k in f.keys()}
+        assert _maps_of(path) == 1, "one copy-on-write mapping of the file, whatever the tensor count"
+    for k, want in tensors.items():
+        assert got[k].tobytes() == want.tobytes(), k
+    got["t.0007"][...] = -1.0
+    assert (got["t.0006"] == 6).all() and (got["t.0008"] == 8).all(), "neighbours keep their bytes"
+    del got
+    collect()
+    assert _maps_of(path) == 0, "the mapping goes with the last tensor"
+
+
+def test_repeated_get_tensor_is_bounded_then_copies(every_dtype_file):
+    collect()
+    assert _native.call_mappings_live() == 0
+    n = _native.CALL_MAPPINGS_MAX + 3
+    with tensora.safe_open(every_dtype_file) as f:
+        first = f.get_tensor("float32.1")
+        want = first.copy()
+        first[...] = 9.0  # the shared mapping's copy; later calls read the file
+        kept = [f.get_tensor("float32.1") for _ in range(n)]
+        assert _native.call_mappings_live() == _native.CALL_MAPPINGS_MAX
+    for t in kept:
+        assert t.tobytes() == want.tobytes()
+    kept[-1][...] = 2.0  # a heap copy
+    kept[0][...] = 3.0  # a mapping of its own
+    assert kept[-2].tobytes() == want.tobytes() and kept[1].tobytes() == want.tobytes()
+    del kept, first
+    collect()
+    assert _native.call_mappings_live() == 0
+
+
+def test_a_slice_reads_only_its_own_pages(tmp_path):
+    # 64 MiB of F32, one tensor: well above readahead (read_ahead_kb is often 8 MiB on VMs).
+    rows, cols = 4096, 4096
+    path = tmp_path / "sharded_rows.safetensors"
+    full = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
+    save_file({"w": full}, str(path))
+    _evict(path)
+    if _resident_fraction(path) > 0.05:
+        pytest.skip("this filesystem keeps the pages cached after DONTNEED")
+    with tensora.safe_open(path) as f:
+        part = f.get_slice("w")[2048:2112]  # 1 MiB of rows in the middle
+        assert part.tobytes() == full[2048:2112].tobytes()
+        resident = _resident_fraction(path)
+        # The slice plus readahead around it, not the whole tensor.
+        assert resident < 0.5, f"{resident:.0%} of the file read in for a 1/64 slice"
+        again = f.get_tensor("w")  # the first get_tensor still reads the whole tensor in
+        assert again.tobytes() == full.tobytes()
+    part[...] = 0
+    assert again[2048:2112].tobytes() == full[2048:2112].tobytes(), "a slice is a copy"
+
+
+def _evict(path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # dirty pages cannot be dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _resident_fraction(path) -> float:
+    """Fraction of the file's pages in the page cache (mincore on a private mapping)."""
+    size = os.path.getsize(path)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        buf = (ctypes.c_char * size).from_buffer(mm)
+        vec = (ctypes.c_ubyte * pages)()
+        rc = libc.mincore(ctypes.addressof(buf), size, vec)
+        del buf
+        assert rc == 0, os.strerror(ctypes.get_errno())
+        return sum(b & 1 for b in vec) / pages
+    finally:
+        mm.close()
+
+
+def test_the_default_is_an_owned_snapshot(every_dtype_file):
+    hf_load_file(str(every_dtype_file))  # warm: "auto" would map
+    _, report = tensora.load_file_with_report(every_dtype_file)
+    assert not _mapped(report) and report["reason"].startswith("owned: residence"), report
+    for fn in (tensora.load_file, tensora.load_file_with_report, tensora.weights_iterator):
+        assert inspect.signature(fn).parameters["residence"].default == "owned", fn
+
+
+SAVE_OVER_ITS_INPUT = """
+import sys
+from safetensors.numpy import load_file as hf, save, save_file
+import tensora
+path = sys.argv[1]
+want = hf(path)  # also warms the page cache: "auto" would map
+w = tensora.load_file(path)
+names = sorted(w)
+with open(path, "wb") as f:  # rewrite in place, shorter (older safetensors, open(p, "wb"), ...)
+    f.write(save({k: w[k] for k in names[:1]}))
+assert names == sorted(want)
+for k, v in want.items():
+    assert w[k].tobytes() == v.tobytes(), k
+save_file(w, path)  # the common pattern: the arrays are a snapshot, so this restores the file
+got = hf(path)
+for k, v in want.items():
+    assert got[k].tobytes() == v.tobytes(), k
+print("ok")
+"""
+
+
+def test_save_file_over_the_loaded_file_works_by_default(tmp_path):
+    path = tmp_path / "roundtrip.safetensors"
+    save_file({f"w{i}": np.full((256, 1024), i, dtype=np.float32) for i in range(8)}, str(path))
+    # In a child: with mapped views this dies of SIGBUS, which must not take pytest with it.
+    r = subprocess.run([sys.executable, "-c", SAVE_OVER_ITS_INPUT, str(path)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
 
 
 def test_a_file_truncated_after_open_is_an_exception_not_a_crash(tmp_path):

@@ -78,3 +78,16 @@ def test_safe_open_get_tensor_twice_is_independent_in_torch(every_dtype_file):
         orig = b.clone()
         a.mul_(2.0)
         assert torch.equal(b, orig)
+
+
+def test_get_slice_in_torch_is_a_copy_of_the_file_bytes(every_dtype_file):
+    from safetensors import safe_open as hf_safe_open
+
+    with hf_safe_open(str(every_dtype_file), framework="pt") as h, tensora.safe_open(every_dtype_file, framework="pt") as f:
+        whole = f.get_tensor("float32.0")
+        whole.fill_(7.0)  # a write into the file's shared mapping
+        got = f.get_slice("float32.0")[1:3]
+        want = h.get_slice("float32.0")[1:3]
+        assert torch.equal(got, want), "a slice reads the file, not earlier writes"
+        got.zero_()
+        assert torch.equal(f.get_tensor("float32.0")[1:3], want), "the slice is its own copy"
