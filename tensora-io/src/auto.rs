@@ -12,8 +12,7 @@
 //! |---|---|---|
 //! | `Residence::Mapped` | mmap, mapped | the caller asked for zero-copy views; on a network/FUSE filesystem every selected range is prewarmed (`MADV_POPULATE_READ`) before the views are handed out, so a lazy page fault never waits on the network (and a failing read is a typed error, not a `SIGBUS` later) |
 //! | network/FUSE filesystem | sync, buffered | never lazy mmap there; O_DIRECT semantics vary |
-//! | warm, owned (not streaming), ≥ [`WARM_MMAP_DENSITY_MIN`] of the files' bytes selected, `MADV_POPULATE_READ` available | mmap (owned copy) | a `memcpy` from the mapped page cache into the hugepage arena beat `pread`'s kernel copy in paired runs here; every piece is populated (`MADV_POPULATE_READ`) before it is copied, so a file truncated before that is a read error (a truncation in the microseconds between populate and copy would still fault: the files must not change during a load, which the stamps check) |
-//! | warm otherwise (≥ [`WARM_FRACTION`] of sampled pages cached) | sync, buffered | one copy from the page cache into the hugepage arena; sparse selections and streaming windows gain nothing from mapping |
+//! | warm (≥ [`WARM_FRACTION`] of sampled pages cached) | sync, buffered | one copy from the page cache into the hugepage arena is the roofline. Copying from a mapping (the mmap backend) measured within noise of it here (paired runs: medians 7.4 vs 7.0 GB/s, with deeper dips), and it can fault if a file is truncated mid-copy, so `auto` keeps `pread` |
 //! | cold, O_DIRECT works, io_uring available, ≥ [`DIRECT_MIN_BYTES`] selected | io-uring, direct | deep queue of large aligned reads, no page-cache copy |
 //! | cold otherwise | sync, buffered | kernel readahead with several threads |
 
@@ -25,8 +24,6 @@ use crate::probe::{self, Filesystem, ResidencySample};
 
 /// At or above this fraction of sampled pages resident, the selection counts as warm.
 pub const WARM_FRACTION: f64 = 0.5;
-/// A warm owned load selecting at least this fraction of its files' bytes copies from a mapping.
-pub const WARM_MMAP_DENSITY_MIN: f64 = 0.5;
 /// Below this many selected bytes a cold load stays buffered (O_DIRECT setup is not worth it).
 pub const DIRECT_MIN_BYTES: u64 = 256 << 20;
 /// Files whose residency is sampled (the first ones the selection touches).
@@ -51,9 +48,6 @@ pub struct Facts {
     pub cpus: usize,
     pub streaming: bool,
     pub mapped: bool,
-    /// Whether `MADV_POPULATE_READ` works here (Linux 5.14+; probed once): the mmap backend's
-    /// guard against faulting on a truncated file.
-    pub populate_read: bool,
 }
 
 impl Facts {
@@ -124,7 +118,6 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], streaming: bool, mapped: bo
         cpus: probe::cpu_count(),
         streaming,
         mapped,
-        populate_read: probe::populate_read_supported(),
     }
 }
 
@@ -158,15 +151,6 @@ pub fn choose(f: &Facts) -> Choice {
             direct: false,
             reason: format!(
                 "{fs_name} is a network/FUSE filesystem: buffered pread, never lazy mmap; {facts}"
-            ),
-        };
-    }
-    if f.warm() && !f.streaming && f.density() >= WARM_MMAP_DENSITY_MIN && f.populate_read {
-        return Choice {
-            backend: "mmap",
-            direct: false,
-            reason: format!(
-                "warm, owned, dense: memcpy from the mapped page cache into the hugepage arena; {facts}"
             ),
         };
     }
@@ -215,31 +199,12 @@ mod tests {
             cpus: 2,
             streaming: false,
             mapped: false,
-            populate_read: true,
         }
     }
 
     #[test]
-    fn warm_dense_owned_picks_mmap_and_the_rest_sync() {
-        let mut f = facts();
-        let c = choose(&f);
-        assert_eq!((c.backend, c.direct), ("mmap", false));
-        assert!(c.reason.contains("warm, owned, dense"), "{}", c.reason);
-        f.streaming = true;
-        assert_eq!(choose(&f).backend, "sync");
-        f.streaming = false;
-        f.populate_read = false;
-        assert_eq!(choose(&f).backend, "sync", "without MADV_POPULATE_READ a truncation would fault");
-        f.populate_read = true;
-        f.bytes_selected = f.bytes_files / 10;
-        assert_eq!(choose(&f).backend, "sync", "a sparse selection reads only what it needs");
-    }
-
-    #[test]
     fn warm_picks_sync_buffered_and_names_the_facts() {
-        let mut f = facts();
-        f.streaming = true;
-        let c = choose(&f);
+        let c = choose(&facts());
         assert_eq!((c.backend, c.direct), ("sync", false));
         assert!(
             c.reason.contains("warm") && c.reason.contains("100% of sampled pages cached"),

@@ -51,35 +51,6 @@ pub fn drop_caches_global() -> io::Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", b"3\n")
 }
 
-/// Whether `madvise(MADV_POPULATE_READ)` works on this kernel (5.14+), probed once on a page of
-/// anonymous memory and cached.
-pub fn populate_read_supported() -> bool {
-    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SUPPORTED.get_or_init(|| {
-        let len = crate::mmap::page_size_bytes() as usize;
-        // SAFETY: a fresh private anonymous mapping of one page; no existing memory is touched.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return false;
-        }
-        // SAFETY: advising and then unmapping the page mapped above, which nothing else uses.
-        unsafe {
-            let ok = libc::madvise(p, len, libc::MADV_POPULATE_READ) == 0;
-            libc::munmap(p, len);
-            ok
-        }
-    })
-}
-
 /// Open `path` read-only with `O_DIRECT`. Errors with `EINVAL` where the filesystem refuses it
 /// (tmpfs, some overlay setups).
 pub fn open_direct(path: &Path) -> io::Result<File> {
