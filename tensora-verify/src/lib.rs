@@ -3,7 +3,8 @@
 //! - [`digest`]: [`Algo`] (crc32c, xxh3-128, sha256) and the streaming [`Hasher`]. A tensor's
 //!   digest covers exactly its `nbytes` raw stored bytes.
 //! - [`fused`]: digests computed inside a `tensora_io` load, on the worker that completed each
-//!   tensor (no second pass over memory), and the cross-backend check.
+//!   read, while its bytes are hot in cache (crc32c combines the pieces; no second pass over
+//!   memory), and the cross-backend check.
 //! - [`hash`]: one digest per tensor of a checkpoint, through a fused load.
 //! - [`manifest`]: the JSON manifest (digests, file sizes, format), read with a size limit and
 //!   written atomically.

@@ -54,7 +54,7 @@ pub struct ManifestFile {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
     pub algo: Algo,
-    /// [`Format::as_str`] of the checkpoint, when recorded.
+    /// [`tensora_format::Format::as_str`] of the checkpoint, when recorded.
     pub format: Option<String>,
     /// File sizes, keyed by [`file_key`]. Empty when not recorded.
     pub files: BTreeMap<String, ManifestFile>,

@@ -1,5 +1,5 @@
 //! Invariant: the integrity scan, the fused load digests and a plain one-shot digest of each
-//! tensor's bytes agree, for any layout, chunk size and budget.
+//! tensor's bytes agree, for any layout, chunk size and budget; crc32c needs no second pass.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +8,7 @@ use tensora_format::Dtype;
 use tensora_format::write::{SafetensorsLayout, ShardedLayout, TensorSpec, write_safetensors, write_sharded};
 use tensora_io::LoadOptions;
 use tensora_verify::Algo;
-use tensora_verify::fused::hash_with_load;
+use tensora_verify::fused::{DigestCollector, hash_with_load};
 use tensora_verify::scan::{ScanConfig, scan};
 
 fn specs() -> impl Strategy<Value = Vec<TensorSpec>> {
@@ -65,6 +65,18 @@ proptest! {
 
         let opts = LoadOptions { budget_bytes: budget_kib << 10, chunk_bytes: 4096, ..LoadOptions::default() };
         let (fused, _) = hash_with_load(&ckpt, algo, &opts).unwrap();
+        // The same load with the collector's hooks: crc32c digests come from the pieces alone.
+        let collector = DigestCollector::new(&ckpt, algo);
+        let mut piece_opts = opts.clone();
+        collector.install(&mut piece_opts);
+        tensora_io::load_streaming(&ckpt, &piece_opts, |_| Ok(())).unwrap();
+        prop_assert_eq!(collector.finish(&ckpt).unwrap(), fused.clone());
+        let total_bytes: u64 = ckpt.tensors().iter().map(|t| t.nbytes()).sum();
+        let stats = collector.stats();
+        prop_assert_eq!(stats.bytes_on_arrival + stats.bytes_at_completion, total_bytes);
+        if algo == Algo::Crc32c {
+            prop_assert_eq!(stats.bytes_at_completion, 0);
+        }
 
         for (i, t) in ckpt.tensors().iter().enumerate() {
             let spec_i = specs.iter().position(|s| s.name == t.name()).unwrap();
