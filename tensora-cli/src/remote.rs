@@ -1,16 +1,14 @@
 //! Remote locations (`s3://bucket/prefix/`, `http(s)://host/path/`) for `inspect`, `load`, `hash`
 //! and `verify`: the shared flags, and opening through `tensora_remote`.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use tensora_io::{LoadOptions, ProgressHook};
 use tensora_remote::{
     Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, StoreConfig, open_remote,
 };
-use tensora_verify::check::{Finding, FindingKind, Report};
+use tensora_verify::check::{FindingKind, Report};
 use tensora_verify::fused::DigestCollector;
-use tensora_verify::manifest::file_key;
 use tensora_verify::{Algo, Digest, Manifest};
 
 /// How to reach an object store; ignored for local paths.
@@ -72,7 +70,8 @@ pub fn digests(
 ) -> anyhow::Result<(Vec<Digest>, RemoteReport)> {
     let ckpt = remote.checkpoint();
     let collector = DigestCollector::new(ckpt, algo);
-    let opts = LoadOptions { on_tensor: Some(collector.hook()), progress, ..LoadOptions::default() };
+    let mut opts = LoadOptions { progress, ..LoadOptions::default() };
+    collector.install(&mut opts);
     let report = remote.load_streaming(&opts, |_| Ok(()))?;
     Ok((collector.finish(ckpt)?, report))
 }
@@ -129,7 +128,11 @@ pub fn verify(location: &Location, opts: &RemoteOptions, manifest: Option<&Manif
         }
     };
     if let Some(m) = manifest {
-        report.findings.extend(manifest_findings(ckpt, &digests, m));
+        let digests: Vec<Option<Digest>> = digests.into_iter().map(Some).collect();
+        let root = ckpt.root();
+        report
+            .findings
+            .extend(tensora_verify::check::manifest_findings(ckpt, &digests, m, &|key| root.join(key)));
     }
     report
 }
@@ -159,61 +162,6 @@ fn open_finding(url: &Path, e: RemoteError) -> FindingKind {
         RemoteError::Changed { url, .. } => FindingKind::Changed { path: url.into(), message },
         _ => FindingKind::Unreadable { path: url.to_path_buf(), offset_bytes: None, message },
     }
-}
-
-/// The checkpoint against a manifest: object sizes, then each tensor's dtype, shape and digest.
-fn manifest_findings(ckpt: &tensora_format::Checkpoint, digests: &[Digest], m: &Manifest) -> Vec<Finding> {
-    let mut out = Vec::new();
-    let mut seen_keys = BTreeSet::new();
-    for f in ckpt.files() {
-        let key = file_key(ckpt, f.path());
-        if let Some(mf) = m.files.get(&key) {
-            let (expected, actual) = (mf.len_bytes, f.len_bytes());
-            if actual < expected {
-                out.push(FindingKind::Truncated {
-                    path: f.path().to_path_buf(),
-                    expected_len_bytes: expected,
-                    actual_len_bytes: actual,
-                });
-            } else if actual != expected {
-                out.push(FindingKind::SizeMismatch {
-                    path: f.path().to_path_buf(),
-                    manifest_len_bytes: expected,
-                    actual_len_bytes: actual,
-                });
-            }
-        }
-        seen_keys.insert(key);
-    }
-    for key in m.files.keys().filter(|k| !seen_keys.contains(*k)) {
-        out.push(FindingKind::FileMissing { path: ckpt.root().join(key) });
-    }
-    for (t, d) in ckpt.tensors().iter().zip(digests) {
-        let Some(mt) = m.tensors.get(t.name()) else {
-            out.push(FindingKind::TensorNotInManifest { tensor: t.name().to_owned() });
-            continue;
-        };
-        if mt.dtype != t.dtype().as_str() || mt.shape != t.shape() {
-            out.push(FindingKind::MetaMismatch {
-                tensor: t.name().to_owned(),
-                expected: format!("{} {:?}", mt.dtype, mt.shape),
-                actual: format!("{} {:?}", t.dtype(), t.shape()),
-            });
-        }
-        if *d != mt.digest {
-            out.push(FindingKind::DigestMismatch {
-                tensor: t.name().to_owned(),
-                path: ckpt.file(t.file()).path().to_path_buf(),
-                offset_bytes: t.offset_bytes(),
-                expected: mt.digest,
-                actual: *d,
-            });
-        }
-    }
-    for name in m.tensors.keys().filter(|n| ckpt.tensor(n).is_none()) {
-        out.push(FindingKind::TensorMissing { tensor: name.clone() });
-    }
-    out.into_iter().map(Finding::from).collect()
 }
 
 #[cfg(test)]

@@ -491,7 +491,8 @@ pub fn verify_checkpoint(ckpt: &Checkpoint, opts: &VerifyOptions<'_>) -> Report 
     findings.extend(scan_findings(&scan));
 
     if let Some(m) = opts.manifest {
-        findings.extend(manifest_findings(ckpt, &scan, m));
+        let root = ckpt.root();
+        findings.extend(manifest_findings(ckpt, &scan.digests, m, &|key| manifest_file_path(root, key)));
     }
 
     let mut backends_checked = Vec::new();
@@ -591,7 +592,17 @@ fn scan_findings(scan: &Scan) -> Vec<Finding> {
     out.into_iter().map(Finding::from).collect()
 }
 
-fn manifest_findings(ckpt: &Checkpoint, scan: &Scan, m: &Manifest) -> Vec<Finding> {
+/// `ckpt` against manifest `m`: file sizes (a shorter file is truncation, never reported as digest
+/// mismatches), files the manifest names that the checkpoint lacks (`missing_path` turns a manifest
+/// file key into the path to report), and each tensor's dtype, shape and digest (`digests` in
+/// [`Checkpoint::tensors`] order; `None` for a tensor whose bytes could not be read), then tensors
+/// missing from either side. Used by `verify` on local files and on remote checkpoints.
+pub fn manifest_findings(
+    ckpt: &Checkpoint,
+    digests: &[Option<Digest>],
+    m: &Manifest,
+    missing_path: &dyn Fn(&str) -> PathBuf,
+) -> Vec<Finding> {
     let mut out = Vec::new();
     // File sizes. A shorter file is truncation (never reported as digest mismatches: tensors of a
     // file with a problem have no digest).
@@ -618,11 +629,11 @@ fn manifest_findings(ckpt: &Checkpoint, scan: &Scan, m: &Manifest) -> Vec<Findin
     }
     for key in m.files.keys() {
         if !seen_keys.contains(key) {
-            out.push(FindingKind::FileMissing { path: manifest_file_path(ckpt.root(), key) });
+            out.push(FindingKind::FileMissing { path: missing_path(key) });
         }
     }
     // Tensors.
-    for (t, d) in ckpt.tensors().iter().zip(&scan.digests) {
+    for (t, d) in ckpt.tensors().iter().zip(digests) {
         let Some(mt) = m.tensors.get(t.name()) else {
             out.push(FindingKind::TensorNotInManifest { tensor: t.name().to_owned() });
             continue;
