@@ -102,6 +102,9 @@ pub struct Job<'a> {
     pub retries_max: u32,
     /// Checkpoint file id of each plan file (`None`: plan file `i` is checkpoint file `i`).
     file_ids: Option<&'a [u32]>,
+    /// Report landed prefixes of each read every this many bytes (see
+    /// [`CompletionSink::prefix_landed`]); `None`: whole reads only.
+    landed_step_bytes: Option<u64>,
     /// One bit per plan read: set once its destination range has been handed out
     /// ([`Job::claim`]) or taken by a built-in backend. A range is never handed out twice.
     claims: Box<[AtomicU64]>,
@@ -162,6 +165,7 @@ impl<'a> Job<'a> {
             cancel,
             retries_max: config.retries_max,
             file_ids: None,
+            landed_step_bytes: None,
             claims: (0..words).map(|_| AtomicU64::new(0)).collect(),
             _sealed: Sealed,
         }
@@ -172,6 +176,18 @@ impl<'a> Job<'a> {
     pub fn with_file_ids(mut self, file_ids: &'a [u32]) -> Job<'a> {
         self.file_ids = Some(file_ids);
         self
+    }
+
+    /// Asks backends that can to fill each read in steps of `step_bytes` (at least 4 KiB, a
+    /// multiple of 4 KiB) and report each landed prefix to [`CompletionSink::prefix_landed`].
+    pub fn with_landed_step(mut self, step_bytes: u64) -> Job<'a> {
+        self.landed_step_bytes = Some(step_bytes.max(4096).next_multiple_of(4096));
+        self
+    }
+
+    /// The step asked for with [`Job::with_landed_step`].
+    pub fn landed_step_bytes(&self) -> Option<u64> {
+        self.landed_step_bytes
     }
 
     /// The checkpoint file id (index into `Checkpoint::files`) of plan file `plan_file`, or
@@ -411,11 +427,46 @@ impl Landed {
     }
 }
 
+/// Proof that the first `len_bytes` of one read have landed and will not be written again (a
+/// backend reports prefixes of a read only in order, from the one worker filling it). Only the
+/// built-in backends make one, when the job asks for it ([`Job::with_landed_step`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct LandedPrefix {
+    read: u32,
+    len_bytes: u64,
+}
+
+impl LandedPrefix {
+    pub(crate) fn new(read: u32, len_bytes: u64) -> LandedPrefix {
+        LandedPrefix { read, len_bytes }
+    }
+
+    /// The read's index in [`Plan::reads`].
+    pub fn read(&self) -> u32 {
+        self.read
+    }
+
+    /// Bytes from the read's start that have landed.
+    pub fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+}
+
 /// Receives each completed read, from whichever worker completed it.
 pub trait CompletionSink: Sync {
     /// `landed` names a read of [`Plan::reads`] whose bytes have all landed. Returning an error
     /// stops the run: the backend drains what is in flight and returns [`ReadErrorKind::Stopped`].
     fn read_done(&self, landed: Landed) -> Result<(), StopReason>;
+
+    /// The first bytes of a read have landed, while the rest is still being read (only when the
+    /// job asked for it with [`Job::with_landed_step`], and only from backends that support it:
+    /// `sync`). Prefixes of one read arrive in order, from the worker filling it, before its
+    /// [`CompletionSink::read_done`]. Lets a sink work on bytes while they are still in that
+    /// core's cache. An error stops the run like one from `read_done`.
+    fn prefix_landed(&self, prefix: LandedPrefix) -> Result<(), StopReason> {
+        let _ = prefix;
+        Ok(())
+    }
 }
 
 /// Why a [`CompletionSink`] stopped a run (e.g. a streaming callback failed). The load layer keeps

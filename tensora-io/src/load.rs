@@ -121,6 +121,9 @@ pub struct PieceRef<'a> {
 /// Called with `(bytes_done, bytes_total)` of selected tensor bytes as reads complete.
 pub type ProgressHook = Arc<dyn Fn(u64, u64) + Send + Sync>;
 
+/// With an [`LoadOptions::on_read`] hook, backends that can (`sync`) fill each read in steps of
+/// this many bytes and hand each landed step to the hook at once, while it is in that core's L2.
+pub const ON_READ_STEP_BYTES: u64 = 1 << 20;
 /// Default in-flight budget.
 pub const BUDGET_DEFAULT_BYTES: u64 = 1 << 30;
 /// Default read size.
@@ -1067,6 +1070,11 @@ impl<'c> Session<'c> {
             wp,
             dest,
             remaining: remaining.iter().map(|&n| AtomicU32::new(n)).collect(),
+            reported: if self.opts.on_read.is_some() {
+                plan.reads().iter().map(|_| AtomicU64::new(0)).collect()
+            } else {
+                Vec::new()
+            },
             notify,
             hook_error: Mutex::new(None),
         };
@@ -1097,6 +1105,8 @@ impl<'c> Session<'c> {
             )
         }
         .with_file_ids(&wp.files);
+        // Hand pieces to `on_read` while they are still in the landing core's cache.
+        let job = if self.opts.on_read.is_some() { job.with_landed_step(ON_READ_STEP_BYTES) } else { job };
         let stats = if plan.reads().is_empty() {
             IoStats::default()
         } else {
@@ -1193,6 +1203,9 @@ struct Tracker<'a> {
     wp: &'a WindowPlan,
     dest: &'a SubDest<'a>,
     remaining: Vec<AtomicU32>,
+    /// Per read: bytes from its start already handed to `on_read` (landed prefixes). Written only
+    /// by the one worker filling that read.
+    reported: Vec<AtomicU64>,
     notify: &'a (dyn Fn(u32) -> Result<(), StopReason> + Sync),
     hook_error: Mutex<Option<LoadError>>,
 }
@@ -1219,12 +1232,20 @@ impl Tracker<'_> {
         hook: &ReadHook,
         r: &tensora_plan::Read,
         p: &tensora_plan::Piece,
+        window: std::ops::Range<u64>,
     ) -> Result<(), StopReason> {
+        // The part of the piece inside `window` (read-relative bytes).
+        let start = p.read_offset_bytes.max(window.start);
+        let end = (p.read_offset_bytes + p.len_bytes).min(window.end);
+        if start >= end {
+            return Ok(());
+        }
         let Some(&ti) = self.wp.tensors.get(p.tag as usize) else { return Err(StopReason) };
         let info = &self.session.ckpt.tensors()[ti];
-        let arena_offset = r.arena_offset_bytes + p.read_offset_bytes;
-        let Some(bytes) = self.dest.landed(arena_offset, p.len_bytes) else { return Err(StopReason) };
-        let offset_in_tensor_bytes = p.extent_offset_bytes;
+        let Some(bytes) = self.dest.landed(r.arena_offset_bytes + start, end - start) else {
+            return Err(StopReason);
+        };
+        let offset_in_tensor_bytes = p.extent_offset_bytes + (start - p.read_offset_bytes);
         if let Err(source) = hook(&PieceRef { info, tensor_index: ti, offset_in_tensor_bytes, bytes }) {
             let mut slot = self.hook_error.lock().unwrap_or_else(|p| p.into_inner());
             if slot.is_none() {
@@ -1247,10 +1268,12 @@ impl CompletionSink for Tracker<'_> {
         let plan = &self.wp.plan;
         let Some(r) = plan.reads().get(read as usize) else { return Err(StopReason) };
         let mut piece_bytes = 0;
+        // What landed prefixes already handed to `on_read` is not handed again.
+        let from = self.reported.get(read as usize).map_or(0, |d| d.load(Ordering::Relaxed));
         for p in plan.read_pieces(r) {
             piece_bytes += p.len_bytes;
             if let Some(hook) = &self.session.opts.on_read {
-                self.piece(hook, r, p)?;
+                self.piece(hook, r, p, from..r.len_bytes)?;
             }
             let Some(counter) = self.remaining.get(p.tag as usize) else { return Err(StopReason) };
             let before = counter.fetch_sub(1, Ordering::AcqRel);
@@ -1262,6 +1285,26 @@ impl CompletionSink for Tracker<'_> {
             let done = self.session.progress_done.fetch_add(piece_bytes, Ordering::Relaxed) + piece_bytes;
             progress(done.min(self.session.bytes_selected), self.session.bytes_selected);
         }
+        Ok(())
+    }
+
+    fn prefix_landed(&self, prefix: crate::backend::LandedPrefix) -> Result<(), StopReason> {
+        let (Some(hook), Some(done)) =
+            (&self.session.opts.on_read, self.reported.get(prefix.read() as usize))
+        else {
+            return Ok(());
+        };
+        let plan = &self.wp.plan;
+        let Some(r) = plan.reads().get(prefix.read() as usize) else { return Err(StopReason) };
+        let from = done.load(Ordering::Relaxed);
+        let to = prefix.len_bytes().min(r.len_bytes);
+        if to <= from {
+            return Ok(());
+        }
+        for p in plan.read_pieces(r) {
+            self.piece(hook, r, p, from..to)?;
+        }
+        done.store(to, Ordering::Relaxed);
         Ok(())
     }
 }
@@ -1289,9 +1332,11 @@ impl<'a> SubDest<'a> {
         if len_bytes == 0 {
             return Some(&[]);
         }
-        // SAFETY: inside this sub-destination (checked above); called from `read_done` for a
-        // read that has landed, and plan reads never overlap, so no backend writes this range
-        // again while the slice is used (the arena is reused only after the run ends).
+        // SAFETY: inside this sub-destination (checked above); called from `read_done` for a read
+        // that has landed, or from `prefix_landed` for a landed prefix of one (the backend borrows
+        // only the bytes of its next call mutably, never the prefix), and plan reads never
+        // overlap, so no backend writes this range again while the slice is used (the arena is
+        // reused only after the run ends).
         Some(unsafe { self.parent.slice_unchecked(self.base_bytes + offset_bytes, len_bytes) })
     }
 

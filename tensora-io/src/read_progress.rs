@@ -117,8 +117,14 @@ impl ReadProgress {
     /// The next call: the remainder, capped at [`PREAD_BYTES_MAX`]; with `direct_align_bytes`
     /// (a power of two) a capped length is rounded down to it so the next call stays aligned.
     pub fn next_call(&self, direct_align_bytes: Option<u64>) -> Call {
+        self.next_call_within(direct_align_bytes, PREAD_BYTES_MAX)
+    }
+
+    /// [`ReadProgress::next_call`], capped at `cap_bytes` (a multiple of the direct alignment, so
+    /// capped calls stay aligned).
+    pub fn next_call_within(&self, direct_align_bytes: Option<u64>, cap_bytes: u64) -> Call {
         let remaining = self.len_bytes - self.done_bytes;
-        let mut len_bytes = remaining.min(PREAD_BYTES_MAX);
+        let mut len_bytes = remaining.min(PREAD_BYTES_MAX).min(cap_bytes.max(1));
         if let Some(align) = direct_align_bytes.filter(|a| a.is_power_of_two() && *a <= PREAD_BYTES_MAX)
             && len_bytes < remaining
         {

@@ -120,7 +120,7 @@ fn worker(
         }
         let permit = job.budget.acquire(read.len_bytes);
         state.begin_inflight(permit.bytes());
-        let result = fill(job, reader, state, read, &mut stats);
+        let result = fill(job, sink, reader, state, index, &mut stats);
         state.end_inflight(permit.bytes());
         drop(permit);
         match result {
@@ -137,32 +137,41 @@ fn worker(
     stats
 }
 
-/// Reads all of `read` into its destination range through the shared [`ReadProgress`] rules.
-/// `Err(None)` means the run was stopped by another worker.
+/// Reads all of read `index` into its destination range through the shared [`ReadProgress`]
+/// rules, in steps of [`Job::landed_step_bytes`] (each landed prefix reported to
+/// `sink.prefix_landed`) when the job asks for them. `Err(None)` means the run was stopped by
+/// another worker.
 fn fill(
     job: &Job<'_>,
+    sink: &dyn CompletionSink,
     reader: &dyn ReadAt,
     state: &RunState,
-    read: &Read,
+    index: u32,
     stats: &mut IoStats,
 ) -> Result<(), Option<ReadError>> {
+    let read: &Read = &job.plan.reads()[index as usize];
     let file = &job.files[read.file as usize];
     let base = DestPtr::new(job);
     let align = direct_align_bytes(job);
-    // SAFETY: `validate_job` checked that `arena_offset_bytes .. + len_bytes` lies inside the
-    // destination (whose length fits usize); the `Destination` contract makes that memory
-    // initialised, valid and writable for the job's life, and plan reads never overlap, so this
-    // slice is the only one touching these bytes while the read runs.
-    let buf =
-        unsafe { std::slice::from_raw_parts_mut(base.at(read.arena_offset_bytes), read.len_bytes as usize) };
+    let step_bytes = job.landed_step_bytes();
     let mut progress = ReadProgress::new(read, file.len_bytes, job.retries_max);
     loop {
         if state.stopped() {
             return Err(None);
         }
         let direct_ok = job.direct && file.direct.is_some() && state.direct_allowed(read.file);
-        let call = progress.next_call(direct_ok.then_some(align));
-        let rest = &mut buf[call.done_bytes as usize..(call.done_bytes + call.len_bytes) as usize];
+        let call = progress.next_call_within(direct_ok.then_some(align), step_bytes.unwrap_or(u64::MAX));
+        // SAFETY: `validate_job` checked that `arena_offset_bytes .. + len_bytes` lies inside the
+        // destination (whose length fits usize), and `done + len <= len_bytes`; the `Destination`
+        // contract makes that memory initialised, valid and writable for the job's life, and plan
+        // reads never overlap. Only this call's bytes are borrowed mutably, and only until the
+        // call returns: the landed prefix before them may be read by the sink meanwhile.
+        let rest = unsafe {
+            std::slice::from_raw_parts_mut(
+                base.at(read.arena_offset_bytes + call.done_bytes),
+                call.len_bytes as usize,
+            )
+        };
         let direct_now =
             direct_ok && direct_aligned(rest.as_ptr(), call.file_offset_bytes, call.len_bytes, align);
         let result = reader.read_at(file, read.file, rest, call.file_offset_bytes, direct_now);
@@ -174,6 +183,12 @@ fn fill(
             Step::Again { backoff } => {
                 if let Some(backoff) = backoff {
                     std::thread::sleep(backoff);
+                }
+                if step_bytes.is_some() && progress.done_bytes() > call.done_bytes {
+                    let prefix = crate::backend::LandedPrefix::new(index, progress.done_bytes());
+                    if sink.prefix_landed(prefix).is_err() {
+                        return Err(Some(progress.error(crate::backend::ReadErrorKind::Stopped)));
+                    }
                 }
             }
             Step::DirectRefused => {

@@ -306,3 +306,28 @@ fn tensor_mut_ptr_writes_the_load_and_never_the_file() {
     }
     assert_eq!(std::fs::read(&file).unwrap(), before, "a private mapping never writes the file");
 }
+
+#[test]
+fn the_sync_backend_hands_read_hook_pieces_over_in_cache_sized_steps() {
+    // One 6 MiB tensor read as one 8 MiB-chunk read: the hook still sees it in steps.
+    let g = generate(5, &[vec![(Dtype::U8, vec![6 << 20]), (Dtype::F32, vec![10])]]);
+    let ckpt = g.open();
+    let pieces: Arc<Pieces> = Arc::default();
+    let completed = Arc::new(Mutex::new(Vec::new()));
+    let largest = Arc::new(AtomicUsize::new(0));
+    let l = Arc::clone(&largest);
+    let mut opts = LoadOptions {
+        backend: BackendChoice::Named("sync".into()),
+        chunk_bytes: 8 << 20,
+        ..piece_hook(&pieces, &completed)
+    };
+    let inner = opts.on_read.take().unwrap();
+    opts.on_read = Some(Arc::new(move |p| {
+        l.fetch_max(p.bytes.len(), Ordering::Relaxed);
+        inner(p)
+    }));
+    load(&ckpt, &opts).unwrap();
+    assert_eq!(completed.lock().unwrap().len(), 2, "both tensors tiled and completed");
+    let largest = largest.load(Ordering::Relaxed) as u64;
+    assert!(largest <= tensora_io::load::ON_READ_STEP_BYTES, "largest piece {largest} bytes");
+}
