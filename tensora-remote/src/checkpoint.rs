@@ -196,6 +196,14 @@ fn file_name(path: &ObjectPath) -> &str {
     path.filename().unwrap_or("")
 }
 
+/// `dir/name` with `name` kept as the index spells it. `ObjectPath::join` would percent-encode
+/// `%`, `#`, non-ASCII and other characters into the path itself, and the HTTP store encodes the
+/// path again when it builds the URL, so such a shard would be requested under a doubly encoded
+/// name; a parsed path is encoded once, by the store.
+fn child_raw(dir: &ObjectPath, name: &str) -> Result<ObjectPath, object_store::path::Error> {
+    if dir.as_ref().is_empty() { ObjectPath::parse(name) } else { ObjectPath::parse(format!("{dir}/{name}")) }
+}
+
 fn parent(path: &ObjectPath) -> ObjectPath {
     let parts: Vec<_> = path.parts().collect();
     let keep = parts.len().saturating_sub(1);
@@ -399,8 +407,11 @@ async fn open_indexed(
     let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     let dir = parent(index_path);
     let names: BTreeSet<&str> = index.weight_map().iter().map(|(_, shard)| shard.as_str()).collect();
-    let paths: Vec<(ObjectPath, String)> =
-        names.into_iter().map(|n| (dir.clone().join(n), n.to_owned())).collect();
+    let paths: Vec<(ObjectPath, String)> = names
+        .into_iter()
+        .map(|n| child_raw(&dir, n).map(|p| (p, n.to_owned())))
+        .collect::<Result<_, _>>()
+        .map_err(|e| RemoteError::NoCheckpoint { url: url.clone(), reason: e.to_string() })?;
     let shards = open_shards(location, fetcher, paths).await?;
     assemble(location, shards, Layout::Indexed { url: &url, index: &index })
 }
