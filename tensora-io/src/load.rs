@@ -99,10 +99,13 @@ pub enum Residence {
 
 /// Called on the worker thread that completed a tensor's last read.
 pub type TensorHook = Arc<dyn Fn(&TensorRef<'_>) -> Result<(), BoxError> + Send + Sync>;
-/// Called on the worker that completed a read, once per piece (one tensor's bytes inside that
-/// read), right after the read landed, while its bytes are hot in that core's cache. Pieces of one
-/// tensor may arrive in any order and on different threads; every piece of a tensor is reported
-/// before its [`LoadOptions::on_tensor`] hook runs. With [`Residence::Mapped`] it is called once
+/// Called on the worker that fills a read, once per piece (one tensor's bytes inside that read)
+/// as soon as the piece's bytes have landed, while they are hot in that core's cache. A backend
+/// that fills reads in steps (`sync`, see [`ON_READ_STEP_BYTES`]) hands a piece over as in-order,
+/// non-overlapping sub-pieces that together tile it, the first ones before the rest of the read has
+/// landed (so a hook may see bytes of a read that then fails; the load then fails as a whole).
+/// Pieces of one tensor may arrive in any order and on different threads; every piece of a tensor
+/// is reported before its [`LoadOptions::on_tensor`] hook runs. With [`Residence::Mapped`] it is called once
 /// per tensor, with the whole tensor at offset 0. An error stops the load like an `on_tensor`
 /// error ([`LoadError::Callback`], naming the tensor).
 pub type ReadHook = Arc<dyn Fn(&PieceRef<'_>) -> Result<(), BoxError> + Send + Sync>;
@@ -1240,10 +1243,18 @@ impl Tracker<'_> {
         if start >= end {
             return Ok(());
         }
-        let Some(&ti) = self.wp.tensors.get(p.tag as usize) else { return Err(StopReason) };
+        let Some(&ti) = self.wp.tensors.get(p.tag as usize) else {
+            return self.internal(format!("read piece names tag {} outside the window", p.tag));
+        };
         let info = &self.session.ckpt.tensors()[ti];
         let Some(bytes) = self.dest.landed(r.arena_offset_bytes + start, end - start) else {
-            return Err(StopReason);
+            return self.internal(format!(
+                "tensor {:?}: piece {}..{} of a read at arena offset {} lies outside the destination",
+                info.name(),
+                start,
+                end,
+                r.arena_offset_bytes
+            ));
         };
         let offset_in_tensor_bytes = p.extent_offset_bytes + (start - p.read_offset_bytes);
         if let Err(source) = hook(&PieceRef { info, tensor_index: ti, offset_in_tensor_bytes, bytes }) {
@@ -1254,6 +1265,19 @@ impl Tracker<'_> {
             return Err(StopReason);
         }
         Ok(())
+    }
+
+    /// Stops the run with an internal error (a plan that does not match its destination): named,
+    /// never reported as a cancellation.
+    fn internal(&self, what: String) -> Result<(), StopReason> {
+        let mut slot = self.hook_error.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(LoadError::Backend {
+                backend: self.session.backend_name.clone(),
+                kind: ReadErrorKind::Io(std::io::Error::other(what)),
+            });
+        }
+        Err(StopReason)
     }
 
     /// The error to report after the sink stopped the run.

@@ -124,7 +124,12 @@ impl ReadProgress {
     /// capped calls stay aligned).
     pub fn next_call_within(&self, direct_align_bytes: Option<u64>, cap_bytes: u64) -> Call {
         let remaining = self.len_bytes - self.done_bytes;
-        let mut len_bytes = remaining.min(PREAD_BYTES_MAX).min(cap_bytes.max(1));
+        // A cap below the direct alignment would round a call down to nothing: round it up.
+        let cap_bytes = match direct_align_bytes.filter(|a| a.is_power_of_two()) {
+            Some(align) => cap_bytes.max(1).checked_next_multiple_of(align).unwrap_or(u64::MAX),
+            None => cap_bytes.max(1),
+        };
+        let mut len_bytes = remaining.min(PREAD_BYTES_MAX).min(cap_bytes);
         if let Some(align) = direct_align_bytes.filter(|a| a.is_power_of_two() && *a <= PREAD_BYTES_MAX)
             && len_bytes < remaining
         {
@@ -229,6 +234,15 @@ mod tests {
 
     fn read(offset_bytes: u64, len_bytes: u64) -> Read {
         Read { file: 3, offset_bytes, len_bytes, arena_offset_bytes: 0, pieces: 0..0 }
+    }
+
+    #[test]
+    fn a_cap_below_the_direct_alignment_is_rounded_up_not_to_zero() {
+        let p = ReadProgress::new(&read(0, 8 << 20), 8 << 20, 8);
+        let call = p.next_call_within(Some(2 << 20), 1 << 20);
+        assert_eq!(call.len_bytes, 2 << 20);
+        assert_eq!(p.next_call_within(None, 1 << 20).len_bytes, 1 << 20);
+        assert_eq!(p.next_call_within(Some(4096), 0).len_bytes, 4096);
     }
 
     #[test]

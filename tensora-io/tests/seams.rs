@@ -331,3 +331,28 @@ fn the_sync_backend_hands_read_hook_pieces_over_in_cache_sized_steps() {
     let largest = largest.load(Ordering::Relaxed) as u64;
     assert!(largest <= tensora_io::load::ON_READ_STEP_BYTES, "largest piece {largest} bytes");
 }
+
+#[test]
+fn stepped_pieces_tile_every_tensor_through_short_reads_and_interrupts() {
+    use tensora_io::fault::{Fault, FaultySource};
+    let g = generate(9, &[vec![(Dtype::U8, vec![6 << 20]), (Dtype::F16, vec![3, 1000])]]);
+    let ckpt = g.open();
+    for faults in [
+        vec![Fault::Short { times: 5 }],
+        vec![Fault::Interrupted { times: 3 }],
+        vec![Fault::Short { times: 4 }, Fault::Interrupted { times: 2 }],
+    ] {
+        let pieces: Arc<Pieces> = Arc::default();
+        let completed = Arc::new(Mutex::new(Vec::new()));
+        let opts = LoadOptions {
+            backend: BackendChoice::Custom(FaultySource::new(faults.clone()).into_backend()),
+            chunk_bytes: 8 << 20,
+            ..piece_hook(&pieces, &completed)
+        };
+        let loaded = load(&ckpt, &opts).unwrap_or_else(|e| panic!("{faults:?}: {e}"));
+        assert!(loaded.report().retries > 0, "{faults:?}: the faults were injected");
+        // `piece_hook` asserts that the pieces tile each tensor exactly, with no gap or overlap.
+        assert_eq!(completed.lock().unwrap().len(), 2, "{faults:?}");
+        assert!(pieces.lock().unwrap().is_empty(), "{faults:?}: pieces left over");
+    }
+}

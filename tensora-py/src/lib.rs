@@ -375,9 +375,9 @@ impl Mapped {
                         made
                     }
                 };
-                if how == Fetch::Tensor {
-                    st.handed_out.insert(key);
-                }
+                // Lazy (`get_slice`) views count too: a later `get_tensor` of these bytes, which may
+                // be written, must not share the view a slice is still copying from.
+                st.handed_out.insert(key);
                 Some((owner, base))
             }
         };

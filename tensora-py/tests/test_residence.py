@@ -96,6 +96,15 @@ def test_safe_open_get_tensor_twice_gives_independent_tensors(every_dtype_file):
     assert file_sha256(every_dtype_file) == before
 
 
+def test_get_slice_then_get_tensor_never_share_bytes(every_dtype_file):
+    with tensora.safe_open(every_dtype_file) as f:
+        orig = f.get_slice("float32.1")[:]
+        t = f.get_tensor("float32.1")
+        t[...] = 7.0
+        again = f.get_slice("float32.1")[:]
+        assert again.tobytes() == orig.tobytes(), "a slice reads the file, not a get_tensor's writes"
+
+
 def test_get_tensor_shares_one_mapping_per_file_until_a_name_repeats(every_dtype_file):
     collect()
     base = _native.owners_live()

@@ -4,9 +4,11 @@
 //! Two hooks feed a [`DigestCollector`]:
 //!
 //! - the read hook ([`LoadOptions::on_read`], [`DigestCollector::read_hook`]) runs on the worker
-//!   that completed a read, right after it landed, once per piece (one tensor's bytes inside that
-//!   read). For crc32c it digests the piece there, while it is still in that core's cache, and
-//!   keeps `(offset, crc, len)`; pieces of one tensor may arrive in any order and on any thread.
+//!   that fills a read, once per piece (one tensor's bytes inside that read) as soon as its bytes
+//!   have landed; the `sync` backend hands pieces over in 1 MiB steps while the rest of the read is
+//!   still arriving. For crc32c it digests the piece there, while it is still in that core's
+//!   cache, and keeps `(offset, crc, len)`; pieces of one tensor may arrive in any order and on any
+//!   thread.
 //! - the tensor hook ([`LoadOptions::on_tensor`], [`DigestCollector::hook`]) runs once the
 //!   tensor is whole. For crc32c it combines the pieces' CRCs in offset order
 //!   ([`crate::digest::crc32c_combine`], about 1 µs each) and digests any bytes no piece
