@@ -238,11 +238,14 @@ impl IoBackend for RemoteBackend {
                 Fail::Read(e) => e,
                 Fail::Remote { read, error } => {
                     let r = &reads[read as usize];
+                    // The first byte that did not land, when the fetch knows it, so the load
+                    // layer names the tensor that byte belongs to, not the read's first one.
+                    let (offset_bytes, len_bytes) = error.range().unwrap_or((r.offset_bytes, r.len_bytes));
                     let text = self.keep_error(error);
                     ReadError {
                         file: r.file,
-                        offset_bytes: r.offset_bytes,
-                        len_bytes: r.len_bytes,
+                        offset_bytes,
+                        len_bytes,
                         kind: ReadErrorKind::Io(std::io::Error::other(text)),
                     }
                 }
@@ -483,6 +486,31 @@ mod tests {
             remote.load(&load).unwrap_err()
         });
         assert!(t.elapsed() < attempt_timeout / 2, "took {:?} to cancel: {err}", t.elapsed());
+    }
+
+    /// A body that breaks for good inside the second tensor of a read names that tensor and the
+    /// first byte that did not land, not the read's first tensor.
+    #[test]
+    fn a_broken_range_names_the_tensor_of_the_first_missing_byte() {
+        let dir = tempfile::tempdir().unwrap();
+        // Two 8,000-byte tensors in one shard, read as one range.
+        let store = stored(dir.path(), &[2000, 2000], 1 << 20, &rt());
+        let opts = RemoteOptions {
+            retry: crate::RetryPolicy { retries_per_range_max: 0, ..crate::RetryPolicy::default() },
+            ..RemoteOptions::default()
+        };
+        let remote = open(Arc::clone(&store), &opts);
+        let data_start = remote.checkpoint().tensor("t0").unwrap().offset_bytes();
+        // The body breaks 12,000 bytes in: inside t1.
+        store.breaks.lock().unwrap().push_back(12_000);
+        let err = remote.load(&LoadOptions::default()).unwrap_err();
+        match &err {
+            RemoteError::Read { tensor, offset_bytes, .. } => {
+                assert_eq!(tensor, "t1", "{err}");
+                assert_eq!(*offset_bytes, data_start + 12_000, "{err}");
+            }
+            other => panic!("expected a read error naming the tensor, got {other}"),
+        }
     }
 
     /// Opening, loading and dropping the last client from async code works (no nested

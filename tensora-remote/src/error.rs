@@ -88,6 +88,15 @@ pub enum RemoteError {
 }
 
 impl RemoteError {
+    /// The byte range a fetch error names (its first byte did not land), if it names one.
+    pub fn range(&self) -> Option<(u64, u64)> {
+        match self {
+            RemoteError::RetriesExhausted { offset_bytes, len_bytes, .. }
+            | RemoteError::BadResponse { offset_bytes, len_bytes, .. } => Some((*offset_bytes, *len_bytes)),
+            _ => None,
+        }
+    }
+
     /// Whether the load failed because an object was replaced or modified mid-load (also when
     /// that is the cause behind a [`RemoteError::Read`]).
     pub fn is_changed(&self) -> bool {
