@@ -268,15 +268,7 @@ async fn open_sllm(
     index_path: &ObjectPath,
 ) -> Result<Opened, RemoteError> {
     use tensora_format::sllm::{INDEX_LEN_BYTES_MAX, PARTITION_PREFIX, PARTITIONS_MAX, parse_index};
-    let url = location.url_of(index_path);
-    let meta = fetcher.head(index_path, &url).await?;
-    if meta.size > INDEX_LEN_BYTES_MAX {
-        return Err(RemoteError::TooLarge { url, len_bytes: meta.size, limit_bytes: INDEX_LEN_BYTES_MAX });
-    }
-    let object = RemoteObject { url: url.clone(), meta };
-    // Bounded by INDEX_LEN_BYTES_MAX above.
-    let mut bytes = vec![0u8; object.len_bytes() as usize];
-    fetcher.fetch(&object, 0, &mut bytes).await?;
+    let (url, bytes) = fetch_index(location, fetcher, index_path, INDEX_LEN_BYTES_MAX).await?;
     let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     drop(bytes);
     let dir = parent(index_path);
@@ -390,20 +382,32 @@ async fn direct_children(
     Ok(names)
 }
 
+/// The whole index object at `index_path` (its URL and bytes), refused without a download when
+/// HEAD says it is larger than `limit_bytes`: the buffer is never sized from an unchecked length.
+async fn fetch_index(
+    location: &Location,
+    fetcher: &Fetcher<'_>,
+    index_path: &ObjectPath,
+    limit_bytes: u64,
+) -> Result<(String, Vec<u8>), RemoteError> {
+    let url = location.url_of(index_path);
+    let meta = fetcher.head(index_path, &url).await?;
+    if meta.size > limit_bytes {
+        return Err(RemoteError::TooLarge { url, len_bytes: meta.size, limit_bytes });
+    }
+    let object = RemoteObject { url: url.clone(), meta };
+    // Bounded by `limit_bytes` above.
+    let mut bytes = vec![0u8; object.len_bytes() as usize];
+    fetcher.fetch(&object, 0, &mut bytes).await?;
+    Ok((url, bytes))
+}
+
 async fn open_indexed(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
 ) -> Result<Opened, RemoteError> {
-    let url = location.url_of(index_path);
-    let meta = fetcher.head(index_path, &url).await?;
-    if meta.size > INDEX_BYTES_MAX {
-        return Err(RemoteError::TooLarge { url, len_bytes: meta.size, limit_bytes: INDEX_BYTES_MAX });
-    }
-    let object = RemoteObject { url: url.clone(), meta };
-    // Bounded by INDEX_BYTES_MAX above.
-    let mut bytes = vec![0u8; object.len_bytes() as usize];
-    fetcher.fetch(&object, 0, &mut bytes).await?;
+    let (url, bytes) = fetch_index(location, fetcher, index_path, INDEX_BYTES_MAX).await?;
     let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     let dir = parent(index_path);
     let names: BTreeSet<&str> = index.weight_map().iter().map(|(_, shard)| shard.as_str()).collect();
