@@ -4,14 +4,13 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+mod common;
+use common::tensora;
+
 use serde_json::Value;
 
 const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
 const SLLM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm");
-
-fn tensora(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tensora")).args(args).output().expect("run tensora")
-}
 
 fn stdout_json(out: &Output) -> Value {
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));

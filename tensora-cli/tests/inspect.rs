@@ -1,26 +1,19 @@
 //! `tensora inspect` run as a binary on the shared fixtures and on broken inputs.
 
-use std::process::{Command, Output};
+mod common;
 
-const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
-const SLLM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+use std::process::Output;
+
+use common::{REAL, SLLM_TINY as SLLM, assert_one_error_line};
 
 fn inspect(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tensora")).arg("inspect").args(args).output().unwrap()
+    common::tensora(&[&["inspect"], args].concat())
 }
 
 fn json_of(path: &str) -> serde_json::Value {
     let out = inspect(&[path, "--json"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn assert_one_error_line(out: &Output) {
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(lines[0].starts_with("error:"), "{stderr}");
 }
 
 #[test]

@@ -1,26 +1,19 @@
 //! `tensora load` run as a binary on the shared fixtures.
 
+mod common;
+
 use std::process::{Command, Output};
 
-const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
-const SLLM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+use common::{REAL, SLLM_TINY as SLLM, assert_one_error_line, tensora};
 
 fn tensora_load(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tensora")).arg("load").args(args).output().unwrap()
+    tensora(&[&["load"], args].concat())
 }
 
 fn report(args: &[&str]) -> serde_json::Value {
     let out = tensora_load(args);
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn assert_one_error_line(out: &Output) {
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(lines[0].starts_with("error:"), "{stderr}");
 }
 
 #[test]
@@ -121,10 +114,6 @@ fn errors_exit_1_with_one_error_line() {
 }
 
 /// `tensora SUBCOMMAND ARGS...` with stdout and stderr captured.
-fn tensora(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tensora")).args(args).output().unwrap()
-}
-
 /// Exactly one stderr line starting `error: `, in which no `": "`-separated part is repeated.
 fn assert_one_plain_error_line(out: &Output, what: &str) -> String {
     assert_eq!(out.status.code(), Some(1), "{what}");

@@ -7,11 +7,10 @@ mod support;
 
 use std::process::{Command, Output};
 
-use support::{Nginx, S3rver, write_checkpoint};
+mod common;
+use common::tensora;
 
-fn tensora(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tensora")).args(args).output().unwrap()
-}
+use support::{Nginx, S3rver, write_checkpoint};
 
 fn ok_json(args: &[&str]) -> serde_json::Value {
     let out = tensora(args);
@@ -34,11 +33,8 @@ fn served() -> (tempfile::TempDir, Nginx) {
 }
 
 fn assert_one_error_line(out: &Output, needle: &str) {
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{stderr}");
-    assert!(lines[0].starts_with("error:") && lines[0].contains(needle), "{stderr}");
+    let line = common::assert_one_error_line(out);
+    assert!(line.contains(needle), "{line}");
 }
 
 #[test]

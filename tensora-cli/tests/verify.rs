@@ -4,14 +4,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+use common::{assert_one_error_line, tensora};
+
 use serde_json::Value;
 
 const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
 const SLLM_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
-
-fn tensora(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tensora")).args(args).output().expect("run tensora")
-}
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -294,14 +293,6 @@ fn cross_check_compares_every_available_backend() {
         tensora_io::registry::backends().iter().filter(|b| b.available().is_ok()).map(|b| b.name()).collect();
     assert_eq!(checked, available);
     assert!(checked.contains(&"sync"));
-}
-
-/// stderr holds exactly one line, starting `error:`, and that line repeats no message.
-fn assert_one_error_line(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("error: "), "{err}");
-    err
 }
 
 #[test]
