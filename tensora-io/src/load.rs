@@ -456,17 +456,27 @@ pub fn load_path(path: &Path, opts: &LoadOptions) -> Result<Loaded, LoadError> {
     Ok(loaded)
 }
 
-/// Load the selected tensors into one owned hugepage arena. See the module docs.
-pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
+/// What every load starts with: the page-fault counters, the selection (billed to the `plan`
+/// phase) and the session with its backend (billed to `open`).
+fn begin<'c>(
+    ckpt: &'c Checkpoint,
+    opts: &'c LoadOptions,
+    streaming: bool,
+) -> Result<(Session<'c>, Vec<usize>, Phases, Faults), LoadError> {
     let faults_before = Faults::now();
     let mut phases = Phases::default();
     let t = Instant::now();
     let selected = select(ckpt, opts)?;
     phases.plan += t.elapsed().as_secs_f64();
-
     let t = Instant::now();
-    let session = Session::new(ckpt, opts, &selected, false)?;
+    let session = Session::new(ckpt, opts, &selected, streaming)?;
     phases.open += t.elapsed().as_secs_f64();
+    Ok((session, selected, phases, faults_before))
+}
+
+/// Load the selected tensors into one owned hugepage arena. See the module docs.
+pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
+    let (session, selected, mut phases, faults_before) = begin(ckpt, opts, false)?;
 
     if opts.residence == Residence::Mapped {
         return load_mapped(session, selected, phases, faults_before);
@@ -595,15 +605,7 @@ pub fn load_streaming(
     opts: &LoadOptions,
     mut f: impl FnMut(&TensorRef<'_>) -> Result<(), BoxError>,
 ) -> Result<LoadReport, LoadError> {
-    let faults_before = Faults::now();
-    let mut phases = Phases::default();
-    let t = Instant::now();
-    let selected = select(ckpt, opts)?;
-    phases.plan += t.elapsed().as_secs_f64();
-
-    let t = Instant::now();
-    let session = Session::new(ckpt, opts, &selected, true)?;
-    phases.open += t.elapsed().as_secs_f64();
+    let (session, selected, mut phases, faults_before) = begin(ckpt, opts, true)?;
 
     if opts.residence == Residence::Mapped {
         let mut loaded = load_mapped(session, selected, phases, faults_before)?;
