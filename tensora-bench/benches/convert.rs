@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use tensora_convert::{ConvertConfig, TargetFormat, convert};
 use tensora_format::Dtype;
 use tensora_format::write::{SafetensorsLayout, TensorSpec, write_safetensors};
-use tensora_io::convert::{ConvertConfig, TargetFormat, convert};
 
 /// Model size under `cargo bench`.
 const MODEL_BYTES_BENCH: u64 = 1 << 30;

@@ -573,11 +573,11 @@ impl Runner<'_> {
             }
             Subject::RooflineDirect { .. } => {
                 for f in files {
-                    if let Err(why) = tensora_io::probe::direct_io_supported(f) {
+                    if let Err(why) = tensora_io::auto::probe::direct_io_supported(f) {
                         return Ok(Outcome::Skipped(format!("no O_DIRECT on {}: {why}", f.display())));
                     }
                 }
-                if let Err(why) = tensora_io::uring::probe() {
+                if let Err(why) = tensora_io::backends::uring::probe() {
                     return Ok(Outcome::Skipped(format!("io_uring unavailable: {why}")));
                 }
                 let mut arena = roofline::direct_arena(files)?;

@@ -60,12 +60,12 @@ impl CacheDropper {
 }
 
 fn write_drop_caches() -> Result<()> {
-    tensora_io::probe::drop_caches_global().with_context(|| format!("write {DROP_CACHES_PATH}"))
+    tensora_testkit::cache::drop_caches_global().with_context(|| format!("write {DROP_CACHES_PATH}"))
 }
 
 fn fadvise_dontneed(file: &Path) -> Result<()> {
     let f = std::fs::File::open(file).with_context(|| format!("open {}", file.display()))?;
-    tensora_io::probe::evict_file_cache(&f).with_context(|| format!("posix_fadvise {}", file.display()))
+    tensora_testkit::cache::evict_file_cache(&f).with_context(|| format!("posix_fadvise {}", file.display()))
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Everything that goes through the Tensora crates themselves: tensor names, the ServerlessLLM
-//! fixture (via `tensora_io::convert`), the mmap peer (via `tensora_io::mmap::MappedFiles`) and the
+//! fixture (via `tensora_convert`), the mmap peer (via `tensora_io::map::MappedFiles`) and the
 //! Tensora load cells.
 
 use std::collections::HashSet;
@@ -7,11 +7,11 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use tensora_convert::{ConvertConfig, TargetFormat};
 use tensora_format::Checkpoint;
-use tensora_io::convert::{ConvertConfig, TargetFormat};
-use tensora_io::mmap::MappedFiles;
+use tensora_format::Selection;
+use tensora_io::map::MappedFiles;
 use tensora_io::{BackendChoice, LoadOptions, Residence, SourceFile};
-use tensora_plan::Selection;
 
 use crate::bench::{AUTO, Outcome, measure, measure_timed};
 use crate::cache::CacheDropper;
@@ -66,7 +66,7 @@ pub fn ensure_sllm(root: &Path, source: &Fixture, size: Size, seed: u64) -> Resu
         }
         let src = open(&source.open_path)?;
         let config = ConvertConfig { to: TargetFormat::ServerlessLlm, ..ConvertConfig::default() };
-        tensora_io::convert::convert(&src, &dir, &config)
+        tensora_convert::convert(&src, &dir, &config)
             .with_context(|| format!("convert {} to ServerlessLLM", source.open_path.display()))?;
     }
     let ckpt = open(&dir)?;

@@ -121,8 +121,8 @@ pub fn measure_pairs(
 
     let Some(dropper) = dropper else { return Ok(out) };
     let mut direct_arena = roofline::direct_arena(files)?;
-    let direct_ok = files.iter().all(|f| tensora_io::probe::direct_io_supported(f).is_ok())
-        && tensora_io::uring::probe().is_ok();
+    let direct_ok = files.iter().all(|f| tensora_io::auto::probe::direct_io_supported(f).is_ok())
+        && tensora_io::backends::uring::probe().is_ok();
     let mut pair = Pair {
         fixture: fixture.to_owned(),
         cache: Cache::Cold,

@@ -7,7 +7,7 @@
 //!   ratio compares like with like. Mapping the arena and the one-byte-per-page touch that every
 //!   loader and peer does are timed; unmapping the previous arena is not (nor for the loaders).
 //! - cold, direct: `O_DIRECT` reads of 8 MiB blocks, 32 in flight on one io_uring ring
-//!   (`tensora_io::probe::direct_read_roofline`), into an arena faulted in by the warm-up;
+//!   (`tensora_testkit::roofline::direct_read_roofline`), into an arena faulted in by the warm-up;
 //! - cold, buffered: 2 threads of buffered `pread` in 8 MiB blocks.
 //!
 //! The device roofline is the better of the two cold figures.
@@ -205,20 +205,21 @@ pub fn warm_pread_fresh(files: &[PathBuf]) -> Result<(f64, u64, Arena)> {
 }
 
 /// Cold direct roofline: `O_DIRECT` reads of [`BLOCK_BYTES`], [`DIRECT_QUEUE_DEPTH`] in flight on
-/// one io_uring ring, into `arena` (sized with `tensora_io::probe::direct_roofline_arena_bytes`).
+/// one io_uring ring, into `arena` (sized with `tensora_testkit::roofline::direct_roofline_arena_bytes`).
 /// Fails where the filesystem has no O_DIRECT or io_uring is unavailable.
 pub fn cold_direct(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
-    let config = tensora_io::probe::DirectRooflineConfig {
+    let config = tensora_testkit::roofline::DirectRooflineConfig {
         queue_depth: DIRECT_QUEUE_DEPTH as u32,
         block_bytes: BLOCK_BYTES as u64,
     };
-    tensora_io::probe::direct_read_roofline(files, config, arena).context("O_DIRECT io_uring roofline")
+    tensora_testkit::roofline::direct_read_roofline(files, config, arena)
+        .context("O_DIRECT io_uring roofline")
 }
 
 /// The arena [`cold_direct`] needs for `files`.
 pub fn direct_arena(files: &[PathBuf]) -> Result<Arena> {
     let lens = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len())).collect::<Result<Vec<_>, _>>()?;
-    Ok(Arena::with_len(tensora_io::probe::direct_roofline_arena_bytes(&lens))?)
+    Ok(Arena::with_len(tensora_testkit::roofline::direct_roofline_arena_bytes(&lens))?)
 }
 
 /// Cold buffered roofline: [`COPY_THREADS`] threads of buffered `pread`. `buffers` must hold that

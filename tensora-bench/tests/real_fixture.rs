@@ -1,4 +1,4 @@
-//! The whole measuring pipeline on a real checkpoint from the shared fixtures: rooflines, every
+//! The whole measuring pipeline on a real checkpoint from the repository fixtures (`fixtures/`): rooflines, every
 //! backend, the peers, and the three report files.
 
 use std::path::{Path, PathBuf};
@@ -7,7 +7,7 @@ use tensora_bench::bench::{self, BenchConfig, Prepared};
 use tensora_bench::fixtures::{Fixture, Size};
 use tensora_bench::report::{Kind, Machine, Status};
 
-const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.safetensors");
+const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
 
 fn real_fixture() -> Fixture {
     let path = PathBuf::from(REAL);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use tensora_io::convert::{
+use tensora_convert::{
     COPY_BUFFER_BYTES_DEFAULT, ConvertConfig, ConvertProgress, ConvertReport, TargetFormat,
 };
 
@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         });
         cfg.progress = Some(hook);
     }
-    let result = tensora_io::convert::convert(&src, &args.dst, &cfg);
+    let result = tensora_convert::convert(&src, &args.dst, &cfg);
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

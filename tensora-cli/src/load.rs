@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
+use tensora_format::Selection;
 use tensora_io::{BackendChoice, IoMode, LoadOptions, LoadReport, Residence};
-use tensora_plan::Selection;
 
 use crate::units::parse_bytes;
 

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures");
+const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures");
 
 fn tensora(args: &[&str], paths: &[&Path]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tensora"));

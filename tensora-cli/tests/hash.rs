@@ -9,8 +9,8 @@ use common::tensora;
 
 use serde_json::Value;
 
-const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
-const SLLM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm");
+const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real");
+const SLLM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm");
 
 fn stdout_json(out: &Output) -> Value {
     assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));

@@ -1,4 +1,4 @@
-//! `tensora inspect` run as a binary on the shared fixtures and on broken inputs.
+//! `tensora inspect` run as a binary on the repository fixtures and on broken inputs.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! `tensora load` run as a binary on the shared fixtures.
+//! `tensora load` run as a binary on the repository fixtures.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! `tensora inspect --json` on the shared ServerlessLLM fixture.
+//! `tensora inspect --json` on the repository ServerlessLLM fixture.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
@@ -7,9 +7,9 @@ use std::process::Command;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 const TINY_EXPECTED: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny.expected.json");
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny.expected.json");
 
 fn inspect_json(path: &str) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_tensora")).args(["inspect", "--json", path]).output().unwrap();

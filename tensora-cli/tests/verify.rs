@@ -9,8 +9,8 @@ use common::{assert_one_error_line, tensora};
 
 use serde_json::Value;
 
-const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
-const SLLM_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real");
+const SLLM_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 
 fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

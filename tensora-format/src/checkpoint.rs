@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::Dtype;
+use crate::select::{Selection, SelectionError};
 
 /// Which on-disk layout a checkpoint came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -68,6 +69,50 @@ impl FileStamp {
         let (dev, inode) = (0, 0);
         FileStamp { len_bytes: meta.len(), modified: meta.modified().ok(), dev, inode }
     }
+
+    /// `Ok` when `now` is this stamp, else what changed. The one check of "the file is still the
+    /// one that was parsed" for the whole workspace (loads, conversion, verification, bindings).
+    ///
+    /// ```
+    /// use tensora_format::FileStamp;
+    /// let then = FileStamp { len_bytes: 10, modified: None, dev: 1, inode: 7 };
+    /// assert!(then.check(&then).is_ok());
+    /// let now = FileStamp { len_bytes: 12, inode: 8, ..then };
+    /// let e = then.check(&now).unwrap_err();
+    /// assert_eq!(e.to_string(), "file changed since it was parsed (size 10 -> 12, inode 7 -> 8: replaced)");
+    /// ```
+    pub fn check(&self, now: &FileStamp) -> Result<(), FileChanged> {
+        if self == now { Ok(()) } else { Err(FileChanged { before: *self, after: *now }) }
+    }
+}
+
+/// A file whose size, mtime or identity differs from its parse-time [`FileStamp`]: it was modified
+/// in place or replaced since it was parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("file changed since it was parsed ({})", self.what())]
+pub struct FileChanged {
+    /// The stamp taken when the file was parsed.
+    pub before: FileStamp,
+    /// The stamp now.
+    pub after: FileStamp,
+}
+
+impl FileChanged {
+    /// What differs, e.g. `size 10 -> 12, mtime: modified in place`.
+    pub fn what(&self) -> String {
+        let (b, a) = (&self.before, &self.after);
+        let mut what = Vec::new();
+        if b.len_bytes != a.len_bytes {
+            what.push(format!("size {} -> {}", b.len_bytes, a.len_bytes));
+        }
+        if (b.dev, b.inode) != (a.dev, a.inode) {
+            what.push(format!("inode {} -> {}: replaced", b.inode, a.inode));
+        }
+        if b.modified != a.modified {
+            what.push("mtime: modified in place".to_owned());
+        }
+        what.join(", ")
+    }
 }
 
 /// One file of a checkpoint.
@@ -91,6 +136,11 @@ impl FileEntry {
     /// Size, mtime and inode at parse time.
     pub fn stamp(&self) -> FileStamp {
         self.stamp
+    }
+    /// Whether `meta` (an `fstat` of an open descriptor, or a `stat` of the path, taken now) still
+    /// describes the file that was parsed.
+    pub fn check_unchanged(&self, meta: &std::fs::Metadata) -> Result<(), FileChanged> {
+        self.stamp.check(&FileStamp::from_metadata(meta))
     }
     /// First byte of tensor data.
     pub fn data_start_bytes(&self) -> u64 {
@@ -252,5 +302,52 @@ impl Checkpoint {
     /// Saturates at `u64::MAX` (tied tensors can alias huge storage many times).
     pub fn total_tensor_bytes(&self) -> u64 {
         self.tensors.iter().fold(0u64, |sum, t| sum.saturating_add(t.len_bytes))
+    }
+
+    /// The indexes (into [`Checkpoint::tensors`]) of the tensors `selection` picks, in file order.
+    /// An exact name that no tensor has, or a glob that matches none, is an error naming it.
+    ///
+    /// ```
+    /// use tensora_format::Selection;
+    /// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+    /// let ckpt = tensora_format::open(dir)?;
+    /// let picked = ckpt.select(&Selection::Glob(vec!["layers.0.*".into()]))?;
+    /// assert!(picked.iter().all(|&i| ckpt.tensors()[i].name().starts_with("layers.0.")));
+    /// assert!(ckpt.select(&Selection::Names(vec!["nope".into()])).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn select(&self, selection: &Selection) -> Result<Vec<usize>, SelectionError> {
+        selection.matcher()?.select(self.tensors.iter().map(|t| t.name()))
+    }
+
+    /// Bytes covered by the tensors `selected` (indexes into [`Checkpoint::tensors`]), counting
+    /// bytes that tied tensors share (ServerlessLLM names aliasing one storage) once: the size of
+    /// the union of their file ranges. Indexes out of range are ignored.
+    pub fn distinct_bytes(&self, selected: &[usize]) -> u64 {
+        let mut ranges: Vec<(u32, u64, u64)> = selected
+            .iter()
+            .filter_map(|&i| self.tensors.get(i))
+            .filter(|t| t.len_bytes > 0)
+            .map(|t| (t.file.0, t.offset_bytes, t.offset_bytes + t.len_bytes))
+            .collect();
+        ranges.sort_unstable();
+        let mut total_bytes = 0u64;
+        let mut current: Option<(u32, u64, u64)> = None;
+        for (file, start, end) in ranges {
+            current = match current {
+                Some((f, s, e)) if f == file && start <= e => Some((f, s, e.max(end))),
+                Some((_, s, e)) => {
+                    // A union of ranges inside files whose sizes are u64: cannot pass u64::MAX
+                    // per file, but many files together saturate rather than wrap.
+                    total_bytes = total_bytes.saturating_add(e - s);
+                    Some((file, start, end))
+                }
+                None => Some((file, start, end)),
+            };
+        }
+        if let Some((_, s, e)) = current {
+            total_bytes = total_bytes.saturating_add(e - s);
+        }
+        total_bytes
     }
 }

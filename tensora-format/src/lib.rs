@@ -39,16 +39,18 @@ mod dtype;
 mod error;
 mod fsutil;
 pub mod safetensors;
+pub mod select;
 pub mod sharded;
 pub mod sllm;
 pub mod write;
 
 use std::path::Path;
 
-pub use checkpoint::{Checkpoint, FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
+pub use checkpoint::{Checkpoint, FileChanged, FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
 pub use dtype::Dtype;
 pub use error::{Error, ErrorKind};
 pub use fsutil::{open_regular, read_capped};
+pub use select::{Matcher, Selection, SelectionError};
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

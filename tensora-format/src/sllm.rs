@@ -697,7 +697,7 @@ pub struct PartitionShortfall {
 /// offsets of the partitions after it, so the shortfall may show on a later partition too.
 ///
 /// ```
-/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 /// let short = tensora_format::sllm::partition_shortfalls(std::path::Path::new(dir)).unwrap();
 /// assert!(short.is_empty());
 /// ```
@@ -745,7 +745,7 @@ pub fn partition_shortfalls(dir: &Path) -> crate::Result<Vec<PartitionShortfall>
 /// same file and range.
 ///
 /// ```
-/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 /// let ckpt = tensora_format::sllm::open_dir(std::path::Path::new(dir)).unwrap();
 /// assert_eq!(ckpt.format(), tensora_format::Format::ServerlessLlm);
 /// let embed = ckpt.tensor("embed.weight").unwrap();

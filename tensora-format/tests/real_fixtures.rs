@@ -1,4 +1,4 @@
-//! The HF-written fixtures in `../shared/fixtures/real`: parse, check every tensor against the
+//! The HF-written fixtures in `fixtures/real`: parse, check every tensor against the
 //! independently computed `*.expected.json`, re-write with our writer, and check that the copy has
 //! the same layout and bytes and that HF's own crate reads it.
 
@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use tensora_format::write::{SafetensorsLayout, TensorSpec, write_safetensors};
 use tensora_format::{Dtype, Format};
 
-const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
+const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real");
 
 fn fixtures() -> Vec<(PathBuf, serde_json::Value, usize)> {
     ["fracast-0", "fracast-0.int8"]

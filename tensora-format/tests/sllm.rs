@@ -1,4 +1,4 @@
-//! ServerlessLLM reader and writer against the shared fixture, plus property tests of the index
+//! ServerlessLLM reader and writer against the repository fixture, plus property tests of the index
 //! parser.
 
 use std::collections::BTreeMap;
@@ -12,9 +12,9 @@ use tensora_format::sllm::write::{SllmLayout, SllmLayoutConfig, SllmTensorSpec, 
 use tensora_format::sllm::{self, IndexLayout, SllmIndex};
 use tensora_format::{Checkpoint, Dtype, Format};
 
-const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 const TINY_EXPECTED: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny.expected.json");
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny.expected.json");
 
 struct Expected {
     dtype: String,

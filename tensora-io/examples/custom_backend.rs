@@ -64,9 +64,9 @@ impl IoBackend for OneThreadPread {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::args().nth(1).unwrap_or_else(|| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny").to_owned()
-    });
+    let path = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny").to_owned());
     let ckpt = tensora_format::open(&path)?;
     // The one registration call:
     let opts =

@@ -16,7 +16,7 @@ use std::time::Instant;
 use tensora_format::Dtype;
 use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
 use tensora_io::arena::Arena;
-use tensora_io::{BackendChoice, IoMode, LoadOptions, load, load_streaming, probe};
+use tensora_io::{BackendChoice, IoMode, LoadOptions, load, load_streaming};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -132,7 +132,7 @@ fn roofline(dir: &Path, threads: usize) -> Res<f64> {
 
 fn drop_caches(cold: bool) -> Res<()> {
     if cold {
-        probe::drop_caches_global()?;
+        tensora_testkit::cache::drop_caches_global()?;
     }
     Ok(())
 }

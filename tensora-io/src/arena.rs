@@ -40,7 +40,7 @@
 use std::io;
 use std::ptr::NonNull;
 
-use crate::backend::Destination;
+use crate::seam::Destination;
 
 /// How an [`Arena`]'s pages are faulted in before use. See the module docs for measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -357,7 +357,7 @@ impl Arena {
     /// So it is safe while backends write into the arena, or DMA lands in it, concurrently. A
     /// hint: errors (kernels before 5.14) are returned for the caller to ignore.
     pub fn populate_write(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
-        let page_bytes = crate::mmap::page_size_bytes();
+        let page_bytes = crate::map::page_size_bytes();
         let end = offset_bytes.saturating_add(len_bytes).min(self.len_bytes as u64);
         let start = (offset_bytes / page_bytes) * page_bytes;
         if start >= end {

@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use tensora_format::Dtype;
+use tensora_format::SelectionError;
 use tensora_plan::PlanError;
 
-use crate::backend::ReadErrorKind;
+use crate::seam::ReadErrorKind;
 
 /// A boxed error from a caller's callback or hook.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -17,7 +18,7 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum LoadError {
     /// The selection names tensors that do not exist, or a glob is bad.
     #[error("selection: {0}")]
-    Selection(#[source] PlanError),
+    Selection(#[source] SelectionError),
     /// The planner refused the extents or the config (e.g. a zero budget).
     #[error("plan: {0}")]
     Plan(#[source] PlanError),
@@ -35,8 +36,13 @@ pub enum LoadError {
         source: std::io::Error,
     },
     /// A file's size, mtime or inode differs from what was parsed: it was replaced or modified.
-    #[error("{}: file changed since it was parsed ({what})", path.display())]
-    Changed { path: PathBuf, what: String },
+    #[error("{}: {change}", path.display())]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// What changed.
+        change: tensora_format::FileChanged,
+    },
     /// The file has far fewer allocated blocks than its size (an interrupted download).
     #[error(
         "{}: sparse file ({allocated_bytes} of {len_bytes} bytes allocated); refusing to load \

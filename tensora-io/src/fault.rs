@@ -1,4 +1,4 @@
-//! Test support: a read layer that injects faults into [`SyncBackend`](crate::sync::SyncBackend)'s
+//! Test support: a read layer that injects faults into [`SyncBackend`](crate::backends::sync::SyncBackend)'s
 //! positional reads. It is public so that every crate's tests (tensora-verify's included) can
 //! exercise error paths without special hardware.
 //!
@@ -16,7 +16,7 @@
 //! use tensora_io::fault::{Fault, FaultySource};
 //! use tensora_io::{BackendChoice, LoadError, LoadOptions, load};
 //!
-//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 //! let ckpt = tensora_format::open(dir)?;
 //! // Transient faults are retried: the load succeeds with the right bytes.
 //! let source = FaultySource::new(vec![Fault::Interrupted { times: 3 }, Fault::Short { times: 2 }]);
@@ -33,8 +33,8 @@ use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::backend::{IoBackend, SourceFile};
-use crate::sync::{Pread, ReadAt, SyncBackend};
+use crate::backends::sync::{Pread, ReadAt, SyncBackend};
+use crate::seam::{IoBackend, SourceFile};
 
 /// One fault to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

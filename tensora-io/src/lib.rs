@@ -1,55 +1,60 @@
 //! The data plane of Tensora: execute a load plan against checkpoint files into memory, as fast as
 //! the disk and memory allow, with bounded memory and strict checks.
 //!
-//! - [`load`], [`load_streaming`], [`load_path`] and [`async_load::load_async`]: the load API
-//!   ([`LoadOptions`] in, [`Loaded`] / [`LoadReport`] out, [`LoadError`] naming path, offset and
-//!   tensor on failure).
-//! - [`IoBackend`]: how a plan is executed. Built in: `sync` ([`sync`]), `mmap` ([`mmap`]),
-//!   `io-uring` ([`uring`]) and `async` ([`async_load`]), listed in [`registry`]. Adding one is a
-//!   file implementing the trait plus one line in the registry, or
-//!   [`BackendChoice::Custom`] from outside the crate (`examples/custom_backend.rs`).
-//! - [`Destination`]: where bytes land: the hugepage [`arena::Arena`] or caller memory
-//!   ([`dest::CallerBuffer`]).
-//! - [`auto`] and [`probe`]: the measured facts behind `--backend auto`.
-//! - [`fault`]: test support that injects I/O faults below a backend.
+//! Where a byte goes, folder by folder:
+//!
+//! - [`load`](mod@load): the load API. [`load()`], [`load_streaming`], [`load_runs`],
+//!   [`load_path`] (and [`load_async`] with the `async` feature) take [`LoadOptions`] and give a
+//!   [`Loaded`] or a [`LoadReport`], or a [`LoadError`] naming path, offset and tensor.
+//! - [`auto`]: the measured facts ([`auto::probe`]) behind `--backend auto` and
+//!   `Residence::Auto`, and the rules that read them.
+//! - [`seam`]: the contract between a plan and a backend: [`Job`], [`ReadTarget`] (claim and land),
+//!   [`CompletionSink`], [`Destination`], the in-flight [`Budget`].
+//! - [`backends`]: the [`IoBackend`]s (`sync`, `mmap`, `io-uring`, `async`), one file each over a
+//!   shared worker runtime, listed in [`registry`]. Adding one is a file plus one registry line,
+//!   or [`BackendChoice::Custom`] from outside the crate (`examples/custom_backend.rs`).
+//! - [`arena`]: the hugepage [`arena::Arena`] owned loads land in.
+//! - [`map`]: private mappings of checkpoint files, the zero-copy views of mapped loads, and the
+//!   one routine that reads mapped pages in ([`map::populate`]).
 //!
 //! ```
-//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 //! let loaded = tensora_io::load_path(std::path::Path::new(dir), &tensora_io::LoadOptions::default())?;
 //! let t = loaded.tensor("layers.0.norm.weight").expect("present");
 //! assert_eq!(t.as_slice::<f32>()?.len(), 64);
 //! assert!(loaded.report().reason.len() > 0);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! Cargo features: `async` (default) adds the tokio-driven `async` backend and [`load_async`];
+//! without it tensora-io does not depend on tokio. `fault-injection` adds [`fault`], test support
+//! that injects I/O faults below a backend.
+#![warn(missing_docs)]
 
-pub mod alloc;
 pub mod arena;
-pub mod async_load;
 pub mod auto;
-pub mod backend;
-pub mod convert;
-pub mod dest;
+pub mod backends;
 pub mod error;
+#[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod load;
-pub mod mmap;
-pub mod probe;
-pub mod read_progress;
-pub mod registry;
+pub mod map;
 pub mod report;
-pub mod sync;
-pub mod uring;
+pub mod seam;
 
-pub use backend::{
-    CompletionSink, Destination, IoBackend, IoStats, Job, JobConfig, Landed, ReadError, ReadErrorKind,
-    ReadTarget, SourceFile, StopReason,
-};
+pub use backends::registry;
 pub use error::{BoxError, LoadError, ViewError};
+#[cfg(feature = "async")]
+pub use load::load_async;
 pub use load::{
     ArenaReuse, BackendChoice, Element, IoMode, LoadOptions, Loaded, PieceRef, ProgressHook, ReadHook,
     Residence, TensorHook, TensorRef, load, load_path, load_streaming,
 };
 pub use report::{LoadReport, Phases};
+pub use seam::{
+    Budget, CompletionSink, Destination, IoBackend, IoStats, Job, JobConfig, Landed, LandedPrefix, Permit,
+    ReadError, ReadErrorKind, ReadTarget, SourceFile, StopReason,
+};
 
 /// The README's Rust examples, compiled as doctests so they cannot rot.
 #[cfg(doctest)]

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
-use tensora_io::async_load::{AsyncBackend, load_async};
 use tensora_io::{BackendChoice, LoadOptions, TensorHook};
 use tensora_io::{ReadErrorKind, SourceFile};
 use tensora_plan::{Order, Plan};
+use {tensora_io::backends::async_tokio::AsyncBackend, tensora_io::load_async};
 
 mod harness;
 
@@ -77,9 +77,8 @@ fn execute_from_inside_a_runtime_does_not_panic() {
 // load_async
 // ---------------------------------------------------------------------------------------------
 
-const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.safetensors");
-const REAL_EXPECTED: &str =
-    concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.expected.json");
+const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
+const REAL_EXPECTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.expected.json");
 
 fn current_thread_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().build().unwrap()

@@ -124,7 +124,10 @@ fn truncation_is_an_error_never_a_short_tensor() {
     for name in runnable_backends() {
         let opts = LoadOptions { backend: BackendChoice::Named(name.into()), ..LoadOptions::default() };
         let err = load(&ckpt, &opts).unwrap_err();
-        assert!(matches!(&err, LoadError::Changed { what, .. } if what.contains("size")), "{name}: {err}");
+        assert!(
+            matches!(&err, LoadError::Changed { change, .. } if change.what().contains("size")),
+            "{name}: {err}"
+        );
     }
 }
 
@@ -147,7 +150,7 @@ fn a_file_replaced_before_or_during_the_load_is_an_error() {
         ..sync()
     };
     let err = load(&ckpt, &opts).unwrap_err();
-    assert!(matches!(&err, LoadError::Changed { what, .. } if what.contains("inode")), "{err}");
+    assert!(matches!(&err, LoadError::Changed { change, .. } if change.what().contains("inode")), "{err}");
     // Replaced before the load started (same size, new inode).
     let err = load(&ckpt, &sync()).unwrap_err();
     assert!(matches!(err, LoadError::Changed { .. }), "{err}");
@@ -199,7 +202,7 @@ struct Fuse {
     eio_from: u64,
 }
 
-impl tensora_io::sync::ReadAt for Fuse {
+impl tensora_io::backends::sync::ReadAt for Fuse {
     fn read_at(
         &self,
         file: &tensora_io::SourceFile,
@@ -212,12 +215,13 @@ impl tensora_io::sync::ReadAt for Fuse {
             return Err(std::io::Error::from_raw_os_error(libc::EIO));
         }
         let n = buf.len().min(self.call_bytes_max);
-        tensora_io::sync::Pread.read_at(file, file_index, &mut buf[..n], offset_bytes, direct)
+        tensora_io::backends::sync::Pread.read_at(file, file_index, &mut buf[..n], offset_bytes, direct)
     }
 }
 
 fn fuse(call_bytes_max: usize, eio_from: u64) -> LoadOptions {
-    let backend = tensora_io::sync::SyncBackend::with_reader(Arc::new(Fuse { call_bytes_max, eio_from }));
+    let backend =
+        tensora_io::backends::sync::SyncBackend::with_reader(Arc::new(Fuse { call_bytes_max, eio_from }));
     LoadOptions { backend: BackendChoice::Custom(Arc::new(backend)), ..LoadOptions::default() }
 }
 

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use proptest::prelude::*;
 use support::*;
 use tensora_format::Dtype;
+use tensora_format::Selection;
 use tensora_io::{BackendChoice, IoMode, LoadError, LoadOptions, Residence, ViewError, load, load_streaming};
-use tensora_plan::Selection;
 
 fn named(name: &str) -> LoadOptions {
     LoadOptions { backend: BackendChoice::Named(name.to_owned()), ..LoadOptions::default() }

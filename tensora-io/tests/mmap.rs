@@ -2,7 +2,8 @@
 //! `mincore`, prewarm, lock, size checks, cancellation and sink stops.
 
 use proptest::prelude::*;
-use tensora_io::mmap::{FileRange, MappedFiles, MmapBackend, MmapConfig};
+use tensora_io::backends::mmap::{MmapBackend, MmapConfig};
+use tensora_io::map::{FileRange, MappedFiles};
 use tensora_io::{ReadErrorKind, SourceFile};
 use tensora_plan::{Order, Plan};
 
@@ -76,7 +77,7 @@ fn residency_rises_after_reading_and_drops_after_dontneed() {
     let warm = maps.residency(&whole(len)).unwrap();
     assert_eq!(warm.pages_total, len / 4096);
     assert!(warm.fraction() > 0.0, "{warm:?}");
-    tensora_io::probe::evict_file_cache(&file.source.buffered).unwrap();
+    tensora_testkit::cache::evict_file_cache(&file.source.buffered).unwrap();
     let cold = maps.residency(&whole(len)).unwrap();
     assert!(cold.fraction() < 1.0, "{cold:?}");
     // Prewarm brings every page back; the sampled view agrees.
@@ -96,7 +97,7 @@ fn locked_hot_set_survives_dontneed() {
     maps.advise_willneed(&hot).unwrap();
     maps.advise_sequential(&whole(len)).unwrap();
     maps.lock(&hot).unwrap();
-    tensora_io::probe::evict_file_cache(&file.source.buffered).unwrap();
+    tensora_testkit::cache::evict_file_cache(&file.source.buffered).unwrap();
     assert_eq!(maps.residency(&hot).unwrap().fraction(), 1.0);
     maps.unlock(&hot).unwrap();
     assert_eq!(maps.bytes(0, 0..4096), &file.data[..4096]);
@@ -131,7 +132,7 @@ fn a_copy_on_write_mapping_larger_than_memory_is_not_charged_up_front() {
         buffered: std::fs::File::open(file.path()).unwrap(),
         direct: None,
     };
-    let maps = MappedFiles::map_with(std::slice::from_ref(&source), tensora_io::mmap::MapMode::CopyOnWrite)
+    let maps = MappedFiles::map_with(std::slice::from_ref(&source), tensora_io::map::MapMode::CopyOnWrite)
         .expect("a copy-on-write mapping charges only the pages written");
     let ptr = maps.ptr_mut(0, (LEN_BYTES - 4096)..LEN_BYTES).unwrap();
     // SAFETY: no slice of these bytes is alive; the range is inside the mapping.

@@ -9,12 +9,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use support::*;
+use tensora_format::Selection;
 use tensora_format::{Checkpoint, Dtype};
+use tensora_io::Budget;
 use tensora_io::{
     BackendChoice, CompletionSink, IoBackend, IoStats, Job, JobConfig, LoadError, LoadOptions, ReadError,
     ReadErrorKind, Residence, StopReason, load, load_streaming,
 };
-use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig, Selection};
+use tensora_plan::{Extent, Order, Plan, PlanConfig};
 
 struct CountSink(AtomicUsize);
 

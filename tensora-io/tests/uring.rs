@@ -5,10 +5,11 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use proptest::prelude::*;
+use tensora_io::Budget;
 use tensora_io::arena::Arena;
-use tensora_io::uring::{self, UringBackend, UringConfig};
+use tensora_io::backends::uring::{self, UringBackend, UringConfig};
 use tensora_io::{IoBackend, Job, JobConfig, ReadErrorKind, SourceFile};
-use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
+use tensora_plan::{Extent, Order, Plan, PlanConfig};
 
 mod harness;
 

@@ -37,46 +37,4 @@ pub enum PlanError {
     /// The plan would need more pieces than [`crate::PIECES_MAX`].
     #[error("the plan needs {pieces} pieces; at most {max} are supported (raise chunk_bytes)")]
     TooManyPieces { pieces: u64, max: u64 },
-    /// A glob pattern does not parse.
-    #[error("invalid glob pattern {pattern:?}: {reason}")]
-    BadGlob { pattern: String, reason: String },
-    /// Exact names in a selection that no tensor has (a typo should not silently load nothing).
-    #[error("no tensor named {}", quote_list(names))]
-    UnknownNames { names: Vec<String> },
-    /// Glob patterns in a selection that match no tensor.
-    #[error("no tensor matches {}", quote_list(patterns))]
-    NoMatch { patterns: Vec<String> },
-}
-
-/// How many names an error message lists before it says "and N more".
-const NAMES_SHOWN_MAX: usize = 8;
-
-fn quote_list(names: &[String]) -> String {
-    let mut out = String::new();
-    for (i, name) in names.iter().take(NAMES_SHOWN_MAX).enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        out.push_str(&format!("{name:?}"));
-    }
-    if names.len() > NAMES_SHOWN_MAX {
-        out.push_str(&format!(" and {} more", names.len() - NAMES_SHOWN_MAX));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unknown_names_are_listed_and_truncated() {
-        let e = PlanError::UnknownNames { names: vec!["a.weight".into(), "b".into()] };
-        assert_eq!(e.to_string(), "no tensor named \"a.weight\", \"b\"");
-        let many: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
-        let e = PlanError::NoMatch { patterns: many };
-        let msg = e.to_string();
-        assert!(msg.ends_with(" and 2 more"), "{msg}");
-        assert!(msg.contains("\"t7\"") && !msg.contains("\"t8\""), "{msg}");
-    }
 }

@@ -2,36 +2,35 @@
 //!
 //! The planner is the control plane of every load. It does no I/O and knows no file format and
 //! no file name: its input is [`Extent`]s `(file id, offset, length, tag)` (the tag is the
-//! caller's tensor id), a [`PlanConfig`] and an [`Order`]; its output is a [`Plan`]. It also
-//! provides the in-flight byte [`Budget`] that backends hold while reads are in flight, and the
-//! [`Selection`] that turns `--select` arguments into the tensors of a partial load.
+//! caller's tensor id), a [`PlanConfig`] and an [`Order`]; its output is a [`Plan`]. It depends on
+//! nothing but `std` and an error-derive crate: the in-flight byte budget backends hold lives in
+//! tensora-io (`tensora_io::Budget`), name selection in tensora-format
+//! (`tensora_format::Selection`).
 //!
 //! ```
-//! use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig, Selection};
+//! use tensora_plan::{Extent, Order, Plan, PlanConfig};
 //!
-//! // The caller (tensora-io) turns its selected tensors into extents...
-//! let names = ["embed.weight", "layers.0.w", "layers.1.w"];
-//! let layout = [(0u32, 64u64, 4096u64), (0, 4160, 8192), (1, 64, 1 << 20)]; // (file, offset, len)
-//! let picked = Selection::Glob(vec!["layers.*".into()]).matcher()?.select(names)?;
-//! let extents: Vec<Extent> = picked
+//! // The caller (tensora-io) turns its selected tensors into extents: (file, offset, len, tag)...
+//! let layout = [(0u32, 4160u64, 8192u64), (1, 64, 1 << 20)];
+//! let extents: Vec<Extent> = layout
 //!     .iter()
-//!     .map(|&i| Extent { file: layout[i].0, offset_bytes: layout[i].1, len_bytes: layout[i].2, tag: i as u32 })
+//!     .enumerate()
+//!     .map(|(i, &(file, offset_bytes, len_bytes))| Extent { file, offset_bytes, len_bytes, tag: i as u32 })
 //!     .collect();
 //!
-//! // ...plans them for O_DIRECT, layer 1 first...
+//! // ...plans them for O_DIRECT, the second tensor first...
 //! let config = PlanConfig { align_bytes: 4096, chunk_bytes: 256 << 10, ..PlanConfig::default() };
 //! let file_lens = [12_352, (1 << 20) + 64];
-//! let plan = Plan::build_with_file_lens(&extents, &config, &Order::Priority(vec![2]), &file_lens)?;
+//! let plan = Plan::build_with_file_lens(&extents, &config, &Order::Priority(vec![1]), &file_lens)?;
 //! assert_eq!(plan.queues()[0].file, 1); // the urgent file's queue comes first
 //! assert_eq!(plan.bytes_selected(), 8192 + (1 << 20));
 //! assert!(plan.bytes_read() >= plan.bytes_selected()); // + alignment padding, reported
 //!
-//! // ...and a backend drains the queues under the budget, counting completions per tensor.
-//! let budget = Budget::new(config.budget_bytes);
+//! // ...and a backend drains the queues, counting completions per tensor.
 //! let mut done = vec![0u32; extents.len()];
 //! for queue in plan.queues() {
 //!     for read in plan.queue_reads(queue) {
-//!         let _permit = budget.acquire(read.len_bytes); // held while the read is in flight
+//!         assert!(read.len_bytes <= config.budget_bytes); // one read never exceeds the budget
 //!         // pread(file[read.file], arena[read.arena_offset_bytes..][..read.len_bytes], read.offset_bytes)
 //!         for piece in plan.read_pieces(read) {
 //!             let i = plan.extent_index(piece.tag).unwrap();
@@ -42,7 +41,6 @@
 //!         }
 //!     }
 //! }
-//! assert!(budget.peak_bytes() <= config.budget_bytes);
 //! # Ok::<(), tensora_plan::PlanError>(())
 //! ```
 //!
@@ -53,7 +51,7 @@
 //! | `align_bytes` | 1 | Every read's file offset, length and arena offset is a multiple of this (a read may end at end of file instead). A power of two: 1 for buffered I/O, the logical block size (usually 4096) for `O_DIRECT`. |
 //! | `chunk_bytes` | 8 MiB | Target and maximum size of one read. Tune with `cargo bench -p tensora-bench`. |
 //! | `coalesce_gap_bytes` | 64 KiB | A gap between requested ranges smaller than this is read through instead of starting a new read. Capped at one read's size ([`PlanConfig::coalesce_gap_effective_bytes`]), so every read carries requested bytes. 0: only touching ranges share reads. |
-//! | `budget_bytes` | 1 GiB | Maximum bytes in flight (the [`Budget`] capacity); also caps one read. |
+//! | `budget_bytes` | 1 GiB | Maximum bytes in flight (the capacity of the loader's budget); also caps one read. |
 //!
 //! [`PlanConfig::validate`] requires `align_bytes` to be a power of two and `chunk_bytes` and
 //! `budget_bytes` to be at least `align_bytes`. The largest read is
@@ -101,9 +99,7 @@
 //! It is split into reads of at most `min(chunk_bytes, budget_bytes)`; its [`TagLocation`]
 //! says how many reads (`reads_total`) must land before it is complete. The budget bounds bytes
 //! in flight, not tensor size: the whole tensor must still fit in the destination arena, while
-//! at most `budget_bytes` of it are being read at once. [`Budget::acquire`] itself clamps a
-//! request larger than the capacity to the whole capacity (it then waits for an idle budget and
-//! runs alone), so no request can deadlock.
+//! at most `budget_bytes` of it are being read at once.
 //!
 //! # Bounds
 //!
@@ -121,18 +117,15 @@
 //! radix-sorted on a packed `(file, offset, index)` key. `cargo bench -p tensora-bench --bench plan`
 //! measures all of these at 1,000 to 1,000,000 extents.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
-mod budget;
 mod check;
 mod error;
 mod plan;
-mod selection;
 mod types;
 
-pub use budget::{Budget, Permit};
 pub use error::PlanError;
 pub use plan::{EXTENTS_MAX, Order, PIECES_MAX, Plan, READS_MAX};
-pub use selection::{Matcher, Selection};
 pub use types::{ARENA_PERIOD_MIN_BYTES, Extent, FileQueue, Piece, PlanConfig, Read, TagLocation};
 
 #[cfg(test)]
@@ -141,16 +134,10 @@ mod tests {
 
     fn send_sync_static<T: Send + Sync + 'static>() {}
 
-    /// Backends share plans and budgets across worker threads and move permits into tasks.
+    /// Backends share plans across worker threads.
     #[test]
     fn shared_types_are_send_sync_and_static() {
         send_sync_static::<Plan>();
-        send_sync_static::<Budget>();
-        send_sync_static::<Permit>();
-        send_sync_static::<Selection>();
-        send_sync_static::<Matcher>();
         send_sync_static::<PlanError>();
-        fn future_is_send<F: std::future::Future + Send + 'static>(_: F) {}
-        future_is_send(Budget::new(1).acquire_async(1));
     }
 }

@@ -44,8 +44,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 use tensora_format::Checkpoint;
+use tensora_format::Selection;
 use tensora_io::{BackendChoice, LoadError, LoadOptions, Residence};
-use tensora_plan::Selection;
 
 use crate::owner::{Owner, Storage, TensorBytes};
 
@@ -811,7 +811,7 @@ fn convert_json(
     to: &str,
     shard_bytes_max: Option<u64>,
 ) -> PyResult<String> {
-    use tensora_io::convert::{ConvertConfig, TargetFormat};
+    use tensora_convert::{ConvertConfig, TargetFormat};
     let to = match to {
         "safetensors" => TargetFormat::Safetensors,
         "serverlessllm" | "sllm" => TargetFormat::ServerlessLlm,
@@ -824,8 +824,8 @@ fn convert_json(
     py.detach(|| {
         let ckpt = tensora_format::open(&src).map_err(format_err)?;
         let cfg = ConvertConfig { to, shard_bytes_max, ..ConvertConfig::default() };
-        let report = tensora_io::convert::convert(&ckpt, &dst, &cfg)
-            .map_err(|e| ConvertError::new_err(e.to_string()))?;
+        let report =
+            tensora_convert::convert(&ckpt, &dst, &cfg).map_err(|e| ConvertError::new_err(e.to_string()))?;
         serde_json::to_string(&report).map_err(|e| ConvertError::new_err(e.to_string()))
     })
 }
@@ -965,7 +965,7 @@ mod tests {
     }
 
     fn fixture_path() -> &'static str {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.int8.safetensors")
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.int8.safetensors")
     }
 
     proptest::proptest! {

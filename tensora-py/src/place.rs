@@ -19,8 +19,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tensora_format::Checkpoint;
+use tensora_format::Selection;
 use tensora_io::{BackendChoice, LoadError, ProgressHook, Residence};
-use tensora_plan::Selection;
 
 /// Largest piece of a tensor one populate call covers (progress and cancel are checked between
 /// pieces).

@@ -19,8 +19,8 @@ use std::thread::JoinHandle;
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 use tensora_format::Checkpoint;
+use tensora_format::Selection;
 use tensora_io::{BackendChoice, LoadError, LoadOptions};
-use tensora_plan::Selection;
 
 use crate::owner::{Owner, Storage, TensorBytes};
 use crate::queue::{Bounded, Pop};
@@ -165,7 +165,7 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
     if let Some(wanted) = job.names_wanted.as_ref().filter(|_| multi) {
         let missing: Vec<String> = wanted.iter().filter(|n| !seen.contains(*n)).cloned().collect();
         if !missing.is_empty() {
-            return Err(load_err(LoadError::Selection(tensora_plan::PlanError::UnknownNames {
+            return Err(load_err(LoadError::Selection(tensora_format::SelectionError::UnknownNames {
                 names: missing,
             })));
         }
@@ -238,7 +238,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn fixture() -> Checkpoint {
-        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.int8.safetensors");
+        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.int8.safetensors");
         tensora_format::open(p).expect("fixture opens")
     }
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = REPO_ROOT.parent / "shared" / "fixtures"
+FIXTURES = REPO_ROOT / "fixtures"
 REAL = sorted((FIXTURES / "real").glob("*.safetensors"))
 SLLM_TINY = FIXTURES / "serverlessllm" / "tiny"
 SLLM_TINY_EXPECTED = FIXTURES / "serverlessllm" / "tiny.expected.json"

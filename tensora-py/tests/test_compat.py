@@ -20,7 +20,7 @@ def assert_same(a: dict, b: dict) -> None:
 
 
 def test_real_fixtures_exist():
-    assert len(REAL) >= 2, "shared/fixtures/real is missing"
+    assert len(REAL) >= 2, "fixtures/real is missing"
 
 
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.name)

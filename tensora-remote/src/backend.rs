@@ -267,9 +267,9 @@ mod tests {
     use object_store::{ObjectStore, ObjectStoreExt};
     use proptest::prelude::*;
     use tensora_format::Dtype;
+    use tensora_format::Selection;
     use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
     use tensora_io::LoadOptions;
-    use tensora_plan::Selection;
 
     use crate::test_store::BreakingStore;
     use crate::{Location, RemoteOptions};

@@ -554,8 +554,7 @@ mod tests {
     fn a_serverlessllm_index_wins_over_an_hf_index_as_locally() {
         let dir = tempfile::tempdir().unwrap();
         write_ckpt(dir.path(), &[100, 200, 300], 1200);
-        let tiny =
-            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny"));
+        let tiny = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"));
         for entry in std::fs::read_dir(tiny).unwrap() {
             let path = entry.unwrap().path();
             std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();

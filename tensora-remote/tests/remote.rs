@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use support::{Nginx, S3rver, write_checkpoint};
+use tensora_format::Selection;
 use tensora_io::LoadOptions;
-use tensora_plan::Selection;
 use tensora_remote::{
     Location, RemoteError, RemoteLoaded, RemoteOptions, RetryPolicy, load_remote, open_remote,
 };
@@ -133,7 +133,7 @@ fn partial_and_streaming_remote_loads_match_a_local_load() {
 
 #[test]
 fn http_real_fixtures_match_expected_digests() {
-    let fixtures = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real"));
+    let fixtures = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real"));
     let nginx = started(Nginx::start(fixtures, "50m"));
     let mut checked = 0;
     for entry in std::fs::read_dir(fixtures).unwrap().flatten() {
@@ -160,7 +160,7 @@ fn http_real_fixtures_match_expected_digests() {
 
 #[test]
 fn http_serverlessllm_matches_expected_digests() {
-    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm"));
+    let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm"));
     let expected: serde_json::Value =
         serde_json::from_slice(&std::fs::read(root.join("tiny.expected.json")).unwrap()).unwrap();
     let tensors = expected["tensors"].as_object().expect("tensors object");

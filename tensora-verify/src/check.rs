@@ -395,7 +395,7 @@ impl Report {
 /// ```
 /// use tensora_verify::check::{verify_path, VerifyOptions};
 ///
-/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 /// let report = verify_path(std::path::Path::new(dir), &VerifyOptions::default());
 /// assert!(report.is_clean(), "{:?}", report.findings);
 /// println!("{}", report.summary_line());
@@ -818,7 +818,7 @@ fn collect_after_failed_open(
 mod tests {
     use super::*;
 
-    const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+    const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 
     fn tiny() -> Checkpoint {
         tensora_format::open(TINY).unwrap()

@@ -79,7 +79,7 @@ impl DigestCollector {
     /// use tensora_io::LoadOptions;
     /// use tensora_verify::{Algo, fused::DigestCollector};
     ///
-    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.safetensors");
+    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
     /// let ckpt = tensora_format::open(path)?;
     /// let collector = DigestCollector::new(&ckpt, Algo::Crc32c);
     /// let mut opts = LoadOptions::default();
@@ -324,7 +324,7 @@ impl DigestCollector {
 /// use tensora_io::LoadOptions;
 /// use tensora_verify::{Algo, fused::hash_with_load};
 ///
-/// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.safetensors");
+/// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
 /// let ckpt = tensora_format::open(path)?;
 /// let (digests, report) = hash_with_load(&ckpt, Algo::Crc32c, &LoadOptions::default())?;
 /// assert_eq!(digests.len(), ckpt.tensors().len());
@@ -366,9 +366,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
-    const REAL: &str =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real/fracast-0.safetensors");
+    const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+    const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
 
     /// The ServerlessLLM fixture (tied tensors, storage longer than `nbytes`, an empty tensor) and
     /// a safetensors fixture, each loaded once.

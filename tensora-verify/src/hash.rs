@@ -46,7 +46,7 @@ pub enum HashError {
 /// ```
 /// use tensora_verify::{Algo, hash::{hash_checkpoint, HashOptions}};
 ///
-/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 /// let ckpt = tensora_verify::open_checkpoint(std::path::Path::new(dir))?;
 /// let digests = hash_checkpoint(&ckpt, &HashOptions { algo: Algo::Sha256, ..HashOptions::default() })?;
 /// let empty = ckpt.tensor_index("empty").unwrap();

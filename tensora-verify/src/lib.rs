@@ -18,7 +18,7 @@
 //! use std::path::Path;
 //! use tensora_verify::{Algo, Manifest, check, hash};
 //!
-//! let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny"));
+//! let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"));
 //! let ckpt = tensora_verify::open_checkpoint(dir)?;
 //! let digests = hash::hash_checkpoint(&ckpt, &hash::HashOptions::default())?;
 //! let manifest = Manifest::from_checkpoint(&ckpt, Algo::Crc32c, &digests)?;

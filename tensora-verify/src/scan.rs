@@ -482,9 +482,9 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
-    const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+    const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
     const TINY_EXPECTED: &str =
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny.expected.json");
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny.expected.json");
 
     fn expected_sha256(path: &str) -> BTreeMap<String, String> {
         let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();

@@ -12,7 +12,7 @@ use tensora_verify::fused::hash_with_load;
 use tensora_verify::hash::HashError;
 use tensora_verify::{Algo, Digest};
 
-const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
+const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real");
 
 fn fixture() -> Checkpoint {
     tensora_format::open(format!("{REAL}/fracast-0.int8.safetensors")).unwrap()

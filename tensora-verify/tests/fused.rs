@@ -13,7 +13,7 @@ use tensora_verify::fused::{DigestCollector, DigestStats, hash_with_load};
 use tensora_verify::scan::{ScanConfig, scan};
 use tensora_verify::{Algo, Digest};
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures");
 
 /// (checkpoint path, expected-digest file) for every fixture.
 fn fixtures() -> Vec<(String, String)> {

@@ -5,9 +5,9 @@
 use std::process::{Command, Output};
 
 /// The real HF-written checkpoints (with `*.expected.json`).
-pub const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real");
+pub const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real");
 /// The upstream-layout ServerlessLLM checkpoint.
-pub const SLLM_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+pub const SLLM_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 
 /// Runs `tensora ARGS...` and collects its output.
 pub fn tensora(args: &[&str]) -> Output {

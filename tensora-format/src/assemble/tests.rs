@@ -70,7 +70,7 @@ fn parse_hf_index(dir: &Path) -> (std::path::PathBuf, ShardIndex) {
 
 #[test]
 fn real_fixtures_assemble_like_open() {
-    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/real"));
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real"));
     let mut seen = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -197,7 +197,7 @@ fn sllm_parts(dir: &Path) -> (std::path::PathBuf, SllmIndex, Vec<Partition>) {
 
 #[test]
 fn serverlessllm_fixture_assembles_like_open() {
-    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny"));
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"));
     let opened = crate::open(dir).unwrap();
     let (index_path, index, partitions) = sllm_parts(dir);
     let built = serverlessllm(dir, &index_path, index.clone(), partitions.clone()).unwrap();

@@ -366,7 +366,7 @@ pub const WRITE_BUFFER_BYTES: usize = 1 << 20;
 /// Write the partitions and `tensor_index.json` of `layout` into the existing directory `dir`,
 /// fsyncing every file. `fill(record_index, out)` must write exactly the record's `size_bytes`;
 /// the padding is added here. Not atomic by itself: write into a temporary directory and rename
-/// it (as `tensora_io::convert` does) for an all-or-nothing result.
+/// it (as `tensora_convert` does) for an all-or-nothing result.
 ///
 /// ```
 /// use tensora_format::Dtype;
@@ -441,7 +441,7 @@ mod tests {
 
     #[test]
     fn reproduces_the_tiny_fixture_index_byte_for_byte() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
         let original = fs::read(Path::new(dir).join(INDEX_FILE_NAME)).unwrap();
         let parsed = parse_index(&original).unwrap();
         // Rebuild the specs in index order; lm_head is tied to embed.

@@ -8,11 +8,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use proptest::prelude::*;
+use tensora_io::Budget;
 use tensora_io::arena::Arena;
 use tensora_io::{
     CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
 };
-use tensora_plan::{Budget, Extent, Order, Plan, PlanConfig};
+use tensora_plan::{Extent, Order, Plan, PlanConfig};
 
 /// A completion sink made of a closure.
 pub struct FnSink<F>(pub F);
@@ -37,7 +38,7 @@ pub fn test_file(data: Vec<u8>, claimed_len_bytes: u64, direct: bool) -> TestFil
     let source = SourceFile {
         len_bytes: claimed_len_bytes,
         buffered: std::fs::File::open(&path).unwrap(),
-        direct: if direct { Some(tensora_io::probe::open_direct(&path).unwrap()) } else { None },
+        direct: if direct { Some(tensora_io::auto::probe::open_direct(&path).unwrap()) } else { None },
         path,
     };
     TestFile { _tmp: tmp, data, source }

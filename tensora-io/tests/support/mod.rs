@@ -11,7 +11,7 @@ use tensora_format::Dtype;
 use tensora_format::write::{SafetensorsLayout, TensorSpec, write_safetensors};
 
 pub fn fixture(rel: &str) -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures")).join(rel)
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures")).join(rel)
 }
 
 /// The real fixtures with their expected-digest files.

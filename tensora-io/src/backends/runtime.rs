@@ -1,0 +1,291 @@
+//! The worker runtime every built-in backend shares: the job check that claims every read
+//! ([`validate_job`]), the per-run state with one work cursor per file queue ([`RunState`]), scoped
+//! worker threads ([`run_workers`]), the destination pointer handed to workers ([`DestPtr`]) and the
+//! `O_DIRECT` alignment rule. No backend imports another backend; they all import this.
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use tensora_plan::Read;
+
+use crate::seam::{CompletionSink, IoStats, Job, ReadError, ReadErrorKind, StopReason};
+
+/// Smallest alignment `O_DIRECT` is attempted with (the smallest logical block size in use).
+pub(crate) const DIRECT_ALIGN_BYTES_MIN: u64 = 512;
+/// Block size assumed for O_DIRECT eligibility (offset, length and address multiples of it).
+pub const DIRECT_BLOCK_BYTES: u64 = 4096;
+
+/// Checks every read of the plan against the files and the destination, so that no backend ever
+/// writes outside the destination because of a plan/destination mismatch, then claims every read
+/// of the job ([`Job::claim`] can no longer hand any of them out).
+pub(crate) fn validate_job(job: &Job<'_>) -> Result<(), ReadError> {
+    let dest_len = job.dest.len_bytes();
+    for read in job.plan.reads() {
+        let invalid = |why: String| {
+            job_error(read, ReadErrorKind::Io(io::Error::new(io::ErrorKind::InvalidInput, why)))
+        };
+        if read.file as usize >= job.files.len() {
+            return Err(invalid(format!(
+                "plan names file #{} but the job has {}",
+                read.file,
+                job.files.len()
+            )));
+        }
+        let arena_end = read.arena_offset_bytes.checked_add(read.len_bytes);
+        if arena_end.is_none_or(|end| end > dest_len) {
+            return Err(invalid(format!(
+                "read lands at {}..+{} but the destination holds {dest_len} bytes",
+                read.arena_offset_bytes, read.len_bytes
+            )));
+        }
+        if read.offset_bytes.checked_add(read.len_bytes).is_none() {
+            return Err(invalid("read end overflows u64".to_string()));
+        }
+    }
+    if usize::try_from(dest_len).is_err() {
+        let first = job.plan.reads().first();
+        return Err(ReadError {
+            file: first.map_or(0, |r| r.file),
+            offset_bytes: first.map_or(0, |r| r.offset_bytes),
+            len_bytes: dest_len,
+            kind: ReadErrorKind::Io(io::Error::new(io::ErrorKind::InvalidInput, "destination exceeds usize")),
+        });
+    }
+    // Every range checked: take them all, so no other backend (or `Job::claim`) can hand any of
+    // them out while this run writes through raw pointers.
+    job.claim_all()
+}
+
+/// A [`ReadError`] for a whole read.
+pub(crate) fn job_error(read: &Read, kind: ReadErrorKind) -> ReadError {
+    ReadError { file: read.file, offset_bytes: read.offset_bytes, len_bytes: read.len_bytes, kind }
+}
+
+/// The destination's base pointer, made shareable with worker threads.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DestPtr(NonNull<u8>);
+
+// SAFETY: the `Destination` contract makes its memory writable from several threads at once as
+// long as the ranges are disjoint, which plan reads are; the pointer itself is just an address.
+unsafe impl Send for DestPtr {}
+// SAFETY: as above; sharing the address does not by itself touch the memory.
+unsafe impl Sync for DestPtr {}
+
+impl DestPtr {
+    pub(crate) fn new(job: &Job<'_>) -> Self {
+        Self(job.dest.host_ptr())
+    }
+
+    /// A destination pointer for unit tests that drive a read without a [`Job`].
+    #[cfg(test)]
+    pub(crate) fn from_nonnull(ptr: NonNull<u8>) -> Self {
+        Self(ptr)
+    }
+
+    /// Address of `offset_bytes` into the destination. Only pointer arithmetic: callers validated
+    /// the offset against the destination length with [`validate_job`].
+    pub(crate) fn at(self, offset_bytes: u64) -> *mut u8 {
+        self.0.as_ptr().wrapping_add(offset_bytes as usize)
+    }
+}
+
+/// State shared by the workers of one run: one work cursor per file queue, the first error, and
+/// counters.
+///
+/// Workers claim reads round-robin across the plan's per-file queues ([`RunState::claim`] from a
+/// home queue, moving on to the next queue with work), so several files are busy at once; under
+/// a priority order every worker starts on queue 0, the most urgent.
+#[derive(Debug)]
+pub(crate) struct RunState {
+    /// Each queue's read range and its next position (relative to the range's start).
+    queues: Vec<(std::ops::Range<u32>, AtomicU32)>,
+    priority: bool,
+    stop: AtomicBool,
+    first_error: Mutex<Option<ReadError>>,
+    inflight_bytes: AtomicU64,
+    peak_inflight_bytes: AtomicU64,
+    /// Files whose `O_DIRECT` descriptor returned `EINVAL`: read buffered from then on.
+    direct_disabled: Vec<AtomicBool>,
+}
+
+impl RunState {
+    pub(crate) fn new(job: &Job<'_>) -> Self {
+        Self {
+            queues: job.plan.queues().iter().map(|q| (q.reads.clone(), AtomicU32::new(0))).collect(),
+            priority: matches!(job.plan.order(), tensora_plan::Order::Priority(_)),
+            stop: AtomicBool::new(false),
+            first_error: Mutex::new(None),
+            inflight_bytes: AtomicU64::new(0),
+            peak_inflight_bytes: AtomicU64::new(0),
+            direct_disabled: job.files.iter().map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    /// The queue worker `worker` starts on: spread over the files, or queue 0 (the most urgent)
+    /// under a priority order.
+    pub(crate) fn home(&self, worker: usize) -> usize {
+        if self.priority || self.queues.is_empty() { 0 } else { worker % self.queues.len() }
+    }
+
+    /// The next read to issue from queue `home`, or from the next queue with work; `None` when
+    /// every queue is drained.
+    pub(crate) fn claim(&self, home: usize) -> Option<u32> {
+        let n = self.queues.len();
+        for step in 0..n {
+            let (range, cursor) = &self.queues[(home + step) % n];
+            let len = range.end.saturating_sub(range.start);
+            if cursor.load(Ordering::Relaxed) >= len {
+                continue;
+            }
+            let pos = cursor.fetch_add(1, Ordering::AcqRel);
+            if pos < len {
+                return Some(range.start + pos);
+            }
+        }
+        None
+    }
+
+    /// Whether every read has been claimed.
+    pub(crate) fn all_claimed(&self) -> bool {
+        self.queues
+            .iter()
+            .all(|(range, cursor)| cursor.load(Ordering::Relaxed) >= range.end.saturating_sub(range.start))
+    }
+
+    pub(crate) fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Records `err` if it is the first, and tells every worker to stop issuing.
+    pub(crate) fn fail(&self, err: ReadError) {
+        let mut first = self.first_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if first.is_none() {
+            *first = Some(err);
+        }
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Stops the run if the caller cancelled it. Returns whether the run must stop.
+    pub(crate) fn check_cancel(&self, job: &Job<'_>, read: &Read) -> bool {
+        if job.cancel.load(Ordering::Acquire) {
+            self.fail(job_error(read, ReadErrorKind::Cancelled));
+        }
+        self.stopped()
+    }
+
+    pub(crate) fn begin_inflight(&self, len_bytes: u64) {
+        let now = self.inflight_bytes.fetch_add(len_bytes, Ordering::AcqRel) + len_bytes;
+        self.peak_inflight_bytes.fetch_max(now, Ordering::AcqRel);
+    }
+
+    pub(crate) fn end_inflight(&self, len_bytes: u64) {
+        self.inflight_bytes.fetch_sub(len_bytes, Ordering::AcqRel);
+    }
+
+    pub(crate) fn direct_allowed(&self, file: u32) -> bool {
+        !self.direct_disabled[file as usize].load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn disable_direct(&self, file: u32) {
+        self.direct_disabled[file as usize].store(true, Ordering::Relaxed);
+    }
+
+    /// Announces a landed read: `dest.on_landed`, then `sink.read_done`. Failures stop the run.
+    pub(crate) fn land(&self, job: &Job<'_>, sink: &dyn CompletionSink, index: u32) {
+        if self.stopped() {
+            return;
+        }
+        let read = &job.plan.reads()[index as usize];
+        if let Err(e) = job.dest.on_landed(read.arena_offset_bytes, read.len_bytes) {
+            self.fail(job_error(read, ReadErrorKind::Io(e)));
+            return;
+        }
+        if let Err(StopReason) = sink.read_done(crate::seam::Landed::new(index)) {
+            self.fail(job_error(read, ReadErrorKind::Stopped));
+        }
+    }
+
+    /// Sums the workers' stats, or returns the first error.
+    pub(crate) fn finish(&self, per_worker: Vec<IoStats>) -> Result<IoStats, ReadError> {
+        let first = self.first_error.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(err) = first {
+            return Err(err);
+        }
+        let mut total = IoStats::default();
+        for s in per_worker {
+            total.bytes_read += s.bytes_read;
+            total.reads += s.reads;
+            total.retries += s.retries;
+            total.direct_fallbacks += s.direct_fallbacks;
+        }
+        total.peak_inflight_bytes = self.peak_inflight_bytes.load(Ordering::Acquire);
+        Ok(total)
+    }
+}
+
+/// Runs `workers` copies of `f` on scoped threads (inline when there is one) and collects their
+/// results. A panicking worker is re-raised after every worker has returned.
+pub(crate) fn run_workers<F>(workers: usize, f: F) -> Vec<IoStats>
+where
+    F: Fn(usize) -> IoStats + Sync,
+{
+    if workers <= 1 {
+        return vec![f(0)];
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                scope.spawn({
+                    let f = &f;
+                    move || f(w)
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(workers);
+        let mut panic = None;
+        for h in handles {
+            match h.join() {
+                Ok(s) => out.push(s),
+                Err(payload) => panic = Some(payload),
+            }
+        }
+        if let Some(payload) = panic {
+            std::panic::resume_unwind(payload);
+        }
+        out
+    })
+}
+
+/// Whether a read of `len` bytes from file offset `offset` into `ptr` may use `O_DIRECT`.
+pub(crate) fn direct_aligned(ptr: *const u8, offset: u64, len: u64, align: u64) -> bool {
+    (ptr as usize as u64).is_multiple_of(align) && offset.is_multiple_of(align) && len.is_multiple_of(align)
+}
+
+/// The alignment `O_DIRECT` reads of this job are attempted with.
+pub(crate) fn direct_align_bytes(job: &Job<'_>) -> u64 {
+    let align = job.plan.config().align_bytes.max(DIRECT_ALIGN_BYTES_MIN);
+    if align.is_power_of_two() { align } else { align.next_power_of_two() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn direct_alignment_requires_all_three(
+            ptr in 0usize..1 << 20,
+            off in 0u64..1 << 20,
+            len in 0u64..1 << 20,
+        ) {
+            let align = 4096;
+            let ok = direct_aligned(ptr as *const u8, off, len, align);
+            prop_assert_eq!(ok, ptr % 4096 == 0 && off % 4096 == 0 && len % 4096 == 0);
+        }
+    }
+}

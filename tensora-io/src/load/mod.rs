@@ -1,0 +1,68 @@
+//! The load API: [`load`] (owned, every tensor in one hugepage arena), [`load_streaming`] (each
+//! tensor handed to a callback as soon as it lands, arena space recycled) and [`load_path`].
+//!
+//! One load:
+//! 1. the selection (and priority) picks tensors;
+//! 2. `auto` (or the caller) picks a backend and buffered/direct I/O from measured facts;
+//! 3. each file is opened once (at most [`LoadOptions::files_open_max`] at a time), `fstat`ed and
+//!    compared with the stamp taken at parse time, and refused if sparse;
+//! 4. `tensora-plan` turns the tensors into per-file read queues; the backend drains them into the
+//!    arena; every completed read decrements its tensors' outstanding-read counts, and the worker
+//!    that completes a tensor calls [`LoadOptions::on_tensor`];
+//! 5. every file is `fstat`ed (descriptor) and `stat`ed (path) again: a size, mtime or inode change
+//!    fails the load. A `Loaded` never has missing bytes.
+//!
+//! # Example
+//!
+//! ```
+//! use tensora_io::{load, LoadOptions};
+//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+//! let ckpt = tensora_format::sllm::open_dir(std::path::Path::new(dir))?;
+//! let loaded = load(&ckpt, &LoadOptions::default())?;
+//! assert_eq!(loaded.len(), ckpt.tensors().len());
+//! for t in loaded.tensors() {
+//!     assert_eq!(t.bytes().len() as u64, t.info().len_bytes());
+//! }
+//! println!("{} via {}: {}", loaded.report().gbps, loaded.report().backend, loaded.report().reason);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod files;
+mod loaded;
+mod mapped;
+mod options;
+mod owned;
+mod run;
+mod session;
+mod streaming;
+
+#[cfg(feature = "async")]
+mod async_load;
+
+use std::path::Path;
+use std::time::Instant;
+
+#[cfg(feature = "async")]
+pub use async_load::load_async;
+pub use loaded::{Element, Loaded, TensorRef};
+pub use options::{
+    ArenaReuse, BUDGET_DEFAULT_BYTES, BackendChoice, CHUNK_DEFAULT_BYTES, FILES_OPEN_DEFAULT_MAX, IoMode,
+    LoadOptions, ON_READ_STEP_BYTES, PieceRef, ProgressHook, RETRIES_DEFAULT_MAX, ReadHook, Residence,
+    SPARSE_MIN_LEN_BYTES, SPARSE_RATIO, THREADS_DEFAULT_MAX, TensorHook,
+};
+pub use owned::load;
+pub use streaming::load_streaming;
+
+use crate::error::LoadError;
+
+/// Open, parse and load `path` (a safetensors file, a sharded directory or index, or a
+/// ServerlessLLM directory). Fills the `parse` phase of the report.
+pub fn load_path(path: &Path, opts: &LoadOptions) -> Result<Loaded, LoadError> {
+    let t = Instant::now();
+    let ckpt = tensora_format::open(path)?;
+    let parse = t.elapsed().as_secs_f64();
+    let mut loaded = load(&ckpt, opts)?;
+    loaded.report.phases.parse = parse;
+    loaded.report.finalize();
+    Ok(loaded)
+}

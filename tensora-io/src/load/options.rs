@@ -1,0 +1,216 @@
+//! What a load is asked to do: [`LoadOptions`] and the enums and hooks it is built from.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use tensora_format::{Selection, TensorInfo};
+
+use super::TensorRef;
+use crate::arena::Arena;
+use crate::error::BoxError;
+use crate::seam::IoBackend;
+
+/// Which backend runs the load.
+#[derive(Clone, Default)]
+pub enum BackendChoice {
+    /// Decide from measured facts (see [`crate::auto`]).
+    #[default]
+    Auto,
+    /// A registered backend by name (see [`crate::registry::names`]).
+    Named(String),
+    /// A backend that is not in the registry (a test double, an out-of-tree backend).
+    Custom(Arc<dyn IoBackend>),
+}
+
+impl std::fmt::Debug for BackendChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendChoice::Auto => f.write_str("Auto"),
+            BackendChoice::Named(n) => write!(f, "Named({n:?})"),
+            BackendChoice::Custom(b) => write!(f, "Custom({:?})", b.name()),
+        }
+    }
+}
+
+/// Buffered (page cache) or direct (`O_DIRECT`) reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IoMode {
+    /// Decided by `auto` from the facts (buffered when warm).
+    #[default]
+    Auto,
+    Buffered,
+    /// `O_DIRECT` where the filesystem supports it; buffered fallback per file/read otherwise.
+    Direct,
+}
+
+/// Where tensor bytes live after the load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Residence {
+    /// Copied into an owned hugepage arena.
+    #[default]
+    Owned,
+    /// Zero-copy views into a private copy-on-write mapping of each file (see [`crate::mmap`]):
+    /// writes through [`Loaded::tensor_mut_ptr`] copy the page and never reach the file.
+    /// The bytes are **live views of the page cache, not a snapshot**: another process writing a
+    /// file in place is seen through them, and truncating a mapped file while the views live
+    /// raises SIGBUS on access. The file stamps are checked once, after mapping; keep the files
+    /// unchanged for as long as the `Loaded` lives. On a network or FUSE filesystem every
+    /// selected range is read in before the load returns (never faulted in lazily).
+    Mapped,
+}
+
+/// Called on the worker thread that completed a tensor's last read.
+pub type TensorHook = Arc<dyn Fn(&TensorRef<'_>) -> Result<(), BoxError> + Send + Sync>;
+/// Called on the worker that fills a read, once per piece (one tensor's bytes inside that read)
+/// as soon as the piece's bytes have landed, while they are hot in that core's cache. A backend
+/// that fills reads in steps (`sync`, see [`ON_READ_STEP_BYTES`]) hands a piece over as in-order,
+/// non-overlapping sub-pieces that together tile it, the first ones before the rest of the read has
+/// landed (so a hook may see bytes of a read that then fails; the load then fails as a whole).
+/// Pieces of one tensor may arrive in any order and on different threads; every piece of a tensor
+/// is reported before its [`LoadOptions::on_tensor`] hook runs. With [`Residence::Mapped`] it is called once
+/// per tensor, with the whole tensor at offset 0. An error stops the load like an `on_tensor`
+/// error ([`LoadError::Callback`], naming the tensor).
+pub type ReadHook = Arc<dyn Fn(&PieceRef<'_>) -> Result<(), BoxError> + Send + Sync>;
+
+/// Part of one tensor's bytes, landed by one read (see [`ReadHook`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PieceRef<'a> {
+    pub info: &'a TensorInfo,
+    /// Index of the tensor in `Checkpoint::tensors`.
+    pub tensor_index: usize,
+    /// Where `bytes` start inside the tensor's storage (`0..=info.len_bytes()`).
+    pub offset_in_tensor_bytes: u64,
+    pub bytes: &'a [u8],
+}
+
+/// Called with `(bytes_done, bytes_total)` of selected tensor bytes as reads complete.
+pub type ProgressHook = Arc<dyn Fn(u64, u64) + Send + Sync>;
+
+/// With an [`LoadOptions::on_read`] hook, backends that can (`sync`) fill each read in steps of
+/// this many bytes and hand each landed step to the hook at once, while it is in that core's L2.
+pub const ON_READ_STEP_BYTES: u64 = 1 << 20;
+/// Default in-flight budget.
+pub const BUDGET_DEFAULT_BYTES: u64 = 1 << 30;
+/// Default read size.
+pub const CHUNK_DEFAULT_BYTES: u64 = 8 << 20;
+/// Default bound on files open at once.
+pub const FILES_OPEN_DEFAULT_MAX: usize = 256;
+/// Default bound on retries of a transient error, per read.
+pub const RETRIES_DEFAULT_MAX: u32 = 8;
+/// Default worker threads: the CPU count, at most this.
+pub const THREADS_DEFAULT_MAX: usize = 8;
+/// A file with fewer allocated bytes than `len / SPARSE_RATIO` is sparse.
+pub const SPARSE_RATIO: u64 = 2;
+/// Files smaller than this are never called sparse (tiny files may live inline in metadata).
+pub const SPARSE_MIN_LEN_BYTES: u64 = 1 << 20;
+
+/// How to load. Build with `..LoadOptions::default()`.
+#[derive(Clone)]
+pub struct LoadOptions {
+    pub backend: BackendChoice,
+    pub selection: Selection,
+    /// Tensor names to deliver first, most urgent first; the rest follow in file order.
+    pub priority: Option<Vec<String>>,
+    /// Bytes in flight at once; when streaming, also the bound on arena memory (see
+    /// [`load_streaming`]).
+    pub budget_bytes: u64,
+    /// Target size of one read.
+    pub chunk_bytes: u64,
+    /// Worker threads (or rings). At least 1.
+    pub threads: usize,
+    /// Reads kept in flight per worker (io_uring queue depth).
+    pub queue_depth: u32,
+    pub io_mode: IoMode,
+    pub residence: Residence,
+    /// Retries of a transient error per read.
+    pub retries_max: u32,
+    /// Load files whose allocated blocks are far below their size.
+    pub allow_sparse: bool,
+    pub on_tensor: Option<TensorHook>,
+    /// Per-read hook, for work that wants each read's bytes while they are hot in cache (fused
+    /// digests). See [`ReadHook`].
+    pub on_read: Option<ReadHook>,
+    pub progress: Option<ProgressHook>,
+    /// Bound on checkpoint files open at once.
+    pub files_open_max: usize,
+    /// Set to stop the load early; it fails with [`LoadError::Cancelled`].
+    pub cancel: Option<Arc<AtomicBool>>,
+    /// Whether the destination arena is fresh memory (the default: what a cold start pays) or the
+    /// arena parked by an earlier load in this process (see [`crate::arena`], "Recycling").
+    pub arena_reuse: ArenaReuse,
+}
+
+/// Where a load's arena memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ArenaReuse {
+    /// Map fresh memory for every load and unmap it when the `Loaded` drops. Memory goes back to
+    /// the system at once, and the load pays its page faults, as a process's first load does.
+    #[default]
+    Fresh,
+    /// Reuse the arena parked by an earlier load (no page faults when it fits), and park this
+    /// load's arena when it drops. For processes that load and drop models repeatedly (model
+    /// swapping); the parked arena stays in RSS until reused or [`crate::arena::drop_recycled`].
+    Recycle,
+}
+
+impl ArenaReuse {
+    pub(super) fn arena(self, len_bytes: u64) -> std::io::Result<Arena> {
+        match self {
+            ArenaReuse::Fresh => Arena::with_len(len_bytes),
+            ArenaReuse::Recycle => Arena::recycled(len_bytes),
+        }
+    }
+
+    pub(super) fn release(self, arena: Arena) {
+        match self {
+            ArenaReuse::Fresh => drop(arena),
+            ArenaReuse::Recycle => arena.recycle(),
+        }
+    }
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            backend: BackendChoice::Auto,
+            selection: Selection::All,
+            priority: None,
+            budget_bytes: BUDGET_DEFAULT_BYTES,
+            chunk_bytes: CHUNK_DEFAULT_BYTES,
+            threads: crate::auto::probe::cpu_count().clamp(1, THREADS_DEFAULT_MAX),
+            queue_depth: 32,
+            io_mode: IoMode::Auto,
+            residence: Residence::Owned,
+            retries_max: RETRIES_DEFAULT_MAX,
+            allow_sparse: false,
+            on_tensor: None,
+            on_read: None,
+            progress: None,
+            files_open_max: FILES_OPEN_DEFAULT_MAX,
+            cancel: None,
+            arena_reuse: ArenaReuse::Fresh,
+        }
+    }
+}
+
+impl std::fmt::Debug for LoadOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadOptions")
+            .field("backend", &self.backend)
+            .field("selection", &self.selection)
+            .field("priority", &self.priority)
+            .field("budget_bytes", &self.budget_bytes)
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("threads", &self.threads)
+            .field("queue_depth", &self.queue_depth)
+            .field("io_mode", &self.io_mode)
+            .field("residence", &self.residence)
+            .field("retries_max", &self.retries_max)
+            .field("allow_sparse", &self.allow_sparse)
+            .field("on_tensor", &self.on_tensor.is_some())
+            .field("on_read", &self.on_read.is_some())
+            .field("progress", &self.progress.is_some())
+            .field("files_open_max", &self.files_open_max)
+            .finish()
+    }
+}

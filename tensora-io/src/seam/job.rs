@@ -1,0 +1,354 @@
+//! [`Job`]: everything a backend needs for one run, and [`ReadTarget`], the safe once-only
+//! hand-out of a read's destination bytes.
+
+use std::io;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tensora_plan::{Plan, Read};
+
+use super::{Budget, CompletionSink, Destination, Landed, ReadError, ReadErrorKind, SourceFile};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobConfig {
+    /// Worker threads (sync, mmap-owned) or rings (io_uring). At least 1.
+    pub threads: usize,
+    /// Submission queue depth per ring (io_uring) or reads kept in flight per worker.
+    pub queue_depth: u32,
+    /// Use the `O_DIRECT` descriptor where one is open. Backends fall back to buffered on `EINVAL`.
+    pub direct: bool,
+    /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read (see
+    /// [`crate::backends::read_progress`]).
+    pub retries_max: u32,
+}
+
+/// Everything a backend needs for one run. Plan file ids index into `files`.
+///
+/// The fields are public for reading; a `Job` can only be built through the `unsafe`
+/// [`Job::new`], and it is neither `Clone` nor `Copy`, so safe code holding a `&Job` cannot make a
+/// second job aimed at the same destination ranges.
+pub struct Job<'a> {
+    pub plan: &'a Plan,
+    pub files: &'a [SourceFile],
+    pub dest: &'a dyn Destination,
+    /// In-flight byte budget shared by all workers of this job.
+    pub budget: &'a Budget,
+    /// Worker threads (sync, mmap-owned) or rings (io_uring). At least 1.
+    pub threads: usize,
+    /// Submission queue depth per ring (io_uring) or reads kept in flight per worker.
+    pub queue_depth: u32,
+    /// Use the `O_DIRECT` descriptor where one is open. Backends fall back to buffered on `EINVAL`.
+    pub direct: bool,
+    /// Set by the caller to stop the run early; the backend drains what is in flight and returns
+    /// [`ReadErrorKind::Cancelled`].
+    pub cancel: &'a AtomicBool,
+    /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read; short reads that make
+    /// progress do not count (see [`crate::backends::read_progress`]).
+    pub retries_max: u32,
+    /// Checkpoint file id of each plan file (`None`: plan file `i` is checkpoint file `i`).
+    file_ids: Option<&'a [u32]>,
+    /// Report landed prefixes of each read every this many bytes (see
+    /// [`CompletionSink::prefix_landed`]); `None`: whole reads only.
+    landed_step_bytes: Option<u64>,
+    /// One bit per plan read: set once its destination range has been handed out
+    /// ([`Job::claim`]) or taken by a built-in backend. A range is never handed out twice.
+    claims: Box<[AtomicU64]>,
+    /// Private: only [`Job::new`] builds a job.
+    _sealed: Sealed,
+}
+
+/// Keeps [`Job`] from being built with a struct literal.
+#[derive(Debug)]
+struct Sealed;
+
+impl<'a> Job<'a> {
+    /// A job that writes the reads of `plan` into `dest`.
+    ///
+    /// # Safety
+    ///
+    /// Backends write into `dest` through raw pointers, from several threads, while the job runs
+    /// (any [`IoBackend::execute`] call with it). The caller guarantees that for that whole time
+    /// the destination ranges of the plan's reads (`arena_offset_bytes .. + len_bytes` of every
+    /// [`Plan::reads`] entry) are written by nobody else, and none of them is referenced (`&` or
+    /// `&mut`) before its read has been reported to the [`CompletionSink`]: in particular no
+    /// other job over an overlapping range of the same destination runs at the same time. Ranges
+    /// outside the destination are refused by the backends, so the plan need not be checked
+    /// against it.
+    ///
+    /// ```
+    /// use std::sync::atomic::AtomicBool;
+    /// use tensora_io::{Job, JobConfig};
+    /// use tensora_io::arena::Arena;
+    /// use tensora_io::Budget;
+    /// use tensora_plan::{Order, Plan, PlanConfig};
+    ///
+    /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
+    /// let arena = Arena::with_len(4096)?;
+    /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
+    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// // SAFETY: nothing else touches `arena` while the job runs.
+    /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
+    /// assert_eq!(job.threads, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub unsafe fn new(
+        plan: &'a Plan,
+        files: &'a [SourceFile],
+        dest: &'a dyn Destination,
+        budget: &'a Budget,
+        cancel: &'a AtomicBool,
+        config: JobConfig,
+    ) -> Job<'a> {
+        let words = plan.reads().len().div_ceil(64);
+        Job {
+            plan,
+            files,
+            dest,
+            budget,
+            threads: config.threads,
+            queue_depth: config.queue_depth,
+            direct: config.direct,
+            cancel,
+            retries_max: config.retries_max,
+            file_ids: None,
+            landed_step_bytes: None,
+            claims: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            _sealed: Sealed,
+        }
+    }
+
+    /// Records which checkpoint file each plan file is (`file_ids[plan_file]`), for backends
+    /// that do not read through [`Job::files`] (see [`IoBackend::reads_local_files`]).
+    pub fn with_file_ids(mut self, file_ids: &'a [u32]) -> Job<'a> {
+        self.file_ids = Some(file_ids);
+        self
+    }
+
+    /// Asks backends that can to fill each read in steps of `step_bytes` (at least 4 KiB, a
+    /// multiple of 4 KiB) and report each landed prefix to [`CompletionSink::prefix_landed`].
+    pub fn with_landed_step(mut self, step_bytes: u64) -> Job<'a> {
+        self.landed_step_bytes = Some(step_bytes.max(4096).next_multiple_of(4096));
+        self
+    }
+
+    /// The step asked for with [`Job::with_landed_step`].
+    pub fn landed_step_bytes(&self) -> Option<u64> {
+        self.landed_step_bytes
+    }
+
+    /// The checkpoint file id (index into `Checkpoint::files`) of plan file `plan_file`, or
+    /// `None` if the plan names a file the job does not know.
+    ///
+    /// ```
+    /// # use std::sync::atomic::AtomicBool;
+    /// # use tensora_io::{Job, JobConfig};
+    /// # use tensora_io::Budget;
+    /// use tensora_plan::{Order, Plan, PlanConfig};
+    /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
+    /// let arena = tensora_io::arena::Arena::with_len(4096)?;
+    /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
+    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// // SAFETY: nothing else touches `arena` while the job runs.
+    /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
+    /// assert_eq!(job.checkpoint_file(3), Some(3));
+    /// let job = job.with_file_ids(&[7, 2]);
+    /// assert_eq!((job.checkpoint_file(1), job.checkpoint_file(2)), (Some(2), None));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn checkpoint_file(&self, plan_file: u32) -> Option<u32> {
+        match self.file_ids {
+            Some(ids) => ids.get(plan_file as usize).copied(),
+            None => Some(plan_file),
+        }
+    }
+
+    /// Claim read `index` (into [`Plan::reads`]) for writing: its destination range as a
+    /// [`ReadTarget`]. Each read is handed out at most once per job, whoever asks (a second
+    /// claim, or a claim of a read a built-in backend already took, is an error), so a backend
+    /// written in safe code can fill reads from several threads or tasks at once.
+    ///
+    /// Errors name the read: an index outside the plan, a range outside the destination, or a
+    /// read claimed before.
+    ///
+    /// ```
+    /// # use std::sync::atomic::AtomicBool;
+    /// # use tensora_io::{Job, JobConfig, CompletionSink, StopReason};
+    /// # use tensora_io::Budget;
+    /// use tensora_plan::{Extent, Order, Plan, PlanConfig};
+    /// struct Count(std::sync::atomic::AtomicU32);
+    /// impl CompletionSink for Count {
+    ///     fn read_done(&self, _landed: tensora_io::Landed) -> Result<(), StopReason> {
+    ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ///         Ok(())
+    ///     }
+    /// }
+    /// let extents = [Extent { file: 0, offset_bytes: 8, len_bytes: 100, tag: 0 }];
+    /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
+    /// let arena = tensora_io::arena::Arena::with_len(plan.arena_len_bytes())?;
+    /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
+    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// // SAFETY: nothing else touches `arena` while the job runs.
+    /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
+    /// let mut target = job.claim(0)?;
+    /// target.buf().fill(7);
+    /// assert!(job.claim(0).is_err(), "a read is handed out once");
+    /// let sink = Count(Default::default());
+    /// target.land(&sink)?;
+    /// assert_eq!(sink.0.into_inner(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn claim(&self, index: u32) -> Result<ReadTarget<'_>, ReadError> {
+        let read = self.checked_read(index)?;
+        self.take_claim(index, read)?;
+        // SAFETY: `checked_read` proved `arena_offset_bytes + len_bytes <= dest.len_bytes()`,
+        // which fits usize, so the offset stays inside the destination's allocation.
+        let ptr = unsafe { self.dest.host_ptr().add(read.arena_offset_bytes as usize) };
+        Ok(ReadTarget {
+            job: self,
+            index,
+            ptr,
+            len: read.len_bytes as usize,
+            _bytes: std::marker::PhantomData,
+        })
+    }
+
+    /// Claims every read of the plan at once, for a built-in backend that writes through raw
+    /// pointers (after checking every range). Fails if any read was claimed before.
+    pub(crate) fn claim_all(&self) -> Result<(), ReadError> {
+        let reads = self.plan.reads();
+        for (w, word) in self.claims.iter().enumerate() {
+            let bits = (reads.len() - w * 64).min(64);
+            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+            let before = word.fetch_or(mask, Ordering::AcqRel);
+            if before & mask != 0 {
+                let index = w * 64 + (before & mask).trailing_zeros() as usize;
+                return Err(already_claimed(&reads[index], index as u32));
+            }
+        }
+        Ok(())
+    }
+
+    fn take_claim(&self, index: u32, read: &Read) -> Result<(), ReadError> {
+        let bit = 1u64 << (index % 64);
+        let word = &self.claims[index as usize / 64];
+        if word.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+            return Err(already_claimed(read, index));
+        }
+        Ok(())
+    }
+
+    /// Read `index`, checked to exist and to land inside the destination.
+    fn checked_read(&self, index: u32) -> Result<&Read, ReadError> {
+        let invalid = |read: Option<&Read>, why: String| ReadError {
+            file: read.map_or(ReadError::NO_FILE, |r| r.file),
+            offset_bytes: read.map_or(0, |r| r.offset_bytes),
+            len_bytes: read.map_or(0, |r| r.len_bytes),
+            kind: ReadErrorKind::Io(io::Error::new(io::ErrorKind::InvalidInput, why)),
+        };
+        let reads = self.plan.reads();
+        let Some(read) = reads.get(index as usize) else {
+            return Err(invalid(None, format!("read {index} is not in the plan ({} reads)", reads.len())));
+        };
+        let dest_len = self.dest.len_bytes();
+        let end = read.arena_offset_bytes.checked_add(read.len_bytes);
+        if end.is_none_or(|e| e > dest_len) || usize::try_from(dest_len).is_err() {
+            return Err(invalid(
+                Some(read),
+                format!(
+                    "read {index} lands at {}..+{} but the destination holds {dest_len} bytes",
+                    read.arena_offset_bytes, read.len_bytes
+                ),
+            ));
+        }
+        Ok(read)
+    }
+}
+
+fn already_claimed(read: &Read, index: u32) -> ReadError {
+    ReadError {
+        file: read.file,
+        offset_bytes: read.offset_bytes,
+        len_bytes: read.len_bytes,
+        kind: ReadErrorKind::Io(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("read {index} was already claimed in this job"),
+        )),
+    }
+}
+
+/// One read's destination range, handed out once by [`Job::claim`]. Fill [`ReadTarget::buf`],
+/// then report it with [`ReadTarget::land`]. Dropping it without landing leaves the read
+/// incomplete (the load then fails naming the tensor), never half-reported.
+pub struct ReadTarget<'j> {
+    job: &'j Job<'j>,
+    index: u32,
+    /// Start of the read's destination range (`read().len_bytes` bytes), claimed for this target
+    /// alone. Kept as a pointer, not a `&mut [u8]` field, so that no unique borrow of the bytes is
+    /// alive while [`ReadTarget::land`] hands them to the sink for reading.
+    ptr: NonNull<u8>,
+    len: usize,
+    _bytes: std::marker::PhantomData<&'j mut [u8]>,
+}
+
+// SAFETY: a `ReadTarget` is the one hand-out of its byte range (the claim bit makes it unique), so
+// moving it to another thread is like moving the `&mut [u8]` it stands for; the `&Job` it holds is
+// `Sync`.
+unsafe impl Send for ReadTarget<'_> {}
+
+impl ReadTarget<'_> {
+    /// The read's index in [`Plan::reads`].
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// The planned read: file (a plan file; see [`Job::checkpoint_file`]), file offset, length.
+    pub fn read(&self) -> &Read {
+        &self.job.plan.reads()[self.index as usize]
+    }
+
+    /// The destination bytes of this read, exactly `read().len_bytes` long.
+    pub fn buf(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr..ptr + len` lies inside the destination (checked by `Job::claim`), whose
+        // contract makes it initialised, valid and writable while the job lives ('j); `Job::new`'s
+        // contract says nobody outside the job touches it during the run; plan reads never
+        // overlap; and the claim bit, set once, makes this target the range's only hand-out. The
+        // `&mut self` borrow keeps the slice unique within the target.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Every byte of the read has been written: calls [`Destination::on_landed`], then
+    /// [`CompletionSink::read_done`] (an error from the sink becomes [`ReadErrorKind::Stopped`]).
+    pub fn land(self, sink: &dyn CompletionSink) -> Result<(), ReadError> {
+        let read = self.read();
+        let fail = |kind| ReadError {
+            file: read.file,
+            offset_bytes: read.offset_bytes,
+            len_bytes: read.len_bytes,
+            kind,
+        };
+        self.job
+            .dest
+            .on_landed(read.arena_offset_bytes, read.len_bytes)
+            .map_err(|e| fail(ReadErrorKind::Io(e)))?;
+        sink.read_done(Landed::new(self.index)).map_err(|_| fail(ReadErrorKind::Stopped))
+    }
+}
+
+impl std::fmt::Debug for ReadTarget<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadTarget").field("index", &self.index).field("read", self.read()).finish()
+    }
+}
+
+impl std::fmt::Debug for Job<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("reads", &self.plan.reads().len())
+            .field("files", &self.files.len())
+            .field("dest_len_bytes", &self.dest.len_bytes())
+            .field("threads", &self.threads)
+            .field("queue_depth", &self.queue_depth)
+            .field("direct", &self.direct)
+            .finish()
+    }
+}

@@ -1,0 +1,58 @@
+//! The seam between the control plane (a [`Plan`]) and the data plane (an [`IoBackend`]).
+//!
+//! A backend drains a plan's per-file read queues into a [`Destination`], holding at most
+//! `budget` bytes in flight, and reports every completed read to a [`CompletionSink`]. It knows
+//! nothing of tensors or formats: the load layer maps reads back to tensors.
+//!
+//! Adding a backend is one file that implements [`IoBackend`] plus one line in
+//! [`crate::registry`]. The [`Budget`] bounds the bytes in flight across every backend worker..
+
+mod budget;
+mod dest;
+mod error;
+mod job;
+mod sink;
+mod source;
+
+pub use budget::{Budget, Permit};
+pub use dest::{CallerBuffer, Destination};
+pub use error::{ReadError, ReadErrorKind};
+pub use job::{Job, JobConfig, ReadTarget};
+pub use sink::{CompletionSink, Landed, LandedPrefix, StopReason};
+pub use source::SourceFile;
+#[cfg(test)]
+pub(crate) use source::temp_source;
+
+/// What one backend run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoStats {
+    pub bytes_read: u64,
+    pub reads: u64,
+    /// Transient errors retried (EINTR, EAGAIN, short reads).
+    pub retries: u64,
+    /// Highest bytes in flight at once.
+    pub peak_inflight_bytes: u64,
+    /// Reads that fell back from O_DIRECT to buffered.
+    pub direct_fallbacks: u64,
+}
+
+pub trait IoBackend: Send + Sync {
+    /// Stable name, as used by `--backend`.
+    fn name(&self) -> &'static str;
+    /// Whether this backend can run here, and if not, why (probed, not guessed).
+    fn available(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// Whether the load layer opens the checkpoint's files as local files for this backend
+    /// (the default). A backend that reads from elsewhere (an object store) returns false: the
+    /// load layer then opens, `fstat`s and stamp-checks nothing, [`Job::files`] is empty, and the
+    /// backend maps plan files to checkpoint files with [`Job::checkpoint_file`]. Such a backend
+    /// fills reads through [`Job::claim`]; `Residence::Mapped` is refused for it.
+    fn reads_local_files(&self) -> bool {
+        true
+    }
+    /// Execute every read of `job.plan` into `job.dest`, calling `sink.read_done` once per read
+    /// after its bytes have landed and `dest.on_landed` was called. On error, nothing is in
+    /// flight when this returns.
+    fn execute(&self, job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError>;
+}
