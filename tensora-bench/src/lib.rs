@@ -29,6 +29,7 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod bench;
 pub mod cache;

@@ -32,6 +32,7 @@
 //! assert_eq!(ckpt.metadata()["format"], "pt");
 //! ```
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod assemble;
 mod checkpoint;

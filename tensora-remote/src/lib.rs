@@ -25,6 +25,7 @@
 //! # Ok::<(), tensora_remote::RemoteError>(())
 //! ```
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 mod backend;
 mod checkpoint;

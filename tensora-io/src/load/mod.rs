@@ -48,7 +48,7 @@ pub use loaded::{Element, Loaded, TensorRef};
 pub use options::{
     ArenaReuse, BUDGET_DEFAULT_BYTES, BackendChoice, CHUNK_DEFAULT_BYTES, FILES_OPEN_DEFAULT_MAX, IoMode,
     LoadOptions, ON_READ_STEP_BYTES, PieceRef, ProgressHook, RETRIES_DEFAULT_MAX, ReadHook, Residence,
-    SPARSE_MIN_LEN_BYTES, SPARSE_RATIO, THREADS_DEFAULT_MAX, TensorHook,
+    SPARSE_MIN_LEN_BYTES, SPARSE_RATIO, THREADS_DEFAULT_MAX, TensorHook, UnknownBackend,
 };
 pub use owned::load;
 pub use streaming::load_streaming;

@@ -22,6 +22,47 @@ pub enum BackendChoice {
     Custom(Arc<dyn IoBackend>),
 }
 
+/// A backend name that is neither `auto` nor registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown backend {name:?}; expected auto, {}", crate::registry::names().join(", "))]
+pub struct UnknownBackend {
+    /// The name as given.
+    pub name: String,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = UnknownBackend;
+
+    /// `"auto"` or a registered backend name (see [`crate::registry::names`]): the one parser of
+    /// `--backend` and `backend=` for the CLI and the bindings.
+    ///
+    /// ```
+    /// use tensora_io::BackendChoice;
+    /// assert!(matches!("auto".parse::<BackendChoice>(), Ok(BackendChoice::Auto)));
+    /// assert!(matches!("sync".parse::<BackendChoice>(), Ok(BackendChoice::Named(n)) if n == "sync"));
+    /// let e = "fast".parse::<BackendChoice>().unwrap_err();
+    /// assert!(e.to_string().contains("expected auto, sync"), "{e}");
+    /// ```
+    fn from_str(s: &str) -> Result<BackendChoice, UnknownBackend> {
+        match s {
+            "auto" => Ok(BackendChoice::Auto),
+            name if crate::registry::names().contains(&name) => Ok(BackendChoice::Named(name.to_owned())),
+            name => Err(UnknownBackend { name: name.to_owned() }),
+        }
+    }
+}
+
+impl BackendChoice {
+    /// The name to report: `auto`, the registered name, or the custom backend's own name.
+    pub fn name(&self) -> &str {
+        match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Named(n) => n,
+            BackendChoice::Custom(b) => b.name(),
+        }
+    }
+}
+
 impl std::fmt::Debug for BackendChoice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
