@@ -28,8 +28,7 @@ mod write;
 
 use std::fmt;
 use std::fs::{self};
-use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -74,6 +73,7 @@ impl TargetFormat {
 /// How to convert.
 #[derive(Clone)]
 pub struct ConvertConfig {
+    /// The layout to write.
     pub to: TargetFormat,
     /// ServerlessLLM partition cap (upstream default: 10 GiB).
     pub partition_bytes_max: u64,
@@ -112,19 +112,27 @@ impl fmt::Debug for ConvertConfig {
 /// What a conversion did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ConvertReport {
+    /// The checkpoint converted (as opened).
     pub source: PathBuf,
+    /// The directory written.
     pub destination: PathBuf,
+    /// The source layout (`safetensors`, `safetensors-sharded`, `serverlessllm`).
     pub from: &'static str,
+    /// The layout written.
     pub to: &'static str,
+    /// Tensors written.
     pub tensors: usize,
     /// Tensors written as a reference to another one's storage (ServerlessLLM ties).
     pub tied_tensors: usize,
+    /// Files in the destination.
     pub files_written: usize,
     /// Tensor data bytes read from the source and written.
     pub bytes_copied: u64,
     /// Total size of everything in the destination.
     pub bytes_written: u64,
+    /// The copy buffer used.
     pub buffer_bytes: u64,
+    /// Wall-clock seconds of the whole conversion.
     pub seconds: f64,
     /// `bytes_copied / seconds`, in GB/s (10^9 bytes).
     pub gbps: f64,
@@ -136,12 +144,26 @@ pub struct ConvertReport {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConvertError {
+    /// A [`ConvertConfig`] field is out of range.
     #[error("invalid conversion config: {reason}")]
-    Config { reason: String },
+    Config {
+        /// Which field and why.
+        reason: String,
+    },
+    /// The destination exists; conversion never overwrites.
     #[error("{}: destination already exists", path.display())]
-    DestinationExists { path: PathBuf },
+    DestinationExists {
+        /// The destination.
+        path: PathBuf,
+    },
+    /// A tensor cannot be written in the target layout (e.g. a dtype torch has no name for).
     #[error("tensor {tensor:?} cannot be converted: {reason}")]
-    Unsupported { tensor: String, reason: String },
+    Unsupported {
+        /// The tensor.
+        tensor: String,
+        /// Why.
+        reason: String,
+    },
     /// A source file was modified or replaced during the conversion.
     #[error("{}: source {change}", path.display())]
     SourceChanged {
@@ -150,22 +172,33 @@ pub enum ConvertError {
         /// What changed.
         change: tensora_format::FileChanged,
     },
+    /// Reading a source tensor failed.
     #[error("{}: reading {len_bytes} bytes at offset {offset_bytes} for tensor {tensor:?}: {source}", path.display())]
     Read {
+        /// The source file.
         path: PathBuf,
+        /// Where the failed read started.
         offset_bytes: u64,
+        /// Bytes it asked for.
         len_bytes: u64,
+        /// The tensor being copied.
         tensor: String,
+        /// The OS error.
         #[source]
         source: io::Error,
     },
+    /// A filesystem operation on the output failed (create, write, fsync, rename).
     #[error("{}: {op}: {source}", path.display())]
     Io {
+        /// The file or directory.
         path: PathBuf,
+        /// The operation.
         op: &'static str,
+        /// The OS error.
         #[source]
         source: io::Error,
     },
+    /// The source checkpoint or the written layout is invalid.
     #[error(transparent)]
     Format(#[from] tensora_format::Error),
 }

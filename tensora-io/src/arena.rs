@@ -53,7 +53,10 @@ pub enum Prefault {
     /// `MADV_POPULATE_WRITE` after `MADV_HUGEPAGE`.
     PopulateWrite,
     /// Touch every page from `threads` threads (at least 1) after `MADV_HUGEPAGE`.
-    ParallelTouch { threads: usize },
+    ParallelTouch {
+        /// Touching threads (at least 1, at most 64).
+        threads: usize,
+    },
 }
 
 /// What to allocate.
@@ -61,6 +64,7 @@ pub enum Prefault {
 pub struct ArenaConfig {
     /// Usable length. The mapping is rounded up to a multiple of [`Arena::ALIGN_BYTES`].
     pub len_bytes: u64,
+    /// How the pages are faulted in before use.
     pub prefault: Prefault,
 }
 

@@ -24,14 +24,26 @@ pub enum LoadError {
     Plan(#[source] PlanError),
     /// `--backend NAME` names no registered backend.
     #[error("unknown backend {name:?} (known: {known})")]
-    UnknownBackend { name: String, known: String },
+    UnknownBackend {
+        /// The name given.
+        name: String,
+        /// The registered names, comma-separated.
+        known: String,
+    },
     /// The chosen backend cannot run here (probed).
     #[error("backend {backend} is unavailable: {reason}")]
-    BackendUnavailable { backend: String, reason: String },
+    BackendUnavailable {
+        /// The backend.
+        backend: String,
+        /// What the probe found (e.g. io_uring blocked by seccomp).
+        reason: String,
+    },
     /// Opening or stat-ing a checkpoint file failed.
     #[error("{}: {source}", path.display())]
     Open {
+        /// The file.
         path: PathBuf,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
@@ -49,18 +61,43 @@ pub enum LoadError {
          (set allow_sparse to override)",
         path.display()
     )]
-    Sparse { path: PathBuf, allocated_bytes: u64, len_bytes: u64 },
+    Sparse {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the filesystem has allocated for it.
+        allocated_bytes: u64,
+        /// Its size.
+        len_bytes: u64,
+    },
     /// A read failed permanently (or its transient errors outlived the retries).
     #[error("{}: reading at offset {offset_bytes} ({len_bytes} bytes) for tensor {tensor:?}: {kind}", path.display())]
-    Read { path: PathBuf, offset_bytes: u64, len_bytes: u64, tensor: String, kind: ReadErrorKind },
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The first byte (file offset) that did not land.
+        offset_bytes: u64,
+        /// Bytes of the failed read from that offset.
+        len_bytes: u64,
+        /// The tensor that byte belongs to.
+        tensor: String,
+        /// Why.
+        kind: ReadErrorKind,
+    },
     /// The backend failed as a whole rather than on one read (e.g. an io_uring ring could not be
     /// entered): no file or offset is involved.
     #[error("backend {backend} failed: {kind}")]
-    Backend { backend: String, kind: ReadErrorKind },
+    Backend {
+        /// The backend.
+        backend: String,
+        /// Why.
+        kind: ReadErrorKind,
+    },
     /// The destination arena could not be allocated.
     #[error("allocating a {len_bytes}-byte arena: {source}")]
     Arena {
+        /// The length asked for.
         len_bytes: u64,
+        /// The OS error (usually `ENOMEM`).
         #[source]
         source: std::io::Error,
     },
@@ -70,7 +107,9 @@ pub enum LoadError {
     /// The streaming callback or the `on_tensor` hook returned an error; the load stopped.
     #[error("callback failed on tensor {tensor:?}: {source}")]
     Callback {
+        /// The tensor the callback was given.
         tensor: String,
+        /// The callback's error.
         #[source]
         source: BoxError,
     },
@@ -80,7 +119,12 @@ pub enum LoadError {
     /// The backend returned without error but some tensor's reads never completed (a backend bug);
     /// reported rather than handing out missing bytes.
     #[error("backend {backend} finished without completing tensor {tensor:?}")]
-    Incomplete { backend: String, tensor: String },
+    Incomplete {
+        /// The backend.
+        backend: String,
+        /// The first tensor with missing bytes.
+        tensor: String,
+    },
     /// `load_path` could not open or parse the checkpoint.
     #[error(transparent)]
     Format(#[from] tensora_format::Error),
@@ -91,11 +135,32 @@ pub enum LoadError {
 pub enum ViewError {
     /// The tensor's dtype is not the requested element type.
     #[error("tensor {tensor:?} is {dtype}, not {requested}")]
-    Dtype { tensor: String, dtype: Dtype, requested: &'static str },
+    Dtype {
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: Dtype,
+        /// The dtype of the element type asked for.
+        requested: &'static str,
+    },
     /// The bytes are not aligned for the element type (never reinterpreted unaligned).
     #[error("tensor {tensor:?} at address 0x{addr:x} is not {align_bytes}-byte aligned")]
-    Misaligned { tensor: String, addr: usize, align_bytes: usize },
+    Misaligned {
+        /// The tensor.
+        tensor: String,
+        /// Its address.
+        addr: usize,
+        /// The alignment the element type needs.
+        align_bytes: usize,
+    },
     /// The byte length is not a whole number of elements.
     #[error("tensor {tensor:?} has {len_bytes} bytes, not a multiple of {elem_bytes}")]
-    Length { tensor: String, len_bytes: usize, elem_bytes: usize },
+    Length {
+        /// The tensor.
+        tensor: String,
+        /// Its length.
+        len_bytes: usize,
+        /// The element size.
+        elem_bytes: usize,
+    },
 }

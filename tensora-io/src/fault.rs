@@ -40,17 +40,43 @@ use crate::seam::{IoBackend, SourceFile};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Reads of `file` whose range contains `offset_bytes` fail with `EIO`, every time.
-    Eio { file: u32, offset_bytes: u64 },
+    Eio {
+        /// The plan file.
+        file: u32,
+        /// A byte whose reads fail.
+        offset_bytes: u64,
+    },
     /// The first `times` reads (of any file) fail with `EINTR`.
-    Interrupted { times: u32 },
+    Interrupted {
+        /// How many reads fail.
+        times: u32,
+    },
     /// The first `times` reads fail with `EAGAIN`.
-    WouldBlock { times: u32 },
+    WouldBlock {
+        /// How many reads fail.
+        times: u32,
+    },
     /// The first `times` reads longer than one byte return about half of what was asked.
-    Short { times: u32 },
+    Short {
+        /// How many reads come back short.
+        times: u32,
+    },
     /// `file` reads as if it ended at `len_bytes` (reads at or past it return 0 bytes).
-    Eof { file: u32, len_bytes: u64 },
+    Eof {
+        /// The plan file.
+        file: u32,
+        /// Where it appears to end.
+        len_bytes: u64,
+    },
     /// Bit `bit` (0-7) of the byte at `offset_bytes` of `file` reads flipped.
-    BitFlip { file: u32, offset_bytes: u64, bit: u8 },
+    BitFlip {
+        /// The plan file.
+        file: u32,
+        /// The byte.
+        offset_bytes: u64,
+        /// The bit (0-7).
+        bit: u8,
+    },
 }
 
 /// A [`ReadAt`] that injects [`Fault`]s into the reads of an inner layer. Counters are atomic, so one

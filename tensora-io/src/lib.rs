@@ -48,7 +48,7 @@ pub use error::{BoxError, LoadError, ViewError};
 pub use load::load_async;
 pub use load::{
     ArenaReuse, BackendChoice, Element, IoMode, LoadOptions, Loaded, PieceRef, ProgressHook, ReadHook,
-    Residence, TensorHook, TensorRef, UnknownBackend, load, load_path, load_streaming,
+    Residence, TensorHook, TensorRef, UnknownBackend, load, load_path, load_runs, load_streaming,
 };
 pub use report::{LoadReport, Phases};
 pub use seam::{

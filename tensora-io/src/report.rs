@@ -13,10 +13,15 @@ use serde::Serialize;
 /// - `finish`: the closing `fstat` checks and assembling the result.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Phases {
+    /// Seconds opening files and reading the facts `auto` decides from.
     pub open: f64,
+    /// Seconds reading headers and indexes.
     pub parse: f64,
+    /// Seconds selecting and planning.
     pub plan: f64,
+    /// Seconds allocating and reading (hooks and callbacks included).
     pub io: f64,
+    /// Seconds of the closing checks and assembling the result.
     pub finish: f64,
 }
 
@@ -25,8 +30,10 @@ pub struct Phases {
 pub struct LoadReport {
     /// The backend that ran (`"sync"`, `"mmap"`, `"io-uring"`, `"async"` or a custom name).
     pub backend: String,
-    /// One line naming the facts that decided the backend.
+    /// One line naming the facts that decided the residence and the backend.
     pub reason: String,
+    /// Where the tensors live: `"owned"` (a hugepage arena) or `"mapped"` (views of the files).
+    pub residence: String,
     /// `"buffered"`, `"direct"` or `"mapped"`.
     pub io_mode: String,
     /// Bytes of the selected tensors.
@@ -37,6 +44,7 @@ pub struct LoadReport {
     pub seconds: f64,
     /// `bytes_selected / seconds / 1e9`.
     pub gbps: f64,
+    /// Where the seconds went.
     pub phases: Phases,
     /// Highest bytes in flight at once, as measured by the backend.
     pub peak_inflight_bytes: u64,
@@ -69,8 +77,10 @@ impl LoadReport {
 
 /// Page-fault counters of this process (`getrusage(RUSAGE_SELF)`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Faults {
+pub(crate) struct Faults {
+    /// Faults served without I/O.
     pub minor: u64,
+    /// Faults that waited for I/O.
     pub major: u64,
 }
 

@@ -335,7 +335,7 @@ fn mapped_loads_report_mmap_whatever_backend_is_named() {
         let loaded = load(&ckpt, &opts).unwrap();
         let r = loaded.report();
         assert_eq!((r.backend.as_str(), r.io_mode.as_str()), ("mmap", "mapped"), "{r:?}");
-        assert!(r.reason.starts_with("mapped views requested"), "{r:?}");
+        assert!(r.reason.starts_with("mapped: residence \"mapped\""), "{r:?}");
     }
 }
 

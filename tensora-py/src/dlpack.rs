@@ -20,51 +20,81 @@ pub const CAPSULE_NAME_USED: &CStr = c"used_dltensor";
 
 /// `DLDataTypeCode` values (dlpack.h).
 pub mod code {
+    /// Signed integers.
     pub const INT: u8 = 0;
+    /// Unsigned integers.
     pub const UINT: u8 = 1;
+    /// IEEE floats.
     pub const FLOAT: u8 = 2;
+    /// bfloat16.
     pub const BFLOAT: u8 = 4;
+    /// Complex (pairs of floats).
     pub const COMPLEX: u8 = 5;
+    /// Booleans.
     pub const BOOL: u8 = 6;
+    /// fp8 e4m3, finite only.
     pub const FLOAT8_E4M3FN: u8 = 10;
+    /// fp8 e4m3, finite only, unsigned zero.
     pub const FLOAT8_E4M3FNUZ: u8 = 11;
+    /// fp8 e5m2.
     pub const FLOAT8_E5M2: u8 = 12;
+    /// fp8 e5m2, finite only, unsigned zero.
     pub const FLOAT8_E5M2FNUZ: u8 = 13;
+    /// fp8 e8m0 (exponent only, unsigned), for block scales.
     pub const FLOAT8_E8M0FNU: u8 = 14;
 }
 
+/// `DLDevice` (dlpack.h): where the data lives.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DLDevice {
+    /// `kDLCPU` ([`DEVICE_CPU`]) for every tensor exported here.
     pub device_type: i32,
+    /// The device index (0 on the CPU).
     pub device_id: i32,
 }
 
+/// `DLDataType` (dlpack.h): the element type.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DLDataType {
+    /// A [`code`] value.
     pub code: u8,
+    /// Bits per element.
     pub bits: u8,
+    /// Vector lanes (always 1 here).
     pub lanes: u16,
 }
 
+/// `DLTensor` (dlpack.h): a view of memory with shape and strides.
 #[repr(C)]
 #[derive(Debug)]
 pub struct DLTensor {
+    /// The first byte.
     pub data: *mut c_void,
+    /// Where `data` lives.
     pub device: DLDevice,
+    /// Rank.
     pub ndim: i32,
+    /// Element type.
     pub dtype: DLDataType,
+    /// `ndim` extents.
     pub shape: *mut i64,
+    /// `ndim` strides in elements, or null for row-major.
     pub strides: *mut i64,
+    /// Bytes from `data` to the first element.
     pub byte_offset: u64,
 }
 
+/// `DLManagedTensor` (dlpack.h): a [`DLTensor`] plus what keeps its memory alive.
 #[repr(C)]
 #[derive(Debug)]
 pub struct DLManagedTensor {
+    /// The view.
     pub dl_tensor: DLTensor,
+    /// The producer's context (here: the owner and the shape/strides arrays).
     pub manager_ctx: *mut c_void,
+    /// Called once by the consumer when it is done with the tensor.
     pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }
 
@@ -78,10 +108,22 @@ struct Context {
 /// Why a tensor cannot be exported.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExportError {
+    /// The dtype has no DLPack element type (sub-byte formats).
     #[error("tensor {tensor:?}: dtype {dtype} has no DLPack equivalent a framework can import")]
-    Dtype { tensor: String, dtype: Dtype },
+    Dtype {
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: Dtype,
+    },
+    /// The shape does not fit DLPack's `int64` fields.
     #[error("tensor {tensor:?}: rank {rank} or a dimension does not fit DLPack's int64 fields")]
-    Shape { tensor: String, rank: usize },
+    Shape {
+        /// The tensor.
+        tensor: String,
+        /// Its rank.
+        rank: usize,
+    },
 }
 
 /// The DLPack element type of a dtype; `None` for sub-byte formats (F4, F6) that no framework
@@ -201,11 +243,17 @@ unsafe extern "C" fn delete_managed(m: *mut DLManagedTensor) {
 /// What a consumer reads from a `DLTensor`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Consumed {
+    /// The data address.
     pub data: usize,
+    /// The device.
     pub device: DLDevice,
+    /// The element type.
     pub dtype: DLDataType,
+    /// The extents.
     pub shape: Vec<i64>,
+    /// The strides in elements (row-major ones when the tensor gave none).
     pub strides: Vec<i64>,
+    /// Bytes from `data` to the first element.
     pub byte_offset: u64,
 }
 

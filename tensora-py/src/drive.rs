@@ -41,6 +41,7 @@ impl Shared {
 /// What came back: the work's result, and the Python exception that cancelled it, if any.
 #[derive(Debug)]
 pub struct Outcome<T> {
+    /// What the work returned.
     pub result: T,
     /// Raised by the callback or by a signal handler; takes precedence over `result`'s error.
     pub py_err: Option<PyErr>,

@@ -76,6 +76,7 @@ pub struct Owner {
 }
 
 impl Owner {
+    /// An owner of `storage`, counted in [`owners_live`] until dropped.
     pub fn new(storage: Storage) -> Arc<Owner> {
         OWNERS_LIVE.fetch_add(1, Ordering::SeqCst);
         Arc::new(Owner { storage })
@@ -100,12 +101,17 @@ impl Drop for Owner {
 /// never reallocated).
 #[derive(Debug, Clone)]
 pub struct TensorBytes {
+    /// What keeps the bytes alive.
     pub owner: Arc<Owner>,
     /// Address of the first byte (kept as an integer so the type is `Send + Sync`).
     pub addr: usize,
+    /// Length in bytes.
     pub len_bytes: usize,
+    /// The tensor's name.
     pub name: String,
+    /// Its dtype.
     pub dtype: Dtype,
+    /// Its shape.
     pub shape: Vec<u64>,
     /// Strides in elements when the format records them; `None` is row-major.
     pub strides: Option<Vec<u64>>,

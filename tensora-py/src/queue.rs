@@ -12,6 +12,7 @@ use std::time::Duration;
 /// What `pop_timeout` found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Pop<T> {
+    /// The oldest item.
     Item(T),
     /// Closed and drained.
     Closed,

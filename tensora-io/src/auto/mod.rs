@@ -1,24 +1,38 @@
-//! `--backend auto`: choose a backend and an I/O mode from measured facts.
+//! `auto`: choose where the bytes live (owned or mapped), the backend and the I/O mode from
+//! measured facts.
 //!
-//! [`gather`] reads the facts (cheap, bounded: one `statfs` per distinct directory, a `mincore`
-//! sample of at most [`crate::auto::probe::RESIDENCY_SAMPLE_WINDOWS_MAX`] windows per file for at most
-//! [`RESIDENCY_FILES_MAX`] files, the cached io_uring probe, and an O_DIRECT probe only when the
-//! data is cold); [`choose`] is a pure rule table over them, so it is unit-tested directly.
+//! [`gather`] reads the facts (cheap, bounded: one `statfs`, a `mincore` sample of at most
+//! [`probe::RESIDENCY_SAMPLE_WINDOWS_MAX`] windows per file for at most [`RESIDENCY_FILES_MAX`]
+//! files, the cached io_uring probe, and an O_DIRECT probe only when the data is cold and would be
+//! owned); [`choose`] is a pure rule table over them, so it is unit-tested directly. The
+//! [`Choice`]'s one-line `reason` names the deciding facts and goes into the load report.
 //!
-//! The rule table (first match wins), justified by measurements on the 2-core reference machine
-//! (see ARCHITECTURE.md, "Answers to the design questions"):
+//! Residence, when the caller asks for [`Residence::Auto`] (first match wins):
+//!
+//! | facts | residence | why |
+//! |---|---|---|
+//! | network/FUSE filesystem | owned | a snapshot nothing outside can change; never lazy views over the network |
+//! | warm (≥ [`WARM_FRACTION`] of sampled pages cached) | mapped | a load is a page-table fill: no fresh memory to fault and zero, no copy |
+//! | cold, or nothing sampled | owned | the disk is the bound; an owned copy is a snapshot |
+//!
+//! Backend, for an owned load (first match wins), justified by measurements on the 2-core
+//! reference machine (see `docs/design.md`):
 //!
 //! | facts | choice | why |
 //! |---|---|---|
-//! | `Residence::Mapped` | mmap, mapped | the caller asked for zero-copy views; on a network/FUSE filesystem every selected range is prewarmed (`MADV_POPULATE_READ`) before the views are handed out, so a lazy page fault never waits on the network (and a failing read is a typed error, not a `SIGBUS` later) |
 //! | network/FUSE filesystem | sync, buffered | never lazy mmap there; O_DIRECT semantics vary |
-//! | warm (≥ [`WARM_FRACTION`] of sampled pages cached) | sync, buffered | one copy from the page cache into the hugepage arena is the roofline. Copying from a mapping (the mmap backend) measured within noise of it here (paired runs: medians 7.4 vs 7.0 GB/s, with deeper dips), and it can fault if a file is truncated mid-copy, so `auto` keeps `pread` |
+//! | warm | sync, buffered | one copy from the page cache into the hugepage arena is the roofline; copying from a mapping measured within noise of it, with deeper dips and a truncation fault window |
 //! | cold, O_DIRECT works, io_uring available, ≥ [`DIRECT_MIN_BYTES`] selected | io-uring, direct | deep queue of large aligned reads, no page-cache copy |
 //! | cold otherwise | sync, buffered | kernel readahead with several threads |
+//!
+//! Mapped views never run a backend (the report names `mmap`); every selected page is read in
+//! before the load returns ([`crate::map::populate`]).
 
 use std::path::Path;
 
 use tensora_format::Checkpoint;
+
+use crate::load::Residence;
 
 pub mod probe;
 
@@ -34,12 +48,15 @@ pub const RESIDENCY_FILES_MAX: usize = 16;
 /// What `auto` looked at.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Facts {
+    /// Distinct bytes of the selected tensors (tied bytes once).
     pub bytes_selected: u64,
     /// Sum of the sizes of the files the selection touches.
     pub bytes_files: u64,
+    /// Files the selection touches.
     pub files: usize,
     /// Largest file touched.
     pub file_len_max_bytes: u64,
+    /// Page-cache residency of the selected ranges (a `mincore` sample).
     pub residency: ResidencySample,
     /// Filesystem of the first file; `None` if `statfs` failed.
     pub filesystem: Option<Filesystem>,
@@ -47,9 +64,21 @@ pub struct Facts {
     pub uring: Result<(), String>,
     /// Whether O_DIRECT reads work on the first file; `None` when not probed (warm data).
     pub direct: Option<Result<(), String>>,
+    /// CPUs available to this process.
     pub cpus: usize,
-    pub streaming: bool,
-    pub mapped: bool,
+    /// How the load hands tensors over.
+    pub delivery: Delivery,
+    /// The residence the caller asked for.
+    pub residence: Residence,
+}
+
+/// How a load hands its tensors over (a fact `auto` reads, and reports).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Every tensor at once, in a [`Loaded`](crate::Loaded).
+    Owned,
+    /// Tensor by tensor, or run by run, under the budget.
+    Streaming,
 }
 
 impl Facts {
@@ -66,7 +95,11 @@ impl Facts {
 /// What `auto` chose.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Choice {
+    /// Where the bytes live: [`Residence::Owned`] or [`Residence::Mapped`], never `Auto`.
+    pub residence: Residence,
+    /// The backend that runs the load (`"mmap"` for mapped views, which run none).
     pub backend: &'static str,
+    /// Whether reads use `O_DIRECT`.
     pub direct: bool,
     /// One line naming the deciding facts.
     pub reason: String,
@@ -74,7 +107,7 @@ pub struct Choice {
 
 /// Read the facts for a selection (`selected` indexes [`Checkpoint::tensors`]). Residency is
 /// sampled over the selected tensors' byte ranges of the first [`RESIDENCY_FILES_MAX`] files.
-pub fn gather(ckpt: &Checkpoint, selected: &[usize], streaming: bool, mapped: bool) -> Facts {
+pub fn gather(ckpt: &Checkpoint, selected: &[usize], delivery: Delivery, residence: Residence) -> Facts {
     let mut by_file: Vec<(u32, Vec<std::ops::Range<u64>>)> = Vec::new();
     let bytes_selected = ckpt.distinct_bytes(selected);
     // Position of each checkpoint file in `by_file` (files in order of first use), by file id.
@@ -104,8 +137,9 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], streaming: bool, mapped: bo
     let first: Option<&Path> = entries.first().map(|e| e.path());
     let filesystem = first.and_then(|p| probe::filesystem(p).ok());
     let warm = residency.sampled_pages > 0 && residency.fraction() >= WARM_FRACTION;
+    // Only a cold owned load can use O_DIRECT; `Auto` resolves to owned when cold.
     let direct = match first {
-        Some(p) if !warm && !mapped => Some(probe::direct_io_supported(p)),
+        Some(p) if !warm && residence != Residence::Mapped => Some(probe::direct_io_supported(p)),
         _ => None,
     };
     Facts {
@@ -118,12 +152,12 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], streaming: bool, mapped: bo
         uring: crate::backends::uring::probe(),
         direct,
         cpus: probe::cpu_count(),
-        streaming,
-        mapped,
+        delivery,
+        residence,
     }
 }
 
-/// The rule table (see the module docs).
+/// The rule tables (see the module docs): residence first, then the backend of an owned load.
 pub fn choose(f: &Facts) -> Choice {
     let fs_name = f.filesystem.as_ref().map_or("unknown fs", |fs| fs.name.as_str());
     let remote = f.filesystem.as_ref().is_some_and(|fs| fs.remote);
@@ -134,42 +168,65 @@ pub fn choose(f: &Facts) -> Choice {
         f.density() * 100.0,
         f.residency.fraction() * 100.0,
         f.cpus,
-        if f.streaming { ", streaming" } else { "" },
+        if f.delivery == Delivery::Streaming { ", streaming" } else { "" },
     );
-    if f.mapped {
-        let reason = if remote {
-            format!(
-                "mapped views requested (warning: {fs_name} is a network/FUSE filesystem: every \
-                 selected range is prewarmed, never faulted in lazily); {facts}"
-            )
-        } else {
-            format!("mapped views requested; {facts}")
-        };
-        return Choice { backend: "mmap", direct: false, reason };
+    let owned_because = match f.residence {
+        Residence::Mapped if remote => {
+            return mapped(format!(
+                "mapped: residence \"mapped\" (note: {fs_name} is a network/FUSE filesystem: \
+                 every selected page is read in at load, over the network); {facts}"
+            ));
+        }
+        Residence::Mapped => return mapped(format!("mapped: residence \"mapped\"; {facts}")),
+        Residence::Owned => Some("owned: residence \"owned\"".to_owned()),
+        Residence::Auto if remote => {
+            Some(format!("owned: {fs_name} is a network/FUSE filesystem (a snapshot, never lazy views)"))
+        }
+        Residence::Auto if f.warm() => {
+            return mapped(format!(
+                "mapped: warm, on local {fs_name}: zero-copy copy-on-write views, pages read in at load; {facts}"
+            ));
+        }
+        Residence::Auto if f.residency.sampled_pages == 0 => {
+            Some("owned: no page-cache sample (nothing selected to sample)".to_owned())
+        }
+        Residence::Auto => Some("owned: cold".to_owned()),
+    };
+    let mut choice = choose_owned(f, remote, fs_name, &facts);
+    if let Some(why) = owned_because {
+        choice.reason = format!("{why}; {}", choice.reason);
     }
+    choice
+}
+
+fn mapped(reason: String) -> Choice {
+    Choice { residence: Residence::Mapped, backend: "mmap", direct: false, reason }
+}
+
+/// The backend of an owned load.
+fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
+    let owned = |backend, direct, reason| Choice { residence: Residence::Owned, backend, direct, reason };
     if remote {
-        return Choice {
-            backend: "sync",
-            direct: false,
-            reason: format!(
-                "{fs_name} is a network/FUSE filesystem: buffered pread, never lazy mmap; {facts}"
-            ),
-        };
+        return owned(
+            "sync",
+            false,
+            format!("{fs_name} is a network/FUSE filesystem: buffered pread, never lazy mmap; {facts}"),
+        );
     }
     if f.warm() {
-        return Choice {
-            backend: "sync",
-            direct: false,
-            reason: format!("warm: one pread copy from the page cache into the hugepage arena; {facts}"),
-        };
+        return owned(
+            "sync",
+            false,
+            format!("warm: one pread copy from the page cache into the hugepage arena; {facts}"),
+        );
     }
     let direct_ok = matches!(f.direct, Some(Ok(())));
     if direct_ok && f.uring.is_ok() && f.bytes_selected >= DIRECT_MIN_BYTES {
-        return Choice {
-            backend: "io-uring",
-            direct: true,
-            reason: format!("cold, O_DIRECT and io_uring available: deep direct queue; {facts}"),
-        };
+        return owned(
+            "io-uring",
+            true,
+            format!("cold, O_DIRECT and io_uring available: deep direct queue; {facts}"),
+        );
     }
     let why = match (&f.direct, &f.uring) {
         (Some(Err(e)), _) => format!("no O_DIRECT ({e})"),
@@ -177,16 +234,13 @@ pub fn choose(f: &Facts) -> Choice {
         _ if f.bytes_selected < DIRECT_MIN_BYTES => "small selection".to_owned(),
         _ => "O_DIRECT not probed".to_owned(),
     };
-    Choice {
-        backend: "sync",
-        direct: false,
-        reason: format!("cold, {why}: buffered pread with readahead; {facts}"),
-    }
+    owned("sync", false, format!("cold, {why}: buffered pread with readahead; {facts}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn facts() -> Facts {
         Facts {
@@ -199,15 +253,15 @@ mod tests {
             uring: Ok(()),
             direct: None,
             cpus: 2,
-            streaming: false,
-            mapped: false,
+            delivery: Delivery::Owned,
+            residence: Residence::Owned,
         }
     }
 
     #[test]
     fn warm_picks_sync_buffered_and_names_the_facts() {
         let c = choose(&facts());
-        assert_eq!((c.backend, c.direct), ("sync", false));
+        assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "sync", false));
         assert!(
             c.reason.contains("warm") && c.reason.contains("100% of sampled pages cached"),
             "{}",
@@ -237,7 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn remote_filesystems_never_get_mmap_or_direct() {
+    fn remote_filesystems_never_get_lazy_views_or_direct() {
         let mut f = facts();
         f.filesystem = Some(probe::classify_filesystem(0x6969));
         f.residency.resident_pages = 0;
@@ -245,15 +299,37 @@ mod tests {
         let c = choose(&f);
         assert_eq!((c.backend, c.direct), ("sync", false));
         assert!(c.reason.contains("nfs"));
-        f.mapped = true;
-        assert!(choose(&f).reason.contains("warning"));
-        assert!(choose(&f).reason.contains("prewarmed"));
+        f.residence = Residence::Auto;
+        f.residency.resident_pages = 100;
+        let c = choose(&f);
+        assert_eq!((c.residence, c.backend), (Residence::Owned, "sync"));
+        assert!(c.reason.starts_with("owned: nfs is a network/FUSE filesystem"), "{}", c.reason);
+        f.residence = Residence::Mapped;
+        let c = choose(&f);
+        assert_eq!(c.residence, Residence::Mapped);
+        assert!(c.reason.contains("note: nfs") && c.reason.contains("read in at load"), "{}", c.reason);
+        assert!(c.reason.starts_with("mapped: residence \"mapped\""), "{}", c.reason);
+    }
+
+    #[test]
+    fn auto_residence_maps_warm_local_data_and_owns_cold_data() {
+        let mut f = Facts { residence: Residence::Auto, ..facts() };
+        let c = choose(&f);
+        assert_eq!((c.residence, c.backend, c.direct), (Residence::Mapped, "mmap", false));
+        assert!(c.reason.starts_with("mapped: warm, on local ext4"), "{}", c.reason);
+        f.residency.resident_pages = 49;
+        f.direct = Some(Ok(()));
+        let c = choose(&f);
+        assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "io-uring", true));
+        assert!(c.reason.starts_with("owned: cold; cold, O_DIRECT"), "{}", c.reason);
+        f.residency = ResidencySample::default();
+        assert!(choose(&f).reason.starts_with("owned: no page-cache sample"));
     }
 
     #[test]
     fn mapped_residence_picks_mmap_and_density_is_sane() {
         let mut f = facts();
-        f.mapped = true;
+        f.residence = Residence::Mapped;
         assert_eq!(choose(&f).backend, "mmap");
         f.bytes_selected = 1 << 30;
         assert!((f.density() - 0.5).abs() < 1e-9);
@@ -261,5 +337,39 @@ mod tests {
         assert_eq!(f.density(), 1.0);
         f.residency = ResidencySample::default();
         assert!(!f.warm());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// Mapped exactly when asked for, or when asked to decide on warm local data; the reason
+        /// starts with the residence whenever `auto` decided it.
+        #[test]
+        fn mapped_only_when_asked_or_warm_and_local(
+            resident in proptest::option::of(0u64..=100),
+            remote in any::<bool>(),
+            residence in prop_oneof![Just(Residence::Auto), Just(Residence::Owned), Just(Residence::Mapped)],
+        ) {
+            let f = Facts {
+                residency: resident.map_or(ResidencySample::default(), |r| ResidencySample {
+                    sampled_pages: 100,
+                    resident_pages: r,
+                }),
+                filesystem: Some(probe::classify_filesystem(if remote { 0x6969 } else { 0xEF53 })),
+                residence,
+                ..facts()
+            };
+            let c = choose(&f);
+            let warm = resident.is_some_and(|r| r as f64 / 100.0 >= WARM_FRACTION);
+            let want_mapped = match residence {
+                Residence::Mapped => true,
+                Residence::Owned => false,
+                Residence::Auto => !remote && warm,
+            };
+            prop_assert_eq!(c.residence == Residence::Mapped, want_mapped);
+            prop_assert_eq!(c.backend == "mmap", want_mapped);
+            prop_assert!(!(want_mapped && c.direct));
+            let prefix = if want_mapped { "mapped:" } else { "owned:" };
+            prop_assert!(c.reason.starts_with(prefix), "{}", c.reason);
+        }
     }
 }

@@ -107,7 +107,9 @@ pub fn classify_filesystem(magic: i64) -> Filesystem {
 /// Result of a `mincore` sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ResidencySample {
+    /// Pages looked at.
     pub sampled_pages: u64,
+    /// Of those, pages in the page cache.
     pub resident_pages: u64,
 }
 

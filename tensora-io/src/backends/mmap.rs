@@ -169,7 +169,7 @@ fn copy_worker(
 /// past the file's end are gone: the file was truncated after mapping, so this is an unexpected
 /// end of file at the file's current length (found with `fstat`).
 fn populate_error(job: &Job<'_>, read: &Read, e: io::Error) -> ReadError {
-    if e.raw_os_error() != Some(libc::EFAULT) {
+    if e.kind() != io::ErrorKind::UnexpectedEof {
         return job_error(read, ReadErrorKind::Io(e));
     }
     let file = &job.files[read.file as usize];

@@ -13,7 +13,7 @@
 #[cfg(feature = "async")]
 pub mod async_tokio;
 pub mod mmap;
-pub mod read_progress;
+pub(crate) mod read_progress;
 pub mod registry;
 pub(crate) mod runtime;
 pub mod sync;

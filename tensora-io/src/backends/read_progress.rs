@@ -37,7 +37,10 @@ const EAGAIN_BACKOFF_FIRST: Duration = Duration::from_micros(100);
 #[derive(Debug)]
 pub enum Step {
     /// Issue the remainder ([`ReadProgress::next_call`]), after sleeping `backoff` if any.
-    Again { backoff: Option<Duration> },
+    Again {
+        /// How long to wait first (after `EAGAIN`); `None`: at once.
+        backoff: Option<Duration>,
+    },
     /// Every byte of the read has landed (or the read reached the file's known end).
     Landed,
     /// The `O_DIRECT` descriptor refused the call with `EINVAL`: disable direct I/O for this file
@@ -51,8 +54,11 @@ pub enum Step {
 /// destination at `done_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Call {
+    /// Where in the file the call reads.
     pub file_offset_bytes: u64,
+    /// Bytes of the read already landed: where in the read's destination the call writes.
     pub done_bytes: u64,
+    /// Bytes the call asks for.
     pub len_bytes: u64,
 }
 
@@ -100,6 +106,7 @@ impl ReadProgress {
     }
 
     /// Zero-progress events so far (what `retries_max` bounds).
+    #[cfg(test)]
     pub fn stalls(&self) -> u32 {
         self.stalls
     }
@@ -110,6 +117,7 @@ impl ReadProgress {
     }
 
     /// The most calls this read may make.
+    #[cfg(test)]
     pub fn calls_max(&self) -> u64 {
         self.calls_max
     }

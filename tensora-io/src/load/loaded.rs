@@ -43,15 +43,19 @@ impl std::fmt::Debug for TensorRef<'_> {
 }
 
 impl<'a> TensorRef<'a> {
+    /// The tensor's name.
     pub fn name(&self) -> &'a str {
         self.info.name()
     }
+    /// The tensor's dtype.
     pub fn dtype(&self) -> Dtype {
         self.info.dtype()
     }
+    /// The tensor's shape.
     pub fn shape(&self) -> &'a [u64] {
         self.info.shape()
     }
+    /// Everything the checkpoint says of the tensor (file, offsets, strides).
     pub fn info(&self) -> &'a TensorInfo {
         self.info
     }
@@ -139,12 +143,15 @@ impl Loaded {
     pub fn tensors(&self) -> impl Iterator<Item = TensorRef<'_>> {
         (0..self.entries.len()).map(|i| self.get(i))
     }
+    /// Tensors loaded.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
+    /// Whether no tensor was selected.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+    /// What the load did and where its time went.
     pub fn report(&self) -> &LoadReport {
         &self.report
     }

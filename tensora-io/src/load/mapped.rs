@@ -1,32 +1,35 @@
-//! The mapped load: zero-copy views into private copy-on-write mappings of the files.
+//! The mapped load: zero-copy views into private copy-on-write mappings of the files, every
+//! selected page read in before the load returns.
 
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
-
-use tensora_format::{Checkpoint, FileId};
 
 use super::files::{Descriptors, FileSet};
 use super::loaded::{Entry, Storage};
-use super::session::{Session, touched_files};
+use super::session::{Session, Tally, touched_files};
 use super::{ArenaReuse, Loaded, PieceRef};
 use crate::error::LoadError;
+use crate::map::populate::{PopulateConfig, PopulateError, Span, populate};
+use crate::map::{FileRange, MapMode, MappedFiles};
 use crate::report::{Faults, LoadReport, Phases};
+use crate::seam::ReadErrorKind;
 
-/// Zero-copy load: map every touched file privately and hand out views.
+/// Zero-copy load of `part` (tensor indexes): map every touched file privately, read every
+/// selected page in, and hand out views.
 pub(super) fn load_mapped(
-    session: Session<'_>,
-    selected: Vec<usize>,
+    session: &Session<'_>,
+    part: &[usize],
     mut phases: Phases,
     faults_before: Faults,
 ) -> Result<Loaded, LoadError> {
     let ckpt = session.ckpt;
     let t = Instant::now();
-    let ids = touched_files(ckpt, &selected);
+    let ids = touched_files(ckpt, part);
     let mut files = FileSet::new(ids.len().max(1));
     let sources = files.take(ckpt, &ids, Descriptors::Buffered, session.sparse())?;
     // Copy-on-write, so `Loaded::tensor_mut_ptr` can hand out writable views that never reach
     // the files.
-    let mapped =
-        crate::map::MappedFiles::map_with(&sources, crate::map::MapMode::CopyOnWrite).map_err(LoadError::Map);
+    let mapped = MappedFiles::map_with(&sources, MapMode::CopyOnWrite).map_err(LoadError::Map);
     files.give_back(&ids, sources);
     let mapped = mapped?;
     // Mapped index of each checkpoint file, by checkpoint file id.
@@ -34,19 +37,73 @@ pub(super) fn load_mapped(
     for (i, &f) in ids.iter().enumerate() {
         local[f as usize] = i as u32;
     }
-    let mut entries = Vec::with_capacity(selected.len());
-    for &ti in &selected {
-        let info = ckpt.tensors()[ti].clone();
-        let file = local[info.file().index()];
-        entries.push(Entry { offset_bytes: info.offset_bytes(), file, info });
-    }
-    prewarm_remote(ckpt, &ids, &entries, &mapped, session.opts.threads)?;
+    let entries: Vec<Entry> = part
+        .iter()
+        .map(|&ti| {
+            let info = ckpt.tensors()[ti].clone();
+            Entry { offset_bytes: info.offset_bytes(), file: local[info.file().index()], info }
+        })
+        .collect();
+    read_in(session, &entries, &mapped)?;
     let by_name = entries.iter().enumerate().map(|(i, e)| (e.info.name().to_owned(), i)).collect();
     let storage = Storage::Mapped(mapped);
     let mut loaded =
         Loaded { storage, arena_reuse: ArenaReuse::Fresh, entries, by_name, report: LoadReport::default() };
+    run_hooks(session, &loaded, part)?;
+    phases.io += t.elapsed().as_secs_f64();
+    files.bill_open(&mut phases);
+    let t = Instant::now();
+    files.close_and_check(ckpt)?;
+    phases.finish += t.elapsed().as_secs_f64();
+    let tally =
+        Tally { tensors: loaded.entries.len(), bytes_selected: ckpt.distinct_bytes(part), windows: 1 };
+    loaded.report = session.report(phases, &[], tally, faults_before);
+    Ok(loaded)
+}
+
+/// Read in the pages of every tensor (`MADV_POPULATE_READ`, [`crate::map::populate`]) with
+/// `threads` workers, reporting progress and honouring the cancel flag. A failure names the file,
+/// the file offset of the failing piece and the tensor.
+fn read_in(session: &Session<'_>, entries: &[Entry], mapped: &MappedFiles) -> Result<(), LoadError> {
+    let opts = session.opts;
+    let spans = entries
+        .iter()
+        .map(|e| {
+            let range =
+                FileRange { file: e.file, offset_bytes: e.offset_bytes, len_bytes: e.info.len_bytes() };
+            mapped.span_of(&range)
+        })
+        .collect::<std::io::Result<Vec<Span>>>()
+        .map_err(LoadError::Map)?;
+    let never = AtomicBool::new(false);
+    let cfg = PopulateConfig {
+        threads: opts.threads,
+        cancel: opts.cancel.as_deref().unwrap_or(&never),
+        progress: opts.progress.as_ref(),
+    };
+    // SAFETY: every span lies inside one of `mapped`'s live, page-aligned mappings (checked by
+    // `span_of`), which stay mapped for the call (`mapped` is borrowed).
+    match unsafe { populate(&spans, &cfg) } {
+        Ok(_) => Ok(()),
+        Err(PopulateError::Cancelled) => Err(LoadError::Cancelled),
+        Err(PopulateError::Io { span, piece_addr, piece_len_bytes, source }) => {
+            let e = &entries[span];
+            let into_bytes = (piece_addr - spans[span].addr) as u64;
+            Err(LoadError::Read {
+                path: session.ckpt.file(e.info.file()).path().to_owned(),
+                offset_bytes: e.info.offset_bytes() + into_bytes,
+                len_bytes: piece_len_bytes as u64,
+                tensor: e.info.name().to_owned(),
+                kind: ReadErrorKind::Io(source),
+            })
+        }
+    }
+}
+
+/// The `on_read` hook (once per tensor, the whole tensor as one piece), then `on_tensor`.
+fn run_hooks(session: &Session<'_>, loaded: &Loaded, part: &[usize]) -> Result<(), LoadError> {
     if let Some(hook) = &session.opts.on_read {
-        for (t, &ti) in loaded.tensors().zip(&selected) {
+        for (t, &ti) in loaded.tensors().zip(part) {
             let piece =
                 PieceRef { info: t.info(), tensor_index: ti, offset_in_tensor_bytes: 0, bytes: t.bytes() };
             hook(&piece).map_err(|source| LoadError::Callback { tensor: t.name().to_owned(), source })?;
@@ -57,41 +114,5 @@ pub(super) fn load_mapped(
             hook(&t).map_err(|source| LoadError::Callback { tensor: t.name().to_owned(), source })?;
         }
     }
-    phases.io += t.elapsed().as_secs_f64();
-    files.bill_open(&mut phases);
-    let t = Instant::now();
-    files.close_and_check(ckpt)?;
-    phases.finish += t.elapsed().as_secs_f64();
-    loaded.report = session.report(phases, &[], loaded.entries.len(), 1, faults_before);
-    loaded.report.io_mode = "mapped".to_owned();
-    Ok(loaded)
-}
-
-/// On a network or FUSE filesystem, mapped views are never faulted in lazily: every selected
-/// range is read in (`MADV_POPULATE_READ`) before the views are handed out, so a slow or failing
-/// remote read is a typed error now rather than a stall or a `SIGBUS` on first touch.
-pub(super) fn prewarm_remote(
-    ckpt: &Checkpoint,
-    ids: &[u32],
-    entries: &[Entry],
-    mapped: &crate::map::MappedFiles,
-    threads: usize,
-) -> Result<(), LoadError> {
-    let remote: Vec<bool> = ids
-        .iter()
-        .map(|&f| crate::auto::probe::filesystem(ckpt.file(FileId(f)).path()).is_ok_and(|fs| fs.remote))
-        .collect();
-    let ranges: Vec<crate::map::FileRange> = entries
-        .iter()
-        .filter(|e| remote[e.file as usize] && e.info.len_bytes() > 0)
-        .map(|e| crate::map::FileRange {
-            file: e.file,
-            offset_bytes: e.offset_bytes,
-            len_bytes: e.info.len_bytes(),
-        })
-        .collect();
-    if ranges.is_empty() {
-        return Ok(());
-    }
-    mapped.prewarm(&ranges, threads.max(1)).map(|_| ()).map_err(LoadError::Map)
+    Ok(())
 }

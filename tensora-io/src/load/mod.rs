@@ -33,6 +33,7 @@ mod mapped;
 mod options;
 mod owned;
 mod run;
+mod runs;
 mod session;
 mod streaming;
 
@@ -51,6 +52,7 @@ pub use options::{
     SPARSE_MIN_LEN_BYTES, SPARSE_RATIO, THREADS_DEFAULT_MAX, TensorHook, UnknownBackend,
 };
 pub use owned::load;
+pub use runs::{Runs, load_runs};
 pub use streaming::load_streaming;
 
 use crate::error::LoadError;

@@ -79,6 +79,7 @@ pub enum IoMode {
     /// Decided by `auto` from the facts (buffered when warm).
     #[default]
     Auto,
+    /// Through the page cache.
     Buffered,
     /// `O_DIRECT` where the filesystem supports it; buffered fallback per file/read otherwise.
     Direct,
@@ -87,17 +88,47 @@ pub enum IoMode {
 /// Where tensor bytes live after the load.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Residence {
-    /// Copied into an owned hugepage arena.
+    /// Copied into an owned hugepage arena: a snapshot nothing outside the process can change.
     #[default]
     Owned,
-    /// Zero-copy views into a private copy-on-write mapping of each file (see [`crate::mmap`]):
-    /// writes through [`Loaded::tensor_mut_ptr`] copy the page and never reach the file.
-    /// The bytes are **live views of the page cache, not a snapshot**: another process writing a
-    /// file in place is seen through them, and truncating a mapped file while the views live
-    /// raises SIGBUS on access. The file stamps are checked once, after mapping; keep the files
-    /// unchanged for as long as the `Loaded` lives. On a network or FUSE filesystem every
-    /// selected range is read in before the load returns (never faulted in lazily).
+    /// Zero-copy views into a private copy-on-write mapping of each file (see [`crate::map`]):
+    /// writes through [`Loaded::tensor_mut_ptr`](crate::Loaded::tensor_mut_ptr) copy the page and
+    /// never reach the file. Every selected page is read in (`MADV_POPULATE_READ`) before the load
+    /// returns, so an I/O error or an already truncated file fails the load with a typed error
+    /// naming file, offset and tensor. The bytes are **live views of the page cache, not a
+    /// snapshot**: another process writing a file in place is seen through them, and truncating a
+    /// mapped file while the views live raises SIGBUS on access. Keep the files unchanged for as
+    /// long as the `Loaded` lives.
     Mapped,
+    /// Decided by [`crate::auto`] from measured facts: mapped when the backend is `auto` and the
+    /// selection is warm on a local filesystem (a load is then a page-table fill), owned otherwise.
+    /// The report's `reason` says which and why.
+    Auto,
+}
+
+impl std::str::FromStr for Residence {
+    type Err = String;
+
+    /// `"owned"`, `"mapped"` or `"auto"`: the one parser of `residence=` / `--residence`.
+    fn from_str(s: &str) -> Result<Residence, String> {
+        match s {
+            "owned" => Ok(Residence::Owned),
+            "mapped" => Ok(Residence::Mapped),
+            "auto" => Ok(Residence::Auto),
+            other => Err(format!("residence must be \"auto\", \"owned\" or \"mapped\", not {other:?}")),
+        }
+    }
+}
+
+impl Residence {
+    /// `"owned"`, `"mapped"` or `"auto"`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Residence::Owned => "owned",
+            Residence::Mapped => "mapped",
+            Residence::Auto => "auto",
+        }
+    }
 }
 
 /// Called on the worker thread that completed a tensor's last read.
@@ -116,11 +147,13 @@ pub type ReadHook = Arc<dyn Fn(&PieceRef<'_>) -> Result<(), BoxError> + Send + S
 /// Part of one tensor's bytes, landed by one read (see [`ReadHook`]).
 #[derive(Debug, Clone, Copy)]
 pub struct PieceRef<'a> {
+    /// The tensor.
     pub info: &'a TensorInfo,
     /// Index of the tensor in `Checkpoint::tensors`.
     pub tensor_index: usize,
     /// Where `bytes` start inside the tensor's storage (`0..=info.len_bytes()`).
     pub offset_in_tensor_bytes: u64,
+    /// The piece's bytes, landed.
     pub bytes: &'a [u8],
 }
 
@@ -148,7 +181,9 @@ pub const SPARSE_MIN_LEN_BYTES: u64 = 1 << 20;
 /// How to load. Build with `..LoadOptions::default()`.
 #[derive(Clone)]
 pub struct LoadOptions {
+    /// Which backend runs the load (`auto`: decided from measured facts).
     pub backend: BackendChoice,
+    /// Which tensors to load (all by default).
     pub selection: Selection,
     /// Tensor names to deliver first, most urgent first; the rest follow in file order.
     pub priority: Option<Vec<String>>,
@@ -161,16 +196,20 @@ pub struct LoadOptions {
     pub threads: usize,
     /// Reads kept in flight per worker (io_uring queue depth).
     pub queue_depth: u32,
+    /// Buffered or `O_DIRECT` reads (`auto`: decided from measured facts).
     pub io_mode: IoMode,
+    /// Where the tensors live: owned (the default), mapped views, or decided by `auto`.
     pub residence: Residence,
     /// Retries of a transient error per read.
     pub retries_max: u32,
     /// Load files whose allocated blocks are far below their size.
     pub allow_sparse: bool,
+    /// Called once per tensor, on the worker that completed it, before it is handed out.
     pub on_tensor: Option<TensorHook>,
     /// Per-read hook, for work that wants each read's bytes while they are hot in cache (fused
     /// digests). See [`ReadHook`].
     pub on_read: Option<ReadHook>,
+    /// Called with `(bytes_done, bytes_total)` as reads complete (and as mapped pages are read in).
     pub progress: Option<ProgressHook>,
     /// Bound on checkpoint files open at once.
     pub files_open_max: usize,

@@ -9,86 +9,138 @@ use super::files::FileSet;
 use super::loaded::{Entry, Storage};
 use super::mapped::load_mapped;
 use super::run::SubDest;
-use super::session::{WindowPlan, begin, touched_files};
+use super::session::{Session, Tally, WindowPlan, begin, touched_files};
 use super::{ArenaReuse, LoadOptions, Loaded, Residence};
 use crate::arena::Arena;
+use crate::auto::Delivery;
 use crate::error::LoadError;
+use crate::report::{Faults, Phases};
+use crate::seam::IoStats;
 
-/// Load the selected tensors into one owned hugepage arena. See the module docs.
+/// Load the selected tensors: into one owned hugepage arena ([`Residence::Owned`], the default),
+/// or as zero-copy views of the files ([`Residence::Mapped`]), or whichever `auto` picks
+/// ([`Residence::Auto`]). See the [module docs](crate::load).
 pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
-    let (session, selected, mut phases, faults_before) = begin(ckpt, opts, false)?;
+    let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Owned)?;
+    session.load_part(&selected, phases, faults_before)
+}
 
-    if opts.residence == Residence::Mapped {
-        return load_mapped(session, selected, phases, faults_before);
-    }
+/// The plans of one owned load: one per group of at most `files_open_max` files, each in its own
+/// part of one arena (`(base, plan)`), and the arena's length.
+pub(super) struct OwnedPlan {
+    pub(super) plans: Vec<(u64, WindowPlan)>,
+    pub(super) arena_len_bytes: u64,
+}
 
-    // Group files so that at most `files_open_max` are open at once; one plan per group, each in
-    // its own part of the arena.
-    let t = Instant::now();
-    let groups = file_groups(ckpt, &selected, opts.files_open_max);
-    let mut plans = Vec::with_capacity(groups.len());
-    let mut arena_len_bytes: u64 = 0;
-    for group in &groups {
-        let wp = session.plan_window(group)?;
-        let period = wp.plan.config().arena_period_bytes();
-        let base = arena_len_bytes
-            .checked_next_multiple_of(period)
-            .ok_or(LoadError::Plan(tensora_plan::PlanError::ArenaOverflow))?;
-        arena_len_bytes = base
-            .checked_add(wp.plan.arena_len_bytes())
-            .ok_or(LoadError::Plan(tensora_plan::PlanError::ArenaOverflow))?;
-        plans.push((base, wp));
-    }
-    phases.plan += t.elapsed().as_secs_f64();
-
-    let t = Instant::now();
-    let arena = opts
-        .arena_reuse
-        .arena(arena_len_bytes)
-        .map_err(|source| LoadError::Arena { len_bytes: arena_len_bytes, source })?;
-    let mut files = FileSet::new(opts.files_open_max);
-    let io_done = AtomicBool::new(false);
-    let stats = std::thread::scope(|scope| {
-        if session.direct && opts.arena_reuse == ArenaReuse::Fresh {
-            // Direct reads are DMA into the arena: whoever submits them faults the fresh pages in
-            // first, stalling the queue. Fault them in ahead of the queue on a helper thread while
-            // the device works (I/O bound, so the CPU is idle anyway).
-            scope.spawn(|| populate_ahead(&arena, &plans, &io_done));
+impl Session<'_> {
+    /// Load `part` of the selection (tensor indexes) as this session's residence says.
+    pub(super) fn load_part(
+        &self,
+        part: &[usize],
+        mut phases: Phases,
+        faults_before: Faults,
+    ) -> Result<Loaded, LoadError> {
+        if self.residence == Residence::Mapped {
+            return load_mapped(self, part, phases, faults_before);
         }
-        let mut stats = Vec::with_capacity(plans.len());
-        let mut run = || -> Result<(), LoadError> {
-            for (base, wp) in &plans {
-                let dest = SubDest::new(&arena, *base, wp.plan.arena_len_bytes());
-                let no_stream = |_: u32| Ok(());
-                stats.push(session.run_window(&mut files, wp, &dest, &no_stream)?);
+        let t = Instant::now();
+        let plan = self.plan_owned(part)?;
+        phases.plan += t.elapsed().as_secs_f64();
+        self.load_owned(&plan, part, phases, faults_before)
+    }
+
+    /// Plan `part` for an owned load.
+    pub(super) fn plan_owned(&self, part: &[usize]) -> Result<OwnedPlan, LoadError> {
+        let groups = file_groups(self.ckpt, part, self.opts.files_open_max);
+        let mut plans = Vec::with_capacity(groups.len());
+        let mut arena_len_bytes: u64 = 0;
+        for group in &groups {
+            let wp = self.plan_window(group)?;
+            let period = wp.plan.config().arena_period_bytes();
+            let base = arena_len_bytes
+                .checked_next_multiple_of(period)
+                .ok_or(LoadError::Plan(tensora_plan::PlanError::ArenaOverflow))?;
+            arena_len_bytes = base
+                .checked_add(wp.plan.arena_len_bytes())
+                .ok_or(LoadError::Plan(tensora_plan::PlanError::ArenaOverflow))?;
+            plans.push((base, wp));
+        }
+        Ok(OwnedPlan { plans, arena_len_bytes })
+    }
+
+    /// Run an owned plan of `part` into a fresh (or recycled) arena.
+    pub(super) fn load_owned(
+        &self,
+        owned: &OwnedPlan,
+        part: &[usize],
+        mut phases: Phases,
+        faults_before: Faults,
+    ) -> Result<Loaded, LoadError> {
+        let opts = self.opts;
+        let t = Instant::now();
+        let len_bytes = owned.arena_len_bytes;
+        let arena =
+            opts.arena_reuse.arena(len_bytes).map_err(|source| LoadError::Arena { len_bytes, source })?;
+        let mut files = FileSet::new(opts.files_open_max);
+        let stats = self.run_plans(&arena, &owned.plans, &mut files)?;
+        phases.io += t.elapsed().as_secs_f64();
+        files.bill_open(&mut phases);
+
+        let t = Instant::now();
+        files.close_and_check(self.ckpt)?;
+        let mut entries = Vec::with_capacity(part.len());
+        for (base, wp) in &owned.plans {
+            for (tag, &ti) in wp.tensors.iter().enumerate() {
+                let loc = wp.plan.location(tag as u32).copied();
+                let info = self.ckpt.tensors()[ti].clone();
+                let offset_bytes = match loc {
+                    Some(l) if info.len_bytes() > 0 => base + l.arena_offset_bytes,
+                    _ => 0,
+                };
+                entries.push(Entry { info, file: 0, offset_bytes });
             }
-            Ok(())
-        };
-        let result = run();
-        io_done.store(true, Ordering::Release);
-        result.map(|()| stats)
-    })?;
-    phases.io += t.elapsed().as_secs_f64();
-    files.bill_open(&mut phases);
-
-    let t = Instant::now();
-    files.close_and_check(ckpt)?;
-    let mut entries = Vec::with_capacity(selected.len());
-    for (base, wp) in &plans {
-        for (tag, &ti) in wp.tensors.iter().enumerate() {
-            let loc = wp.plan.location(tag as u32).copied();
-            let info = ckpt.tensors()[ti].clone();
-            let offset_bytes = match loc {
-                Some(l) if info.len_bytes() > 0 => base + l.arena_offset_bytes,
-                _ => 0,
-            };
-            entries.push(Entry { info, file: 0, offset_bytes });
         }
+        let by_name = entries.iter().enumerate().map(|(i, e)| (e.info.name().to_owned(), i)).collect();
+        phases.finish += t.elapsed().as_secs_f64();
+        let tally = Tally {
+            tensors: entries.len(),
+            bytes_selected: self.ckpt.distinct_bytes(part),
+            windows: owned.plans.len(),
+        };
+        let report = self.report(phases, &stats, tally, faults_before);
+        Ok(Loaded { storage: Storage::Arena(arena), arena_reuse: opts.arena_reuse, entries, by_name, report })
     }
-    let by_name = entries.iter().enumerate().map(|(i, e)| (e.info.name().to_owned(), i)).collect();
-    phases.finish += t.elapsed().as_secs_f64();
-    let report = session.report(phases, &stats, entries.len(), plans.len(), faults_before);
-    Ok(Loaded { storage: Storage::Arena(arena), arena_reuse: opts.arena_reuse, entries, by_name, report })
+
+    /// Run every plan into its part of `arena`, one after another. With direct I/O into fresh
+    /// memory a helper thread faults the arena in ahead of the queue.
+    fn run_plans(
+        &self,
+        arena: &Arena,
+        plans: &[(u64, WindowPlan)],
+        files: &mut FileSet,
+    ) -> Result<Vec<IoStats>, LoadError> {
+        let io_done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            if self.direct && self.opts.arena_reuse == ArenaReuse::Fresh {
+                // Direct reads are DMA into the arena: whoever submits them faults the fresh pages
+                // in first, stalling the queue. Fault them in ahead of the queue on a helper thread
+                // while the device works (I/O bound, so the CPU is idle anyway).
+                scope.spawn(|| populate_ahead(arena, plans, &io_done));
+            }
+            let mut stats = Vec::with_capacity(plans.len());
+            let mut run = || -> Result<(), LoadError> {
+                for (base, wp) in plans {
+                    let dest = SubDest::new(arena, *base, wp.plan.arena_len_bytes());
+                    let no_stream = |_: u32| Ok(());
+                    stats.push(self.run_window(files, wp, &dest, &no_stream)?);
+                }
+                Ok(())
+            };
+            let result = run();
+            io_done.store(true, Ordering::Release);
+            result.map(|()| stats)
+        })
+    }
 }
 
 /// Faults in the arena's pages in the order the backends will fill them (the reads of every file

@@ -12,7 +12,7 @@ use tensora_plan::{Extent, Order, Plan, PlanConfig};
 use super::files::{Descriptors, SparseFiles};
 use super::{BackendChoice, IoMode, LoadOptions, Residence};
 use crate::arena::Arena;
-use crate::auto;
+use crate::auto::{self, Delivery};
 use crate::error::LoadError;
 use crate::report::{Faults, LoadReport, Phases, peak_rss_bytes};
 use crate::seam::{Budget, IoBackend, IoStats};
@@ -22,7 +22,7 @@ use crate::seam::{Budget, IoBackend, IoStats};
 pub(super) fn begin<'c>(
     ckpt: &'c Checkpoint,
     opts: &'c LoadOptions,
-    streaming: bool,
+    delivery: Delivery,
 ) -> Result<(Session<'c>, Vec<usize>, Phases, Faults), LoadError> {
     let faults_before = Faults::now();
     let mut phases = Phases::default();
@@ -30,16 +30,14 @@ pub(super) fn begin<'c>(
     let selected = select(ckpt, opts)?;
     phases.plan += t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let session = Session::new(ckpt, opts, &selected, streaming)?;
+    let session = Session::new(ckpt, opts, &selected, delivery)?;
     phases.open += t.elapsed().as_secs_f64();
     Ok((session, selected, phases, faults_before))
 }
 
 /// The selected tensor indexes, priority names first (in the given order), then file order.
 pub(super) fn select(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Vec<usize>, LoadError> {
-    let matcher = opts.selection.matcher().map_err(LoadError::Selection)?;
-    let mut selected =
-        matcher.select(ckpt.tensors().iter().map(|t| t.name())).map_err(LoadError::Selection)?;
+    let mut selected = ckpt.select(&opts.selection).map_err(LoadError::Selection)?;
     if let Some(priority) = &opts.priority {
         let mut rank: HashMap<usize, usize> = HashMap::with_capacity(priority.len());
         let mut unknown = Vec::new();
@@ -101,6 +99,8 @@ pub(super) struct Session<'c> {
     pub(super) opts: &'c LoadOptions,
     pub(super) backend: Arc<dyn IoBackend>,
     pub(super) backend_name: String,
+    /// Where the tensors live: `Owned` or `Mapped`, never `Auto` (decided here).
+    pub(super) residence: Residence,
     pub(super) direct: bool,
     pub(super) reason: String,
     pub(super) budget: Budget,
@@ -110,65 +110,40 @@ pub(super) struct Session<'c> {
     pub(super) progress_done: AtomicU64,
 }
 
-/// Bytes covered by the selected tensors, counting bytes shared by tied tensors (ServerlessLLM
-
 impl<'c> Session<'c> {
     pub(super) fn new(
         ckpt: &'c Checkpoint,
         opts: &'c LoadOptions,
         selected: &[usize],
-        streaming: bool,
+        delivery: Delivery,
     ) -> Result<Session<'c>, LoadError> {
-        let bytes_selected = ckpt.distinct_bytes(selected);
-        let ids = touched_files(ckpt, selected);
-        let mapped = opts.residence == Residence::Mapped;
-        let (backend, backend_name, mut direct, reason): (Arc<dyn IoBackend>, String, bool, String) =
-            match &opts.backend {
-                BackendChoice::Auto => {
-                    let facts = auto::gather(ckpt, selected, streaming, mapped);
-                    let choice = auto::choose(&facts);
-                    let backend = by_name(choice.backend)?;
-                    let name = backend.name().to_owned();
-                    (backend, name, choice.direct, choice.reason)
-                }
-                BackendChoice::Named(n) => {
-                    let backend = by_name(n)?;
-                    (backend, n.clone(), false, format!("backend {n} requested"))
-                }
-                BackendChoice::Custom(b) => {
-                    (Arc::clone(b), b.name().to_owned(), false, "custom backend".to_owned())
-                }
-            };
-        if let Err(reason) = backend.available() {
-            return Err(LoadError::BackendUnavailable { backend: backend_name, reason });
+        let decided = Decided::for_load(ckpt, opts, selected, delivery)?;
+        let mapped = decided.residence == Residence::Mapped;
+        if let Err(reason) = decided.backend.available() {
+            return Err(LoadError::BackendUnavailable { backend: decided.backend_name, reason });
         }
-        if mapped && !backend.reads_local_files() {
+        if mapped && !decided.backend.reads_local_files() {
             return Err(LoadError::BackendUnavailable {
-                backend: backend_name,
+                backend: decided.backend_name,
                 reason: "mapped residence needs local files; this backend reads from elsewhere".to_owned(),
             });
         }
-        // Mapped views never run a backend: name what actually serves the bytes.
-        let (backend_name, reason) = match &opts.backend {
-            BackendChoice::Auto => (backend_name, reason),
-            _ if mapped => ("mmap".to_owned(), "mapped views requested".to_owned()),
-            _ => (backend_name, reason),
+        let direct = match opts.io_mode {
+            IoMode::Auto => decided.direct && direct_plannable(opts),
+            IoMode::Buffered => false,
+            IoMode::Direct => true,
         };
-        match opts.io_mode {
-            IoMode::Auto => direct = direct && direct_plannable(opts),
-            IoMode::Buffered => direct = false,
-            IoMode::Direct => direct = true,
-        }
         Ok(Session {
             ckpt,
             opts,
-            backend,
-            backend_name,
+            backend: decided.backend,
+            backend_name: decided.backend_name,
+            residence: decided.residence,
             direct: direct && !mapped,
-            reason,
+            reason: decided.reason,
             budget: Budget::new(opts.budget_bytes),
-            bytes_selected,
-            files_touched: ids.len(),
+            bytes_selected: ckpt.distinct_bytes(selected),
+            files_touched: touched_files(ckpt, selected).len(),
             no_cancel: AtomicBool::new(false),
             progress_done: AtomicU64::new(0),
         })
@@ -231,16 +206,21 @@ impl<'c> Session<'c> {
         &self,
         phases: Phases,
         stats: &[IoStats],
-        tensors: usize,
-        windows: usize,
+        tally: Tally,
         faults_before: Faults,
     ) -> LoadReport {
         let faults = Faults::now().since(faults_before);
+        let io_mode = match (self.residence, self.direct) {
+            (Residence::Mapped, _) => "mapped",
+            (_, true) => "direct",
+            (_, false) => "buffered",
+        };
         let mut r = LoadReport {
             backend: self.backend_name.clone(),
             reason: self.reason.clone(),
-            io_mode: if self.direct { "direct" } else { "buffered" }.to_owned(),
-            bytes_selected: self.bytes_selected,
+            residence: self.residence.as_str().to_owned(),
+            io_mode: io_mode.to_owned(),
+            bytes_selected: tally.bytes_selected,
             bytes_read: stats.iter().map(|s| s.bytes_read).sum(),
             phases,
             // The budget's own peak: exact, and the same measure for every backend.
@@ -250,13 +230,78 @@ impl<'c> Session<'c> {
             minor_faults: faults.minor,
             major_faults: faults.major,
             peak_rss_bytes: peak_rss_bytes(),
-            tensors,
+            tensors: tally.tensors,
             files: self.files_touched,
-            windows,
+            windows: tally.windows,
             ..LoadReport::default()
         };
         r.finalize();
         r
+    }
+}
+
+/// What a report counts: tensors delivered, their distinct bytes, backend runs.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Tally {
+    pub(super) tensors: usize,
+    pub(super) bytes_selected: u64,
+    pub(super) windows: usize,
+}
+
+/// The residence, backend and I/O mode of one load, and the one-line reason.
+struct Decided {
+    residence: Residence,
+    backend: Arc<dyn IoBackend>,
+    backend_name: String,
+    direct: bool,
+    reason: String,
+}
+
+impl Decided {
+    /// What the caller named, or what `auto` chose from the facts.
+    fn for_load(
+        ckpt: &Checkpoint,
+        opts: &LoadOptions,
+        selected: &[usize],
+        delivery: Delivery,
+    ) -> Result<Decided, LoadError> {
+        let (backend, reason) = match &opts.backend {
+            BackendChoice::Auto => {
+                let choice = auto::choose(&auto::gather(ckpt, selected, delivery, opts.residence));
+                let backend = by_name(choice.backend)?;
+                let backend_name = backend.name().to_owned();
+                return Ok(Decided {
+                    residence: choice.residence,
+                    backend,
+                    backend_name,
+                    direct: choice.direct,
+                    reason: choice.reason,
+                });
+            }
+            BackendChoice::Named(n) => (by_name(n)?, format!("backend {n} requested")),
+            BackendChoice::Custom(b) => (Arc::clone(b), "custom backend".to_owned()),
+        };
+        let backend_name = backend.name().to_owned();
+        Ok(match opts.residence {
+            // Mapped views never run a backend: name what actually serves the bytes.
+            Residence::Mapped => Decided {
+                residence: Residence::Mapped,
+                backend,
+                backend_name: "mmap".to_owned(),
+                direct: false,
+                reason: format!("mapped: residence \"mapped\" (views run no backend; {reason})"),
+            },
+            Residence::Owned => {
+                Decided { residence: Residence::Owned, backend, backend_name, direct: false, reason }
+            }
+            Residence::Auto => Decided {
+                residence: Residence::Owned,
+                backend,
+                backend_name,
+                direct: false,
+                reason: format!("owned: a backend was named (it copies into the arena); {reason}"),
+            },
+        })
     }
 }
 

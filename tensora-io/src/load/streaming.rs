@@ -11,9 +11,10 @@ use tensora_format::Checkpoint;
 use super::files::FileSet;
 use super::mapped::load_mapped;
 use super::run::SubDest;
-use super::session::begin;
+use super::session::{Tally, begin};
 use super::{LoadOptions, Residence, TensorRef};
 use crate::arena::Arena;
+use crate::auto::Delivery;
 use crate::error::{BoxError, LoadError};
 use crate::report::LoadReport;
 use crate::seam::StopReason;
@@ -49,10 +50,10 @@ pub fn load_streaming(
     opts: &LoadOptions,
     mut f: impl FnMut(&TensorRef<'_>) -> Result<(), BoxError>,
 ) -> Result<LoadReport, LoadError> {
-    let (session, selected, mut phases, faults_before) = begin(ckpt, opts, true)?;
+    let (session, selected, mut phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
 
-    if opts.residence == Residence::Mapped {
-        let mut loaded = load_mapped(session, selected, phases, faults_before)?;
+    if session.residence == Residence::Mapped {
+        let mut loaded = load_mapped(&session, &selected, phases, faults_before)?;
         for t in loaded.tensors() {
             f(&t).map_err(|source| LoadError::Callback { tensor: t.name().to_owned(), source })?;
         }
@@ -134,7 +135,8 @@ pub fn load_streaming(
     }
     files.close_and_check(ckpt)?;
     phases.finish += t.elapsed().as_secs_f64();
-    Ok(session.report(phases, &stats, delivered, stats.len(), faults_before))
+    let tally = Tally { tensors: delivered, bytes_selected: session.bytes_selected, windows: stats.len() };
+    Ok(session.report(phases, &stats, tally, faults_before))
 }
 
 /// Streaming windows: consecutive tensors (in selection order) whose bytes plus per-tensor slack fit

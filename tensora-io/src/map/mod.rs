@@ -55,26 +55,27 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use memmap2::{Advice, Mmap, MmapMut, MmapOptions};
+
+pub mod populate;
+
+use populate::{PopulateConfig, PopulateError, Span};
 use tensora_plan::{Extent, Read};
 
 use crate::seam::SourceFile;
 
-/// Largest piece of a range one prewarm task handles; pieces are spread over the threads.
-const PREWARM_PIECE_BYTES_MAX: u64 = 8 << 20;
-/// Largest number of prewarm threads.
-pub const PREWARM_THREADS_MAX: usize = 64;
 /// Pages per `mincore` call (bounds the residency vector at 64 KiB).
 const RESIDENCY_WINDOW_PAGES: u64 = 1 << 16;
-/// Default read-ahead distance of the mmap backend, in plan reads (see [`MmapConfig`]).
-
 /// A byte range of one mapped file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FileRange {
+    /// Index of the file in the [`MappedFiles`].
     pub file: u32,
+    /// First byte (file offset).
     pub offset_bytes: u64,
+    /// Length in bytes.
     pub len_bytes: u64,
 }
 
@@ -93,7 +94,9 @@ impl From<&Read> for FileRange {
 /// How much of some ranges sits in the page cache, in pages.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Residency {
+    /// Pages the ranges cover.
     pub pages_total: u64,
+    /// Of those, pages in the page cache.
     pub pages_resident: u64,
 }
 
@@ -279,66 +282,35 @@ impl MappedFiles {
         Ok(())
     }
 
-    /// Faults the pages of `ranges` into this mapping (reading them from disk if needed) with up to
-    /// `threads` threads, so that later accesses do not fault. Uses `MADV_POPULATE_READ` (one call
-    /// per 8 MiB piece) and falls back to touching one byte per page on kernels before 5.14.
-    /// Returns the number of bytes prewarmed.
+    /// Reads the pages of `ranges` into this mapping (from disk if needed) with up to `threads`
+    /// threads, so that later accesses do not fault: [`populate::populate`], one
+    /// `MADV_POPULATE_READ` per 8 MiB piece. On kernels without it (before 5.14) the pages are left
+    /// to first touch; nothing is touched here. Returns the number of bytes covered.
     pub fn prewarm(&self, ranges: &[FileRange], threads: usize) -> io::Result<u64> {
-        let mut pieces = Vec::new();
-        for r in ranges {
-            let (_, start, len) = self.span(r)?;
-            let (start, len) = (start as u64, len as u64);
-            let mut at = 0;
-            while at < len {
-                let piece = PREWARM_PIECE_BYTES_MAX.min(len - at);
-                pieces.push(FileRange { file: r.file, offset_bytes: start + at, len_bytes: piece });
-                at += piece;
-            }
+        let spans = ranges.iter().map(|r| self.span_of(r)).collect::<io::Result<Vec<Span>>>()?;
+        let never = AtomicBool::new(false);
+        let cfg = PopulateConfig { threads, cancel: &never, progress: None };
+        // SAFETY: every span lies inside one of this object's mappings (checked by `span_of`),
+        // which start on page boundaries and stay mapped while `self` is borrowed.
+        match unsafe { populate::populate(&spans, &cfg) } {
+            Ok(done) => Ok(done.bytes),
+            Err(PopulateError::Io { source, .. }) => Err(source),
+            Err(PopulateError::Cancelled) => Err(io::Error::other("prewarm cancelled")),
         }
-        let total: u64 = pieces.iter().map(|p| p.len_bytes).sum();
-        let next = AtomicUsize::new(0);
-        let worker = || -> io::Result<()> {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(piece) = pieces.get(i) else { return Ok(()) };
-                self.prewarm_piece(piece)?;
-            }
-        };
-        let threads = threads.clamp(1, PREWARM_THREADS_MAX).min(pieces.len().max(1));
-        if threads == 1 {
-            worker()?;
-        } else {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..threads).map(|_| scope.spawn(worker)).collect();
-                let mut result = Ok(());
-                for h in handles {
-                    match h.join() {
-                        Ok(r) => result = result.and(r),
-                        Err(payload) => std::panic::resume_unwind(payload),
-                    }
-                }
-                result
-            })?;
-        }
-        Ok(total)
     }
 
+    /// Reads in one range's pages (see [`populate`]); `EFAULT` (the file was truncated after it
+    /// was mapped) comes back as [`io::ErrorKind::UnexpectedEof`].
     pub(crate) fn prewarm_piece(&self, piece: &FileRange) -> io::Result<()> {
-        let (map, start, len) = self.span(piece)?;
-        match map.advise_range(Advice::PopulateRead, start, len) {
-            Ok(()) => Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                let page = page_size_bytes() as usize;
-                let bytes = map.bytes(start, start + len).unwrap_or(&[]);
-                let mut sum = 0u8;
-                for i in (0..bytes.len()).step_by(page) {
-                    sum = sum.wrapping_add(bytes[i]);
-                }
-                std::hint::black_box(sum);
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        let span = self.span_of(piece)?;
+        // SAFETY: the span lies inside one of this object's live, page-aligned mappings.
+        unsafe { populate::populate_one(span) }.map(|_| ())
+    }
+
+    /// The memory of `r` in its mapping.
+    pub(crate) fn span_of(&self, r: &FileRange) -> io::Result<Span> {
+        let (map, start, len) = self.span(r)?;
+        Ok(Span { addr: map.base + start, len_bytes: len })
     }
 
     /// `mlock`s the pages of `ranges` (reading them in first): they stay resident until

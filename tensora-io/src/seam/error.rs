@@ -6,9 +6,13 @@ use std::io;
 #[derive(Debug, thiserror::Error)]
 #[error("file #{file} at offset {offset_bytes} ({len_bytes} bytes): {kind}")]
 pub struct ReadError {
+    /// The plan file (or [`ReadError::NO_FILE`]).
     pub file: u32,
+    /// The first file offset that did not land.
     pub offset_bytes: u64,
+    /// Bytes of the read from there on.
     pub len_bytes: u64,
+    /// Why.
     pub kind: ReadErrorKind,
 }
 
@@ -23,6 +27,7 @@ impl ReadError {
     }
 }
 
+/// Why a read (or a run) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadErrorKind {
     /// A permanent I/O error (EIO, EBADF, ...), or a transient one that outlived its retries.
@@ -30,7 +35,12 @@ pub enum ReadErrorKind {
     Io(io::Error),
     /// The file ended before the planned end of the read.
     #[error("unexpected end of file after {read_bytes} of {expected_bytes} bytes")]
-    UnexpectedEof { read_bytes: u64, expected_bytes: u64 },
+    UnexpectedEof {
+        /// Bytes of the read that landed.
+        read_bytes: u64,
+        /// Bytes the read should have.
+        expected_bytes: u64,
+    },
     /// The run was cancelled through [`Job::cancel`].
     #[error("cancelled")]
     Cancelled,

@@ -9,6 +9,7 @@ use tensora_plan::{Plan, Read};
 
 use super::{Budget, CompletionSink, Destination, Landed, ReadError, ReadErrorKind, SourceFile};
 
+/// The knobs of one run, for [`Job::new`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobConfig {
     /// Worker threads (sync, mmap-owned) or rings (io_uring). At least 1.
@@ -28,8 +29,11 @@ pub struct JobConfig {
 /// [`Job::new`], and it is neither `Clone` nor `Copy`, so safe code holding a `&Job` cannot make a
 /// second job aimed at the same destination ranges.
 pub struct Job<'a> {
+    /// The reads to execute, in per-file queues.
     pub plan: &'a Plan,
+    /// The open files, indexed by plan file id (empty for a backend that reads elsewhere).
     pub files: &'a [SourceFile],
+    /// Where the bytes land.
     pub dest: &'a dyn Destination,
     /// In-flight byte budget shared by all workers of this job.
     pub budget: &'a Budget,

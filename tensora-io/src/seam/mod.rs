@@ -26,7 +26,9 @@ pub(crate) use source::temp_source;
 /// What one backend run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IoStats {
+    /// Bytes the reads fetched.
     pub bytes_read: u64,
+    /// Reads completed.
     pub reads: u64,
     /// Transient errors retried (EINTR, EAGAIN, short reads).
     pub retries: u64,
@@ -36,6 +38,8 @@ pub struct IoStats {
     pub direct_fallbacks: u64,
 }
 
+/// A way to execute a plan: one file implementing this trait plus one line in
+/// [`crate::registry`] is a new backend.
 pub trait IoBackend: Send + Sync {
     /// Stable name, as used by `--backend`.
     fn name(&self) -> &'static str;

@@ -8,13 +8,18 @@ use std::path::{Path, PathBuf};
 /// supported by the filesystem.
 #[derive(Debug)]
 pub struct SourceFile {
+    /// The path it was opened at.
     pub path: PathBuf,
+    /// Its size (checked against the parse-time stamp when opened).
     pub len_bytes: u64,
+    /// The buffered descriptor.
     pub buffered: File,
+    /// The `O_DIRECT` descriptor, when asked for and supported.
     pub direct: Option<File>,
 }
 
 impl SourceFile {
+    /// The path it was opened at.
     pub fn path(&self) -> &Path {
         &self.path
     }

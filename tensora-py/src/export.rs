@@ -1,0 +1,114 @@
+//! `load_file`'s native side: one `tensora_io::load_path` (GIL released), and each tensor of the
+//! result handed to Python as a [`TensorData`] sharing one owner.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tensora_io::LoadOptions;
+
+use crate::owner::{Owner, Storage, TensorBytes};
+use crate::{TensorData, drive, exc, finish, selection};
+
+/// What Python gets for one tensor of a `Loaded` held by `owner`. Writable pointers come from
+/// `Loaded::tensor_mut_ptr` (derived from the storage's own mutable base, never from a shared
+/// slice); an empty tensor gets a dangling, never-dereferenced address.
+pub(crate) struct ExportMeta {
+    name: String,
+    len_bytes: u64,
+    dtype: tensora_format::Dtype,
+    shape: Vec<u64>,
+    strides: Option<Vec<u64>>,
+}
+
+impl ExportMeta {
+    /// Metadata of every tensor of `loaded`, taken before any buffer is handed out: the `&[u8]`
+    /// that `Loaded::tensors` forms must not be alive while Python writes (tied tensors share
+    /// bytes).
+    pub(crate) fn all(loaded: &tensora_io::Loaded) -> Vec<ExportMeta> {
+        loaded
+            .tensors()
+            .map(|t| ExportMeta {
+                name: t.name().to_owned(),
+                len_bytes: t.info().len_bytes(),
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+                strides: t.info().strides().map(<[u64]>::to_vec),
+            })
+            .collect()
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The buffer for this tensor of `loaded` (which `owner` holds).
+    pub(crate) fn export(self, owner: &Arc<Owner>, loaded: &tensora_io::Loaded) -> PyResult<TensorData> {
+        let (addr, len_bytes) = match loaded.tensor_mut_ptr(&self.name) {
+            Some((ptr, len)) => (ptr.as_ptr() as usize, len),
+            // Empty: nothing can be read or written through the address.
+            None if self.len_bytes == 0 => (std::ptr::NonNull::<u64>::dangling().as_ptr() as usize, 0),
+            None => {
+                return Err(exc::LoadError::new_err(format!(
+                    "internal: the load gave no writable pointer for tensor {:?}",
+                    self.name
+                )));
+            }
+        };
+        Ok(TensorData {
+            t: TensorBytes {
+                owner: Arc::clone(owner),
+                addr,
+                len_bytes,
+                name: self.name,
+                dtype: self.dtype,
+                shape: self.shape,
+                strides: self.strides,
+            },
+        })
+    }
+}
+
+/// Load every selected tensor (GIL released) and return `({name: TensorData}, report_json)`,
+/// the dict sorted by name. `residence`: `"owned"` (the default: an owned arena, a snapshot),
+/// `"auto"` (zero-copy mapped views when the files are local and warm and `backend` is `"auto"`,
+/// owned otherwise; decided by `tensora_io::auto`) or `"mapped"`.
+#[pyfunction]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned"))]
+pub(crate) fn load<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    select: Option<&Bound<'py, PyAny>>,
+    backend: &str,
+    progress: Option<Py<PyAny>>,
+    residence: &str,
+) -> PyResult<(Bound<'py, PyDict>, String)> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let opts = LoadOptions {
+        backend: crate::backend(backend)?,
+        residence: crate::residence(residence)?,
+        selection: selection(select)?,
+        cancel: Some(Arc::clone(&cancel)),
+        ..LoadOptions::default()
+    };
+    let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
+        tensora_io::load_path(&path, &LoadOptions { progress: hook, ..opts })
+    });
+    let loaded = finish(out)?;
+    let report =
+        serde_json::to_string(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+    let mut metas = ExportMeta::all(&loaded);
+    let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
+    let Storage::Loaded(loaded) = owner.storage() else {
+        return Err(exc::LoadError::new_err("internal: load produced no owned storage"));
+    };
+    metas.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    let d = PyDict::new(py);
+    for m in metas {
+        let name = m.name.clone();
+        d.set_item(name, m.export(&owner, loaded)?)?;
+    }
+    Ok((d, report))
+}

@@ -1,0 +1,363 @@
+//! `safe_open`'s native side ([`Mapped`]): each file mapped once, copy-on-write, and every
+//! `get_tensor` a zero-copy view of it with its pages read in.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tensora_format::Checkpoint;
+use tensora_io::LoadError;
+use tensora_io::map::populate::{PopulateConfig, PopulateError, Span, populate};
+
+use crate::exc::{CancelledError, SelectionError};
+use crate::owner::{self, Owner, Storage, TensorBytes};
+use crate::{TensorData, exc, format_err, load_err};
+
+/// A checkpoint opened for `safe_open`: its files stay open. Each file is mapped once, whole,
+/// privately and writable (copy-on-write, `MAP_NORESERVE`), at the first call that needs it. The
+/// first `tensor` call for each tensor returns a view into that mapping with the tensor's pages
+/// read in, so any number of tensors costs one mapping per file (`vm.max_map_count` is 65,530 by
+/// default). A repeated call for a tensor already handed out returns independent memory, as HF's
+/// `get_tensor` (which copies): a mapping of its own while fewer than
+/// [`owner::CALL_MAPPINGS_MAX`] are alive in the process, else a heap copy read from the file.
+#[pyclass(module = "tensora._native", frozen)]
+#[derive(Debug)]
+pub struct Mapped {
+    ckpt: Checkpoint,
+    /// One descriptor per checkpoint file (indexed by file id), stamp-checked when opened.
+    files: Vec<std::fs::File>,
+    state: Mutex<MapState>,
+}
+
+/// What `Mapped` has mapped and handed out.
+#[derive(Debug)]
+struct MapState {
+    /// Per file (indexed by file id): its whole-file mapping and that mapping's base address
+    /// (taken from its mutable pointer), once created.
+    shared: Vec<Option<(Arc<Owner>, usize)>>,
+    /// `(file id, offset)` of every tensor handed out from a shared mapping. A checkpoint's ranges
+    /// are disjoint or exact ties, so the start names the bytes (tied tensors share them). At most
+    /// one entry per tensor of the checkpoint.
+    handed_out: HashSet<(usize, u64)>,
+}
+
+/// What a `Mapped` fetch is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fetch {
+    /// `get_tensor`: the tensor's pages are read in before returning, and the bytes count as
+    /// handed out (a later fetch of them gets its own memory).
+    Tensor,
+    /// `get_slice`: nothing is read in and nothing is handed out; the caller copies the part it
+    /// indexes out at once, so only those pages are faulted in.
+    Lazy,
+}
+
+#[pymethods]
+impl Mapped {
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Mapped> {
+        py.detach(|| open_checkpoint_files(&path))
+    }
+
+    /// Tensor names, sorted (as HF `safe_open.keys()`).
+    fn keys(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.ckpt.tensors().iter().map(|t| t.name().to_owned()).collect();
+        k.sort_unstable();
+        k
+    }
+
+    /// The `__metadata__` map, or `None` when empty.
+    fn metadata<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        if self.ckpt.metadata().is_empty() {
+            return Ok(None);
+        }
+        let d = PyDict::new(py);
+        for (k, v) in self.ckpt.metadata() {
+            d.set_item(k, v)?;
+        }
+        Ok(Some(d))
+    }
+
+    /// `(dtype, shape)` of a tensor.
+    fn info(&self, name: &str) -> PyResult<(&'static str, Vec<u64>)> {
+        let t = self.ckpt.tensor(name).ok_or_else(|| missing(name))?;
+        Ok((t.dtype().as_str(), t.shape().to_vec()))
+    }
+
+    /// The tensor's bytes, zero copy and copy-on-write (writes never reach the file), its pages
+    /// read in now (GIL released) so an I/O error or an already truncated file is an exception
+    /// here. The views stay backed by the file: truncating it in place later raises `SIGBUS`.
+    fn tensor(&self, py: Python<'_>, name: &str) -> PyResult<TensorData> {
+        self.fetch(py, name, Fetch::Tensor)
+    }
+
+    /// The tensor's bytes for `get_slice`, nothing read in: copy the part needed out at once
+    /// and drop this (it may be the view a later `tensor` call hands out).
+    fn tensor_lazy(&self, py: Python<'_>, name: &str) -> PyResult<TensorData> {
+        self.fetch(py, name, Fetch::Lazy)
+    }
+
+    /// How many whole-file mappings this object has created (test support).
+    fn file_mappings(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).shared.iter().flatten().count()
+    }
+}
+
+impl Mapped {
+    fn fetch(&self, py: Python<'_>, name: &str, how: Fetch) -> PyResult<TensorData> {
+        let info = self.ckpt.tensor(name).ok_or_else(|| missing(name))?;
+        let entry = self.ckpt.file(info.file());
+        let len_bytes =
+            usize::try_from(info.len_bytes()).map_err(|_| file_err(entry.path(), "tensor too large"))?;
+        let (owner, addr) = py.detach(|| self.place(info, len_bytes, how))?;
+        Ok(TensorData {
+            t: TensorBytes {
+                owner,
+                addr,
+                len_bytes,
+                name: name.to_owned(),
+                dtype: info.dtype(),
+                shape: info.shape().to_vec(),
+                strides: info.strides().map(<[u64]>::to_vec),
+            },
+        })
+    }
+
+    /// Where the bytes of `info` are handed out from: the file's shared mapping when they are
+    /// not handed out yet, else memory of their own.
+    fn place(
+        &self,
+        info: &tensora_format::TensorInfo,
+        len_bytes: usize,
+        how: Fetch,
+    ) -> PyResult<(Arc<Owner>, usize)> {
+        if len_bytes == 0 {
+            let words = vec![0u64; 1].into_boxed_slice();
+            let addr = words.as_ptr() as usize;
+            return Ok((Owner::new(Storage::Heap(words)), addr));
+        }
+        let entry = self.ckpt.file(info.file());
+        let file_id = info.file().index();
+        let file =
+            self.files.get(file_id).ok_or_else(|| file_err(entry.path(), "internal: no descriptor"))?;
+        check_stamp(entry, file)?;
+        let key = (file_id, info.offset_bytes());
+        let shared = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.handed_out.contains(&key) {
+                None
+            } else {
+                let slot =
+                    st.shared.get_mut(file_id).ok_or_else(|| file_err(entry.path(), "internal: no slot"))?;
+                let (owner, base) = match slot {
+                    Some((o, base)) => (Arc::clone(o), *base),
+                    None => {
+                        let made = map_file(entry, file)?;
+                        *slot = Some((Arc::clone(&made.0), made.1));
+                        made
+                    }
+                };
+                // Lazy (`get_slice`) views count too: a later `get_tensor` of these bytes, which may
+                // be written, must not share the view a slice is still copying from.
+                st.handed_out.insert(key);
+                Some((owner, base))
+            }
+        };
+        let Some((owner, base)) = shared else {
+            return own_copy(entry, file, info, len_bytes, how);
+        };
+        let offset =
+            usize::try_from(info.offset_bytes()).map_err(|_| file_err(entry.path(), "offset too large"))?;
+        let addr = base + offset;
+        if how == Fetch::Tensor {
+            // SAFETY: the tensor's range lies inside the file (the parser's guarantee), and the
+            // mapping covers the whole file at the size the stamp check just confirmed; `owner`
+            // keeps it mapped for the call.
+            if let Err(e) = unsafe { populate_tensor(entry, info, addr, len_bytes) } {
+                // Nobody got the view: the bytes are not handed out.
+                self.state.lock().unwrap_or_else(|e| e.into_inner()).handed_out.remove(&key);
+                return Err(e);
+            }
+        }
+        Ok((owner, addr))
+    }
+}
+
+fn missing(name: &str) -> PyErr {
+    SelectionError::new_err(format!("no tensor named {name:?}"))
+}
+
+/// An error naming the file.
+fn file_err(path: &Path, what: impl std::fmt::Display) -> PyErr {
+    exc::LoadError::new_err(format!("{}: {what}", path.display()))
+}
+
+/// Whether the descriptor's file is still the one parsed (size, mtime, inode).
+fn check_stamp(entry: &tensora_format::FileEntry, file: &std::fs::File) -> PyResult<()> {
+    let meta = file.metadata().map_err(|e| file_err(entry.path(), e))?;
+    entry.check_unchanged(&meta).map_err(|change| file_err(entry.path(), change))
+}
+
+fn open_checkpoint_files(path: &Path) -> PyResult<Mapped> {
+    let ckpt = tensora_format::open(path).map_err(format_err)?;
+    let mut files = Vec::with_capacity(ckpt.files().len());
+    for f in ckpt.files() {
+        let file = std::fs::File::open(f.path()).map_err(|e| file_err(f.path(), e))?;
+        check_stamp(f, &file)?;
+        files.push(file);
+    }
+    let state = MapState { shared: vec![None; files.len()], handed_out: HashSet::new() };
+    Ok(Mapped { ckpt, files, state: Mutex::new(state) })
+}
+
+/// Map all of `file` (whose stamp was just checked) privately and writable, nothing read in;
+/// the owner and the mapping's base address.
+fn map_file(entry: &tensora_format::FileEntry, file: &std::fs::File) -> PyResult<(Arc<Owner>, usize)> {
+    let len = usize::try_from(entry.len_bytes()).map_err(|_| file_err(entry.path(), "file too large"))?;
+    // SAFETY: MAP_PRIVATE + PROT_WRITE (copy-on-write): writes through the mapping never reach
+    // the file; MAP_NORESERVE charges only pages actually written, so a file larger than RAM +
+    // swap maps under overcommit mode 0. The caller checked the descriptor's stamp against the
+    // parsed one, so the file has the parsed length. Truncation by another process while mapped
+    // raises SIGBUS on access to a page not yet copied (documented in the Python API); pages
+    // handed out by `get_tensor` are read in first. No Rust reference into the mapping outlives
+    // this call: Python reaches it only through raw addresses.
+    let mut map = unsafe { memmap2::MmapOptions::new().len(len).no_reserve_swap().map_copy(file) }
+        .map_err(|e| file_err(entry.path(), e))?;
+    let base = map.as_mut_ptr() as usize;
+    Ok((Owner::new(Storage::Mapped(vec![map])), base))
+}
+
+/// Read in the pages of one tensor at `addr`; an error names the file, the offset and the tensor.
+///
+/// # Safety
+/// `addr .. addr + len_bytes` lies inside a live mapping that starts on a page boundary.
+unsafe fn populate_tensor(
+    entry: &tensora_format::FileEntry,
+    info: &tensora_format::TensorInfo,
+    addr: usize,
+    len_bytes: usize,
+) -> PyResult<()> {
+    let never = AtomicBool::new(false);
+    let cfg = PopulateConfig { threads: 1, cancel: &never, progress: None };
+    // SAFETY: per the contract.
+    unsafe { populate(&[Span { addr, len_bytes }], &cfg) }.map(|_| ()).map_err(|e| match e {
+        PopulateError::Io { piece_addr, piece_len_bytes, source, .. } => load_err(LoadError::Read {
+            path: entry.path().to_path_buf(),
+            offset_bytes: info.offset_bytes() + (piece_addr - addr) as u64,
+            len_bytes: piece_len_bytes as u64,
+            tensor: info.name().to_owned(),
+            kind: tensora_io::ReadErrorKind::Io(source),
+        }),
+        PopulateError::Cancelled => CancelledError::new_err("cancelled"),
+    })
+}
+
+/// Memory of its own for one tensor of `file` (a repeated `get_tensor`): a mapping of its own
+/// while a [`owner::CallSlot`] is free, else a heap copy read from the file.
+fn own_copy(
+    entry: &tensora_format::FileEntry,
+    file: &std::fs::File,
+    info: &tensora_format::TensorInfo,
+    len_bytes: usize,
+    how: Fetch,
+) -> PyResult<(Arc<Owner>, usize)> {
+    let Some(slot) = owner::CallSlot::try_take() else {
+        return heap_copy(entry, file, info, len_bytes);
+    };
+    // SAFETY: as in `map_file`, for the tensor's own range (inside the file, whose stamp the
+    // caller just checked); `offset` need not be page-aligned (memmap2 aligns the mapping and
+    // returns a pointer to the offset).
+    let mut map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(info.offset_bytes())
+            .len(len_bytes)
+            .no_reserve_swap()
+            .map_copy(file)
+    }
+    .map_err(|e| file_err(entry.path(), e))?;
+    let addr = map.as_mut_ptr() as usize;
+    if how == Fetch::Tensor {
+        // SAFETY: the span is exactly the live mapping `map`, whose start rounds down to its
+        // page-aligned base; it outlives the call.
+        unsafe { populate_tensor(entry, info, addr, len_bytes) }?;
+    }
+    Ok((Owner::new(Storage::CallMapped(map, slot)), addr))
+}
+
+/// The tensor's bytes read from the file into 8-byte words (aligned for every dtype).
+fn heap_copy(
+    entry: &tensora_format::FileEntry,
+    file: &std::fs::File,
+    info: &tensora_format::TensorInfo,
+    len_bytes: usize,
+) -> PyResult<(Arc<Owner>, usize)> {
+    use std::os::unix::fs::FileExt;
+    // The length is the parsed tensor's, inside the file (checked by the parser and the stamp).
+    let mut words = vec![0u64; len_bytes.div_ceil(8)].into_boxed_slice();
+    // SAFETY: the words own `8 * words.len() >= len_bytes` initialised bytes, any byte pattern is
+    // a valid `u64`, and no other reference to them exists while this slice lives.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len_bytes) };
+    file.read_exact_at(bytes, info.offset_bytes()).map_err(|e| {
+        file_err(
+            entry.path(),
+            format_args!("reading tensor {:?} at offset {}: {e}", info.name(), info.offset_bytes()),
+        )
+    })?;
+    let addr = words.as_mut_ptr() as usize;
+    Ok((Owner::new(Storage::Heap(words)), addr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture_path() -> &'static str {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.int8.safetensors")
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Whatever the order of `get_tensor` / `get_slice` fetches, every fetch shows the file's
+        /// bytes (earlier writes into handed-out tensors never show through), a repeated
+        /// `get_tensor` of a name gets memory of its own, and one mapping per file is made.
+        #[test]
+        fn fetches_show_the_file_and_repeats_are_independent(
+            ops in proptest::collection::vec((0usize..67, proptest::bool::ANY), 1..40),
+        ) {
+            let _serial = owner::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            let file_bytes = std::fs::read(fixture_path()).unwrap();
+            let m = open_checkpoint_files(Path::new(fixture_path())).unwrap();
+            let mut kept: Vec<(Arc<Owner>, usize)> = Vec::new();
+            let mut handed: HashSet<String> = HashSet::new();
+            for (i, tensor) in ops {
+                let info = &m.ckpt.tensors()[i % m.ckpt.tensors().len()];
+                let len = usize::try_from(info.len_bytes()).unwrap();
+                let how = if tensor { Fetch::Tensor } else { Fetch::Lazy };
+                let (owner, addr) = m.place(info, len, how).unwrap();
+                let off = usize::try_from(info.offset_bytes()).unwrap();
+                // SAFETY: `addr .. addr + len` lies in memory `owner` keeps alive; no write
+                // through another pointer happens while this slice lives.
+                let got = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+                proptest::prop_assert_eq!(got, &file_bytes[off..off + len], "{}", info.name());
+                let repeat = tensor && handed.contains(info.name());
+                if repeat {
+                    proptest::prop_assert!(
+                        kept.iter().all(|&(_, a)| a != addr) || len == 0,
+                        "a repeated get_tensor reused memory"
+                    );
+                }
+                if tensor {
+                    handed.insert(info.name().to_owned());
+                    // SAFETY: as above; this fetch was handed out to us alone (copy-on-write).
+                    unsafe { std::ptr::write_bytes(addr as *mut u8, 0xA5, len) };
+                    kept.push((owner, addr));
+                }
+            }
+            proptest::prop_assert!(m.file_mappings() <= 1);
+            proptest::prop_assert_eq!(owner::call_mappings_live(), kept.iter().filter(|(o, _)| matches!(o.storage(), Storage::CallMapped(..))).count());
+        }
+    }
+}

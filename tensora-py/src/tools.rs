@@ -1,0 +1,145 @@
+//! The tools beside loading: `inspect`, `hash`, `verify`, `convert`, and test-support counters.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::exc::{ConvertError, VerifyError};
+use crate::{cancelled_by_callback, drive, format_err, load_err, owner};
+
+/// The checkpoint's structure as JSON (format, files, metadata, tensors, warnings).
+#[pyfunction]
+pub(crate) fn inspect_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    let ckpt = py.detach(|| tensora_format::open(&path)).map_err(format_err)?;
+    let files: Vec<_> = ckpt
+        .files()
+        .iter()
+        .map(|f| serde_json::json!({"path": f.path().display().to_string(), "len_bytes": f.len_bytes()}))
+        .collect();
+    let tensors: Vec<_> = ckpt
+        .tensors()
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "name": t.name(), "dtype": t.dtype().as_str(), "shape": t.shape(),
+                "file": t.file().0, "offset_bytes": t.offset_bytes(), "len_bytes": t.len_bytes(),
+                "strides": t.strides(),
+            })
+        })
+        .collect();
+    let warnings: Vec<String> =
+        ckpt.warnings().iter().map(|w| format!("{}: {}", w.path.display(), w.message)).collect();
+    let doc = serde_json::json!({
+        "path": path.display().to_string(),
+        "format": ckpt.format().as_str(),
+        "files": files,
+        "metadata": ckpt.metadata(),
+        "tensors": tensors,
+        "tensor_bytes": ckpt.total_tensor_bytes(),
+        "warnings": warnings,
+    });
+    Ok(doc.to_string())
+}
+
+/// One digest (hex) per tensor, computed inside a load (GIL released).
+#[pyfunction]
+#[pyo3(signature = (path, algo="crc32c", backend="auto", progress=None))]
+pub(crate) fn hash<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    algo: &str,
+    backend: &str,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let algo: tensora_verify::Algo =
+        algo.parse().map_err(|e: tensora_verify::UnknownAlgo| VerifyError::new_err(e.to_string()))?;
+    let ckpt = py.detach(|| tensora_format::open(&path)).map_err(format_err)?;
+    let cancel = Arc::new(AtomicBool::new(false));
+    let backend = (backend != "auto").then(|| backend.to_owned());
+    let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
+        let opts = tensora_verify::hash::HashOptions { algo, backend, progress: hook };
+        tensora_verify::hash::hash_checkpoint(&ckpt, &opts)
+    });
+    if let Some(e) = out.py_err {
+        return Err(e);
+    }
+    if out.cancelled_by_callback {
+        return Err(cancelled_by_callback());
+    }
+    let digests = out.result.map_err(|e| match e {
+        tensora_verify::hash::HashError::Load(l) => load_err(l),
+        other => VerifyError::new_err(other.to_string()),
+    })?;
+    let d = PyDict::new(py);
+    for (t, dg) in ckpt.tensors().iter().zip(digests) {
+        d.set_item(t.name(), dg.to_hex())?;
+    }
+    Ok(d)
+}
+
+/// Verify a checkpoint (optionally against a manifest); the report as JSON.
+#[pyfunction]
+#[pyo3(signature = (path, manifest=None))]
+pub(crate) fn verify_json(py: Python<'_>, path: PathBuf, manifest: Option<PathBuf>) -> PyResult<String> {
+    py.detach(|| {
+        let manifest = match manifest {
+            Some(m) => {
+                Some(tensora_verify::Manifest::read(&m).map_err(|e| VerifyError::new_err(e.to_string()))?)
+            }
+            None => None,
+        };
+        let opts = tensora_verify::check::VerifyOptions { manifest: manifest.as_ref(), ..Default::default() };
+        let report = tensora_verify::check::verify_path(&path, &opts);
+        Ok(report.to_json().to_string())
+    })
+}
+
+/// Convert `src` to `to` (`"safetensors"` or `"serverlessllm"`) at `dst`; the report as JSON.
+#[pyfunction]
+#[pyo3(signature = (src, dst, to, shard_bytes_max=None))]
+pub(crate) fn convert_json(
+    py: Python<'_>,
+    src: PathBuf,
+    dst: PathBuf,
+    to: &str,
+    shard_bytes_max: Option<u64>,
+) -> PyResult<String> {
+    use tensora_convert::{ConvertConfig, TargetFormat};
+    let to = match to {
+        "safetensors" => TargetFormat::Safetensors,
+        "serverlessllm" | "sllm" => TargetFormat::ServerlessLlm,
+        other => {
+            return Err(ConvertError::new_err(format!(
+                "unknown target format {other:?} (known: safetensors, serverlessllm)"
+            )));
+        }
+    };
+    py.detach(|| {
+        let ckpt = tensora_format::open(&src).map_err(format_err)?;
+        let cfg = ConvertConfig { to, shard_bytes_max, ..ConvertConfig::default() };
+        let report =
+            tensora_convert::convert(&ckpt, &dst, &cfg).map_err(|e| ConvertError::new_err(e.to_string()))?;
+        serde_json::to_string(&report).map_err(|e| ConvertError::new_err(e.to_string()))
+    })
+}
+
+/// How many per-call `safe_open` mappings are alive (at most `CALL_MAPPINGS_MAX`): test support.
+#[pyfunction]
+pub(crate) fn call_mappings_live() -> usize {
+    owner::call_mappings_live()
+}
+
+/// How many memory owners (loads, mappings, streamed runs) are alive: test support.
+#[pyfunction]
+pub(crate) fn owners_live() -> usize {
+    owner::owners_live()
+}
+
+/// The registered backend names.
+#[pyfunction]
+pub(crate) fn backends() -> Vec<&'static str> {
+    tensora_io::registry::names().to_vec()
+}
