@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::backends::sync::{Pread, ReadAt, SyncBackend};
-use crate::seam::{IoBackend, SourceFile};
+use crate::seam::{Access, IoBackend, SourceFile};
 
 /// One fault to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,7 +139,7 @@ impl<R: ReadAt + 'static> ReadAt for FaultySource<R> {
         file_index: u32,
         buf: &mut [u8],
         offset_bytes: u64,
-        direct: bool,
+        access: Access,
     ) -> io::Result<usize> {
         let end = offset_bytes.saturating_add(buf.len() as u64);
         let mut limit = buf.len();
@@ -177,7 +177,7 @@ impl<R: ReadAt + 'static> ReadAt for FaultySource<R> {
                 _ => {}
             }
         }
-        let n = self.inner.read_at(file, file_index, &mut buf[..limit], offset_bytes, direct)?;
+        let n = self.inner.read_at(file, file_index, &mut buf[..limit], offset_bytes, access)?;
         for fault in &self.faults {
             if let Fault::BitFlip { file: f, offset_bytes: at, bit } = *fault {
                 let got_end = offset_bytes + n as u64;
@@ -215,12 +215,12 @@ mod tests {
         let src = FaultySource::new(vec![Fault::Interrupted { times: 2 }, Fault::WouldBlock { times: 1 }]);
         let mut buf = [0u8; 16];
         let kinds: Vec<_> =
-            (0..3).map(|_| src.read_at(&sf, 0, &mut buf, 0, false).unwrap_err().kind()).collect();
+            (0..3).map(|_| src.read_at(&sf, 0, &mut buf, 0, Access::Buffered).unwrap_err().kind()).collect();
         assert_eq!(
             kinds,
             [io::ErrorKind::Interrupted, io::ErrorKind::Interrupted, io::ErrorKind::WouldBlock]
         );
-        assert_eq!(src.read_at(&sf, 0, &mut buf, 16, false).unwrap(), 16);
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 16, Access::Buffered).unwrap(), 16);
         assert_eq!(&buf[..], &data[16..32]);
         assert_eq!(src.injected(), 3);
     }
@@ -236,13 +236,16 @@ mod tests {
             Fault::BitFlip { file: 0, offset_bytes: 5, bit: 3 },
         ]);
         let mut buf = [0u8; 40];
-        assert_eq!(src.read_at(&sf, 0, &mut buf, 0, false).unwrap(), 20);
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 0, Access::Buffered).unwrap(), 20);
         assert_eq!(buf[5], 8);
-        assert_eq!(src.read_at(&sf, 0, &mut buf, 0, false).unwrap(), 40);
-        assert_eq!(src.read_at(&sf, 0, &mut buf, 40, false).unwrap_err().raw_os_error(), Some(libc::EIO));
-        assert_eq!(src.read_at(&sf, 0, &mut buf, 60, false).unwrap(), 30);
-        assert_eq!(src.read_at(&sf, 0, &mut buf, 95, false).unwrap(), 0);
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 0, Access::Buffered).unwrap(), 40);
+        assert_eq!(
+            src.read_at(&sf, 0, &mut buf, 40, Access::Buffered).unwrap_err().raw_os_error(),
+            Some(libc::EIO)
+        );
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 60, Access::Buffered).unwrap(), 30);
+        assert_eq!(src.read_at(&sf, 0, &mut buf, 95, Access::Buffered).unwrap(), 0);
         // Faults on another file index do not fire.
-        assert_eq!(src.read_at(&sf, 1, &mut buf, 40, false).unwrap(), 40);
+        assert_eq!(src.read_at(&sf, 1, &mut buf, 40, Access::Buffered).unwrap(), 40);
     }
 }

@@ -209,13 +209,13 @@ impl tensora_io::backends::sync::ReadAt for Fuse {
         file_index: u32,
         buf: &mut [u8],
         offset_bytes: u64,
-        direct: bool,
+        access: tensora_io::Access,
     ) -> std::io::Result<usize> {
         if file_index == 0 && offset_bytes >= self.eio_from {
             return Err(std::io::Error::from_raw_os_error(libc::EIO));
         }
         let n = buf.len().min(self.call_bytes_max);
-        tensora_io::backends::sync::Pread.read_at(file, file_index, &mut buf[..n], offset_bytes, direct)
+        tensora_io::backends::sync::Pread.read_at(file, file_index, &mut buf[..n], offset_bytes, access)
     }
 }
 

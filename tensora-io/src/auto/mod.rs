@@ -33,6 +33,7 @@ use std::path::Path;
 use tensora_format::Checkpoint;
 
 use crate::load::Residence;
+use crate::seam::Access;
 
 pub mod probe;
 
@@ -205,18 +206,23 @@ fn mapped(reason: String) -> Choice {
 
 /// The backend of an owned load.
 fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
-    let owned = |backend, direct, reason| Choice { residence: Residence::Owned, backend, direct, reason };
+    let owned = |backend, access: Access, reason| Choice {
+        residence: Residence::Owned,
+        backend,
+        direct: access == Access::Direct,
+        reason,
+    };
     if remote {
         return owned(
             "sync",
-            false,
+            Access::Buffered,
             format!("{fs_name} is a network/FUSE filesystem: buffered pread, never lazy mmap; {facts}"),
         );
     }
     if f.warm() {
         return owned(
             "sync",
-            false,
+            Access::Buffered,
             format!("warm: one pread copy from the page cache into the hugepage arena; {facts}"),
         );
     }
@@ -224,7 +230,7 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
     if direct_ok && f.uring.is_ok() && f.bytes_selected >= DIRECT_MIN_BYTES {
         return owned(
             "io-uring",
-            true,
+            Access::Direct,
             format!("cold, O_DIRECT and io_uring available: deep direct queue; {facts}"),
         );
     }
@@ -234,7 +240,7 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         _ if f.bytes_selected < DIRECT_MIN_BYTES => "small selection".to_owned(),
         _ => "O_DIRECT not probed".to_owned(),
     };
-    owned("sync", false, format!("cold, {why}: buffered pread with readahead; {facts}"))
+    owned("sync", Access::Buffered, format!("cold, {why}: buffered pread with readahead; {facts}"))
 }
 
 #[cfg(test)]

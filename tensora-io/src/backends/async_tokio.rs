@@ -1,9 +1,9 @@
 //! The `async` backend (cargo feature `async`): [`AsyncBackend`] drives a plan's reads from a tokio
 //! runtime: a current-thread runtime created inside `execute` issues positional reads on tokio's
-//! blocking pool, at most `job.queue_depth` in flight, each holding a budget permit obtained with
+//! blocking pool, at most `job.config.queue_depth` in flight, each holding a budget permit obtained with
 //! [`Budget::acquire_async`](crate::seam::Budget::acquire_async). Completions are announced from
-//! the runtime's thread, in completion order. `job.threads` is not used: the blocking pool gets
-//! `job.queue_depth` threads (at most [`ASYNC_QUEUE_DEPTH_MAX`]). To run a whole load from async
+//! the runtime's thread, in completion order. `job.config.threads` is not used: the blocking pool gets
+//! `job.config.queue_depth` threads (at most [`ASYNC_QUEUE_DEPTH_MAX`]). To run a whole load from async
 //! code, see [`load_async`](crate::load_async).
 //!
 //! ```
@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 
 use super::read_progress::{ReadProgress, Step};
 use super::runtime::{DestPtr, RunState, direct_align_bytes, direct_aligned, validate_job};
-use crate::seam::{CompletionSink, IoBackend, IoStats, Job, Permit, ReadError, ReadErrorKind};
+use crate::seam::{Access, CompletionSink, IoBackend, IoStats, Job, Permit, ReadError, ReadErrorKind};
 
 /// Largest number of reads in flight (and blocking-pool threads) one run uses.
 pub const ASYNC_QUEUE_DEPTH_MAX: u32 = 256;
@@ -55,7 +55,7 @@ impl IoBackend for AsyncBackend {
 }
 
 fn run(job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
-    let depth = job.queue_depth.clamp(1, ASYNC_QUEUE_DEPTH_MAX) as usize;
+    let depth = job.config.queue_depth.clamp(1, ASYNC_QUEUE_DEPTH_MAX) as usize;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(depth)
         .thread_name("tensora-async-io")
@@ -114,7 +114,7 @@ async fn drive(job: &Job<'_>, sink: &dyn CompletionSink, state: &RunState, depth
             let spec = ReadSpec {
                 read: read.clone(),
                 buffered_fd: file.buffered.as_raw_fd(),
-                direct_fd: if job.direct && state.direct_allowed(read.file) {
+                direct_fd: if job.config.direct && state.direct_allowed(read.file) {
                     file.direct.as_ref().map(AsRawFd::as_raw_fd)
                 } else {
                     None
@@ -122,7 +122,7 @@ async fn drive(job: &Job<'_>, sink: &dyn CompletionSink, state: &RunState, depth
                 direct_align_bytes: align,
                 file_len_bytes: file.len_bytes,
                 dest: base,
-                retries_max: job.retries_max,
+                retries_max: job.config.retries_max,
             };
             tasks.spawn_blocking(move || (spec.execute(index), permit));
         }
@@ -233,7 +233,7 @@ impl ReadSpec {
             };
             // `next_call` caps the length at 1 GiB, so it fits usize.
             let result = pread(fd, ptr, call.len_bytes as usize, file_offset);
-            let step = progress.on_io_result(&result, call.len_bytes, direct);
+            let step = progress.on_io_result(&result, call.len_bytes, Access::direct_if(direct));
             done.retries = progress.retries();
             done.done_bytes = progress.done_bytes();
             match step {

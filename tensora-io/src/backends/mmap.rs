@@ -35,7 +35,7 @@ impl Default for MmapConfig {
 }
 
 /// The mmap backend, owned mode: maps the files and copies each plan read from the mapping into
-/// the destination with `job.threads` threads, holding a budget permit per read.
+/// the destination with `job.config.threads` threads, holding a budget permit per read.
 ///
 /// ```
 /// use tensora_io::IoBackend;
@@ -93,7 +93,7 @@ impl IoBackend for MmapBackend {
         }
         let state = RunState::new(job);
         let base = DestPtr::new(job);
-        let workers = job.threads.clamp(1, MMAP_THREADS_MAX).min(reads.len());
+        let workers = job.config.threads.clamp(1, MMAP_THREADS_MAX).min(reads.len());
         let config = self.config;
         let per_worker = run_workers(workers, |w| copy_worker(job, sink, &state, &maps, base, config, w));
         state.finish(per_worker)

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tensora_plan::Read;
 
-use crate::seam::{ReadError, ReadErrorKind};
+use crate::seam::{Access, ReadError, ReadErrorKind};
 
 /// Largest length one positional read call asks for.
 pub const PREAD_BYTES_MAX: u64 = 1 << 30;
@@ -152,7 +152,7 @@ impl ReadProgress {
 
     /// Feeds the result of a call that asked for `asked_bytes` (`Ok(bytes)` or `Err(errno)`),
     /// issued through the `O_DIRECT` descriptor when `direct`.
-    pub fn on_result(&mut self, result: Result<u64, i32>, asked_bytes: u64, direct: bool) -> Step {
+    pub fn on_result(&mut self, result: Result<u64, i32>, asked_bytes: u64, access: Access) -> Step {
         self.calls += 1;
         let step = match result {
             Ok(0) if self.at_known_end() => Step::Landed,
@@ -171,7 +171,7 @@ impl ReadProgress {
                     Step::Again { backoff: None }
                 }
             }
-            Err(libc::EINVAL) if direct => Step::DirectRefused,
+            Err(libc::EINVAL) if access == Access::Direct => Step::DirectRefused,
             Err(errno @ (libc::EINTR | libc::EAGAIN)) => {
                 self.retries += 1;
                 if self.stalls >= self.stalls_max {
@@ -201,16 +201,16 @@ impl ReadProgress {
     }
 
     /// Feeds an [`io::Result`] (a `pread`-like call).
-    pub fn on_io_result(&mut self, result: &io::Result<usize>, asked_bytes: u64, direct: bool) -> Step {
+    pub fn on_io_result(&mut self, result: &io::Result<usize>, asked_bytes: u64, access: Access) -> Step {
         match result {
-            Ok(n) => self.on_result(Ok(*n as u64), asked_bytes, direct),
+            Ok(n) => self.on_result(Ok(*n as u64), asked_bytes, access),
             Err(e) => match e.raw_os_error() {
-                Some(errno) => self.on_result(Err(errno), asked_bytes, direct),
+                Some(errno) => self.on_result(Err(errno), asked_bytes, access),
                 None if e.kind() == io::ErrorKind::Interrupted => {
-                    self.on_result(Err(libc::EINTR), asked_bytes, direct)
+                    self.on_result(Err(libc::EINTR), asked_bytes, access)
                 }
                 None if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.on_result(Err(libc::EAGAIN), asked_bytes, direct)
+                    self.on_result(Err(libc::EAGAIN), asked_bytes, access)
                 }
                 None => {
                     self.calls += 1;
@@ -262,7 +262,7 @@ mod tests {
         loop {
             let call = p.next_call(None);
             calls += 1;
-            match p.on_result(Ok(call.len_bytes.min(128 << 10)), call.len_bytes, false) {
+            match p.on_result(Ok(call.len_bytes.min(128 << 10)), call.len_bytes, Access::Buffered) {
                 Step::Again { backoff: None } => {}
                 Step::Landed => break,
                 other => panic!("{other:?}"),
@@ -277,9 +277,15 @@ mod tests {
     #[test]
     fn stalls_beyond_the_bound_fail_with_the_last_errno_kind() {
         let mut p = ReadProgress::new(&read(100, 1000), 10_000, 2);
-        assert!(matches!(p.on_result(Err(libc::EINTR), 1000, false), Step::Again { backoff: None }));
-        assert!(matches!(p.on_result(Err(libc::EAGAIN), 1000, false), Step::Again { backoff: Some(_) }));
-        match p.on_result(Err(libc::EINTR), 1000, false) {
+        assert!(matches!(
+            p.on_result(Err(libc::EINTR), 1000, Access::Buffered),
+            Step::Again { backoff: None }
+        ));
+        assert!(matches!(
+            p.on_result(Err(libc::EAGAIN), 1000, Access::Buffered),
+            Step::Again { backoff: Some(_) }
+        ));
+        match p.on_result(Err(libc::EINTR), 1000, Access::Buffered) {
             Step::Fail(ReadErrorKind::Io(e)) => {
                 assert_eq!(e.kind(), io::ErrorKind::Interrupted);
                 assert!(e.to_string().contains("gave up after 2 retries"), "{e}");
@@ -292,8 +298,8 @@ mod tests {
     #[test]
     fn eof_before_the_known_end_fails_and_at_the_known_end_lands() {
         let mut p = ReadProgress::new(&read(0, 8192), 8192, 4);
-        assert!(matches!(p.on_result(Ok(1000), 8192, false), Step::Again { .. }));
-        match p.on_result(Ok(0), 7192, false) {
+        assert!(matches!(p.on_result(Ok(1000), 8192, Access::Buffered), Step::Again { .. }));
+        match p.on_result(Ok(0), 7192, Access::Buffered) {
             Step::Fail(ReadErrorKind::UnexpectedEof { read_bytes: 1000, expected_bytes: 8192 }) => {}
             other => panic!("{other:?}"),
         }
@@ -301,17 +307,20 @@ mod tests {
         assert_eq!((e.file, e.offset_bytes, e.len_bytes), (3, 1000, 7192));
         // A read rounded past the end of a 5000-byte file lands once the file's end is reached.
         let mut p = ReadProgress::new(&read(0, 8192), 5000, 4);
-        assert!(matches!(p.on_result(Ok(5000), 8192, false), Step::Landed));
+        assert!(matches!(p.on_result(Ok(5000), 8192, Access::Buffered), Step::Landed));
         let mut p = ReadProgress::new(&read(4096, 4096), 5000, 4);
-        assert!(matches!(p.on_result(Ok(100), 4096, false), Step::Again { .. }));
-        assert!(matches!(p.on_result(Ok(0), 3996, false), Step::Fail(_)));
+        assert!(matches!(p.on_result(Ok(100), 4096, Access::Buffered), Step::Again { .. }));
+        assert!(matches!(p.on_result(Ok(0), 3996, Access::Buffered), Step::Fail(_)));
     }
 
     #[test]
     fn einval_only_refuses_direct_calls() {
         let mut p = ReadProgress::new(&read(0, 4096), 4096, 0);
-        assert!(matches!(p.on_result(Err(libc::EINVAL), 4096, true), Step::DirectRefused));
-        assert!(matches!(p.on_result(Err(libc::EINVAL), 4096, false), Step::Fail(ReadErrorKind::Io(_))));
+        assert!(matches!(p.on_result(Err(libc::EINVAL), 4096, Access::Direct), Step::DirectRefused));
+        assert!(matches!(
+            p.on_result(Err(libc::EINVAL), 4096, Access::Buffered),
+            Step::Fail(ReadErrorKind::Io(_))
+        ));
     }
 
     #[test]
@@ -320,7 +329,10 @@ mod tests {
         let mut p = ReadProgress::new(&read(0, len), len, 0);
         assert_eq!(p.next_call(None).len_bytes, PREAD_BYTES_MAX);
         // Linux returns at most 0x7ffff000 bytes; the remainder continues at the landed byte.
-        assert!(matches!(p.on_result(Ok(0x7fff_f000), PREAD_BYTES_MAX, false), Step::Again { .. }));
+        assert!(matches!(
+            p.on_result(Ok(0x7fff_f000), PREAD_BYTES_MAX, Access::Buffered),
+            Step::Again { .. }
+        ));
         assert_eq!(p.done_bytes(), PREAD_BYTES_MAX);
         let call = p.next_call(Some(4096));
         assert_eq!(call.file_offset_bytes, PREAD_BYTES_MAX);
@@ -352,7 +364,7 @@ mod tests {
                     1 => Err(libc::EAGAIN),
                     _ => Ok(n.min(call.len_bytes).max(1)),
                 };
-                match p.on_result(result, call.len_bytes, false) {
+                match p.on_result(result, call.len_bytes, Access::Buffered) {
                     Step::Again { .. } => prop_assert!(calls < p.calls_max()),
                     Step::Landed => {
                         prop_assert_eq!(p.done_bytes(), len);

@@ -11,9 +11,9 @@
 //! Every read follows the rules of [`super::read_progress`], shared with the `io-uring` and
 //! `async` backends: short reads resubmit the remainder (counted in [`IoStats::retries`] but not
 //! against the bound), zero-progress events (`EINTR`, `EAGAIN`) are retried at most
-//! `job.retries_max` times per read, `EAGAIN` backs off for [`EAGAIN_BACKOFF_MAX`] at most, and a
+//! `job.config.retries_max` times per read, `EAGAIN` backs off for [`EAGAIN_BACKOFF_MAX`] at most, and a
 //! read that hits end of file before the file's known end fails with
-//! `ReadErrorKind::UnexpectedEof`. With `job.direct`, calls whose offset, length and destination
+//! `ReadErrorKind::UnexpectedEof`. With `job.config.direct`, calls whose offset, length and destination
 //! address are block-aligned go through the `O_DIRECT` descriptor; `EINVAL` there turns direct
 //! I/O off for that file and the remainder is re-issued buffered (counted in
 //! [`IoStats::direct_fallbacks`]). The first error stops every worker before its next read and is
@@ -34,7 +34,7 @@ pub use super::read_progress::EAGAIN_BACKOFF_MAX;
 use super::read_progress::{ReadProgress, Step};
 pub use super::runtime::DIRECT_BLOCK_BYTES;
 use super::runtime::{DestPtr, RunState, direct_align_bytes, direct_aligned, run_workers, validate_job};
-use crate::seam::{CompletionSink, IoBackend, IoStats, Job, ReadError, SourceFile};
+use crate::seam::{Access, CompletionSink, IoBackend, IoStats, Job, ReadError, SourceFile};
 
 /// Upper bound on worker threads, whatever the job asks.
 pub const THREADS_MAX: usize = 256;
@@ -42,15 +42,15 @@ pub const THREADS_MAX: usize = 256;
 /// A positional read source: the seam that lets tests inject faults below a backend.
 pub trait ReadAt: Send + Sync + Debug {
     /// Read up to `buf.len()` bytes of `file` (index `file_index` in the job) at `offset_bytes`,
-    /// through its O_DIRECT descriptor when `direct` is true and one is open. Same contract as
-    /// `pread`: may return fewer bytes, 0 at end of file, or a transient error.
+    /// through its O_DIRECT descriptor when `access` is [`Access::Direct`] and one is open. Same
+    /// contract as `pread`: may return fewer bytes, 0 at end of file, or a transient error.
     fn read_at(
         &self,
         file: &SourceFile,
         file_index: u32,
         buf: &mut [u8],
         offset_bytes: u64,
-        direct: bool,
+        access: Access,
     ) -> io::Result<usize>;
 }
 
@@ -65,10 +65,10 @@ impl ReadAt for Pread {
         _file_index: u32,
         buf: &mut [u8],
         offset_bytes: u64,
-        direct: bool,
+        access: Access,
     ) -> io::Result<usize> {
-        let fd = match (&file.direct, direct) {
-            (Some(d), true) => d,
+        let fd = match (&file.direct, access) {
+            (Some(d), Access::Direct) => d,
             _ => &file.buffered,
         };
         fd.read_at(buf, offset_bytes)
@@ -153,12 +153,12 @@ fn fill(
     let base = DestPtr::new(job);
     let align = direct_align_bytes(job);
     let step_bytes = job.landed_step_bytes();
-    let mut progress = ReadProgress::new(read, file.len_bytes, job.retries_max);
+    let mut progress = ReadProgress::new(read, file.len_bytes, job.config.retries_max);
     loop {
         if state.stopped() {
             return Err(None);
         }
-        let direct_ok = job.direct && file.direct.is_some() && state.direct_allowed(read.file);
+        let direct_ok = job.config.direct && file.direct.is_some() && state.direct_allowed(read.file);
         let call = progress.next_call_within(direct_ok.then_some(align), step_bytes.unwrap_or(u64::MAX));
         // SAFETY: `validate_job` checked that `arena_offset_bytes .. + len_bytes` lies inside the
         // destination (whose length fits usize), and `done + len <= len_bytes`; the `Destination`
@@ -173,9 +173,10 @@ fn fill(
         };
         let direct_now =
             direct_ok && direct_aligned(rest.as_ptr(), call.file_offset_bytes, call.len_bytes, align);
-        let result = reader.read_at(file, read.file, rest, call.file_offset_bytes, direct_now);
+        let result =
+            reader.read_at(file, read.file, rest, call.file_offset_bytes, Access::direct_if(direct_now));
         let retries_before = progress.retries();
-        let step = progress.on_io_result(&result, call.len_bytes, direct_now);
+        let step = progress.on_io_result(&result, call.len_bytes, Access::direct_if(direct_now));
         stats.retries += progress.retries() - retries_before;
         match step {
             Step::Landed => return Ok(()),
@@ -211,7 +212,7 @@ impl IoBackend for SyncBackend {
             return Ok(IoStats::default());
         }
         let state = RunState::new(job);
-        let threads = job.threads.clamp(1, THREADS_MAX).min(reads_total);
+        let threads = job.config.threads.clamp(1, THREADS_MAX).min(reads_total);
         let reader = &*self.reader;
         let per_worker = run_workers(threads, |w| worker(job, sink, reader, &state, w));
         state.finish(per_worker)

@@ -47,7 +47,9 @@ use super::read_progress::{ReadProgress, Step};
 use super::runtime::{
     DestPtr, RunState, direct_align_bytes, direct_aligned, job_error, run_workers, validate_job,
 };
-use crate::seam::{CompletionSink, IoBackend, IoStats, Job, Permit, ReadError, ReadErrorKind, SourceFile};
+use crate::seam::{
+    Access, CompletionSink, IoBackend, IoStats, Job, Permit, ReadError, ReadErrorKind, SourceFile,
+};
 
 /// Largest queue depth (ring entries) a ring is created with; larger requests are clamped.
 pub const QUEUE_DEPTH_MAX: u32 = 4096;
@@ -207,7 +209,7 @@ impl IoBackend for UringBackend {
             return Err(ReadError::run(ReadErrorKind::Unavailable(reason)));
         }
         let state = RunState::new(job);
-        let rings = job.threads.clamp(1, RINGS_MAX).min(reads.len());
+        let rings = job.config.threads.clamp(1, RINGS_MAX).min(reads.len());
         let config = self.config;
         let rings_failed = AtomicUsize::new(0);
         let per_ring = run_workers(rings, |w| run_ring(job, sink, &state, config, w, rings, &rings_failed));
@@ -326,7 +328,7 @@ impl Ring {
         let (file_offset, len) = (call.file_offset_bytes, call.len_bytes);
         let ptr = base.at(read.arena_offset_bytes + call.done_bytes);
         let source = &job.files[read.file as usize];
-        let direct = job.direct
+        let direct = job.config.direct
             && source.direct.is_some()
             && state.direct_allowed(read.file)
             && direct_aligned(ptr, file_offset, len, align);
@@ -458,7 +460,7 @@ fn run_ring(
 ) -> IoStats {
     let mut stats = IoStats::default();
     let reads = job.plan.reads();
-    let depth = job.queue_depth.clamp(1, QUEUE_DEPTH_MAX);
+    let depth = job.config.queue_depth.clamp(1, QUEUE_DEPTH_MAX);
     let mut ring = match Ring::new(depth) {
         Ok(ring) => ring,
         Err(e) => {
@@ -504,7 +506,7 @@ fn run_ring(
             let file_len_bytes = job.files[read.file as usize].len_bytes;
             ring.slots[slot_index] = Some(Slot {
                 read: index,
-                progress: ReadProgress::new(read, file_len_bytes, job.retries_max),
+                progress: ReadProgress::new(read, file_len_bytes, job.config.retries_max),
                 submitted_bytes: 0,
                 direct: false,
                 permit,
@@ -572,7 +574,7 @@ fn complete(
     let read = &reads[slot.read as usize];
     let retries_before = slot.progress.retries();
     let outcome = if result < 0 { Err(-result) } else { Ok(result as u64) };
-    let step = slot.progress.on_result(outcome, slot.submitted_bytes, slot.direct);
+    let step = slot.progress.on_result(outcome, slot.submitted_bytes, Access::direct_if(slot.direct));
     stats.retries += slot.progress.retries() - retries_before;
     match step {
         Step::Landed => return Outcome::Landed,

@@ -68,6 +68,13 @@ use crate::seam::SourceFile;
 
 /// Pages per `mincore` call (bounds the residency vector at 64 KiB).
 const RESIDENCY_WINDOW_PAGES: u64 = 1 << 16;
+/// `mlock` or `munlock`.
+#[derive(Debug, Clone, Copy)]
+enum LockOp {
+    Lock,
+    Unlock,
+}
+
 /// A byte range of one mapped file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FileRange {
@@ -317,24 +324,23 @@ impl MappedFiles {
     /// [`MappedFiles::unlock`] or until the mapping is dropped. Needs `CAP_IPC_LOCK` or enough
     /// `RLIMIT_MEMLOCK`; the error says so.
     pub fn lock(&self, ranges: &[FileRange]) -> io::Result<()> {
-        self.lock_op(ranges, true)
+        self.lock_op(ranges, LockOp::Lock)
     }
 
     /// `munlock`s the pages of `ranges`.
     pub fn unlock(&self, ranges: &[FileRange]) -> io::Result<()> {
-        self.lock_op(ranges, false)
+        self.lock_op(ranges, LockOp::Unlock)
     }
 
-    fn lock_op(&self, ranges: &[FileRange], lock: bool) -> io::Result<()> {
+    fn lock_op(&self, ranges: &[FileRange], op: LockOp) -> io::Result<()> {
         for r in ranges {
             let Some((addr, len)) = self.page_span(r)? else { continue };
             // SAFETY: [addr, addr + len) is page-aligned and lies inside this live mapping
             // (checked by `page_span`); mlock/munlock do not change its contents.
             let rc = unsafe {
-                if lock {
-                    libc::mlock(addr as *const libc::c_void, len)
-                } else {
-                    libc::munlock(addr as *const libc::c_void, len)
+                match op {
+                    LockOp::Lock => libc::mlock(addr as *const libc::c_void, len),
+                    LockOp::Unlock => libc::munlock(addr as *const libc::c_void, len),
                 }
             };
             if rc != 0 {

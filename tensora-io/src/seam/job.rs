@@ -37,18 +37,11 @@ pub struct Job<'a> {
     pub dest: &'a dyn Destination,
     /// In-flight byte budget shared by all workers of this job.
     pub budget: &'a Budget,
-    /// Worker threads (sync, mmap-owned) or rings (io_uring). At least 1.
-    pub threads: usize,
-    /// Submission queue depth per ring (io_uring) or reads kept in flight per worker.
-    pub queue_depth: u32,
-    /// Use the `O_DIRECT` descriptor where one is open. Backends fall back to buffered on `EINVAL`.
-    pub direct: bool,
     /// Set by the caller to stop the run early; the backend drains what is in flight and returns
     /// [`ReadErrorKind::Cancelled`].
     pub cancel: &'a AtomicBool,
-    /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read; short reads that make
-    /// progress do not count (see [`crate::backends::read_progress`]).
-    pub retries_max: u32,
+    /// Threads, queue depth, direct I/O and the retry bound of this run.
+    pub config: JobConfig,
     /// Checkpoint file id of each plan file (`None`: plan file `i` is checkpoint file `i`).
     file_ids: Option<&'a [u32]>,
     /// Report landed prefixes of each read every this many bytes (see
@@ -92,7 +85,7 @@ impl<'a> Job<'a> {
     /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
-    /// assert_eq!(job.threads, 1);
+    /// assert_eq!(job.config.threads, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub unsafe fn new(
@@ -109,11 +102,8 @@ impl<'a> Job<'a> {
             files,
             dest,
             budget,
-            threads: config.threads,
-            queue_depth: config.queue_depth,
-            direct: config.direct,
             cancel,
-            retries_max: config.retries_max,
+            config,
             file_ids: None,
             landed_step_bytes: None,
             claims: (0..words).map(|_| AtomicU64::new(0)).collect(),
@@ -350,9 +340,7 @@ impl std::fmt::Debug for Job<'_> {
             .field("reads", &self.plan.reads().len())
             .field("files", &self.files.len())
             .field("dest_len_bytes", &self.dest.len_bytes())
-            .field("threads", &self.threads)
-            .field("queue_depth", &self.queue_depth)
-            .field("direct", &self.direct)
+            .field("config", &self.config)
             .finish()
     }
 }

@@ -19,9 +19,9 @@ pub use dest::{CallerBuffer, Destination};
 pub use error::{ReadError, ReadErrorKind};
 pub use job::{Job, JobConfig, ReadTarget};
 pub use sink::{CompletionSink, Landed, LandedPrefix, StopReason};
-pub use source::SourceFile;
 #[cfg(test)]
 pub(crate) use source::temp_source;
+pub use source::{Access, SourceFile};
 
 /// What one backend run did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -3,6 +3,23 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+/// Which descriptor of a [`SourceFile`] a read goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The buffered descriptor: through the page cache.
+    Buffered,
+    /// The `O_DIRECT` descriptor: straight from the device (block-aligned offset, length and
+    /// address).
+    Direct,
+}
+
+impl Access {
+    /// `Direct` when `direct` holds, else `Buffered`.
+    pub fn direct_if(direct: bool) -> Access {
+        if direct { Access::Direct } else { Access::Buffered }
+    }
+}
+
 /// One checkpoint file, opened once and shared by every worker (positional reads only, so no
 /// shared cursor). `direct` is a second descriptor opened with `O_DIRECT`, when asked for and
 /// supported by the filesystem.

@@ -82,7 +82,7 @@ fn start(ring: &mut Ring, job: &Job<'_>, state: &RunState) {
     assert_eq!(slot_index, 0);
     let permit = job.budget.acquire(LEN as u64);
     state.begin_inflight(permit.bytes());
-    let progress = ReadProgress::new(&job.plan.reads()[0], job.files[0].len_bytes, job.retries_max);
+    let progress = ReadProgress::new(&job.plan.reads()[0], job.files[0].len_bytes, job.config.retries_max);
     ring.slots[0] = Some(Slot { read: 0, progress, submitted_bytes: 0, direct: false, permit });
     ring.push(job, state, DestPtr::new(job), 0).unwrap();
 }
