@@ -212,7 +212,7 @@ fn io_err<'p>(path: &'p Path, op: &'static str) -> impl FnOnce(io::Error) -> Con
 ///
 /// ```
 /// use tensora_convert::{convert, ConvertConfig, TargetFormat};
-/// let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures/serverlessllm/tiny");
+/// let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 /// let src = tensora_format::sllm::open_dir(std::path::Path::new(tiny)).unwrap();
 /// let out = tempfile::tempdir().unwrap();
 /// let dst = out.path().join("st");

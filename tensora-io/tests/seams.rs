@@ -21,7 +21,7 @@ use tensora_plan::{Extent, Order, Plan, PlanConfig};
 struct CountSink(AtomicUsize);
 
 impl CompletionSink for CountSink {
-    fn read_done(&self, _landed: tensora_io::Landed) -> Result<(), StopReason> {
+    fn read_done(&self, _landed: tensora_io::Landed<'_>) -> Result<(), StopReason> {
         self.0.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -74,7 +74,7 @@ pub fn direct_read_roofline(
     let job = unsafe { Job::new(&plan, &files, dest, &budget, &cancel, job_config) };
     struct NoSink;
     impl CompletionSink for NoSink {
-        fn read_done(&self, _landed: Landed) -> Result<(), StopReason> {
+        fn read_done(&self, _landed: Landed<'_>) -> Result<(), StopReason> {
             Ok(())
         }
     }

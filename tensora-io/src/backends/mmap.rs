@@ -196,7 +196,7 @@ mod tests {
     }
 
     impl crate::seam::CompletionSink for TruncateAfterFirst {
-        fn read_done(&self, _landed: crate::seam::Landed) -> Result<(), crate::seam::StopReason> {
+        fn read_done(&self, _landed: crate::seam::Landed<'_>) -> Result<(), crate::seam::StopReason> {
             if self.done.fetch_add(1, Ordering::AcqRel) == 0 {
                 std::fs::OpenOptions::new().write(true).open(&self.path).unwrap().set_len(0).unwrap();
             }

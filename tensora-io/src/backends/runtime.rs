@@ -202,7 +202,7 @@ impl RunState {
             self.fail(job_error(read, ReadErrorKind::Io(e)));
             return;
         }
-        if let Err(StopReason) = sink.read_done(crate::seam::Landed::new(index)) {
+        if let Err(StopReason) = sink.read_done(crate::seam::Landed::new(job, index)) {
             self.fail(job_error(read, ReadErrorKind::Stopped));
         }
     }

@@ -185,7 +185,7 @@ fn fill(
                     std::thread::sleep(backoff);
                 }
                 if step_bytes.is_some() && progress.done_bytes() > call.done_bytes {
-                    let prefix = crate::seam::LandedPrefix::new(index, progress.done_bytes());
+                    let prefix = crate::seam::LandedPrefix::new(job, index, progress.done_bytes());
                     if sink.prefix_landed(prefix).is_err() {
                         return Err(Some(progress.error(crate::seam::ReadErrorKind::Stopped)));
                     }

@@ -94,7 +94,7 @@ impl Default for UringConfig {
 ///
 /// struct Count(std::sync::atomic::AtomicU32);
 /// impl CompletionSink for Count {
-///     fn read_done(&self, _landed: tensora_io::Landed) -> Result<(), StopReason> {
+///     fn read_done(&self, _landed: tensora_io::Landed<'_>) -> Result<(), StopReason> {
 ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 ///         Ok(())
 ///     }

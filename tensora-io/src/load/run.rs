@@ -242,7 +242,7 @@ impl Tracker<'_> {
 }
 
 impl CompletionSink for Tracker<'_> {
-    fn read_done(&self, landed: crate::seam::Landed) -> Result<(), StopReason> {
+    fn read_done(&self, landed: crate::seam::Landed<'_>) -> Result<(), StopReason> {
         let read = landed.read();
         let plan = &self.wp.plan;
         let Some(r) = plan.reads().get(read as usize) else { return Err(StopReason) };
@@ -267,7 +267,7 @@ impl CompletionSink for Tracker<'_> {
         Ok(())
     }
 
-    fn prefix_landed(&self, prefix: crate::seam::LandedPrefix) -> Result<(), StopReason> {
+    fn prefix_landed(&self, prefix: crate::seam::LandedPrefix<'_>) -> Result<(), StopReason> {
         let (Some(hook), Some(done)) =
             (&self.session.opts.on_read, self.reported.get(prefix.read() as usize))
         else {

@@ -171,7 +171,7 @@ impl<'a> Job<'a> {
     /// use tensora_plan::{Extent, Order, Plan, PlanConfig};
     /// struct Count(std::sync::atomic::AtomicU32);
     /// impl CompletionSink for Count {
-    ///     fn read_done(&self, _landed: tensora_io::Landed) -> Result<(), StopReason> {
+    ///     fn read_done(&self, _landed: tensora_io::Landed<'_>) -> Result<(), StopReason> {
     ///         self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     ///         Ok(())
     ///     }
@@ -324,7 +324,7 @@ impl ReadTarget<'_> {
             .dest
             .on_landed(read.arena_offset_bytes, read.len_bytes)
             .map_err(|e| fail(ReadErrorKind::Io(e)))?;
-        sink.read_done(Landed::new(self.index)).map_err(|_| fail(ReadErrorKind::Stopped))
+        sink.read_done(Landed::new(self.job, self.index)).map_err(|_| fail(ReadErrorKind::Stopped))
     }
 }
 

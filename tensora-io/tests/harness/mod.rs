@@ -19,7 +19,7 @@ use tensora_plan::{Extent, Order, Plan, PlanConfig};
 pub struct FnSink<F>(pub F);
 
 impl<F: Fn(u32) -> Result<(), StopReason> + Sync> CompletionSink for FnSink<F> {
-    fn read_done(&self, landed: tensora_io::Landed) -> Result<(), StopReason> {
+    fn read_done(&self, landed: tensora_io::Landed<'_>) -> Result<(), StopReason> {
         (self.0)(landed.read())
     }
 }
