@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
+use tensora_io::BackendChoice;
 use tensora_verify::Algo;
 use tensora_verify::hash::{HashOptions, hash_checkpoint};
 use tensora_verify::manifest::Manifest;
@@ -19,10 +20,10 @@ pub struct Args {
     /// Digest algorithm: crc32c (fast, default), xxh3 (XXH3-128) or sha256.
     #[arg(long, default_value = "crc32c", value_parser = parse_algo)]
     pub algo: Algo,
-    /// I/O backend for the load that computes the digests (sync, mmap, io-uring, async); automatic
-    /// by default.
-    #[arg(long)]
-    pub backend: Option<String>,
+    /// I/O backend for the load that computes the digests: auto (the default), or one of sync,
+    /// mmap, io-uring, async.
+    #[arg(long, default_value = "auto")]
+    pub backend: BackendChoice,
     /// Print `{"algo", "tensors": {name: {dtype, shape, <algo>}}}` instead of text.
     #[arg(long)]
     pub json: bool,
@@ -39,7 +40,7 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(location) = crate::remote::location(&args.path)? {
-        if args.backend.is_some() {
+        if !matches!(args.backend, BackendChoice::Auto) {
             anyhow::bail!("--backend does not apply to a remote location ({})", args.path.display());
         }
         let remote = crate::remote::open(&location, &args.remote.options())?;
@@ -54,8 +55,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let ckpt = tensora_verify::open_checkpoint(&args.path)?;
     let progress = checkpoint_progress(&ckpt);
-    let opts =
-        HashOptions { algo: args.algo, backend: args.backend.clone(), progress: progress_hook(&progress) };
+    // `HashOptions` names its backend: `None` is auto.
+    let backend = (!matches!(args.backend, BackendChoice::Auto)).then(|| args.backend.name().to_owned());
+    let opts = HashOptions { algo: args.algo, backend, progress: progress_hook(&progress) };
     let digests =
         hash_checkpoint(&ckpt, &opts).with_context(|| format!("hashing {}", args.path.display()))?;
     if let Some(bar) = progress {

@@ -26,8 +26,8 @@ pub struct Args {
     /// "retries" counts HTTP retries.
     pub path: std::path::PathBuf,
     /// I/O backend: auto, or one of sync, mmap, io-uring, async.
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
-    pub backend: String,
+    #[arg(long, default_value = "auto")]
+    pub backend: BackendChoice,
     /// Read with O_DIRECT (falls back to buffered where the filesystem refuses it).
     #[arg(long, conflicts_with = "buffered")]
     pub direct: bool,
@@ -67,14 +67,6 @@ pub struct Args {
     pub remote: crate::remote::RemoteArgs,
 }
 
-fn parse_backend(s: &str) -> Result<String, String> {
-    if s == "auto" || tensora_io::registry::names().contains(&s) {
-        Ok(s.to_owned())
-    } else {
-        Err(format!("unknown backend {s:?}; expected auto, {}", tensora_io::registry::names().join(", ")))
-    }
-}
-
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(location) = crate::remote::location(&args.path)? {
@@ -89,11 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let mut opts = LoadOptions {
-        backend: if args.backend == "auto" {
-            BackendChoice::Auto
-        } else {
-            BackendChoice::Named(args.backend.clone())
-        },
+        backend: args.backend.clone(),
         io_mode: match (args.direct, args.buffered) {
             (true, _) => IoMode::Direct,
             (_, true) => IoMode::Buffered,
@@ -163,7 +151,7 @@ fn common_options(args: &Args, opts: &mut LoadOptions) -> Option<indicatif::Prog
 /// `tensora load URL`: open the remote checkpoint and load it through `tensora_remote`.
 fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Result<ExitCode> {
     let local_only = [
-        (args.backend != "auto", "--backend"),
+        (!matches!(args.backend, BackendChoice::Auto), "--backend"),
         (args.direct, "--direct"),
         (args.buffered, "--buffered"),
         (args.mapped, "--mapped"),
@@ -272,11 +260,23 @@ fn write_text(out: &mut impl Write, r: &LoadReport) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// `--backend` as clap parses it, through `BackendChoice`'s `FromStr`.
+    fn parse_backend(name: &str) -> Result<BackendChoice, String> {
+        use clap::Parser as _;
+        match crate::Cli::try_parse_from(["tensora", "load", "m.safetensors", "--backend", name]) {
+            Ok(crate::Cli { command: crate::Command::Load(args) }) => Ok(args.backend),
+            Ok(other) => Err(format!("not a load: {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     #[test]
     fn backend_names_are_checked() {
         assert!(parse_backend("auto").is_ok());
         assert!(parse_backend("sync").is_ok());
         assert!(parse_backend("io-uring").is_ok());
         assert!(parse_backend("floppy").unwrap_err().contains("sync"));
+        assert!(matches!(parse_backend("auto"), Ok(BackendChoice::Auto)));
+        assert!(matches!(parse_backend("mmap"), Ok(BackendChoice::Named(n)) if n == "mmap"));
     }
 }
