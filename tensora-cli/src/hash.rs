@@ -67,9 +67,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn checkpoint_progress(ckpt: &tensora_format::Checkpoint) -> Option<indicatif::ProgressBar> {
-    progress_bar(distinct_bytes(
-        ckpt.tensors().iter().map(|t| (t.file().index(), t.offset_bytes(), t.len_bytes())),
-    ))
+    // Tied tensors share their bytes: the bar counts each byte once.
+    let every_tensor: Vec<usize> = (0..ckpt.tensors().len()).collect();
+    progress_bar(ckpt.distinct_bytes(&every_tensor))
 }
 
 fn progress_hook(progress: &Option<indicatif::ProgressBar>) -> Option<tensora_verify::hash::ProgressFn> {
@@ -127,33 +127,6 @@ fn print(args: &Args, ckpt: &tensora_format::Checkpoint, manifest: &Manifest) ->
     out.flush()
 }
 
-/// Bytes covered by `(file, offset, len)` ranges, each byte once: tied tensors (several names on
-/// one storage, as in ServerlessLLM checkpoints) share their bytes, so a plain sum would count them
-/// once per name and could overflow `u64` on crafted input. Saturates instead of overflowing.
-fn distinct_bytes(ranges: impl Iterator<Item = (usize, u64, u64)>) -> u64 {
-    let mut ranges: Vec<(usize, u64, u64)> =
-        ranges.filter(|r| r.2 > 0).map(|(f, o, l)| (f, o, o.saturating_add(l))).collect();
-    ranges.sort_unstable();
-    let mut total = 0u64;
-    // The file and end of the run of overlapping ranges being merged.
-    let mut run: Option<(usize, u64, u64)> = None;
-    for (file, start, end) in ranges {
-        match &mut run {
-            Some((f, _, run_end)) if *f == file && start <= *run_end => *run_end = (*run_end).max(end),
-            _ => {
-                if let Some((_, s, e)) = run {
-                    total = total.saturating_add(e - s);
-                }
-                run = Some((file, start, end));
-            }
-        }
-    }
-    if let Some((_, s, e)) = run {
-        total = total.saturating_add(e - s);
-    }
-    total
-}
-
 /// A byte progress bar on stderr, only when stderr is a terminal.
 fn progress_bar(total_bytes: u64) -> Option<indicatif::ProgressBar> {
     if !std::io::stderr().is_terminal() {
@@ -166,27 +139,4 @@ fn progress_bar(total_bytes: u64) -> Option<indicatif::ProgressBar> {
         bar.set_style(style);
     }
     Some(bar)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tied_and_overlapping_ranges_count_once() {
-        assert_eq!(distinct_bytes([].into_iter()), 0);
-        assert_eq!(distinct_bytes([(0, 0, 8), (0, 0, 8), (0, 8, 4)].into_iter()), 12);
-        assert_eq!(distinct_bytes([(0, 0, 8), (1, 0, 8), (0, 4, 8), (0, 20, 0)].into_iter()), 20);
-    }
-
-    #[test]
-    fn a_crafted_sum_past_u64_does_not_overflow() {
-        // Eight names tied to one storage of 2^61 bytes: a per-name sum would be 2^64.
-        let tied = (0..8).map(|_| (0usize, 0u64, 1u64 << 61));
-        assert_eq!(distinct_bytes(tied), 1 << 61);
-        // Distinct huge ranges in different files saturate.
-        let huge = (0..4).map(|f| (f, 0u64, u64::MAX / 2));
-        assert_eq!(distinct_bytes(huge), u64::MAX);
-        assert_eq!(distinct_bytes([(0, u64::MAX - 1, 10)].into_iter()), 1);
-    }
 }
