@@ -3,13 +3,14 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
 use tensora_io::BackendChoice;
 use tensora_verify::Algo;
 use tensora_verify::hash::{HashOptions, hash_checkpoint};
 use tensora_verify::manifest::Manifest;
+
+use crate::progress::{Progress, Show};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -46,39 +47,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let remote = crate::remote::open(&location, &args.remote.options())?;
         let ckpt = remote.checkpoint();
         let progress = checkpoint_progress(ckpt);
-        let (digests, _) = crate::remote::digests(&remote, args.algo, progress_hook(&progress))
+        let (digests, _) = crate::remote::digests(&remote, args.algo, progress.hook())
             .with_context(|| format!("hashing {}", args.path.display()))?;
-        if let Some(bar) = progress {
-            bar.finish_and_clear();
-        }
+        progress.finish();
         return finish(&args, ckpt, &digests);
     }
     let ckpt = tensora_verify::open_checkpoint(&args.path)?;
     let progress = checkpoint_progress(&ckpt);
     // `HashOptions` names its backend: `None` is auto.
     let backend = (!matches!(args.backend, BackendChoice::Auto)).then(|| args.backend.name().to_owned());
-    let opts = HashOptions { algo: args.algo, backend, progress: progress_hook(&progress) };
+    let opts = HashOptions { algo: args.algo, backend, progress: progress.hook() };
     let digests =
         hash_checkpoint(&ckpt, &opts).with_context(|| format!("hashing {}", args.path.display()))?;
-    if let Some(bar) = progress {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     finish(&args, &ckpt, &digests)
 }
 
-fn checkpoint_progress(ckpt: &tensora_format::Checkpoint) -> Option<indicatif::ProgressBar> {
-    // Tied tensors share their bytes: the bar counts each byte once.
+/// The bar over the checkpoint's bytes; tied tensors share theirs, so each byte counts once.
+fn checkpoint_progress(ckpt: &tensora_format::Checkpoint) -> Progress {
     let every_tensor: Vec<usize> = (0..ckpt.tensors().len()).collect();
-    progress_bar(ckpt.distinct_bytes(&every_tensor))
-}
-
-fn progress_hook(progress: &Option<indicatif::ProgressBar>) -> Option<tensora_verify::hash::ProgressFn> {
-    progress.clone().map(|bar| {
-        Arc::new(move |done: u64, total: u64| {
-            bar.set_length(total);
-            bar.set_position(done);
-        }) as tensora_verify::hash::ProgressFn
-    })
+    Progress::new(Show::OnTerminal, "hashing", ckpt.distinct_bytes(&every_tensor))
 }
 
 /// The manifest (written when asked) and the digests printed.
@@ -125,18 +113,4 @@ fn print(args: &Args, ckpt: &tensora_format::Checkpoint, manifest: &Manifest) ->
         }
     }
     out.flush()
-}
-
-/// A byte progress bar on stderr, only when stderr is a terminal.
-fn progress_bar(total_bytes: u64) -> Option<indicatif::ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new(total_bytes);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}")
-    {
-        bar.set_style(style);
-    }
-    Some(bar)
 }

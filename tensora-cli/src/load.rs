@@ -3,15 +3,15 @@
 //! Owned loads copy every selected tensor into one hugepage arena; `--stream` hands each tensor
 //! out as it lands and recycles arena space within `--budget`. `--json` prints the load report.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
 use tensora_format::Selection;
 use tensora_io::{BackendChoice, IoMode, LoadOptions, LoadReport, Residence};
 
+use crate::progress::{Progress, Show};
 use crate::units::parse_bytes;
 
 /// Load a checkpoint and report the backend, why it was chosen, and the time per phase.
@@ -100,7 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(c) = args.chunk {
         opts.chunk_bytes = c;
     }
-    let bar = common_options(&args, &mut opts);
+    let progress = common_options(&args, &mut opts);
 
     let mut report = if args.stream {
         let mut delivered: u64 = 0;
@@ -115,9 +115,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             tensora_io::load(&ckpt, &opts).with_context(|| format!("cannot load {}", args.path.display()))?;
         loaded.report().clone()
     };
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     report.phases.parse = parse_seconds;
     report.finalize();
 
@@ -130,22 +128,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Selection, budget and the progress bar: the options local and remote loads share.
-fn common_options(args: &Args, opts: &mut LoadOptions) -> Option<indicatif::ProgressBar> {
+fn common_options(args: &Args, opts: &mut LoadOptions) -> Progress {
     if !args.select.is_empty() {
         opts.selection = Selection::Glob(args.select.clone());
     }
     if let Some(b) = args.budget {
         opts.budget_bytes = b;
     }
-    let bar = progress_bar(args);
-    if let Some(bar) = &bar {
-        let bar = bar.clone();
-        opts.progress = Some(Arc::new(move |done, total| {
-            bar.set_length(total);
-            bar.set_position(done);
-        }));
-    }
-    bar
+    // `--json` output is for a machine: no bar even on a terminal.
+    let show = if args.json { Show::Never } else { Show::OnTerminal };
+    let progress = Progress::new(show, "loading", 0);
+    opts.progress = progress.hook();
+    progress
 }
 
 /// `tensora load URL`: open the remote checkpoint and load it through `tensora_remote`.
@@ -172,7 +166,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     }
     let checkpoint = crate::remote::open(location, &remote_opts)?;
     let mut opts = LoadOptions::default();
-    let bar = common_options(args, &mut opts);
+    let progress = common_options(args, &mut opts);
     let context = || format!("cannot load {}", args.path.display());
     let report = if args.stream {
         let mut delivered: u64 = 0;
@@ -185,9 +179,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     } else {
         checkpoint.load(&opts).with_context(context)?.report().clone()
     };
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     let printed = (|| {
         let mut out = std::io::stdout().lock();
         if args.json {
@@ -224,19 +216,6 @@ fn print(args: &Args, report: &LoadReport) -> std::io::Result<()> {
         write_text(&mut out, report)?;
     }
     out.flush()
-}
-
-fn progress_bar(args: &Args) -> Option<indicatif::ProgressBar> {
-    if args.json || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new(0);
-    let style = indicatif::ProgressStyle::with_template(
-        "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
-    )
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    bar.set_style(style);
-    Some(bar)
 }
 
 fn write_text(out: &mut impl Write, r: &LoadReport) -> std::io::Result<()> {
