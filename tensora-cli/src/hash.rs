@@ -90,12 +90,7 @@ fn finish(
             );
         }
     }
-    match print(args, ckpt, &manifest) {
-        Ok(()) => {}
-        // `tensora hash ... | head`: the reader left; that is not an error.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
-        Err(e) => return Err(e.into()),
-    }
+    crate::output::written(print(args, ckpt, &manifest))?;
     Ok(ExitCode::SUCCESS)
 }
 

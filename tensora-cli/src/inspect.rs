@@ -37,21 +37,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => {
             local = tensora_format::open(&args.path)?;
-            for w in local.warnings() {
-                eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
-            }
+            crate::output::print_warnings(&local);
             &local
         }
     };
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
     let written = if args.json { write_json(ckpt, &mut out) } else { write_text(ckpt, &mut out) };
-    match written.and_then(|()| out.flush()) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        // The reader went away (e.g. `| head`): not an error of ours.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(anyhow::Error::new(e).context("cannot write to stdout")),
-    }
+    crate::output::written(written.and_then(|()| out.flush()))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn tensors_per_file(ckpt: &Checkpoint) -> Vec<usize> {

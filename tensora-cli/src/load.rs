@@ -76,9 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // The format error names the path already.
     let ckpt = tensora_format::open(&args.path)?;
     let parse_seconds = t.elapsed().as_secs_f64();
-    for w in ckpt.warnings() {
-        eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
-    }
+    crate::output::print_warnings(&ckpt);
 
     let mut opts = LoadOptions {
         backend: args.backend.clone(),
@@ -119,12 +117,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     report.phases.parse = parse_seconds;
     report.finalize();
 
-    match print(&args, &report) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        // `tensora load ... | head`: the reader left; the load itself succeeded.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(e.into()),
-    }
+    crate::output::written(print(&args, &report))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Selection, budget and the progress bar: the options local and remote loads share.
@@ -200,11 +194,8 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
         }
         out.flush()
     })();
-    match printed {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(e.into()),
-    }
+    crate::output::written(printed)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print(args: &Args, report: &LoadReport) -> std::io::Result<()> {
