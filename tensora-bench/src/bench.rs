@@ -45,6 +45,7 @@ pub const AUTO: &str = "auto";
 pub struct BenchConfig {
     /// Where fixtures and reports go (e.g. `target/tensora-bench`).
     pub out_dir: PathBuf,
+    /// The fixture size to generate and measure.
     pub size: Size,
     /// Timed runs per cell, `1..=RUNS_MAX`.
     pub runs: usize,
@@ -52,6 +53,7 @@ pub struct BenchConfig {
     pub cold: bool,
     /// Only a subset of cells.
     pub quick: bool,
+    /// Seed of the generated fixture data.
     pub seed: u64,
 }
 
@@ -79,20 +81,29 @@ impl BenchConfig {
 /// Who is measured in a cell.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Subject {
-    /// The rooflines, measured before (`again: false`) and after (`again: true`) the loaders.
+    /// Warm roofline: `pread` into a fresh hugepage arena. The rooflines are measured before
+    /// (`again: false`) and after (`again: true`) the loaders.
     RooflineWarm {
+        /// The second pass, after the loaders.
         again: bool,
     },
+    /// Cold roofline: `O_DIRECT` reads on one io_uring ring.
     RooflineDirect {
+        /// The second pass, after the loaders.
         again: bool,
     },
+    /// Cold roofline: buffered `pread` with [`crate::roofline::COPY_THREADS`] threads.
     RooflineBuffered {
+        /// The second pass, after the loaders.
         again: bool,
     },
     /// A registered backend name, or [`AUTO`].
     Tensora(String),
+    /// Peer [`PEER_ST_READ`].
     PeerRead,
+    /// Peer [`PEER_ST_MMAP`].
     PeerMmap,
+    /// Peer [`PEER_PYTHON`].
     PeerPython,
 }
 
@@ -128,9 +139,13 @@ impl Subject {
 /// One cell to measure.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CellSpec {
+    /// Who is measured.
     pub subject: Subject,
+    /// Page cache state at the start of each run.
     pub cache: Cache,
+    /// Which tensors are loaded.
     pub scope: Scope,
+    /// Where the loaded bytes end up.
     pub mode: Mode,
 }
 
@@ -244,7 +259,9 @@ fn plan_cells_once(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Ve
 /// `usize` converts to that many timed runs after [`WARMUP_RUNS`] warm-ups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Runs {
+    /// Untimed runs first.
     pub warmup: usize,
+    /// Timed runs after them.
     pub timed: usize,
 }
 
@@ -443,7 +460,9 @@ pub fn build_report(
 /// Fixtures ready to measure.
 #[derive(Debug, Clone)]
 pub struct Prepared {
+    /// The fixtures on disk.
     pub fixtures: Vec<Fixture>,
+    /// What the report says of each (same order as `fixtures`).
     pub facts: Vec<FixtureFacts>,
     /// Fixtures that could not be produced, and why.
     pub skipped: Vec<(String, String)>,

@@ -34,7 +34,9 @@ pub const COLD_GOAL: f64 = 0.9;
 /// One paired comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pair {
+    /// The fixture measured.
     pub fixture: String,
+    /// Page cache state of both runs of each pair.
     pub cache: Cache,
     /// What the loader ran (`auto`'s choice of the last run).
     pub subject: String,
@@ -46,6 +48,7 @@ pub struct Pair {
     pub anchor_gbps: Vec<f64>,
     /// `subject / anchor` per pair.
     pub ratios: Vec<f64>,
+    /// The median ratio the loader must reach ([`WARM_GOAL`] or [`COLD_GOAL`]).
     pub goal: f64,
 }
 

@@ -27,6 +27,7 @@ pub enum Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Cache {
+    /// Files in the page cache (read once before the timed runs).
     Warm,
     /// Dropped before every run (and before the warm-up).
     Cold,
@@ -92,6 +93,7 @@ impl Mode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Status {
+    /// Run, with samples.
     Ok,
     /// Not run, for the stated reason (e.g. Python without safetensors).
     Skipped,
@@ -102,21 +104,30 @@ pub enum Status {
 /// One timed run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
+    /// Wall-clock seconds of the run.
     pub seconds: f64,
     /// Bytes of tensor data loaded (rooflines: file bytes read).
     pub bytes: u64,
+    /// `bytes` over `seconds`, in GB/s (10^9 bytes).
     pub gbps: f64,
 }
 
 /// Everything measured for one (fixture, subject, cache, scope, mode).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cell {
+    /// The fixture's name.
     pub fixture: String,
+    /// Who was measured: a backend name, `auto`, a peer or a roofline.
     pub subject: String,
+    /// What kind of subject that is.
     pub kind: Kind,
+    /// Page cache state at the start of each run.
     pub cache: Cache,
+    /// Which tensors were loaded.
     pub scope: Scope,
+    /// Where the loaded bytes ended up.
     pub mode: Mode,
+    /// Whether it ran.
     pub status: Status,
     /// Why it was skipped or how it failed.
     pub reason: Option<String>,
@@ -196,9 +207,13 @@ impl Cell {
 /// The machine the numbers came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Machine {
+    /// Kernel release (`/proc/sys/kernel/osrelease`).
     pub kernel: String,
+    /// CPU model name (`/proc/cpuinfo`).
     pub cpu_model: String,
+    /// Logical CPUs available to the process.
     pub cores: usize,
+    /// Physical memory (`MemTotal` of `/proc/meminfo`).
     pub mem_total_bytes: u64,
     /// `/sys/kernel/mm/transparent_hugepage/enabled`.
     pub transparent_hugepage: String,
@@ -260,20 +275,28 @@ fn filesystem_of(path: &std::path::Path) -> Option<String> {
 /// A generated (or reused) fixture.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FixtureFacts {
+    /// Directory name, also the name in the tables.
     pub name: String,
+    /// Where it lives.
     pub path: String,
+    /// Number of data files.
     pub files: usize,
+    /// Tensors over all files.
     pub tensors: u64,
+    /// Sum of tensor data bytes.
     pub data_len_bytes: u64,
+    /// Sum of file sizes (headers included).
     pub files_len_bytes: u64,
     /// Whether this run generated it (false: reused, manifest matched).
     pub generated: bool,
+    /// Time spent generating it (0 when reused).
     pub generate_seconds: f64,
 }
 
 /// The limits of one fixture.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rooflines {
+    /// The fixture's name.
     pub fixture: String,
     /// Best median of the warm rooflines (pread into hugepages).
     pub warm_gbps: Option<f64>,
@@ -286,12 +309,19 @@ pub struct Rooflines {
 /// How the run was configured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunFacts {
+    /// Fixture size (`small` or `full`).
     pub size: String,
+    /// Timed runs per cell.
     pub runs: usize,
+    /// Untimed warm-up runs before them.
     pub warmup_runs: usize,
+    /// Whether the cold cells ran.
     pub cold: bool,
+    /// Whether only the `--quick` subset ran.
     pub quick: bool,
+    /// Seed of the fixture data.
     pub seed: u64,
+    /// In-flight budget of the streaming cells.
     pub streaming_budget_bytes: u64,
     /// How cold runs dropped the page cache (`None` when no cold cell ran).
     pub cache_drop: Option<String>,
@@ -300,13 +330,19 @@ pub struct RunFacts {
 /// The whole result of a bench run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// [`SCHEMA_VERSION`] of this document.
     pub schema_version: u32,
+    /// How the run was configured.
     pub run: RunFacts,
+    /// The machine it ran on.
     pub machine: Machine,
+    /// The fixtures measured.
     pub fixtures: Vec<FixtureFacts>,
     /// Fixtures that could not be produced, with the reason.
     pub fixtures_skipped: Vec<(String, String)>,
+    /// Each fixture's rooflines (from its roofline cells).
     pub rooflines: Vec<Rooflines>,
+    /// Every measured (or skipped, or failed) cell.
     pub cells: Vec<Cell>,
     /// Paired acceptance runs (see [`crate::paired`]).
     #[serde(default)]
