@@ -185,7 +185,8 @@ impl Cell {
         self
     }
 
-    fn median(&self) -> Option<f64> {
+    /// Median GB/s of the samples.
+    pub(crate) fn median(&self) -> Option<f64> {
         self.gbps.map(|s| s.median)
     }
 
@@ -410,6 +411,18 @@ impl Report {
     /// The Markdown report: run facts, then one table per fixture.
     pub fn to_markdown(&self) -> String {
         let mut s = String::new();
+        self.markdown_facts(&mut s);
+        if !self.pairs.is_empty() {
+            self.markdown_pairs(&mut s);
+        }
+        for f in &self.fixtures {
+            self.markdown_fixture(f, &mut s);
+        }
+        s
+    }
+
+    /// The title, the machine, the run's configuration and the fixtures that were skipped.
+    fn markdown_facts(&self, s: &mut String) {
         let m = &self.machine;
         let _ = writeln!(s, "# Tensora bench\n");
         let _ = writeln!(
@@ -437,193 +450,66 @@ impl Report {
         for (name, why) in &self.fixtures_skipped {
             let _ = writeln!(s, "Fixture `{name}` skipped: {why}.  ");
         }
-        if !self.pairs.is_empty() {
-            s.push_str(
-                "\n## Acceptance, paired runs\n\nThe loader and its roofline alternately, back to back, \
-                 order alternating; the ratio is taken per pair, so drift within the run cancels.\n\n",
-            );
-            s.push_str("| fixture | cache | loader | loader GB/s | anchor | anchor GB/s | ratio median (min..max) | goal |\n");
-            s.push_str("|---|---|---|---:|---|---:|---:|---|\n");
-            let fmt = |v: &[f64]| {
-                crate::stats::Summary::of(v)
-                    .map_or("-".to_string(), |g| format!("{:.2} ({:.2}..{:.2})", g.median, g.min, g.max))
-            };
-            for p in &self.pairs {
-                let verdict = match p.met() {
-                    Some(true) => "met",
-                    Some(false) => "missed",
-                    None => "no data",
-                };
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {} | {} | {} | {} | {} | {:.2}: {verdict} |",
-                    p.fixture,
-                    p.cache.as_str(),
-                    p.subject,
-                    fmt(&p.subject_gbps),
-                    p.anchor,
-                    fmt(&p.anchor_gbps),
-                    fmt(&p.ratios),
-                    p.goal
-                );
-            }
-        }
-        for f in &self.fixtures {
-            let cells: Vec<&Cell> = self.cells.iter().filter(|c| c.fixture == f.name).collect();
-            if cells.is_empty() {
-                continue;
-            }
-            let _ = writeln!(
-                s,
-                "\n## {} — {} tensors in {} file(s), {:.3} GB of tensor data\n",
-                f.name,
-                f.tensors,
-                f.files,
-                f.data_len_bytes as f64 / 1e9
-            );
-            if let Some(rl) = self.rooflines.iter().find(|r| r.fixture == f.name) {
-                let _ = writeln!(
-                    s,
-                    "Warm roofline {}; device roofline {}{}.\n",
-                    fmt_gbps(rl.warm_gbps),
-                    fmt_gbps(rl.device_gbps),
-                    rl.device_subject.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
-                );
-            }
-            s.push_str("| subject | cache | scope | mode | median GB/s | min | max | vs roofline | note |\n");
-            s.push_str("|---|---|---|---|---:|---:|---:|---:|---|\n");
-            for c in cells {
-                let (median, min, max) = match c.gbps {
-                    Some(g) => (format!("{:.2}", g.median), format!("{:.2}", g.min), format!("{:.2}", g.max)),
-                    None => ("-".to_string(), "-".to_string(), "-".to_string()),
-                };
-                let vs = c.ratio.map_or("-".to_string(), |r| format!("{:.0} %", r * 100.0));
-                let note = match c.status {
-                    Status::Ok => c.chosen_backend().map(|b| format!("ran {b}")).unwrap_or_default(),
-                    Status::Skipped => format!("skipped: {}", c.reason.as_deref().unwrap_or("")),
-                    Status::Failed => format!("FAILED: {}", c.reason.as_deref().unwrap_or("")),
-                };
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {} | {} | {median} | {min} | {max} | {vs} | {} |",
-                    c.subject,
-                    c.cache.as_str(),
-                    c.scope.as_str(),
-                    c.mode.as_str(),
-                    note.replace('|', "/").replace('\n', " ")
-                );
-            }
-        }
-        s
     }
 
-    /// Grouped bars (warm and cold median GB/s per backend and peer, full scope, owned mode) for
-    /// `fixture`, with the warm and device rooflines as horizontal lines, as an SVG document.
-    pub fn to_svg(&self, fixture: &str) -> Result<String> {
-        use plotters::prelude::*;
-
-        let chart_cells: Vec<&Cell> = self
-            .cells
-            .iter()
-            .filter(|c| c.fixture == fixture && c.kind != Kind::Roofline)
-            .filter(|c| c.scope == Scope::Full && c.mode == Mode::Owned && c.median().is_some())
-            .collect();
-        let mut subjects: Vec<&str> = Vec::new();
-        for c in &chart_cells {
-            if !subjects.contains(&c.subject.as_str()) {
-                subjects.push(&c.subject);
-            }
-        }
-        let value = |subject: &str, cache: Cache| {
-            chart_cells.iter().find(|c| c.subject == subject && c.cache == cache).and_then(|c| c.median())
+    /// The acceptance table of the paired runs.
+    fn markdown_pairs(&self, s: &mut String) {
+        s.push_str(
+            "\n## Acceptance, paired runs\n\nThe loader and its roofline alternately, back to back, \
+             order alternating; the ratio is taken per pair, so drift within the run cancels.\n\n",
+        );
+        s.push_str("| fixture | cache | loader | loader GB/s | anchor | anchor GB/s | ratio median (min..max) | goal |\n");
+        s.push_str("|---|---|---|---:|---|---:|---:|---|\n");
+        let fmt = |v: &[f64]| {
+            crate::stats::Summary::of(v)
+                .map_or("-".to_string(), |g| format!("{:.2} ({:.2}..{:.2})", g.median, g.min, g.max))
         };
-        let rl = self.rooflines.iter().find(|r| r.fixture == fixture);
-        let (warm_rl, device_rl) = (rl.and_then(|r| r.warm_gbps), rl.and_then(|r| r.device_gbps));
-        let top = chart_cells
-            .iter()
-            .filter_map(|c| c.median())
-            .chain(warm_rl)
-            .chain(device_rl)
-            .fold(0.0f64, f64::max)
-            .max(0.1)
-            * 1.15;
-        let n = subjects.len().max(1) as u32;
-
-        let mut svg = String::new();
-        {
-            let root = SVGBackend::with_string(&mut svg, (160 * n + 200, 520)).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let mut chart = ChartBuilder::on(&root)
-                .caption(
-                    format!("Tensora bench: {fixture}, full load (GB/s, higher is better)"),
-                    ("sans-serif", 20),
-                )
-                .margin(12)
-                .x_label_area_size(60)
-                .y_label_area_size(60)
-                .build_cartesian_2d((0u32..n - 1).into_segmented(), 0f64..top)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let labels: Vec<String> = subjects.iter().map(|s| s.to_string()).collect();
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .x_labels(n as usize + 1)
-                .x_label_formatter(&|v| match v {
-                    SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
-                    _ => String::new(),
-                })
-                .y_desc("GB/s (median)")
-                .draw()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let warm_color = RGBColor(232, 120, 40);
-            let cold_color = RGBColor(40, 100, 180);
-            for (cache, color) in [(Cache::Warm, warm_color), (Cache::Cold, cold_color)] {
-                let bars: Vec<Rectangle<(SegmentValue<u32>, f64)>> = subjects
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, s)| value(s, cache).map(|v| (i as u32, v)))
-                    .map(|(i, v)| {
-                        let (left, right) = match cache {
-                            Cache::Warm => (SegmentValue::Exact(i), SegmentValue::CenterOf(i)),
-                            Cache::Cold => (SegmentValue::CenterOf(i), SegmentValue::Exact(i + 1)),
-                        };
-                        let mut bar = Rectangle::new([(left, 0.0), (right, v)], color.filled());
-                        match cache {
-                            Cache::Warm => bar.set_margin(0, 0, 14, 1),
-                            Cache::Cold => bar.set_margin(0, 0, 1, 14),
-                        };
-                        bar
-                    })
-                    .collect();
-                chart
-                    .draw_series(bars)
-                    .map_err(|e| anyhow::anyhow!("{e}"))?
-                    .label(cache.as_str())
-                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
-            }
-            let lines = [("warm roofline", warm_rl, warm_color), ("device roofline", device_rl, cold_color)];
-            for (label, level, color) in lines {
-                let Some(level) = level else { continue };
-                let style = ShapeStyle { color: color.to_rgba(), filled: false, stroke_width: 2 };
-                chart
-                    .draw_series(LineSeries::new(
-                        [(SegmentValue::Exact(0), level), (SegmentValue::Exact(n), level)],
-                        style,
-                    ))
-                    .map_err(|e| anyhow::anyhow!("{e}"))?
-                    .label(format!("{label} {level:.2} GB/s"))
-                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], style));
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        for p in &self.pairs {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {:.2}: {} |",
+                p.fixture,
+                p.cache.as_str(),
+                p.subject,
+                fmt(&p.subject_gbps),
+                p.anchor,
+                fmt(&p.anchor_gbps),
+                fmt(&p.ratios),
+                p.goal,
+                p.verdict()
+            );
         }
-        Ok(svg)
+    }
+
+    /// One fixture's section: its size, its rooflines and a row per cell (nothing when it has no
+    /// cells).
+    fn markdown_fixture(&self, f: &FixtureFacts, s: &mut String) {
+        let cells: Vec<&Cell> = self.cells.iter().filter(|c| c.fixture == f.name).collect();
+        if cells.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\n## {} — {} tensors in {} file(s), {:.3} GB of tensor data\n",
+            f.name,
+            f.tensors,
+            f.files,
+            f.data_len_bytes as f64 / 1e9
+        );
+        if let Some(rl) = self.rooflines.iter().find(|r| r.fixture == f.name) {
+            let _ = writeln!(
+                s,
+                "Warm roofline {}; device roofline {}{}.\n",
+                fmt_gbps(rl.warm_gbps),
+                fmt_gbps(rl.device_gbps),
+                rl.device_subject.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
+            );
+        }
+        s.push_str("| subject | cache | scope | mode | median GB/s | min | max | vs roofline | note |\n");
+        s.push_str("|---|---|---|---|---:|---:|---:|---:|---|\n");
+        for c in cells {
+            let _ = writeln!(s, "{}", markdown_row(c));
+        }
     }
 
     /// Pretty JSON.
@@ -634,6 +520,28 @@ impl Report {
 
 fn fmt_gbps(v: Option<f64>) -> String {
     v.map_or("not measured".to_string(), |v| format!("{v:.2} GB/s"))
+}
+
+/// A cell's row in its fixture's table (pipes and line breaks in the note made harmless).
+fn markdown_row(c: &Cell) -> String {
+    let (median, min, max) = match c.gbps {
+        Some(g) => (format!("{:.2}", g.median), format!("{:.2}", g.min), format!("{:.2}", g.max)),
+        None => ("-".to_string(), "-".to_string(), "-".to_string()),
+    };
+    let vs = c.ratio.map_or("-".to_string(), |r| format!("{:.0} %", r * 100.0));
+    let note = match c.status {
+        Status::Ok => c.chosen_backend().map(|b| format!("ran {b}")).unwrap_or_default(),
+        Status::Skipped => format!("skipped: {}", c.reason.as_deref().unwrap_or("")),
+        Status::Failed => format!("FAILED: {}", c.reason.as_deref().unwrap_or("")),
+    };
+    format!(
+        "| {} | {} | {} | {} | {median} | {min} | {max} | {vs} | {} |",
+        c.subject,
+        c.cache.as_str(),
+        c.scope.as_str(),
+        c.mode.as_str(),
+        note.replace('|', "/").replace('\n', " ")
+    )
 }
 
 #[cfg(test)]
