@@ -6,10 +6,14 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <test|bench|fixtures|fuzz> [options]
+mod selfcheck;
 
-  test                 fmt check, clippy -D warnings, every test (unit, integration, doc), quick bench,
-                       Python binding tests (tensora-py/run-tests.sh)
+const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [options]
+
+  test                 selfcheck, fmt check, clippy -D warnings, every test (unit, integration, doc),
+                       quick bench, Python binding tests (tensora-py/run-tests.sh)
+  selfcheck            fail if a tracked code, script or config file refers to a path outside the
+                       repository (see xtask/src/selfcheck.rs for the rules)
   bench [OPTIONS]      build tensora-bench in release mode and run it; writes
                        target/tensora-bench/report.{md,json,svg}
       --quick          small fixtures, 3 runs, a subset of the cells; reports go to
@@ -39,6 +43,7 @@ fn main() -> ExitCode {
     let rest = args.get(1..).unwrap_or(&[]);
     let result = match args.first().map(String::as_str) {
         Some("test") => test(rest),
+        Some("selfcheck") => no_arguments("selfcheck", rest).and_then(|()| selfcheck::run(&workspace_root())),
         Some("bench") => bench(rest),
         Some("fixtures") => fixtures(rest),
         Some("fuzz") => fuzz(rest),
@@ -87,10 +92,20 @@ fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
 }
 
-fn test(args: &[String]) -> Result<()> {
-    if let Some(extra) = args.first() {
-        bail!("`cargo xtask test` takes no arguments, got {extra:?}");
+/// Refuse arguments to a command that takes none.
+fn no_arguments(command: &str, args: &[String]) -> Result<()> {
+    match args.first() {
+        Some(extra) => bail!("`cargo xtask {command}` takes no arguments, got {extra:?}"),
+        None => Ok(()),
     }
+}
+
+fn test(args: &[String]) -> Result<()> {
+    no_arguments("test", args)?;
+    // First, before the workspace is built: a test that reads outside the repository passes here
+    // and fails on every other machine.
+    eprintln!("$ cargo xtask selfcheck");
+    selfcheck::run(&workspace_root())?;
     let cargo = cargo();
     run(&cargo, &["fmt", "--all", "--", "--check"])?;
     run(&cargo, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
@@ -287,6 +302,13 @@ mod tests {
         assert!(remote_bench_args(&strings(&["--remote", "--quick"])).is_err());
         assert!(remote_bench_args(&strings(&["--remote", "--runs", "0"])).is_err());
         assert!(remote_bench_args(&strings(&["--remote", "--runs"])).is_err());
+    }
+
+    #[test]
+    fn test_and_selfcheck_take_no_arguments() {
+        assert!(no_arguments("selfcheck", &[]).is_ok());
+        let e = no_arguments("test", &strings(&["--quick"])).unwrap_err();
+        assert_eq!(e.to_string(), "`cargo xtask test` takes no arguments, got \"--quick\"");
     }
 
     #[test]
