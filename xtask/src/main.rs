@@ -118,8 +118,18 @@ fn test(args: &[String]) -> Result<()> {
     run("bash", &[script.to_str().context("non-UTF-8 path")?])
 }
 
+/// What a run of the tensora-bench binary does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BenchRun {
+    /// Generate the fixtures, then measure (`cargo xtask bench`).
+    Measure,
+    /// Only generate (or check) the fixtures (`cargo xtask fixtures`).
+    FixturesOnly,
+}
+
 /// Check the bench options and return them as tensora-bench arguments.
-fn bench_args(args: &[String], fixtures_only: bool) -> Result<Vec<String>> {
+fn bench_args(args: &[String], what: BenchRun) -> Result<Vec<String>> {
+    let fixtures_only = what == BenchRun::FixturesOnly;
     let mut out = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -169,7 +179,7 @@ fn bench(args: &[String]) -> Result<()> {
         let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
         return run(&cargo(), &cmd);
     }
-    run_bench_binary(bench_args(args, false)?)
+    run_bench_binary(bench_args(args, BenchRun::Measure)?)
 }
 
 /// The options of `bench --remote` (only `--runs N` besides the flag itself), as arguments of
@@ -203,7 +213,7 @@ fn target_dir() -> PathBuf {
 }
 
 fn fixtures(args: &[String]) -> Result<()> {
-    run_bench_binary(bench_args(args, true)?)
+    run_bench_binary(bench_args(args, BenchRun::FixturesOnly)?)
 }
 
 /// `cargo xtask fuzz [TARGET] [--seconds N]`.
@@ -277,19 +287,22 @@ mod tests {
 
     #[test]
     fn bench_options_pass_through_and_bad_ones_fail() {
-        let a =
-            bench_args(&strings(&["--quick", "--size", "full", "--runs", "7", "--no-cold"]), false).unwrap();
+        let a = bench_args(
+            &strings(&["--quick", "--size", "full", "--runs", "7", "--no-cold"]),
+            BenchRun::Measure,
+        )
+        .unwrap();
         assert_eq!(a, strings(&["--quick", "--size", "full", "--runs", "7", "--no-cold"]));
-        assert!(bench_args(&strings(&["--size", "huge"]), false).is_err());
-        assert!(bench_args(&strings(&["--size"]), false).is_err());
-        assert!(bench_args(&strings(&["--runs", "0"]), false).is_err());
-        assert!(bench_args(&strings(&["--runs", "x"]), false).is_err());
-        assert!(bench_args(&strings(&["--remote"]), false).is_err());
+        assert!(bench_args(&strings(&["--size", "huge"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--size"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--runs", "0"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--runs", "x"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--remote"]), BenchRun::Measure).is_err());
         assert_eq!(
-            bench_args(&strings(&["--size", "small"]), true).unwrap(),
+            bench_args(&strings(&["--size", "small"]), BenchRun::FixturesOnly).unwrap(),
             strings(&["--size", "small", "--fixtures-only"])
         );
-        assert!(bench_args(&strings(&["--quick"]), true).is_err());
+        assert!(bench_args(&strings(&["--quick"]), BenchRun::FixturesOnly).is_err());
     }
 
     #[test]
