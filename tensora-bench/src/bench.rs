@@ -7,12 +7,11 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use crate::cache::{CacheDropper, DropMethod};
+pub use crate::cells::{CellSpec, Subject, plan_cells};
 use crate::fixtures::{self, Fixture, Size};
 use crate::peers;
 use crate::report::{
-    Cache, Cell, FixtureFacts, Kind, Machine, Mode, ROOFLINE_BUFFERED, ROOFLINE_BUFFERED_AGAIN,
-    ROOFLINE_DIRECT, ROOFLINE_DIRECT_AGAIN, ROOFLINE_WARM, ROOFLINE_WARM_AGAIN, Report, RunFacts,
-    SCHEMA_VERSION, Sample, Scope,
+    Cache, Cell, FixtureFacts, Machine, Mode, Report, RunFacts, SCHEMA_VERSION, Sample, Scope,
 };
 use crate::roofline::{self, ReadBuffers};
 use crate::stats::gbps;
@@ -45,6 +44,7 @@ pub const AUTO: &str = "auto";
 pub struct BenchConfig {
     /// Where fixtures and reports go (e.g. `target/tensora-bench`).
     pub out_dir: PathBuf,
+    /// The fixture size to generate and measure.
     pub size: Size,
     /// Timed runs per cell, `1..=RUNS_MAX`.
     pub runs: usize,
@@ -52,6 +52,7 @@ pub struct BenchConfig {
     pub cold: bool,
     /// Only a subset of cells.
     pub quick: bool,
+    /// Seed of the generated fixture data.
     pub seed: u64,
 }
 
@@ -76,175 +77,38 @@ impl BenchConfig {
     }
 }
 
-/// Who is measured in a cell.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Subject {
-    /// The rooflines, measured before (`again: false`) and after (`again: true`) the loaders.
-    RooflineWarm {
-        again: bool,
-    },
-    RooflineDirect {
-        again: bool,
-    },
-    RooflineBuffered {
-        again: bool,
-    },
-    /// A registered backend name, or [`AUTO`].
-    Tensora(String),
-    PeerRead,
-    PeerMmap,
-    PeerPython,
-}
-
-impl Subject {
-    /// Name in reports.
-    pub fn name(&self) -> &str {
-        match self {
-            Subject::RooflineWarm { again: false } => ROOFLINE_WARM,
-            Subject::RooflineDirect { again: false } => ROOFLINE_DIRECT,
-            Subject::RooflineBuffered { again: false } => ROOFLINE_BUFFERED,
-            Subject::RooflineWarm { again: true } => ROOFLINE_WARM_AGAIN,
-            Subject::RooflineDirect { again: true } => ROOFLINE_DIRECT_AGAIN,
-            Subject::RooflineBuffered { again: true } => ROOFLINE_BUFFERED_AGAIN,
-            Subject::Tensora(name) => name,
-            Subject::PeerRead => PEER_ST_READ,
-            Subject::PeerMmap => PEER_ST_MMAP,
-            Subject::PeerPython => PEER_PYTHON,
+#[cfg(test)]
+impl BenchConfig {
+    /// Tests: a full run (every cell, cold ones too) of small fixtures, 3 runs.
+    pub(crate) fn full_for_tests() -> BenchConfig {
+        BenchConfig {
+            out_dir: PathBuf::from("unused"),
+            size: Size::Small,
+            runs: 3,
+            cold: true,
+            quick: false,
+            seed: fixtures::DEFAULT_SEED,
         }
     }
 
-    /// Kind in reports.
-    pub fn kind(&self) -> Kind {
-        match self {
-            Subject::RooflineWarm { .. }
-            | Subject::RooflineDirect { .. }
-            | Subject::RooflineBuffered { .. } => Kind::Roofline,
-            Subject::Tensora(_) => Kind::Backend,
-            Subject::PeerRead | Subject::PeerMmap | Subject::PeerPython => Kind::Peer,
-        }
+    /// Tests: [`BenchConfig::full_for_tests`] with `--quick`.
+    pub(crate) fn quick_for_tests() -> BenchConfig {
+        BenchConfig { quick: true, ..BenchConfig::full_for_tests() }
     }
-}
 
-/// One cell to measure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CellSpec {
-    pub subject: Subject,
-    pub cache: Cache,
-    pub scope: Scope,
-    pub mode: Mode,
-}
-
-impl CellSpec {
-    fn new(subject: Subject, cache: Cache, scope: Scope, mode: Mode) -> CellSpec {
-        CellSpec { subject, cache, scope, mode }
+    /// Tests: [`BenchConfig::full_for_tests`] with `--no-cold`.
+    pub(crate) fn warm_only_for_tests() -> BenchConfig {
+        BenchConfig { cold: false, ..BenchConfig::full_for_tests() }
     }
-}
-
-/// The cells to measure on `fixture`, in order: rooflines, Tensora (`backends` and [`AUTO`]),
-/// peers, then the rooflines again (except with `--quick`): a virtual disk's speed drifts within a
-/// run, and the better pass is the roofline. Cold cells only when `config.cold`.
-pub fn plan_cells(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Vec<CellSpec> {
-    let mut cells = plan_cells_once(config, fixture, backends);
-    if !config.quick {
-        let again: Vec<CellSpec> = cells
-            .iter()
-            .filter_map(|c| {
-                let subject = match c.subject {
-                    Subject::RooflineWarm { again: false } => Subject::RooflineWarm { again: true },
-                    Subject::RooflineDirect { again: false } => Subject::RooflineDirect { again: true },
-                    Subject::RooflineBuffered { again: false } => Subject::RooflineBuffered { again: true },
-                    _ => return None,
-                };
-                Some(CellSpec { subject, ..c.clone() })
-            })
-            .collect();
-        cells.extend(again);
-    }
-    cells
-}
-
-fn plan_cells_once(config: &BenchConfig, fixture: &str, backends: &[&str]) -> Vec<CellSpec> {
-    use Cache::{Cold, Warm};
-    use Mode::{Owned, Raw, Streaming};
-    use Scope::{Full, Partial};
-    let mut cells = vec![CellSpec::new(Subject::RooflineWarm { again: false }, Warm, Full, Raw)];
-    // Quick runs measure cold only on the main fixture: each cold run empties the page cache.
-    if config.cold && (!config.quick || fixture == fixtures::TINYLLAMA) {
-        cells.push(CellSpec::new(Subject::RooflineDirect { again: false }, Cold, Full, Raw));
-        cells.push(CellSpec::new(Subject::RooflineBuffered { again: false }, Cold, Full, Raw));
-    }
-    let caches: &[Cache] = if config.cold { &[Warm, Cold] } else { &[Warm] };
-    // The peers read safetensors only.
-    let peers = fixture != fixtures::TINYLLAMA_SLLM;
-    let mut names: Vec<String> = backends.iter().map(|b| b.to_string()).collect();
-    names.push(AUTO.to_string());
-    if config.quick {
-        // Quick: every backend once (warm, full, owned); auto across the other axes; peers warm.
-        let main = fixture == fixtures::TINYLLAMA;
-        let tensora = |n: &str| Subject::Tensora(n.to_string());
-        if main {
-            for n in &names {
-                cells.push(CellSpec::new(tensora(n), Warm, Full, Owned));
-            }
-            cells.push(CellSpec::new(tensora(AUTO), Warm, Partial, Owned));
-            cells.push(CellSpec::new(tensora(AUTO), Warm, Full, Streaming));
-            if config.cold {
-                cells.push(CellSpec::new(tensora(AUTO), Cold, Full, Owned));
-            }
-            cells.push(CellSpec::new(Subject::PeerRead, Warm, Full, Owned));
-            cells.push(CellSpec::new(Subject::PeerMmap, Warm, Full, Owned));
-            cells.push(CellSpec::new(Subject::PeerPython, Warm, Full, Owned));
-        } else {
-            cells.push(CellSpec::new(tensora(AUTO), Warm, Full, Owned));
-            if peers {
-                cells.push(CellSpec::new(Subject::PeerRead, Warm, Full, Owned));
-            }
-        }
-        return cells;
-    }
-    // The main fixture gets the whole matrix; the others every backend on a full owned load, and
-    // `auto` on the other axes, which keeps a full run near a quarter of an hour here.
-    let main = fixture == fixtures::TINYLLAMA;
-    for n in &names {
-        for &cache in caches {
-            for scope in [Full, Partial] {
-                for mode in [Owned, Streaming] {
-                    let wanted = main || n == AUTO || (scope == Full && mode == Owned);
-                    if wanted {
-                        cells.push(CellSpec::new(Subject::Tensora(n.clone()), cache, scope, mode));
-                    }
-                }
-            }
-        }
-    }
-    if main {
-        // Zero-copy views, for the comparison with peers that map (and with `fs::read`).
-        for &cache in caches {
-            cells.push(CellSpec::new(Subject::Tensora(AUTO.to_string()), cache, Full, Mode::Mapped));
-        }
-    }
-    if !peers {
-        return cells;
-    }
-    let peer_scopes: &[Scope] = if main { &[Full, Partial] } else { &[Full] };
-    for peer in [Subject::PeerRead, Subject::PeerMmap] {
-        for &cache in caches {
-            for &scope in peer_scopes {
-                cells.push(CellSpec::new(peer.clone(), cache, scope, Owned));
-            }
-        }
-    }
-    for &cache in caches {
-        cells.push(CellSpec::new(Subject::PeerPython, cache, Full, Owned));
-    }
-    cells
 }
 
 /// How many times to run a measured body: `warmup` untimed runs, then `timed` ones. A plain
 /// `usize` converts to that many timed runs after [`WARMUP_RUNS`] warm-ups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Runs {
+    /// Untimed runs first.
     pub warmup: usize,
+    /// Timed runs after them.
     pub timed: usize,
 }
 
@@ -443,7 +307,9 @@ pub fn build_report(
 /// Fixtures ready to measure.
 #[derive(Debug, Clone)]
 pub struct Prepared {
+    /// The fixtures on disk.
     pub fixtures: Vec<Fixture>,
+    /// What the report says of each (same order as `fixtures`).
     pub facts: Vec<FixtureFacts>,
     /// Fixtures that could not be produced, and why.
     pub skipped: Vec<(String, String)>,
@@ -647,96 +513,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn config(quick: bool, cold: bool) -> BenchConfig {
-        BenchConfig {
-            out_dir: PathBuf::from("unused"),
-            size: Size::Small,
-            runs: 3,
-            cold,
-            quick,
-            seed: fixtures::DEFAULT_SEED,
-        }
-    }
-
-    const BACKENDS: [&str; 4] = ["sync", "mmap", "io-uring", "async"];
-
-    #[test]
-    fn full_plan_covers_every_axis() {
-        let cells = plan_cells(&config(false, true), fixtures::TINYLLAMA, &BACKENDS);
-        // Rooflines first.
-        assert_eq!(cells[0].subject, Subject::RooflineWarm { again: false });
-        assert_eq!(cells[1].subject, Subject::RooflineDirect { again: false });
-        assert_eq!(cells[2].subject, Subject::RooflineBuffered { again: false });
-        // ... and last, measured again.
-        let n = cells.len();
-        assert_eq!(cells[n - 3].subject, Subject::RooflineWarm { again: true });
-        assert_eq!(cells[n - 2].subject, Subject::RooflineDirect { again: true });
-        assert_eq!(cells[n - 1].subject, Subject::RooflineBuffered { again: true });
-        assert!(cells[3..n - 3].iter().all(|c| c.subject.kind() != Kind::Roofline));
-        // (4 backends + auto) × warm/cold × full/partial × owned/streaming, plus auto mapped
-        // warm and cold.
-        let tensora = cells.iter().filter(|c| matches!(c.subject, Subject::Tensora(_))).count();
-        assert_eq!(tensora, 5 * 2 * 2 * 2 + 2);
-        for cache in [Cache::Warm, Cache::Cold] {
-            let want = CellSpec::new(Subject::Tensora(AUTO.to_string()), cache, Scope::Full, Mode::Mapped);
-            assert!(cells.contains(&want), "{want:?}");
-        }
-        for b in BACKENDS.iter().chain([&AUTO]) {
-            for cache in [Cache::Warm, Cache::Cold] {
-                for scope in [Scope::Full, Scope::Partial] {
-                    for mode in [Mode::Owned, Mode::Streaming] {
-                        let want = CellSpec::new(Subject::Tensora(b.to_string()), cache, scope, mode);
-                        assert!(cells.contains(&want), "{want:?}");
-                    }
-                }
-            }
-        }
-        // Peers: 2 Rust peers × 2 caches × 2 scopes, Python × 2 caches.
-        assert_eq!(cells.iter().filter(|c| c.subject.kind() == Kind::Peer).count(), 8 + 2);
-        // No duplicates.
-        for (i, c) in cells.iter().enumerate() {
-            assert!(!cells[i + 1..].contains(c), "duplicate {c:?}");
-        }
-    }
-
-    #[test]
-    fn other_fixtures_run_every_backend_once_per_cache_and_auto_everywhere() {
-        let cells = plan_cells(&config(false, true), fixtures::SINGLE_FILE, &BACKENDS);
-        for b in BACKENDS {
-            let mine: Vec<_> =
-                cells.iter().filter(|c| c.subject == Subject::Tensora(b.to_string())).collect();
-            assert_eq!(mine.len(), 2, "{b}");
-            assert!(mine.iter().all(|c| c.scope == Scope::Full && c.mode == Mode::Owned));
-        }
-        let auto = cells.iter().filter(|c| c.subject == Subject::Tensora(AUTO.to_string())).count();
-        assert_eq!(auto, 8);
-        assert_eq!(cells.iter().filter(|c| c.subject.kind() == Kind::Peer).count(), 4 + 2);
-    }
-
-    #[test]
-    fn no_cold_means_no_cold_cells_and_sllm_has_no_peers() {
-        let cells = plan_cells(&config(false, false), fixtures::TINYLLAMA, &BACKENDS);
-        assert!(cells.iter().all(|c| c.cache == Cache::Warm));
-        let sllm = plan_cells(&config(false, true), fixtures::TINYLLAMA_SLLM, &BACKENDS);
-        assert!(sllm.iter().all(|c| c.subject.kind() != Kind::Peer));
-        assert!(sllm.iter().any(|c| c.cache == Cache::Cold));
-    }
-
-    #[test]
-    fn quick_plan_is_a_small_subset() {
-        let full = plan_cells(&config(false, true), fixtures::TINYLLAMA, &BACKENDS);
-        let quick = plan_cells(&config(true, true), fixtures::TINYLLAMA, &BACKENDS);
-        assert!(quick.len() < full.len() / 2);
-        assert!(quick.iter().all(|c| full.contains(c)));
-        // Every backend still runs once.
-        for b in BACKENDS.iter().chain([&AUTO]) {
-            assert!(quick.iter().any(|c| c.subject == Subject::Tensora(b.to_string())));
-        }
-        let other = plan_cells(&config(true, true), fixtures::MANY_SMALL, &BACKENDS);
-        assert_eq!(other.len(), 3);
-        assert!(other.iter().all(|c| c.cache == Cache::Warm));
-    }
-
     #[test]
     fn measure_drops_the_warm_up_and_keeps_every_run() {
         let mut calls = 0u64;
@@ -760,17 +536,19 @@ mod tests {
 
     #[test]
     fn quick_reports_do_not_overwrite_full_ones() {
-        assert_eq!(config(false, true).report_dir(), PathBuf::from("unused"));
-        assert_eq!(config(true, true).report_dir(), PathBuf::from("unused/quick"));
+        let (full, quick) = (BenchConfig::full_for_tests(), BenchConfig::quick_for_tests());
+        assert_eq!(full.report_dir(), PathBuf::from("unused"));
+        assert_eq!(quick.report_dir(), PathBuf::from("unused/quick"));
         // Fixtures are shared by size, whatever the mode.
-        assert_eq!(config(true, true).fixtures_dir(), config(false, true).fixtures_dir());
+        assert_eq!(quick.fixtures_dir(), full.fixtures_dir());
     }
 
     #[test]
     fn runs_are_bounded() {
-        assert!(config(false, false).validate().is_ok());
-        assert!(BenchConfig { runs: 0, ..config(false, false) }.validate().is_err());
-        assert!(BenchConfig { runs: RUNS_MAX + 1, ..config(false, false) }.validate().is_err());
+        let config = BenchConfig::warm_only_for_tests;
+        assert!(config().validate().is_ok());
+        assert!(BenchConfig { runs: 0, ..config() }.validate().is_err());
+        assert!(BenchConfig { runs: RUNS_MAX + 1, ..config() }.validate().is_err());
     }
 
     proptest! {

@@ -48,9 +48,13 @@ impl Size {
 /// The dimensions of a Llama-style decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LlamaDims {
+    /// Vocabulary size (rows of the embedding and the LM head).
     pub vocab: u64,
+    /// Hidden size (width of the residual stream).
     pub hidden: u64,
+    /// Width of the MLP's gate and up projections.
     pub intermediate: u64,
+    /// Decoder layers.
     pub layers: u64,
     /// Width of the K and V projections (`kv_heads × head_dim`).
     pub kv_dim: u64,
@@ -137,7 +141,9 @@ pub fn split_shards(tensors: &[TensorDef], shards: usize) -> Vec<Vec<TensorDef>>
 /// One file of a fixture.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileSpec {
+    /// File name inside the fixture directory.
     pub file_name: String,
+    /// The tensors, in file order.
     pub tensors: Vec<TensorDef>,
 }
 
@@ -146,6 +152,7 @@ pub struct FileSpec {
 pub struct FixtureSpec {
     /// Directory name, also the name used in reports.
     pub name: String,
+    /// The files, in order.
     pub files: Vec<FileSpec>,
     /// Write `model.safetensors.index.json`.
     pub index: bool,
@@ -213,24 +220,33 @@ pub fn specs(size: Size, seed: u64) -> Vec<FixtureSpec> {
 /// What a complete fixture directory holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
+    /// [`GENERATOR_VERSION`] that wrote the fixture.
     pub generator_version: u32,
+    /// The size the fixture was generated for.
     pub size: Size,
+    /// Seed of its data.
     pub seed: u64,
+    /// The fixture's name (its directory).
     pub name: String,
+    /// Tensors over all files.
     pub tensors: u64,
+    /// Every file with its length.
     pub files: Vec<ManifestFile>,
 }
 
 /// One file in a [`Manifest`], relative to the fixture directory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestFile {
+    /// Path relative to the fixture directory.
     pub path: String,
+    /// File size.
     pub len_bytes: u64,
 }
 
 /// A fixture on disk, ready to load.
 #[derive(Debug, Clone)]
 pub struct Fixture {
+    /// Directory name, also the name used in reports.
     pub name: String,
     /// The directory holding the fixture.
     pub dir: PathBuf,
@@ -238,6 +254,7 @@ pub struct Fixture {
     pub open_path: PathBuf,
     /// The data files (what a cold cache must drop and a roofline must read).
     pub data_files: Vec<PathBuf>,
+    /// Tensors over all files.
     pub tensors: u64,
     /// Sum of tensor data bytes.
     pub data_len_bytes: u64,

@@ -33,6 +33,8 @@
 
 pub mod bench;
 pub mod cache;
+mod cells;
+mod chart;
 pub mod fixtures;
 pub mod loaders;
 pub mod paired;

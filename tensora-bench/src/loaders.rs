@@ -143,11 +143,13 @@ pub fn peer_mmap(
 /// One Tensora cell: which backend, which tensors, owned or streaming.
 #[derive(Debug, Clone, Copy)]
 pub struct TensoraCell<'a> {
+    /// What to open: a file, or a directory of shards.
     pub open_path: &'a Path,
     /// A registered backend name or [`AUTO`].
     pub backend: &'a str,
     /// `None`: every tensor.
     pub selection: Option<&'a [String]>,
+    /// Hand out tensors one by one under the streaming budget instead of holding them all.
     pub streaming: bool,
     /// Zero-copy views (`Residence::Mapped`) instead of an owned arena.
     pub mapped: bool,

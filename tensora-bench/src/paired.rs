@@ -18,6 +18,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+use tensora_io::{LoadOptions, LoadReport};
 
 use crate::bench::{AUTO, WARMUP_RUNS};
 use crate::cache::CacheDropper;
@@ -34,7 +35,9 @@ pub const COLD_GOAL: f64 = 0.9;
 /// One paired comparison.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pair {
+    /// The fixture measured.
     pub fixture: String,
+    /// Page cache state of both runs of each pair.
     pub cache: Cache,
     /// What the loader ran (`auto`'s choice of the last run).
     pub subject: String,
@@ -46,6 +49,7 @@ pub struct Pair {
     pub anchor_gbps: Vec<f64>,
     /// `subject / anchor` per pair.
     pub ratios: Vec<f64>,
+    /// The median ratio the loader must reach ([`WARM_GOAL`] or [`COLD_GOAL`]).
     pub goal: f64,
 }
 
@@ -58,6 +62,15 @@ impl Pair {
     /// Whether the median ratio reaches the goal.
     pub fn met(&self) -> Option<bool> {
         self.ratio().map(|r| r.median >= self.goal)
+    }
+
+    /// [`Pair::met`] in a word: `met`, `missed` or `no data`.
+    pub fn verdict(&self) -> &'static str {
+        match self.met() {
+            Some(true) => "met",
+            Some(false) => "missed",
+            None => "no data",
+        }
     }
 }
 
@@ -78,106 +91,146 @@ pub fn measure_pairs(
         mapped: false,
         streaming_budget_bytes: 0,
     };
-    let opts = cell.options();
-    let mut bufs = ReadBuffers::new(roofline::COPY_THREADS);
+    let mut run = PairRun {
+        fixture,
+        files,
+        runs,
+        opts: cell.options(),
+        cell,
+        bufs: ReadBuffers::new(roofline::COPY_THREADS),
+        held: None,
+    };
     let mut out = Vec::new();
-
-    // Warm: files in the page cache, fresh memory on both sides.
-    roofline::read_through_cache(files, &mut bufs)?;
-    let mut pair = Pair {
-        fixture: fixture.to_owned(),
-        cache: Cache::Warm,
-        subject: AUTO.to_owned(),
-        anchor: crate::report::ROOFLINE_WARM.to_owned(),
-        subject_gbps: Vec::new(),
-        anchor_gbps: Vec::new(),
-        ratios: Vec::new(),
-        goal: WARM_GOAL,
-    };
-    let mut held = None;
-    for i in 0..WARMUP_RUNS + runs {
-        let anchor = |held: &mut Option<tensora_io::Loaded>| -> Result<f64> {
-            drop(held.take());
-            let (seconds, bytes, arena) = roofline::warm_pread_fresh(files)?;
-            drop(arena);
-            Ok(gbps(bytes, seconds))
-        };
-        let (a, s, report) = if i % 2 == 0 {
-            let a = anchor(&mut held)?;
-            let (seconds, bytes, report) = run_tensora_once(&cell, &opts, &mut held)?;
-            (a, gbps(bytes, seconds), report)
-        } else {
-            let (seconds, bytes, report) = run_tensora_once(&cell, &opts, &mut held)?;
-            (anchor(&mut held)?, gbps(bytes, seconds), report)
-        };
-        if i >= WARMUP_RUNS {
-            pair.push(s, a);
-            pair.subject = format!("auto ({} {})", report.backend, report.io_mode);
-        }
-    }
-    drop(held.take());
-    log(&pair.line());
-    out.push(pair);
-
+    let warm = run.warm()?;
+    log(&warm.line());
+    out.push(warm);
     let Some(dropper) = dropper else { return Ok(out) };
-    let mut direct_arena = roofline::direct_arena(files)?;
-    let direct_ok = files.iter().all(|f| tensora_io::auto::probe::direct_io_supported(f).is_ok())
-        && tensora_io::backends::uring::probe().is_ok();
-    let mut pair = Pair {
-        fixture: fixture.to_owned(),
-        cache: Cache::Cold,
-        subject: AUTO.to_owned(),
-        anchor: if direct_ok {
-            format!("best of {} and {}", crate::report::ROOFLINE_DIRECT, crate::report::ROOFLINE_BUFFERED)
-        } else {
-            crate::report::ROOFLINE_BUFFERED.to_owned()
-        },
-        subject_gbps: Vec::new(),
-        anchor_gbps: Vec::new(),
-        ratios: Vec::new(),
-        goal: COLD_GOAL,
-    };
-    for i in 0..WARMUP_RUNS + runs {
-        // Three runs per pair, rotated so that none always follows the same one.
-        let mut speeds = [0.0f64; 3];
-        let mut report = None;
-        for k in 0..3 {
-            let which = (i + k) % 3;
-            dropper.drop_files(files)?;
-            speeds[which] = match which {
-                0 if direct_ok => {
-                    let t = std::time::Instant::now();
-                    let bytes = roofline::cold_direct(files, &mut direct_arena)?;
-                    gbps(bytes, t.elapsed().as_secs_f64())
-                }
-                0 => 0.0,
-                1 => {
-                    let t = std::time::Instant::now();
-                    let bytes = roofline::cold_buffered(files, &mut bufs)?;
-                    gbps(bytes, t.elapsed().as_secs_f64())
-                }
-                _ => {
-                    let (seconds, bytes, r) =
-                        run_tensora_once(&cell, &opts, &mut held).context("cold auto load")?;
-                    drop(held.take());
-                    report = Some(r);
-                    gbps(bytes, seconds)
-                }
-            };
-        }
-        if i >= WARMUP_RUNS {
-            pair.push(speeds[2], speeds[0].max(speeds[1]));
-            if let Some(r) = report {
-                pair.subject = format!("auto ({} {})", r.backend, r.io_mode);
-            }
-        }
-    }
-    log(&pair.line());
-    out.push(pair);
+    let cold = run.cold(dropper)?;
+    log(&cold.line());
+    out.push(cold);
     Ok(out)
 }
 
+/// What the pairs of one fixture share: the files, the `auto` load, the roofline buffers, and the
+/// last load (held until the next run frees it, as the cells do).
+struct PairRun<'a> {
+    fixture: &'a str,
+    files: &'a [PathBuf],
+    runs: usize,
+    cell: TensoraCell<'a>,
+    opts: LoadOptions,
+    bufs: ReadBuffers,
+    held: Option<tensora_io::Loaded>,
+}
+
+impl PairRun<'_> {
+    /// Warm: files in the page cache, fresh memory on both sides; the anchor first in even pairs,
+    /// the loader first in odd ones.
+    fn warm(&mut self) -> Result<Pair> {
+        roofline::read_through_cache(self.files, &mut self.bufs)?;
+        let mut pair =
+            Pair::new(self.fixture, Cache::Warm, crate::report::ROOFLINE_WARM.to_owned(), WARM_GOAL);
+        for i in 0..WARMUP_RUNS + self.runs {
+            let (a, (s, report)) = if i % 2 == 0 {
+                let a = self.warm_anchor()?;
+                (a, self.auto()?)
+            } else {
+                let s = self.auto()?;
+                (self.warm_anchor()?, s)
+            };
+            if i >= WARMUP_RUNS {
+                pair.push(s, a);
+                pair.subject = auto_subject(&report);
+            }
+        }
+        drop(self.held.take());
+        Ok(pair)
+    }
+
+    /// The warm roofline once, the previous load freed first (untimed): GB/s.
+    fn warm_anchor(&mut self) -> Result<f64> {
+        drop(self.held.take());
+        let (seconds, bytes, arena) = roofline::warm_pread_fresh(self.files)?;
+        drop(arena);
+        Ok(gbps(bytes, seconds))
+    }
+
+    /// One `auto` load: GB/s and its report. The load stays held until the next run.
+    fn auto(&mut self) -> Result<(f64, LoadReport)> {
+        let (seconds, bytes, report) = run_tensora_once(&self.cell, &self.opts, &mut self.held)?;
+        Ok((gbps(bytes, seconds), report))
+    }
+
+    /// Cold: the page cache dropped before every run; each pair is three runs (the direct probe,
+    /// the buffered probe, the load), rotated so that none always follows the same one, and the
+    /// anchor is the better probe.
+    fn cold(&mut self, dropper: &CacheDropper) -> Result<Pair> {
+        let mut direct_arena = roofline::direct_arena(self.files)?;
+        let direct_ok = self.files.iter().all(|f| tensora_io::auto::probe::direct_io_supported(f).is_ok())
+            && tensora_io::backends::uring::probe().is_ok();
+        let anchor = if direct_ok {
+            format!("best of {} and {}", crate::report::ROOFLINE_DIRECT, crate::report::ROOFLINE_BUFFERED)
+        } else {
+            crate::report::ROOFLINE_BUFFERED.to_owned()
+        };
+        let mut pair = Pair::new(self.fixture, Cache::Cold, anchor, COLD_GOAL);
+        for i in 0..WARMUP_RUNS + self.runs {
+            let mut speeds = [0.0f64; 3];
+            let mut report = None;
+            for k in 0..3 {
+                let which = (i + k) % 3;
+                dropper.drop_files(self.files)?;
+                speeds[which] = match which {
+                    0 if direct_ok => {
+                        let t = std::time::Instant::now();
+                        let bytes = roofline::cold_direct(self.files, &mut direct_arena)?;
+                        gbps(bytes, t.elapsed().as_secs_f64())
+                    }
+                    0 => 0.0,
+                    1 => {
+                        let t = std::time::Instant::now();
+                        let bytes = roofline::cold_buffered(self.files, &mut self.bufs)?;
+                        gbps(bytes, t.elapsed().as_secs_f64())
+                    }
+                    _ => {
+                        let (speed, r) = self.auto().context("cold auto load")?;
+                        drop(self.held.take());
+                        report = Some(r);
+                        speed
+                    }
+                };
+            }
+            if i >= WARMUP_RUNS {
+                pair.push(speeds[2], speeds[0].max(speeds[1]));
+                if let Some(r) = report {
+                    pair.subject = auto_subject(&r);
+                }
+            }
+        }
+        Ok(pair)
+    }
+}
+
+/// What `auto` ran, e.g. `auto (sync buffered)`.
+fn auto_subject(report: &LoadReport) -> String {
+    format!("{AUTO} ({} {})", report.backend, report.io_mode)
+}
+
 impl Pair {
+    /// A pair with no runs yet; its subject is [`AUTO`] until a run says what `auto` chose.
+    fn new(fixture: &str, cache: Cache, anchor: String, goal: f64) -> Pair {
+        Pair {
+            fixture: fixture.to_owned(),
+            cache,
+            subject: AUTO.to_owned(),
+            anchor,
+            subject_gbps: Vec::new(),
+            anchor_gbps: Vec::new(),
+            ratios: Vec::new(),
+            goal,
+        }
+    }
+
     fn push(&mut self, subject_gbps: f64, anchor_gbps: f64) {
         self.subject_gbps.push(subject_gbps);
         self.anchor_gbps.push(anchor_gbps);
@@ -201,11 +254,7 @@ impl Pair {
             fmt(Summary::of(&self.anchor_gbps)),
             fmt(self.ratio()),
             self.goal,
-            match self.met() {
-                Some(true) => "met",
-                Some(false) => "missed",
-                None => "no data",
-            }
+            self.verdict()
         )
     }
 }

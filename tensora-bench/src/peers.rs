@@ -20,6 +20,7 @@ pub fn touch(data: &[u8]) -> u64 {
 pub struct Loaded {
     /// Bytes of tensor data that ended up in memory.
     pub bytes: u64,
+    /// Tensors loaded.
     pub tensors: u64,
     /// Sum of touched bytes (kept so the work cannot be optimised away).
     pub checksum: u64,

@@ -27,6 +27,7 @@ pub enum Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Cache {
+    /// Files in the page cache (read once before the timed runs).
     Warm,
     /// Dropped before every run (and before the warm-up).
     Cold,
@@ -92,6 +93,7 @@ impl Mode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Status {
+    /// Run, with samples.
     Ok,
     /// Not run, for the stated reason (e.g. Python without safetensors).
     Skipped,
@@ -102,21 +104,30 @@ pub enum Status {
 /// One timed run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
+    /// Wall-clock seconds of the run.
     pub seconds: f64,
     /// Bytes of tensor data loaded (rooflines: file bytes read).
     pub bytes: u64,
+    /// `bytes` over `seconds`, in GB/s (10^9 bytes).
     pub gbps: f64,
 }
 
 /// Everything measured for one (fixture, subject, cache, scope, mode).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cell {
+    /// The fixture's name.
     pub fixture: String,
+    /// Who was measured: a backend name, `auto`, a peer or a roofline.
     pub subject: String,
+    /// What kind of subject that is.
     pub kind: Kind,
+    /// Page cache state at the start of each run.
     pub cache: Cache,
+    /// Which tensors were loaded.
     pub scope: Scope,
+    /// Where the loaded bytes ended up.
     pub mode: Mode,
+    /// Whether it ran.
     pub status: Status,
     /// Why it was skipped or how it failed.
     pub reason: Option<String>,
@@ -174,7 +185,8 @@ impl Cell {
         self
     }
 
-    fn median(&self) -> Option<f64> {
+    /// Median GB/s of the samples.
+    pub(crate) fn median(&self) -> Option<f64> {
         self.gbps.map(|s| s.median)
     }
 
@@ -196,9 +208,13 @@ impl Cell {
 /// The machine the numbers came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Machine {
+    /// Kernel release (`/proc/sys/kernel/osrelease`).
     pub kernel: String,
+    /// CPU model name (`/proc/cpuinfo`).
     pub cpu_model: String,
+    /// Logical CPUs available to the process.
     pub cores: usize,
+    /// Physical memory (`MemTotal` of `/proc/meminfo`).
     pub mem_total_bytes: u64,
     /// `/sys/kernel/mm/transparent_hugepage/enabled`.
     pub transparent_hugepage: String,
@@ -260,20 +276,28 @@ fn filesystem_of(path: &std::path::Path) -> Option<String> {
 /// A generated (or reused) fixture.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FixtureFacts {
+    /// Directory name, also the name in the tables.
     pub name: String,
+    /// Where it lives.
     pub path: String,
+    /// Number of data files.
     pub files: usize,
+    /// Tensors over all files.
     pub tensors: u64,
+    /// Sum of tensor data bytes.
     pub data_len_bytes: u64,
+    /// Sum of file sizes (headers included).
     pub files_len_bytes: u64,
     /// Whether this run generated it (false: reused, manifest matched).
     pub generated: bool,
+    /// Time spent generating it (0 when reused).
     pub generate_seconds: f64,
 }
 
 /// The limits of one fixture.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rooflines {
+    /// The fixture's name.
     pub fixture: String,
     /// Best median of the warm rooflines (pread into hugepages).
     pub warm_gbps: Option<f64>,
@@ -286,12 +310,19 @@ pub struct Rooflines {
 /// How the run was configured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunFacts {
+    /// Fixture size (`small` or `full`).
     pub size: String,
+    /// Timed runs per cell.
     pub runs: usize,
+    /// Untimed warm-up runs before them.
     pub warmup_runs: usize,
+    /// Whether the cold cells ran.
     pub cold: bool,
+    /// Whether only the `--quick` subset ran.
     pub quick: bool,
+    /// Seed of the fixture data.
     pub seed: u64,
+    /// In-flight budget of the streaming cells.
     pub streaming_budget_bytes: u64,
     /// How cold runs dropped the page cache (`None` when no cold cell ran).
     pub cache_drop: Option<String>,
@@ -300,13 +331,19 @@ pub struct RunFacts {
 /// The whole result of a bench run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// [`SCHEMA_VERSION`] of this document.
     pub schema_version: u32,
+    /// How the run was configured.
     pub run: RunFacts,
+    /// The machine it ran on.
     pub machine: Machine,
+    /// The fixtures measured.
     pub fixtures: Vec<FixtureFacts>,
     /// Fixtures that could not be produced, with the reason.
     pub fixtures_skipped: Vec<(String, String)>,
+    /// Each fixture's rooflines (from its roofline cells).
     pub rooflines: Vec<Rooflines>,
+    /// Every measured (or skipped, or failed) cell.
     pub cells: Vec<Cell>,
     /// Paired acceptance runs (see [`crate::paired`]).
     #[serde(default)]
@@ -374,6 +411,18 @@ impl Report {
     /// The Markdown report: run facts, then one table per fixture.
     pub fn to_markdown(&self) -> String {
         let mut s = String::new();
+        self.markdown_facts(&mut s);
+        if !self.pairs.is_empty() {
+            self.markdown_pairs(&mut s);
+        }
+        for f in &self.fixtures {
+            self.markdown_fixture(f, &mut s);
+        }
+        s
+    }
+
+    /// The title, the machine, the run's configuration and the fixtures that were skipped.
+    fn markdown_facts(&self, s: &mut String) {
         let m = &self.machine;
         let _ = writeln!(s, "# Tensora bench\n");
         let _ = writeln!(
@@ -401,193 +450,66 @@ impl Report {
         for (name, why) in &self.fixtures_skipped {
             let _ = writeln!(s, "Fixture `{name}` skipped: {why}.  ");
         }
-        if !self.pairs.is_empty() {
-            s.push_str(
-                "\n## Acceptance, paired runs\n\nThe loader and its roofline alternately, back to back, \
-                 order alternating; the ratio is taken per pair, so drift within the run cancels.\n\n",
-            );
-            s.push_str("| fixture | cache | loader | loader GB/s | anchor | anchor GB/s | ratio median (min..max) | goal |\n");
-            s.push_str("|---|---|---|---:|---|---:|---:|---|\n");
-            let fmt = |v: &[f64]| {
-                crate::stats::Summary::of(v)
-                    .map_or("-".to_string(), |g| format!("{:.2} ({:.2}..{:.2})", g.median, g.min, g.max))
-            };
-            for p in &self.pairs {
-                let verdict = match p.met() {
-                    Some(true) => "met",
-                    Some(false) => "missed",
-                    None => "no data",
-                };
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {} | {} | {} | {} | {} | {:.2}: {verdict} |",
-                    p.fixture,
-                    p.cache.as_str(),
-                    p.subject,
-                    fmt(&p.subject_gbps),
-                    p.anchor,
-                    fmt(&p.anchor_gbps),
-                    fmt(&p.ratios),
-                    p.goal
-                );
-            }
-        }
-        for f in &self.fixtures {
-            let cells: Vec<&Cell> = self.cells.iter().filter(|c| c.fixture == f.name).collect();
-            if cells.is_empty() {
-                continue;
-            }
-            let _ = writeln!(
-                s,
-                "\n## {} — {} tensors in {} file(s), {:.3} GB of tensor data\n",
-                f.name,
-                f.tensors,
-                f.files,
-                f.data_len_bytes as f64 / 1e9
-            );
-            if let Some(rl) = self.rooflines.iter().find(|r| r.fixture == f.name) {
-                let _ = writeln!(
-                    s,
-                    "Warm roofline {}; device roofline {}{}.\n",
-                    fmt_gbps(rl.warm_gbps),
-                    fmt_gbps(rl.device_gbps),
-                    rl.device_subject.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
-                );
-            }
-            s.push_str("| subject | cache | scope | mode | median GB/s | min | max | vs roofline | note |\n");
-            s.push_str("|---|---|---|---|---:|---:|---:|---:|---|\n");
-            for c in cells {
-                let (median, min, max) = match c.gbps {
-                    Some(g) => (format!("{:.2}", g.median), format!("{:.2}", g.min), format!("{:.2}", g.max)),
-                    None => ("-".to_string(), "-".to_string(), "-".to_string()),
-                };
-                let vs = c.ratio.map_or("-".to_string(), |r| format!("{:.0} %", r * 100.0));
-                let note = match c.status {
-                    Status::Ok => c.chosen_backend().map(|b| format!("ran {b}")).unwrap_or_default(),
-                    Status::Skipped => format!("skipped: {}", c.reason.as_deref().unwrap_or("")),
-                    Status::Failed => format!("FAILED: {}", c.reason.as_deref().unwrap_or("")),
-                };
-                let _ = writeln!(
-                    s,
-                    "| {} | {} | {} | {} | {median} | {min} | {max} | {vs} | {} |",
-                    c.subject,
-                    c.cache.as_str(),
-                    c.scope.as_str(),
-                    c.mode.as_str(),
-                    note.replace('|', "/").replace('\n', " ")
-                );
-            }
-        }
-        s
     }
 
-    /// Grouped bars (warm and cold median GB/s per backend and peer, full scope, owned mode) for
-    /// `fixture`, with the warm and device rooflines as horizontal lines, as an SVG document.
-    pub fn to_svg(&self, fixture: &str) -> Result<String> {
-        use plotters::prelude::*;
-
-        let chart_cells: Vec<&Cell> = self
-            .cells
-            .iter()
-            .filter(|c| c.fixture == fixture && c.kind != Kind::Roofline)
-            .filter(|c| c.scope == Scope::Full && c.mode == Mode::Owned && c.median().is_some())
-            .collect();
-        let mut subjects: Vec<&str> = Vec::new();
-        for c in &chart_cells {
-            if !subjects.contains(&c.subject.as_str()) {
-                subjects.push(&c.subject);
-            }
-        }
-        let value = |subject: &str, cache: Cache| {
-            chart_cells.iter().find(|c| c.subject == subject && c.cache == cache).and_then(|c| c.median())
+    /// The acceptance table of the paired runs.
+    fn markdown_pairs(&self, s: &mut String) {
+        s.push_str(
+            "\n## Acceptance, paired runs\n\nThe loader and its roofline alternately, back to back, \
+             order alternating; the ratio is taken per pair, so drift within the run cancels.\n\n",
+        );
+        s.push_str("| fixture | cache | loader | loader GB/s | anchor | anchor GB/s | ratio median (min..max) | goal |\n");
+        s.push_str("|---|---|---|---:|---|---:|---:|---|\n");
+        let fmt = |v: &[f64]| {
+            crate::stats::Summary::of(v)
+                .map_or("-".to_string(), |g| format!("{:.2} ({:.2}..{:.2})", g.median, g.min, g.max))
         };
-        let rl = self.rooflines.iter().find(|r| r.fixture == fixture);
-        let (warm_rl, device_rl) = (rl.and_then(|r| r.warm_gbps), rl.and_then(|r| r.device_gbps));
-        let top = chart_cells
-            .iter()
-            .filter_map(|c| c.median())
-            .chain(warm_rl)
-            .chain(device_rl)
-            .fold(0.0f64, f64::max)
-            .max(0.1)
-            * 1.15;
-        let n = subjects.len().max(1) as u32;
-
-        let mut svg = String::new();
-        {
-            let root = SVGBackend::with_string(&mut svg, (160 * n + 200, 520)).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let mut chart = ChartBuilder::on(&root)
-                .caption(
-                    format!("Tensora bench: {fixture}, full load (GB/s, higher is better)"),
-                    ("sans-serif", 20),
-                )
-                .margin(12)
-                .x_label_area_size(60)
-                .y_label_area_size(60)
-                .build_cartesian_2d((0u32..n - 1).into_segmented(), 0f64..top)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let labels: Vec<String> = subjects.iter().map(|s| s.to_string()).collect();
-            chart
-                .configure_mesh()
-                .disable_x_mesh()
-                .x_labels(n as usize + 1)
-                .x_label_formatter(&|v| match v {
-                    SegmentValue::CenterOf(i) => labels.get(*i as usize).cloned().unwrap_or_default(),
-                    _ => String::new(),
-                })
-                .y_desc("GB/s (median)")
-                .draw()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let warm_color = RGBColor(232, 120, 40);
-            let cold_color = RGBColor(40, 100, 180);
-            for (cache, color) in [(Cache::Warm, warm_color), (Cache::Cold, cold_color)] {
-                let bars: Vec<Rectangle<(SegmentValue<u32>, f64)>> = subjects
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, s)| value(s, cache).map(|v| (i as u32, v)))
-                    .map(|(i, v)| {
-                        let (left, right) = match cache {
-                            Cache::Warm => (SegmentValue::Exact(i), SegmentValue::CenterOf(i)),
-                            Cache::Cold => (SegmentValue::CenterOf(i), SegmentValue::Exact(i + 1)),
-                        };
-                        let mut bar = Rectangle::new([(left, 0.0), (right, v)], color.filled());
-                        match cache {
-                            Cache::Warm => bar.set_margin(0, 0, 14, 1),
-                            Cache::Cold => bar.set_margin(0, 0, 1, 14),
-                        };
-                        bar
-                    })
-                    .collect();
-                chart
-                    .draw_series(bars)
-                    .map_err(|e| anyhow::anyhow!("{e}"))?
-                    .label(cache.as_str())
-                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
-            }
-            let lines = [("warm roofline", warm_rl, warm_color), ("device roofline", device_rl, cold_color)];
-            for (label, level, color) in lines {
-                let Some(level) = level else { continue };
-                let style = ShapeStyle { color: color.to_rgba(), filled: false, stroke_width: 2 };
-                chart
-                    .draw_series(LineSeries::new(
-                        [(SegmentValue::Exact(0), level), (SegmentValue::Exact(n), level)],
-                        style,
-                    ))
-                    .map_err(|e| anyhow::anyhow!("{e}"))?
-                    .label(format!("{label} {level:.2} GB/s"))
-                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], style));
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            root.present().map_err(|e| anyhow::anyhow!("{e}"))?;
+        for p in &self.pairs {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} | {:.2}: {} |",
+                p.fixture,
+                p.cache.as_str(),
+                p.subject,
+                fmt(&p.subject_gbps),
+                p.anchor,
+                fmt(&p.anchor_gbps),
+                fmt(&p.ratios),
+                p.goal,
+                p.verdict()
+            );
         }
-        Ok(svg)
+    }
+
+    /// One fixture's section: its size, its rooflines and a row per cell (nothing when it has no
+    /// cells).
+    fn markdown_fixture(&self, f: &FixtureFacts, s: &mut String) {
+        let cells: Vec<&Cell> = self.cells.iter().filter(|c| c.fixture == f.name).collect();
+        if cells.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\n## {} — {} tensors in {} file(s), {:.3} GB of tensor data\n",
+            f.name,
+            f.tensors,
+            f.files,
+            f.data_len_bytes as f64 / 1e9
+        );
+        if let Some(rl) = self.rooflines.iter().find(|r| r.fixture == f.name) {
+            let _ = writeln!(
+                s,
+                "Warm roofline {}; device roofline {}{}.\n",
+                fmt_gbps(rl.warm_gbps),
+                fmt_gbps(rl.device_gbps),
+                rl.device_subject.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
+            );
+        }
+        s.push_str("| subject | cache | scope | mode | median GB/s | min | max | vs roofline | note |\n");
+        s.push_str("|---|---|---|---|---:|---:|---:|---:|---|\n");
+        for c in cells {
+            let _ = writeln!(s, "{}", markdown_row(c));
+        }
     }
 
     /// Pretty JSON.
@@ -598,6 +520,28 @@ impl Report {
 
 fn fmt_gbps(v: Option<f64>) -> String {
     v.map_or("not measured".to_string(), |v| format!("{v:.2} GB/s"))
+}
+
+/// A cell's row in its fixture's table (pipes and line breaks in the note made harmless).
+fn markdown_row(c: &Cell) -> String {
+    let (median, min, max) = match c.gbps {
+        Some(g) => (format!("{:.2}", g.median), format!("{:.2}", g.min), format!("{:.2}", g.max)),
+        None => ("-".to_string(), "-".to_string(), "-".to_string()),
+    };
+    let vs = c.ratio.map_or("-".to_string(), |r| format!("{:.0} %", r * 100.0));
+    let note = match c.status {
+        Status::Ok => c.chosen_backend().map(|b| format!("ran {b}")).unwrap_or_default(),
+        Status::Skipped => format!("skipped: {}", c.reason.as_deref().unwrap_or("")),
+        Status::Failed => format!("FAILED: {}", c.reason.as_deref().unwrap_or("")),
+    };
+    format!(
+        "| {} | {} | {} | {} | {median} | {min} | {max} | {vs} | {} |",
+        c.subject,
+        c.cache.as_str(),
+        c.scope.as_str(),
+        c.mode.as_str(),
+        note.replace('|', "/").replace('\n', " ")
+    )
 }
 
 #[cfg(test)]

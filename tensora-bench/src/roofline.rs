@@ -12,8 +12,8 @@
 //!
 //! The device roofline is the better of the two cold figures.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -55,15 +55,9 @@ impl ReadBuffers {
     }
 }
 
-fn open_len(path: &PathBuf, direct: bool) -> Result<(File, u64)> {
-    let mut opts = OpenOptions::new();
-    opts.read(true);
-    if direct {
-        opts.custom_flags(libc::O_DIRECT);
-    }
-    let file = opts
-        .open(path)
-        .with_context(|| format!("open {}{}", path.display(), if direct { " with O_DIRECT" } else { "" }))?;
+/// Open `path` for buffered reads; the file and its length.
+fn open_len(path: &PathBuf) -> Result<(File, u64)> {
+    let file = File::open(path).with_context(|| format!("open {}", path.display()))?;
     let len = file.metadata()?.len();
     Ok((file, len))
 }
@@ -73,7 +67,7 @@ fn open_len(path: &PathBuf, direct: bool) -> Result<(File, u64)> {
 pub fn warm_pread(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
     let mut total = 0u64;
     for path in files {
-        let (file, len) = open_len(path, false)?;
+        let (file, len) = open_len(path)?;
         let start = usize::try_from(total).context("arena offset")?;
         let len = usize::try_from(len).ok().filter(|&l| (start + l) as u64 <= arena.len_bytes());
         let len = len.with_context(|| format!("{} does not fit the arena", path.display()))?;
@@ -102,12 +96,12 @@ pub fn warm_pread(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
     Ok(total)
 }
 
-/// Read every file block by block with one thread per buffer, each keeping one read of
-/// [`BLOCK_BYTES`] in flight into its own buffer. The blocks of all files form one queue, so the
-/// readers never drain at a file boundary. Returns the bytes read; fails if a file was not read
-/// whole.
-fn parallel_blocks(files: &[PathBuf], direct: bool, buffers: &mut ReadBuffers) -> Result<u64> {
-    let opened = files.iter().map(|p| open_len(p, direct)).collect::<Result<Vec<_>>>()?;
+/// Read every file through the page cache block by block with one thread per buffer, each keeping
+/// one read of [`BLOCK_BYTES`] in flight into its own buffer. The blocks of all files form one
+/// queue, so the readers never drain at a file boundary. Returns the bytes read; fails if a file
+/// was not read whole.
+fn parallel_blocks(files: &[PathBuf], buffers: &mut ReadBuffers) -> Result<u64> {
+    let opened = files.iter().map(open_len).collect::<Result<Vec<_>>>()?;
     // `first_block[i]`: index of file i's first block in the shared queue.
     let mut first_block = Vec::with_capacity(opened.len() + 1);
     let mut blocks_total = 0u64;
@@ -135,10 +129,7 @@ fn parallel_blocks(files: &[PathBuf], direct: bool, buffers: &mut ReadBuffers) -
                     let (file, len) = (&opened[f].0, opened[f].1);
                     let offset = (k - first_block[f]) * BLOCK_BYTES as u64;
                     let want = (len - offset).min(BLOCK_BYTES as u64) as usize;
-                    // O_DIRECT wants whole blocks: read a whole buffer and accept a short read
-                    // at end of file.
-                    let ask = if direct { want.next_multiple_of(DIRECT_ALIGN_BYTES) } else { want };
-                    let error = match file.read_at(&mut buf[..ask], offset) {
+                    let error = match file.read_at(&mut buf[..want], offset) {
                         Ok(n) if n >= want => {
                             done_bytes[f].fetch_add(want as u64, Ordering::Relaxed);
                             continue;
@@ -155,7 +146,7 @@ fn parallel_blocks(files: &[PathBuf], direct: bool, buffers: &mut ReadBuffers) -
             });
         }
     });
-    let how = if direct { "O_DIRECT" } else { "buffered" };
+    let how = "buffered";
     if let Some((f, e)) = first_error.into_inner().ok().flatten() {
         return Err(e).with_context(|| format!("read {} ({how})", files[f].display()));
     }
@@ -177,7 +168,7 @@ pub fn read_through_cache(files: &[PathBuf], buffers: &mut ReadBuffers) -> Resul
     let buf = buffers.blocks().into_iter().next().context("no read buffer")?;
     let mut total = 0u64;
     for path in files {
-        let (file, len) = open_len(path, false)?;
+        let (file, len) = open_len(path)?;
         let mut offset = 0u64;
         while offset < len {
             let n = file.read_at(buf, offset).with_context(|| format!("read {}", path.display()))?;
@@ -225,7 +216,7 @@ pub fn direct_arena(files: &[PathBuf]) -> Result<Arena> {
 /// Cold buffered roofline: [`COPY_THREADS`] threads of buffered `pread`. `buffers` must hold that
 /// many buffers.
 pub fn cold_buffered(files: &[PathBuf], buffers: &mut ReadBuffers) -> Result<u64> {
-    parallel_blocks(files, false, buffers)
+    parallel_blocks(files, buffers)
 }
 
 #[cfg(test)]

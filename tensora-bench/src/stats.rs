@@ -13,9 +13,13 @@ pub fn gbps(bytes: u64, seconds: f64) -> f64 {
 /// Median, minimum and maximum of a set of samples.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
+    /// The middle value (the mean of the two middle ones for an even count).
     pub median: f64,
+    /// The smallest value.
     pub min: f64,
+    /// The largest value.
     pub max: f64,
+    /// How many values.
     pub count: usize,
 }
 

@@ -25,9 +25,12 @@ pub const HEADER_BYTES_MAX: usize = 100_000_000;
 /// One tensor to write: name, dtype and shape. Its data is generated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TensorDef {
+    /// Tensor name, unique in its file.
     pub name: String,
+    /// Element type.
     #[serde(with = "dtype_serde")]
     pub dtype: Dtype,
+    /// Shape; `[]` is a scalar.
     pub shape: Vec<u64>,
 }
 

@@ -1,15 +1,12 @@
 //! `tensora convert SRC DST --to serverlessllm|safetensors`: stream a checkpoint into another
 //! layout through a bounded buffer, atomically (a failed conversion leaves no DST).
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use tensora_convert::{
-    COPY_BUFFER_BYTES_DEFAULT, ConvertConfig, ConvertProgress, ConvertReport, TargetFormat,
-};
+use tensora_convert::{COPY_BUFFER_BYTES_DEFAULT, ConvertConfig, ConvertReport, TargetFormat};
 
+use crate::progress::{Progress, Show};
 use crate::units::parse_bytes;
 
 /// The layout to write.
@@ -71,19 +68,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(b) = args.buffer_bytes {
         cfg.buffer_bytes = usize::try_from(b).unwrap_or(usize::MAX);
     }
-    let bar = std::io::stderr().is_terminal().then(progress_bar);
-    if let Some(bar) = &bar {
-        let bar = bar.clone();
-        let hook: ConvertProgress = Arc::new(move |done, total| {
-            bar.set_length(total);
-            bar.set_position(done);
-        });
-        cfg.progress = Some(hook);
-    }
+    let progress = Progress::new(Show::OnTerminal, "converting", 0);
+    cfg.progress = progress.hook();
     let result = tensora_convert::convert(&src, &args.dst, &cfg);
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     let report = result?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -91,17 +79,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         print_summary(&report);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn progress_bar() -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(0);
-    let style = indicatif::ProgressStyle::with_template(
-        "{spinner} converting [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-    )
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-    .progress_chars("=> ");
-    bar.set_style(style);
-    bar
 }
 
 fn print_summary(r: &ConvertReport) {

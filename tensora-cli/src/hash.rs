@@ -3,12 +3,14 @@
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
+use tensora_io::BackendChoice;
 use tensora_verify::Algo;
 use tensora_verify::hash::{HashOptions, hash_checkpoint};
 use tensora_verify::manifest::Manifest;
+
+use crate::progress::{Progress, Show};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -19,10 +21,10 @@ pub struct Args {
     /// Digest algorithm: crc32c (fast, default), xxh3 (XXH3-128) or sha256.
     #[arg(long, default_value = "crc32c", value_parser = parse_algo)]
     pub algo: Algo,
-    /// I/O backend for the load that computes the digests (sync, mmap, io-uring, async); automatic
-    /// by default.
-    #[arg(long)]
-    pub backend: Option<String>,
+    /// I/O backend for the load that computes the digests: auto (the default), or one of sync,
+    /// mmap, io-uring, async.
+    #[arg(long, default_value = "auto")]
+    pub backend: BackendChoice,
     /// Print `{"algo", "tensors": {name: {dtype, shape, <algo>}}}` instead of text.
     #[arg(long)]
     pub json: bool,
@@ -39,44 +41,32 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(location) = crate::remote::location(&args.path)? {
-        if args.backend.is_some() {
+        if !matches!(args.backend, BackendChoice::Auto) {
             anyhow::bail!("--backend does not apply to a remote location ({})", args.path.display());
         }
         let remote = crate::remote::open(&location, &args.remote.options())?;
         let ckpt = remote.checkpoint();
         let progress = checkpoint_progress(ckpt);
-        let (digests, _) = crate::remote::digests(&remote, args.algo, progress_hook(&progress))
+        let (digests, _) = crate::remote::digests(&remote, args.algo, progress.hook())
             .with_context(|| format!("hashing {}", args.path.display()))?;
-        if let Some(bar) = progress {
-            bar.finish_and_clear();
-        }
+        progress.finish();
         return finish(&args, ckpt, &digests);
     }
     let ckpt = tensora_verify::open_checkpoint(&args.path)?;
     let progress = checkpoint_progress(&ckpt);
-    let opts =
-        HashOptions { algo: args.algo, backend: args.backend.clone(), progress: progress_hook(&progress) };
+    // `HashOptions` names its backend: `None` is auto.
+    let backend = (!matches!(args.backend, BackendChoice::Auto)).then(|| args.backend.name().to_owned());
+    let opts = HashOptions { algo: args.algo, backend, progress: progress.hook() };
     let digests =
         hash_checkpoint(&ckpt, &opts).with_context(|| format!("hashing {}", args.path.display()))?;
-    if let Some(bar) = progress {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     finish(&args, &ckpt, &digests)
 }
 
-fn checkpoint_progress(ckpt: &tensora_format::Checkpoint) -> Option<indicatif::ProgressBar> {
-    progress_bar(distinct_bytes(
-        ckpt.tensors().iter().map(|t| (t.file().index(), t.offset_bytes(), t.len_bytes())),
-    ))
-}
-
-fn progress_hook(progress: &Option<indicatif::ProgressBar>) -> Option<tensora_verify::hash::ProgressFn> {
-    progress.clone().map(|bar| {
-        Arc::new(move |done: u64, total: u64| {
-            bar.set_length(total);
-            bar.set_position(done);
-        }) as tensora_verify::hash::ProgressFn
-    })
+/// The bar over the checkpoint's bytes; tied tensors share theirs, so each byte counts once.
+fn checkpoint_progress(ckpt: &tensora_format::Checkpoint) -> Progress {
+    let every_tensor: Vec<usize> = (0..ckpt.tensors().len()).collect();
+    Progress::new(Show::OnTerminal, "hashing", ckpt.distinct_bytes(&every_tensor))
 }
 
 /// The manifest (written when asked) and the digests printed.
@@ -100,12 +90,7 @@ fn finish(
             );
         }
     }
-    match print(args, ckpt, &manifest) {
-        Ok(()) => {}
-        // `tensora hash ... | head`: the reader left; that is not an error.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(ExitCode::SUCCESS),
-        Err(e) => return Err(e.into()),
-    }
+    crate::output::written(print(args, ckpt, &manifest))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -123,68 +108,4 @@ fn print(args: &Args, ckpt: &tensora_format::Checkpoint, manifest: &Manifest) ->
         }
     }
     out.flush()
-}
-
-/// Bytes covered by `(file, offset, len)` ranges, each byte once: tied tensors (several names on
-/// one storage, as in ServerlessLLM checkpoints) share their bytes, so a plain sum would count them
-/// once per name and could overflow `u64` on crafted input. Saturates instead of overflowing.
-fn distinct_bytes(ranges: impl Iterator<Item = (usize, u64, u64)>) -> u64 {
-    let mut ranges: Vec<(usize, u64, u64)> =
-        ranges.filter(|r| r.2 > 0).map(|(f, o, l)| (f, o, o.saturating_add(l))).collect();
-    ranges.sort_unstable();
-    let mut total = 0u64;
-    // The file and end of the run of overlapping ranges being merged.
-    let mut run: Option<(usize, u64, u64)> = None;
-    for (file, start, end) in ranges {
-        match &mut run {
-            Some((f, _, run_end)) if *f == file && start <= *run_end => *run_end = (*run_end).max(end),
-            _ => {
-                if let Some((_, s, e)) = run {
-                    total = total.saturating_add(e - s);
-                }
-                run = Some((file, start, end));
-            }
-        }
-    }
-    if let Some((_, s, e)) = run {
-        total = total.saturating_add(e - s);
-    }
-    total
-}
-
-/// A byte progress bar on stderr, only when stderr is a terminal.
-fn progress_bar(total_bytes: u64) -> Option<indicatif::ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new(total_bytes);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} {eta}")
-    {
-        bar.set_style(style);
-    }
-    Some(bar)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tied_and_overlapping_ranges_count_once() {
-        assert_eq!(distinct_bytes([].into_iter()), 0);
-        assert_eq!(distinct_bytes([(0, 0, 8), (0, 0, 8), (0, 8, 4)].into_iter()), 12);
-        assert_eq!(distinct_bytes([(0, 0, 8), (1, 0, 8), (0, 4, 8), (0, 20, 0)].into_iter()), 20);
-    }
-
-    #[test]
-    fn a_crafted_sum_past_u64_does_not_overflow() {
-        // Eight names tied to one storage of 2^61 bytes: a per-name sum would be 2^64.
-        let tied = (0..8).map(|_| (0usize, 0u64, 1u64 << 61));
-        assert_eq!(distinct_bytes(tied), 1 << 61);
-        // Distinct huge ranges in different files saturate.
-        let huge = (0..4).map(|f| (f, 0u64, u64::MAX / 2));
-        assert_eq!(distinct_bytes(huge), u64::MAX);
-        assert_eq!(distinct_bytes([(0, u64::MAX - 1, 10)].into_iter()), 1);
-    }
 }

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
 
-use serde::Serialize;
-use tensora_format::{Checkpoint, Dtype};
+use tensora_format::{Checkpoint, Dtype, Inspection};
 
 /// Print a checkpoint's format, files, tensor count, bytes by dtype, metadata and a tensor table.
 #[derive(Debug, clap::Args)]
@@ -16,38 +15,15 @@ pub struct Args {
     /// *.safetensors.index.json), or a ServerlessLLM directory; or a remote location
     /// (s3://bucket/prefix/, http(s)://host/path/), whose headers are read with ranged requests.
     pub path: std::path::PathBuf,
-    /// Print JSON: {"format", "files": [{"path", "size", "tensors"}], "tensors": [{"name", "dtype",
-    /// "shape", "file", "offset", "nbytes"}], "metadata"}. "file" is the index into "files",
-    /// "offset" is absolute in that file, "size" and "nbytes" are in bytes.
+    /// Print JSON, the schema `tensora.inspect` returns in Python: {"path", "format", "files":
+    /// [{"path", "len_bytes", "tensors"}], "metadata", "tensors": [{"name", "dtype", "shape",
+    /// "file", "offset_bytes", "len_bytes", "strides"}], "tensor_bytes", "warnings": [{"path",
+    /// "message"}]}. "file" is the index into "files", "offset_bytes" is absolute in that file,
+    /// "strides" is null unless the format records them.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub remote: crate::remote::RemoteArgs,
-}
-
-#[derive(Serialize)]
-struct JsonFile {
-    path: String,
-    size: u64,
-    tensors: usize,
-}
-
-#[derive(Serialize)]
-struct JsonTensor<'a> {
-    name: &'a str,
-    dtype: &'static str,
-    shape: &'a [u64],
-    file: u32,
-    offset: u64,
-    nbytes: u64,
-}
-
-#[derive(Serialize)]
-struct JsonReport<'a> {
-    format: &'static str,
-    files: Vec<JsonFile>,
-    tensors: Vec<JsonTensor<'a>>,
-    metadata: &'a BTreeMap<String, String>,
 }
 
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
@@ -61,21 +37,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => {
             local = tensora_format::open(&args.path)?;
-            for w in local.warnings() {
-                eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
-            }
+            crate::output::print_warnings(&local);
             &local
         }
     };
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
     let written = if args.json { write_json(ckpt, &mut out) } else { write_text(ckpt, &mut out) };
-    match written.and_then(|()| out.flush()) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        // The reader went away (e.g. `| head`): not an error of ours.
-        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(anyhow::Error::new(e).context("cannot write to stdout")),
-    }
+    crate::output::written(written.and_then(|()| out.flush()))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn tensors_per_file(ckpt: &Checkpoint) -> Vec<usize> {
@@ -87,34 +57,7 @@ fn tensors_per_file(ckpt: &Checkpoint) -> Vec<usize> {
 }
 
 fn write_json(ckpt: &Checkpoint, out: &mut impl Write) -> io::Result<()> {
-    let counts = tensors_per_file(ckpt);
-    let report = JsonReport {
-        format: ckpt.format().as_str(),
-        files: ckpt
-            .files()
-            .iter()
-            .zip(&counts)
-            .map(|(f, &tensors)| JsonFile {
-                path: f.path().display().to_string(),
-                size: f.len_bytes(),
-                tensors,
-            })
-            .collect(),
-        tensors: ckpt
-            .tensors()
-            .iter()
-            .map(|t| JsonTensor {
-                name: t.name(),
-                dtype: t.dtype().as_str(),
-                shape: t.shape(),
-                file: t.file().0,
-                offset: t.offset_bytes(),
-                nbytes: t.nbytes(),
-            })
-            .collect(),
-        metadata: ckpt.metadata(),
-    };
-    serde_json::to_writer(&mut *out, &report).map_err(io::Error::from)?;
+    serde_json::to_writer(&mut *out, &Inspection::of(ckpt)).map_err(io::Error::from)?;
     writeln!(out)
 }
 

@@ -3,15 +3,15 @@
 //! Owned loads copy every selected tensor into one hugepage arena; `--stream` hands each tensor
 //! out as it lands and recycles arena space within `--budget`. `--json` prints the load report.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context as _;
 use tensora_format::Selection;
 use tensora_io::{BackendChoice, IoMode, LoadOptions, LoadReport, Residence};
 
+use crate::progress::{Progress, Show};
 use crate::units::parse_bytes;
 
 /// Load a checkpoint and report the backend, why it was chosen, and the time per phase.
@@ -26,8 +26,8 @@ pub struct Args {
     /// "retries" counts HTTP retries.
     pub path: std::path::PathBuf,
     /// I/O backend: auto, or one of sync, mmap, io-uring, async.
-    #[arg(long, default_value = "auto", value_parser = parse_backend)]
-    pub backend: String,
+    #[arg(long, default_value = "auto")]
+    pub backend: BackendChoice,
     /// Read with O_DIRECT (falls back to buffered where the filesystem refuses it).
     #[arg(long, conflicts_with = "buffered")]
     pub direct: bool,
@@ -67,14 +67,6 @@ pub struct Args {
     pub remote: crate::remote::RemoteArgs,
 }
 
-fn parse_backend(s: &str) -> Result<String, String> {
-    if s == "auto" || tensora_io::registry::names().contains(&s) {
-        Ok(s.to_owned())
-    } else {
-        Err(format!("unknown backend {s:?}; expected auto, {}", tensora_io::registry::names().join(", ")))
-    }
-}
-
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(location) = crate::remote::location(&args.path)? {
@@ -84,16 +76,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // The format error names the path already.
     let ckpt = tensora_format::open(&args.path)?;
     let parse_seconds = t.elapsed().as_secs_f64();
-    for w in ckpt.warnings() {
-        eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
-    }
+    crate::output::print_warnings(&ckpt);
 
     let mut opts = LoadOptions {
-        backend: if args.backend == "auto" {
-            BackendChoice::Auto
-        } else {
-            BackendChoice::Named(args.backend.clone())
-        },
+        backend: args.backend.clone(),
         io_mode: match (args.direct, args.buffered) {
             (true, _) => IoMode::Direct,
             (_, true) => IoMode::Buffered,
@@ -112,7 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(c) = args.chunk {
         opts.chunk_bytes = c;
     }
-    let bar = common_options(&args, &mut opts);
+    let progress = common_options(&args, &mut opts);
 
     let mut report = if args.stream {
         let mut delivered: u64 = 0;
@@ -127,43 +113,33 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             tensora_io::load(&ckpt, &opts).with_context(|| format!("cannot load {}", args.path.display()))?;
         loaded.report().clone()
     };
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     report.phases.parse = parse_seconds;
     report.finalize();
 
-    match print(&args, &report) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        // `tensora load ... | head`: the reader left; the load itself succeeded.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(e.into()),
-    }
+    crate::output::written(print(&args, &report))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Selection, budget and the progress bar: the options local and remote loads share.
-fn common_options(args: &Args, opts: &mut LoadOptions) -> Option<indicatif::ProgressBar> {
+fn common_options(args: &Args, opts: &mut LoadOptions) -> Progress {
     if !args.select.is_empty() {
         opts.selection = Selection::Glob(args.select.clone());
     }
     if let Some(b) = args.budget {
         opts.budget_bytes = b;
     }
-    let bar = progress_bar(args);
-    if let Some(bar) = &bar {
-        let bar = bar.clone();
-        opts.progress = Some(Arc::new(move |done, total| {
-            bar.set_length(total);
-            bar.set_position(done);
-        }));
-    }
-    bar
+    // `--json` output is for a machine: no bar even on a terminal.
+    let show = if args.json { Show::Never } else { Show::OnTerminal };
+    let progress = Progress::new(show, "loading", 0);
+    opts.progress = progress.hook();
+    progress
 }
 
 /// `tensora load URL`: open the remote checkpoint and load it through `tensora_remote`.
 fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Result<ExitCode> {
     let local_only = [
-        (args.backend != "auto", "--backend"),
+        (!matches!(args.backend, BackendChoice::Auto), "--backend"),
         (args.direct, "--direct"),
         (args.buffered, "--buffered"),
         (args.mapped, "--mapped"),
@@ -184,7 +160,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     }
     let checkpoint = crate::remote::open(location, &remote_opts)?;
     let mut opts = LoadOptions::default();
-    let bar = common_options(args, &mut opts);
+    let progress = common_options(args, &mut opts);
     let context = || format!("cannot load {}", args.path.display());
     let report = if args.stream {
         let mut delivered: u64 = 0;
@@ -197,9 +173,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     } else {
         checkpoint.load(&opts).with_context(context)?.report().clone()
     };
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     let printed = (|| {
         let mut out = std::io::stdout().lock();
         if args.json {
@@ -220,11 +194,8 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
         }
         out.flush()
     })();
-    match printed {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(ExitCode::SUCCESS),
-        Err(e) => Err(e.into()),
-    }
+    crate::output::written(printed)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn print(args: &Args, report: &LoadReport) -> std::io::Result<()> {
@@ -236,19 +207,6 @@ fn print(args: &Args, report: &LoadReport) -> std::io::Result<()> {
         write_text(&mut out, report)?;
     }
     out.flush()
-}
-
-fn progress_bar(args: &Args) -> Option<indicatif::ProgressBar> {
-    if args.json || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new(0);
-    let style = indicatif::ProgressStyle::with_template(
-        "{bar:40} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec}",
-    )
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-    bar.set_style(style);
-    Some(bar)
 }
 
 fn write_text(out: &mut impl Write, r: &LoadReport) -> std::io::Result<()> {
@@ -272,11 +230,23 @@ fn write_text(out: &mut impl Write, r: &LoadReport) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// `--backend` as clap parses it, through `BackendChoice`'s `FromStr`.
+    fn parse_backend(name: &str) -> Result<BackendChoice, String> {
+        use clap::Parser as _;
+        match crate::Cli::try_parse_from(["tensora", "load", "m.safetensors", "--backend", name]) {
+            Ok(crate::Cli { command: crate::Command::Load(args) }) => Ok(args.backend),
+            Ok(other) => Err(format!("not a load: {other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     #[test]
     fn backend_names_are_checked() {
         assert!(parse_backend("auto").is_ok());
         assert!(parse_backend("sync").is_ok());
         assert!(parse_backend("io-uring").is_ok());
         assert!(parse_backend("floppy").unwrap_err().contains("sync"));
+        assert!(matches!(parse_backend("auto"), Ok(BackendChoice::Auto)));
+        assert!(matches!(parse_backend("mmap"), Ok(BackendChoice::Named(n)) if n == "mmap"));
     }
 }

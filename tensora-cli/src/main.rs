@@ -12,6 +12,8 @@ mod convert;
 mod hash;
 mod inspect;
 mod load;
+mod output;
+mod progress;
 mod remote;
 mod units;
 mod verify;

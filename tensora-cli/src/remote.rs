@@ -55,9 +55,7 @@ pub fn location(path: &Path) -> anyhow::Result<Option<Location>> {
 /// Open a remote checkpoint (headers and indexes by ranged reads), printing its warnings.
 pub fn open(location: &Location, opts: &RemoteOptions) -> anyhow::Result<RemoteCheckpoint> {
     let remote = open_remote(location, opts)?;
-    for w in remote.checkpoint().warnings() {
-        eprintln!("warning: {}: {}", w.path.display(), w.message.replace('\n', " "));
-    }
+    crate::output::print_warnings(remote.checkpoint());
     Ok(remote)
 }
 

@@ -64,11 +64,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
 
-    match print(&args, &report) {
-        // A reader that left early (`| head`) does not change the verdict.
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
-        _ => {}
-    }
+    // A reader that left early (`| head`) does not change the verdict.
+    crate::output::written(print(&args, &report))?;
     if report.is_clean() {
         Ok(ExitCode::SUCCESS)
     } else {

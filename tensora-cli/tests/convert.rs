@@ -43,7 +43,7 @@ fn digests(path: &Path) -> BTreeMap<String, (Value, Value, String)> {
         .map(|t| {
             let file = std::fs::File::open(&files[t["file"].as_u64().unwrap() as usize]).unwrap();
             let mut buf = vec![0u8; t["nbytes"].as_u64().unwrap() as usize];
-            file.read_exact_at(&mut buf, t["offset"].as_u64().unwrap()).unwrap();
+            file.read_exact_at(&mut buf, t["offset_bytes"].as_u64().unwrap()).unwrap();
             let name = t["name"].as_str().unwrap().to_owned();
             (name, (t["dtype"].clone(), t["shape"].clone(), hex::encode(Sha256::digest(&buf))))
         })

@@ -21,12 +21,15 @@ fn json_for_the_real_fixtures_matches_expected() {
     for (stem, count) in [("fracast-0", 47), ("fracast-0.int8", 67)] {
         let path = format!("{REAL}/{stem}.safetensors");
         let v = json_of(&path);
-        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(keys.len(), 4, "{keys:?}");
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["files", "format", "metadata", "path", "tensor_bytes", "tensors", "warnings"]);
         assert_eq!(v["format"], "safetensors");
+        assert_eq!(v["path"], path.as_str());
+        assert_eq!(v["warnings"], serde_json::json!([]));
         let files = v["files"].as_array().unwrap();
         assert_eq!(files.len(), 1);
-        assert_eq!(files[0]["size"], std::fs::metadata(&path).unwrap().len());
+        assert_eq!(files[0]["len_bytes"], std::fs::metadata(&path).unwrap().len());
         assert_eq!(files[0]["tensors"], count);
         assert!(files[0]["path"].as_str().unwrap().ends_with(&format!("{stem}.safetensors")));
         assert_eq!(v["metadata"]["model_name"], "fracast-0");
@@ -40,13 +43,17 @@ fn json_for_the_real_fixtures_matches_expected() {
             assert_eq!(t["dtype"], e["dtype"]);
             assert_eq!(t["shape"], e["shape"]);
             assert_eq!(t["file"], 0);
-            let offset = t["offset"].as_u64().unwrap();
+            assert_eq!(t["strides"], serde_json::Value::Null);
+            assert_eq!(t["len_bytes"], t["nbytes"], "safetensors stores tensors dense");
+            let offset = t["offset_bytes"].as_u64().unwrap();
             if let Some(end) = previous_end {
                 assert_eq!(offset, end, "tensors are listed in file order and tile the data");
             }
             previous_end = Some(offset + t["nbytes"].as_u64().unwrap());
         }
         assert_eq!(previous_end, Some(std::fs::metadata(&path).unwrap().len()));
+        let header_end = tensors[0]["offset_bytes"].as_u64().unwrap();
+        assert_eq!(v["tensor_bytes"], previous_end.unwrap() - header_end);
     }
 }
 
@@ -92,6 +99,9 @@ fn serverlessllm_directory() {
     assert_eq!(v["format"], "serverlessllm");
     assert_eq!(v["files"].as_array().unwrap().len(), 3);
     assert_eq!(v["tensors"].as_array().unwrap().len(), 14);
+    // The layout records strides; the JSON carries them.
+    let pos_ids = v["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "pos_ids").unwrap();
+    assert_eq!(pos_ids["strides"], serde_json::json!([17, 1]));
 }
 
 #[test]

@@ -53,13 +53,13 @@ fn inspect_json_offsets_give_the_expected_digests() {
         let name = t["name"].as_str().unwrap();
         let file = std::fs::File::open(&files[t["file"].as_u64().unwrap() as usize]).unwrap();
         let mut buf = vec![0u8; t["nbytes"].as_u64().unwrap() as usize];
-        file.read_exact_at(&mut buf, t["offset"].as_u64().unwrap()).unwrap();
+        file.read_exact_at(&mut buf, t["offset_bytes"].as_u64().unwrap()).unwrap();
         assert_eq!(hex::encode(Sha256::digest(&buf)), expected[name]["sha256"].as_str().unwrap(), "{name}");
     }
     // The tied pair points at the same bytes.
     let find = |n: &str| got["tensors"].as_array().unwrap().iter().find(|t| t["name"] == n).unwrap().clone();
     let (embed, head) = (find("embed.weight"), find("lm_head.weight"));
-    assert_eq!((&embed["file"], &embed["offset"]), (&head["file"], &head["offset"]));
+    assert_eq!((&embed["file"], &embed["offset_bytes"]), (&head["file"], &head["offset_bytes"]));
 }
 
 #[test]

@@ -39,6 +39,7 @@ mod checkpoint;
 mod dtype;
 mod error;
 mod fsutil;
+pub mod inspect;
 pub mod safetensors;
 pub mod select;
 pub mod sharded;
@@ -51,6 +52,7 @@ pub use checkpoint::{Checkpoint, FileChanged, FileEntry, FileId, FileStamp, Form
 pub use dtype::Dtype;
 pub use error::{Error, ErrorKind};
 pub use fsutil::{open_regular, read_capped};
+pub use inspect::Inspection;
 pub use select::{Matcher, Selection, SelectionError};
 
 /// Result alias for this crate.

@@ -6,10 +6,14 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
-const USAGE: &str = "usage: cargo xtask <test|bench|fixtures|fuzz> [options]
+mod selfcheck;
 
-  test                 fmt check, clippy -D warnings, every test (unit, integration, doc), quick bench,
-                       Python binding tests (tensora-py/run-tests.sh)
+const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [options]
+
+  test                 selfcheck, fmt check, clippy -D warnings, every test (unit, integration, doc),
+                       quick bench, Python binding tests (tensora-py/run-tests.sh)
+  selfcheck            fail if a tracked code, script or config file refers to a path outside the
+                       repository (see xtask/src/selfcheck.rs for the rules)
   bench [OPTIONS]      build tensora-bench in release mode and run it; writes
                        target/tensora-bench/report.{md,json,svg}
       --quick          small fixtures, 3 runs, a subset of the cells; reports go to
@@ -39,6 +43,7 @@ fn main() -> ExitCode {
     let rest = args.get(1..).unwrap_or(&[]);
     let result = match args.first().map(String::as_str) {
         Some("test") => test(rest),
+        Some("selfcheck") => no_arguments("selfcheck", rest).and_then(|()| selfcheck::run(&workspace_root())),
         Some("bench") => bench(rest),
         Some("fixtures") => fixtures(rest),
         Some("fuzz") => fuzz(rest),
@@ -87,10 +92,20 @@ fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
 }
 
-fn test(args: &[String]) -> Result<()> {
-    if let Some(extra) = args.first() {
-        bail!("`cargo xtask test` takes no arguments, got {extra:?}");
+/// Refuse arguments to a command that takes none.
+fn no_arguments(command: &str, args: &[String]) -> Result<()> {
+    match args.first() {
+        Some(extra) => bail!("`cargo xtask {command}` takes no arguments, got {extra:?}"),
+        None => Ok(()),
     }
+}
+
+fn test(args: &[String]) -> Result<()> {
+    no_arguments("test", args)?;
+    // First, before the workspace is built: a test that reads outside the repository passes here
+    // and fails on every other machine.
+    eprintln!("$ cargo xtask selfcheck");
+    selfcheck::run(&workspace_root())?;
     let cargo = cargo();
     run(&cargo, &["fmt", "--all", "--", "--check"])?;
     run(&cargo, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
@@ -103,8 +118,18 @@ fn test(args: &[String]) -> Result<()> {
     run("bash", &[script.to_str().context("non-UTF-8 path")?])
 }
 
+/// What a run of the tensora-bench binary does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BenchRun {
+    /// Generate the fixtures, then measure (`cargo xtask bench`).
+    Measure,
+    /// Only generate (or check) the fixtures (`cargo xtask fixtures`).
+    FixturesOnly,
+}
+
 /// Check the bench options and return them as tensora-bench arguments.
-fn bench_args(args: &[String], fixtures_only: bool) -> Result<Vec<String>> {
+fn bench_args(args: &[String], what: BenchRun) -> Result<Vec<String>> {
+    let fixtures_only = what == BenchRun::FixturesOnly;
     let mut out = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -154,7 +179,7 @@ fn bench(args: &[String]) -> Result<()> {
         let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
         return run(&cargo(), &cmd);
     }
-    run_bench_binary(bench_args(args, false)?)
+    run_bench_binary(bench_args(args, BenchRun::Measure)?)
 }
 
 /// The options of `bench --remote` (only `--runs N` besides the flag itself), as arguments of
@@ -188,7 +213,7 @@ fn target_dir() -> PathBuf {
 }
 
 fn fixtures(args: &[String]) -> Result<()> {
-    run_bench_binary(bench_args(args, true)?)
+    run_bench_binary(bench_args(args, BenchRun::FixturesOnly)?)
 }
 
 /// `cargo xtask fuzz [TARGET] [--seconds N]`.
@@ -262,19 +287,22 @@ mod tests {
 
     #[test]
     fn bench_options_pass_through_and_bad_ones_fail() {
-        let a =
-            bench_args(&strings(&["--quick", "--size", "full", "--runs", "7", "--no-cold"]), false).unwrap();
+        let a = bench_args(
+            &strings(&["--quick", "--size", "full", "--runs", "7", "--no-cold"]),
+            BenchRun::Measure,
+        )
+        .unwrap();
         assert_eq!(a, strings(&["--quick", "--size", "full", "--runs", "7", "--no-cold"]));
-        assert!(bench_args(&strings(&["--size", "huge"]), false).is_err());
-        assert!(bench_args(&strings(&["--size"]), false).is_err());
-        assert!(bench_args(&strings(&["--runs", "0"]), false).is_err());
-        assert!(bench_args(&strings(&["--runs", "x"]), false).is_err());
-        assert!(bench_args(&strings(&["--remote"]), false).is_err());
+        assert!(bench_args(&strings(&["--size", "huge"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--size"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--runs", "0"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--runs", "x"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--remote"]), BenchRun::Measure).is_err());
         assert_eq!(
-            bench_args(&strings(&["--size", "small"]), true).unwrap(),
+            bench_args(&strings(&["--size", "small"]), BenchRun::FixturesOnly).unwrap(),
             strings(&["--size", "small", "--fixtures-only"])
         );
-        assert!(bench_args(&strings(&["--quick"]), true).is_err());
+        assert!(bench_args(&strings(&["--quick"]), BenchRun::FixturesOnly).is_err());
     }
 
     #[test]
@@ -287,6 +315,13 @@ mod tests {
         assert!(remote_bench_args(&strings(&["--remote", "--quick"])).is_err());
         assert!(remote_bench_args(&strings(&["--remote", "--runs", "0"])).is_err());
         assert!(remote_bench_args(&strings(&["--remote", "--runs"])).is_err());
+    }
+
+    #[test]
+    fn test_and_selfcheck_take_no_arguments() {
+        assert!(no_arguments("selfcheck", &[]).is_ok());
+        let e = no_arguments("test", &strings(&["--quick"])).unwrap_err();
+        assert_eq!(e.to_string(), "`cargo xtask test` takes no arguments, got \"--quick\"");
     }
 
     #[test]
