@@ -10,38 +10,13 @@ use pyo3::types::PyDict;
 use crate::exc::{ConvertError, VerifyError};
 use crate::{cancelled_by_callback, drive, format_err, load_err, owner};
 
-/// The checkpoint's structure as JSON (format, files, metadata, tensors, warnings).
+/// The checkpoint's structure as JSON: `tensora_format::Inspection`, the schema `tensora inspect
+/// --json` prints too.
 #[pyfunction]
 pub(crate) fn inspect_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     let ckpt = py.detach(|| tensora_format::open(&path)).map_err(format_err)?;
-    let files: Vec<_> = ckpt
-        .files()
-        .iter()
-        .map(|f| serde_json::json!({"path": f.path().display().to_string(), "len_bytes": f.len_bytes()}))
-        .collect();
-    let tensors: Vec<_> = ckpt
-        .tensors()
-        .iter()
-        .map(|t| {
-            serde_json::json!({
-                "name": t.name(), "dtype": t.dtype().as_str(), "shape": t.shape(),
-                "file": t.file().0, "offset_bytes": t.offset_bytes(), "len_bytes": t.len_bytes(),
-                "strides": t.strides(),
-            })
-        })
-        .collect();
-    let warnings: Vec<String> =
-        ckpt.warnings().iter().map(|w| format!("{}: {}", w.path.display(), w.message)).collect();
-    let doc = serde_json::json!({
-        "path": path.display().to_string(),
-        "format": ckpt.format().as_str(),
-        "files": files,
-        "metadata": ckpt.metadata(),
-        "tensors": tensors,
-        "tensor_bytes": ckpt.total_tensor_bytes(),
-        "warnings": warnings,
-    });
-    Ok(doc.to_string())
+    serde_json::to_string(&tensora_format::Inspection::of(&ckpt))
+        .map_err(|e| crate::exc::TensoraError::new_err(e.to_string()))
 }
 
 /// One digest (hex) per tensor, computed inside a load (GIL released).
@@ -58,7 +33,10 @@ pub(crate) fn hash<'py>(
         algo.parse().map_err(|e: tensora_verify::UnknownAlgo| VerifyError::new_err(e.to_string()))?;
     let ckpt = py.detach(|| tensora_format::open(&path)).map_err(format_err)?;
     let cancel = Arc::new(AtomicBool::new(false));
-    let backend = (backend != "auto").then(|| backend.to_owned());
+    let backend = match crate::backend(backend)? {
+        tensora_io::BackendChoice::Auto => None,
+        named => Some(named.name().to_owned()),
+    };
     let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
         let opts = tensora_verify::hash::HashOptions { algo, backend, progress: hook };
         tensora_verify::hash::hash_checkpoint(&ckpt, &opts)

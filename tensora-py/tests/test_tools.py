@@ -66,3 +66,13 @@ def test_convert_round_trip(tmp_path, every_dtype_file):
         tensora.convert(every_dtype_file, sllm, "serverlessllm")
     with pytest.raises(tensora.ConvertError, match="unknown target"):
         tensora.convert(every_dtype_file, tmp_path / "x", "onnx")
+
+
+def test_inspect_is_the_cli_schema(every_dtype_file):
+    """One schema for `tensora.inspect` and `tensora inspect --json` (tensora_format::Inspection)."""
+    info = tensora.inspect(every_dtype_file)
+    assert set(info) == {"path", "format", "files", "metadata", "tensors", "tensor_bytes", "warnings"}
+    t = info["tensors"][0]
+    assert set(t) == {"name", "dtype", "shape", "file", "offset_bytes", "len_bytes", "nbytes", "strides"}
+    assert info["tensor_bytes"] == sum(t["len_bytes"] for t in info["tensors"])
+    assert info["files"][0]["tensors"] == len(info["tensors"])
