@@ -209,6 +209,26 @@ pub fn residency_sample_ranges(
     result.map(|()| sample)
 }
 
+/// The running kernel's `(major, minor)` version, from `uname`; `None` if it cannot be read.
+pub fn kernel_version() -> Option<(u32, u32)> {
+    let mut uts = std::mem::MaybeUninit::<libc::utsname>::zeroed();
+    // SAFETY: `uts` is a valid out-pointer of the right type.
+    if unsafe { libc::uname(uts.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: uname succeeded, so it filled the (zeroed) struct; `release` is NUL-terminated.
+    let release = unsafe { std::ffi::CStr::from_ptr(uts.assume_init_ref().release.as_ptr()) };
+    parse_kernel_release(release.to_str().ok()?)
+}
+
+/// `(major, minor)` of a kernel release string such as `5.15.0-91-generic` or `6.18.44-fc`.
+pub fn parse_kernel_release(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((major, minor))
+}
+
 /// Online CPUs available to this process.
 pub fn cpu_count() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)

@@ -8,7 +8,7 @@ use tensora_format::{Selection, TensorInfo};
 use super::TensorRef;
 use crate::arena::Arena;
 use crate::error::BoxError;
-use crate::seam::IoBackend;
+use crate::seam::{Access, IoBackend};
 
 /// Which backend runs the load.
 #[derive(Clone, Default)]
@@ -220,6 +220,10 @@ pub struct LoadOptions {
     pub arena_reuse: ArenaReuse,
 }
 
+/// The first kernel on which an `O_DIRECT` read into a page released with `MADV_FREE` keeps the
+/// page (see [`ArenaReuse::Recycle`]).
+pub const LAZY_FREE_DMA_SAFE_KERNEL: (u32, u32) = (5, 18);
+
 /// Where a load's arena memory comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ArenaReuse {
@@ -230,14 +234,30 @@ pub enum ArenaReuse {
     /// Reuse the arena parked by an earlier load (no page faults when it fits), and park this
     /// load's arena when it drops. For processes that load and drop models repeatedly (model
     /// swapping); the parked arena stays in RSS until reused or [`crate::arena::drop_recycled`].
+    /// Direct (`O_DIRECT`) loads on kernels before 5.18 ([`LAZY_FREE_DMA_SAFE_KERNEL`]) get fresh
+    /// memory anyway: there a lazily freed page filled by DMA can be dropped afterwards.
     Recycle,
 }
 
 impl ArenaReuse {
-    pub(super) fn arena(self, len_bytes: u64) -> std::io::Result<Arena> {
-        match self {
+    /// An arena of `len_bytes` for reads through `access`. A recycled arena's pages were released
+    /// with `MADV_FREE`; before Linux 5.18 the kernel may drop such a page after an `O_DIRECT` read
+    /// filled it (the DMA does not mark the page dirty), leaving zeros where the bytes landed. So a
+    /// direct load on those kernels gets fresh memory even under [`ArenaReuse::Recycle`].
+    pub(super) fn arena(self, len_bytes: u64, access: Access) -> std::io::Result<Arena> {
+        match self.effective(access, crate::auto::probe::kernel_version()) {
             ArenaReuse::Fresh => Arena::with_len(len_bytes),
             ArenaReuse::Recycle => Arena::recycled(len_bytes),
+        }
+    }
+
+    /// `self`, unless recycling is unsafe for `access` on a kernel of version `kernel` (`None`:
+    /// unknown, so unsafe).
+    pub(super) fn effective(self, access: Access, kernel: Option<(u32, u32)>) -> ArenaReuse {
+        let lazy_free_keeps_dma = kernel.is_some_and(|v| v >= LAZY_FREE_DMA_SAFE_KERNEL);
+        match (self, access) {
+            (ArenaReuse::Recycle, Access::Direct) if !lazy_free_keeps_dma => ArenaReuse::Fresh,
+            (reuse, _) => reuse,
         }
     }
 
@@ -292,5 +312,36 @@ impl std::fmt::Debug for LoadOptions {
             .field("progress", &self.progress.is_some())
             .field("files_open_max", &self.files_open_max)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recycling_is_kept_except_for_direct_loads_on_kernels_that_drop_lazily_freed_dma_pages() {
+        use ArenaReuse::{Fresh, Recycle};
+        for (reuse, access, kernel, want) in [
+            (Recycle, Access::Direct, Some((5, 17)), Fresh),
+            (Recycle, Access::Direct, Some((4, 19)), Fresh),
+            (Recycle, Access::Direct, None, Fresh),
+            (Recycle, Access::Direct, Some((5, 18)), Recycle),
+            (Recycle, Access::Direct, Some((6, 1)), Recycle),
+            (Recycle, Access::Buffered, Some((5, 4)), Recycle),
+            (Fresh, Access::Direct, Some((6, 1)), Fresh),
+        ] {
+            assert_eq!(reuse.effective(access, kernel), want, "{reuse:?} {access:?} {kernel:?}");
+        }
+    }
+
+    #[test]
+    fn kernel_releases_parse() {
+        use crate::auto::probe::{kernel_version, parse_kernel_release};
+        assert_eq!(parse_kernel_release("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(parse_kernel_release("6.18.44-fc-v1045"), Some((6, 18)));
+        assert_eq!(parse_kernel_release("4.19"), Some((4, 19)));
+        assert_eq!(parse_kernel_release("linux"), None);
+        assert!(kernel_version().is_some_and(|v| v >= (3, 0)), "{:?}", kernel_version());
     }
 }

@@ -15,7 +15,7 @@ use crate::arena::Arena;
 use crate::auto::Delivery;
 use crate::error::LoadError;
 use crate::report::{Faults, Phases};
-use crate::seam::IoStats;
+use crate::seam::{Access, IoStats};
 
 /// Load the selected tensors: into one owned hugepage arena ([`Residence::Owned`], the default),
 /// or as zero-copy views of the files ([`Residence::Mapped`]), or whichever `auto` picks
@@ -79,8 +79,10 @@ impl Session<'_> {
         let opts = self.opts;
         let t = Instant::now();
         let len_bytes = owned.arena_len_bytes;
-        let arena =
-            opts.arena_reuse.arena(len_bytes).map_err(|source| LoadError::Arena { len_bytes, source })?;
+        let arena = opts
+            .arena_reuse
+            .arena(len_bytes, Access::direct_if(self.direct))
+            .map_err(|source| LoadError::Arena { len_bytes, source })?;
         let mut files = FileSet::new(opts.files_open_max);
         let stats = self.run_plans(&arena, &owned.plans, &mut files)?;
         phases.io += t.elapsed().as_secs_f64();

@@ -17,7 +17,7 @@ use crate::arena::Arena;
 use crate::auto::Delivery;
 use crate::error::{BoxError, LoadError};
 use crate::report::LoadReport;
-use crate::seam::StopReason;
+use crate::seam::{Access, StopReason};
 
 /// Load the selected tensors, handing each to `f` (on the calling thread) as soon as all its bytes
 /// have landed, and recycling arena space.
@@ -86,7 +86,9 @@ pub fn load_streaming(
             drop(arena.take());
             let len_bytes = need.max(opts.budget_bytes.min(session.bytes_selected.max(need)));
             arena = Some(
-                opts.arena_reuse.arena(len_bytes).map_err(|source| LoadError::Arena { len_bytes, source })?,
+                opts.arena_reuse
+                    .arena(len_bytes, Access::direct_if(session.direct))
+                    .map_err(|source| LoadError::Arena { len_bytes, source })?,
             );
         }
         let Some(arena_ref) = arena.as_ref() else { continue };

@@ -3,6 +3,7 @@
 
 use std::io;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tensora_plan::{Plan, Read};
@@ -50,6 +51,9 @@ pub struct Job<'a> {
     /// One bit per plan read: set once its destination range has been handed out
     /// ([`Job::claim`]) or taken by a built-in backend. A range is never handed out twice.
     claims: Box<[AtomicU64]>,
+    /// Whether the reads' destination ranges are pairwise disjoint, checked once, at the first
+    /// hand-out (`Err((a, b))`: reads `a` and `b` overlap).
+    disjoint: OnceLock<Result<(), (u32, u32)>>,
     /// Private: only [`Job::new`] builds a job.
     _sealed: Sealed,
 }
@@ -107,6 +111,7 @@ impl<'a> Job<'a> {
             file_ids: None,
             landed_step_bytes: None,
             claims: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            disjoint: OnceLock::new(),
             _sealed: Sealed,
         }
     }
@@ -192,6 +197,7 @@ impl<'a> Job<'a> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn claim(&self, index: u32) -> Result<ReadTarget<'_>, ReadError> {
+        self.check_disjoint()?;
         let read = self.checked_read(index)?;
         self.take_claim(index, read)?;
         // SAFETY: `checked_read` proved `arena_offset_bytes + len_bytes <= dest.len_bytes()`,
@@ -209,6 +215,7 @@ impl<'a> Job<'a> {
     /// Claims every read of the plan at once, for a built-in backend that writes through raw
     /// pointers (after checking every range). Fails if any read was claimed before.
     pub(crate) fn claim_all(&self) -> Result<(), ReadError> {
+        self.check_disjoint()?;
         let reads = self.plan.reads();
         for (w, word) in self.claims.iter().enumerate() {
             let bits = (reads.len() - w * 64).min(64);
@@ -220,6 +227,29 @@ impl<'a> Job<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a plan whose reads' destination ranges overlap: two backends' writes (or a write
+    /// and a hand-out) would then race on the same bytes. The planner never builds one (its
+    /// `Plan::check` re-derives this in debug builds); this is the release-build guard, checked
+    /// once per job in O(reads log reads).
+    fn check_disjoint(&self) -> Result<(), ReadError> {
+        let reads = self.plan.reads();
+        match *self.disjoint.get_or_init(|| overlapping_reads(reads)) {
+            Ok(()) => Ok(()),
+            Err((a, b)) => {
+                let read = &reads[b as usize];
+                Err(ReadError {
+                    file: read.file,
+                    offset_bytes: read.offset_bytes,
+                    len_bytes: read.len_bytes,
+                    kind: ReadErrorKind::Io(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("reads {a} and {b} of the plan land on overlapping destination bytes"),
+                    )),
+                })
+            }
+        }
     }
 
     fn take_claim(&self, index: u32, read: &Read) -> Result<(), ReadError> {
@@ -256,6 +286,19 @@ impl<'a> Job<'a> {
         }
         Ok(read)
     }
+}
+
+/// The first pair of reads (by destination offset) whose non-empty destination ranges overlap.
+fn overlapping_reads(reads: &[Read]) -> Result<(), (u32, u32)> {
+    let mut order: Vec<u32> = (0..reads.len() as u32).filter(|&i| reads[i as usize].len_bytes > 0).collect();
+    order.sort_unstable_by_key(|&i| reads[i as usize].arena_offset_bytes);
+    for pair in order.windows(2) {
+        let (a, b) = (&reads[pair[0] as usize], &reads[pair[1] as usize]);
+        if a.arena_offset_bytes.saturating_add(a.len_bytes) > b.arena_offset_bytes {
+            return Err((pair[0], pair[1]));
+        }
+    }
+    Ok(())
 }
 
 fn already_claimed(read: &Read, index: u32) -> ReadError {
@@ -342,5 +385,39 @@ impl std::fmt::Debug for Job<'_> {
             .field("dest_len_bytes", &self.dest.len_bytes())
             .field("config", &self.config)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn read(arena_offset_bytes: u64, len_bytes: u64) -> Read {
+        Read { file: 0, offset_bytes: arena_offset_bytes, len_bytes, arena_offset_bytes, pieces: 0..0 }
+    }
+
+    #[test]
+    fn touching_ranges_are_disjoint_and_overlaps_are_named() {
+        assert_eq!(overlapping_reads(&[read(0, 10), read(10, 5), read(20, 0), read(15, 1)]), Ok(()));
+        assert_eq!(overlapping_reads(&[read(0, 10), read(30, 5), read(9, 2)]), Err((0, 2)));
+        // Empty reads overlap nothing.
+        assert_eq!(overlapping_reads(&[read(0, 10), read(5, 0)]), Ok(()));
+    }
+
+    proptest! {
+        /// The check agrees with the quadratic definition on any set of ranges.
+        #[test]
+        fn the_check_agrees_with_pairwise_overlap(ranges in proptest::collection::vec((0u64..200, 0u64..40), 0..24)) {
+            let reads: Vec<Read> = ranges.iter().map(|&(o, l)| read(o, l)).collect();
+            let overlap = reads.iter().enumerate().any(|(i, a)| {
+                reads.iter().skip(i + 1).any(|b| {
+                    a.len_bytes > 0 && b.len_bytes > 0
+                        && a.arena_offset_bytes < b.arena_offset_bytes + b.len_bytes
+                        && b.arena_offset_bytes < a.arena_offset_bytes + a.len_bytes
+                })
+            });
+            prop_assert_eq!(overlapping_reads(&reads).is_err(), overlap);
+        }
     }
 }
