@@ -12,17 +12,15 @@
 //! [`write`].
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-
+use self::index::{check_extent, parse_index_inner};
 use crate::checkpoint::{FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
 use crate::{Checkpoint, Dtype, Error, ErrorKind};
 
+mod index;
 pub mod write;
 
 /// Name of the index file inside a ServerlessLLM directory.
@@ -57,14 +55,17 @@ pub enum IndexLayout {
 /// One validated entry of `tensor_index.json`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexEntry {
+    /// The tensor's name (the entry's key), unique in the index.
     pub name: String,
     /// Global offset ([`IndexLayout::Upstream`]) or offset within `partition` (legacy).
     pub offset_bytes: u64,
     /// Byte size of the tensor's storage.
     pub size_bytes: u64,
+    /// Shape; `[]` is a scalar.
     pub shape: Vec<u64>,
     /// Strides in elements, same rank as `shape`.
     pub strides: Vec<u64>,
+    /// Element type, mapped from the torch name (or the legacy short name).
     pub dtype: Dtype,
     /// The partition number (legacy layout only).
     pub partition: Option<u32>,
@@ -80,24 +81,10 @@ impl IndexEntry {
 /// A parsed and validated `tensor_index.json`, entries in file (state-dict) order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SllmIndex {
+    /// Which flavour the entries were written in (all entries share one).
     pub layout: IndexLayout,
+    /// The entries, in the index's (state-dict) order.
     pub entries: Vec<IndexEntry>,
-}
-
-/// A parse failure with the tensor it concerns, if any.
-#[derive(Debug)]
-struct IndexError {
-    kind: ErrorKind,
-    tensor: Option<String>,
-}
-
-impl IndexError {
-    fn new(kind: ErrorKind) -> IndexError {
-        IndexError { kind, tensor: None }
-    }
-    fn at(name: &str, kind: ErrorKind) -> IndexError {
-        IndexError { kind, tensor: Some(name.to_owned()) }
-    }
 }
 
 /// Parse and validate the bytes of a `tensor_index.json`, without touching any file.
@@ -117,427 +104,6 @@ impl IndexError {
 /// ```
 pub fn parse_index(bytes: &[u8]) -> Result<SllmIndex, ErrorKind> {
     parse_index_inner(bytes).map_err(|e| e.kind)
-}
-
-fn parse_index_inner(bytes: &[u8]) -> Result<SllmIndex, IndexError> {
-    let mut collect = Collect { entries: Vec::new(), layout: None, failure: None };
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let parsed = (&mut de).deserialize_map(ObjectVisitor { collect: &mut collect }).and_then(|()| de.end());
-    if let Some(failure) = collect.failure.take() {
-        return Err(failure);
-    }
-    parsed.map_err(|e| {
-        let message = e.to_string();
-        let kind = match e.classify() {
-            serde_json::error::Category::Data => ErrorKind::BadIndex {
-                message: format!("tensor_index.json must be one JSON object: {message}"),
-            },
-            _ => ErrorKind::BadIndex { message: format!("tensor_index.json is not valid JSON: {message}") },
-        };
-        IndexError::new(kind)
-    })?;
-    let Collect { entries, layout, .. } = collect;
-    check_unique_names(&entries)?;
-    check_overlaps(&entries)?;
-    Ok(SllmIndex { layout: layout.unwrap_or(IndexLayout::Upstream), entries })
-}
-
-/// Entries validated so far. Each entry is checked as soon as it is read, so only the compact
-/// [`IndexEntry`] values are kept, never a JSON tree of the whole index.
-struct Collect {
-    entries: Vec<IndexEntry>,
-    layout: Option<IndexLayout>,
-    /// The typed error that stopped the parse (serde only carries a message).
-    failure: Option<IndexError>,
-}
-
-impl Collect {
-    fn add(&mut self, name: String, raw: RawEntry) -> Result<(), IndexError> {
-        if name.is_empty() {
-            return Err(IndexError::at(&name, ErrorKind::BadTensorName { reason: "empty name" }));
-        }
-        let entry = parse_entry(&name, raw).map_err(|kind| IndexError::at(&name, kind))?;
-        let this_layout = if entry.partition.is_some() { IndexLayout::Legacy } else { IndexLayout::Upstream };
-        match self.layout {
-            None => self.layout = Some(this_layout),
-            Some(l) if l != this_layout => {
-                let message = "index mixes 5-element and 6-element entries".to_owned();
-                return Err(IndexError::at(&name, ErrorKind::BadSllmEntry { message }));
-            }
-            Some(_) => {}
-        }
-        self.entries.push(entry);
-        Ok(())
-    }
-}
-
-/// Reads the top-level object in order, handing each entry to [`Collect::add`].
-struct ObjectVisitor<'c> {
-    collect: &'c mut Collect,
-}
-
-impl<'de> Visitor<'de> for ObjectVisitor<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object keyed by tensor name")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(name) = map.next_key::<String>()? {
-            let raw: RawEntry = map.next_value()?;
-            if let Err(failure) = self.collect.add(name, raw) {
-                self.collect.failure = Some(failure);
-                return Err(de::Error::custom("invalid tensor_index.json entry"));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Skip the rest of a sequence without building any of it.
-fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
-    while seq.next_element::<IgnoredAny>()?.is_some() {}
-    Ok(())
-}
-
-/// Skip the rest of a map without building any of it.
-fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
-    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-    Ok(())
-}
-
-/// Implements the `visit_*` methods of a visitor for every JSON value other than those it
-/// handles itself, each giving `$other` (arrays and objects are skipped, never built).
-macro_rules! other_json_values {
-    ($other:expr; $($skip:ident),*) => {
-        $(other_json_values!(@one $skip, $other);)*
-    };
-    (@one bool, $other:expr) => {
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> { Ok($other) }
-    };
-    (@one number, $other:expr) => {
-        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> { Ok($other) }
-        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> { Ok($other) }
-        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> { Ok($other) }
-    };
-    (@one str, $other:expr) => {
-        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> { Ok($other) }
-    };
-    (@one null, $other:expr) => {
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> { Ok($other) }
-        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> { Ok($other) }
-    };
-    (@one seq, $other:expr) => {
-        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            drain_seq(seq)?;
-            Ok($other)
-        }
-    };
-    (@one map, $other:expr) => {
-        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-            drain_map(map)?;
-            Ok($other)
-        }
-    };
-}
-
-/// One integer field of an entry, as read (no JSON tree is built, whatever the value is).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Num {
-    U64(u64),
-    Negative,
-    /// A fraction, or an integer beyond u64 (serde_json reads those as floats).
-    NotU64Integer,
-    /// Not a number at all.
-    NotNumber,
-}
-
-impl Num {
-    /// `Ok(None)` when the value is not a number at all.
-    fn get(self) -> Result<Option<u64>, &'static str> {
-        match self {
-            Num::U64(v) => Ok(Some(v)),
-            Num::Negative => Err("is negative"),
-            Num::NotU64Integer => Err("is not an integer that fits in u64"),
-            Num::NotNumber => Ok(None),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Num {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Num, D::Error> {
-        struct NumVisitor;
-        impl<'de> Visitor<'de> for NumVisitor {
-            type Value = Num;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
-                Ok(Num::U64(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
-                Ok(u64::try_from(v).map_or(Num::Negative, Num::U64))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Num, E> {
-                Ok(Num::NotU64Integer)
-            }
-            other_json_values!(Num::NotNumber; bool, str, null, seq, map);
-        }
-        d.deserialize_any(NumVisitor)
-    }
-}
-
-/// The dtype field: a string, or anything else (skipped).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum DtypeField {
-    Str(String),
-    NotString,
-}
-
-impl<'de> Deserialize<'de> for DtypeField {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<DtypeField, D::Error> {
-        struct DtypeVisitor;
-        impl<'de> Visitor<'de> for DtypeVisitor {
-            type Value = DtypeField;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<DtypeField, E> {
-                Ok(DtypeField::Str(v.to_owned()))
-            }
-            other_json_values!(DtypeField::NotString; bool, number, null, seq, map);
-        }
-        d.deserialize_any(DtypeVisitor)
-    }
-}
-
-/// Reads a shape or stride array, keeping at most [`RANK_MAX`] dimensions: a longer array is
-/// counted to its end without storing anything, so an index of any size costs O(1) memory per
-/// entry. The outcome is the same as validating a fully built array.
-struct DimsSeed {
-    field: &'static str,
-}
-
-/// A shape or stride field as read.
-#[derive(Debug)]
-enum Dims {
-    Valid(Vec<u64>),
-    Invalid(ErrorKind),
-    /// Not an array at all.
-    NotArray,
-}
-
-impl<'de> DeserializeSeed<'de> for DimsSeed {
-    type Value = Dims;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DimsSeed {
-    type Value = Dims;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let field = self.field;
-        let mut dims: Vec<u64> = Vec::new();
-        let mut first_error: Option<ErrorKind> = None;
-        let mut rank = 0usize;
-        while let Some(n) = seq.next_element::<Num>()? {
-            if rank < RANK_MAX && first_error.is_none() {
-                match n.get() {
-                    Ok(Some(d)) => dims.push(d),
-                    Ok(None) => first_error = Some(bad_entry(format!("{field}[{rank}] must be an integer"))),
-                    Err(why) => {
-                        first_error = Some(ErrorKind::BadShape { reason: format!("{field}[{rank}] {why}") })
-                    }
-                }
-            }
-            rank = rank.saturating_add(1);
-        }
-        Ok(if rank > RANK_MAX {
-            Dims::Invalid(ErrorKind::RankTooLarge { rank, limit: RANK_MAX })
-        } else if let Some(e) = first_error {
-            Dims::Invalid(e)
-        } else {
-            Dims::Valid(dims)
-        })
-    }
-    other_json_values!(Dims::NotArray; bool, number, str, null, map);
-}
-
-/// One entry as read, each field already reduced to what validation needs; the array's length is
-/// counted (elements past the sixth are skipped unread).
-#[derive(Debug, Default)]
-struct RawEntry {
-    /// Number of array elements; `None` when the value is not an array.
-    elements: Option<usize>,
-    offset: Option<Num>,
-    size: Option<Num>,
-    shape: Option<Dims>,
-    stride: Option<Dims>,
-    dtype: Option<DtypeField>,
-    partition: Option<Num>,
-}
-
-impl<'de> Deserialize<'de> for RawEntry {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawEntry, D::Error> {
-        struct EntryVisitor;
-        impl<'de> Visitor<'de> for EntryVisitor {
-            type Value = RawEntry;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawEntry, A::Error> {
-                let mut raw = RawEntry::default();
-                let mut len = 0usize;
-                loop {
-                    let more = match len {
-                        0 => seq.next_element::<Num>()?.map(|v| raw.offset = Some(v)).is_some(),
-                        1 => seq.next_element::<Num>()?.map(|v| raw.size = Some(v)).is_some(),
-                        2 => seq
-                            .next_element_seed(DimsSeed { field: "shape" })?
-                            .map(|v| raw.shape = Some(v))
-                            .is_some(),
-                        3 => seq
-                            .next_element_seed(DimsSeed { field: "stride" })?
-                            .map(|v| raw.stride = Some(v))
-                            .is_some(),
-                        4 => seq.next_element::<DtypeField>()?.map(|v| raw.dtype = Some(v)).is_some(),
-                        5 => seq.next_element::<Num>()?.map(|v| raw.partition = Some(v)).is_some(),
-                        _ => seq.next_element::<IgnoredAny>()?.is_some(),
-                    };
-                    if !more {
-                        break;
-                    }
-                    len = len.saturating_add(1);
-                }
-                raw.elements = Some(len);
-                Ok(raw)
-            }
-            other_json_values!(RawEntry::default(); bool, number, str, null, map);
-        }
-        d.deserialize_any(EntryVisitor)
-    }
-}
-
-/// Names are unique (a JSON object with a repeated key is refused; the later entry is named).
-fn check_unique_names(entries: &[IndexEntry]) -> Result<(), IndexError> {
-    let mut order: Vec<usize> = (0..entries.len()).collect();
-    order.sort_by(|&a, &b| entries[a].name.cmp(&entries[b].name).then(a.cmp(&b)));
-    for pair in order.windows(2) {
-        if entries[pair[0]].name == entries[pair[1]].name {
-            return Err(IndexError::at(&entries[pair[1]].name, ErrorKind::DuplicateTensor));
-        }
-    }
-    Ok(())
-}
-
-fn bad_entry(message: impl Into<String>) -> ErrorKind {
-    ErrorKind::BadSllmEntry { message: message.into() }
-}
-
-fn offset_field(value: Option<Num>, field: &str) -> Result<u64, ErrorKind> {
-    match value.unwrap_or(Num::NotNumber).get() {
-        Ok(Some(v)) => Ok(v),
-        Ok(None) => Err(bad_entry(format!("{field} must be an integer"))),
-        Err(why) => Err(ErrorKind::BadOffsets { reason: format!("{field} {why}") }),
-    }
-}
-
-fn dims_field(value: Option<Dims>, field: &str) -> Result<Vec<u64>, ErrorKind> {
-    match value.unwrap_or(Dims::NotArray) {
-        Dims::Valid(dims) => Ok(dims),
-        Dims::Invalid(e) => Err(e),
-        Dims::NotArray => Err(bad_entry(format!("{field} must be an array of integers"))),
-    }
-}
-
-fn parse_entry(name: &str, raw: RawEntry) -> Result<IndexEntry, ErrorKind> {
-    let legacy = match raw.elements {
-        None => return Err(bad_entry("value must be a 5- or 6-element array")),
-        Some(5) => false,
-        Some(6) => true,
-        Some(n) => return Err(bad_entry(format!("value has {n} elements, expected 5 or 6"))),
-    };
-    let offset_bytes = offset_field(raw.offset, "offset")?;
-    let size_bytes = offset_field(raw.size, "size")?;
-    if offset_bytes.checked_add(size_bytes).is_none() {
-        return Err(ErrorKind::BadOffsets { reason: "offset + size overflows u64".to_owned() });
-    }
-    let shape = dims_field(raw.shape, "shape")?;
-    let strides = dims_field(raw.stride, "stride")?;
-    let Some(DtypeField::Str(dtype_name)) = raw.dtype else {
-        return Err(bad_entry("dtype must be a string"));
-    };
-    let dtype = if legacy { dtype_from_short(&dtype_name) } else { dtype_from_torch(&dtype_name) }
-        .ok_or_else(|| ErrorKind::UnknownTorchDtype { dtype: dtype_name.clone() })?;
-    let partition = if legacy {
-        match raw.partition.unwrap_or(Num::NotNumber).get() {
-            Ok(Some(p)) => Some(u32::try_from(p).map_err(|_| ErrorKind::BadOffsets {
-                reason: format!("partition_id {p} does not fit in u32"),
-            })?),
-            Ok(None) => return Err(bad_entry("partition_id must be an integer")),
-            Err(why) => return Err(ErrorKind::BadOffsets { reason: format!("partition_id {why}") }),
-        }
-    } else {
-        None
-    };
-    if shape.len() != strides.len() {
-        return Err(ErrorKind::StrideRankMismatch { shape_rank: shape.len(), stride_rank: strides.len() });
-    }
-    check_extent(dtype, &shape, &strides, size_bytes)?;
-    Ok(IndexEntry { name: name.to_owned(), offset_bytes, size_bytes, shape, strides, dtype, partition })
-}
-
-/// The highest element reachable through shape and stride must lie inside `size_bytes`, and the
-/// dense `numel × itemsize` bytes (what digests cover) must too.
-fn check_extent(dtype: Dtype, shape: &[u64], strides: &[u64], size_bytes: u64) -> Result<(), ErrorKind> {
-    let item_bytes = dtype.size_bytes().ok_or(ErrorKind::SizeOverflow)?;
-    let numel = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or(ErrorKind::SizeOverflow)?;
-    let needed_elems = if numel == 0 {
-        0
-    } else {
-        shape
-            .iter()
-            .zip(strides)
-            .try_fold(1u64, |acc, (&d, &s)| acc.checked_add((d - 1).checked_mul(s)?))
-            .ok_or(ErrorKind::SizeOverflow)?
-    };
-    let needed_bytes = needed_elems.checked_mul(item_bytes).ok_or(ErrorKind::SizeOverflow)?;
-    if needed_bytes > size_bytes {
-        return Err(ErrorKind::StrideOutOfBounds { needed_bytes, size_bytes });
-    }
-    let dense_bytes = numel.checked_mul(item_bytes).ok_or(ErrorKind::SizeOverflow)?;
-    if dense_bytes > size_bytes {
-        return Err(ErrorKind::SizeMismatch { expected_bytes: dense_bytes, actual_bytes: size_bytes });
-    }
-    Ok(())
-}
-
-/// Entries must not overlap unless exactly tied (same partition, offset and size). Zero-size
-/// entries cover no bytes and never overlap.
-fn check_overlaps(entries: &[IndexEntry]) -> Result<(), IndexError> {
-    let mut order: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].size_bytes > 0).collect();
-    let key = |i: usize| (entries[i].partition, entries[i].offset_bytes, entries[i].size_bytes);
-    order.sort_by_key(|&i| key(i));
-    // The entry (among those seen so far in this partition) whose range ends last.
-    let mut reach: Option<usize> = None;
-    for &i in &order {
-        let e = &entries[i];
-        if let Some(r) = reach {
-            let prev = &entries[r];
-            if prev.partition == e.partition && e.offset_bytes < prev.end_bytes() {
-                let tied = prev.offset_bytes == e.offset_bytes && prev.size_bytes == e.size_bytes;
-                if !tied {
-                    return Err(IndexError::at(&e.name, ErrorKind::SllmOverlap { other: prev.name.clone() }));
-                }
-                continue;
-            }
-        }
-        reach = Some(i);
-    }
-    Ok(())
 }
 
 /// Map a torch dtype name (`str(tensor.dtype)`) to the safetensors dtype.
@@ -606,21 +172,25 @@ pub fn looks_like_sllm_dir(dir: &Path) -> bool {
     dir.join(INDEX_FILE_NAME).is_file()
 }
 
-/// Read a file of at most `limit_bytes`, refusing bigger ones before reading (and never reading
-/// more than `limit_bytes + 1` even if the file grows meanwhile).
-fn read_capped(path: &Path, limit_bytes: u64) -> Result<Vec<u8>, ErrorKind> {
-    let file = fs::File::open(path)?;
-    let len_bytes = file.metadata()?.len();
-    if len_bytes > limit_bytes {
-        return Err(ErrorKind::IndexTooLarge { len_bytes, limit_bytes });
-    }
-    let mut buf = Vec::with_capacity(usize::try_from(len_bytes).unwrap_or(0));
-    file.take(limit_bytes + 1).read_to_end(&mut buf)?;
-    let read_bytes = buf.len() as u64;
-    if read_bytes > limit_bytes {
-        return Err(ErrorKind::IndexTooLarge { len_bytes: read_bytes, limit_bytes });
-    }
-    Ok(buf)
+/// Read and parse `dir/tensor_index.json` (at most [`INDEX_LEN_BYTES_MAX`], a regular file);
+/// errors name the index and, where there is one, the tensor.
+fn read_index(dir: &Path) -> crate::Result<(PathBuf, SllmIndex)> {
+    let index_path = dir.join(INDEX_FILE_NAME);
+    let bytes = crate::read_capped(&index_path, INDEX_LEN_BYTES_MAX)?;
+    let index = parse_index_inner(&bytes).map_err(|e| {
+        let err = Error::new(&index_path, e.kind);
+        match e.tensor {
+            Some(t) => err.with_tensor(t),
+            None => err,
+        }
+    })?;
+    Ok((index_path, index))
+}
+
+/// The partition an upstream (global) offset starts in: the last one whose global start
+/// (`starts[p]`) is at or before it.
+fn partition_at(starts: &[u64], offset_bytes: u64) -> usize {
+    starts.partition_point(|&s| s <= offset_bytes).saturating_sub(1)
 }
 
 /// The path of partition `index` inside `dir`.
@@ -680,6 +250,7 @@ fn first_record_offsets(tensors: &[TensorInfo], partitions: usize) -> Vec<Option
 /// A partition shorter than the index needs (see [`partition_shortfalls`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionShortfall {
+    /// The partition file, `dir/tensor.data_N`.
     pub path: PathBuf,
     /// The end of the last tensor the index places in this partition.
     pub expected_len_bytes: u64,
@@ -702,10 +273,7 @@ pub struct PartitionShortfall {
 /// assert!(short.is_empty());
 /// ```
 pub fn partition_shortfalls(dir: &Path) -> crate::Result<Vec<PartitionShortfall>> {
-    let index_path = dir.join(INDEX_FILE_NAME);
-    let bytes = read_capped(&index_path, INDEX_LEN_BYTES_MAX).map_err(|k| Error::new(&index_path, k))?;
-    let index = parse_index_inner(&bytes).map_err(|e| Error::new(&index_path, e.kind))?;
-    drop(bytes);
+    let (_, index) = read_index(dir)?;
     let files = probe_partitions(dir)?;
     let lens: Vec<u64> = files.iter().map(|f| f.stamp.len_bytes).collect();
     let mut starts = Vec::with_capacity(lens.len());
@@ -718,7 +286,7 @@ pub fn partition_shortfalls(dir: &Path) -> crate::Result<Vec<PartitionShortfall>
     for e in &index.entries {
         let (p, local_end) = match e.partition {
             None => {
-                let p = starts.partition_point(|&s| s <= e.offset_bytes).saturating_sub(1);
+                let p = partition_at(&starts, e.offset_bytes);
                 (p, e.end_bytes() - starts[p])
             }
             Some(p) => (p as usize, e.end_bytes()),
@@ -753,16 +321,7 @@ pub fn partition_shortfalls(dir: &Path) -> crate::Result<Vec<PartitionShortfall>
 /// assert_eq!((embed.file(), embed.range()), (head.file(), head.range()));
 /// ```
 pub fn open_dir(dir: &Path) -> crate::Result<Checkpoint> {
-    let index_path = dir.join(INDEX_FILE_NAME);
-    let bytes = read_capped(&index_path, INDEX_LEN_BYTES_MAX).map_err(|k| Error::new(&index_path, k))?;
-    let index = parse_index_inner(&bytes).map_err(|e| {
-        let err = Error::new(&index_path, e.kind);
-        match e.tensor {
-            Some(t) => err.with_tensor(t),
-            None => err,
-        }
-    })?;
-    drop(bytes);
+    let (index_path, index) = read_index(dir)?;
     let files = probe_partitions(dir)?;
     assemble(dir, index_path, index, files)
 }
@@ -798,7 +357,7 @@ pub(crate) fn assemble(
             // Name the partition the tensor starts in (most often a truncated one); the range is
             // the index's own (global for the upstream layout, local for the legacy one).
             let p = match e.partition {
-                None => starts.partition_point(|&s| s <= e.offset_bytes).saturating_sub(1) as u32,
+                None => partition_at(&starts, e.offset_bytes) as u32,
                 Some(p) => p,
             };
             return Err(Error::new(
