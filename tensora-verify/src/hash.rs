@@ -14,9 +14,11 @@ pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
 /// What to hash with.
 #[derive(Clone, Default)]
 pub struct HashOptions {
+    /// The digest algorithm.
     pub algo: Algo,
     /// Backend name (see `tensora_io::registry::names`); `None` chooses automatically.
     pub backend: Option<String>,
+    /// Told the load's progress; `None` for no reports.
     pub progress: Option<ProgressFn>,
 }
 
@@ -33,12 +35,25 @@ impl std::fmt::Debug for HashOptions {
 /// Why hashing failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HashError {
+    /// [`HashOptions::backend`] names no backend of `tensora_io::registry`.
     #[error("unknown backend {name:?} (known: {known})")]
-    UnknownBackend { name: String, known: String },
+    UnknownBackend {
+        /// The name as given.
+        name: String,
+        /// The registry's names, comma-separated.
+        known: String,
+    },
+    /// The load failed (a read error, a truncated file, a file changed under it, ...).
     #[error("{0}")]
     Load(#[from] tensora_io::LoadError),
+    /// The load finished without delivering a tensor, so it has no digest.
     #[error("no digest for tensor {tensor:?}: {reason}")]
-    Incomplete { tensor: String, reason: String },
+    Incomplete {
+        /// The tensor without a digest.
+        tensor: String,
+        /// Why it has none.
+        reason: String,
+    },
 }
 
 /// One digest per tensor, in [`Checkpoint::tensors`] order.
