@@ -50,7 +50,7 @@ pub struct RemoteCheckpoint {
 
 impl RemoteCheckpoint {
     /// Where the checkpoint was opened.
-    pub fn location(&self) -> &Location {
+    pub(crate) fn location(&self) -> &Location {
         &self.location
     }
     /// The checkpoint, for `tensora_io::load`, digests and inspection.

@@ -199,7 +199,7 @@ impl Digest {
     }
 
     /// The algorithm that computed this digest.
-    pub fn algo(&self) -> Algo {
+    pub(crate) fn algo(&self) -> Algo {
         self.algo
     }
 
@@ -261,7 +261,7 @@ enum State {
 
 impl Hasher {
     /// A hasher that has seen no bytes yet (as [`Algo::hasher`]).
-    pub fn new(algo: Algo) -> Hasher {
+    pub(crate) fn new(algo: Algo) -> Hasher {
         let state = match algo {
             Algo::Crc32c => State::Crc32c(0),
             Algo::Xxh3 => State::Xxh3(Box::new(xxhash_rust::xxh3::Xxh3Default::new())),
@@ -271,7 +271,7 @@ impl Hasher {
     }
 
     /// The algorithm this hasher computes.
-    pub fn algo(&self) -> Algo {
+    pub(crate) fn algo(&self) -> Algo {
         match self.state {
             State::Crc32c(_) => Algo::Crc32c,
             State::Xxh3(_) => Algo::Xxh3,

@@ -17,7 +17,7 @@ pub enum Severity {
 
 impl Severity {
     /// The spelling in messages and `--json` output: `"warning"` or `"error"`.
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Severity::Warning => "warning",
             Severity::Error => "error",
