@@ -323,10 +323,53 @@ pub(crate) fn has_control(s: &str) -> bool {
 }
 
 /// Number of tape nodes taken by the value starting at `at` (1 for scalars).
-pub(crate) fn node_span(tape: &[Node<'_>], at: usize) -> usize {
+fn node_span(tape: &[Node<'_>], at: usize) -> usize {
     match tape.get(at) {
         Some(Node::Object { count, .. } | Node::Array { count, .. }) => 1 + count,
         _ => 1,
+    }
+}
+
+/// The members of a JSON object on a simd-json tape, in order: each key with the tape nodes of
+/// its value (one node for a scalar, the whole subtree for an object or array, skipped in O(1)
+/// whatever its depth). The one walk over object members for every parser of this crate.
+#[derive(Debug)]
+pub(crate) struct Members<'t, 'n> {
+    nodes: &'t [Node<'n>],
+    /// Where the next key is.
+    at: usize,
+    /// Members not yet walked.
+    left: usize,
+}
+
+impl<'t, 'n> Members<'t, 'n> {
+    /// The members of `object`, whose first node is a `Node::Object` with `len` members.
+    pub(crate) fn of(object: &'t [Node<'n>], len: usize) -> Members<'t, 'n> {
+        Members { nodes: object, at: 1, left: len }
+    }
+}
+
+impl<'t, 'n> Iterator for Members<'t, 'n> {
+    /// `None` for a member whose key is not a string or whose value is missing (a malformed
+    /// tape); the walk ends there.
+    type Item = Option<(&'n str, &'t [Node<'n>])>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let value_at = self.at + 1;
+        let value_end = value_at + node_span(self.nodes, value_at);
+        let member = match (self.nodes.get(self.at), self.nodes.get(value_at..value_end)) {
+            (Some(&Node::String(key)), Some(value)) => Some((key, value)),
+            _ => {
+                self.left = 0;
+                None
+            }
+        };
+        self.at = value_end;
+        Some(member)
     }
 }
 

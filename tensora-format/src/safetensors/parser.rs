@@ -8,7 +8,7 @@ use simd_json::{Buffers, Node, StaticNode, Tape};
 
 use super::chunks::{is_json_ws, scan_top_level, speculative_segments};
 use super::names::NameSet;
-use super::{CHUNK_BYTES_TARGET, Entry, METADATA_KEY, RANK_MAX, has_control, node_span, node_u64};
+use super::{CHUNK_BYTES_TARGET, Entry, METADATA_KEY, Members, RANK_MAX, has_control, node_u64};
 use crate::{Dtype, Error, ErrorKind, Result};
 
 /// The shortest possible tensor entry plus its comma,
@@ -193,22 +193,17 @@ impl<'a> Parser<'a> {
         if len == 0 && must_be_non_empty {
             return Err(self.err(ErrorKind::HeaderNotJson { message: "empty member (stray comma)".into() }));
         }
-        let mut i = 1usize;
-        for _ in 0..len {
-            let Some(Node::String(key)) = tape.get(i) else {
+        for member in Members::of(tape, len) {
+            let Some((key, value)) = member else {
                 return Err(
                     self.err(ErrorKind::HeaderNotJson { message: "object key is not a string".into() })
                 );
             };
-            let value_at = i + 1;
-            let value_end = value_at + node_span(tape, value_at);
-            let value = &tape[value_at..value_end];
-            if *key == METADATA_KEY {
+            if key == METADATA_KEY {
                 self.take_metadata(value)?;
             } else {
                 self.take_tensor(key, value)?;
             }
-            i = value_end;
         }
         Ok(())
     }
@@ -222,20 +217,18 @@ impl<'a> Parser<'a> {
             Some(Node::Static(StaticNode::Null)) => Ok(()),
             Some(&Node::Object { len, .. }) => {
                 let mut map = BTreeMap::new();
-                let mut i = 1;
-                for _ in 0..len {
-                    let (Some(Node::String(k)), Some(v)) = (value.get(i), value.get(i + 1)) else {
+                for member in Members::of(value, len) {
+                    let Some((k, v)) = member else {
                         return Err(self.err(ErrorKind::BadMetadata { message: "malformed object".into() }));
                     };
-                    let Node::String(v) = v else {
+                    let Some(Node::String(v)) = v.first() else {
                         return Err(self.err(ErrorKind::BadMetadata {
                             message: format!("value of key {k:?} is not a string"),
                         }));
                     };
-                    if map.insert((*k).to_string(), (*v).to_string()).is_some() {
-                        return Err(self.err(ErrorKind::DuplicateMetadataKey { key: (*k).to_string() }));
+                    if map.insert(k.to_string(), (*v).to_string()).is_some() {
+                        return Err(self.err(ErrorKind::DuplicateMetadataKey { key: k.to_string() }));
                     }
-                    i += 2;
                 }
                 self.metadata = Some(map);
                 Ok(())
@@ -254,15 +247,11 @@ impl<'a> Parser<'a> {
             return Err(tensor_err(ErrorKind::BadTensorEntry { message: "value is not an object".into() }));
         };
         let mut fields = EntryFields::default();
-        let mut i = 1;
-        for _ in 0..len {
-            let Some(Node::String(field)) = value.get(i) else {
+        for member in Members::of(value, len) {
+            let Some((field, v)) = member else {
                 return Err(tensor_err(ErrorKind::BadTensorEntry { message: "malformed object".into() }));
             };
-            let v_at = i + 1;
-            let v_end = v_at + node_span(value, v_at);
-            self.take_field(&mut fields, field, &value[v_at..v_end]).map_err(tensor_err)?;
-            i = v_end;
+            self.take_field(&mut fields, field, v).map_err(tensor_err)?;
         }
         let TensorFields { dtype, shape: (dims_start, rank), offsets } =
             fields.complete().map_err(tensor_err)?;
