@@ -9,7 +9,7 @@
 //!
 //! [`open_dir`] validates all of it and yields the same [`Checkpoint`] as the safetensors parsers;
 //! [`parse_index`] is the file-free part (used by the fuzz target). The writer side lives in
-//! [`write`].
+//! [`write`](mod@write).
 
 use std::collections::BTreeMap;
 use std::fs;
