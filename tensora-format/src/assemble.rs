@@ -40,19 +40,23 @@ use crate::{Checkpoint, Error, ErrorKind, FileEntry, FileStamp, Result};
 /// shard name, its stamp, and its parsed header.
 #[derive(Debug, Clone)]
 pub struct SafetensorsObject {
+    /// Where the object lives (a path or URL): named in errors, and the checkpoint file's path.
     pub path: PathBuf,
     /// The shard's name as an HF index spells it (`model-00001-of-00002.safetensors`), decoded:
     /// not the percent-encoded last segment of a URL. [`indexed_shards`] matches on it.
     pub name: String,
     /// `len_bytes` must be the size the header was parsed against.
     pub stamp: FileStamp,
+    /// The object's header, parsed against `stamp.len_bytes`.
     pub header: Header,
 }
 
 /// One ServerlessLLM partition (`tensor.data_N`): its name and stamp.
 #[derive(Debug, Clone)]
 pub struct Partition {
+    /// Where the partition lives (a path or URL): named in errors, and the checkpoint file's path.
     pub path: PathBuf,
+    /// Its size and last-modified as its server reported them (`dev` and `inode` 0).
     pub stamp: FileStamp,
 }
 

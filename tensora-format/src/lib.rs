@@ -9,7 +9,8 @@
 //!   directory of `.safetensors` files, or a ServerlessLLM directory (`tensor_index.json`).
 //! - [`safetensors`] is the strict header parser ([`safetensors::parse_header`] works on bytes).
 //! - [`sharded`] parses HF shard indexes.
-//! - [`write`] writes HF-compatible safetensors, single-file or sharded, atomically and streaming.
+//! - [`write`](mod@write) writes HF-compatible safetensors, single-file or sharded, atomically
+//!   and streaming.
 //! - [`sllm`] is the ServerlessLLM layout.
 //! - [`assemble`] builds a [`Checkpoint`] from headers and indexes read elsewhere (remote objects).
 //!

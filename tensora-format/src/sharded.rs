@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use simd_json::{Buffers, Node, StaticNode};
 
-use crate::safetensors::{Header, node_span, read_header_stamped};
+use crate::safetensors::{Header, Members, read_header_stamped};
 use crate::{
     Checkpoint, Error, ErrorKind, FileEntry, FileId, FileStamp, Format, Result, TensorInfo, Warning,
 };
@@ -74,15 +74,11 @@ pub fn parse_index(bytes: &[u8]) -> std::result::Result<ShardIndex, ErrorKind> {
     let mut metadata: Option<BTreeMap<String, String>> = None;
     let mut total_size = None;
     let mut weight_map: Option<Vec<(String, String)>> = None;
-    let mut i = 1;
-    for _ in 0..len {
-        let Some(Node::String(key)) = nodes.get(i) else {
+    for member in Members::of(nodes, len) {
+        let Some((key, value)) = member else {
             return Err(bad_index("object key is not a string"));
         };
-        let v_at = i + 1;
-        let v_end = v_at + node_span(nodes, v_at);
-        let value = &nodes[v_at..v_end];
-        match *key {
+        match key {
             "metadata" => {
                 if metadata.is_some() {
                     return Err(bad_index("duplicate key \"metadata\""));
@@ -99,7 +95,6 @@ pub fn parse_index(bytes: &[u8]) -> std::result::Result<ShardIndex, ErrorKind> {
             }
             _ => {} // Other top-level keys are not ours to judge.
         }
-        i = v_end;
     }
     let weight_map = weight_map.ok_or_else(|| bad_index("missing \"weight_map\""))?;
     Ok(ShardIndex { metadata: metadata.unwrap_or_default(), total_size, weight_map })
@@ -113,28 +108,23 @@ fn parse_index_metadata(value: &[Node<'_>]) -> std::result::Result<MetadataAndSi
         Some(&Node::Object { len, .. }) => {
             let mut map = BTreeMap::new();
             let mut total_size = None;
-            let mut i = 1;
-            for _ in 0..len {
-                let Some(Node::String(k)) = value.get(i) else {
+            for member in Members::of(value, len) {
+                let Some((k, v)) = member else {
                     return Err(bad_index("metadata key is not a string"));
                 };
-                let v_at = i + 1;
-                let v_end = v_at + node_span(value, v_at);
-                let v = &value[v_at..v_end];
                 let text = match v.first() {
                     Some(Node::String(s)) => (*s).to_string(),
                     _ => tape_to_json(v),
                 };
-                if *k == "total_size" {
+                if k == "total_size" {
                     total_size = Some(match v.first() {
                         Some(Node::Static(StaticNode::U64(n))) => Ok(*n),
                         _ => Err(text.clone()),
                     });
                 }
-                if map.insert((*k).to_string(), text).is_some() {
+                if map.insert(k.to_string(), text).is_some() {
                     return Err(bad_index(format!("duplicate metadata key {k:?}")));
                 }
-                i = v_end;
             }
             Ok((map, total_size))
         }
@@ -148,20 +138,18 @@ fn parse_weight_map(value: &[Node<'_>]) -> std::result::Result<Vec<(String, Stri
     };
     let mut seen: HashMap<&str, ()> = HashMap::with_capacity(len);
     let mut out = Vec::with_capacity(len);
-    let mut i = 1;
-    for _ in 0..len {
-        let (Some(Node::String(name)), Some(shard_node)) = (value.get(i), value.get(i + 1)) else {
+    for member in Members::of(value, len) {
+        let Some((name, shard)) = member else {
             return Err(bad_index("malformed weight_map"));
         };
-        let Node::String(shard) = shard_node else {
+        let Some(Node::String(shard)) = shard.first() else {
             return Err(bad_index(format!("weight_map value for {name:?} is not a string")));
         };
         check_shard_name(shard)?;
         if seen.insert(name, ()).is_some() {
             return Err(bad_index(format!("tensor {name:?} appears twice in weight_map")));
         }
-        out.push(((*name).to_string(), (*shard).to_string()));
-        i += 1 + node_span(value, i + 1);
+        out.push((name.to_string(), (*shard).to_string()));
     }
     Ok(out)
 }

@@ -34,12 +34,25 @@ impl Plan {
     pub fn check(&self, extents: &[Extent]) -> Result<(), String> {
         let cfg = self.config();
         cfg.validate().map_err(|e| e.to_string())?;
-        let align = cfg.align_bytes;
-        let period = cfg.arena_period_bytes();
-        let read_max = cfg.read_bytes_max();
-        let gap_max = cfg.coalesce_gap_effective_bytes();
-        let file_len = |file: u32| self.file_lens_bytes().and_then(|lens| lens.get(file as usize).copied());
         // The extents themselves first, so the sums below cannot overflow.
+        self.check_extents(extents)?;
+        let by_tag = self.check_locations(extents)?;
+        self.check_reads()?;
+        self.check_pieces(extents, &by_tag)?;
+        // Per file: no overlap, and every unrequested byte justified.
+        self.check_files(extents)?;
+        // Queues and order.
+        self.check_queues(&by_tag)?;
+        Ok(())
+    }
+
+    /// The length of `file`, when the plan was built with file lengths that cover it.
+    fn file_len(&self, file: u32) -> Option<u64> {
+        self.file_lens_bytes().and_then(|lens| lens.get(file as usize).copied())
+    }
+
+    /// Every extent's end fits in a `u64` and, with file lengths, lies inside its file.
+    fn check_extents(&self, extents: &[Extent]) -> Result<(), String> {
         for e in extents {
             let end = e.offset_bytes.checked_add(e.len_bytes).ok_or(format!("extent {e:?} overflows"))?;
             if let Some(lens) = self.file_lens_bytes() {
@@ -47,8 +60,14 @@ impl Plan {
                 ensure!(end <= *len, "extent {e:?} ends past EOF {len}");
             }
         }
+        Ok(())
+    }
 
-        // Locations.
+    /// One location per extent, in input order, with its tag and length, found by
+    /// [`Plan::location`]; a non-empty extent keeps its file alignment and lies inside the arena.
+    /// Returns tag → extent index.
+    fn check_locations(&self, extents: &[Extent]) -> Result<HashMap<u32, usize>, String> {
+        let period = self.config().arena_period_bytes();
         let locations = self.locations();
         ensure!(
             locations.len() == extents.len(),
@@ -81,8 +100,17 @@ impl Plan {
                 );
             }
         }
+        Ok(by_tag)
+    }
 
-        // Reads, one at a time.
+    /// Each read on its own (length, alignment, end of file, arena period and bounds, a piece
+    /// carried), then `bytes_read` and `arena_len_bytes` as sums, and no two arena ranges
+    /// overlapping.
+    fn check_reads(&self) -> Result<(), String> {
+        let cfg = self.config();
+        let align = cfg.align_bytes;
+        let period = cfg.arena_period_bytes();
+        let read_max = cfg.read_bytes_max();
         let reads = self.reads();
         let mut bytes_read: u64 = 0;
         let mut arena_end_max: u64 = 0;
@@ -96,10 +124,10 @@ impl Plan {
             ensure!(r.offset_bytes % align == 0, "read {i} {r:?}: offset not aligned to {align}");
             ensure!(r.arena_offset_bytes % align == 0, "read {i} {r:?}: arena offset not aligned to {align}");
             ensure!(
-                r.len_bytes % align == 0 || file_len(r.file) == Some(end),
+                r.len_bytes % align == 0 || self.file_len(r.file) == Some(end),
                 "read {i} {r:?}: length not aligned to {align} and not ending at EOF"
             );
-            if let Some(len) = file_len(r.file) {
+            if let Some(len) = self.file_len(r.file) {
                 ensure!(end <= len, "read {i} {r:?} goes past EOF {len}");
             }
             ensure!(r.arena_offset_bytes % period == r.offset_bytes % period, "read {i} {r:?}: arena period");
@@ -128,8 +156,15 @@ impl Plan {
         for w in arena.windows(2) {
             ensure!(w[0].0 + w[0].1 <= w[1].0, "arena ranges {:?} and {:?} overlap", w[0], w[1]);
         }
+        Ok(())
+    }
 
-        // Pieces tile the extents.
+    /// The reads' piece ranges tile [`Plan::pieces`]; each piece lies inside its read and its
+    /// extent at consistent file and arena offsets; together they cover every extent exactly
+    /// once, and `reads_total` counts them.
+    fn check_pieces(&self, extents: &[Extent], by_tag: &HashMap<u32, usize>) -> Result<(), String> {
+        let reads = self.reads();
+        let locations = self.locations();
         let mut piece_ranges: Vec<(u32, u32)> =
             reads.iter().map(|r| (r.pieces.start, r.pieces.end)).collect();
         piece_ranges.sort_unstable();
@@ -190,22 +225,16 @@ impl Plan {
                 locations[x].reads_total
             );
         }
-
-        // Per file: no overlap, and every unrequested byte justified.
-        self.check_files(extents, &file_len, align, gap_max)?;
-
-        // Queues and order.
-        self.check_queues(&by_tag)?;
         Ok(())
     }
 
-    fn check_files(
-        &self,
-        extents: &[Extent],
-        file_len: &dyn Fn(u32) -> Option<u64>,
-        align: u64,
-        gap_max: u64,
-    ) -> Result<(), String> {
+    /// Per file: the union of the extents is `bytes_selected`; reads never overlap; every read
+    /// run (a chain of touching reads) carries requested bytes, starts and ends at their
+    /// alignment, reads through only gaps below the effective coalesce gap, and is at least that
+    /// gap away from the previous run.
+    fn check_files(&self, extents: &[Extent]) -> Result<(), String> {
+        let align = self.config().align_bytes;
+        let gap_max = self.config().coalesce_gap_effective_bytes();
         let mut spans: Vec<(u32, u64, u64)> = extents
             .iter()
             .filter(|e| e.len_bytes > 0)
@@ -259,7 +288,7 @@ impl Plan {
                 u += 1;
             }
             ensure!(u > first, "read run {run:?} carries no requested byte");
-            let len = file_len(run.0);
+            let len = self.file_len(run.0);
             let (head, tail) = (union[first], union[u - 1]);
             ensure!(run.1 == head.1 - head.1 % align, "run {run:?} starts beyond the alignment of {head:?}");
             ensure!(
@@ -283,6 +312,8 @@ impl Plan {
         Ok(())
     }
 
+    /// One queue per file with reads, together covering [`Plan::reads`] in order, each holding
+    /// only its file's reads in (priority, offset) order, the queues in (priority, file) order.
     fn check_queues(&self, by_tag: &HashMap<u32, usize>) -> Result<(), String> {
         let ranks: HashMap<u32, u32> = match self.order() {
             Order::File => HashMap::new(),

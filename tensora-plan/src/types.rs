@@ -133,20 +133,27 @@ pub const ARENA_PERIOD_MIN_BYTES: u64 = 4096;
 pub struct Read {
     /// File id, as in the extents.
     pub file: u32,
+    /// First byte to read in the file.
     pub offset_bytes: u64,
+    /// Bytes to read: at most [`PlanConfig::read_bytes_max`], never 0.
     pub len_bytes: u64,
+    /// Where the first byte lands in the arena.
     pub arena_offset_bytes: u64,
+    /// The pieces this read carries: indexes into [`Plan::pieces`](crate::Plan::pieces), in file
+    /// order.
     pub pieces: Range<u32>,
 }
 
 /// The part of one extent that one read carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Piece {
+    /// The tag of the extent the piece belongs to.
     pub tag: u32,
     /// Offset of this piece inside its read.
     pub read_offset_bytes: u64,
     /// Offset of this piece inside its extent.
     pub extent_offset_bytes: u64,
+    /// Length of the piece; never 0.
     pub len_bytes: u64,
 }
 

@@ -207,17 +207,288 @@ fn uptime() -> String {
     std::fs::read_to_string("/proc/loadavg").map(|s| s.trim().to_owned()).unwrap_or_default()
 }
 
+/// Which side of its target an acceptance value must be on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    /// Passes at or above the target (throughput, ratios).
+    AtLeast,
+    /// Passes at or below the target (memory).
+    AtMost,
+}
+
+impl Bound {
+    fn symbol(self) -> &'static str {
+        match self {
+            Bound::AtLeast => "≥",
+            Bound::AtMost => "≤",
+        }
+    }
+}
+
 struct Check {
     name: &'static str,
     value: f64,
     target: f64,
     unit: &'static str,
+    bound: Bound,
 }
 
 impl Check {
     fn pass(&self) -> bool {
-        if self.unit == "MiB" { self.value <= self.target } else { self.value >= self.target }
+        match self.bound {
+            Bound::AtLeast => self.value >= self.target,
+            Bound::AtMost => self.value <= self.target,
+        }
     }
+}
+
+/// The options and directories every measurement shares.
+struct Bench<'a> {
+    args: &'a Args,
+    /// Checkpoints, curl configs and server roots live here.
+    work: PathBuf,
+    /// 8 ranges of `CHUNK_BYTES` in flight, as the curl anchors.
+    base_opts: RemoteOptions,
+    /// 32 in flight, for the rate-limited port and the RSS probe.
+    limited: RemoteOptions,
+}
+
+/// The four cells against the nginx anchors and the rate limit, and the streamed load's peak RSS.
+struct NginxCells {
+    curl: Cell,
+    load: Cell,
+    one_queue: Cell,
+    sequential: Cell,
+    stream_rss_bytes: u64,
+    stream_cap_bytes: u64,
+}
+
+impl Bench<'_> {
+    /// A checkpoint of `args.shards` shards of `shard_mib` MiB under the work directory, written
+    /// unless an earlier run left it there.
+    fn checkpoint(&self, shard_mib: u64) -> Result<PathBuf, String> {
+        let shards = self.args.shards;
+        let dir = self.work.join(format!("ckpt-{shards}x{shard_mib}m"));
+        if shard_files(&dir).len() != shards {
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            eprintln!("writing {shards} × {shard_mib} MiB into {}", dir.display());
+            support::write_checkpoint(&dir, shards, 4, (shard_mib << 20) / 4);
+        }
+        Ok(dir)
+    }
+
+    /// 1, 3 and 4: nginx against curl, the rate-limited port (one queue against shard after
+    /// shard), and the peak RSS of a streamed load.
+    fn measure_nginx(&self) -> Result<NginxCells, String> {
+        let dir = self.checkpoint(self.args.shard_mib)?;
+        let files = shard_files(&dir);
+        let total_bytes: u64 = files.iter().map(|f| f.1).sum();
+        let ckpt_name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+        let nginx = support::Nginx::start(&self.work, "50m")?;
+        let ckpt_url = nginx.url(&format!("{ckpt_name}/"));
+        let (curl, load) = self.against_curl(&ckpt_url, &files, total_bytes)?;
+        let (one_queue, sequential) = self.rate_limited(&nginx, &ckpt_name, &files, total_bytes)?;
+        let (stream_rss_bytes, stream_cap_bytes) = self.stream_rss(&ckpt_url)?;
+        Ok(NginxCells { curl, load, one_queue, sequential, stream_rss_bytes, stream_cap_bytes })
+    }
+
+    /// 1. nginx vs curl, interleaved so that both see the same machine state.
+    fn against_curl(
+        &self,
+        ckpt_url: &str,
+        files: &[(String, u64)],
+        total_bytes: u64,
+    ) -> Result<(Cell, Cell), String> {
+        let cfg_path = self.work.join("curl-nginx.cfg");
+        std::fs::write(&cfg_path, curl_config(ckpt_url, files, "")).map_err(|e| e.to_string())?;
+        curl_run(&cfg_path, &[])?;
+        load_run(&mut Cell::new("warm-up", 0), ckpt_url, &self.base_opts)?;
+        let mut nginx_curl = Cell::new("nginx: curl --parallel-max 8, 8 MiB ranges", total_bytes);
+        let mut nginx_load = Cell::new("nginx: open_remote + load, 8 in flight", 0);
+        for _ in 0..self.args.runs {
+            nginx_curl.seconds.push(curl_run(&cfg_path, &[])?);
+            load_run(&mut nginx_load, ckpt_url, &self.base_opts)?;
+        }
+        Ok((nginx_curl, nginx_load))
+    }
+
+    /// 3. rate-limited nginx: one queue vs one shard after another.
+    fn rate_limited(
+        &self,
+        nginx: &support::Nginx,
+        ckpt_name: &str,
+        files: &[(String, u64)],
+        total_bytes: u64,
+    ) -> Result<(Cell, Cell), String> {
+        let slow_url = nginx.slow_url(&format!("{ckpt_name}/"));
+        let mut one_queue = Cell::new("nginx 50 MB/s per connection: one queue, 32 in flight", 0);
+        let mut sequential = Cell::new("nginx 50 MB/s per connection: shards one after another", total_bytes);
+        // The client for the slow port (its connections and certificates), as for the fast one.
+        let slow_location = Location::parse(&slow_url).map_err(|e| e.to_string())?;
+        open_remote(&slow_location, &self.limited).map_err(|e| e.to_string())?;
+        // All one-queue runs, then all shard-after-shard runs, each with a recycled arena (1 GiB for
+        // the first, 128 MiB for the second): alternating the two sizes would defeat recycling and
+        // bill page faults (and THP compaction stalls) to whichever came second.
+        for _ in 0..self.args.runs {
+            load_run(&mut one_queue, &slow_url, &self.limited)?;
+        }
+        for _ in 0..self.args.runs {
+            let t = Instant::now();
+            for (name, _) in files {
+                let url = nginx.slow_url(&format!("{ckpt_name}/{name}"));
+                let mut shard = Cell::new("shard", 0);
+                load_run(&mut shard, &url, &self.limited)?;
+            }
+            sequential.seconds.push(t.elapsed().as_secs_f64());
+        }
+        Ok((one_queue, sequential))
+    }
+
+    /// Measurement 4, the peak RSS of a streamed load, in a fresh process so earlier arenas do
+    /// not count: `(peak RSS, in-flight cap)`.
+    fn stream_rss(&self, ckpt_url: &str) -> Result<(u64, u64), String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let probe = Command::new(exe)
+            .args(["--rss-probe", ckpt_url, "--runtime-threads", &self.args.runtime_threads.to_string()])
+            .output()
+            .map_err(|e| format!("cannot start the RSS probe: {e}"))?;
+        if !probe.status.success() {
+            return Err(format!("RSS probe failed: {}", String::from_utf8_lossy(&probe.stderr)));
+        }
+        let probe_out = String::from_utf8_lossy(&probe.stdout);
+        let mut fields = probe_out.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
+        Ok((fields.next().unwrap_or(0), fields.next().unwrap_or(0)))
+    }
+
+    /// 2. s3rver vs curl --aws-sigv4 (smaller shards: s3rver keeps whole PUT bodies in memory).
+    fn measure_s3rver(&self) -> Result<(Cell, Cell), String> {
+        let s3_dir = self.checkpoint(self.args.s3_shard_mib)?;
+        let s3_files = shard_files(&s3_dir);
+        let s3_bytes: u64 = s3_files.iter().map(|f| f.1).sum();
+        let s3 = support::S3rver::start()?;
+        s3.upload_dir(&s3_dir, "bench")?;
+        let s3_cfg = self.work.join("curl-s3.cfg");
+        let base = format!("{}/{}/bench/", s3.endpoint(), support::BUCKET);
+        std::fs::write(&s3_cfg, curl_config(&base, &s3_files, SIGV4)).map_err(|e| e.to_string())?;
+        let s3_opts = RemoteOptions { store: s3.store_config(), ..self.base_opts.clone() };
+        let s3_url = format!("s3://{}/bench/", support::BUCKET);
+        let mut s3_curl = Cell::new("s3rver: curl --aws-sigv4 --parallel-max 8, 8 MiB ranges", s3_bytes);
+        let mut s3_load = Cell::new("s3rver: open_remote + load, 8 in flight", 0);
+        curl_run(&s3_cfg, &[])?;
+        load_run(&mut Cell::new("warm-up", 0), &s3_url, &s3_opts)?;
+        for _ in 0..self.args.runs {
+            s3_curl.seconds.push(curl_run(&s3_cfg, &[])?);
+            load_run(&mut s3_load, &s3_url, &s3_opts)?;
+        }
+        Ok((s3_curl, s3_load))
+    }
+}
+
+/// The acceptance checks over the measured cells.
+fn acceptance(n: &NginxCells, s3_curl: &Cell, s3_load: &Cell) -> [Check; 5] {
+    let mib = |b: u64| b as f64 / 1048576.0;
+    [
+        Check {
+            name: "nginx load / curl anchor",
+            value: n.load.gbps() / n.curl.gbps(),
+            target: 0.9,
+            unit: "x",
+            bound: Bound::AtLeast,
+        },
+        Check {
+            name: "s3rver load / curl SigV4 anchor",
+            value: s3_load.gbps() / s3_curl.gbps(),
+            target: 0.9,
+            unit: "x",
+            bound: Bound::AtLeast,
+        },
+        Check {
+            name: "rate-limited one queue, GB/s",
+            value: n.one_queue.gbps(),
+            target: 1.5,
+            unit: "GB/s",
+            bound: Bound::AtLeast,
+        },
+        Check {
+            name: "rate-limited one queue / shards one after another",
+            value: n.one_queue.gbps() / n.sequential.gbps(),
+            target: 1.8,
+            unit: "x",
+            bound: Bound::AtLeast,
+        },
+        Check {
+            name: "streamed load peak RSS (MiB) vs in-flight cap + 64 MiB",
+            value: mib(n.stream_rss_bytes),
+            target: mib(n.stream_cap_bytes + (64 << 20)),
+            unit: "MiB",
+            bound: Bound::AtMost,
+        },
+    ]
+}
+
+/// The report in Markdown: the cells, then the acceptance checks.
+fn markdown_report(runs: usize, cells: &[&Cell], checks: &[Check], loadavg: (&str, &str)) -> String {
+    let (load_before, load_after) = loadavg;
+    let mut md = String::new();
+    let _ = writeln!(md, "# tensora-remote bench\n");
+    let _ = writeln!(
+        md,
+        "{runs} runs per cell, interleaved with their anchors; /proc/loadavg before: `{load_before}`, after: `{load_after}`.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| cell | MB | median s | GB/s median | GB/s min–max | runs (s) |\n|---|---|---|---|---|---|"
+    );
+    for c in cells {
+        let runs: Vec<String> = c.seconds.iter().map(|s| format!("{s:.3}")).collect();
+        let (lo, hi) = c.gbps_range();
+        let _ = writeln!(
+            md,
+            "| {} | {:.0} | {:.3} | {:.3} | {lo:.3}–{hi:.3} | {} |",
+            c.name,
+            c.bytes as f64 / 1e6,
+            median(&c.seconds),
+            c.gbps(),
+            runs.join(" ")
+        );
+    }
+    let _ = writeln!(md, "\n| acceptance | value | target | pass |\n|---|---|---|---|");
+    for c in checks {
+        let cmp = c.bound.symbol();
+        let _ =
+            writeln!(md, "| {} | {:.2} | {cmp} {:.2} {} | {} |", c.name, c.value, c.target, c.unit, c.pass());
+    }
+    md
+}
+
+/// The report as JSON: the cells, the acceptance checks and the streamed load's figures.
+fn json_report(
+    runs: usize,
+    cells: &[&Cell],
+    checks: &[Check],
+    loadavg: (&str, &str),
+    nginx: &NginxCells,
+) -> serde_json::Value {
+    let cells_json: Vec<_> = cells
+        .iter()
+        .map(|c| {
+            let (lo, hi) = c.gbps_range();
+            serde_json::json!({
+                "name": c.name, "bytes": c.bytes, "seconds": c.seconds, "median_seconds": median(&c.seconds),
+                "gbps_median": c.gbps(), "gbps_min": lo, "gbps_max": hi,
+                "peak_rss_bytes": c.peak_rss_bytes, "requests": c.requests,
+            })
+        })
+        .collect();
+    let checks_json: Vec<_> = checks
+        .iter()
+        .map(|c| serde_json::json!({"name": c.name, "value": c.value, "target": c.target, "unit": c.unit, "pass": c.pass()}))
+        .collect();
+    serde_json::json!({
+        "runs": runs, "loadavg_before": loadavg.0, "loadavg_after": loadavg.1,
+        "cells": cells_json, "acceptance": checks_json,
+        "stream_peak_rss_bytes": nginx.stream_rss_bytes, "stream_inflight_bytes_max": nginx.stream_cap_bytes,
+    })
 }
 
 fn main() -> Result<(), String> {
@@ -240,175 +511,18 @@ fn main() -> Result<(), String> {
     let out_dir = args.out.clone().unwrap_or_else(|| work.join("report"));
     std::fs::create_dir_all(&out_dir).map_err(|e| e.to_string())?;
     let load_before = uptime();
-    let dir = work.join(format!("ckpt-{}x{}m", args.shards, args.shard_mib));
-    if shard_files(&dir).len() != args.shards {
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        eprintln!("writing {} × {} MiB into {}", args.shards, args.shard_mib, dir.display());
-        support::write_checkpoint(&dir, args.shards, 4, (args.shard_mib << 20) / 4);
-    }
-    let files = shard_files(&dir);
-    let total_bytes: u64 = files.iter().map(|f| f.1).sum();
-    let ckpt_name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
-    let nginx = support::Nginx::start(&work, "50m")?;
-    let ckpt_url = nginx.url(&format!("{ckpt_name}/"));
+    let bench = Bench { args: &args, work, base_opts, limited };
+    let nginx = bench.measure_nginx()?;
+    let (s3_curl, s3_load) = bench.measure_s3rver()?;
 
-    // 1. nginx vs curl, interleaved so that both see the same machine state.
-    let cfg_path = work.join("curl-nginx.cfg");
-    std::fs::write(&cfg_path, curl_config(&ckpt_url, &files, "")).map_err(|e| e.to_string())?;
-    curl_run(&cfg_path, &[])?;
-    load_run(&mut Cell::new("warm-up", 0), &ckpt_url, &base_opts)?;
-    let mut nginx_curl = Cell::new("nginx: curl --parallel-max 8, 8 MiB ranges", total_bytes);
-    let mut nginx_load = Cell::new("nginx: open_remote + load, 8 in flight", 0);
-    for _ in 0..args.runs {
-        nginx_curl.seconds.push(curl_run(&cfg_path, &[])?);
-        load_run(&mut nginx_load, &ckpt_url, &base_opts)?;
-    }
-
-    // 3. rate-limited nginx: one queue vs one shard after another.
-    let slow_url = nginx.slow_url(&format!("{ckpt_name}/"));
-    let mut one_queue = Cell::new("nginx 50 MB/s per connection: one queue, 32 in flight", 0);
-    let mut sequential = Cell::new("nginx 50 MB/s per connection: shards one after another", total_bytes);
-    // The client for the slow port (its connections and certificates), as for the fast one.
-    let slow_location = Location::parse(&slow_url).map_err(|e| e.to_string())?;
-    open_remote(&slow_location, &limited).map_err(|e| e.to_string())?;
-    // All one-queue runs, then all shard-after-shard runs, each with a recycled arena (1 GiB for
-    // the first, 128 MiB for the second): alternating the two sizes would defeat recycling and
-    // bill page faults (and THP compaction stalls) to whichever came second.
-    for _ in 0..args.runs {
-        load_run(&mut one_queue, &slow_url, &limited)?;
-    }
-    for _ in 0..args.runs {
-        let t = Instant::now();
-        for (name, _) in &files {
-            let url = nginx.slow_url(&format!("{ckpt_name}/{name}"));
-            let mut shard = Cell::new("shard", 0);
-            load_run(&mut shard, &url, &limited)?;
-        }
-        sequential.seconds.push(t.elapsed().as_secs_f64());
-    }
-
-    // 4. Peak RSS of a streamed load, in a fresh process so earlier arenas do not count.
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let probe = Command::new(exe)
-        .args(["--rss-probe", &ckpt_url, "--runtime-threads", &args.runtime_threads.to_string()])
-        .output()
-        .map_err(|e| format!("cannot start the RSS probe: {e}"))?;
-    if !probe.status.success() {
-        return Err(format!("RSS probe failed: {}", String::from_utf8_lossy(&probe.stderr)));
-    }
-    let probe_out = String::from_utf8_lossy(&probe.stdout);
-    let mut fields = probe_out.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
-    let (stream_rss, stream_cap) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
-
-    // 2. s3rver vs curl --aws-sigv4 (smaller shards: s3rver keeps whole PUT bodies in memory).
-    let s3_dir = work.join(format!("ckpt-{}x{}m", args.shards, args.s3_shard_mib));
-    if shard_files(&s3_dir).len() != args.shards {
-        std::fs::create_dir_all(&s3_dir).map_err(|e| e.to_string())?;
-        support::write_checkpoint(&s3_dir, args.shards, 4, (args.s3_shard_mib << 20) / 4);
-    }
-    let s3_files = shard_files(&s3_dir);
-    let s3_bytes: u64 = s3_files.iter().map(|f| f.1).sum();
-    let s3 = support::S3rver::start()?;
-    s3.upload_dir(&s3_dir, "bench")?;
-    let s3_cfg = work.join("curl-s3.cfg");
-    let base = format!("{}/{}/bench/", s3.endpoint(), support::BUCKET);
-    std::fs::write(&s3_cfg, curl_config(&base, &s3_files, SIGV4)).map_err(|e| e.to_string())?;
-    let s3_opts = RemoteOptions { store: s3.store_config(), ..base_opts.clone() };
-    let s3_url = format!("s3://{}/bench/", support::BUCKET);
-    let mut s3_curl = Cell::new("s3rver: curl --aws-sigv4 --parallel-max 8, 8 MiB ranges", s3_bytes);
-    let mut s3_load = Cell::new("s3rver: open_remote + load, 8 in flight", 0);
-    curl_run(&s3_cfg, &[])?;
-    load_run(&mut Cell::new("warm-up", 0), &s3_url, &s3_opts)?;
-    for _ in 0..args.runs {
-        s3_curl.seconds.push(curl_run(&s3_cfg, &[])?);
-        load_run(&mut s3_load, &s3_url, &s3_opts)?;
-    }
-    drop(s3);
-    drop(nginx);
-
-    let mib = |b: u64| b as f64 / 1048576.0;
-    let checks = [
-        Check {
-            name: "nginx load / curl anchor",
-            value: nginx_load.gbps() / nginx_curl.gbps(),
-            target: 0.9,
-            unit: "x",
-        },
-        Check {
-            name: "s3rver load / curl SigV4 anchor",
-            value: s3_load.gbps() / s3_curl.gbps(),
-            target: 0.9,
-            unit: "x",
-        },
-        Check { name: "rate-limited one queue, GB/s", value: one_queue.gbps(), target: 1.5, unit: "GB/s" },
-        Check {
-            name: "rate-limited one queue / shards one after another",
-            value: one_queue.gbps() / sequential.gbps(),
-            target: 1.8,
-            unit: "x",
-        },
-        Check {
-            name: "streamed load peak RSS (MiB) vs in-flight cap + 64 MiB",
-            value: mib(stream_rss),
-            target: mib(stream_cap + (64 << 20)),
-            unit: "MiB",
-        },
-    ];
-    let cells = [&nginx_curl, &nginx_load, &one_queue, &sequential, &s3_curl, &s3_load];
+    let checks = acceptance(&nginx, &s3_curl, &s3_load);
+    let cells = [&nginx.curl, &nginx.load, &nginx.one_queue, &nginx.sequential, &s3_curl, &s3_load];
     let load_after = uptime();
-
-    let mut md = String::new();
-    let _ = writeln!(md, "# tensora-remote bench\n");
-    let _ = writeln!(
-        md,
-        "{} runs per cell, interleaved with their anchors; /proc/loadavg before: `{load_before}`, after: `{load_after}`.\n",
-        args.runs
-    );
-    let _ = writeln!(
-        md,
-        "| cell | MB | median s | GB/s median | GB/s min–max | runs (s) |\n|---|---|---|---|---|---|"
-    );
-    for c in cells {
-        let runs: Vec<String> = c.seconds.iter().map(|s| format!("{s:.3}")).collect();
-        let (lo, hi) = c.gbps_range();
-        let _ = writeln!(
-            md,
-            "| {} | {:.0} | {:.3} | {:.3} | {lo:.3}–{hi:.3} | {} |",
-            c.name,
-            c.bytes as f64 / 1e6,
-            median(&c.seconds),
-            c.gbps(),
-            runs.join(" ")
-        );
-    }
-    let _ = writeln!(md, "\n| acceptance | value | target | pass |\n|---|---|---|---|");
-    for c in &checks {
-        let cmp = if c.unit == "MiB" { "≤" } else { "≥" };
-        let _ =
-            writeln!(md, "| {} | {:.2} | {cmp} {:.2} {} | {} |", c.name, c.value, c.target, c.unit, c.pass());
-    }
+    let loadavg = (load_before.as_str(), load_after.as_str());
+    let md = markdown_report(args.runs, &cells, &checks, loadavg);
     print!("{md}");
     std::fs::write(out_dir.join("report.md"), &md).map_err(|e| e.to_string())?;
-    let cells_json: Vec<_> = cells
-        .iter()
-        .map(|c| {
-            let (lo, hi) = c.gbps_range();
-            serde_json::json!({
-                "name": c.name, "bytes": c.bytes, "seconds": c.seconds, "median_seconds": median(&c.seconds),
-                "gbps_median": c.gbps(), "gbps_min": lo, "gbps_max": hi,
-                "peak_rss_bytes": c.peak_rss_bytes, "requests": c.requests,
-            })
-        })
-        .collect();
-    let checks_json: Vec<_> = checks
-        .iter()
-        .map(|c| serde_json::json!({"name": c.name, "value": c.value, "target": c.target, "unit": c.unit, "pass": c.pass()}))
-        .collect();
-    let doc = serde_json::json!({
-        "runs": args.runs, "loadavg_before": load_before, "loadavg_after": load_after,
-        "cells": cells_json, "acceptance": checks_json,
-        "stream_peak_rss_bytes": stream_rss, "stream_inflight_bytes_max": stream_cap,
-    });
+    let doc = json_report(args.runs, &cells, &checks, loadavg, &nginx);
     std::fs::write(out_dir.join("report.json"), serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
     eprintln!("wrote {}", out_dir.join("report.{md,json}").display());

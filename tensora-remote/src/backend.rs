@@ -21,7 +21,7 @@ use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKi
 use crate::RemoteError;
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
-use crate::fetch::{Counters, RemoteObject};
+use crate::fetch::{Counters, Fetcher, RemoteObject};
 
 /// How often an in-flight range (including its backoff sleeps) looks at the job's cancel flag
 /// and at the run's stop flag (set by the first failed range): a failed or cancelled load ends
@@ -113,165 +113,197 @@ impl IoBackend for RemoteBackend {
     }
 
     fn execute(&self, job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
-        let plan = job.plan;
-        let reads = plan.reads();
-        let order: Vec<u32> = plan.queues().iter().flat_map(|q| q.reads.clone()).collect();
+        let order: Vec<u32> = job.plan.queues().iter().flat_map(|q| q.reads.clone()).collect();
         let opts = &self.client.opts;
         // A current-thread runtime (0 threads) is driven by one caller at a time: one issuer.
         let shares =
             inflight_shares(opts.reads_inflight_max, opts.runtime_threads.clamp(1, order.len().max(1)));
-        let cursor = AtomicUsize::new(0);
-        let stop = AtomicBool::new(false);
-        let fetcher = self.client.fetcher(&self.counters);
         let retries_before = self.counters.retries.load(Ordering::Relaxed);
-
-        let one = |index: u32| {
-            let stop = &stop;
-            let fetcher = &fetcher;
-            async move {
-                let read = &reads[index as usize];
-                let fail_with = |kind| {
-                    Fail::Read(ReadError {
-                        file: read.file,
-                        offset_bytes: read.offset_bytes,
-                        len_bytes: read.len_bytes,
-                        kind,
-                    })
-                };
-                if job.cancel.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
-                    return Err(fail_with(ReadErrorKind::Cancelled));
-                }
-                let Some(object) = job.checkpoint_file(read.file).and_then(|f| self.objects.get(f as usize))
-                else {
-                    return Err(fail_with(ReadErrorKind::Io(std::io::Error::new(
-                        std::io::ErrorKind::InvalidInput,
-                        format!("read {index} names plan file {} that maps to no object", read.file),
-                    ))));
-                };
-                let _permit = job.budget.acquire_async(read.len_bytes).await;
-                let mut target = job.claim(index).map_err(Fail::Read)?;
-                // Race the fetch (its retries and backoff sleeps included) against a cancel or
-                // another range's failure.
-                let raced = {
-                    let fetch = std::pin::pin!(fetcher.fetch(object, read.offset_bytes, target.buf()));
-                    let halt = std::pin::pin!(stopped(job.cancel, stop));
-                    match futures::future::select(fetch, halt).await {
-                        futures::future::Either::Left((fetched, _)) => Some(fetched),
-                        futures::future::Either::Right(((), _)) => None,
-                    }
-                };
-                match raced {
-                    Some(Ok(())) => {}
-                    Some(Err(error)) => return Err(Fail::Remote { read: index, error }),
-                    None => return Err(fail_with(ReadErrorKind::Cancelled)),
-                }
-                target.land(sink).map_err(Fail::Read)?;
-                Ok(read.len_bytes)
-            }
+        let run = Run {
+            backend: self,
+            job,
+            sink,
+            order,
+            cursor: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            fetcher: self.client.fetcher(&self.counters),
         };
-        let one = &one;
-        // One issuing loop per thread, all pulling from the same queue.
-        let issue = |inflight: usize| -> Result<IoStats, Fail> {
-            let next = std::iter::from_fn(|| {
-                if stop.load(Ordering::Relaxed) {
-                    return None;
-                }
-                order.get(cursor.fetch_add(1, Ordering::Relaxed)).copied()
-            });
-            let mut stats = IoStats::default();
-            let result = self.client.runtime().block_on(async {
-                let mut done = futures::stream::iter(next).map(one).buffer_unordered(inflight);
-                while let Some(r) = done.next().await {
-                    let len_bytes = match r {
-                        Ok(n) => n,
-                        Err(f) => {
-                            // Every other in-flight range stops within STOP_POLL_INTERVAL.
-                            stop.store(true, Ordering::Relaxed);
-                            return Err(f);
-                        }
-                    };
-                    stats.reads += 1;
-                    stats.bytes_read += len_bytes;
-                }
-                Ok(())
-            });
-            result.map(|()| stats)
-        };
-        // Blocking on the client's runtime panics inside another runtime: issue from plain
-        // threads then.
-        let issue = &issue;
-        let results: Vec<Result<IoStats, Fail>> = off_runtime(|| {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = shares[1..].iter().map(|&n| s.spawn(move || issue(n))).collect();
-                let mut results = vec![issue(shares[0])];
-                for h in handles {
-                    results.push(h.join().unwrap_or_else(|_| {
-                        Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
-                            "a remote issuing thread panicked",
-                        )))))
-                    }));
-                }
-                results
-            })
-        });
-        let mut total = IoStats::default();
-        let mut first_failure = None;
-        for r in results {
-            match r {
-                Ok(s) => {
-                    total.reads += s.reads;
-                    total.bytes_read += s.bytes_read;
-                }
-                Err(f) => {
-                    // A cancelled or stopped read is a consequence; prefer the cause.
-                    let is_cause =
-                        !matches!(&f, Fail::Read(ReadError { kind: ReadErrorKind::Cancelled, .. }));
-                    if first_failure.is_none() || is_cause && first_failure.as_ref().is_some_and(|(c, _)| !c)
-                    {
-                        first_failure = Some((is_cause, f));
-                    }
-                }
-            }
-        }
-        if let Some((_, f)) = first_failure {
-            return Err(match f {
-                Fail::Read(e) => e,
-                Fail::Remote { read, error } => {
-                    let r = &reads[read as usize];
-                    // The first byte that did not land, when the fetch knows it, so the load
-                    // layer names the tensor that byte belongs to, not the read's first one.
-                    let (offset_bytes, len_bytes) = error.range().unwrap_or((r.offset_bytes, r.len_bytes));
-                    let text = self.keep_error(error);
-                    ReadError {
-                        file: r.file,
-                        offset_bytes,
-                        len_bytes,
-                        kind: ReadErrorKind::Io(std::io::Error::other(text)),
-                    }
-                }
-            });
-        }
+        let mut total = merge_issuers(run.issue_on_threads(&shares)).map_err(|f| self.read_error(job, f))?;
         total.retries = self.counters.retries.load(Ordering::Relaxed).saturating_sub(retries_before);
         total.peak_inflight_bytes = job.budget.peak_bytes();
         Ok(total)
     }
 }
 
+impl RemoteBackend {
+    /// The `ReadError` a failed run returns. For a fetch that failed, the typed cause is kept for
+    /// [`RemoteBackend::take_error`] and the error names the first byte that did not land, when
+    /// the fetch knows it, so the load layer names the tensor that byte belongs to, not the
+    /// read's first one.
+    fn read_error(&self, job: &Job<'_>, failure: Fail) -> ReadError {
+        match failure {
+            Fail::Read(e) => e,
+            Fail::Remote { read, error } => {
+                let r = &job.plan.reads()[read as usize];
+                let (offset_bytes, len_bytes) = error.range().unwrap_or((r.offset_bytes, r.len_bytes));
+                let text = self.keep_error(error);
+                ReadError {
+                    file: r.file,
+                    offset_bytes,
+                    len_bytes,
+                    kind: ReadErrorKind::Io(std::io::Error::other(text)),
+                }
+            }
+        }
+    }
+}
+
+/// One run of [`RemoteBackend::execute`]: the job, its single issue queue, and the state its
+/// issuing threads share.
+struct Run<'r, 'j> {
+    backend: &'r RemoteBackend,
+    job: &'r Job<'j>,
+    sink: &'r dyn CompletionSink,
+    /// Read indexes in issue order: the plan's queues one after another.
+    order: Vec<u32>,
+    /// The next position in `order` to issue, shared by every issuing thread.
+    cursor: AtomicUsize,
+    /// Set by the first failed range; every other range stops within [`STOP_POLL_INTERVAL`].
+    stop: AtomicBool,
+    fetcher: Fetcher<'r>,
+}
+
+impl Run<'_, '_> {
+    /// Read `index` of the plan: wait for budget, claim its slice, fetch the range into it (racing
+    /// a cancel or another range's failure), and land it. The bytes it read.
+    async fn fetch_one(&self, index: u32) -> Result<u64, Fail> {
+        let job = self.job;
+        let read = &job.plan.reads()[index as usize];
+        let fail_with = |kind| {
+            Fail::Read(ReadError {
+                file: read.file,
+                offset_bytes: read.offset_bytes,
+                len_bytes: read.len_bytes,
+                kind,
+            })
+        };
+        if job.cancel.load(Ordering::Relaxed) || self.stop.load(Ordering::Relaxed) {
+            return Err(fail_with(ReadErrorKind::Cancelled));
+        }
+        let Some(object) = job.checkpoint_file(read.file).and_then(|f| self.backend.objects.get(f as usize))
+        else {
+            return Err(fail_with(ReadErrorKind::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("read {index} names plan file {} that maps to no object", read.file),
+            ))));
+        };
+        let _permit = job.budget.acquire_async(read.len_bytes).await;
+        let mut target = job.claim(index).map_err(Fail::Read)?;
+        // Race the fetch (its retries and backoff sleeps included) against a cancel or another
+        // range's failure.
+        let raced = {
+            let fetch = std::pin::pin!(self.fetcher.fetch(object, read.offset_bytes, target.buf()));
+            let halt = std::pin::pin!(stopped(job.cancel, &self.stop));
+            match futures::future::select(fetch, halt).await {
+                futures::future::Either::Left((fetched, _)) => Some(fetched),
+                futures::future::Either::Right(((), _)) => None,
+            }
+        };
+        match raced {
+            Some(Ok(())) => {}
+            Some(Err(error)) => return Err(Fail::Remote { read: index, error }),
+            None => return Err(fail_with(ReadErrorKind::Cancelled)),
+        }
+        target.land(self.sink).map_err(Fail::Read)?;
+        Ok(read.len_bytes)
+    }
+
+    /// One issuing loop: pull reads from the shared queue and keep `inflight` of them in flight
+    /// on the client's runtime, until the queue is empty or a read fails (which stops the run).
+    fn issue(&self, inflight: usize) -> Result<IoStats, Fail> {
+        let next = std::iter::from_fn(|| {
+            if self.stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            self.order.get(self.cursor.fetch_add(1, Ordering::Relaxed)).copied()
+        });
+        let mut stats = IoStats::default();
+        let result = self.backend.client.runtime().block_on(async {
+            let mut done = futures::stream::iter(next).map(|i| self.fetch_one(i)).buffer_unordered(inflight);
+            while let Some(r) = done.next().await {
+                let len_bytes = match r {
+                    Ok(n) => n,
+                    Err(f) => {
+                        // Every other in-flight range stops within STOP_POLL_INTERVAL.
+                        self.stop.store(true, Ordering::Relaxed);
+                        return Err(f);
+                    }
+                };
+                stats.reads += 1;
+                stats.bytes_read += len_bytes;
+            }
+            Ok(())
+        });
+        result.map(|()| stats)
+    }
+
+    /// One issuing loop per share of the in-flight cap, the first on this thread. Blocking on
+    /// the client's runtime panics inside another runtime: then they all run on plain threads.
+    fn issue_on_threads(&self, shares: &[usize]) -> Vec<Result<IoStats, Fail>> {
+        off_runtime(|| {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = shares[1..].iter().map(|&n| s.spawn(move || self.issue(n))).collect();
+                let mut results = vec![self.issue(shares[0])];
+                for h in handles {
+                    results.push(h.join().unwrap_or_else(|_| {
+                        Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
+                            "a remote issuing thread panicked",
+                        )))))
+                    }))
+                }
+                results
+            })
+        })
+    }
+}
+
+/// The issuing loops' statistics summed, or the failure to report: a cancelled or stopped read
+/// is a consequence of another failure, so the first failure that is not one is preferred.
+fn merge_issuers(results: Vec<Result<IoStats, Fail>>) -> Result<IoStats, Fail> {
+    let mut total = IoStats::default();
+    let mut first_failure: Option<(bool, Fail)> = None;
+    for r in results {
+        match r {
+            Ok(s) => {
+                total.reads += s.reads;
+                total.bytes_read += s.bytes_read;
+            }
+            Err(f) => {
+                let is_cause = !matches!(&f, Fail::Read(ReadError { kind: ReadErrorKind::Cancelled, .. }));
+                if first_failure.is_none() || is_cause && first_failure.as_ref().is_some_and(|(c, _)| !c) {
+                    first_failure = Some((is_cause, f));
+                }
+            }
+        }
+    }
+    match first_failure {
+        Some((_, f)) => Err(f),
+        None => Ok(total),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
     use std::path::Path;
 
     use object_store::path::Path as ObjectPath;
     use object_store::{ObjectStore, ObjectStoreExt};
     use proptest::prelude::*;
-    use tensora_format::Dtype;
     use tensora_format::Selection;
-    use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
     use tensora_io::LoadOptions;
 
-    use crate::test_store::BreakingStore;
+    use crate::test_store::{BreakingStore, upload_dir, write_f32_shards};
     use crate::{Location, RemoteOptions};
 
     /// A sharded checkpoint of tensors with the given byte lengths (F32, so multiples of 4), in
@@ -282,24 +314,9 @@ mod tests {
         shard_cap: u64,
         rt: &tokio::runtime::Runtime,
     ) -> Arc<BreakingStore> {
-        let specs = lens_words
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| TensorSpec { name: format!("t{i}"), dtype: Dtype::F32, shape: vec![n] })
-            .collect();
-        let layout = ShardedLayout::new(specs, BTreeMap::new(), shard_cap).unwrap();
-        write_sharded(dir, &layout, |i, out| {
-            let bytes: Vec<u8> = (0..lens_words[i] * 4).map(|b| (b as usize * 7 + i * 13) as u8).collect();
-            out.write_all(&bytes)
-        })
-        .unwrap();
+        write_f32_shards(dir, lens_words, shard_cap, |i, b| (b as usize * 7 + i * 13) as u8);
         let store = Arc::new(BreakingStore::default());
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-            let bytes = std::fs::read(&path).unwrap();
-            rt.block_on(store.inner.put(&ObjectPath::from(format!("ckpt/{name}")), bytes.into())).unwrap();
-        }
+        upload_dir(&store.inner, dir, "ckpt", rt);
         store
     }
 

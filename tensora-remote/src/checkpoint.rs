@@ -49,13 +49,15 @@ pub struct RemoteCheckpoint {
 }
 
 impl RemoteCheckpoint {
-    pub fn location(&self) -> &Location {
+    /// Where the checkpoint was opened.
+    pub(crate) fn location(&self) -> &Location {
         &self.location
     }
     /// The checkpoint, for `tensora_io::load`, digests and inspection.
     pub fn checkpoint(&self) -> &Checkpoint {
         &self.checkpoint
     }
+    /// Its layout, decided by the local rules.
     pub fn format(&self) -> Format {
         self.checkpoint.format()
     }
@@ -487,39 +489,26 @@ fn root_url(location: &Location) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     use object_store::memory::InMemory;
     use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
-    use tensora_format::Dtype;
-    use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
 
     use crate::RemoteOptions;
+    use crate::test_store::{upload_dir, write_f32_shards};
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
     }
 
+    /// Tensor `i` of the checkpoint is `lens_words[i]` F32 elements, every byte `i`.
     fn write_ckpt(dir: &Path, lens_words: &[u64], shard_cap: u64) {
-        let specs = lens_words
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| TensorSpec { name: format!("t{i}"), dtype: Dtype::F32, shape: vec![n] })
-            .collect();
-        let layout = ShardedLayout::new(specs, BTreeMap::new(), shard_cap).unwrap();
-        write_sharded(dir, &layout, |i, out| out.write_all(&vec![i as u8; lens_words[i] as usize * 4]))
-            .unwrap();
+        write_f32_shards(dir, lens_words, shard_cap, |i, _| i as u8);
     }
 
     /// Every file of `dir` under `prefix/` in a fresh in-memory store.
     fn upload(dir: &Path, prefix: &str) -> Arc<InMemory> {
         let store = Arc::new(InMemory::new());
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-            let key = ObjectPath::from(format!("{prefix}/{name}"));
-            rt().block_on(store.put(&key, std::fs::read(&path).unwrap().into())).unwrap();
-        }
+        upload_dir(&store, dir, prefix, &rt());
         store
     }
 

@@ -7,51 +7,98 @@ use std::time::Duration;
 pub enum RemoteError {
     /// The location string is not a URL or path this crate understands.
     #[error("bad location {input:?}: {reason}")]
-    Location { input: String, reason: String },
+    Location {
+        /// The location as given.
+        input: String,
+        /// Why it was refused (bad URL, no host or bucket, unsupported scheme).
+        reason: String,
+    },
     /// The location is a local path; load it with `tensora_io::load_path` instead.
     #[error("{path:?} is a local path, not a remote location")]
-    NotRemote { path: std::path::PathBuf },
+    NotRemote {
+        /// The local path.
+        path: std::path::PathBuf,
+    },
     /// The object store client could not be built (bad endpoint, missing credentials, ...).
     #[error("cannot configure the object store for {url}: {source}")]
     Store {
+        /// The store's root: the HTTP origin or `s3://bucket/`.
         url: String,
+        /// object_store's reason.
         #[source]
         source: object_store::Error,
     },
     /// The object does not exist.
     #[error("{url}: not found")]
-    NotFound { url: String },
+    NotFound {
+        /// The missing object.
+        url: String,
+    },
     /// No checkpoint layout was found at a directory location.
     #[error("{url}: no checkpoint found ({reason})")]
-    NoCheckpoint { url: String, reason: String },
+    NoCheckpoint {
+        /// The directory (prefix) or the index that was looked at.
+        url: String,
+        /// What was missing or wrong (no index, two indexes, too many partitions, ...).
+        reason: String,
+    },
     /// A safetensors header failed validation.
     #[error("{url}: {source}")]
     Format {
+        /// The object whose header (or layout) was refused.
         url: String,
+        /// The parser's error: the rule that failed.
         #[source]
         source: tensora_format::Error,
     },
     /// An index (`model.safetensors.index.json`) failed validation.
     #[error("{url}: {kind}")]
-    Index { url: String, kind: tensora_format::ErrorKind },
+    Index {
+        /// The index object.
+        url: String,
+        /// The rule the index breaks.
+        kind: tensora_format::ErrorKind,
+    },
     /// The object changed after the plan was made (ETag or size/last-modified differs, or the
     /// server refused `If-Match`). The load fails rather than mixing two versions.
     #[error("{url} changed during the load (planned {planned}, now {found})")]
-    Changed { url: String, planned: String, found: String },
+    Changed {
+        /// The object.
+        url: String,
+        /// Its version when the checkpoint was opened (`etag ...`, or size and last-modified).
+        planned: String,
+        /// What the server reports now, or why it refused the conditional request.
+        found: String,
+    },
     /// The server answered with a different range or length than asked for.
     #[error("{url}: asked for bytes {offset_bytes}..+{len_bytes}, {what}")]
-    BadResponse { url: String, offset_bytes: u64, len_bytes: u64, what: String },
+    BadResponse {
+        /// The object.
+        url: String,
+        /// First byte of the range asked for.
+        offset_bytes: u64,
+        /// Length of the range asked for.
+        len_bytes: u64,
+        /// What came back instead.
+        what: String,
+    },
     /// A range could not be fetched within the retry bounds.
     #[error(
         "{url}: bytes {offset_bytes}..+{len_bytes} failed after {attempts} attempts and {:.2} s of retrying: {last_error}",
         retry_time.as_secs_f64()
     )]
     RetriesExhausted {
+        /// The object.
         url: String,
+        /// First byte of the range that had not landed when the retries ran out.
         offset_bytes: u64,
+        /// Bytes of the range still missing.
         len_bytes: u64,
+        /// Requests made for the range, the first included.
         attempts: u32,
+        /// Time from the range's first failure to giving up.
         retry_time: Duration,
+        /// The last attempt's error.
         last_error: String,
     },
     /// A read of a load failed for good: the object, the offset of the read and the tensor it
@@ -59,18 +106,34 @@ pub enum RemoteError {
     /// source, which names the first byte that did not land.
     #[error("{url}: reading at offset {offset_bytes} for tensor {tensor:?}: {source}")]
     Read {
+        /// The object read.
         url: String,
+        /// The tensor the first missing byte belongs to.
         tensor: String,
+        /// The first byte (in the object) that did not land.
         offset_bytes: u64,
+        /// The remote cause.
         #[source]
         source: Box<RemoteError>,
     },
     /// An object is larger than this crate will handle in memory (an index over its cap).
     #[error("{url}: {len_bytes} bytes is over the {limit_bytes}-byte limit for this object")]
-    TooLarge { url: String, len_bytes: u64, limit_bytes: u64 },
+    TooLarge {
+        /// The object.
+        url: String,
+        /// Its size.
+        len_bytes: u64,
+        /// The largest size accepted for it.
+        limit_bytes: u64,
+    },
     /// The options are inconsistent.
     #[error("invalid option {field}: {reason}")]
-    Options { field: &'static str, reason: String },
+    Options {
+        /// The option's name, e.g. `"reads_inflight_max"`.
+        field: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
     /// The completion sink asked to stop the load.
     #[error("stopped by the completion sink")]
     Stopped,
@@ -81,7 +144,9 @@ pub enum RemoteError {
     /// The destination arena or the async runtime could not be created.
     #[error("{what}: {source}")]
     Resource {
+        /// What could not be created.
         what: &'static str,
+        /// The system's reason.
         #[source]
         source: std::io::Error,
     },

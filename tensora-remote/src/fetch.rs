@@ -20,6 +20,7 @@ pub struct RetryPolicy {
     pub retry_time_max: Duration,
     /// First backoff; doubled after each failure of the same range up to `backoff_max`.
     pub backoff_initial: Duration,
+    /// The longest wait between two attempts on one range.
     pub backoff_max: Duration,
 }
 

@@ -33,13 +33,23 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | `runtime_threads` | 2 | tokio worker threads driving the connections, and as many threads issuing reads and copying bodies; 0: one event loop on the calling thread does it all (like `curl --parallel`) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteOptions {
+    /// How to reach the store (endpoint, credentials, plain HTTP, anonymous).
     pub store: StoreConfig,
+    /// Size of one ranged GET (the load's read size).
     pub chunk_bytes: u64,
+    /// Ranges in flight at once, one connection each; 1..=[`READS_INFLIGHT_LIMIT`].
     pub reads_inflight_max: usize,
+    /// The slowest rate a healthy connection sustains: one attempt may take
+    /// `request_overhead + remaining bytes / rate`.
     pub rate_min_bytes_per_s: u64,
+    /// Per-attempt allowance for connecting and the first byte.
     pub request_overhead: Duration,
+    /// Bound on a TCP/TLS connect.
     pub connect_timeout: Duration,
+    /// Retries and retry time per range.
     pub retry: RetryPolicy,
+    /// Tokio worker threads (and as many issuing threads); 0: one event loop on the calling
+    /// thread. At most [`RUNTIME_THREADS_LIMIT`].
     pub runtime_threads: usize,
 }
 
@@ -102,6 +112,7 @@ impl RemoteOptions {
 /// every load of one opened checkpoint: they are not part of any load's `requests`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RemoteReport {
+    /// The load layer's report (bytes, phases, throughput), with `retries` counting HTTP retries.
     #[serde(flatten)]
     pub load: LoadReport,
     /// The location loaded.
@@ -131,9 +142,11 @@ pub struct RemoteLoaded {
 }
 
 impl RemoteLoaded {
+    /// The checkpoint the tensors were loaded from.
     pub fn checkpoint(&self) -> &RemoteCheckpoint {
         &self.checkpoint
     }
+    /// What the load did: bytes, time, requests and retries.
     pub fn report(&self) -> &RemoteReport {
         &self.report
     }
@@ -153,6 +166,7 @@ impl RemoteLoaded {
     pub fn len(&self) -> usize {
         self.loaded.len()
     }
+    /// Whether no tensor was loaded.
     pub fn is_empty(&self) -> bool {
         self.loaded.is_empty()
     }

@@ -28,9 +28,23 @@ pub enum Location {
     /// A local file or directory (no scheme, or `file://`).
     Local(PathBuf),
     /// An HTTP(S) origin: `origin` is `scheme://host[:port]/`, `path` the object or prefix below it.
-    Http { origin: Url, path: ObjectPath, dir: bool },
+    Http {
+        /// `scheme://host[:port]/`.
+        origin: Url,
+        /// The object or prefix below the origin (percent-decoded).
+        path: ObjectPath,
+        /// Whether `path` is a directory (prefix) rather than one file.
+        dir: bool,
+    },
     /// An S3 bucket and a key (file) or prefix (directory).
-    S3 { bucket: String, path: ObjectPath, dir: bool },
+    S3 {
+        /// The bucket.
+        bucket: String,
+        /// The key or prefix in the bucket.
+        path: ObjectPath,
+        /// Whether `path` is a directory (prefix) rather than one key.
+        dir: bool,
+    },
 }
 
 /// Suffixes that make a location a file rather than a directory.

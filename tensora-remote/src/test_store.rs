@@ -1,8 +1,10 @@
 //! Test-only object stores: an in-memory store whose GETs can break mid-body, be refused, or
-//! hang, to drive the retry, cancellation and error paths without a server.
+//! hang, to drive the retry, cancellation and error paths without a server; and the sharded
+//! checkpoints the tests put in them.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -13,9 +15,37 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    GetOptions, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions,
-    PutOptions, PutPayload, PutResult,
+    GetOptions, GetResultPayload, ListResult, MultipartUpload, ObjectMeta, ObjectStore, ObjectStoreExt,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
+use tensora_format::Dtype;
+use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
+
+/// Write a sharded checkpoint into `dir`: tensor `t{i}` is F32 with `lens_words[i]` elements,
+/// shards hold at most `shard_cap` bytes, and byte `b` of tensor `i` is `fill(i, b)`.
+pub fn write_f32_shards(dir: &Path, lens_words: &[u64], shard_cap: u64, fill: impl Fn(usize, u64) -> u8) {
+    let specs = lens_words
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| TensorSpec { name: format!("t{i}"), dtype: Dtype::F32, shape: vec![n] })
+        .collect();
+    let layout = ShardedLayout::new(specs, BTreeMap::new(), shard_cap).unwrap();
+    write_sharded(dir, &layout, |i, out| {
+        let bytes: Vec<u8> = (0..lens_words[i] * 4).map(|b| fill(i, b)).collect();
+        out.write_all(&bytes)
+    })
+    .unwrap();
+}
+
+/// Put every file of `dir` into `store` under `prefix/`.
+pub fn upload_dir(store: &InMemory, dir: &Path, prefix: &str, rt: &tokio::runtime::Runtime) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        let key = ObjectPath::from(format!("{prefix}/{name}"));
+        rt.block_on(store.put(&key, std::fs::read(&path).unwrap().into())).unwrap();
+    }
+}
 
 /// How long a hanging GET waits before it answers: longer than any test runs.
 pub const HANG: Duration = Duration::from_secs(120);

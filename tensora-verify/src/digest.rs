@@ -141,6 +141,7 @@ pub fn crc32c_combine(crc1: u32, crc2: u32, len2_bytes: u64) -> u32 {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown digest algorithm {name:?} (expected crc32c, xxh3 or sha256)")]
 pub struct UnknownAlgo {
+    /// The name as given.
     pub name: String,
 }
 
@@ -197,7 +198,8 @@ impl Digest {
         Ok(Digest { algo, bytes })
     }
 
-    pub fn algo(&self) -> Algo {
+    /// The algorithm that computed this digest.
+    pub(crate) fn algo(&self) -> Algo {
         self.algo
     }
 
@@ -228,6 +230,7 @@ impl fmt::Debug for Digest {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{text:?} is not a {algo} digest ({} hex digits)", algo.hex_len())]
 pub struct BadDigest {
+    /// The algorithm whose digest the text should be.
     pub algo: Algo,
     /// The offending text (at most 80 characters of it).
     pub text: String,
@@ -257,7 +260,8 @@ enum State {
 }
 
 impl Hasher {
-    pub fn new(algo: Algo) -> Hasher {
+    /// A hasher that has seen no bytes yet (as [`Algo::hasher`]).
+    pub(crate) fn new(algo: Algo) -> Hasher {
         let state = match algo {
             Algo::Crc32c => State::Crc32c(0),
             Algo::Xxh3 => State::Xxh3(Box::new(xxhash_rust::xxh3::Xxh3Default::new())),
@@ -266,7 +270,8 @@ impl Hasher {
         Hasher { state, len_bytes: 0 }
     }
 
-    pub fn algo(&self) -> Algo {
+    /// The algorithm this hasher computes.
+    pub(crate) fn algo(&self) -> Algo {
         match self.state {
             State::Crc32c(_) => Algo::Crc32c,
             State::Xxh3(_) => Algo::Xxh3,
@@ -279,6 +284,7 @@ impl Hasher {
         self.len_bytes
     }
 
+    /// Feed the next bytes of the input.
     pub fn update(&mut self, bytes: &[u8]) {
         self.len_bytes += bytes.len() as u64;
         match &mut self.state {
@@ -288,6 +294,7 @@ impl Hasher {
         }
     }
 
+    /// The digest of every byte fed, in order.
     pub fn finish(self) -> Digest {
         match self.state {
             State::Crc32c(crc) => Digest::from_crc32c(crc),

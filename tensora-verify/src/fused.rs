@@ -113,6 +113,7 @@ impl DigestCollector {
         })
     }
 
+    /// The algorithm this collector digests with.
     pub fn algo(&self) -> Algo {
         self.algo
     }

@@ -14,9 +14,12 @@ pub type ProgressFn = Arc<dyn Fn(u64, u64) + Send + Sync>;
 /// What to hash with.
 #[derive(Clone, Default)]
 pub struct HashOptions {
+    /// The digest algorithm.
     pub algo: Algo,
-    /// Backend name (see `tensora_io::registry::names`); `None` chooses automatically.
+    /// Backend name: `auto` or one of `tensora_io::registry::names` (parsed as a
+    /// `tensora_io::BackendChoice`); `None` chooses automatically.
     pub backend: Option<String>,
+    /// Told the load's progress; `None` for no reports.
     pub progress: Option<ProgressFn>,
 }
 
@@ -33,12 +36,25 @@ impl std::fmt::Debug for HashOptions {
 /// Why hashing failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HashError {
+    /// [`HashOptions::backend`] names no backend of `tensora_io::registry`.
     #[error("unknown backend {name:?} (known: {known})")]
-    UnknownBackend { name: String, known: String },
+    UnknownBackend {
+        /// The name as given.
+        name: String,
+        /// The registry's names, comma-separated.
+        known: String,
+    },
+    /// The load failed (a read error, a truncated file, a file changed under it, ...).
     #[error("{0}")]
     Load(#[from] tensora_io::LoadError),
+    /// The load finished without delivering a tensor, so it has no digest.
     #[error("no digest for tensor {tensor:?}: {reason}")]
-    Incomplete { tensor: String, reason: String },
+    Incomplete {
+        /// The tensor without a digest.
+        tensor: String,
+        /// Why it has none.
+        reason: String,
+    },
 }
 
 /// One digest per tensor, in [`Checkpoint::tensors`] order.
@@ -56,15 +72,11 @@ pub enum HashError {
 pub fn hash_checkpoint(ckpt: &Checkpoint, opts: &HashOptions) -> Result<Vec<Digest>, HashError> {
     let backend = match &opts.backend {
         None => BackendChoice::Auto,
-        Some(name) => {
-            if tensora_io::registry::by_name(name).is_none() {
-                return Err(HashError::UnknownBackend {
-                    name: name.clone(),
-                    known: tensora_io::registry::names().join(", "),
-                });
-            }
-            BackendChoice::Named(name.clone())
-        }
+        // The one parser of backend names: `auto` or a registered name.
+        Some(name) => name.parse::<BackendChoice>().map_err(|e| HashError::UnknownBackend {
+            name: e.name,
+            known: tensora_io::registry::names().join(", "),
+        })?,
     };
     let load = LoadOptions { backend, progress: opts.progress.clone(), ..LoadOptions::default() };
     crate::fused::hash_with_load(ckpt, opts.algo, &load).map(|(digests, _)| digests)
@@ -81,5 +93,27 @@ impl HashError {
                 ..
             })
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+
+    #[test]
+    fn backend_names_are_parsed_as_a_load_parses_them() {
+        let ckpt = tensora_format::open(TINY).unwrap();
+        let with = |name: &str| HashOptions { backend: Some(name.to_owned()), ..HashOptions::default() };
+        let auto = hash_checkpoint(&ckpt, &with("auto")).unwrap();
+        assert_eq!(hash_checkpoint(&ckpt, &with("sync")).unwrap(), auto);
+        match hash_checkpoint(&ckpt, &with("nope")) {
+            Err(HashError::UnknownBackend { name, known }) => {
+                assert_eq!(name, "nope");
+                assert!(known.contains("sync"), "{known}");
+            }
+            other => panic!("expected UnknownBackend, got {other:?}"),
+        }
     }
 }

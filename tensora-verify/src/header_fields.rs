@@ -13,19 +13,17 @@ use std::path::Path;
 
 use serde::Deserializer as _;
 use serde::de::{self, IgnoredAny, MapAccess, Visitor};
+use tensora_format::safetensors::{HEADER_LEN_BYTES_MAX, METADATA_KEY};
 
-/// The header length accepted, as in the safetensors parser.
-pub const HEADER_LEN_BYTES_MAX: u64 = 100_000_000;
 /// Bound on unknown fields reported per file (the rest are counted into the last one).
-pub const UNKNOWN_FIELDS_MAX: usize = 1000;
+pub(crate) const UNKNOWN_FIELDS_MAX: usize = 1000;
 
 /// The fields a tensor entry may have.
 const KNOWN_FIELDS: [&str; 3] = ["dtype", "shape", "data_offsets"];
-const METADATA_KEY: &str = "__metadata__";
 
 /// `(tensor, field)` for every unknown field of every tensor entry in the header of `path`, in
 /// header order. Errors are strings naming the problem (the parser reports structure errors).
-pub fn unknown_fields(path: &Path) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn unknown_fields(path: &Path) -> Result<Vec<(String, String)>, String> {
     let mut file = File::open(path).map_err(|e| e.to_string())?;
     let file_len_bytes = file.metadata().map_err(|e| e.to_string())?.len();
     let mut prefix = [0u8; 8];
@@ -43,7 +41,7 @@ pub fn unknown_fields(path: &Path) -> Result<Vec<(String, String)>, String> {
 }
 
 /// [`unknown_fields`] on the header JSON itself.
-pub fn unknown_fields_in(json: &[u8]) -> Result<Vec<(String, String)>, serde_json::Error> {
+pub(crate) fn unknown_fields_in(json: &[u8]) -> Result<Vec<(String, String)>, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(json);
     let mut out = Vec::new();
     de.deserialize_map(HeaderVisitor { out: &mut out })?;

@@ -36,7 +36,7 @@ pub mod check;
 pub mod digest;
 pub mod fused;
 pub mod hash;
-pub mod header_fields;
+mod header_fields;
 pub mod manifest;
 pub mod scan;
 

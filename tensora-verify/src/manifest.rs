@@ -20,12 +20,11 @@
 //! before reading them, and reads at most that many bytes even if the file grows meanwhile.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
-use tensora_format::Checkpoint;
+use tensora_format::{Checkpoint, ErrorKind};
 
 use crate::digest::{Algo, BadDigest, Digest};
 
@@ -40,40 +39,67 @@ pub const MANIFEST_RANK_MAX: usize = 64;
 pub struct ManifestTensor {
     /// Safetensors dtype spelling, e.g. `"BF16"`.
     pub dtype: String,
+    /// Shape; `[]` is a scalar.
     pub shape: Vec<u64>,
+    /// Digest of the tensor's `nbytes` raw bytes, in the manifest's algorithm.
     pub digest: Digest,
 }
 
 /// One file of a manifest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ManifestFile {
+    /// The file's size.
     pub len_bytes: u64,
 }
 
 /// Per-tensor digests of a checkpoint, with (optionally) its format and file sizes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
+    /// The algorithm of every digest in it.
     pub algo: Algo,
     /// [`tensora_format::Format::as_str`] of the checkpoint, when recorded.
     pub format: Option<String>,
     /// File sizes, keyed by [`file_key`]. Empty when not recorded.
     pub files: BTreeMap<String, ManifestFile>,
+    /// Every tensor, by name.
     pub tensors: BTreeMap<String, ManifestTensor>,
 }
 
 /// Why a manifest could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
+    /// The file could not be opened or read, or is not a regular file.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
+    Io {
+        /// The manifest's path.
+        path: PathBuf,
+        /// What failed (`InvalidInput` for a file that is not a regular one).
+        source: io::Error,
+    },
+    /// The file is over [`MANIFEST_LEN_BYTES_MAX`]; refused before it is read.
     #[error("{path}: manifest is {len_bytes} bytes, over the limit of {limit_bytes}")]
-    TooLarge { path: PathBuf, len_bytes: u64, limit_bytes: u64 },
+    TooLarge {
+        /// The manifest's path.
+        path: PathBuf,
+        /// Its size (or what was read of it, if it grew).
+        len_bytes: u64,
+        /// The largest manifest accepted.
+        limit_bytes: u64,
+    },
+    /// The document is not valid JSON.
     #[error("manifest is not valid JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// The document is JSON but not a manifest; the message says which key is wrong.
     #[error("invalid manifest: {0}")]
     Invalid(String),
+    /// A tensor's digest is not valid hex of its algorithm's length.
     #[error("invalid manifest: tensor {tensor:?}: {source}")]
-    BadDigest { tensor: String, source: BadDigest },
+    BadDigest {
+        /// The tensor whose digest it is.
+        tensor: String,
+        /// What is wrong with the text.
+        source: BadDigest,
+    },
 }
 
 /// The key of a checkpoint file in [`Manifest::files`]: its path relative to the checkpoint root
@@ -203,7 +229,7 @@ impl Manifest {
         let algo = match obj.get("algo") {
             Some(Value::String(s)) => s.parse::<Algo>().map_err(|e| invalid(e.to_string()))?,
             Some(_) => return Err(invalid("\"algo\" must be a string".into())),
-            None => infer_algo(tensors_v)?,
+            None => infer_algo(tensors_v.values().next().map(|t| |a: Algo| t.get(a.as_str()).is_some()))?,
         };
         let format = match obj.get("format") {
             None | Some(Value::Null) => None,
@@ -257,35 +283,12 @@ impl Manifest {
         Ok(Manifest { algo, format, files, tensors })
     }
 
-    /// Read and parse a manifest file, refusing one over [`MANIFEST_LEN_BYTES_MAX`].
+    /// Read and parse a manifest file, refusing one over [`MANIFEST_LEN_BYTES_MAX`] (or growing
+    /// past it while read) and anything but a regular file (opening a FIFO would block until a
+    /// writer appears), with [`tensora_format::read_capped`].
     pub fn read(path: &Path) -> Result<Manifest, ManifestError> {
-        let io_err = |source| ManifestError::Io { path: path.to_path_buf(), source };
-        // Opening a FIFO for reading blocks until a writer appears, and a device or directory is
-        // no manifest: only a regular file is opened.
-        if !std::fs::metadata(path).map_err(io_err)?.is_file() {
-            return Err(io_err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")));
-        }
-        let file = File::open(path).map_err(io_err)?;
-        let meta = file.metadata().map_err(io_err)?;
-        if !meta.is_file() {
-            // Replaced between the check and the open.
-            return Err(io_err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")));
-        }
-        let len_bytes = meta.len();
-        let too_large = |len_bytes| ManifestError::TooLarge {
-            path: path.to_path_buf(),
-            len_bytes,
-            limit_bytes: MANIFEST_LEN_BYTES_MAX,
-        };
-        if len_bytes > MANIFEST_LEN_BYTES_MAX {
-            return Err(too_large(len_bytes));
-        }
-        // Allocate what the file held when checked; read one byte past the limit to catch growth.
-        let mut bytes = Vec::with_capacity(len_bytes as usize);
-        file.take(MANIFEST_LEN_BYTES_MAX + 1).read_to_end(&mut bytes).map_err(io_err)?;
-        if bytes.len() as u64 > MANIFEST_LEN_BYTES_MAX {
-            return Err(too_large(bytes.len() as u64));
-        }
+        let bytes =
+            tensora_format::read_capped(path, MANIFEST_LEN_BYTES_MAX).map_err(|e| read_error(path, e))?;
         Manifest::from_json_slice(&bytes)
     }
 
@@ -365,27 +368,7 @@ impl RawManifest {
         let tensors_raw = self.tensors.ok_or_else(|| invalid("missing object \"tensors\"".into()))?;
         let algo = match self.algo {
             Some(s) => s.parse::<Algo>().map_err(|e| invalid(e.to_string()))?,
-            None => {
-                let Some((_, first)) = tensors_raw.iter().next() else {
-                    return Ok(Manifest {
-                        algo: Algo::default(),
-                        format: self.format,
-                        files: files_of(self.files)?,
-                        tensors: BTreeMap::new(),
-                    });
-                };
-                let keys: Vec<Algo> =
-                    Algo::ALL.into_iter().filter(|a| first.digest_hex(*a).is_some()).collect();
-                match keys.as_slice() {
-                    [one] => *one,
-                    [] => return Err(invalid("no \"algo\" and no known digest key in the tensors".into())),
-                    _ => {
-                        return Err(invalid(
-                            "no \"algo\" and several digest keys: name one with \"algo\"".into(),
-                        ));
-                    }
-                }
-            }
+            None => infer_algo(tensors_raw.values().next().map(|t| |a: Algo| t.digest_hex(a).is_some()))?,
         };
         let files = files_of(self.files)?;
         let mut tensors = BTreeMap::new();
@@ -414,19 +397,36 @@ fn files_of(raw: Option<BTreeMap<String, RawFile>>) -> Result<BTreeMap<String, M
         .collect()
 }
 
-/// A document without `"algo"`: the algorithm is the one known digest key that every tensor has.
-/// An empty tensor map defaults to [`Algo::default`].
-fn infer_algo(tensors: &Map<String, Value>) -> Result<Algo, ManifestError> {
-    let Some((_, first)) = tensors.iter().next() else {
+/// The algorithm of a document without `"algo"`: the one known digest key of its first tensor
+/// (`has_key` says whether that tensor has the key of an algorithm). Without tensors it is
+/// [`Algo::default`]. Both manifest readers infer it here.
+fn infer_algo(has_key: Option<impl Fn(Algo) -> bool>) -> Result<Algo, ManifestError> {
+    let Some(has_key) = has_key else {
         return Ok(Algo::default());
     };
-    let keys: Vec<Algo> = Algo::ALL.into_iter().filter(|a| first.get(a.as_str()).is_some()).collect();
+    let keys: Vec<Algo> = Algo::ALL.into_iter().filter(|&a| has_key(a)).collect();
     match keys.as_slice() {
         [one] => Ok(*one),
         [] => Err(ManifestError::Invalid("no \"algo\" and no known digest key in the tensors".into())),
         _ => {
             Err(ManifestError::Invalid("no \"algo\" and several digest keys: name one with \"algo\"".into()))
         }
+    }
+}
+
+/// A failed [`tensora_format::read_capped`] of a manifest, as a [`ManifestError`].
+fn read_error(path: &Path, e: tensora_format::Error) -> ManifestError {
+    let path = path.to_path_buf();
+    match e.into_kind() {
+        ErrorKind::Io(source) => ManifestError::Io { path, source },
+        ErrorKind::IndexTooLarge { len_bytes, limit_bytes } => {
+            ManifestError::TooLarge { path, len_bytes, limit_bytes }
+        }
+        // "not a regular file": a FIFO, a device or a directory is no manifest.
+        ErrorKind::NotACheckpoint { reason } => {
+            ManifestError::Io { path, source: io::Error::new(io::ErrorKind::InvalidInput, reason) }
+        }
+        other => ManifestError::Io { path, source: io::Error::other(other.to_string()) },
     }
 }
 
@@ -451,6 +451,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::File;
+
     use super::*;
     use proptest::prelude::*;
 
@@ -502,9 +504,9 @@ mod tests {
         assert_eq!(m.format, None);
     }
 
-    #[test]
-    fn rejects_bad_documents_with_typed_errors() {
-        let cases = [
+    /// Well-formed JSON that is no manifest: both readers refuse each as `Invalid`.
+    fn invalid_documents() -> Vec<serde_json::Value> {
+        vec![
             serde_json::json!([]),
             serde_json::json!({}),
             serde_json::json!({"algo": "md5", "tensors": {}}),
@@ -514,8 +516,12 @@ mod tests {
             serde_json::json!({"algo": "crc32c", "tensors": {"x": {"shape": [1], "crc32c": "00000000"}}}),
             serde_json::json!({"algo": "crc32c", "files": {"f": {}}, "tensors": {}}),
             serde_json::json!({"tensors": {"x": {"dtype": "F32", "shape": [1]}}}),
-        ];
-        for doc in cases {
+        ]
+    }
+
+    #[test]
+    fn rejects_bad_documents_with_typed_errors() {
+        for doc in invalid_documents() {
             assert!(matches!(Manifest::from_json_value(&doc), Err(ManifestError::Invalid(_))), "{doc}");
         }
         let doc = serde_json::json!({"algo": "crc32c", "tensors": {"x": {"dtype": "F32", "shape": [1], "crc32c": "0000"}}});
@@ -528,18 +534,10 @@ mod tests {
 
     #[test]
     fn the_typed_reader_agrees_with_the_value_reader() {
-        let cases = [
-            serde_json::json!([]),
-            serde_json::json!({}),
-            serde_json::json!({"algo": "md5", "tensors": {}}),
-            serde_json::json!({"algo": 3, "tensors": {}}),
-            serde_json::json!({"algo": "crc32c", "tensors": {"x": {"dtype": "F32", "shape": [-1], "crc32c": "00000000"}}}),
-            serde_json::json!({"algo": "crc32c", "tensors": {"x": {"dtype": "F32", "shape": [1]}}}),
-            serde_json::json!({"algo": "crc32c", "tensors": {"x": {"shape": [1], "crc32c": "00000000"}}}),
-            serde_json::json!({"algo": "crc32c", "files": {"f": {}}, "tensors": {}}),
-            serde_json::json!({"tensors": {"x": {"dtype": "F32", "shape": [1]}}}),
+        let mut cases = invalid_documents();
+        cases.push(
             serde_json::json!({"tensors": {"x": {"dtype": "F32", "shape": [1], "crc32c": "00000000", "sha256": "00"}}}),
-        ];
+        );
         for doc in cases {
             let bytes = serde_json::to_vec(&doc).unwrap();
             assert!(matches!(Manifest::from_json_slice(&bytes), Err(ManifestError::Invalid(_))), "{doc}");

@@ -14,13 +14,14 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use tensora_format::{Checkpoint, FileId, FileStamp};
+use tensora_format::{Checkpoint, FileChanged, FileId, FileStamp};
 
 use crate::digest::{Algo, Digest, Hasher};
 
 /// Positional reads, as `pread(2)`: read up to `buf.len()` bytes at `offset_bytes`, returning how
 /// many were read (0 at end of file).
 pub trait ReadAt: Send + Sync {
+    /// Read up to `buf.len()` bytes at `offset_bytes`; how many were read (0 at end of file).
     fn read_at(&self, buf: &mut [u8], offset_bytes: u64) -> io::Result<usize>;
     /// Size, mtime and inode now (to compare with the parse-time stamp).
     fn stamp(&self) -> io::Result<FileStamp>;
@@ -50,6 +51,7 @@ pub type Progress<'a> = &'a (dyn Fn(u64) + Sync);
 /// Scan knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScanConfig {
+    /// The digest algorithm for every tensor.
     pub algo: Algo,
     /// Size of one read and of each worker's buffer.
     pub chunk_bytes: usize,
@@ -82,11 +84,21 @@ pub enum FileProblem {
     /// The file could not be opened.
     Open(io::Error),
     /// The file is shorter than when it was parsed (or than its tensors need).
-    Truncated { expected_len_bytes: u64, actual_len_bytes: u64 },
+    Truncated {
+        /// The size at parse time.
+        expected_len_bytes: u64,
+        /// The size now, or where reading hit end of file.
+        actual_len_bytes: u64,
+    },
     /// A read failed (after retries, for transient errors).
-    Read { offset_bytes: u64, error: io::Error },
+    Read {
+        /// Where the failed read started.
+        offset_bytes: u64,
+        /// The last error.
+        error: io::Error,
+    },
     /// Size, mtime or inode differ from the parse-time stamp: the file was modified or replaced.
-    Changed { before: FileStamp, after: FileStamp },
+    Changed(FileChanged),
 }
 
 impl std::fmt::Display for FileProblem {
@@ -101,18 +113,8 @@ impl std::fmt::Display for FileProblem {
             FileProblem::Read { offset_bytes, error } => {
                 write!(f, "read error at offset {offset_bytes}: {error}")
             }
-            FileProblem::Changed { before, after } => {
-                write!(f, "modified or replaced during the check:")?;
-                if before.len_bytes != after.len_bytes {
-                    write!(f, " size {} -> {}", before.len_bytes, after.len_bytes)?;
-                }
-                if before.inode != after.inode || before.dev != after.dev {
-                    write!(f, " inode {} -> {}", before.inode, after.inode)?;
-                }
-                if before.modified != after.modified {
-                    write!(f, " mtime changed")?;
-                }
-                Ok(())
+            FileProblem::Changed(change) => {
+                write!(f, "modified or replaced during the check: {}", change.what())
             }
         }
     }
@@ -121,7 +123,9 @@ impl std::fmt::Display for FileProblem {
 /// The scan of one file.
 #[derive(Debug)]
 pub struct FileScan {
+    /// The file's index in [`Checkpoint::files`].
     pub file: FileId,
+    /// The file's path.
     pub path: PathBuf,
     /// Size at parse time.
     pub expected_len_bytes: u64,
@@ -129,7 +133,9 @@ pub struct FileScan {
     pub read_bytes: u64,
     /// `st_blocks × 512`, when known.
     pub allocated_bytes: Option<u64>,
+    /// Reads retried after `EINTR` or `EAGAIN`.
     pub retries: u64,
+    /// The first problem found, if any.
     pub problem: Option<FileProblem>,
 }
 
@@ -152,7 +158,9 @@ impl FileScan {
 /// The result of [`scan`]: one entry per file, one optional digest per tensor.
 #[derive(Debug)]
 pub struct Scan {
+    /// The algorithm of every digest.
     pub algo: Algo,
+    /// One per file, indexed like [`Checkpoint::files`].
     pub files: Vec<FileScan>,
     /// Indexed like [`Checkpoint::tensors`]. `None` when a problem in the tensor's file stopped
     /// the scan before the tensor was read whole.
@@ -255,7 +263,7 @@ pub fn scan_with(
     for (f, ds) in files.iter().zip(file_digests) {
         // Digests of tensors in a file that changed under us mean nothing; tensors read whole
         // before a read error or the end of a truncated file keep theirs.
-        if matches!(f.problem, Some(FileProblem::Changed { .. })) {
+        if matches!(f.problem, Some(FileProblem::Changed(_))) {
             continue;
         }
         for (i, d) in ds {
@@ -271,7 +279,7 @@ impl FileProblem {
     fn rank(&self) -> (u8, u64) {
         match self {
             FileProblem::Open(_) => (0, 0),
-            FileProblem::Changed { .. } => (1, 0),
+            FileProblem::Changed(_) => (1, 0),
             FileProblem::Truncated { actual_len_bytes, .. } => (2, *actual_len_bytes),
             FileProblem::Read { offset_bytes, .. } => (3, *offset_bytes),
         }
@@ -376,11 +384,12 @@ fn scan_segment(
             });
             return out;
         }
-        Ok(now) if now != before => {
-            out.problem = Some(FileProblem::Changed { before, after: now });
-            return out;
+        Ok(now) => {
+            if let Err(change) = before.check(&now) {
+                out.problem = Some(FileProblem::Changed(change));
+                return out;
+            }
         }
-        Ok(_) => {}
         Err(e) => {
             out.problem = Some(FileProblem::Read { offset_bytes: seg.start, error: e });
             return out;
@@ -440,13 +449,11 @@ fn scan_segment(
         // our handle (modified in place) and at its path (replaced by a rename).
         let after = file.stamp().and_then(|h| std::fs::metadata(entry.path()).map(|m| (h, m)));
         match after {
-            Ok((handle, _)) if handle != before => {
-                out.problem = Some(FileProblem::Changed { before, after: handle })
+            Ok((handle, meta)) => {
+                if let Err(change) = before.check(&handle).and_then(|()| entry.check_unchanged(&meta)) {
+                    out.problem = Some(FileProblem::Changed(change));
+                }
             }
-            Ok((_, meta)) if FileStamp::from_metadata(&meta) != before => {
-                out.problem = Some(FileProblem::Changed { before, after: FileStamp::from_metadata(&meta) });
-            }
-            Ok(_) => {}
             Err(error) => out.problem = Some(FileProblem::Read { offset_bytes: pos, error }),
         }
     }
@@ -571,6 +578,8 @@ mod tests {
             "{:?}",
             result.files[2]
         );
+        let message = result.files[2].problem.as_ref().map(ToString::to_string).unwrap_or_default();
+        assert!(message.starts_with("modified or replaced during the check: inode "), "{message}");
         for (t, d) in ckpt.tensors().iter().zip(&result.digests) {
             // Empty tensors need no bytes, so they keep their digest.
             assert_eq!(d.is_none(), t.file() == FileId(2) && t.nbytes() > 0, "{}", t.name());

@@ -49,20 +49,28 @@ fn backends() -> Vec<String> {
         .collect()
 }
 
-/// The load shapes each backend is run with: (residence, streaming, chunk_bytes, budget_bytes).
-const SHAPES: [(Residence, bool, u64, u64); 5] = [
-    (Residence::Owned, false, 8 << 20, 1 << 30),
-    (Residence::Owned, false, 4096, 1 << 30),
-    (Residence::Owned, true, 4096, 64 << 10),
-    (Residence::Owned, true, 8 << 20, 1 << 30),
-    (Residence::Mapped, false, 8 << 20, 1 << 30),
+/// How a load hands its tensors over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    /// `tensora_io::load`: every tensor in one `Loaded`.
+    Whole,
+    /// `tensora_io::load_streaming`: each tensor as it completes.
+    Streamed,
+}
+
+/// The load shapes each backend is run with: (residence, delivery, chunk_bytes, budget_bytes).
+const SHAPES: [(Residence, Delivery, u64, u64); 5] = [
+    (Residence::Owned, Delivery::Whole, 8 << 20, 1 << 30),
+    (Residence::Owned, Delivery::Whole, 4096, 1 << 30),
+    (Residence::Owned, Delivery::Streamed, 4096, 64 << 10),
+    (Residence::Owned, Delivery::Streamed, 8 << 20, 1 << 30),
+    (Residence::Mapped, Delivery::Whole, 8 << 20, 1 << 30),
 ];
 
-fn load_with(ckpt: &Checkpoint, opts: &LoadOptions, streaming: bool) {
-    if streaming {
-        tensora_io::load_streaming(ckpt, opts, |_| Ok(())).unwrap();
-    } else {
-        drop(tensora_io::load(ckpt, opts).unwrap());
+fn load_with(ckpt: &Checkpoint, opts: &LoadOptions, delivery: Delivery) {
+    match delivery {
+        Delivery::Streamed => drop(tensora_io::load_streaming(ckpt, opts, |_| Ok(())).unwrap()),
+        Delivery::Whole => drop(tensora_io::load(ckpt, opts).unwrap()),
     }
 }
 
@@ -74,12 +82,11 @@ fn crc32c_from_pieces_equals_the_scan_on_every_backend_and_load_shape() {
         assert!(scanned.is_clean());
         let total_bytes: u64 = ckpt.tensors().iter().map(|t| t.nbytes()).sum();
         for backend in backends() {
-            for (residence, streaming, chunk_bytes, budget_bytes) in SHAPES {
-                if residence == Residence::Mapped && streaming {
+            for (residence, delivery, chunk_bytes, budget_bytes) in SHAPES {
+                if residence == Residence::Mapped && delivery == Delivery::Streamed {
                     continue;
                 }
-                let what =
-                    format!("{path} {backend} {residence:?} streaming={streaming} chunk={chunk_bytes}");
+                let what = format!("{path} {backend} {residence:?} {delivery:?} chunk={chunk_bytes}");
                 let collector = DigestCollector::new(&ckpt, Algo::Crc32c);
                 let mut opts = LoadOptions {
                     backend: BackendChoice::Named(backend.clone()),
@@ -89,7 +96,7 @@ fn crc32c_from_pieces_equals_the_scan_on_every_backend_and_load_shape() {
                     ..LoadOptions::default()
                 };
                 collector.install(&mut opts);
-                load_with(&ckpt, &opts, streaming);
+                load_with(&ckpt, &opts, delivery);
                 let digests = collector.finish(&ckpt).unwrap();
                 for (i, t) in ckpt.tensors().iter().enumerate() {
                     assert_eq!(Some(digests[i]), scanned.digests[i], "{what}: {}", t.name());
@@ -112,8 +119,8 @@ fn sha256_and_xxh3_fused_reproduce_the_expected_digests_on_every_backend() {
         assert_eq!(expected.len(), ckpt.tensors().len());
         let xxh3 = scan(&ckpt, &ScanConfig { algo: Algo::Xxh3, ..ScanConfig::default() }).digests;
         for backend in backends() {
-            for (residence, streaming, chunk_bytes, budget_bytes) in SHAPES {
-                if residence == Residence::Mapped && streaming {
+            for (residence, delivery, chunk_bytes, budget_bytes) in SHAPES {
+                if residence == Residence::Mapped && delivery == Delivery::Streamed {
                     continue;
                 }
                 let opts = LoadOptions {

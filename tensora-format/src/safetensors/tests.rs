@@ -2,6 +2,8 @@
 
 use proptest::prelude::*;
 
+use super::chunks::speculative_segments;
+use super::names::{NameSet, name_hash};
 use super::*;
 
 /// A file image: `n`, the header text, then `data_len` data bytes.

@@ -30,8 +30,11 @@ use crate::{Dtype, Error, ErrorKind};
 /// One tensor to write, in state-dict order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SllmTensorSpec {
+    /// The tensor's name, the key of its `tensor_index.json` entry.
     pub name: String,
+    /// Element type; written as its torch name, so sub-byte types are refused.
     pub dtype: Dtype,
+    /// Shape; `[]` is a scalar.
     pub shape: Vec<u64>,
     /// Strides in elements; `None` means contiguous row-major.
     pub strides: Option<Vec<u64>>,
@@ -81,8 +84,11 @@ impl Default for SllmLayoutConfig {
 pub struct SllmRecord {
     /// The spec (index into the specs given to [`SllmLayout::new`]) whose bytes this record holds.
     pub spec: usize,
+    /// The partition file the record is written to (`tensor.data_N`).
     pub partition: u32,
+    /// Where the record starts in its partition (a multiple of [`RECORD_ALIGN_BYTES`]).
     pub offset_in_partition_bytes: u64,
+    /// Bytes of storage written: the spec's `size_bytes`.
     pub size_bytes: u64,
     /// Zero bytes written after the record.
     pub padding_bytes: u64,
