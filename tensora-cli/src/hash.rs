@@ -54,9 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let ckpt = tensora_verify::open_checkpoint(&args.path)?;
     let progress = checkpoint_progress(&ckpt);
-    // `HashOptions` names its backend: `None` is auto.
-    let backend = (!matches!(args.backend, BackendChoice::Auto)).then(|| args.backend.name().to_owned());
-    let opts = HashOptions { algo: args.algo, backend, progress: progress.hook() };
+    let opts = HashOptions { algo: args.algo, backend: args.backend.clone(), progress: progress.hook() };
     let digests =
         hash_checkpoint(&ckpt, &opts).with_context(|| format!("hashing {}", args.path.display()))?;
     progress.finish();

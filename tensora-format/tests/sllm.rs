@@ -303,3 +303,32 @@ fn a_truncated_tiny_partition_is_named_with_its_lengths() {
         }]
     );
 }
+
+/// `Checkpoint::distinct_bytes` counts bytes shared by tied tensors once, and agrees with a
+/// byte-by-byte union for any subset of the fixture's tensors (which holds ties, an empty tensor
+/// and tensors spread over three partitions).
+mod distinct_bytes {
+    use super::TINY;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn equals_the_union_of_the_selected_ranges(mask in proptest::collection::vec(any::<bool>(), 14)) {
+            let ckpt = tensora_format::open(TINY).unwrap();
+            let selected: Vec<usize> = (0..ckpt.tensors().len()).filter(|&i| mask[i % mask.len()]).collect();
+            let mut bytes = BTreeSet::new();
+            for &i in &selected {
+                let t = &ckpt.tensors()[i];
+                bytes.extend(t.range().map(|b| (t.file().0, b)));
+            }
+            prop_assert_eq!(ckpt.distinct_bytes(&selected), bytes.len() as u64);
+            // Out-of-range indexes are ignored; a repeated index counts once.
+            let mut twice = selected.clone();
+            twice.extend(&selected);
+            twice.push(usize::MAX);
+            prop_assert_eq!(ckpt.distinct_bytes(&twice), bytes.len() as u64);
+        }
+    }
+}

@@ -33,10 +33,7 @@ pub(crate) fn hash<'py>(
         algo.parse().map_err(|e: tensora_verify::UnknownAlgo| VerifyError::new_err(e.to_string()))?;
     let ckpt = py.detach(|| tensora_format::open(&path)).map_err(format_err)?;
     let cancel = Arc::new(AtomicBool::new(false));
-    let backend = match crate::backend(backend)? {
-        tensora_io::BackendChoice::Auto => None,
-        named => Some(named.name().to_owned()),
-    };
+    let backend = crate::backend(backend)?;
     let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
         let opts = tensora_verify::hash::HashOptions { algo, backend, progress: hook };
         tensora_verify::hash::hash_checkpoint(&ckpt, &opts)
