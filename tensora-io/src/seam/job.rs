@@ -238,16 +238,8 @@ impl<'a> Job<'a> {
         match *self.disjoint.get_or_init(|| overlapping_reads(reads)) {
             Ok(()) => Ok(()),
             Err((a, b)) => {
-                let read = &reads[b as usize];
-                Err(ReadError {
-                    file: read.file,
-                    offset_bytes: read.offset_bytes,
-                    len_bytes: read.len_bytes,
-                    kind: ReadErrorKind::Io(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("reads {a} and {b} of the plan land on overlapping destination bytes"),
-                    )),
-                })
+                let why = format!("reads {a} and {b} of the plan land on overlapping destination bytes");
+                Err(invalid_read(&reads[b as usize], why))
             }
         }
     }
@@ -302,14 +294,16 @@ fn overlapping_reads(reads: &[Read]) -> Result<(), (u32, u32)> {
 }
 
 fn already_claimed(read: &Read, index: u32) -> ReadError {
+    invalid_read(read, format!("read {index} was already claimed in this job"))
+}
+
+/// A refused hand-out of `read`: an `InvalidInput` error naming the read and why.
+fn invalid_read(read: &Read, why: String) -> ReadError {
     ReadError {
         file: read.file,
         offset_bytes: read.offset_bytes,
         len_bytes: read.len_bytes,
-        kind: ReadErrorKind::Io(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("read {index} was already claimed in this job"),
-        )),
+        kind: ReadErrorKind::Io(io::Error::new(io::ErrorKind::InvalidInput, why)),
     }
 }
 
