@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use common::{REAL, SLLM_TINY as SLLM, assert_one_error_line, tensora};
@@ -33,8 +34,10 @@ fn json_report_for_every_backend_and_mode() {
             let mut args = vec![path.as_str(), "--json", "--backend", backend];
             args.extend_from_slice(extra);
             let out = tensora_load(&args);
-            if backend == "io-uring" && !out.status.success() {
-                // Only acceptable failure: io_uring is unavailable here, said in one error line.
+            if backend == "io-uring"
+                && !tensora_testkit::require::io_uring_or_skip("tensora load --backend io-uring")
+            {
+                // io_uring is unavailable here (and not required): said in one error line.
                 assert_one_error_line(&out);
                 assert!(String::from_utf8_lossy(&out.stderr).contains("unavailable"));
                 continue;
@@ -67,6 +70,13 @@ fn json_report_for_every_backend_and_mode() {
             assert_eq!(v["bytes_selected"], tensor_bytes);
             assert!(v["bytes_read"].as_u64().unwrap() >= tensor_bytes);
             assert_eq!(v["tensors"], 47);
+            let reads_direct = ["sync", "io-uring", "async"].contains(&backend) && extra == ["--direct"];
+            if reads_direct
+                && tensora_testkit::require::direct_io_or_skip(Path::new(&path), "tensora load --direct")
+            {
+                assert_eq!(v["io_mode"], "direct", "{args:?}");
+                assert_eq!(v["direct_fallbacks"], 0, "{args:?}: every read went direct");
+            }
             assert!(v["phases"]["parse"].as_f64().unwrap() > 0.0);
         }
     }

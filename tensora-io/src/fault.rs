@@ -1,5 +1,5 @@
-//! Test support: a read layer that injects faults into [`SyncBackend`](crate::backends::sync::SyncBackend)'s
-//! positional reads. It is public so that every crate's tests (tensora-verify's included) can
+//! Test support (cargo feature `fault-injection`): faults injected below every reading backend
+//! (`sync`, `io-uring`, `async`). It is public so that every crate's tests (tensora-verify's included) can
 //! exercise error paths without special hardware.
 //!
 //! A [`FaultySource`] wraps any [`ReadAt`] (normally [`Pread`]) and applies a list of [`Fault`]s:
@@ -8,6 +8,8 @@
 //!   `EAGAIN` (transient: retried);
 //! - [`Fault::Short`]: the first `times` reads return only part of what was asked (transient);
 //! - [`Fault::Eof`]: the file appears to end at an offset (a truncation);
+//! - [`Fault::DirectRefused`]: `O_DIRECT` reads of a file fail with `EINVAL` (the backend falls
+//!   back to buffered reads for that file);
 //! - [`Fault::BitFlip`]: one bit of one byte is flipped silently (what digests must catch).
 //!
 //! # Example
@@ -68,6 +70,12 @@ pub enum Fault {
         /// Where it appears to end.
         len_bytes: u64,
     },
+    /// Every `O_DIRECT` read of `file` fails with `EINVAL`, as on a filesystem that refuses direct
+    /// I/O for some requests (the backend then reads that file buffered).
+    DirectRefused {
+        /// The plan file.
+        file: u32,
+    },
     /// Bit `bit` (0-7) of the byte at `offset_bytes` of `file` reads flipped.
     BitFlip {
         /// The plan file.
@@ -79,27 +87,21 @@ pub enum Fault {
     },
 }
 
-/// A [`ReadAt`] that injects [`Fault`]s into the reads of an inner layer. Counters are atomic, so one
-/// source can serve every worker thread.
+/// A list of [`Fault`]s and their counters: what a faulty read layer makes of each call. It is
+/// applied after the real read of a call (so bit flips see real bytes), and the same plan drives
+/// every backend: [`FaultPlan::sync`], [`FaultPlan::uring`], [`FaultPlan::asynchronous`].
+/// Counters are atomic, so one plan serves every worker thread.
 #[derive(Debug)]
-pub struct FaultySource<R: ReadAt = Pread> {
-    inner: R,
+pub struct FaultPlan {
     faults: Vec<Fault>,
     /// Remaining count for each counted fault (same index as `faults`).
     remaining: Vec<AtomicU32>,
     injected: AtomicU64,
 }
 
-impl FaultySource<Pread> {
-    /// Inject `faults` into plain `pread`s.
-    pub fn new(faults: Vec<Fault>) -> FaultySource<Pread> {
-        FaultySource::wrap(Pread, faults)
-    }
-}
-
-impl<R: ReadAt + 'static> FaultySource<R> {
-    /// Inject `faults` into the reads of `inner`.
-    pub fn wrap(inner: R, faults: Vec<Fault>) -> FaultySource<R> {
+impl FaultPlan {
+    /// A plan injecting `faults`.
+    pub fn new(faults: Vec<Fault>) -> FaultPlan {
         let remaining = faults
             .iter()
             .map(|f| match *f {
@@ -108,45 +110,50 @@ impl<R: ReadAt + 'static> FaultySource<R> {
             })
             .map(AtomicU32::new)
             .collect();
-        FaultySource { inner, faults, remaining, injected: AtomicU64::new(0) }
+        FaultPlan { faults, remaining, injected: AtomicU64::new(0) }
     }
 
-    /// How many faults fired so far (bit flips and EOFs count once per read they affect).
+    /// How many faults fired so far (bit flips and EOFs count once per call they affect).
     pub fn injected(&self) -> u64 {
         self.injected.load(Ordering::Relaxed)
     }
 
-    /// A [`SyncBackend`] whose reads go through this source, ready for
-    /// [`BackendChoice::Custom`](crate::BackendChoice::Custom).
-    pub fn into_backend(self) -> Arc<dyn IoBackend> {
-        Arc::new(SyncBackend::with_reader(Arc::new(self)))
+    /// The `sync` backend with this plan below its reads.
+    pub fn sync(self: &Arc<Self>) -> Arc<dyn IoBackend> {
+        Arc::new(SyncBackend::with_reader(Arc::new(FaultySource { inner: Pread, plan: Arc::clone(self) })))
     }
 
-    /// Take one from a counted fault's budget; true when it fires.
-    fn take(&self, index: usize) -> bool {
-        self.remaining[index].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+    /// The `io-uring` backend with this plan applied to every completion.
+    pub fn uring(self: &Arc<Self>) -> Arc<dyn IoBackend> {
+        Arc::new(crate::backends::uring::UringBackend::default().with_faults(Arc::clone(self)))
     }
 
-    fn fired(&self) {
-        self.injected.fetch_add(1, Ordering::Relaxed);
+    /// The `async` backend with this plan applied to every positional read.
+    #[cfg(feature = "async")]
+    pub fn asynchronous(self: &Arc<Self>) -> Arc<dyn IoBackend> {
+        Arc::new(crate::backends::async_tokio::AsyncBackend::default().with_faults(Arc::clone(self)))
     }
-}
 
-impl<R: ReadAt + 'static> ReadAt for FaultySource<R> {
-    fn read_at(
+    /// What the plan makes of one call that asked for `buf.len()` bytes of `file` at
+    /// `offset_bytes` through `access` and really returned `real` (its bytes already in `buf`).
+    pub(crate) fn rewrite(
         &self,
-        file: &SourceFile,
-        file_index: u32,
-        buf: &mut [u8],
+        file: u32,
         offset_bytes: u64,
         access: Access,
+        buf: &mut [u8],
+        real: io::Result<usize>,
     ) -> io::Result<usize> {
         let end = offset_bytes.saturating_add(buf.len() as u64);
-        let mut limit = buf.len();
+        let mut n = real?;
         for (i, fault) in self.faults.iter().enumerate() {
             match *fault {
+                Fault::DirectRefused { file: f } if f == file && access == Access::Direct => {
+                    self.fired();
+                    return Err(io::Error::from_raw_os_error(libc::EINVAL));
+                }
                 Fault::Eio { file: f, offset_bytes: at }
-                    if f == file_index && (offset_bytes..end).contains(&at) =>
+                    if f == file && (offset_bytes..end).contains(&at) =>
                 {
                     self.fired();
                     return Err(io::Error::from_raw_os_error(libc::EIO));
@@ -159,35 +166,86 @@ impl<R: ReadAt + 'static> ReadAt for FaultySource<R> {
                     self.fired();
                     return Err(io::Error::from_raw_os_error(libc::EAGAIN));
                 }
-                Fault::Short { .. } if limit > 1 && self.take(i) => {
+                Fault::Short { .. } if buf.len() > 1 && self.take(i) => {
                     self.fired();
-                    limit /= 2;
+                    n = n.min(buf.len() / 2);
                 }
-                Fault::Eof { file: f, len_bytes } if f == file_index => {
-                    if offset_bytes >= len_bytes {
+                Fault::Eof { file: f, len_bytes } if f == file => {
+                    let room = usize::try_from(len_bytes.saturating_sub(offset_bytes)).unwrap_or(usize::MAX);
+                    if room < n {
                         self.fired();
-                        return Ok(0);
-                    }
-                    let room = usize::try_from(len_bytes - offset_bytes).unwrap_or(usize::MAX);
-                    if room < limit {
-                        self.fired();
-                        limit = room;
+                        n = room;
                     }
                 }
                 _ => {}
             }
         }
-        let n = self.inner.read_at(file, file_index, &mut buf[..limit], offset_bytes, access)?;
+        let got_end = offset_bytes + n as u64;
         for fault in &self.faults {
-            if let Fault::BitFlip { file: f, offset_bytes: at, bit } = *fault {
-                let got_end = offset_bytes + n as u64;
-                if f == file_index && (offset_bytes..got_end).contains(&at) {
-                    self.fired();
-                    buf[(at - offset_bytes) as usize] ^= 1u8 << (bit & 7);
-                }
+            if let Fault::BitFlip { file: f, offset_bytes: at, bit } = *fault
+                && f == file
+                && (offset_bytes..got_end).contains(&at)
+            {
+                self.fired();
+                buf[(at - offset_bytes) as usize] ^= 1u8 << (bit & 7);
             }
         }
         Ok(n)
+    }
+
+    /// Take one from a counted fault's budget; true when it fires.
+    fn take(&self, index: usize) -> bool {
+        self.remaining[index].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+    }
+
+    fn fired(&self) {
+        self.injected.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A [`ReadAt`] that injects a [`FaultPlan`]'s faults into the reads of an inner layer.
+#[derive(Debug)]
+pub struct FaultySource<R: ReadAt = Pread> {
+    inner: R,
+    plan: Arc<FaultPlan>,
+}
+
+impl FaultySource<Pread> {
+    /// Inject `faults` into plain `pread`s.
+    pub fn new(faults: Vec<Fault>) -> FaultySource<Pread> {
+        FaultySource::wrap(Pread, faults)
+    }
+}
+
+impl<R: ReadAt + 'static> FaultySource<R> {
+    /// Inject `faults` into the reads of `inner`.
+    pub fn wrap(inner: R, faults: Vec<Fault>) -> FaultySource<R> {
+        FaultySource { inner, plan: Arc::new(FaultPlan::new(faults)) }
+    }
+
+    /// How many faults fired so far (bit flips and EOFs count once per read they affect).
+    pub fn injected(&self) -> u64 {
+        self.plan.injected()
+    }
+
+    /// A [`SyncBackend`] whose reads go through this source, ready for
+    /// [`BackendChoice::Custom`](crate::BackendChoice::Custom).
+    pub fn into_backend(self) -> Arc<dyn IoBackend> {
+        Arc::new(SyncBackend::with_reader(Arc::new(self)))
+    }
+}
+
+impl<R: ReadAt + 'static> ReadAt for FaultySource<R> {
+    fn read_at(
+        &self,
+        file: &SourceFile,
+        file_index: u32,
+        buf: &mut [u8],
+        offset_bytes: u64,
+        access: Access,
+    ) -> io::Result<usize> {
+        let real = self.inner.read_at(file, file_index, buf, offset_bytes, access);
+        self.plan.rewrite(file_index, offset_bytes, access, buf, real)
     }
 }
 

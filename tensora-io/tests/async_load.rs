@@ -34,7 +34,7 @@ proptest! {
         let plan = Plan::build_with_file_lens(&extents, &config, &Order::File, &file_lens).unwrap();
         let sources: Vec<SourceFile> = files.iter().map(|f| clone_source(&f.source)).collect();
         let knobs = Knobs { threads: 1, queue_depth, direct, budget_bytes: budget_kib << 10 };
-        let mut run = run(&AsyncBackend, &plan, &sources, knobs);
+        let mut run = run(&AsyncBackend::default(), &plan, &sources, knobs);
         check_bytes(&mut run, &plan, &extents, &files);
         prop_assert_eq!(run.result.unwrap().direct_fallbacks, 0);
     }
@@ -45,7 +45,7 @@ fn read_past_a_truncated_file_is_unexpected_eof() {
     let file = test_file(pattern(10_000, 1), 100 << 10, false);
     let (_, plan) = whole_file_plan(100 << 10, 1, 16 << 10);
     let knobs = Knobs { threads: 2, queue_depth: 4, direct: false, budget_bytes: 1 << 20 };
-    let run = run(&AsyncBackend, &plan, std::slice::from_ref(&file.source), knobs);
+    let run = run(&AsyncBackend::default(), &plan, std::slice::from_ref(&file.source), knobs);
     let err = run.result.unwrap_err();
     assert!(matches!(err.kind, ReadErrorKind::UnexpectedEof { .. }), "{err}");
     assert_eq!(run.budget.in_use_bytes(), 0);
@@ -53,12 +53,12 @@ fn read_past_a_truncated_file_is_unexpected_eof() {
 
 #[test]
 fn cancel_flag_stops_the_run() {
-    check_cancel_flag_stops_the_run(&AsyncBackend, 4);
+    check_cancel_flag_stops_the_run(&AsyncBackend::default(), 4);
 }
 
 #[test]
 fn sink_stop_returns_stopped() {
-    check_sink_stop_returns_stopped(&AsyncBackend, 4);
+    check_sink_stop_returns_stopped(&AsyncBackend::default(), 4);
 }
 
 #[test]
@@ -68,7 +68,7 @@ fn execute_from_inside_a_runtime_does_not_panic() {
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     let mut run = runtime.block_on(async {
         let knobs = Knobs { threads: 1, queue_depth: 4, direct: false, budget_bytes: 1 << 20 };
-        run(&AsyncBackend, &plan, std::slice::from_ref(&file.source), knobs)
+        run(&AsyncBackend::default(), &plan, std::slice::from_ref(&file.source), knobs)
     });
     check_bytes(&mut run, &plan, &extents, std::slice::from_ref(&file));
 }

@@ -11,4 +11,5 @@
 
 pub mod alloc;
 pub mod cache;
+pub mod require;
 pub mod roofline;

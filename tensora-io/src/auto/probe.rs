@@ -244,14 +244,29 @@ mod tests {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(&vec![3u8; 1 << 20]).unwrap();
         f.as_file().sync_all().unwrap();
-        let s = residency_sample(f.as_file(), 1 << 20).unwrap();
+        // Just written: every sampled page is cached. A global `drop_caches` by a benchmark running
+        // beside the tests can empty the cache first, so read the file back a bounded number of times.
+        const ATTEMPTS_MAX: usize = 5;
+        let mut s = ResidencySample::default();
+        for _ in 0..ATTEMPTS_MAX {
+            std::fs::read(f.path()).unwrap();
+            s = residency_sample(f.as_file(), 1 << 20).unwrap();
+            if s.resident_pages == s.sampled_pages {
+                break;
+            }
+        }
         assert!(
             s.sampled_pages > 0 && s.sampled_pages <= RESIDENCY_SAMPLE_WINDOWS_MAX * RESIDENCY_WINDOW_PAGES
         );
+        assert_eq!(s.fraction(), 1.0, "{s:?}");
         tensora_testkit::cache::evict_file_cache(f.as_file()).unwrap();
         let after = residency_sample(f.as_file(), 1 << 20).unwrap();
-        assert!(after.resident_pages <= s.resident_pages);
-        assert!(after.fraction() <= 1.0);
+        if filesystem(f.path()).unwrap().name == "tmpfs" {
+            // tmpfs pages are the file itself: nothing to evict.
+            assert_eq!(after, s);
+        } else {
+            assert_eq!(after.resident_pages, 0, "clean pages are dropped on POSIX_FADV_DONTNEED: {after:?}");
+        }
     }
 
     #[test]

@@ -27,8 +27,39 @@ use crate::seam::{Access, CompletionSink, IoBackend, IoStats, Job, Permit, ReadE
 pub const ASYNC_QUEUE_DEPTH_MAX: u32 = 256;
 
 /// Drives reads from a tokio runtime; see the [module docs](self).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AsyncBackend;
+#[derive(Debug, Clone, Default)]
+pub struct AsyncBackend {
+    /// Faults applied to every positional read (tests only).
+    #[cfg(feature = "fault-injection")]
+    faults: Option<std::sync::Arc<crate::fault::FaultPlan>>,
+}
+
+impl AsyncBackend {
+    /// This backend with `plan`'s faults applied to every positional read (see [`crate::fault`]).
+    #[cfg(feature = "fault-injection")]
+    pub fn with_faults(self, plan: std::sync::Arc<crate::fault::FaultPlan>) -> Self {
+        Self { faults: Some(plan) }
+    }
+
+    /// What each read task needs besides its read: the fault plan, in tests.
+    fn task_faults(&self) -> TaskFaults {
+        #[cfg(feature = "fault-injection")]
+        return self.faults.clone();
+        #[cfg(not(feature = "fault-injection"))]
+        return NoFaults;
+    }
+}
+
+/// The faults a read task applies (tests only).
+#[cfg(feature = "fault-injection")]
+type TaskFaults = Option<std::sync::Arc<crate::fault::FaultPlan>>;
+/// Without the `fault-injection` feature a read task applies none.
+#[cfg(not(feature = "fault-injection"))]
+type TaskFaults = NoFaults;
+/// No faults.
+#[cfg(not(feature = "fault-injection"))]
+#[derive(Debug, Clone, Copy)]
+struct NoFaults;
 
 impl IoBackend for AsyncBackend {
     fn name(&self) -> &'static str {
@@ -44,17 +75,17 @@ impl IoBackend for AsyncBackend {
         if tokio::runtime::Handle::try_current().is_ok() {
             // Called from inside a runtime (e.g. a tokio worker): a runtime cannot be started on
             // this thread, so drive ours from a scoped thread of its own.
-            std::thread::scope(|scope| match scope.spawn(|| run(job, sink)).join() {
+            std::thread::scope(|scope| match scope.spawn(|| run(job, sink, self.task_faults())).join() {
                 Ok(result) => result,
                 Err(payload) => std::panic::resume_unwind(payload),
             })
         } else {
-            run(job, sink)
+            run(job, sink, self.task_faults())
         }
     }
 }
 
-fn run(job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
+fn run(job: &Job<'_>, sink: &dyn CompletionSink, faults: TaskFaults) -> Result<IoStats, ReadError> {
     let depth = job.config.queue_depth.clamp(1, ASYNC_QUEUE_DEPTH_MAX) as usize;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .max_blocking_threads(depth)
@@ -65,7 +96,7 @@ fn run(job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
     // The runtime is dropped before this function returns, on every path including unwinding,
     // and dropping it waits for every blocking read that has started: no read can outlive the
     // destination or the file descriptors.
-    let stats = runtime.block_on(drive(job, sink, &state, depth));
+    let stats = runtime.block_on(drive(job, sink, &state, depth, faults));
     drop(runtime);
     state.finish(vec![stats])
 }
@@ -80,7 +111,13 @@ struct Done {
     result: Result<(), ReadErrorKind>,
 }
 
-async fn drive(job: &Job<'_>, sink: &dyn CompletionSink, state: &RunState, depth: usize) -> IoStats {
+async fn drive(
+    job: &Job<'_>,
+    sink: &dyn CompletionSink,
+    state: &RunState,
+    depth: usize,
+    faults: TaskFaults,
+) -> IoStats {
     let reads = job.plan.reads();
     let base = DestPtr::new(job);
     let align = direct_align_bytes(job);
@@ -123,6 +160,7 @@ async fn drive(job: &Job<'_>, sink: &dyn CompletionSink, state: &RunState, depth
                 file_len_bytes: file.len_bytes,
                 dest: base,
                 retries_max: job.config.retries_max,
+                faults: faults.clone(),
             };
             tasks.spawn_blocking(move || (spec.execute(index), permit));
         }
@@ -180,6 +218,9 @@ struct ReadSpec {
     file_len_bytes: u64,
     dest: DestPtr,
     retries_max: u32,
+    /// Faults applied to every call (tests only).
+    #[allow(dead_code)] // Read only with the `fault-injection` feature.
+    faults: TaskFaults,
 }
 
 impl ReadSpec {
@@ -192,7 +233,15 @@ impl ReadSpec {
             // outlive this task because the runtime running it is dropped (waiting for it) before
             // `execute` returns.
             let got = unsafe { libc::pread(fd, buf.cast(), len, offset) };
-            usize::try_from(got).map_err(|_| io::Error::last_os_error())
+            let real = usize::try_from(got).map_err(|_| io::Error::last_os_error());
+            #[cfg(feature = "fault-injection")]
+            if let Some(plan) = &self.faults {
+                // SAFETY: as above; the call returned, so nothing else writes `buf..buf + len`.
+                let landed = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+                let access = Access::direct_if(fd != self.buffered_fd);
+                return plan.rewrite(self.read.file, offset as u64, access, landed, real);
+            }
+            real
         })
     }
 
@@ -287,6 +336,7 @@ mod tests {
             file_len_bytes,
             dest: DestPtr::from_nonnull(NonNull::new(f.dest.as_mut_ptr()).unwrap()),
             retries_max,
+            faults: AsyncBackend::default().task_faults(),
         }
     }
 

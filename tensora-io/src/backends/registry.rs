@@ -22,7 +22,7 @@ const REGISTRY: &[Entry] = &[
     ("mmap", || Box::new(super::mmap::MmapBackend::default())),
     ("io-uring", || Box::new(super::uring::UringBackend::default())),
     #[cfg(feature = "async")]
-    ("async", || Box::new(super::async_tokio::AsyncBackend)),
+    ("async", || Box::new(super::async_tokio::AsyncBackend::default())),
 ];
 
 /// The names of every registered backend, in registry order.

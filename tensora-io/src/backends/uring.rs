@@ -134,15 +134,24 @@ impl Default for UringConfig {
 /// }
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct UringBackend {
     config: UringConfig,
+    /// Faults applied to every completion (tests only).
+    #[cfg(feature = "fault-injection")]
+    faults: Option<std::sync::Arc<crate::fault::FaultPlan>>,
 }
 
 impl UringBackend {
     /// A backend with the given configuration.
     pub fn new(config: UringConfig) -> Self {
-        Self { config }
+        Self { config, ..Self::default() }
+    }
+
+    /// This backend with `plan`'s faults applied to every completion (see [`crate::fault`]).
+    #[cfg(feature = "fault-injection")]
+    pub fn with_faults(self, plan: std::sync::Arc<crate::fault::FaultPlan>) -> Self {
+        Self { faults: Some(plan), ..self }
     }
 
     /// The configuration this backend runs with.
@@ -210,9 +219,8 @@ impl IoBackend for UringBackend {
         }
         let state = RunState::new(job);
         let rings = job.config.threads.clamp(1, RINGS_MAX).min(reads.len());
-        let config = self.config;
         let rings_failed = AtomicUsize::new(0);
-        let per_ring = run_workers(rings, |w| run_ring(job, sink, &state, config, w, rings, &rings_failed));
+        let per_ring = run_workers(rings, |w| run_ring(job, sink, &state, self, w, rings, &rings_failed));
         state.finish(per_ring)
     }
 }
@@ -244,6 +252,9 @@ struct Ring {
     registered_buffers: Vec<(usize, u64)>,
     /// Reaped completions (user data, result), reused between waits.
     reaped: Vec<(u64, i32)>,
+    /// Faults applied to every completion (tests only).
+    #[cfg(feature = "fault-injection")]
+    faults: Option<std::sync::Arc<crate::fault::FaultPlan>>,
 }
 
 impl std::fmt::Debug for Ring {
@@ -269,6 +280,8 @@ impl Ring {
             registered_files: false,
             registered_buffers: Vec::new(),
             reaped: Vec::with_capacity(depth),
+            #[cfg(feature = "fault-injection")]
+            faults: None,
         })
     }
 
@@ -453,7 +466,7 @@ fn run_ring(
     job: &Job<'_>,
     sink: &dyn CompletionSink,
     state: &RunState,
-    config: UringConfig,
+    backend: &UringBackend,
     worker: usize,
     rings: usize,
     rings_failed: &AtomicUsize,
@@ -470,6 +483,11 @@ fn run_ring(
             return stats;
         }
     };
+    #[cfg(feature = "fault-injection")]
+    {
+        ring.faults = backend.faults.clone();
+    }
+    let config = backend.config;
     if config.register_files {
         ring.register_files(job.files);
     }
@@ -557,6 +575,27 @@ fn release(ring: &mut Ring, state: &RunState, slot_index: usize) {
     }
 }
 
+/// What `plan` makes of the completion `result` of the call in `slot` (tests only).
+#[cfg(feature = "fault-injection")]
+fn fault_result(
+    plan: &crate::fault::FaultPlan,
+    read: &tensora_plan::Read,
+    slot: &Slot,
+    base: DestPtr,
+    result: i32,
+) -> i32 {
+    let done = slot.progress.done_bytes();
+    let len = slot.submitted_bytes as usize;
+    // SAFETY: the call's CQE was reaped, so the kernel no longer writes this range; it lies inside
+    // this read's destination range (checked by `validate_job`), which only this slot touches.
+    let buf = unsafe { std::slice::from_raw_parts_mut(base.at(read.arena_offset_bytes + done), len) };
+    let real = if result < 0 { Err(io::Error::from_raw_os_error(-result)) } else { Ok(result as usize) };
+    match plan.rewrite(read.file, read.offset_bytes + done, Access::direct_if(slot.direct), buf, real) {
+        Ok(n) => i32::try_from(n).unwrap_or(i32::MAX),
+        Err(e) => -e.raw_os_error().unwrap_or(libc::EIO),
+    }
+}
+
 /// Handles one CQE for `slot_index` through the shared [`ReadProgress`] rules.
 fn complete(
     ring: &mut Ring,
@@ -573,6 +612,11 @@ fn complete(
     };
     let read = &reads[slot.read as usize];
     let retries_before = slot.progress.retries();
+    #[cfg(feature = "fault-injection")]
+    let result = match &ring.faults {
+        Some(plan) => fault_result(plan, read, slot, base, result),
+        None => result,
+    };
     let outcome = if result < 0 { Err(-result) } else { Ok(result as u64) };
     let step = slot.progress.on_result(outcome, slot.submitted_bytes, Access::direct_if(slot.direct));
     stats.retries += slot.progress.retries() - retries_before;

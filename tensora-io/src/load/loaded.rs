@@ -70,8 +70,9 @@ impl<'a> TensorRef<'a> {
     /// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
     /// # let ckpt = tensora_format::sllm::open_dir(std::path::Path::new(dir))?;
     /// let loaded = tensora_io::load(&ckpt, &Default::default())?;
-    /// let t = loaded.tensors().next().unwrap();
-    /// assert!(t.as_slice::<i64>().is_err() || t.dtype() == tensora_format::Dtype::I64);
+    /// let t = loaded.tensor("layers.0.norm.weight").unwrap(); // F32, 64 elements
+    /// assert_eq!(t.as_slice::<f32>()?.len(), 64);
+    /// assert!(matches!(t.as_slice::<i64>(), Err(tensora_io::ViewError::Dtype { .. })));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn as_slice<T: Element>(&self) -> Result<&'a [T], ViewError> {

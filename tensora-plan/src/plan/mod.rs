@@ -236,7 +236,7 @@ fn plan_sorted<V: SortedView + ?Sized>(
     input: &Input<'_>,
     tags: TagIndex,
 ) -> Result<Plan, PlanError> {
-    let Input { extents, config, order, file_lens_bytes, .. } = *input;
+    let Input { config, order, file_lens_bytes, .. } = *input;
     let read_max = config.read_bytes_max();
     let Groups { mut groups, bytes_selected } = layout::sweep_groups(items, config, file_lens_bytes)?;
     let arena = layout::lay_out_arena(&mut groups, config)?;
@@ -259,7 +259,7 @@ fn plan_sorted<V: SortedView + ?Sized>(
         bytes_read: arena.bytes_read,
     };
     #[cfg(debug_assertions)]
-    if let Err(broken) = plan.check(extents) {
+    if let Err(broken) = plan.check(input.extents) {
         panic!("tensora-plan internal invariant broken: {broken}");
     }
     Ok(plan)

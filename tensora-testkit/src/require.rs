@@ -1,0 +1,98 @@
+//! What a test may treat as optional. Some machines have no io_uring (seccomp, old kernels) or no
+//! `O_DIRECT` (tmpfs); a test there logs what it skipped. On a machine that has them, their absence
+//! is a failure: `TENSORA_TEST_REQUIRE` lists what must be there (comma-separated: `io-uring`,
+//! `o-direct`; CI sets both), and a required capability that is missing fails the test.
+//!
+//! ```
+//! // Without the variable (or without `io-uring` in it) this only logs when io_uring is missing.
+//! let available = tensora_testkit::require::io_uring_or_skip("doc example");
+//! assert_eq!(available, tensora_io::backends::uring::probe().is_ok());
+//! ```
+
+use std::path::Path;
+
+/// The environment variable listing the required capabilities.
+pub const REQUIRE_VAR: &str = "TENSORA_TEST_REQUIRE";
+
+/// A capability a test may need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// io_uring rings can be created here.
+    IoUring,
+    /// `O_DIRECT` reads work on the filesystem a test writes to.
+    ODirect,
+}
+
+impl Capability {
+    /// Its spelling in [`REQUIRE_VAR`].
+    pub const fn name(self) -> &'static str {
+        match self {
+            Capability::IoUring => "io-uring",
+            Capability::ODirect => "o-direct",
+        }
+    }
+}
+
+/// Whether `cap` is listed in `required` (the value of [`REQUIRE_VAR`]).
+pub fn listed(required: &str, cap: Capability) -> bool {
+    required.split(',').map(str::trim).any(|c| c == cap.name())
+}
+
+/// `available`, when true; when false, fails if [`REQUIRE_VAR`] lists `cap`, else logs that
+/// `context` skipped it and why, and returns false.
+///
+/// # Panics
+///
+/// When `cap` is required and not available: that is the test failing.
+pub fn check(cap: Capability, available: Result<(), String>, context: &str) -> bool {
+    match available {
+        Ok(()) => true,
+        Err(why) => {
+            let required = std::env::var(REQUIRE_VAR).unwrap_or_default();
+            assert!(
+                !listed(&required, cap),
+                "{context}: {} is required here ({REQUIRE_VAR}={required}) but unavailable: {why}",
+                cap.name()
+            );
+            eprintln!(
+                "{context}: skipping {} ({why}); set {REQUIRE_VAR}={} to fail instead",
+                cap.name(),
+                cap.name()
+            );
+            false
+        }
+    }
+}
+
+/// Whether io_uring works here (see [`check`]).
+pub fn io_uring_or_skip(context: &str) -> bool {
+    check(Capability::IoUring, tensora_io::backends::uring::probe(), context)
+}
+
+/// Whether `O_DIRECT` reads work on `path` (see [`check`]).
+pub fn direct_io_or_skip(path: &Path, context: &str) -> bool {
+    check(Capability::ODirect, tensora_io::auto::probe::direct_io_supported(path), context)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_matched_exactly_in_the_list() {
+        assert!(listed("io-uring,o-direct", Capability::ODirect));
+        assert!(listed(" io-uring ", Capability::IoUring));
+        assert!(!listed("io-uringx", Capability::IoUring));
+        assert!(!listed("", Capability::ODirect));
+    }
+
+    #[test]
+    fn an_available_capability_passes_and_a_missing_optional_one_is_skipped() {
+        assert!(check(Capability::IoUring, Ok(()), "test"));
+        // The test binary is never run with an unknown capability listed.
+        let required = std::env::var(REQUIRE_VAR).unwrap_or_default();
+        if !listed(&required, Capability::ODirect) {
+            assert!(!check(Capability::ODirect, Err("no".into()), "test"));
+        }
+    }
+}
