@@ -117,6 +117,21 @@ fn source_files(paths: &[PathBuf]) -> Result<Vec<SourceFile>> {
         .collect()
 }
 
+/// The bench's promise that its fixtures are not modified or truncated while it maps them: it
+/// generated them under `target/`, and nothing else writes there while it runs.
+#[allow(unsafe_code)]
+pub fn fixtures_unchanged() -> tensora_io::FilesUnchanged {
+    // SAFETY: as above.
+    unsafe { tensora_io::FilesUnchanged::promise() }
+}
+
+/// Maps the bench's own fixture files read-only (see [`fixtures_unchanged`]).
+#[allow(unsafe_code)]
+fn map_fixtures(sources: &[SourceFile]) -> Result<MappedFiles> {
+    // SAFETY: the bench's fixtures are not modified or truncated while it runs.
+    unsafe { MappedFiles::map(sources) }.context("map fixture files")
+}
+
 /// The candle-style peer: map each file (inside the timed region, as a user's code would), then
 /// `SafeTensors::deserialize` + `to_vec` per selected tensor.
 pub fn peer_mmap(
@@ -127,7 +142,7 @@ pub fn peer_mmap(
 ) -> Result<Vec<Sample>> {
     measure(runs, cold, || {
         let sources = source_files(files)?;
-        let mapped = MappedFiles::map(&sources).context("map fixture files")?;
+        let mapped = map_fixtures(&sources)?;
         let loaded = peers::st_to_vec(
             sources.len(),
             |k| {
@@ -172,7 +187,7 @@ impl TensoraCell<'_> {
                 Some(names) => Selection::Names(names.to_vec()),
             },
             budget_bytes: if self.streaming { self.streaming_budget_bytes } else { defaults.budget_bytes },
-            residence: if self.mapped { Residence::Mapped } else { Residence::Owned },
+            residence: if self.mapped { Residence::Mapped(fixtures_unchanged()) } else { Residence::Owned },
             ..defaults
         }
     }

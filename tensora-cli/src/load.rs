@@ -53,7 +53,9 @@ pub struct Args {
     /// Stream: hand out each tensor as soon as it lands, recycling memory within the budget.
     #[arg(long)]
     pub stream: bool,
-    /// Zero-copy: views into a private mapping of the files instead of an owned arena.
+    /// Zero-copy: views into a private mapping of the files instead of an owned arena, every
+    /// selected page read in. Only for files nothing truncates or rewrites while the load runs
+    /// (truncation kills the process with SIGBUS).
     #[arg(long, conflicts_with = "stream")]
     pub mapped: bool,
     /// Load files whose allocated size is far below their length (normally refused as a sign of an
@@ -65,6 +67,15 @@ pub struct Args {
     pub json: bool,
     #[command(flatten)]
     pub remote: crate::remote::RemoteArgs,
+}
+
+/// The promise behind `--mapped`: the user asked for views of files that, as its help says, nothing
+/// truncates or rewrites while the load runs.
+#[allow(unsafe_code)]
+fn views_requested() -> tensora_io::FilesUnchanged {
+    // SAFETY: the caller of `tensora load --mapped` states this (the flag's help); the process
+    // exits after the load, so the views live only as long as the command.
+    unsafe { tensora_io::FilesUnchanged::promise() }
 }
 
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
@@ -85,7 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             (_, true) => IoMode::Buffered,
             _ => IoMode::Auto,
         },
-        residence: if args.mapped { Residence::Mapped } else { Residence::Owned },
+        residence: if args.mapped { Residence::Mapped(views_requested()) } else { Residence::Owned },
         allow_sparse: args.allow_sparse,
         ..LoadOptions::default()
     };

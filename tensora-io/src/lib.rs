@@ -47,8 +47,8 @@ pub use error::{BoxError, LoadError, ViewError};
 #[cfg(feature = "async")]
 pub use load::load_async;
 pub use load::{
-    ArenaReuse, BackendChoice, Element, IoMode, LoadOptions, Loaded, PieceRef, ProgressHook, ReadHook,
-    Residence, TensorHook, TensorRef, UnknownBackend, load, load_path, load_runs, load_streaming,
+    ArenaReuse, BackendChoice, Element, FilesUnchanged, IoMode, LoadOptions, Loaded, PieceRef, ProgressHook,
+    ReadHook, Residence, TensorHook, TensorRef, UnknownBackend, load, load_path, load_runs, load_streaming,
 };
 pub use report::{LoadReport, Phases};
 pub use seam::{

@@ -61,7 +61,8 @@ fn every_backend_matches_expected_digests_on_real_fixtures() {
                 assert_eq!(digests_streaming(&ckpt, &opts), expected, "{name} {io_mode:?} streaming");
             }
         }
-        let mapped = LoadOptions { residence: Residence::Mapped, ..LoadOptions::default() };
+        let mapped =
+            LoadOptions { residence: Residence::Mapped(files_unchanged()), ..LoadOptions::default() };
         assert_eq!(digests_owned(&ckpt, &mapped), expected, "mapped {}", path.display());
         assert_eq!(digests_streaming(&ckpt, &mapped), expected, "mapped streaming");
         assert_eq!(digests_owned(&ckpt, &LoadOptions::default()), expected, "auto {}", path.display());
@@ -249,7 +250,7 @@ fn a_misaligned_tensor_is_refused_not_reinterpreted() {
     let path = dir.path().join("m.safetensors");
     std::fs::write(&path, &file).unwrap();
     let ckpt = tensora_format::open(&path).unwrap();
-    for residence in [Residence::Owned, Residence::Mapped] {
+    for residence in [Residence::Owned, Residence::Mapped(files_unchanged())] {
         let loaded = load(&ckpt, &LoadOptions { residence, ..LoadOptions::default() }).unwrap();
         let x = loaded.tensor("x").unwrap();
         assert_eq!(x.bytes(), bytemuck::cast_slice::<f32, u8>(&[1.5, -2.0]));
@@ -331,7 +332,11 @@ fn mapped_loads_report_mmap_whatever_backend_is_named() {
     let g = generate_mixed(5);
     let ckpt = g.open();
     for backend in [BackendChoice::Named("sync".into()), BackendChoice::Auto] {
-        let opts = LoadOptions { backend, residence: Residence::Mapped, ..LoadOptions::default() };
+        let opts = LoadOptions {
+            backend,
+            residence: Residence::Mapped(files_unchanged()),
+            ..LoadOptions::default()
+        };
         let loaded = load(&ckpt, &opts).unwrap();
         let r = loaded.report();
         assert_eq!((r.backend.as_str(), r.io_mode.as_str()), ("mmap", "mapped"), "{r:?}");

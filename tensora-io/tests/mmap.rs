@@ -11,6 +11,12 @@ mod harness;
 
 use harness::*;
 
+/// Maps test files read-only.
+fn map_read_only(files: &[tensora_io::SourceFile]) -> MappedFiles {
+    // SAFETY: temporary files that nothing else modifies or truncates while they are mapped.
+    unsafe { MappedFiles::map(files) }.unwrap()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -69,7 +75,7 @@ fn whole(len_bytes: u64) -> [FileRange; 1] {
 fn residency_rises_after_reading_and_drops_after_dontneed() {
     let len = 4u64 << 20;
     let file = test_file(pattern(len as usize, 8), len, false);
-    let maps = MappedFiles::map(std::slice::from_ref(&file.source)).unwrap();
+    let maps = map_read_only(std::slice::from_ref(&file.source));
     // Read through the page cache without touching the mapping, so eviction is not blocked by
     // mapped pages.
     let read_back = std::fs::read(&file.source.path).unwrap();
@@ -92,7 +98,7 @@ fn residency_rises_after_reading_and_drops_after_dontneed() {
 fn locked_hot_set_survives_dontneed() {
     let len = 1u64 << 20;
     let file = test_file(pattern(len as usize, 9), len, false);
-    let maps = MappedFiles::map(std::slice::from_ref(&file.source)).unwrap();
+    let maps = map_read_only(std::slice::from_ref(&file.source));
     let hot = [FileRange { file: 0, offset_bytes: 0, len_bytes: 256 << 10 }];
     maps.advise_willneed(&hot).unwrap();
     maps.advise_sequential(&whole(len)).unwrap();
@@ -108,7 +114,7 @@ fn mapped_files_are_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<MappedFiles>();
     let file = test_file(pattern(8192, 10), 8192, false);
-    let maps = std::sync::Arc::new(MappedFiles::map(std::slice::from_ref(&file.source)).unwrap());
+    let maps = std::sync::Arc::new(map_read_only(std::slice::from_ref(&file.source)));
     let other = std::sync::Arc::clone(&maps);
     let got = std::thread::spawn(move || other.bytes(0, 100..200).to_vec()).join().unwrap();
     assert_eq!(got, &file.data[100..200]);
@@ -132,14 +138,17 @@ fn a_copy_on_write_mapping_larger_than_memory_is_not_charged_up_front() {
         buffered: std::fs::File::open(file.path()).unwrap(),
         direct: None,
     };
-    let maps = MappedFiles::map_with(std::slice::from_ref(&source), tensora_io::map::MapMode::CopyOnWrite)
-        .expect("a copy-on-write mapping charges only the pages written");
+    // SAFETY: a temporary file nothing else touches while it is mapped.
+    let maps = unsafe {
+        MappedFiles::map_with(std::slice::from_ref(&source), tensora_io::map::MapMode::CopyOnWrite)
+    }
+    .expect("a copy-on-write mapping charges only the pages written");
     let ptr = maps.ptr_mut(0, (LEN_BYTES - 4096)..LEN_BYTES).unwrap();
     // SAFETY: no slice of these bytes is alive; the range is inside the mapping.
     unsafe { ptr.as_ptr().write(7) };
     assert_eq!(maps.get(0, (LEN_BYTES - 4096)..(LEN_BYTES - 4095)).unwrap(), &[7]);
     assert!(maps.ptr_mut(0, 0..LEN_BYTES + 1).is_none());
-    let read_only = MappedFiles::map(std::slice::from_ref(&source)).unwrap();
+    let read_only = map_read_only(std::slice::from_ref(&source));
     assert!(read_only.ptr_mut(0, 0..1).is_none(), "a read-only mapping hands out no writable pointer");
     assert_eq!(std::fs::metadata(file.path()).unwrap().len(), LEN_BYTES);
 }

@@ -5,7 +5,7 @@ mod support;
 
 use std::sync::Arc;
 
-use support::{fixture, generate, generate_mixed};
+use support::{files_unchanged, fixture, generate, generate_mixed};
 use tensora_format::Dtype;
 use tensora_io::{BackendChoice, LoadError, LoadOptions, ReadErrorKind, Residence, load};
 
@@ -21,7 +21,9 @@ fn auto_maps_warm_local_files_and_gives_the_same_bytes_as_an_owned_load() {
     let g = generate_mixed(11);
     let ckpt = g.open();
     warm_up(&ckpt);
-    let auto = load(&ckpt, &LoadOptions { residence: Residence::Auto, ..LoadOptions::default() }).unwrap();
+    let auto =
+        load(&ckpt, &LoadOptions { residence: Residence::Auto(files_unchanged()), ..LoadOptions::default() })
+            .unwrap();
     let r = auto.report();
     assert_eq!((r.residence.as_str(), r.backend.as_str(), r.io_mode.as_str()), ("mapped", "mmap", "mapped"));
     assert!(r.reason.starts_with("mapped: warm, on local"), "{}", r.reason);
@@ -45,7 +47,7 @@ fn auto_owns_when_a_backend_is_named_or_the_data_is_cold() {
     let ckpt = g.open();
     warm_up(&ckpt);
     let named = LoadOptions {
-        residence: Residence::Auto,
+        residence: Residence::Auto(files_unchanged()),
         backend: BackendChoice::Named("sync".into()),
         ..LoadOptions::default()
     };
@@ -64,7 +66,9 @@ fn auto_owns_when_a_backend_is_named_or_the_data_is_cold() {
     let sample = tensora_io::auto::probe::residency_sample(&file, file.metadata().unwrap().len()).unwrap();
     assert_eq!(sample.resident_pages, 0, "ext4 drops clean pages on POSIX_FADV_DONTNEED");
     let ckpt = tensora_format::open(&path).unwrap();
-    let loaded = load(&ckpt, &LoadOptions { residence: Residence::Auto, ..LoadOptions::default() }).unwrap();
+    let loaded =
+        load(&ckpt, &LoadOptions { residence: Residence::Auto(files_unchanged()), ..LoadOptions::default() })
+            .unwrap();
     let r = loaded.report();
     assert_eq!(r.residence, "owned");
     assert!(r.reason.starts_with("owned: cold"), "{}", r.reason);
@@ -73,10 +77,10 @@ fn auto_owns_when_a_backend_is_named_or_the_data_is_cold() {
 
 #[test]
 fn residence_names_parse_and_unknown_ones_are_refused() {
-    for r in [Residence::Owned, Residence::Mapped, Residence::Auto] {
-        assert_eq!(r.as_str().parse::<Residence>(), Ok(r));
+    for r in [Residence::Owned, Residence::Mapped(files_unchanged()), Residence::Auto(files_unchanged())] {
+        assert_eq!(Residence::from_name(r.as_str(), files_unchanged()), Ok(r));
     }
-    let e = "lazy".parse::<Residence>().unwrap_err();
+    let e = Residence::from_name("lazy", files_unchanged()).unwrap_err();
     assert!(e.contains("\"lazy\"") && e.contains("auto"), "{e}");
 }
 
@@ -86,7 +90,7 @@ fn a_mapped_load_reads_every_page_in_and_reports_progress() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let s2 = Arc::clone(&seen);
     let opts = LoadOptions {
-        residence: Residence::Mapped,
+        residence: Residence::Mapped(files_unchanged()),
         progress: Some(Arc::new(move |done, total| s2.lock().unwrap().push((done, total)))),
         ..LoadOptions::default()
     };
@@ -116,7 +120,7 @@ fn a_file_cut_while_its_pages_are_read_in_fails_naming_file_offset_and_tensor() 
     let p2 = path.clone();
     let cut = Arc::new(std::sync::Once::new());
     let opts = LoadOptions {
-        residence: Residence::Mapped,
+        residence: Residence::Mapped(files_unchanged()),
         threads: 1,
         // After the first piece (the small tensor and the first 8 MiB of the big one share no
         // piece: one span per tensor), cut the file inside the big tensor's second piece.

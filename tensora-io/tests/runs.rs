@@ -3,7 +3,7 @@
 mod support;
 
 use proptest::prelude::*;
-use support::{fixture, generate_mixed};
+use support::{files_unchanged, fixture, generate_mixed};
 use tensora_format::Selection;
 use tensora_io::{LoadError, LoadOptions, Residence, load, load_runs};
 
@@ -60,7 +60,7 @@ fn runs_follow_priority_and_mapped_residence() {
     let opts = LoadOptions {
         budget_bytes: 64 << 10,
         priority: Some(vec![last.clone()]),
-        residence: Residence::Mapped,
+        residence: Residence::Mapped(files_unchanged()),
         ..LoadOptions::default()
     };
     let mut runs = load_runs(&ckpt, &opts).unwrap();

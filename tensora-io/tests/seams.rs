@@ -183,7 +183,7 @@ fn a_backend_that_reads_no_local_files_loads_owned_partial_and_streaming() {
     .unwrap();
     assert_eq!(seen, g.data);
 
-    let mapped = LoadOptions { residence: Residence::Mapped, ..opts };
+    let mapped = LoadOptions { residence: Residence::Mapped(files_unchanged()), ..opts };
     match load(&ckpt, &mapped) {
         Err(LoadError::BackendUnavailable { reason, .. }) => {
             assert!(reason.contains("local files"), "{reason}")
@@ -237,7 +237,7 @@ fn read_hook_pieces_tile_every_tensor_before_it_completes_on_every_backend() {
     let g = generate_mixed(11);
     let ckpt = g.open();
     for backend in runnable_backends() {
-        for residence in [Residence::Owned, Residence::Mapped] {
+        for residence in [Residence::Owned, Residence::Mapped(files_unchanged())] {
             for chunk_bytes in [4096, 64 << 10, 8 << 20] {
                 let pieces: Arc<Pieces> = Arc::default();
                 let completed = Arc::new(Mutex::new(Vec::new()));
@@ -295,7 +295,7 @@ fn tensor_mut_ptr_writes_the_load_and_never_the_file() {
     let ckpt = g.open();
     let file = ckpt.files()[0].path().to_owned();
     let before = std::fs::read(&file).unwrap();
-    for residence in [Residence::Owned, Residence::Mapped] {
+    for residence in [Residence::Owned, Residence::Mapped(files_unchanged())] {
         let loaded = load(&ckpt, &LoadOptions { residence, ..LoadOptions::default() }).unwrap();
         assert!(loaded.tensor_mut_ptr("nope").is_none());
         assert!(loaded.tensor_mut_ptr("s0.t1").is_none(), "empty tensor has no bytes to write");

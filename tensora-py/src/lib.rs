@@ -114,10 +114,15 @@ pub(crate) fn backend(name: &str) -> PyResult<BackendChoice> {
     name.parse().map_err(|e: tensora_io::UnknownBackend| exc::LoadError::new_err(e.to_string()))
 }
 
-/// `residence=`: `"owned"`, `"mapped"` or `"auto"` ([`Residence`]'s one parser); anything else is
-/// a `ValueError`.
+/// `residence=`: `"owned"`, `"mapped"` or `"auto"` (tensora-io's one parser); anything else is a
+/// `ValueError`.
 pub(crate) fn residence(name: &str) -> PyResult<Residence> {
-    name.parse().map_err(PyValueError::new_err)
+    // SAFETY: `"mapped"` and `"auto"` are an explicit opt-in of the Python caller, whose documented
+    // contract (the docstrings of `load_file` and `weights_iterator`) is this promise: the files
+    // are not truncated or rewritten in place while the arrays live (`SIGBUS` otherwise, and other
+    // processes' in-place writes show through). `"owned"` maps nothing.
+    let promise = unsafe { tensora_io::FilesUnchanged::promise() };
+    Residence::from_name(name, promise).map_err(PyValueError::new_err)
 }
 
 #[pymodule]

@@ -406,15 +406,6 @@ mod tests {
         assert!(matches!(err, RemoteError::Load(_)), "{err}");
     }
 
-    #[test]
-    fn mapped_residence_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = stored(dir.path(), &[100], 1000, &rt());
-        let remote = open(store, &RemoteOptions::default());
-        let opts = LoadOptions { residence: tensora_io::Residence::Mapped, ..LoadOptions::default() };
-        assert!(matches!(remote.load(&opts), Err(RemoteError::Load(_))));
-    }
-
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]
         /// The in-flight shares never exceed the cap, sum to it, and differ by at most one.

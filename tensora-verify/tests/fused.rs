@@ -59,13 +59,15 @@ enum Delivery {
 }
 
 /// The load shapes each backend is run with: (residence, delivery, chunk_bytes, budget_bytes).
-const SHAPES: [(Residence, Delivery, u64, u64); 5] = [
-    (Residence::Owned, Delivery::Whole, 8 << 20, 1 << 30),
-    (Residence::Owned, Delivery::Whole, 4096, 1 << 30),
-    (Residence::Owned, Delivery::Streamed, 4096, 64 << 10),
-    (Residence::Owned, Delivery::Streamed, 8 << 20, 1 << 30),
-    (Residence::Mapped, Delivery::Whole, 8 << 20, 1 << 30),
-];
+fn shapes() -> [(Residence, Delivery, u64, u64); 5] {
+    [
+        (Residence::Owned, Delivery::Whole, 8 << 20, 1 << 30),
+        (Residence::Owned, Delivery::Whole, 4096, 1 << 30),
+        (Residence::Owned, Delivery::Streamed, 4096, 64 << 10),
+        (Residence::Owned, Delivery::Streamed, 8 << 20, 1 << 30),
+        (Residence::Mapped(files_unchanged()), Delivery::Whole, 8 << 20, 1 << 30),
+    ]
+}
 
 fn load_with(ckpt: &Checkpoint, opts: &LoadOptions, delivery: Delivery) {
     match delivery {
@@ -82,8 +84,8 @@ fn crc32c_from_pieces_equals_the_scan_on_every_backend_and_load_shape() {
         assert!(scanned.is_clean());
         let total_bytes: u64 = ckpt.tensors().iter().map(|t| t.nbytes()).sum();
         for backend in backends() {
-            for (residence, delivery, chunk_bytes, budget_bytes) in SHAPES {
-                if residence == Residence::Mapped && delivery == Delivery::Streamed {
+            for (residence, delivery, chunk_bytes, budget_bytes) in shapes() {
+                if residence == Residence::Mapped(files_unchanged()) && delivery == Delivery::Streamed {
                     continue;
                 }
                 let what = format!("{path} {backend} {residence:?} {delivery:?} chunk={chunk_bytes}");
@@ -119,8 +121,8 @@ fn sha256_and_xxh3_fused_reproduce_the_expected_digests_on_every_backend() {
         assert_eq!(expected.len(), ckpt.tensors().len());
         let xxh3 = scan(&ckpt, &ScanConfig { algo: Algo::Xxh3, ..ScanConfig::default() }).digests;
         for backend in backends() {
-            for (residence, delivery, chunk_bytes, budget_bytes) in SHAPES {
-                if residence == Residence::Mapped && delivery == Delivery::Streamed {
+            for (residence, delivery, chunk_bytes, budget_bytes) in shapes() {
+                if residence == Residence::Mapped(files_unchanged()) && delivery == Delivery::Streamed {
                     continue;
                 }
                 let opts = LoadOptions {
@@ -187,4 +189,11 @@ fn an_error_from_the_callers_read_hook_stops_the_load_naming_the_tensor() {
     };
     let err = hash_with_load(&ckpt, Algo::Crc32c, &opts).unwrap_err();
     assert!(err.to_string().contains(&victim), "{err}");
+}
+
+/// The files-unchanged promise for these tests: repository fixtures and temporary files that
+/// nothing modifies while their views live.
+fn files_unchanged() -> tensora_io::FilesUnchanged {
+    // SAFETY: as above.
+    unsafe { tensora_io::FilesUnchanged::promise() }
 }

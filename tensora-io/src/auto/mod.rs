@@ -32,7 +32,7 @@ use std::path::Path;
 
 use tensora_format::Checkpoint;
 
-use crate::load::Residence;
+use crate::load::{FilesUnchanged, Residence};
 use crate::seam::Access;
 
 pub mod probe;
@@ -140,7 +140,7 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], delivery: Delivery, residen
     let warm = residency.sampled_pages > 0 && residency.fraction() >= WARM_FRACTION;
     // Only a cold owned load can use O_DIRECT; `Auto` resolves to owned when cold.
     let direct = match first {
-        Some(p) if !warm && residence != Residence::Mapped => Some(probe::direct_io_supported(p)),
+        Some(p) if !warm && !residence.is_mapped() => Some(probe::direct_io_supported(p)),
         _ => None,
     };
     Facts {
@@ -172,26 +172,34 @@ pub fn choose(f: &Facts) -> Choice {
         if f.delivery == Delivery::Streaming { ", streaming" } else { "" },
     );
     let owned_because = match f.residence {
-        Residence::Mapped if remote => {
-            return mapped(format!(
-                "mapped: residence \"mapped\" (note: {fs_name} is a network/FUSE filesystem: \
+        Residence::Mapped(promise) if remote => {
+            return mapped(
+                promise,
+                format!(
+                    "mapped: residence \"mapped\" (note: {fs_name} is a network/FUSE filesystem: \
                  every selected page is read in at load, over the network); {facts}"
-            ));
+                ),
+            );
         }
-        Residence::Mapped => return mapped(format!("mapped: residence \"mapped\"; {facts}")),
+        Residence::Mapped(promise) => {
+            return mapped(promise, format!("mapped: residence \"mapped\"; {facts}"));
+        }
         Residence::Owned => Some("owned: residence \"owned\"".to_owned()),
-        Residence::Auto if remote => {
+        Residence::Auto(_) if remote => {
             Some(format!("owned: {fs_name} is a network/FUSE filesystem (a snapshot, never lazy views)"))
         }
-        Residence::Auto if f.warm() => {
-            return mapped(format!(
-                "mapped: warm, on local {fs_name}: zero-copy copy-on-write views, pages read in at load; {facts}"
-            ));
+        Residence::Auto(promise) if f.warm() => {
+            return mapped(
+                promise,
+                format!(
+                    "mapped: warm, on local {fs_name}: zero-copy copy-on-write views, pages read in at load; {facts}"
+                ),
+            );
         }
-        Residence::Auto if f.residency.sampled_pages == 0 => {
+        Residence::Auto(_) if f.residency.sampled_pages == 0 => {
             Some("owned: no page-cache sample (nothing selected to sample)".to_owned())
         }
-        Residence::Auto => Some("owned: cold".to_owned()),
+        Residence::Auto(_) => Some("owned: cold".to_owned()),
     };
     let mut choice = choose_owned(f, remote, fs_name, &facts);
     if let Some(why) = owned_because {
@@ -200,8 +208,8 @@ pub fn choose(f: &Facts) -> Choice {
     choice
 }
 
-fn mapped(reason: String) -> Choice {
-    Choice { residence: Residence::Mapped, backend: "mmap", direct: false, reason }
+fn mapped(promise: FilesUnchanged, reason: String) -> Choice {
+    Choice { residence: Residence::Mapped(promise), backend: "mmap", direct: false, reason }
 }
 
 /// The backend of an owned load.
@@ -247,6 +255,12 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The promise, for pure rule tests that map nothing.
+    fn p() -> FilesUnchanged {
+        // SAFETY: `choose` maps nothing; no view is ever made from these facts.
+        unsafe { FilesUnchanged::promise() }
+    }
 
     fn facts() -> Facts {
         Facts {
@@ -305,23 +319,23 @@ mod tests {
         let c = choose(&f);
         assert_eq!((c.backend, c.direct), ("sync", false));
         assert!(c.reason.contains("nfs"));
-        f.residence = Residence::Auto;
+        f.residence = Residence::Auto(p());
         f.residency.resident_pages = 100;
         let c = choose(&f);
         assert_eq!((c.residence, c.backend), (Residence::Owned, "sync"));
         assert!(c.reason.starts_with("owned: nfs is a network/FUSE filesystem"), "{}", c.reason);
-        f.residence = Residence::Mapped;
+        f.residence = Residence::Mapped(p());
         let c = choose(&f);
-        assert_eq!(c.residence, Residence::Mapped);
+        assert_eq!(c.residence, Residence::Mapped(p()));
         assert!(c.reason.contains("note: nfs") && c.reason.contains("read in at load"), "{}", c.reason);
         assert!(c.reason.starts_with("mapped: residence \"mapped\""), "{}", c.reason);
     }
 
     #[test]
     fn auto_residence_maps_warm_local_data_and_owns_cold_data() {
-        let mut f = Facts { residence: Residence::Auto, ..facts() };
+        let mut f = Facts { residence: Residence::Auto(p()), ..facts() };
         let c = choose(&f);
-        assert_eq!((c.residence, c.backend, c.direct), (Residence::Mapped, "mmap", false));
+        assert_eq!((c.residence, c.backend, c.direct), (Residence::Mapped(p()), "mmap", false));
         assert!(c.reason.starts_with("mapped: warm, on local ext4"), "{}", c.reason);
         f.residency.resident_pages = 49;
         f.direct = Some(Ok(()));
@@ -335,7 +349,7 @@ mod tests {
     #[test]
     fn mapped_residence_picks_mmap_and_density_is_sane() {
         let mut f = facts();
-        f.residence = Residence::Mapped;
+        f.residence = Residence::Mapped(p());
         assert_eq!(choose(&f).backend, "mmap");
         f.bytes_selected = 1 << 30;
         assert!((f.density() - 0.5).abs() < 1e-9);
@@ -353,7 +367,7 @@ mod tests {
         fn mapped_only_when_asked_or_warm_and_local(
             resident in proptest::option::of(0u64..=100),
             remote in any::<bool>(),
-            residence in prop_oneof![Just(Residence::Auto), Just(Residence::Owned), Just(Residence::Mapped)],
+            residence in prop_oneof![Just(Residence::Auto(p())), Just(Residence::Owned), Just(Residence::Mapped(p()))],
         ) {
             let f = Facts {
                 residency: resident.map_or(ResidencySample::default(), |r| ResidencySample {
@@ -367,11 +381,11 @@ mod tests {
             let c = choose(&f);
             let warm = resident.is_some_and(|r| r as f64 / 100.0 >= WARM_FRACTION);
             let want_mapped = match residence {
-                Residence::Mapped => true,
+                Residence::Mapped(_) => true,
                 Residence::Owned => false,
-                Residence::Auto => !remote && warm,
+                Residence::Auto(_) => !remote && warm,
             };
-            prop_assert_eq!(c.residence == Residence::Mapped, want_mapped);
+            prop_assert_eq!(c.residence == Residence::Mapped(p()), want_mapped);
             prop_assert_eq!(c.backend == "mmap", want_mapped);
             prop_assert!(!(want_mapped && c.direct));
             let prefix = if want_mapped { "mapped:" } else { "owned:" };

@@ -1,7 +1,9 @@
 //! The `mmap` backend (owned mode): maps the checkpoint files read-only and copies each plan read
 //! out of the mapping into the destination with worker threads, holding a budget permit per read.
 //! Each read's source pages are populated (`MADV_POPULATE_READ`) before the copy, so a file
-//! truncated after mapping fails the read with a typed error instead of raising `SIGBUS`.
+//! truncated after mapping fails the read with a typed error instead of raising `SIGBUS`; one
+//! truncated by another process during a copy still faults, which is why `auto` never picks this
+//! backend.
 //! Zero-copy views (`Residence::Mapped`) do not run this backend: see [`crate::map`].
 
 use std::io;
@@ -71,12 +73,20 @@ impl IoBackend for MmapBackend {
         if reads.is_empty() {
             return Ok(IoStats::default());
         }
-        let maps = MappedFiles::map_indexed(job.files, MapMode::ReadOnly).map_err(|(file, e)| ReadError {
-            file,
-            offset_bytes: 0,
-            len_bytes: job.files.get(file as usize).map_or(0, |f| f.len_bytes),
-            kind: ReadErrorKind::Io(e),
-        })?;
+        // SAFETY: no `&[u8]` over these maps outlives one read's copy, which reads through raw
+        // pointers right after that read's pages were read in (a file truncated before then is a
+        // typed error). A file truncated by another process during a copy still faults (SIGBUS),
+        // the risk this backend documents (`auto` never picks it); in-place writes by others land
+        // in the copy, and the load's closing stamp check then fails the load.
+        let maps =
+            unsafe { MappedFiles::map_indexed(job.files, MapMode::ReadOnly) }.map_err(|(file, e)| {
+                ReadError {
+                    file,
+                    offset_bytes: 0,
+                    len_bytes: job.files.get(file as usize).map_or(0, |f| f.len_bytes),
+                    kind: ReadErrorKind::Io(e),
+                }
+            })?;
         // Sequential advice over each file queue's span. Advice is only a hint: failures are ignored.
         for q in job.plan.queues() {
             let queue_reads = reads.get(q.reads.start as usize..q.reads.end as usize).unwrap_or(&[]);

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::files::{Descriptors, FileSet};
 use super::loaded::{Entry, Storage};
 use super::session::{Session, Tally, touched_files};
-use super::{ArenaReuse, Loaded, PieceRef};
+use super::{ArenaReuse, Loaded, PieceRef, Residence};
 use crate::error::LoadError;
 use crate::map::populate::{PopulateConfig, PopulateError, Span, populate};
 use crate::map::{FileRange, MapMode, MappedFiles};
@@ -29,7 +29,15 @@ pub(super) fn load_mapped(
     let sources = files.take(ckpt, &ids, Descriptors::Buffered, session.sparse())?;
     // Copy-on-write, so `Loaded::tensor_mut_ptr` can hand out writable views that never reach
     // the files.
-    let mapped = MappedFiles::map_with(&sources, MapMode::CopyOnWrite).map_err(LoadError::Map);
+    // Only a mapped session comes here, and only the caller's promise makes one.
+    let Residence::Mapped(_promise) = session.residence else {
+        return Err(LoadError::Map(std::io::Error::other(
+            "internal: a mapped load without the files-unchanged promise",
+        )));
+    };
+    // SAFETY: the caller promised, with `FilesUnchanged::promise`, that the files stay unchanged
+    // while the views live (the contract of `MappedFiles::map`).
+    let mapped = unsafe { MappedFiles::map_with(&sources, MapMode::CopyOnWrite) }.map_err(LoadError::Map);
     files.give_back(&ids, sources);
     let mapped = mapped?;
     // Mapped index of each checkpoint file, by checkpoint file id.

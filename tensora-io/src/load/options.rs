@@ -86,6 +86,23 @@ pub enum IoMode {
 }
 
 /// Where tensor bytes live after the load.
+///
+/// Mapped views are backed by the files: another process that writes a mapped file in place is
+/// seen through them, and one that truncates it makes the next access to a missing page raise
+/// `SIGBUS`, killing the process. As `memmap2` does for its maps, asking for views over files that
+/// others may change is therefore `unsafe`: [`Residence::Mapped`] and [`Residence::Auto`] carry a
+/// [`FilesUnchanged`] promise, made with an `unsafe` call.
+///
+/// ```
+/// use tensora_io::{FilesUnchanged, LoadOptions, Residence};
+/// // SAFETY: nothing modifies or truncates the fixture files while the views live.
+/// let promise = unsafe { FilesUnchanged::promise() };
+/// let opts = LoadOptions { residence: Residence::Auto(promise), ..LoadOptions::default() };
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+/// let loaded = tensora_io::load_path(std::path::Path::new(dir), &opts)?;
+/// assert!(["owned", "mapped"].contains(&loaded.report().residence.as_str()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Residence {
     /// Copied into an owned hugepage arena: a snapshot nothing outside the process can change.
@@ -96,27 +113,31 @@ pub enum Residence {
     /// never reach the file. Every selected page is read in (`MADV_POPULATE_READ`) before the load
     /// returns, so an I/O error or an already truncated file fails the load with a typed error
     /// naming file, offset and tensor. The bytes are **live views of the page cache, not a
-    /// snapshot**: another process writing a file in place is seen through them, and truncating a
-    /// mapped file while the views live raises SIGBUS on access. Keep the files unchanged for as
-    /// long as the `Loaded` lives.
-    Mapped,
+    /// snapshot**: see the type's docs and [`FilesUnchanged`].
+    Mapped(FilesUnchanged),
     /// Decided by [`crate::auto`] from measured facts: mapped when the backend is `auto` and the
     /// selection is warm on a local filesystem (a load is then a page-table fill), owned otherwise.
     /// The report's `reason` says which and why.
-    Auto,
+    Auto(FilesUnchanged),
 }
 
-impl std::str::FromStr for Residence {
-    type Err = String;
+/// The caller's promise that lets a load hand out views of the files (see [`Residence`]): made
+/// only by the `unsafe` [`FilesUnchanged::promise`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FilesUnchanged(());
 
-    /// `"owned"`, `"mapped"` or `"auto"`: the one parser of `residence=` / `--residence`.
-    fn from_str(s: &str) -> Result<Residence, String> {
-        match s {
-            "owned" => Ok(Residence::Owned),
-            "mapped" => Ok(Residence::Mapped),
-            "auto" => Ok(Residence::Auto),
-            other => Err(format!("residence must be \"auto\", \"owned\" or \"mapped\", not {other:?}")),
-        }
+impl FilesUnchanged {
+    /// Promise that the checkpoint's files stay as they are while views of them live.
+    ///
+    /// # Safety
+    ///
+    /// For as long as any tensor of a load made with this promise is alive (the `Loaded`, a run of
+    /// `load_runs`, a tensor handed to a `load_streaming` callback), no process truncates a file of
+    /// the checkpoint, and none writes one in place unless the caller accepts seeing those writes
+    /// in the tensors. Replacing a file by renaming a new one over it is fine: the views keep the
+    /// old file. Truncation makes the next access to a page not yet copied raise `SIGBUS`.
+    pub unsafe fn promise() -> FilesUnchanged {
+        FilesUnchanged(())
     }
 }
 
@@ -125,9 +146,25 @@ impl Residence {
     pub const fn as_str(self) -> &'static str {
         match self {
             Residence::Owned => "owned",
-            Residence::Mapped => "mapped",
-            Residence::Auto => "auto",
+            Residence::Mapped(_) => "mapped",
+            Residence::Auto(_) => "auto",
         }
+    }
+
+    /// The residence named `name` (`"owned"`, `"mapped"` or `"auto"`; the one parser of
+    /// `residence=` and `--residence`), the views under `promise`.
+    pub fn from_name(name: &str, promise: FilesUnchanged) -> Result<Residence, String> {
+        match name {
+            "owned" => Ok(Residence::Owned),
+            "mapped" => Ok(Residence::Mapped(promise)),
+            "auto" => Ok(Residence::Auto(promise)),
+            other => Err(format!("residence must be \"auto\", \"owned\" or \"mapped\", not {other:?}")),
+        }
+    }
+
+    /// Whether the tensors are views of the files.
+    pub const fn is_mapped(self) -> bool {
+        matches!(self, Residence::Mapped(_))
     }
 }
 

@@ -10,7 +10,7 @@ use super::loaded::{Entry, Storage};
 use super::mapped::load_mapped;
 use super::run::SubDest;
 use super::session::{Session, Tally, WindowPlan, begin, touched_files};
-use super::{ArenaReuse, LoadOptions, Loaded, Residence};
+use super::{ArenaReuse, LoadOptions, Loaded};
 use crate::arena::Arena;
 use crate::auto::Delivery;
 use crate::error::LoadError;
@@ -40,7 +40,7 @@ impl Session<'_> {
         mut phases: Phases,
         faults_before: Faults,
     ) -> Result<Loaded, LoadError> {
-        if self.residence == Residence::Mapped {
+        if self.residence.is_mapped() {
             return load_mapped(self, part, phases, faults_before);
         }
         let t = Instant::now();

@@ -9,7 +9,7 @@ use tensora_format::Checkpoint;
 
 use super::session::{Session, begin};
 use super::streaming::stream_windows;
-use super::{LoadOptions, Loaded, Residence};
+use super::{LoadOptions, Loaded};
 use crate::auto::Delivery;
 use crate::error::LoadError;
 use crate::report::{Faults, Phases};
@@ -70,7 +70,7 @@ impl Runs<'_> {
     fn load_next(&mut self, run: Vec<usize>) -> Result<Option<Loaded>, LoadError> {
         let (mut phases, faults_before) =
             self.first.take().unwrap_or_else(|| (Phases::default(), Faults::now()));
-        if self.session.residence == Residence::Mapped {
+        if self.session.residence.is_mapped() {
             return self.session.load_part(&run, phases, faults_before).map(Some);
         }
         let t = Instant::now();

@@ -118,7 +118,7 @@ impl<'c> Session<'c> {
         delivery: Delivery,
     ) -> Result<Session<'c>, LoadError> {
         let decided = Decided::for_load(ckpt, opts, selected, delivery)?;
-        let mapped = decided.residence == Residence::Mapped;
+        let mapped = decided.residence.is_mapped();
         if let Err(reason) = decided.backend.available() {
             return Err(LoadError::BackendUnavailable { backend: decided.backend_name, reason });
         }
@@ -211,7 +211,7 @@ impl<'c> Session<'c> {
     ) -> LoadReport {
         let faults = Faults::now().since(faults_before);
         let io_mode = match (self.residence, self.direct) {
-            (Residence::Mapped, _) => "mapped",
+            (Residence::Mapped(_), _) => "mapped",
             (_, true) => "direct",
             (_, false) => "buffered",
         };
@@ -284,8 +284,8 @@ impl Decided {
         let backend_name = backend.name().to_owned();
         Ok(match opts.residence {
             // Mapped views never run a backend: name what actually serves the bytes.
-            Residence::Mapped => Decided {
-                residence: Residence::Mapped,
+            Residence::Mapped(promise) => Decided {
+                residence: Residence::Mapped(promise),
                 backend,
                 backend_name: "mmap".to_owned(),
                 direct: false,
@@ -294,7 +294,7 @@ impl Decided {
             Residence::Owned => {
                 Decided { residence: Residence::Owned, backend, backend_name, direct: false, reason }
             }
-            Residence::Auto => Decided {
+            Residence::Auto(_) => Decided {
                 residence: Residence::Owned,
                 backend,
                 backend_name,

@@ -12,7 +12,7 @@ use super::files::FileSet;
 use super::mapped::load_mapped;
 use super::run::SubDest;
 use super::session::{Tally, begin};
-use super::{LoadOptions, Residence, TensorRef};
+use super::{LoadOptions, TensorRef};
 use crate::arena::Arena;
 use crate::auto::Delivery;
 use crate::error::{BoxError, LoadError};
@@ -52,7 +52,7 @@ pub fn load_streaming(
 ) -> Result<LoadReport, LoadError> {
     let (session, selected, mut phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
 
-    if session.residence == Residence::Mapped {
+    if session.residence.is_mapped() {
         let mut loaded = load_mapped(&session, &selected, phases, faults_before)?;
         for t in loaded.tensors() {
             f(&t).map_err(|source| LoadError::Callback { tensor: t.name().to_owned(), source })?;

@@ -41,7 +41,8 @@
 //!     buffered: std::fs::File::open(tmp.path())?,
 //!     direct: None,
 //! };
-//! let maps = MappedFiles::map(std::slice::from_ref(&file))?;
+//! // SAFETY: a temporary file nothing else modifies or truncates while it is mapped.
+//! let maps = unsafe { MappedFiles::map(std::slice::from_ref(&file)) }?;
 //! let hot = [FileRange { file: 0, offset_bytes: 0, len_bytes: 4096 }];
 //! maps.advise_willneed(&hot)?;
 //! maps.prewarm(&hot, 2)?;
@@ -197,22 +198,36 @@ impl MappedFiles {
     /// checked with `fstat` first: a file shorter than expected is an `InvalidData` error naming
     /// it (mapping it would turn the missing tail into `SIGBUS`).
     ///
-    /// # Contract
+    /// # Safety
     ///
-    /// The caller must ensure the files are neither modified nor truncated while mapped: in-place
-    /// writes by others show through the returned bytes (they are live views, not a snapshot),
-    /// and a truncation turns later accesses into `SIGBUS`. See the module docs.
-    pub fn map(files: &[SourceFile]) -> io::Result<MappedFiles> {
-        MappedFiles::map_with(files, MapMode::ReadOnly)
+    /// As for `memmap2`'s maps: the files must be neither modified nor truncated while mapped.
+    /// In-place writes by others show through the returned bytes (live views, not a snapshot: a
+    /// `&[u8]` changing under its holder), and a truncation turns later accesses into `SIGBUS`.
+    /// See the module docs.
+    pub unsafe fn map(files: &[SourceFile]) -> io::Result<MappedFiles> {
+        // SAFETY: the caller's contract.
+        unsafe { MappedFiles::map_with(files, MapMode::ReadOnly) }
     }
 
-    /// [`MappedFiles::map`] with a choice of [`MapMode`]; same contract.
-    pub fn map_with(files: &[SourceFile], mode: MapMode) -> io::Result<MappedFiles> {
-        MappedFiles::map_indexed(files, mode).map_err(|(_, e)| e)
+    /// [`MappedFiles::map`] with a choice of [`MapMode`].
+    ///
+    /// # Safety
+    ///
+    /// As for [`MappedFiles::map`].
+    pub unsafe fn map_with(files: &[SourceFile], mode: MapMode) -> io::Result<MappedFiles> {
+        // SAFETY: the caller's contract.
+        unsafe { MappedFiles::map_indexed(files, mode) }.map_err(|(_, e)| e)
     }
 
     /// [`MappedFiles::map_with`], naming the index of the file that failed.
-    pub(crate) fn map_indexed(files: &[SourceFile], mode: MapMode) -> Result<MappedFiles, (u32, io::Error)> {
+    ///
+    /// # Safety
+    ///
+    /// As for [`MappedFiles::map`].
+    pub(crate) unsafe fn map_indexed(
+        files: &[SourceFile],
+        mode: MapMode,
+    ) -> Result<MappedFiles, (u32, io::Error)> {
         let mut maps = Vec::with_capacity(files.len());
         for (i, f) in files.iter().enumerate() {
             maps.push(map_one(f, mode).map_err(|e| (i as u32, e))?);
@@ -507,13 +522,19 @@ mod tests {
     use super::*;
     use crate::seam::temp_source as source;
 
+    /// Maps test files read-only.
+    fn map_read_only(files: &[SourceFile]) -> io::Result<MappedFiles> {
+        // SAFETY: temporary files that nothing else modifies or truncates while they are mapped.
+        unsafe { MappedFiles::map(files) }
+    }
+
     use proptest::prelude::*;
 
     #[test]
     fn short_file_is_refused_before_mapping() {
         let (_tmp, mut f) = source(&[1u8; 100]);
         f.len_bytes = 200;
-        let err = MappedFiles::map(std::slice::from_ref(&f)).unwrap_err();
+        let err = map_read_only(std::slice::from_ref(&f)).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert!(err.to_string().contains("SIGBUS"), "{err}");
     }
@@ -521,7 +542,7 @@ mod tests {
     #[test]
     fn empty_file_maps_to_empty_bytes() {
         let (_tmp, f) = source(&[]);
-        let maps = MappedFiles::map(std::slice::from_ref(&f)).unwrap();
+        let maps = map_read_only(std::slice::from_ref(&f)).unwrap();
         assert_eq!(maps.len_bytes(0), Some(0));
         assert_eq!(maps.bytes(0, 0..0), &[] as &[u8]);
         assert_eq!(
@@ -533,7 +554,7 @@ mod tests {
     #[test]
     fn out_of_bounds_ranges_are_errors_not_panics() {
         let (_tmp, f) = source(&[3u8; 5000]);
-        let maps = MappedFiles::map(std::slice::from_ref(&f)).unwrap();
+        let maps = map_read_only(std::slice::from_ref(&f)).unwrap();
         let past = [FileRange { file: 0, offset_bytes: 4000, len_bytes: 2000 }];
         assert_eq!(maps.residency(&past).unwrap_err().kind(), io::ErrorKind::InvalidInput);
         assert_eq!(maps.prewarm(&past, 2).unwrap_err().kind(), io::ErrorKind::InvalidInput);
@@ -549,7 +570,7 @@ mod tests {
     fn lock_prewarm_and_residency_of_hot_set() {
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
         let (_tmp, f) = source(&data);
-        let maps = MappedFiles::map(std::slice::from_ref(&f)).unwrap();
+        let maps = map_read_only(std::slice::from_ref(&f)).unwrap();
         let hot = [FileRange { file: 0, offset_bytes: 10, len_bytes: 50_000 }];
         assert_eq!(maps.prewarm(&hot, 3).unwrap(), 50_000);
         maps.lock(&hot).unwrap();
@@ -570,7 +591,7 @@ mod tests {
         fn get_matches_file_contents(len in 0usize..20_000, a in 0u64..25_000, b in 0u64..25_000) {
             let data: Vec<u8> = (0..len).map(|i| (i * 7 % 256) as u8).collect();
             let (_tmp, f) = source(&data);
-            let maps = MappedFiles::map(std::slice::from_ref(&f)).unwrap();
+            let maps = map_read_only(std::slice::from_ref(&f)).unwrap();
             let (lo, hi) = (a.min(b), a.max(b));
             let got = maps.get(0, lo..hi);
             if hi as usize <= len {

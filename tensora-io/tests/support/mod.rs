@@ -130,3 +130,11 @@ pub fn runnable_backends() -> Vec<&'static str> {
     assert!(out.contains(&"sync"), "the sync backend runs everywhere");
     out
 }
+
+/// The files-unchanged promise for tests: their files are temporary or repository fixtures that
+/// nothing modifies or truncates while a test holds views of them (except where a test does so on
+/// purpose, inside a child process or before any view is touched).
+pub fn files_unchanged() -> tensora_io::FilesUnchanged {
+    // SAFETY: as above.
+    unsafe { tensora_io::FilesUnchanged::promise() }
+}

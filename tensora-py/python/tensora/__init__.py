@@ -138,7 +138,10 @@ def load_file(
     backed by the files, so truncating or rewriting a file in place while its arrays live raises
     ``SIGBUS`` at the next access to a page not yet written. In particular never
     ``save_file(weights, same_path)`` with mapped arrays alive (write a new path and rename, or
-    use the default ``"owned"``). Writes into the arrays never reach the files.
+    use the default ``"owned"``). Writes into the arrays never reach the files, but other
+    processes' in-place writes to the files show through in the arrays (they are live views of
+    the page cache, not a snapshot). Asking for ``"mapped"`` or ``"auto"`` is your promise that
+    nothing truncates or rewrites the files while the arrays live.
 
     The whole load runs with the GIL released. ``progress(bytes_done, bytes_total)`` is called
     on this thread as reads complete; returning ``False`` cancels (``CancelledError``), and an
