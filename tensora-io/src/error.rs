@@ -113,6 +113,13 @@ pub enum LoadError {
         #[source]
         source: BoxError,
     },
+    /// The options ask for something this kind of load cannot do (e.g. hooks on a collective
+    /// load).
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What, and why not.
+        what: String,
+    },
     /// The load was cancelled.
     #[error("cancelled")]
     Cancelled,

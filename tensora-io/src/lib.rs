@@ -4,7 +4,8 @@
 //! Where a byte goes, folder by folder:
 //!
 //! - [`load`](mod@load): the load API. [`load()`], [`load_streaming`], [`load_runs`],
-//!   [`load_path`] (and [`load_async`] with the `async` feature) take [`LoadOptions`] and give a
+//!   [`load_path`], [`load_share`] (one rank's share of a collective load) (and [`load_async`]
+//!   with the `async` feature) take [`LoadOptions`] and give a
 //!   [`Loaded`] or a [`LoadReport`], or a [`LoadError`] naming path, offset and tensor.
 //! - [`auto`]: the measured facts ([`auto::probe`]) behind `--backend auto` and
 //!   `Residence::Auto`, and the rules that read them.
@@ -48,7 +49,8 @@ pub use error::{BoxError, LoadError, ViewError};
 pub use load::load_async;
 pub use load::{
     ArenaReuse, BackendChoice, Element, FilesUnchanged, IoMode, LoadOptions, Loaded, PieceRef, ProgressHook,
-    ReadHook, Residence, TensorHook, TensorRef, UnknownBackend, load, load_path, load_runs, load_streaming,
+    ReadHook, Residence, ShareLoad, ShareOf, TensorHook, TensorRef, UnknownBackend, load, load_path,
+    load_runs, load_share, load_streaming,
 };
 pub use report::{LoadReport, Phases};
 pub use seam::{

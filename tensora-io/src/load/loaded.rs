@@ -136,6 +136,18 @@ impl Drop for Loaded {
 }
 
 impl Loaded {
+    /// `range` of an owned load's arena, writable (a collective load's regions, filled by the
+    /// caller's transport). Empty for a mapped load or a range outside the arena.
+    pub(super) fn arena_bytes_mut(&mut self, range: std::ops::Range<u64>) -> &mut [u8] {
+        match &mut self.storage {
+            Storage::Arena(a) => {
+                let (start, end) = (range.start as usize, range.end as usize);
+                a.as_mut_slice().get_mut(start..end).unwrap_or(&mut [])
+            }
+            Storage::Mapped(_) => &mut [],
+        }
+    }
+
     /// The tensor called `name`, if it was selected.
     pub fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
         self.by_name.get(name).map(|&i| self.get(i))

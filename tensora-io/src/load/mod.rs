@@ -35,6 +35,7 @@ mod owned;
 mod run;
 mod runs;
 mod session;
+mod share;
 mod streaming;
 
 #[cfg(feature = "async")]
@@ -54,6 +55,7 @@ pub use options::{
 };
 pub use owned::load;
 pub use runs::{Runs, load_runs};
+pub use share::{ShareLoad, ShareOf, load_share};
 pub use streaming::load_streaming;
 
 use crate::error::LoadError;

@@ -73,6 +73,19 @@ impl Session<'_> {
         &self,
         owned: &OwnedPlan,
         part: &[usize],
+        phases: Phases,
+        faults_before: Faults,
+    ) -> Result<Loaded, LoadError> {
+        self.load_owned_running(owned, &owned.plans, part, phases, faults_before)
+    }
+
+    /// Lay out the arena of `owned` and its tensors, but run only the plans `run` (parts of
+    /// `owned`'s plans, at the same bases: a collective load's own share).
+    pub(super) fn load_owned_running(
+        &self,
+        owned: &OwnedPlan,
+        run: &[(u64, WindowPlan)],
+        part: &[usize],
         mut phases: Phases,
         faults_before: Faults,
     ) -> Result<Loaded, LoadError> {
@@ -84,7 +97,7 @@ impl Session<'_> {
             .arena(len_bytes, Access::direct_if(self.direct))
             .map_err(|source| LoadError::Arena { len_bytes, source })?;
         let mut files = FileSet::new(opts.files_open_max);
-        let stats = self.run_plans(&arena, &owned.plans, &mut files)?;
+        let stats = self.run_plans(&arena, run, &mut files)?;
         phases.io += t.elapsed().as_secs_f64();
         files.bill_open(&mut phases);
 

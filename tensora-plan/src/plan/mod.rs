@@ -4,6 +4,7 @@
 //! groups, arena offsets, reads and pieces, and this module orders the reads into queues.
 
 mod layout;
+mod restrict;
 mod sort;
 mod tags;
 
