@@ -101,3 +101,37 @@ proptest! {
         collective(&ckpt, &opts, world);
     }
 }
+
+#[test]
+fn share_runs_rebuild_every_window_with_the_budget() {
+    let g = generate_mixed(32);
+    let ckpt = g.open();
+    let opts = LoadOptions { budget_bytes: 256 << 10, chunk_bytes: 64 << 10, ..LoadOptions::default() };
+    let world = 3;
+    let mut ranks: Vec<_> = (0..world)
+        .map(|r| tensora_io::load_share_runs(&ckpt, &opts, ShareOf::new(r, world).unwrap()).unwrap())
+        .collect();
+    let mut seen = 0;
+    let mut windows = 0;
+    loop {
+        let step: Vec<_> = ranks.iter_mut().map(Iterator::next).collect();
+        if step.iter().all(Option::is_none) {
+            break;
+        }
+        let mut shares: Vec<_> =
+            step.into_iter().map(|s| s.expect("every rank has the same windows").unwrap()).collect();
+        windows += 1;
+        let (first, rest) = shares.split_at_mut(1);
+        for (i, other) in rest.iter_mut().enumerate() {
+            let bytes = other.region_mut(i + 1).to_vec();
+            first[0].region_mut(i + 1).copy_from_slice(&bytes);
+        }
+        let run = shares.swap_remove(0).finish();
+        for t in run.tensors() {
+            assert_eq!(t.bytes(), &g.data[t.name()][..], "{}", t.name());
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, ckpt.tensors().len());
+    assert!(windows > 1, "a 256 KiB budget cuts the 1.3 MB checkpoint into windows");
+}

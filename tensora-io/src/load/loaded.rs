@@ -210,6 +210,22 @@ impl Loaded {
         Some((ptr, len))
     }
 
+    /// A writable pointer to `range` of an owned load's arena and its length, for bindings that
+    /// hand a collective load's regions to a transport (see [`ShareLoad`](crate::ShareLoad)). It
+    /// derives from the arena's own base, never from a shared slice; writing through it is sound
+    /// only while no `&[u8]` of the same bytes is alive. `None` for a mapped load, an empty range
+    /// or one outside the arena.
+    pub fn arena_ptr_mut(&self, range: std::ops::Range<u64>) -> Option<(NonNull<u8>, usize)> {
+        let Storage::Arena(a) = &self.storage else { return None };
+        if range.start >= range.end || range.end > a.len_bytes() {
+            return None;
+        }
+        // SAFETY: `range.start < range.end <= arena length` (checked above), so the result stays
+        // inside the arena's mapping.
+        let ptr = unsafe { a.host_ptr().add(range.start as usize) };
+        Some((ptr, (range.end - range.start) as usize))
+    }
+
     pub(super) fn get(&self, i: usize) -> TensorRef<'_> {
         let e = &self.entries[i];
         let len = e.info.len_bytes();

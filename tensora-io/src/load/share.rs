@@ -101,6 +101,11 @@ impl ShareLoad {
         self.loaded.arena_bytes_mut(r.start..r.end)
     }
 
+    /// Every rank's region, by rank.
+    pub fn regions(&self) -> &[Range<u64>] {
+        &self.regions
+    }
+
     /// The report of this rank's own read: `bytes_read` is what it read from storage.
     pub fn report(&self) -> &LoadReport {
         self.loaded.report()
@@ -110,6 +115,48 @@ impl ShareLoad {
     /// them. The caller guarantees every other rank's region was filled with that rank's bytes.
     pub fn finish(self) -> Loaded {
         self.loaded
+    }
+}
+
+/// Collective loads window by window, for memory bounded by the budget: the selection cut into
+/// the streaming windows of [`load_runs`](crate::load_runs), and `share`'s share of each window
+/// loaded when the iterator is advanced. Every rank gets the same windows, in the same order.
+pub fn load_share_runs<'c>(
+    ckpt: &'c Checkpoint,
+    opts: &'c LoadOptions,
+    share: ShareOf,
+) -> Result<ShareRuns<'c>, LoadError> {
+    refuse_unshareable(opts)?;
+    let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
+    let pending = super::streaming::stream_windows(ckpt, &selected, opts).into();
+    Ok(ShareRuns { session, share, pending, first: Some((phases, faults_before)) })
+}
+
+/// The iterator of [`load_share_runs`].
+pub struct ShareRuns<'c> {
+    session: Session<'c>,
+    share: ShareOf,
+    pending: std::collections::VecDeque<Vec<usize>>,
+    first: Option<(Phases, Faults)>,
+}
+
+impl std::fmt::Debug for ShareRuns<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShareRuns").field("share", &self.share).field("pending", &self.pending.len()).finish()
+    }
+}
+
+impl Iterator for ShareRuns<'_> {
+    type Item = Result<ShareLoad, LoadError>;
+
+    fn next(&mut self) -> Option<Result<ShareLoad, LoadError>> {
+        let window = self.pending.pop_front()?;
+        let (phases, faults_before) = self.first.take().unwrap_or_else(|| (Phases::default(), Faults::now()));
+        let result = self.session.load_share(&window, self.share, phases, faults_before);
+        if result.is_err() {
+            self.pending.clear();
+        }
+        Some(result)
     }
 }
 
