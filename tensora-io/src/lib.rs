@@ -50,7 +50,7 @@ pub use load::load_async;
 pub use load::{
     ArenaReuse, BackendChoice, Element, FilesUnchanged, IoMode, LoadOptions, Loaded, PieceRef, ProgressHook,
     ReadHook, Residence, ShareLoad, ShareOf, TensorHook, TensorRef, UnknownBackend, load, load_path,
-    load_runs, load_share, load_streaming,
+    load_runs, load_share, load_share_runs, load_streaming,
 };
 pub use report::{LoadReport, Phases};
 pub use seam::{
