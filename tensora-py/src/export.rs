@@ -15,6 +15,7 @@ use crate::{TensorData, drive, exc, finish, selection};
 /// What Python gets for one tensor of a `Loaded` held by `owner`. Writable pointers come from
 /// `Loaded::tensor_mut_ptr` (derived from the storage's own mutable base, never from a shared
 /// slice); an empty tensor gets a dangling, never-dereferenced address.
+#[derive(Debug)]
 pub(crate) struct ExportMeta {
     name: String,
     len_bytes: u64,

@@ -34,6 +34,7 @@ mod export;
 pub mod owner;
 pub mod queue;
 mod safe_open;
+mod share;
 mod stream;
 mod tensor;
 mod tools;
@@ -139,6 +140,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TensorData>()?;
     m.add_class::<safe_open::Mapped>()?;
     m.add_class::<stream::Stream>()?;
+    m.add_class::<share::Shared>()?;
+    m.add_class::<share::ShareStream>()?;
+    m.add_function(wrap_pyfunction!(share::load_share, m)?)?;
+    m.add_function(wrap_pyfunction!(share::open_share_stream, m)?)?;
     m.add_function(wrap_pyfunction!(export::load, m)?)?;
     m.add_function(wrap_pyfunction!(stream::open_stream, m)?)?;
     m.add_function(wrap_pyfunction!(tools::inspect_json, m)?)?;

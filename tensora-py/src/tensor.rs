@@ -49,6 +49,12 @@ impl TensorData {
     fn nbytes(&self) -> usize {
         self.t.len_bytes
     }
+    /// The address of the first byte (for laying tensors out in another buffer of the same
+    /// layout, e.g. a collective load's device buffer).
+    #[getter]
+    fn address(&self) -> usize {
+        self.t.addr
+    }
 
     /// # Safety
     /// Called by Python with a valid `view`.

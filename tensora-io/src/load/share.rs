@@ -101,6 +101,11 @@ impl ShareLoad {
         self.loaded.arena_bytes_mut(r.start..r.end)
     }
 
+    /// The names of every tensor of the selection (all ranks' shares together), in arena order.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.loaded.entries.iter().map(|e| e.info.name())
+    }
+
     /// Every rank's region, by rank.
     pub fn regions(&self) -> &[Range<u64>] {
         &self.regions

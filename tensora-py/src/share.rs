@@ -1,0 +1,309 @@
+//! The native side of `tensora.distributed`: one rank's share of a collective load
+//! (`tensora_io::load_share`), its regions handed to Python as writable byte buffers for the
+//! `torch.distributed` exchange, then its tensors exported like `load_file`'s. The exchange itself
+//! is Python (`python/tensora/distributed.py`): the transport is the caller's process group.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use pyo3::exceptions::PyStopIteration;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tensora_format::{Dtype, Selection};
+use tensora_io::{BackendChoice, LoadError, LoadOptions, ShareOf};
+
+use crate::export::ExportMeta;
+use crate::owner::{Owner, Storage, TensorBytes};
+use crate::queue::{Bounded, Pop};
+use crate::{TensorData, exc, format_err, load_err};
+
+/// One rank's share, loaded: every region's place in the arena, the arena's owner, and the
+/// tensors to export once the regions are exchanged.
+#[pyclass(module = "tensora._native")]
+#[derive(Debug)]
+pub struct Shared {
+    owner: Arc<Owner>,
+    /// `(arena offset, length)` of each rank's region, by rank.
+    regions: Vec<(u64, u64)>,
+    metas: Mutex<Option<Vec<ExportMeta>>>,
+    report: String,
+}
+
+impl Shared {
+    fn new(share: tensora_io::ShareLoad) -> PyResult<Shared> {
+        let regions = share.regions().iter().map(|r| (r.start, r.end - r.start)).collect();
+        let report =
+            serde_json::to_string(share.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+        // The regions are filled through the arena's own pointers (`arena_ptr_mut`) while the
+        // tensors wait: nothing reads them before `tensors`.
+        let loaded = share.finish();
+        let metas = ExportMeta::all(&loaded);
+        let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
+        Ok(Shared { owner, regions, metas: Mutex::new(Some(metas)), report })
+    }
+
+    fn loaded(&self) -> PyResult<&tensora_io::Loaded> {
+        match self.owner.storage() {
+            Storage::Loaded(l) => Ok(l),
+            _ => Err(exc::LoadError::new_err("internal: a share without an owned arena")),
+        }
+    }
+}
+
+#[pymethods]
+impl Shared {
+    /// `(offset, len_bytes)` of every rank's region, by rank.
+    fn regions(&self) -> Vec<(u64, u64)> {
+        self.regions.clone()
+    }
+
+    /// Rank `rank`'s region as a writable `uint8` buffer (its own region holds what this rank
+    /// read; fill every other one from its rank before calling `tensors`).
+    fn region(&self, rank: usize) -> PyResult<TensorData> {
+        let &(start, len) = self
+            .regions
+            .get(rank)
+            .ok_or_else(|| pyo3::exceptions::PyIndexError::new_err(format!("no rank {rank}")))?;
+        let (addr, len_bytes) = match self.loaded()?.arena_ptr_mut(start..start + len) {
+            Some((ptr, n)) => (ptr.as_ptr() as usize, n),
+            None => (std::ptr::NonNull::<u64>::dangling().as_ptr() as usize, 0),
+        };
+        Ok(TensorData {
+            t: TensorBytes {
+                owner: Arc::clone(&self.owner),
+                addr,
+                len_bytes,
+                name: format!("region of rank {rank}"),
+                dtype: Dtype::U8,
+                shape: vec![len_bytes as u64],
+                strides: None,
+            },
+        })
+    }
+
+    /// Every tensor of the selection, `{name: TensorData}` (call once, after the exchange).
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let metas = self.metas.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let metas = metas.ok_or_else(|| exc::TensoraError::new_err("the tensors were taken already"))?;
+        let loaded = self.loaded()?;
+        let d = PyDict::new(py);
+        for m in metas {
+            let name = m.name().to_owned();
+            d.set_item(name, m.export(&self.owner, loaded)?)?;
+        }
+        Ok(d)
+    }
+
+    /// This rank's load report (JSON): `bytes_read` is what it read from storage.
+    fn report(&self) -> String {
+        self.report.clone()
+    }
+}
+
+/// What a collective load of one checkpoint needs.
+struct Request {
+    selection: Selection,
+    backend: BackendChoice,
+    budget_bytes: Option<u64>,
+    share: ShareOf,
+}
+
+impl Request {
+    fn options(&self, selection: Selection) -> LoadOptions {
+        let defaults = LoadOptions::default();
+        LoadOptions {
+            backend: self.backend.clone(),
+            selection,
+            budget_bytes: self.budget_bytes.unwrap_or(defaults.budget_bytes),
+            ..defaults
+        }
+    }
+}
+
+fn share_of(rank: usize, world_size: usize) -> PyResult<ShareOf> {
+    ShareOf::new(rank, world_size).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+}
+
+/// Rank `rank` of `world_size` reads its share of `path` (GIL released).
+#[pyfunction]
+#[pyo3(signature = (path, rank, world_size, select=None, backend="auto"))]
+pub(crate) fn load_share(
+    py: Python<'_>,
+    path: PathBuf,
+    rank: usize,
+    world_size: usize,
+    select: Option<&Bound<'_, PyAny>>,
+    backend: &str,
+) -> PyResult<Shared> {
+    let req = Request {
+        selection: crate::selection(select)?,
+        backend: crate::backend(backend)?,
+        budget_bytes: None,
+        share: share_of(rank, world_size)?,
+    };
+    let share = py.detach(|| {
+        let ckpt = tensora_format::open(&path)?;
+        tensora_io::load_share(&ckpt, &req.options(req.selection.clone()), req.share)
+    });
+    Shared::new(share.map_err(load_err)?)
+}
+
+/// A collective `weights_iterator`: a thread loads this rank's share of each window of each file
+/// (at most one window ahead of the consumer), handed to Python one window at a time.
+#[pyclass(module = "tensora._native")]
+pub struct ShareStream {
+    queue: Arc<Bounded<PyResult<Shared>>>,
+    cancel: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ShareStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShareStream").field("queued", &self.queue.len()).finish()
+    }
+}
+
+/// Windows of shares waiting for the consumer: one loaded ahead.
+const SHARE_WINDOWS_AHEAD: usize = 1;
+
+/// Stream rank `rank`'s shares of `paths` window by window; see [`ShareStream`].
+#[pyfunction]
+#[pyo3(signature = (paths, rank, world_size, budget_bytes, select=None, backend="auto"))]
+pub(crate) fn open_share_stream(
+    paths: Vec<PathBuf>,
+    rank: usize,
+    world_size: usize,
+    budget_bytes: u64,
+    select: Option<&Bound<'_, PyAny>>,
+    backend: &str,
+) -> PyResult<ShareStream> {
+    if budget_bytes == 0 {
+        return Err(pyo3::exceptions::PyValueError::new_err("budget must be at least 1 byte"));
+    }
+    let req = Request {
+        selection: crate::selection(select)?,
+        backend: crate::backend(backend)?,
+        budget_bytes: Some(budget_bytes),
+        share: share_of(rank, world_size)?,
+    };
+    let queue = Arc::new(Bounded::new(SHARE_WINDOWS_AHEAD, u64::MAX));
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (q, c) = (Arc::clone(&queue), Arc::clone(&cancel));
+    let thread = std::thread::Builder::new()
+        .name("tensora-share".into())
+        .spawn(move || {
+            if let Err(e) = produce(&paths, &req, &q, &c) {
+                let _ = q.push(Err(e), 0);
+            }
+            q.close();
+        })
+        .map_err(|e| exc::LoadError::new_err(format!("starting the share thread: {e}")))?;
+    Ok(ShareStream { queue, cancel, thread: Some(thread) })
+}
+
+/// Every window of every file, this rank's share of each, in the order every rank uses. Several
+/// files share one selection: exact names are checked across the whole list.
+fn produce(
+    paths: &[PathBuf],
+    req: &Request,
+    queue: &Bounded<PyResult<Shared>>,
+    cancel: &AtomicBool,
+) -> PyResult<()> {
+    let matcher = Arc::new(req.selection.matcher().map_err(|e| load_err(LoadError::Selection(e)))?);
+    let wanted: Option<BTreeSet<String>> = match &req.selection {
+        Selection::Names(n) if paths.len() > 1 => Some(n.iter().cloned().collect()),
+        _ => None,
+    };
+    let mut seen = BTreeSet::new();
+    for path in paths {
+        let ckpt = tensora_format::open(path).map_err(format_err)?;
+        let selection = if paths.len() > 1 {
+            let m = Arc::clone(&matcher);
+            Selection::Predicate(Arc::new(move |n: &str| m.matches(n)))
+        } else {
+            req.selection.clone()
+        };
+        let opts = req.options(selection);
+        for share in tensora_io::load_share_runs(&ckpt, &opts, req.share).map_err(load_err)? {
+            if cancel.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let share = share.map_err(load_err)?;
+            if wanted.is_some() {
+                seen.extend(share_names(&share));
+            }
+            if queue.push(Shared::new(share), 1).is_err() {
+                return Ok(()); // the iterator was closed
+            }
+        }
+    }
+    if let Some(wanted) = wanted {
+        let missing: Vec<String> = wanted.into_iter().filter(|n| !seen.contains(n)).collect();
+        if !missing.is_empty() {
+            return Err(load_err(LoadError::Selection(tensora_format::SelectionError::UnknownNames {
+                names: missing,
+            })));
+        }
+    }
+    Ok(())
+}
+
+/// The names of the tensors a share carries (all of its window's).
+fn share_names(share: &tensora_io::ShareLoad) -> Vec<String> {
+    share.tensor_names().map(str::to_owned).collect()
+}
+
+#[pymethods]
+impl ShareStream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<Shared> {
+        loop {
+            let queue = Arc::clone(&self.queue);
+            match py.detach(move || queue.pop_timeout(crate::drive::POLL_INTERVAL)) {
+                Pop::Item(Ok(shared)) => return Ok(shared),
+                Pop::Item(Err(e)) => {
+                    self.finish(py);
+                    return Err(e);
+                }
+                Pop::Closed => {
+                    self.finish(py);
+                    return Err(PyStopIteration::new_err(()));
+                }
+                Pop::Empty => {
+                    if let Err(e) = py.check_signals() {
+                        self.close(py);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stop loading and drop what is queued (also done when the iterator is dropped).
+    fn close(&mut self, py: Python<'_>) {
+        self.cancel.store(true, Ordering::Release);
+        self.queue.close_and_clear();
+        self.finish(py);
+    }
+}
+
+impl ShareStream {
+    fn finish(&mut self, py: Python<'_>) {
+        if let Some(t) = self.thread.take() {
+            let _ = py.detach(move || t.join());
+        }
+    }
+}
+
+impl Drop for ShareStream {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Release);
+        self.queue.close_and_clear();
+    }
+}

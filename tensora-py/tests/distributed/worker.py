@@ -1,0 +1,86 @@
+"""One rank of a collective-load test, started by tests/test_distributed.py with torchrun's
+environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), but without torchrun's agent, which would
+kill the surviving ranks when one dies and so hide what they do.
+
+For each `--path` in turn, writes `<out>/<index>-rank<N>.json`: each tensor's sha256 and shape, and
+the rank's report, or the error it raised. `--mode` picks what the rank does: `load` (tensora.distributed.load_file), `stream`
+(weights_iterator), `missing` (rank 1 asks for a path that does not exist), `die` (rank 1 exits at
+once, before loading).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import tensora
+import tensora.distributed as td
+
+
+def digest(t) -> str:
+    return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def rss_kib(field: str) -> int:
+    """`VmRSS` (now) or `VmHWM` (the peak so far) of this process, in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def run(a, rank: int, path: str) -> dict:
+    out = {"rank": rank}
+    try:
+        if a.mode == "die" and rank == 1:
+            os._exit(3)
+        path = path + ".missing" if a.mode == "missing" and rank == 1 else path
+        if a.mode == "stream":
+            # Keeps nothing: each tensor is hashed and dropped, so the peak is the iterator's own.
+            rss_before = rss_kib("VmRSS")
+            got = {}
+            for name, t in td.weights_iterator(path, budget=a.budget):
+                got[name] = [digest(t), list(t.shape)]
+                del t
+            out["rss_before_kib"] = rss_before
+            out["rss_peak_kib"] = rss_kib("VmHWM")
+            out["tensors"] = got
+            return out
+        else:
+            got, report = td.load_file_with_report(path)
+            out["report"] = report
+        out["tensors"] = {k: [digest(v), list(v.shape)] for k, v in got.items()}
+    except tensora.TensoraError as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--path", required=True, action="append")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--mode", default="load")
+    ap.add_argument("--budget", type=int, default=64 << 10)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    a = ap.parse_args()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=a.timeout))
+    rank = dist.get_rank()
+    for index, path in enumerate(a.path):
+        out = run(a, rank, path)
+        with open(os.path.join(a.out, f"{index}-rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+    try:
+        dist.destroy_process_group()
+    except Exception:  # the group may be broken after a failure
+        pass
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""tensora.distributed under torchrun with gloo: every rank ends with the tensors of a single-process
+load, storage is read once in all, each rank's share is within one read of an equal split, and a
+failing or dying rank makes every rank raise, naming it."""
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch  # required: CI installs it; the tests must not be skipped
+from safetensors.numpy import save_file
+
+import tensora
+from conftest import REAL, SLLM_TINY
+
+WORKER = Path(__file__).parent / "distributed" / "worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(nproc: int, paths: list, out: Path, *args: str, timeout_s: float = 180.0):
+    """Starts `nproc` ranks with torchrun's environment and waits for all of them (bounded by
+    `timeout_s`; the ranks bound their own waits with the process group's timeout). Returns the
+    ranks' exit codes, their stderr, and per path the results by rank."""
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        cmd = [sys.executable, str(WORKER), "--out", str(out), *args]
+        for p in paths:
+            cmd += ["--path", str(p)]
+        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
+    codes, errs = [], []
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        codes.append(p.returncode)
+        errs.append(err[-2000:])
+    results = [{} for _ in paths]
+    for i in range(len(paths)):
+        for f in out.glob(f"{i}-rank*.json"):
+            r = json.loads(f.read_text())
+            results[i][r["rank"]] = r
+    return codes, "\n".join(errs), results
+
+
+def digest(t) -> str:
+    return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def expected(path: Path) -> dict:
+    """What a single-process load gives: each tensor's digest and shape, and the bytes it read."""
+    weights, report = tensora.load_file_with_report(path, framework="pt")
+    digests = {k: [digest(v), list(v.shape)] for k, v in weights.items()}
+    return {"tensors": digests, "bytes_read": report["bytes_read"]}
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("sharded")
+    rng = np.random.default_rng(5)
+    for s in range(3):
+        save_file({f"s{s}.w{i}": rng.standard_normal((64, 300 + 7 * i)).astype(np.float32) for i in range(5)},
+                  str(d / f"model-{s:05d}-of-00003.safetensors"))
+    return d
+
+
+def paths(sharded):
+    return [("sharded", sharded), ("single", REAL[0]), ("serverlessllm", SLLM_TINY)]
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_every_rank_gets_the_single_process_tensors_and_storage_is_read_once(sharded, tmp_path, nproc):
+    cases = paths(sharded)
+    codes, err, results = launch(nproc, [p for _, p in cases], tmp_path)
+    assert codes == [0] * nproc, err
+    for (label, path), by_rank in zip(cases, results):
+        want = expected(path)
+        assert sorted(by_rank) == list(range(nproc)), err
+        read = []
+        for r, res in by_rank.items():
+            assert "error" not in res, res["error"]
+            assert res["tensors"] == want["tensors"], f"{label}: rank {r}"
+            rep = res["report"]
+            read.append(rep["bytes_read"])
+            # What the others read reached this rank (regions may also carry alignment padding).
+            assert rep["bytes_received"] + rep["bytes_read"] >= want["bytes_read"], f"{label}: rank {r}"
+            assert len(rep["ranks"]) == nproc and rep["slowest"]["rank"] in range(nproc)
+        assert sum(read) == want["bytes_read"], f"{label}: storage read once in all: {read}"
+        # Shares are balanced within one read: a read never spans files, so the largest file bounds it.
+        largest = max(f.stat().st_size for f in ([path] if path.is_file() else path.iterdir()))
+        assert max(read) <= want["bytes_read"] / nproc + largest, f"{label}: {read}"
+
+
+def test_the_streaming_form_yields_every_tensor_on_every_rank(sharded, tmp_path):
+    codes, err, results = launch(2, [sharded], tmp_path, "--mode", "stream", "--budget", str(64 << 10))
+    assert codes == [0, 0], err
+    want = expected(sharded)
+    assert sorted(results[0]) == [0, 1], err
+    for r, res in results[0].items():
+        assert "error" not in res, res["error"]
+        assert res["tensors"] == want["tensors"], f"rank {r}"
+
+
+def test_the_streaming_form_holds_at_most_two_windows_per_rank(tmp_path):
+    """192 MiB through 8 MiB windows on 2 ranks: each rank's peak RSS grows by at most
+    2 x budget + 64 MiB (the bound of the issue), far below the checkpoint's size."""
+    d = tmp_path / "big"
+    d.mkdir()
+    rng = np.random.default_rng(9)
+    for s in range(4):
+        save_file({f"s{s}.w{i}": rng.standard_normal((1024, 1536)).astype(np.float32) for i in range(8)},
+                  str(d / f"model-{s:05d}-of-00004.safetensors"))
+    budget = 8 << 20
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, err, results = launch(2, [d], out, "--mode", "stream", "--budget", str(budget))
+    assert codes == [0, 0], err
+    want = expected(d)
+    for r, res in results[0].items():
+        assert "error" not in res, res["error"]
+        assert res["tensors"] == want["tensors"], f"rank {r}"
+        grown_bytes = (res["rss_peak_kib"] - res["rss_before_kib"]) << 10
+        assert grown_bytes <= 2 * budget + (64 << 20), f"rank {r}: peak grew by {grown_bytes >> 20} MiB"
+
+
+@pytest.mark.parametrize("mode", ["missing", "die"])
+def test_a_failing_rank_makes_every_rank_raise_naming_it(sharded, tmp_path, mode):
+    codes, err, results = launch(3, [sharded], tmp_path, "--mode", mode, "--timeout", "30")
+    survivors = [0, 2] if mode == "die" else [0, 1, 2]
+    assert [codes[r] for r in survivors] == [0] * len(survivors), err
+    assert sorted(results[0]) == survivors, err
+    for r in survivors:
+        err_r = results[0][r].get("error", "")
+        assert err_r.startswith("LoadError") and "rank 1" in err_r, f"rank {r}: {err_r or results[0][r]}"
+
+
+def test_without_a_process_group_or_with_a_view_residence_the_call_says_so(sharded):
+    import tensora.distributed as td
+
+    with pytest.raises(tensora.LoadError, match="process group"):
+        td.load_file(sharded)
+    with pytest.raises(ValueError, match="residence='mapped' is not supported"):
+        td.load_file(sharded, residence="mapped")
