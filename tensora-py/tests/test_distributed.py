@@ -4,11 +4,7 @@ failing or dying rank makes every rank raise, naming it."""
 
 import hashlib
 import json
-import os
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,44 +16,23 @@ import tensora
 from conftest import REAL, SLLM_TINY
 
 WORKER = Path(__file__).parent / "distributed" / "worker.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+import ranks  # noqa: E402  (bench/ranks.py: the launcher the collective bench uses too)
 
 
 def launch(nproc: int, paths: list, out: Path, *args: str, timeout_s: float = 180.0):
-    """Starts `nproc` ranks with torchrun's environment and waits for all of them (bounded by
-    `timeout_s`; the ranks bound their own waits with the process group's timeout). Returns the
-    ranks' exit codes, their stderr, and per path the results by rank."""
-    port = free_port()
-    procs = []
-    for rank in range(nproc):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        cmd = [sys.executable, str(WORKER), "--out", str(out), *args]
-        for p in paths:
-            cmd += ["--path", str(p)]
-        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
-    codes, errs = [], []
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        codes.append(p.returncode)
-        errs.append(err[-2000:])
+    """Runs the worker as `nproc` ranks; returns their exit codes, their stderr, and per path the
+    results by rank."""
+    argv = [str(WORKER), "--out", str(out), *args]
+    for p in paths:
+        argv += ["--path", str(p)]
+    codes, errs = ranks.launch(nproc, argv, timeout_s)
     results = [{} for _ in paths]
     for i in range(len(paths)):
         for f in out.glob(f"{i}-rank*.json"):
             r = json.loads(f.read_text())
             results[i][r["rank"]] = r
-    return codes, "\n".join(errs), results
+    return codes, errs, results
 
 
 def digest(t) -> str:

@@ -1,4 +1,4 @@
-"""One rank of a collective-load test, started by tests/test_distributed.py with torchrun's
+"""One rank of a collective-load test, started by tests/test_distributed.py (bench/ranks.py) with torchrun's
 environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), but without torchrun's agent, which would
 kill the surviving ranks when one dies and so hide what they do.
 
