@@ -107,10 +107,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             delivered = delivered.wrapping_add(t.bytes().first().copied().map_or(0, u64::from));
             Ok(())
         })
-        .with_context(|| format!("cannot load {}", args.path.display()))?
+        .with_context(|| format!("cannot load {}", crate::remote::shown(&args.path)))?
     } else {
-        let loaded =
-            tensora_io::load(&ckpt, &opts).with_context(|| format!("cannot load {}", args.path.display()))?;
+        let loaded = tensora_io::load(&ckpt, &opts)
+            .with_context(|| format!("cannot load {}", crate::remote::shown(&args.path)))?;
         loaded.report().clone()
     };
     progress.finish();
@@ -146,7 +146,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
         (args.allow_sparse, "--allow-sparse"),
     ];
     if let Some((_, flag)) = local_only.iter().find(|(set, _)| *set) {
-        anyhow::bail!("{flag} does not apply to a remote location ({})", args.path.display());
+        anyhow::bail!("{flag} does not apply to a remote location ({})", crate::remote::shown(&args.path));
     }
     let mut remote_opts = args.remote.options();
     if let Some(c) = args.chunk {
@@ -161,7 +161,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     let checkpoint = crate::remote::open(location, &remote_opts)?;
     let mut opts = LoadOptions::default();
     let progress = common_options(args, &mut opts);
-    let context = || format!("cannot load {}", args.path.display());
+    let context = || format!("cannot load {}", crate::remote::shown(&args.path));
     let report = if args.stream {
         let mut delivered: u64 = 0;
         checkpoint

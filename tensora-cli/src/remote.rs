@@ -42,6 +42,12 @@ impl RemoteArgs {
     }
 }
 
+/// `path` as it may be printed: a URL with its password and query values redacted
+/// (`tensora_remote::redact`), a local path as it is.
+pub fn shown(path: &Path) -> String {
+    tensora_remote::redact(&path.to_string_lossy())
+}
+
 /// The remote location `path` names, or `None` for a local path (including `file://`).
 pub fn location(path: &Path) -> anyhow::Result<Option<Location>> {
     let Some(text) = path.to_str() else { return Ok(None) };

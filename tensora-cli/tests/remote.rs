@@ -163,3 +163,40 @@ fn s3_locations_take_endpoint_flags_and_aws_environment() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--allow-http"), "{stderr}");
 }
+
+/// Finding 1 of issue 14: a password in the URL reaches the server (basic auth) but no output:
+/// not `inspect --json`, not the `load --json` report, not `verify`'s findings, not an error line.
+#[test]
+fn passwords_in_http_urls_do_not_leak() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("private/ckpt");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_checkpoint(&dir, 2, 2, 16 << 10);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    let url = format!("http://u:hunter2@127.0.0.1:{}/private/ckpt/", nginx.port);
+    let manifest = root.path().join("manifest.json");
+    let out = tensora(&["hash", dir.to_str().unwrap(), "--write-manifest", manifest.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A manifest that disagrees, so that verify has findings naming objects.
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let tensors = doc["tensors"].as_object_mut().unwrap();
+    let first = tensors.keys().next().unwrap().clone();
+    tensors[&first]["crc32c"] = serde_json::json!("00000000");
+    std::fs::write(&manifest, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let wrong = url.replace("hunter2", "not-hunter2");
+    let runs: [(&[&str], bool); 5] = [
+        (&["inspect", &url, "--json"], true),
+        (&["load", &url, "--json"], true),
+        (&["verify", &url, "--manifest", manifest.to_str().unwrap(), "--json"], false),
+        (&["verify", &url, "--manifest", manifest.to_str().unwrap()], false),
+        (&["load", &wrong], false),
+    ];
+    for (args, ok) in runs {
+        let out = tensora(args);
+        assert_eq!(out.status.success(), ok, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!text.contains("hunter2"), "{args:?}: {text}");
+        assert!(!text.is_empty());
+    }
+}

@@ -371,7 +371,7 @@ async fn direct_children(
     let mut seen = 0usize;
     let mut names = BTreeSet::new();
     while let Some(meta) = listed.next().await {
-        let meta = meta.map_err(|e| format!("listing failed: {e}"))?;
+        let meta = meta.map_err(|e| crate::redact::redact(&format!("listing failed: {e}")))?;
         seen += 1;
         if seen > entries_max {
             return Err(format!("more than {entries_max} objects under the prefix"));

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-/// A remote open or load failed. Every variant names the object (as a URL) it concerns.
+/// A remote open or load failed. Every variant names the object (as a URL) it concerns. No
+/// variant holds a credential: URLs are redacted (passwords and query values shown as `***`), and
+/// so is every message that comes from the HTTP client.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
     /// The location string is not a URL or path this crate understands.
@@ -20,13 +22,12 @@ pub enum RemoteError {
         path: std::path::PathBuf,
     },
     /// The object store client could not be built (bad endpoint, missing credentials, ...).
-    #[error("cannot configure the object store for {url}: {source}")]
+    #[error("cannot configure the object store for {url}: {reason}")]
     Store {
-        /// The store's root: the HTTP origin or `s3://bucket/`.
+        /// The store's root: the HTTP origin (credentials redacted) or `s3://bucket/`.
         url: String,
-        /// object_store's reason.
-        #[source]
-        source: object_store::Error,
+        /// object_store's reason, with any URL in it redacted.
+        reason: String,
     },
     /// The object does not exist.
     #[error("{url}: not found")]

@@ -9,6 +9,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
 use crate::RemoteError;
+use crate::redact::redact;
 
 /// Bounds on retrying one range. A range that fails more often, or keeps failing for longer,
 /// fails the load.
@@ -270,7 +271,7 @@ impl<'a> Fetcher<'a> {
         }
         let mut body = result.into_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| Failure::Transient(format!("body: {e}")))?;
+            let chunk = chunk.map_err(|e| Failure::Transient(redact(&format!("body: {e}"))))?;
             let Some(slot) = got.checked_add(chunk.len()).and_then(|e| tail.get_mut(*got..e)) else {
                 return Err(Failure::Fatal(RemoteError::BadResponse {
                     url: object.url.clone(),
@@ -314,9 +315,9 @@ fn classify(e: object_store::Error, url: &str, planned: Option<&ObjectMeta>) -> 
             url: url.to_owned(),
             offset_bytes: 0,
             len_bytes: 0,
-            what: e.to_string(),
+            what: redact(&e.to_string()),
         }),
-        other => Failure::Transient(other.to_string()),
+        other => Failure::Transient(redact(&other.to_string())),
     }
 }
 

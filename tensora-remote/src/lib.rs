@@ -34,6 +34,7 @@ mod error;
 mod fetch;
 mod load;
 mod location;
+mod redact;
 #[cfg(test)]
 mod test_store;
 
@@ -46,3 +47,4 @@ pub use load::{
     open_remote,
 };
 pub use location::{Location, StoreConfig};
+pub use redact::redact;

@@ -10,8 +10,14 @@ use object_store::path::Path as ObjectPath;
 use url::Url;
 
 use crate::RemoteError;
+use crate::redact::{redact, redact_url};
 
 /// A parsed checkpoint location.
+///
+/// An HTTP origin may carry `user:password@` (sent as HTTP basic auth); the password never
+/// leaves it: `Display`, `Debug`, every URL in an error, a report or a checkpoint's file paths
+/// show it as `***`. A query string is refused (object_store's HTTP store requests paths only,
+/// so a presigned URL's signature would be dropped), and its values never appear in the error.
 ///
 /// ```
 /// use tensora_remote::Location;
@@ -23,13 +29,14 @@ use crate::RemoteError;
 /// assert!(Location::parse("ftp://host/x").is_err());
 /// # Ok::<(), tensora_remote::RemoteError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum Location {
     /// A local file or directory (no scheme, or `file://`).
     Local(PathBuf),
     /// An HTTP(S) origin: `origin` is `scheme://host[:port]/`, `path` the object or prefix below it.
     Http {
-        /// `scheme://host[:port]/`.
+        /// `scheme://[user:password@]host[:port]/`. It holds the credentials as given: print the
+        /// location (`Display`), never this field.
         origin: Url,
         /// The object or prefix below the origin (percent-decoded).
         path: ObjectPath,
@@ -60,7 +67,8 @@ impl Location {
     /// `.json`. `gs://` and `az://` are refused: the workspace builds `object_store` with the
     /// `aws` and `http` features only.
     pub fn parse(input: &str) -> Result<Location, RemoteError> {
-        let bad = |reason: &str| RemoteError::Location { input: input.to_owned(), reason: reason.to_owned() };
+        // The input may hold a password or a signature: errors show it redacted.
+        let bad = |reason: &str| RemoteError::Location { input: redact(input), reason: redact(reason) };
         let Some((scheme, _)) = input.split_once("://") else {
             return Ok(Location::Local(PathBuf::from(input)));
         };
@@ -74,6 +82,12 @@ impl Location {
             "http" | "https" => {
                 if url.host_str().is_none_or(str::is_empty) {
                     return Err(bad("no host"));
+                }
+                if url.query().is_some() {
+                    return Err(bad(
+                        "a query string cannot be sent (object_store's HTTP store requests paths only; \
+                         a presigned URL's signature would be dropped): give the URL without it",
+                    ));
                 }
                 let mut origin = url.clone();
                 origin.set_path("/");
@@ -124,7 +138,7 @@ impl Location {
                 if let Ok(mut segments) = url.path_segments_mut() {
                     segments.pop_if_empty().extend(path.parts());
                 }
-                url.to_string()
+                redact_url(&url)
             }
             Location::S3 { bucket, .. } => format!("s3://{bucket}/{path}"),
         }
@@ -139,6 +153,13 @@ impl std::fmt::Display for Location {
             None => self.url_of(&ObjectPath::default()),
         };
         f.write_str(&url)
+    }
+}
+
+/// The printable URL (credentials redacted), as `Display` shows it.
+impl std::fmt::Debug for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Location({self})")
     }
 }
 
@@ -198,13 +219,26 @@ pub(crate) fn build_store(
     match location {
         Location::Local(path) => Err(RemoteError::NotRemote { path: path.clone() }),
         Location::Http { origin, .. } => {
-            let client = client.with_allow_http(origin.scheme() == "http" || config.allow_http);
+            let mut client = client.with_allow_http(origin.scheme() == "http" || config.allow_http);
+            // Credentials in the URL become a basic-auth header marked sensitive (kept out of the
+            // HTTP client's logs); the URL the store builds requests from has none.
+            let mut bare = origin.clone();
+            if let Some(auth) = basic_auth(origin) {
+                let _ = bare.set_username("");
+                let _ = bare.set_password(None);
+                let mut headers = object_store::HeaderMap::new();
+                headers.insert("authorization", auth);
+                client = client.with_default_headers(headers);
+            }
             let store = object_store::http::HttpBuilder::new()
-                .with_url(origin.as_str())
+                .with_url(bare.as_str())
                 .with_client_options(client)
                 .with_retry(retry)
                 .build()
-                .map_err(|source| RemoteError::Store { url: origin.to_string(), source })?;
+                .map_err(|e| RemoteError::Store {
+                    url: redact_url(origin),
+                    reason: redact(&e.to_string()),
+                })?;
             Ok(Arc::new(store))
         }
         Location::S3 { bucket, .. } => {
@@ -245,12 +279,67 @@ pub(crate) fn build_store(
             if let Some((key, secret)) = &config.credentials {
                 builder = builder.with_access_key_id(key).with_secret_access_key(secret);
             }
-            let store = builder
-                .build()
-                .map_err(|source| RemoteError::Store { url: format!("s3://{bucket}/"), source })?;
+            let store = builder.build().map_err(|e| RemoteError::Store {
+                url: format!("s3://{bucket}/"),
+                reason: redact(&e.to_string()),
+            })?;
             Ok(Arc::new(store))
         }
     }
+}
+
+/// The `Authorization: Basic …` header for the credentials in `origin`, if it has any.
+fn basic_auth(origin: &Url) -> Option<object_store::HeaderValue> {
+    if origin.username().is_empty() && origin.password().is_none() {
+        return None;
+    }
+    let user = percent_decode(origin.username());
+    let password = origin.password().map(percent_decode).unwrap_or_default();
+    let mut value = object_store::HeaderValue::from_str(&format!(
+        "Basic {}",
+        base64(format!("{user}:{password}").as_bytes())
+    ))
+    .ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
+/// `%XX` sequences decoded (a URL's user name and password are percent-encoded).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Standard base64 with padding (RFC 4648), for the basic-auth header.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for group in bytes.chunks(3) {
+        let n = group.iter().enumerate().fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= group.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -282,6 +371,40 @@ mod tests {
             format!("{config:?} {:?}", crate::RemoteOptions { store: config.clone(), ..Default::default() });
         assert!(!text.contains("wJalrXUtnFEMI-secret"), "{text}");
         assert!(text.contains("AKIDEXAMPLE") && text.contains("<redacted>"), "{text}");
+    }
+
+    #[test]
+    fn base64_and_percent_decoding() {
+        assert_eq!(base64(b"u:hunter2"), "dTpodW50ZXIy");
+        assert_eq!(base64(b"ab"), "YWI=");
+        assert_eq!(base64(b"a"), "YQ==");
+        assert_eq!(percent_decode("p%40ss%2F%zz"), "p@ss/%zz");
+    }
+
+    /// Finding 1 of issue 14: a password or a query credential given in a location never shows
+    /// in `Display`, `Debug`, the parse error or the URLs of the objects under it.
+    #[test]
+    fn passwords_in_http_urls_do_not_leak() {
+        let l = Location::parse("http://u:hunter2@127.0.0.1:1/ckpt/").unwrap();
+        let child = l.url_of(&ObjectPath::from("ckpt/model.safetensors"));
+        for text in [l.to_string(), format!("{l:?}"), child.clone()] {
+            assert!(!text.contains("hunter2"), "{text}");
+            assert!(text.contains("u:***@127.0.0.1:1/"), "{text}");
+        }
+        let Location::Http { origin, .. } = &l else { panic!("not http") };
+        assert_eq!(origin.password(), Some("hunter2"), "the store still gets the password");
+        assert!(basic_auth(origin).is_some_and(|h| h.is_sensitive()));
+        for input in [
+            "http://u:hunter2@h/m.safetensors?X-Amz-Signature=hunter2&X-Amz-Credential=hunter2",
+            "https://acct.blob/c/m.safetensors?sv=2020&sig=hunter2",
+            "https://h/m.safetensors?token=hunter2",
+            "http://u:hunter2@/nohost",
+            "ftp://u:hunter2@h/x",
+        ] {
+            let err = Location::parse(input).unwrap_err();
+            let text = format!("{err} {err:?}");
+            assert!(!text.contains("hunter2"), "{text}");
+        }
     }
 
     #[test]

@@ -25,6 +25,20 @@ pub const BUCKET: &str = "tensora";
 /// s3rver's default credentials.
 pub const S3RVER_KEY: (&str, &str) = ("S3RVER", "S3RVER");
 
+/// The longest a test waits for an event (a server's log line, a file, a connection) before
+/// failing: a bound against hangs, far beyond what any working run takes; no test asserts on time.
+pub const EVENT_WAIT_MAX: Duration = Duration::from_secs(120);
+
+/// Poll `ready` every few milliseconds until it holds; panics naming `what` after
+/// [`EVENT_WAIT_MAX`].
+pub fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + EVENT_WAIT_MAX;
+    while !ready() {
+        assert!(Instant::now() < deadline, "no {what} within {EVENT_WAIT_MAX:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound once, then released for the server to take).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -85,16 +99,30 @@ impl Nginx {
         let d = conf_dir.path().display();
         let r = root.display();
         let user = if is_root() { "user root;" } else { "" };
+        // Both servers answer every request with the status of a `status-NNN` flag file while
+        // one exists (`Nginx::fail_with`; 503 and 429 with `Retry-After: 1`), log each request's
+        // status to `access.log` (`Nginx::wait_for_status`), and ask for basic auth (user `u`,
+        // password `hunter2`) under `/private/`.
+        let statuses = "if (-f {d}/status-500) { return 500; }\n\
+             if (-f {d}/status-503) { add_header Retry-After 1 always; return 503; }\n\
+             if (-f {d}/status-429) { add_header Retry-After 1 always; return 429; }\n"
+            .replace("{d}", &d.to_string());
+        let locations = format!(
+            "location / {{ {statuses} }}\n\
+             location /private/ {{ auth_basic \"tensora\"; auth_basic_user_file {d}/htpasswd; {statuses} }}\n"
+        );
         let conf = format!(
             "{user}\ndaemon off;\nmaster_process off;\nworker_processes 1;\npid {d}/nginx.pid;\n\
              error_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\nhttp {{\n\
-             access_log off;\nsendfile on;\ntcp_nopush on;\nkeepalive_requests 1000000;\n\
+             log_format statuses '$status $request_method $uri';\naccess_log {d}/access.log statuses;\n\
+             sendfile on;\ntcp_nopush on;\nkeepalive_requests 1000000;\n\
              client_body_temp_path {d}/body;\nproxy_temp_path {d}/proxy;\nfastcgi_temp_path {d}/fastcgi;\n\
              uwsgi_temp_path {d}/uwsgi;\nscgi_temp_path {d}/scgi;\ndefault_type application/octet-stream;\n\
-             server {{ listen 127.0.0.1:{port}; root {r}; location / {{ }} }}\n\
-             server {{ listen 127.0.0.1:{slow_port}; root {r}; limit_rate {limit_rate}; location / {{ }} }}\n}}\n"
+             server {{ listen 127.0.0.1:{port}; root {r}; {locations} }}\n\
+             server {{ listen 127.0.0.1:{slow_port}; root {r}; limit_rate {limit_rate}; {locations} }}\n}}\n"
         );
         std::fs::write(conf_dir.path().join("nginx.conf"), conf).map_err(|e| e.to_string())?;
+        std::fs::write(conf_dir.path().join("htpasswd"), "u:{PLAIN}hunter2\n").map_err(|e| e.to_string())?;
         let mut nginx = Nginx { child: None, conf_dir, root: root.to_path_buf(), port, slow_port };
         nginx.restart()?;
         Ok(nginx)
@@ -135,6 +163,33 @@ impl Nginx {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Answer every request with `status` from now on (500, 503 or 429), or serve files again
+    /// (`None`).
+    pub fn fail_with(&self, status: Option<u16>) {
+        for code in [500, 503, 429] {
+            let flag = self.conf_dir.path().join(format!("status-{code}"));
+            if status == Some(code) {
+                std::fs::write(&flag, b"").expect("write the status flag");
+            } else {
+                let _ = std::fs::remove_file(&flag);
+            }
+        }
+    }
+
+    /// Requests answered with `status` so far (nginx logs each as it finishes).
+    pub fn count_status(&self, status: u16) -> usize {
+        let log = std::fs::read_to_string(self.conf_dir.path().join("access.log")).unwrap_or_default();
+        let prefix = format!("{status} ");
+        log.lines().filter(|l| l.starts_with(&prefix)).count()
+    }
+
+    /// Block until nginx has answered `count` requests with `status`: an event the server
+    /// signals, polled every few milliseconds. Fails after [`EVENT_WAIT_MAX`], a bound on a hang,
+    /// never reached by a working load.
+    pub fn wait_for_status(&self, status: u16, count: usize) {
+        wait_for(&format!("{count} responses with status {status}"), || self.count_status(status) >= count);
     }
 
     pub fn url(&self, path: &str) -> String {
