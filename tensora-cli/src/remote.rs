@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use tensora_io::{LoadOptions, ProgressHook};
 use tensora_remote::{
-    Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, StoreConfig, open_remote,
+    Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, StoreConfig, Unversioned,
+    open_remote,
 };
 use tensora_verify::check::{FindingKind, Report};
 use tensora_verify::fused::DigestCollector;
@@ -25,6 +26,24 @@ pub struct RemoteArgs {
     /// Send unsigned S3 requests (public buckets); no credentials needed.
     #[arg(long)]
     pub anonymous: bool,
+    /// Load objects whose server sends neither an ETag nor a Last-Modified date (normally
+    /// refused: a replacement during the load could not be noticed).
+    #[arg(long)]
+    pub allow_unversioned: bool,
+    /// The most opening a remote checkpoint may take, every request and retry included, in
+    /// seconds (default 120).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub open_timeout: Option<std::time::Duration>,
+}
+
+/// A positive number of seconds (fractions allowed).
+fn parse_seconds(text: &str) -> Result<std::time::Duration, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() => {
+            std::time::Duration::try_from_secs_f64(s).map_err(|e| e.to_string())
+        }
+        _ => Err(format!("{text:?} is not a positive number of seconds")),
+    }
 }
 
 impl RemoteArgs {
@@ -37,6 +56,8 @@ impl RemoteArgs {
                 anonymous: self.anonymous,
                 ..StoreConfig::default()
             },
+            unversioned: if self.allow_unversioned { Unversioned::Allow } else { Unversioned::Refuse },
+            open_deadline: self.open_timeout.unwrap_or(RemoteOptions::default().open_deadline),
             ..RemoteOptions::default()
         }
     }
@@ -219,10 +240,20 @@ mod tests {
 
     #[test]
     fn flags_reach_the_store_config() {
-        let args =
-            RemoteArgs { endpoint: Some("http://127.0.0.1:1".into()), allow_http: true, anonymous: true };
-        let store = args.options().store;
-        assert_eq!(store.endpoint.as_deref(), Some("http://127.0.0.1:1"));
-        assert!(store.allow_http && store.anonymous);
+        let args = RemoteArgs {
+            endpoint: Some("http://127.0.0.1:1".into()),
+            allow_http: true,
+            anonymous: true,
+            allow_unversioned: true,
+            open_timeout: Some(std::time::Duration::from_millis(1500)),
+        };
+        let opts = args.options();
+        assert_eq!(opts.store.endpoint.as_deref(), Some("http://127.0.0.1:1"));
+        assert!(opts.store.allow_http && opts.store.anonymous);
+        assert_eq!(opts.unversioned, Unversioned::Allow);
+        assert_eq!(opts.open_deadline, std::time::Duration::from_millis(1500));
+        assert_eq!(RemoteArgs::default().options(), RemoteOptions::default());
+        assert_eq!(parse_seconds("2.5"), Ok(std::time::Duration::from_millis(2500)));
+        assert!(parse_seconds("0").is_err() && parse_seconds("-1").is_err() && parse_seconds("x").is_err());
     }
 }

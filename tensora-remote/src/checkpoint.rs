@@ -32,6 +32,9 @@ pub const SINGLE_FILE_NAME: &str = "model.safetensors";
 pub const HEADER_FETCHES_INFLIGHT_MAX: usize = 16;
 /// Listing entries read from an S3 prefix before giving up.
 pub const LIST_ENTRIES_MAX: usize = tensora_format::sharded::DIR_ENTRIES_MAX;
+/// Checkpoint objects (indexes and `*.safetensors`) kept from one listing; each is opened with a
+/// HEAD and two ranged reads, so more is refused rather than opened.
+pub const LISTED_NAMES_MAX: usize = 65_536;
 
 /// A remote checkpoint: a validated `tensora_format::Checkpoint` whose file paths are URLs, and
 /// for each of its files the object version seen at open.
@@ -136,7 +139,20 @@ pub(crate) fn open(
     let counters = Counters::default();
     let fetcher = client.fetcher(&counters);
     // Blocking on the client's runtime panics inside another runtime: open from a plain thread.
-    let opened = off_runtime(|| client.runtime().block_on(open_async(location, &fetcher)));
+    // The whole open (probes, listing, indexes, headers and their retries) has one deadline.
+    let deadline = client.opts.open_deadline;
+    let opened = off_runtime(|| {
+        client.runtime().block_on(async {
+            match tokio::time::timeout(deadline, open_async(location, &fetcher)).await {
+                Ok(opened) => opened,
+                Err(_) => Err(RemoteError::OpenDeadline {
+                    url: root_url(location),
+                    deadline,
+                    requests: counters.requests.load(std::sync::atomic::Ordering::Relaxed),
+                }),
+            }
+        })
+    });
     let Opened { checkpoint, objects } = opened?;
     let parse_seconds = t.elapsed().as_secs_f64();
     let open_counts = counters.snapshot();
@@ -260,41 +276,70 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
     }
 }
 
-/// A ServerlessLLM directory: `tensor_index.json` (parsed and checked by
-/// `tensora_format::sllm::parse_index`), then `tensor.data_0, _1, …` probed with HEAD until one is
-/// missing; global offsets are mapped to (partition, local offset) by the partitions' sizes, and a
-/// tensor must lie inside one partition.
+/// A ServerlessLLM checkpoint: the index (size-checked with HEAD, then read whole and parsed by
+/// `tensora_format::sllm::parse_index`), then only the partitions the index needs, probed with
+/// HEAD: for a legacy index (a partition id per entry), `tensor.data_0` up to the highest id it
+/// names, [`HEADER_FETCHES_INFLIGHT_MAX`] at a time; for an upstream index (global offsets),
+/// `tensor.data_0, _1, …` one after another until their sizes cover the last entry's end (or one
+/// is missing). Global offsets are mapped to (partition, local offset) by the partitions' sizes,
+/// and a tensor must lie inside one partition.
 async fn open_sllm(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
 ) -> Result<Opened, RemoteError> {
-    use tensora_format::sllm::{INDEX_LEN_BYTES_MAX, PARTITION_PREFIX, PARTITIONS_MAX, parse_index};
+    use tensora_format::sllm::{INDEX_LEN_BYTES_MAX, PARTITION_PREFIX, parse_index};
     let (url, bytes) = fetch_index(location, fetcher, index_path, INDEX_LEN_BYTES_MAX).await?;
     let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     drop(bytes);
     let dir = parent(index_path);
-    let mut files = Vec::new();
-    for i in 0..=PARTITIONS_MAX {
+    let partition = |i: u32| {
         let path = dir.clone().join(format!("{PARTITION_PREFIX}{i}").as_str());
-        let part_url = location.url_of(&path);
-        match fetcher.head(&path, &part_url).await {
-            Ok(meta) if i < PARTITIONS_MAX => files.push(RemoteObject { url: part_url, meta }),
-            Ok(_) => {
-                return Err(RemoteError::NoCheckpoint {
-                    url,
-                    reason: format!("more than {PARTITIONS_MAX} partitions"),
-                });
-            }
-            Err(RemoteError::NotFound { .. }) => break,
-            Err(e) => return Err(e),
+        let url = location.url_of(&path);
+        (path, url)
+    };
+    let files = match needed_partitions(&index, &url)? {
+        Needed::Ids(count) => {
+            futures::stream::iter(0..count)
+                .map(|i| {
+                    let (path, part_url) = partition(i);
+                    async move {
+                        let meta = fetcher.head(&path, &part_url).await?;
+                        Ok::<_, RemoteError>(RemoteObject { url: part_url, meta })
+                    }
+                })
+                .buffered(HEADER_FETCHES_INFLIGHT_MAX)
+                .try_collect::<Vec<_>>()
+                .await?
         }
-    }
+        Needed::Covering(end_bytes) => {
+            let mut files = Vec::new();
+            let mut covered_bytes = 0u64;
+            let mut i = 0u32;
+            while covered_bytes < end_bytes && i < tensora_format::sllm::PARTITIONS_MAX {
+                let (path, part_url) = partition(i);
+                match fetcher.head(&path, &part_url).await {
+                    Ok(meta) => {
+                        covered_bytes = covered_bytes.saturating_add(meta.size);
+                        files.push(RemoteObject { url: part_url, meta });
+                    }
+                    // The partitions end early: the assembly names the tensor they cut off.
+                    Err(RemoteError::NotFound { .. }) => break,
+                    Err(e) => return Err(e),
+                }
+                i += 1;
+            }
+            files
+        }
+    };
     if files.is_empty() {
         return Err(RemoteError::NoCheckpoint {
             url,
             reason: format!("no {PARTITION_PREFIX}0 beside the index"),
         });
+    }
+    for object in &files {
+        fetcher.check_versioned(object, "its ranges")?;
     }
     let partitions = files
         .iter()
@@ -304,6 +349,35 @@ async fn open_sllm(
     let checkpoint = tensora_format::assemble::serverlessllm(&root, Path::new(&url), index, partitions)
         .map_err(format_err)?;
     Opened::new(checkpoint, files)
+}
+
+/// Which partitions a ServerlessLLM index needs.
+#[derive(Debug, PartialEq, Eq)]
+enum Needed {
+    /// Partitions `0..n` (a legacy index names each entry's partition).
+    Ids(u32),
+    /// Partitions from 0 on until their sizes add up to this many bytes (an upstream index's
+    /// global offsets).
+    Covering(u64),
+}
+
+fn needed_partitions(index: &tensora_format::sllm::SllmIndex, url: &str) -> Result<Needed, RemoteError> {
+    use tensora_format::sllm::{IndexLayout, PARTITIONS_MAX};
+    match index.layout {
+        IndexLayout::Legacy => {
+            let highest = index.entries.iter().filter_map(|e| e.partition).max().unwrap_or(0);
+            if highest >= PARTITIONS_MAX {
+                return Err(RemoteError::NoCheckpoint {
+                    url: url.to_owned(),
+                    reason: format!("more than {PARTITIONS_MAX} partitions"),
+                });
+            }
+            Ok(Needed::Ids(highest + 1))
+        }
+        IndexLayout::Upstream => {
+            Ok(Needed::Covering(index.entries.iter().map(|e| e.end_bytes()).max().unwrap_or(0).max(1)))
+        }
+    }
 }
 
 /// An S3 prefix, by the rules `tensora_format::open` applies to a directory: among the objects
@@ -359,9 +433,10 @@ async fn open_listed(
     assemble(location, shards, Layout::Listed)
 }
 
-/// The objects directly under `prefix` whose names do not start with `.`, from a listing of
-/// everything under it, read as a stream: more than `entries_max` entries (nested ones included)
-/// is refused without reading further.
+/// The objects directly under `prefix` that the layout rules look at (`tensor_index.json`,
+/// `*.safetensors.index.json`, `*.safetensors`; names starting with `.` skipped), from a listing
+/// of everything under it, read as a stream: more than `entries_max` entries (nested ones
+/// included), or more than [`LISTED_NAMES_MAX`] such names, is refused without reading further.
 async fn direct_children(
     listed: futures::stream::BoxStream<'_, object_store::Result<object_store::ObjectMeta>>,
     prefix: &ObjectPath,
@@ -377,7 +452,14 @@ async fn direct_children(
             return Err(format!("more than {entries_max} objects under the prefix"));
         }
         let direct = meta.location.prefix_match(prefix).is_some_and(|rest| rest.count() == 1);
-        if direct && !file_name(&meta.location).starts_with('.') {
+        let name = file_name(&meta.location);
+        // Only the names the layout rules look at are kept, and at most LISTED_NAMES_MAX of them.
+        let matters =
+            name == SLLM_INDEX_NAME || name.ends_with(INDEX_SUFFIX) || name.ends_with(".safetensors");
+        if direct && matters && !name.starts_with('.') {
+            if names.len() >= LISTED_NAMES_MAX {
+                return Err(format!("more than {LISTED_NAMES_MAX} checkpoint objects under the prefix"));
+            }
             names.insert(meta.location);
         }
     }
@@ -445,6 +527,7 @@ async fn open_shard(
     let url = location.url_of(&path);
     let meta = fetcher.head(&path, &url).await?;
     let object = RemoteObject { url: url.clone(), meta };
+    fetcher.check_versioned(&object, "its header and its tensors")?;
     let file_len_bytes = object.len_bytes();
     let format_err = |source| RemoteError::Format { url: url.clone(), source };
     let mut prefix = [0u8; 8];
@@ -595,12 +678,65 @@ mod tests {
         let listing = |entries: &Vec<ObjectMeta>| futures::stream::iter(entries.clone()).map(Ok).boxed();
         let names = rt().block_on(direct_children(listing(&entries), &prefix, 4)).unwrap();
         let names: Vec<&str> = names.iter().map(|p| p.as_ref()).collect();
-        assert_eq!(names, ["p/a.safetensors", "p/c.json"]);
+        // Finding 8 of issue 14: only the names the layout rules look at are kept.
+        assert_eq!(names, ["p/a.safetensors"]);
+        let many: Vec<ObjectMeta> =
+            (0..=LISTED_NAMES_MAX).map(|i| meta(&format!("p/s{i}.safetensors"))).collect();
+        let err = rt().block_on(direct_children(listing(&many), &prefix, LIST_ENTRIES_MAX)).unwrap_err();
+        assert!(err.contains(&format!("more than {LISTED_NAMES_MAX} checkpoint objects")), "{err}");
+        let junk: Vec<ObjectMeta> =
+            (0..LISTED_NAMES_MAX * 2).map(|i| meta(&format!("p/log{i}.txt"))).collect();
+        assert!(
+            rt().block_on(direct_children(listing(&junk), &prefix, LIST_ENTRIES_MAX)).unwrap().is_empty()
+        );
         let err = rt().block_on(direct_children(listing(&entries), &prefix, 3)).unwrap_err();
         assert!(err.contains("more than 3"), "{err}");
         // An endless listing is cut off after the bound, not read to its end.
         let endless = futures::stream::repeat_with(|| Ok(meta("p/x.safetensors"))).boxed();
         let err = rt().block_on(direct_children(endless, &prefix, 1000)).unwrap_err();
         assert!(err.contains("more than 1000"), "{err}");
+    }
+
+    /// Finding 8 of issue 14: an open that cannot finish (here the index GET never answers, and
+    /// no single attempt would time out) fails at the open deadline, which the error names.
+    #[test]
+    fn an_open_that_cannot_finish_fails_at_its_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        write_ckpt(dir.path(), &[100, 200], 400);
+        let store = Arc::new(crate::test_store::BreakingStore::default());
+        upload_dir(&store.inner, dir.path(), "ckpt", &rt());
+        store.hang_next.store(1, std::sync::atomic::Ordering::Relaxed);
+        let opts = RemoteOptions {
+            open_deadline: std::time::Duration::from_millis(300),
+            request_overhead: std::time::Duration::from_secs(3600),
+            ..RemoteOptions::default()
+        };
+        let location = Location::parse("http://mem.invalid/ckpt/").unwrap();
+        let client = Client::with_store(store as Arc<dyn ObjectStore>, &opts).unwrap();
+        let err = open(&location, client, 0.0).unwrap_err();
+        assert!(matches!(err, RemoteError::OpenDeadline { requests, .. } if requests >= 2), "{err}");
+        assert!(err.to_string().contains("open_deadline"), "{err}");
+    }
+
+    /// Finding 8 of issue 14: ServerlessLLM partitions are probed only as far as the index needs,
+    /// not until one is missing (up to 65,536 HEADs on a server that has many).
+    #[test]
+    fn serverlessllm_probing_asks_only_for_the_partitions_the_index_needs() {
+        let dir = tempfile::tempdir().unwrap();
+        let tiny = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"));
+        for entry in std::fs::read_dir(tiny).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+        // Partitions nobody refers to.
+        for i in 3..40 {
+            std::fs::write(dir.path().join(format!("tensor.data_{i}")), [0u8; 16]).unwrap();
+        }
+        let remote = open_at(upload(dir.path(), "ckpt"), "http://mem.invalid/ckpt/").unwrap();
+        assert_eq!(remote.checkpoint().files().len(), 3);
+        // The index probe, its HEAD and GET, and the three partitions' HEADs.
+        assert_eq!(remote.open_requests(), 1 + 2 + 3);
+        let local = tensora_format::open(tiny).unwrap();
+        assert_eq!(remote.tensors().len(), local.tensors().len());
     }
 }

@@ -137,6 +137,7 @@ impl Client {
             policy: self.opts.retry,
             rate_min_bytes_per_s: self.opts.rate_min_bytes_per_s,
             request_overhead: self.opts.request_overhead,
+            unversioned: self.opts.unversioned,
             counters,
         }
     }

@@ -71,6 +71,35 @@ pub enum RemoteError {
         /// What the server reports now, or why it refused the conditional request.
         found: String,
     },
+    /// The server sends neither an ETag nor a Last-Modified date for the object, and reading it
+    /// would take more than one request (its header and its tensors, or a resumed body): nothing
+    /// could show that they came from one version, so it is refused unless allowed.
+    #[error(
+        "{url}: the server sends neither an ETag nor a Last-Modified date, so {what} cannot be checked \
+         to come from the same version of the object; load it anyway with --allow-unversioned \
+         (RemoteOptions::unversioned = Unversioned::Allow)"
+    )]
+    Unversioned {
+        /// The object.
+        url: String,
+        /// What would need a second request (`"its header and its tensors"`, `"a resumed range"`).
+        what: &'static str,
+    },
+    /// Opening the checkpoint (probes, listing, indexes, headers, their retries) did not finish
+    /// within `RemoteOptions::open_deadline`.
+    #[error(
+        "{url}: opening did not finish within the {:.1} s open deadline ({requests} requests sent); \
+         raise it with --open-timeout (RemoteOptions::open_deadline)",
+        deadline.as_secs_f64()
+    )]
+    OpenDeadline {
+        /// The location being opened.
+        url: String,
+        /// The deadline that passed.
+        deadline: Duration,
+        /// Requests the open had sent by then.
+        requests: u64,
+    },
     /// The server answered with a different range or length than asked for.
     #[error("{url}: asked for bytes {offset_bytes}..+{len_bytes}, {what}")]
     BadResponse {

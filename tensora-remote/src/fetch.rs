@@ -66,6 +66,41 @@ impl RemoteObject {
     pub(crate) fn path(&self) -> &ObjectPath {
         &self.meta.location
     }
+    /// What this object's responses can be checked against. A missing Last-Modified header is
+    /// read by object_store as the Unix epoch.
+    pub(crate) fn versioning(&self) -> Versioning {
+        if self.meta.e_tag.is_some() {
+            Versioning::ETag
+        } else if self.meta.last_modified.timestamp_nanos_opt() != Some(0) {
+            Versioning::LastModified
+        } else {
+            Versioning::None
+        }
+    }
+}
+
+/// What an object's responses can be checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Versioning {
+    /// An ETag: every range carries `If-Match`, and each response's ETag is compared.
+    ETag,
+    /// No ETag but a Last-Modified date: every range carries `If-Unmodified-Since` (which some
+    /// servers ignore), and each response's Last-Modified is compared.
+    LastModified,
+    /// Neither: two requests cannot be told to have read the same version.
+    None,
+}
+
+/// What to do with an object whose server sends neither an ETag nor a Last-Modified date: every
+/// load of it reads several ranges (the header at open, the tensors later; a broken body is
+/// resumed with a second request), and nothing shows whether they came from one version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Unversioned {
+    /// Refuse such an object with [`RemoteError::Unversioned`], naming the opt-in (the default).
+    #[default]
+    Refuse,
+    /// Load it anyway: a replacement during the load can go unnoticed (same size).
+    Allow,
 }
 
 fn version_of(meta: &ObjectMeta) -> String {
@@ -110,6 +145,8 @@ pub(crate) struct Fetcher<'a> {
     pub rate_min_bytes_per_s: u64,
     /// Allowance per attempt for connecting and the first byte.
     pub request_overhead: Duration,
+    /// Whether objects without any version may be read in more than one request.
+    pub unversioned: Unversioned,
     pub counters: &'a Counters,
 }
 
@@ -164,6 +201,10 @@ impl<'a> Fetcher<'a> {
             return Ok(());
         }
         loop {
+            if landed > 0 {
+                // A resumed body is a second request: without a version it may read another one.
+                self.check_versioned(object, "a resumed range")?;
+            }
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             let start = offset_bytes + landed as u64;
             let tail = &mut dest[landed..];
@@ -193,6 +234,15 @@ impl<'a> Fetcher<'a> {
             )
             .await?;
         }
+    }
+
+    /// Refuses an object without ETag and Last-Modified (unless allowed): `what` is the reason
+    /// it would be read in more than one request.
+    pub fn check_versioned(&self, object: &RemoteObject, what: &'static str) -> Result<(), RemoteError> {
+        if object.versioning() == Versioning::None && self.unversioned == Unversioned::Refuse {
+            return Err(RemoteError::Unversioned { url: object.url.clone(), what });
+        }
+        Ok(())
     }
 
     async fn retry_or_fail(
@@ -253,8 +303,13 @@ impl<'a> Fetcher<'a> {
             .get_opts(object.path(), options)
             .await
             .map_err(|e| classify(e, &object.url, Some(planned)))?;
-        if result.meta.size != planned.size || (planned.e_tag.is_some() && result.meta.e_tag != planned.e_tag)
-        {
+        // Without an ETag the Last-Modified date is the version, compared on every response: a
+        // server that ignores `If-Unmodified-Since` still cannot hand out a newer version's bytes.
+        let changed = match object.versioning() {
+            Versioning::ETag => result.meta.e_tag != planned.e_tag,
+            Versioning::LastModified | Versioning::None => result.meta.last_modified != planned.last_modified,
+        };
+        if result.meta.size != planned.size || changed {
             return Err(Failure::Fatal(RemoteError::Changed {
                 url: object.url.clone(),
                 planned: version_of(planned),
@@ -358,6 +413,7 @@ mod tests {
             policy: fast_policy(retries),
             rate_min_bytes_per_s: 1 << 30,
             request_overhead: Duration::from_secs(5),
+            unversioned: Unversioned::Refuse,
             counters,
         }
     }
@@ -433,6 +489,38 @@ mod tests {
         };
         let (result, ()) = rt.block_on(async { futures::future::join(fetch, replace).await });
         assert!(result.unwrap_err().is_changed());
+    }
+
+    /// Finding 7 of issue 14: a body of an object with no version that breaks is not resumed
+    /// (the second request may read another version) unless allowed.
+    #[test]
+    fn a_resumed_range_of_an_object_with_no_version_is_refused_unless_allowed() {
+        let rt = rt();
+        let data = vec![5u8; 10_000];
+        let (store, mut object) = setup(&rt, &data);
+        object.meta.e_tag = None;
+        object.meta.last_modified = Default::default();
+        let versionless = crate::test_store::VersionlessStore {
+            inner: store,
+            drop_last_modified: true,
+            ..Default::default()
+        };
+        let counters = Counters::default();
+        for (allowed, ok) in [(Unversioned::Refuse, false), (Unversioned::Allow, true)] {
+            versionless.inner.breaks.lock().unwrap().push_back(3000);
+            let mut f = fetcher(&versionless.inner, &counters, 3);
+            f.store = &versionless;
+            f.unversioned = allowed;
+            let mut dest = vec![0u8; 10_000];
+            let result = rt.block_on(f.fetch(&object, 0, &mut dest));
+            match result {
+                Ok(()) => assert!(ok && dest == data),
+                Err(e) => assert!(
+                    !ok && matches!(e, RemoteError::Unversioned { what: "a resumed range", .. }),
+                    "{e}"
+                ),
+            }
+        }
     }
 
     #[test]

@@ -41,7 +41,7 @@ mod test_store;
 pub use backend::RemoteBackend;
 pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
 pub use error::RemoteError;
-pub use fetch::{RemoteObject, RetryPolicy};
+pub use fetch::{RemoteObject, RetryPolicy, Unversioned};
 pub use load::{
     READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport, load_remote,
     open_remote,

@@ -11,7 +11,7 @@ use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, Tenso
 use crate::backend::RemoteBackend;
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::Client;
-use crate::fetch::RetryPolicy;
+use crate::fetch::{RetryPolicy, Unversioned};
 use crate::location::ClientTimeouts;
 use crate::{Location, RemoteError, StoreConfig};
 
@@ -30,6 +30,8 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
 /// | `retry` | [`RetryPolicy::default`] | retries per range and retry time |
+/// | `open_deadline` | 120 s | the most one open may take, every request and retry included |
+/// | `unversioned` | `Refuse` | objects with neither ETag nor Last-Modified: refused, or `Allow`ed |
 /// | `runtime_threads` | 2 | tokio worker threads driving the connections, and as many threads issuing reads and copying bodies; 0: one event loop on the calling thread does it all (like `curl --parallel`) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteOptions {
@@ -51,6 +53,12 @@ pub struct RemoteOptions {
     /// Tokio worker threads (and as many issuing threads); 0: one event loop on the calling
     /// thread. At most [`RUNTIME_THREADS_LIMIT`].
     pub runtime_threads: usize,
+    /// Objects whose server sends neither an ETag nor a Last-Modified date: refused (the
+    /// default) or loaded anyway.
+    pub unversioned: Unversioned,
+    /// The most one open may take, all its requests and retries included
+    /// ([`RemoteError::OpenDeadline`] after it).
+    pub open_deadline: Duration,
 }
 
 impl Default for RemoteOptions {
@@ -64,6 +72,8 @@ impl Default for RemoteOptions {
             connect_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             runtime_threads: 2,
+            unversioned: Unversioned::Refuse,
+            open_deadline: Duration::from_secs(120),
         }
     }
 }
@@ -80,6 +90,9 @@ impl RemoteOptions {
         }
         if self.runtime_threads > RUNTIME_THREADS_LIMIT {
             return bad("runtime_threads", format!("must be 0..={RUNTIME_THREADS_LIMIT}"));
+        }
+        if self.open_deadline.is_zero() {
+            return bad("open_deadline", "must be above 0".into());
         }
         if self.rate_min_bytes_per_s == 0 {
             return bad("rate_min_bytes_per_s", "must be at least 1".into());

@@ -170,3 +170,146 @@ impl ObjectStore for BreakingStore {
         self.inner.copy_opts(from, to, o)
     }
 }
+
+/// A store over a [`BreakingStore`] for servers that keep no versions: its HEAD and GET results
+/// carry no ETag (and, with `drop_last_modified`, no Last-Modified date: object_store reads a
+/// missing one as the epoch), it ignores every precondition, and it can replace an object right
+/// after serving a GET: `replace_after` holds (GETs still to serve, the object, its new bytes).
+#[derive(Debug, Default)]
+pub struct VersionlessStore {
+    pub inner: BreakingStore,
+    pub drop_last_modified: bool,
+    pub replace_after: Mutex<Option<(u32, ObjectPath, bytes::Bytes)>>,
+}
+
+impl std::fmt::Display for VersionlessStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VersionlessStore")
+    }
+}
+
+impl VersionlessStore {
+    fn strip(&self, meta: &mut ObjectMeta) {
+        meta.e_tag = None;
+        meta.version = None;
+        if self.drop_last_modified {
+            // chrono's default timestamp is the epoch.
+            meta.last_modified = Default::default();
+        }
+    }
+
+    /// After a GET: count it, and replace the object once the count runs out.
+    async fn after_get(&self) {
+        let due = {
+            let mut slot = self.replace_after.lock().unwrap();
+            match slot.as_mut() {
+                Some((0, ..)) => slot.take(),
+                Some((n, ..)) => {
+                    *n -= 1;
+                    if *n == 0 { slot.take() } else { None }
+                }
+                None => None,
+            }
+        };
+        if let Some((_, path, bytes)) = due {
+            self.inner.inner.put(&path, bytes.into()).await.unwrap();
+        }
+    }
+}
+
+impl ObjectStore for VersionlessStore {
+    fn put_opts<'a, 'b, 'c>(
+        &'a self,
+        l: &'b ObjectPath,
+        p: PutPayload,
+        o: PutOptions,
+    ) -> BoxFut<'c, PutResult>
+    where
+        'a: 'c,
+        'b: 'c,
+        Self: 'c,
+    {
+        self.inner.put_opts(l, p, o)
+    }
+    fn put_multipart_opts<'a, 'b, 'c>(
+        &'a self,
+        l: &'b ObjectPath,
+        o: PutMultipartOptions,
+    ) -> BoxFut<'c, Box<dyn MultipartUpload>>
+    where
+        'a: 'c,
+        'b: 'c,
+        Self: 'c,
+    {
+        self.inner.put_multipart_opts(l, o)
+    }
+    fn get_opts<'a, 'b, 'c>(&'a self, l: &'b ObjectPath, o: GetOptions) -> BoxFut<'c, object_store::GetResult>
+    where
+        'a: 'c,
+        'b: 'c,
+        Self: 'c,
+    {
+        Box::pin(async move {
+            let head = o.head;
+            // Preconditions ignored, as by a server that does not implement them.
+            let o = GetOptions {
+                if_match: None,
+                if_none_match: None,
+                if_modified_since: None,
+                if_unmodified_since: None,
+                ..o
+            };
+            let mut result = self.inner.get_opts(l, o).await?;
+            self.strip(&mut result.meta);
+            if !head {
+                // Served: the bytes of this response are read; a replacement now is "mid-load".
+                let GetResultPayload::Stream(body) = result.payload;
+                let pieces: Vec<object_store::Result<bytes::Bytes>> = body.collect().await;
+                self.after_get().await;
+                result.payload = GetResultPayload::Stream(futures::stream::iter(pieces).boxed());
+            }
+            Ok(result)
+        })
+    }
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<ObjectPath>>,
+    ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
+        self.inner.delete_stream(locations)
+    }
+    fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let drop_last_modified = self.drop_last_modified;
+        self.inner
+            .list(prefix)
+            .map_ok(move |mut meta| {
+                meta.e_tag = None;
+                if drop_last_modified {
+                    meta.last_modified = Default::default();
+                }
+                meta
+            })
+            .boxed()
+    }
+    fn list_with_delimiter<'a, 'b, 'c>(&'a self, prefix: Option<&'b ObjectPath>) -> BoxFut<'c, ListResult>
+    where
+        'a: 'c,
+        'b: 'c,
+        Self: 'c,
+    {
+        self.inner.list_with_delimiter(prefix)
+    }
+    fn copy_opts<'a, 'b, 'c, 'd>(
+        &'a self,
+        from: &'b ObjectPath,
+        to: &'c ObjectPath,
+        o: object_store::CopyOptions,
+    ) -> BoxFut<'d, ()>
+    where
+        'a: 'd,
+        'b: 'd,
+        'c: 'd,
+        Self: 'd,
+    {
+        self.inner.copy_opts(from, to, o)
+    }
+}
