@@ -12,7 +12,9 @@ use crate::RemoteError;
 use crate::redact::redact;
 
 /// Bounds on retrying one range. A range that fails more often, or keeps failing for longer,
-/// fails the load.
+/// fails the load. Network errors, broken bodies and HTTP 5xx, 408 and 429 answers are retried;
+/// after a 429 or 503 with `Retry-After: N` the next attempt waits at least N seconds (and a wait
+/// longer than the retry time left ends the retries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Retries of one range (each a new request that resumes where the last one stopped).
@@ -263,7 +265,10 @@ impl<'a> Fetcher<'a> {
         };
         let since = *first_failure.get_or_insert_with(Instant::now);
         let elapsed = since.elapsed();
-        let wait = self.policy.backoff(*retries + 1);
+        // A 429 or 503 with `Retry-After` waits at least as long as the server asked; a longer
+        // wait than the retry time left ends the retries now.
+        let asked = crate::retry_after::retry_after(&message).unwrap_or_default();
+        let wait = self.policy.backoff(*retries + 1).max(asked);
         if *retries >= self.policy.retries_per_range_max || elapsed + wait > self.policy.retry_time_max {
             self.counters.add_retry_time(*first_failure);
             return Err(RemoteError::RetriesExhausted {

@@ -35,6 +35,7 @@ mod fetch;
 mod load;
 mod location;
 mod redact;
+mod retry_after;
 #[cfg(test)]
 mod test_store;
 

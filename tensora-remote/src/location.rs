@@ -11,6 +11,7 @@ use url::Url;
 
 use crate::RemoteError;
 use crate::redact::{redact, redact_url};
+use crate::retry_after::RetryAfterConnector;
 
 /// A parsed checkpoint location.
 ///
@@ -231,6 +232,7 @@ pub(crate) fn build_store(
                 client = client.with_default_headers(headers);
             }
             let store = object_store::http::HttpBuilder::new()
+                .with_http_connector(RetryAfterConnector)
                 .with_url(bare.as_str())
                 .with_client_options(client)
                 .with_retry(retry)
@@ -261,6 +263,7 @@ pub(crate) fn build_store(
                 });
             }
             let mut builder = object_store::aws::AmazonS3Builder::from_env()
+                .with_http_connector(RetryAfterConnector)
                 .with_bucket_name(bucket)
                 .with_retry(retry)
                 .with_client_options(client);

@@ -47,8 +47,9 @@ pub fn upload_dir(store: &InMemory, dir: &Path, prefix: &str, rt: &tokio::runtim
     }
 }
 
-/// How long a hanging GET waits before it answers: longer than any test runs.
-pub const HANG: Duration = Duration::from_secs(120);
+/// How long a hanging GET waits before it answers: longer than any working test runs, so a hang
+/// that finishes ([`BreakingStore::hangs_finished`]) means the load did not stop it.
+pub const HANG: Duration = Duration::from_secs(60);
 
 type BoxFut<'a, T> = Pin<Box<dyn Future<Output = object_store::Result<T>> + Send + 'a>>;
 
@@ -63,6 +64,42 @@ pub struct BreakingStore {
     pub breaks: Mutex<VecDeque<usize>>,
     pub hang_next: AtomicU32,
     pub refuse_next: AtomicU32,
+    /// Counters of hanging GETs (events for the tests): started, dropped by the loader while
+    /// hanging, and waited out to the end of [`HANG`].
+    pub hangs: HangCounts,
+}
+
+/// How many GETs started hanging, were dropped while hanging, and hung to the end.
+#[derive(Debug, Default)]
+pub struct HangCounts {
+    pub started: AtomicU32,
+    pub dropped: AtomicU32,
+    pub finished: AtomicU32,
+}
+
+impl HangCounts {
+    /// Block until `n` GETs are hanging (polled; fails after `HANG`, which only a broken store
+    /// could take).
+    pub fn wait_started(&self, n: u32) {
+        let deadline = std::time::Instant::now() + HANG;
+        while self.started.load(Ordering::Acquire) < n {
+            assert!(std::time::Instant::now() < deadline, "fewer than {n} GETs hanging");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Counts a hanging GET as dropped unless it ran to its end.
+struct HangGuard<'a> {
+    counts: &'a HangCounts,
+    finished: bool,
+}
+
+impl Drop for HangGuard<'_> {
+    fn drop(&mut self) {
+        let counter = if self.finished { &self.counts.finished } else { &self.counts.dropped };
+        counter.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 pub const BODY_CHUNK_BYTES: usize = 1000;
@@ -114,7 +151,10 @@ impl ObjectStore for BreakingStore {
             let take =
                 |n: &AtomicU32| n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
             if take(&self.hang_next).is_ok() {
+                let mut guard = HangGuard { counts: &self.hangs, finished: false };
+                self.hangs.started.fetch_add(1, Ordering::AcqRel);
                 tokio::time::sleep(HANG).await;
+                guard.finished = true;
             } else if take(&self.refuse_next).is_ok() {
                 return Err(object_store::Error::Precondition {
                     path: l.to_string(),
