@@ -19,6 +19,7 @@ use futures::StreamExt;
 use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind};
 
 use crate::RemoteError;
+use crate::cache::CacheSession;
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject};
@@ -44,6 +45,8 @@ pub struct RemoteBackend {
     name: &'static str,
     first_error: Mutex<Option<RemoteError>>,
     counters: Counters,
+    /// The cache its ranges are read from and written through, if any.
+    cache: Option<Arc<CacheSession>>,
 }
 
 impl RemoteBackend {
@@ -58,7 +61,13 @@ impl RemoteBackend {
             },
             first_error: Mutex::new(None),
             counters: Counters::default(),
+            cache: None,
         }
+    }
+
+    /// This backend reading ranges from `cache` first and writing fetched ones through to it.
+    pub(crate) fn with_cache(self, cache: Option<Arc<CacheSession>>) -> RemoteBackend {
+        RemoteBackend { cache, ..self }
     }
 
     /// The typed error behind the first failed range of the last failed run, if any.
@@ -126,7 +135,7 @@ impl IoBackend for RemoteBackend {
             order,
             cursor: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
-            fetcher: self.client.fetcher(&self.counters),
+            fetcher: self.client.fetcher(&self.counters).with_cache(self.cache.as_deref()),
         };
         let mut total = merge_issuers(run.issue_on_threads(&shares)).map_err(|f| self.read_error(job, f))?;
         total.retries = self.counters.retries.load(Ordering::Relaxed).saturating_sub(retries_before);

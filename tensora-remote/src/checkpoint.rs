@@ -18,8 +18,10 @@ use tensora_format::safetensors::{header_span_bytes, parse_header_with_path};
 use tensora_format::sharded::{INDEX_BYTES_MAX, INDEX_SUFFIX, parse_index};
 use tensora_format::{Checkpoint, FileStamp, Format, TensorInfo};
 
+use crate::cache::{Cache, CacheReport, CacheSession, LocationRecord, WriteLocks};
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject};
+use crate::rebuild::{Rebuild, ShardLayout};
 use crate::{Location, RemoteError};
 
 /// The HF index name probed in a directory on a plain HTTP server (after [`SLLM_INDEX_NAME`]).
@@ -49,6 +51,12 @@ pub struct RemoteCheckpoint {
     parse_seconds: f64,
     /// Requests and retries spent opening.
     open_counts: CounterSnapshot,
+    /// What the checkpoint was assembled from, to assemble it again over cached copies.
+    rebuild: Arc<Rebuild>,
+    /// The local cache, when the options name one.
+    cache: Option<Cache>,
+    /// What the cache did for the open.
+    open_cache: Option<CacheReport>,
 }
 
 impl RemoteCheckpoint {
@@ -100,17 +108,29 @@ impl RemoteCheckpoint {
     pub(crate) fn open_counts(&self) -> CounterSnapshot {
         self.open_counts
     }
+    pub(crate) fn rebuild(&self) -> &Rebuild {
+        &self.rebuild
+    }
+    pub(crate) fn cache(&self) -> Option<&Cache> {
+        self.cache.as_ref()
+    }
+    /// What the cache did while opening (`None` without a cache).
+    pub fn open_cache_report(&self) -> Option<&CacheReport> {
+        self.open_cache.as_ref()
+    }
 }
 
 /// What the async opening produces; [`open`] adds the client and the timings.
 pub(crate) struct Opened {
     checkpoint: Checkpoint,
     objects: Vec<RemoteObject>,
+    rebuild: Rebuild,
 }
 
 impl Opened {
     /// Pair a checkpoint with its objects, ordered like its files (matched by URL).
-    fn new(checkpoint: Checkpoint, objects: Vec<RemoteObject>) -> Result<Opened, RemoteError> {
+    fn new(rebuild: Rebuild, objects: Vec<RemoteObject>) -> Result<Opened, RemoteError> {
+        let checkpoint = rebuild.assemble().map_err(format_err)?;
         let mut by_url: HashMap<String, RemoteObject> =
             objects.into_iter().map(|o| (o.url.clone(), o)).collect();
         let objects = checkpoint
@@ -124,11 +144,14 @@ impl Opened {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Opened { checkpoint, objects })
+        Ok(Opened { checkpoint, objects, rebuild })
     }
 }
 
-/// Open the checkpoint at `location` (headers and index only) with `client`.
+/// Open the checkpoint at `location` (headers and index only) with `client`. With a cache, a
+/// location opened before is confirmed with one HEAD per object it resolved to (none offline)
+/// and then opened from the record and the cached copies; otherwise the open goes to the store,
+/// writing what it reads through to the cache and recording what the location resolved to.
 pub(crate) fn open(
     location: &Location,
     client: Arc<Client>,
@@ -137,34 +160,90 @@ pub(crate) fn open(
     let t = Instant::now();
     // This open's own counters: a concurrent open or load on the same client counts its own.
     let counters = Counters::default();
-    let fetcher = client.fetcher(&counters);
+    let url = root_url(location);
+    let cache = client.opts.cache.as_ref().map(Cache::open).transpose()?;
     // Blocking on the client's runtime panics inside another runtime: open from a plain thread.
     // The whole open (probes, listing, indexes, headers and their retries) has one deadline.
     let deadline = client.opts.open_deadline;
-    let opened = off_runtime(|| {
+    let (opened, session) = off_runtime(|| {
         client.runtime().block_on(async {
-            match tokio::time::timeout(deadline, open_async(location, &fetcher)).await {
-                Ok(opened) => opened,
+            let work = async {
+                let session = open_session(cache.as_ref(), &url, &client.fetcher(&counters)).await?;
+                let fetcher = client.fetcher(&counters).with_cache(session.as_ref());
+                let opened = open_async(location, &fetcher).await?;
+                Ok::<_, RemoteError>((opened, session))
+            };
+            match tokio::time::timeout(deadline, work).await {
+                Ok(result) => result,
                 Err(_) => Err(RemoteError::OpenDeadline {
-                    url: root_url(location),
+                    url: url.clone(),
                     deadline,
                     requests: counters.requests.load(std::sync::atomic::Ordering::Relaxed),
                 }),
             }
         })
+    })?;
+    let open_cache = session.map(|s| {
+        if s.record.is_none() {
+            let record = LocationRecord { url: url.clone(), objects: s.seen() };
+            if let Err(e) = s.cache.record_location(&record) {
+                let mut report = s.finish();
+                report.skipped.push(format!("{url}: cannot record the location: {e}"));
+                return report;
+            }
+        }
+        s.finish()
     });
-    let Opened { checkpoint, objects } = opened?;
-    let parse_seconds = t.elapsed().as_secs_f64();
-    let open_counts = counters.snapshot();
+    let Opened { checkpoint, objects, rebuild } = opened;
     Ok(RemoteCheckpoint {
         location: location.clone(),
         checkpoint,
         objects,
         client,
         connect_seconds,
-        parse_seconds,
-        open_counts,
+        parse_seconds: t.elapsed().as_secs_f64(),
+        open_counts: counters.snapshot(),
+        rebuild: Arc::new(rebuild),
+        cache,
+        open_cache,
     })
+}
+
+/// The open's cache session: in record mode when the location was opened with this cache before
+/// and each recorded object is unchanged (one HEAD each, [`HEADER_FETCHES_INFLIGHT_MAX`] at a
+/// time; trusted without a request offline).
+async fn open_session(
+    cache: Option<&Cache>,
+    url: &str,
+    network: &Fetcher<'_>,
+) -> Result<Option<CacheSession>, RemoteError> {
+    let Some(cache) = cache else { return Ok(None) };
+    let offline = cache.options().offline;
+    let record = match cache.location(url) {
+        Some(record) if offline => Some(record),
+        Some(record) => {
+            let heads = futures::stream::iter(record.objects.iter())
+                .map(|d| async move {
+                    match network.head(&ObjectPath::from(d.path.as_str()), &d.url).await {
+                        Ok(meta) => Ok(crate::cache::describe_meta(&d.url, &meta) == *d),
+                        Err(RemoteError::NotFound { .. }) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                })
+                .buffer_unordered(HEADER_FETCHES_INFLIGHT_MAX)
+                .try_collect::<Vec<bool>>()
+                .await?;
+            heads.iter().all(|&same| same).then_some(record)
+        }
+        None if offline => {
+            return Err(RemoteError::NotCached {
+                url: url.to_owned(),
+                what: "this location was never opened with this cache",
+            });
+        }
+        None => None,
+    };
+    Ok(Some(CacheSession::new(cache.clone(), record, WriteLocks::WhenFree)))
 }
 
 /// What a local file's stamp is to the load layer: the object's size and last-modified.
@@ -346,9 +425,8 @@ async fn open_sllm(
         .map(|object| Partition { path: PathBuf::from(&object.url), stamp: stamp(object) })
         .collect();
     let root = PathBuf::from(location.url_of(&dir));
-    let checkpoint = tensora_format::assemble::serverlessllm(&root, Path::new(&url), index, partitions)
-        .map_err(format_err)?;
-    Opened::new(checkpoint, files)
+    let rebuild = Rebuild::Sllm { root, index_url: PathBuf::from(&url), index, partitions };
+    Opened::new(rebuild, files)
 }
 
 /// Which partitions a ServerlessLLM index needs.
@@ -391,7 +469,7 @@ async fn open_listed(
     prefix: &ObjectPath,
 ) -> Result<Opened, RemoteError> {
     let url = location.url_of(prefix);
-    let listed = fetcher.store.list(Some(prefix));
+    let listed = fetcher.list(prefix);
     let names = direct_children(listed, prefix, LIST_ENTRIES_MAX)
         .await
         .map_err(|reason| RemoteError::NoCheckpoint { url: url.clone(), reason })?;
@@ -545,23 +623,17 @@ async fn open_shard(
 fn assemble(location: &Location, shards: Vec<Shard>, layout: Layout<'_>) -> Result<Opened, RemoteError> {
     let root = PathBuf::from(root_url(location));
     let (parts, objects): (Vec<_>, Vec<_>) = shards.into_iter().map(Shard::into_parts).unzip();
-    let checkpoint = match layout {
-        Layout::Single => {
-            let Some(part) = parts.into_iter().next() else {
-                return Err(RemoteError::NoCheckpoint {
-                    url: root_url(location),
-                    reason: "no object".into(),
-                });
-            };
-            tensora_format::assemble::safetensors_file(part)
+    let layout = match layout {
+        Layout::Single if parts.is_empty() => {
+            return Err(RemoteError::NoCheckpoint { url: root_url(location), reason: "no object".into() });
         }
-        Layout::Listed => tensora_format::assemble::unindexed_shards(&root, parts),
+        Layout::Single => ShardLayout::Single,
+        Layout::Listed => ShardLayout::Listed,
         Layout::Indexed { url, index } => {
-            tensora_format::assemble::indexed_shards(&root, Path::new(url), index, parts)
+            ShardLayout::Indexed { url: PathBuf::from(url), index: index.clone() }
         }
-    }
-    .map_err(format_err)?;
-    Opened::new(checkpoint, objects)
+    };
+    Opened::new(Rebuild::Safetensors { root, layout, parts }, objects)
 }
 
 /// The printable URL of the location itself.
@@ -570,173 +642,4 @@ fn root_url(location: &Location) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    use object_store::memory::InMemory;
-    use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
-
-    use crate::RemoteOptions;
-    use crate::test_store::{upload_dir, write_f32_shards};
-
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-    }
-
-    /// Tensor `i` of the checkpoint is `lens_words[i]` F32 elements, every byte `i`.
-    fn write_ckpt(dir: &Path, lens_words: &[u64], shard_cap: u64) {
-        write_f32_shards(dir, lens_words, shard_cap, |i, _| i as u8);
-    }
-
-    /// Every file of `dir` under `prefix/` in a fresh in-memory store.
-    fn upload(dir: &Path, prefix: &str) -> Arc<InMemory> {
-        let store = Arc::new(InMemory::new());
-        upload_dir(&store, dir, prefix, &rt());
-        store
-    }
-
-    fn open_at(store: Arc<InMemory>, location: &str) -> Result<RemoteCheckpoint, RemoteError> {
-        let location = Location::parse(location).unwrap();
-        let client = Client::with_store(store as Arc<dyn ObjectStore>, &RemoteOptions::default()).unwrap();
-        open(&location, client, 0.0)
-    }
-
-    /// Which layout a local open of `dir` picks, and which a remote open of the same files does,
-    /// on S3 (listing) and on plain HTTP (probing).
-    fn assert_same_dispatch(dir: &Path) {
-        let local = tensora_format::open(dir);
-        for location in ["s3://b/ckpt/", "http://mem.invalid/ckpt/"] {
-            let remote = open_at(upload(dir, "ckpt"), location);
-            match (&local, &remote) {
-                (Ok(l), Ok(r)) => {
-                    assert_eq!(l.format(), r.format(), "{location}");
-                    assert_eq!(l.tensors().len(), r.tensors().len(), "{location}");
-                }
-                // Two index files: refused locally; on S3 too (HTTP cannot see the second one).
-                (Err(_), Err(e)) => assert!(matches!(e, RemoteError::NoCheckpoint { .. }), "{e}"),
-                (Err(l), Ok(_)) if location.starts_with("http") => {
-                    assert!(l.to_string().contains("index files"), "{l}");
-                }
-                (l, r) => panic!("{location}: local {:?}, remote {:?}", l.as_ref().err(), r.as_ref().err()),
-            }
-        }
-    }
-
-    #[test]
-    fn a_serverlessllm_index_wins_over_an_hf_index_as_locally() {
-        let dir = tempfile::tempdir().unwrap();
-        write_ckpt(dir.path(), &[100, 200, 300], 1200);
-        let tiny = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"));
-        for entry in std::fs::read_dir(tiny).unwrap() {
-            let path = entry.unwrap().path();
-            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-        }
-        assert_eq!(tensora_format::open(dir.path()).unwrap().format(), Format::ServerlessLlm);
-        assert_same_dispatch(dir.path());
-        let remote = open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap();
-        assert_eq!(remote.format(), Format::ServerlessLlm);
-        let remote = open_at(upload(dir.path(), "ckpt"), "http://mem.invalid/ckpt/").unwrap();
-        assert_eq!(remote.format(), Format::ServerlessLlm);
-    }
-
-    #[test]
-    fn hidden_objects_are_skipped_and_two_indexes_are_refused_as_locally() {
-        let dir = tempfile::tempdir().unwrap();
-        write_ckpt(dir.path(), &[100, 200, 300], 1200);
-        let index = dir.path().join(HF_INDEX_NAME);
-        // A hidden copy of the index (an editor's, a partial upload's) is not a second index.
-        std::fs::copy(&index, dir.path().join(".partial.safetensors.index.json")).unwrap();
-        assert_same_dispatch(dir.path());
-        assert_eq!(
-            open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap().checkpoint().files().len(),
-            2
-        );
-        // A visible second index: the local open refuses, so does the listed S3 one.
-        std::fs::copy(&index, dir.path().join("other.safetensors.index.json")).unwrap();
-        assert!(tensora_format::open(dir.path()).is_err());
-        assert_same_dispatch(dir.path());
-        let err = open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap_err();
-        assert!(err.to_string().contains("2 index files"), "{err}");
-    }
-
-    #[test]
-    fn listing_keeps_direct_children_and_stops_at_its_bound() {
-        let store = InMemory::new();
-        let one = ObjectPath::from("one");
-        let template: ObjectMeta = rt().block_on(async {
-            store.put(&one, vec![1u8].into()).await.unwrap();
-            store.head(&one).await.unwrap()
-        });
-        let meta = |key: &str| ObjectMeta { location: ObjectPath::from(key), ..template.clone() };
-        let prefix = ObjectPath::from("p");
-        let entries = vec![
-            meta("p/a.safetensors"),
-            meta("p/.hidden.safetensors"),
-            meta("p/sub/b.safetensors"),
-            meta("p/c.json"),
-        ];
-        let listing = |entries: &Vec<ObjectMeta>| futures::stream::iter(entries.clone()).map(Ok).boxed();
-        let names = rt().block_on(direct_children(listing(&entries), &prefix, 4)).unwrap();
-        let names: Vec<&str> = names.iter().map(|p| p.as_ref()).collect();
-        // Finding 8 of issue 14: only the names the layout rules look at are kept.
-        assert_eq!(names, ["p/a.safetensors"]);
-        let many: Vec<ObjectMeta> =
-            (0..=LISTED_NAMES_MAX).map(|i| meta(&format!("p/s{i}.safetensors"))).collect();
-        let err = rt().block_on(direct_children(listing(&many), &prefix, LIST_ENTRIES_MAX)).unwrap_err();
-        assert!(err.contains(&format!("more than {LISTED_NAMES_MAX} checkpoint objects")), "{err}");
-        let junk: Vec<ObjectMeta> =
-            (0..LISTED_NAMES_MAX * 2).map(|i| meta(&format!("p/log{i}.txt"))).collect();
-        assert!(
-            rt().block_on(direct_children(listing(&junk), &prefix, LIST_ENTRIES_MAX)).unwrap().is_empty()
-        );
-        let err = rt().block_on(direct_children(listing(&entries), &prefix, 3)).unwrap_err();
-        assert!(err.contains("more than 3"), "{err}");
-        // An endless listing is cut off after the bound, not read to its end.
-        let endless = futures::stream::repeat_with(|| Ok(meta("p/x.safetensors"))).boxed();
-        let err = rt().block_on(direct_children(endless, &prefix, 1000)).unwrap_err();
-        assert!(err.contains("more than 1000"), "{err}");
-    }
-
-    /// Finding 8 of issue 14: an open that cannot finish (here the index GET never answers, and
-    /// no single attempt would time out) fails at the open deadline, which the error names.
-    #[test]
-    fn an_open_that_cannot_finish_fails_at_its_deadline() {
-        let dir = tempfile::tempdir().unwrap();
-        write_ckpt(dir.path(), &[100, 200], 400);
-        let store = Arc::new(crate::test_store::BreakingStore::default());
-        upload_dir(&store.inner, dir.path(), "ckpt", &rt());
-        store.hang_next.store(1, std::sync::atomic::Ordering::Relaxed);
-        let opts = RemoteOptions {
-            open_deadline: std::time::Duration::from_millis(300),
-            request_overhead: std::time::Duration::from_secs(3600),
-            ..RemoteOptions::default()
-        };
-        let location = Location::parse("http://mem.invalid/ckpt/").unwrap();
-        let client = Client::with_store(store as Arc<dyn ObjectStore>, &opts).unwrap();
-        let err = open(&location, client, 0.0).unwrap_err();
-        assert!(matches!(err, RemoteError::OpenDeadline { requests, .. } if requests >= 2), "{err}");
-        assert!(err.to_string().contains("open_deadline"), "{err}");
-    }
-
-    /// Finding 8 of issue 14: ServerlessLLM partitions are probed only as far as the index needs,
-    /// not until one is missing (up to 65,536 HEADs on a server that has many).
-    #[test]
-    fn serverlessllm_probing_asks_only_for_the_partitions_the_index_needs() {
-        let dir = tempfile::tempdir().unwrap();
-        let tiny = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"));
-        for entry in std::fs::read_dir(tiny).unwrap() {
-            let path = entry.unwrap().path();
-            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-        }
-        // Partitions nobody refers to.
-        for i in 3..40 {
-            std::fs::write(dir.path().join(format!("tensor.data_{i}")), [0u8; 16]).unwrap();
-        }
-        let remote = open_at(upload(dir.path(), "ckpt"), "http://mem.invalid/ckpt/").unwrap();
-        assert_eq!(remote.checkpoint().files().len(), 3);
-        // The index probe, its HEAD and GET, and the three partitions' HEADs.
-        assert_eq!(remote.open_requests(), 1 + 2 + 3);
-        let local = tensora_format::open(tiny).unwrap();
-        assert_eq!(remote.tensors().len(), local.tensors().len());
-    }
-}
+mod tests;

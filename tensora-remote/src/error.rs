@@ -100,6 +100,25 @@ pub enum RemoteError {
         /// Requests the open had sent by then.
         requests: u64,
     },
+    /// The cache directory could not be used.
+    #[error("cache {}: {what}: {source}", dir.display())]
+    Cache {
+        /// The cache directory.
+        dir: std::path::PathBuf,
+        /// What failed.
+        what: &'static str,
+        /// The system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Offline (`--offline`), and the cache cannot answer.
+    #[error("{url} is not in the cache ({what}), and offline nothing is fetched")]
+    NotCached {
+        /// The location or object.
+        url: String,
+        /// What is missing.
+        what: &'static str,
+    },
     /// The server answered with a different range or length than asked for.
     #[error("{url}: asked for bytes {offset_bytes}..+{len_bytes}, {what}")]
     BadResponse {

@@ -9,6 +9,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
 use crate::RemoteError;
+use crate::cache::CacheSession;
 use crate::redact::redact;
 
 /// Bounds on retrying one range. A range that fails more often, or keeps failing for longer,
@@ -150,6 +151,8 @@ pub(crate) struct Fetcher<'a> {
     /// Whether objects without any version may be read in more than one request.
     pub unversioned: Unversioned,
     pub counters: &'a Counters,
+    /// The cache this operation reads from and writes through, if any.
+    pub cache: Option<&'a CacheSession>,
 }
 
 enum Failure {
@@ -160,6 +163,27 @@ enum Failure {
 }
 
 impl<'a> Fetcher<'a> {
+    /// This fetcher reading from and writing through `cache`.
+    pub fn with_cache(self, cache: Option<&'a CacheSession>) -> Fetcher<'a> {
+        Fetcher { cache, ..self }
+    }
+
+    fn offline(&self) -> bool {
+        self.cache.is_some_and(|c| c.cache.options().offline)
+    }
+
+    /// Everything under `prefix` (a recorded location's objects in record mode).
+    pub fn list(
+        &self,
+        prefix: &ObjectPath,
+    ) -> futures::stream::BoxStream<'a, object_store::Result<ObjectMeta>> {
+        if let Some(listed) = self.cache.and_then(|c| c.list(prefix)) {
+            return futures::stream::iter(listed.into_iter().map(Ok)).boxed();
+        }
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.store.list(Some(prefix))
+    }
+
     /// The time allowed for one attempt that still has `remaining_bytes` to transfer.
     pub fn attempt_timeout(&self, remaining_bytes: u64) -> Duration {
         let rate = self.rate_min_bytes_per_s.max(1);
@@ -168,6 +192,17 @@ impl<'a> Fetcher<'a> {
 
     /// The object's current metadata (a `HEAD` request), retried under the policy.
     pub async fn head(&self, path: &ObjectPath, url: &str) -> Result<ObjectMeta, RemoteError> {
+        if let Some(answer) = self.cache.and_then(|c| c.head(path)) {
+            return answer.ok_or_else(|| RemoteError::NotFound { url: url.to_owned() });
+        }
+        let meta = self.head_from_store(path, url).await?;
+        if let Some(cache) = self.cache {
+            cache.saw(url, &meta);
+        }
+        Ok(meta)
+    }
+
+    async fn head_from_store(&self, path: &ObjectPath, url: &str) -> Result<ObjectMeta, RemoteError> {
         let mut retries = 0u32;
         let mut first_failure: Option<Instant> = None;
         loop {
@@ -195,13 +230,38 @@ impl<'a> Fetcher<'a> {
         offset_bytes: u64,
         dest: &mut [u8],
     ) -> Result<(), RemoteError> {
+        if dest.is_empty() {
+            return Ok(());
+        }
+        if let Some(cache) = self.cache {
+            if cache.read(object, offset_bytes, dest) {
+                return Ok(());
+            }
+            if self.offline() {
+                return Err(RemoteError::NotCached {
+                    url: object.url.clone(),
+                    what: "a range of it is not cached",
+                });
+            }
+        }
+        self.fetch_from_store(object, offset_bytes, dest).await?;
+        if let Some(cache) = self.cache {
+            cache.write(object, offset_bytes, dest);
+        }
+        Ok(())
+    }
+
+    /// [`Fetcher::fetch`] from the store.
+    async fn fetch_from_store(
+        &self,
+        object: &RemoteObject,
+        offset_bytes: u64,
+        dest: &mut [u8],
+    ) -> Result<(), RemoteError> {
         let len_bytes = dest.len() as u64;
         let mut landed = 0usize;
         let mut retries = 0u32;
         let mut first_failure: Option<Instant> = None;
-        if dest.is_empty() {
-            return Ok(());
-        }
         loop {
             if landed > 0 {
                 // A resumed body is a second request: without a version it may read another one.
@@ -420,6 +480,7 @@ mod tests {
             request_overhead: Duration::from_secs(5),
             unversioned: Unversioned::Refuse,
             counters,
+            cache: None,
         }
     }
 

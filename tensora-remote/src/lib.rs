@@ -28,18 +28,21 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod cache;
 mod checkpoint;
 mod client;
 mod error;
 mod fetch;
 mod load;
 mod location;
+mod rebuild;
 mod redact;
 mod retry_after;
 #[cfg(test)]
 mod test_store;
 
 pub use backend::RemoteBackend;
+pub use cache::{Cache, CacheOptions, CacheReport, CachedObject, LOCK_WAIT_MAX, RangeRecord};
 pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
 pub use error::RemoteError;
 pub use fetch::{RemoteObject, RetryPolicy, Unversioned};

@@ -103,7 +103,8 @@ impl Nginx {
         // one exists (`Nginx::fail_with`; 503 and 429 with `Retry-After: 1`), log each request's
         // status to `access.log` (`Nginx::wait_for_status`), and ask for basic auth (user `u`,
         // password `hunter2`) under `/private/`.
-        let statuses = "if (-f {d}/status-500) { return 500; }\n\
+        let statuses = "if (-f {d}/slow) { set $limit_rate 64k; }\n\
+             if (-f {d}/status-500) { return 500; }\n\
              if (-f {d}/status-503) { add_header Retry-After 1 always; return 503; }\n\
              if (-f {d}/status-429) { add_header Retry-After 1 always; return 429; }\n"
             .replace("{d}", &d.to_string());
@@ -175,6 +176,16 @@ impl Nginx {
             } else {
                 let _ = std::fs::remove_file(&flag);
             }
+        }
+    }
+
+    /// Send every response at 64 KiB/s from now on (`true`), or at full speed again.
+    pub fn set_slow(&self, slow: bool) {
+        let flag = self.conf_dir.path().join("slow");
+        if slow {
+            std::fs::write(&flag, b"").expect("write the slow flag");
+        } else {
+            let _ = std::fs::remove_file(&flag);
         }
     }
 
