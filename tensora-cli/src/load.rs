@@ -191,6 +191,13 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
                 report.open_requests,
                 report.open_retries
             )?;
+            if let Some(c) = &report.cache {
+                writeln!(
+                    out,
+                    "cache        {}: {} bytes read from it, {} written, {} objects completed, {} loaded as local files",
+                    c.dir, c.hit_bytes, c.written_bytes, c.promoted, c.local_objects
+                )?;
+            }
         }
         out.flush()
     })();

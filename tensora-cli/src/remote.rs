@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use tensora_io::{LoadOptions, ProgressHook};
 use tensora_remote::{
-    Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, StoreConfig, Unversioned,
-    open_remote,
+    CacheOptions, Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, StoreConfig,
+    Unversioned, open_remote,
 };
 use tensora_verify::check::{FindingKind, Report};
 use tensora_verify::fused::DigestCollector;
@@ -34,6 +34,18 @@ pub struct RemoteArgs {
     /// seconds (default 120).
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub open_timeout: Option<std::time::Duration>,
+    /// Keep a verified local copy of every object loaded in DIR: written in the same pass as the
+    /// load, resumed after an interruption, confirmed by one HEAD per object on the next load
+    /// (which then reads local files). `tensora cache ls|rm|verify DIR` inspects it.
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<std::path::PathBuf>,
+    /// With --cache: send no request at all; load from the cache only.
+    #[arg(long, requires = "cache")]
+    pub offline: bool,
+    /// With --cache: evict least recently used objects while the cache holds more than this
+    /// many bytes (units as for --budget).
+    #[arg(long, value_name = "SIZE", requires = "cache", value_parser = crate::units::parse_bytes)]
+    pub cache_max: Option<u64>,
 }
 
 /// A positive number of seconds (fractions allowed).
@@ -58,6 +70,11 @@ impl RemoteArgs {
             },
             unversioned: if self.allow_unversioned { Unversioned::Allow } else { Unversioned::Refuse },
             open_deadline: self.open_timeout.unwrap_or(RemoteOptions::default().open_deadline),
+            cache: self.cache.as_ref().map(|dir| CacheOptions {
+                dir: dir.clone(),
+                size_max_bytes: self.cache_max,
+                offline: self.offline,
+            }),
             ..RemoteOptions::default()
         }
     }
@@ -246,12 +263,19 @@ mod tests {
             anonymous: true,
             allow_unversioned: true,
             open_timeout: Some(std::time::Duration::from_millis(1500)),
+            cache: Some("/c".into()),
+            offline: true,
+            cache_max: Some(10),
         };
         let opts = args.options();
         assert_eq!(opts.store.endpoint.as_deref(), Some("http://127.0.0.1:1"));
         assert!(opts.store.allow_http && opts.store.anonymous);
         assert_eq!(opts.unversioned, Unversioned::Allow);
         assert_eq!(opts.open_deadline, std::time::Duration::from_millis(1500));
+        assert_eq!(
+            opts.cache,
+            Some(CacheOptions { dir: "/c".into(), size_max_bytes: Some(10), offline: true })
+        );
         assert_eq!(RemoteArgs::default().options(), RemoteOptions::default());
         assert_eq!(parse_seconds("2.5"), Ok(std::time::Duration::from_millis(2500)));
         assert!(parse_seconds("0").is_err() && parse_seconds("-1").is_err() && parse_seconds("x").is_err());

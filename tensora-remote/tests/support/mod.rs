@@ -191,9 +191,13 @@ impl Nginx {
 
     /// Requests answered with `status` so far (nginx logs each as it finishes).
     pub fn count_status(&self, status: u16) -> usize {
+        self.count_logged(&format!("{status} "))
+    }
+
+    /// Requests whose access-log line (`STATUS METHOD URI`) starts with `prefix`.
+    pub fn count_logged(&self, prefix: &str) -> usize {
         let log = std::fs::read_to_string(self.conf_dir.path().join("access.log")).unwrap_or_default();
-        let prefix = format!("{status} ");
-        log.lines().filter(|l| l.starts_with(&prefix)).count()
+        log.lines().filter(|l| l.starts_with(prefix)).count()
     }
 
     /// Block until nginx has answered `count` requests with `status`: an event the server
