@@ -1,5 +1,6 @@
-//! Remote locations (`s3://bucket/prefix/`, `http(s)://host/path/`) for `inspect`, `load`, `hash`
-//! and `verify`: the shared flags, and opening through `tensora_remote`.
+//! Remote locations (`s3://bucket/prefix/`, `az://container/prefix/`, `gs://bucket/prefix/`,
+//! `http(s)://host/path/`) for `inspect`, `load`, `hash` and `verify`: the shared flags, and
+//! opening through `tensora_remote`.
 
 use std::path::{Path, PathBuf};
 
@@ -15,9 +16,9 @@ use tensora_verify::{Algo, Digest, Manifest};
 /// How to reach an object store; ignored for local paths.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RemoteArgs {
-    /// S3 endpoint for an S3-compatible server, e.g. http://127.0.0.1:9000 (default: AWS, or
-    /// AWS_ENDPOINT). Credentials and region come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-    /// AWS_SESSION_TOKEN and AWS_REGION.
+    /// Endpoint of an S3-compatible server, e.g. http://127.0.0.1:9000 (default: AWS, or
+    /// AWS_ENDPOINT); for az:// the account URL (default: AZURE_STORAGE_ACCOUNT_NAME's), for gs://
+    /// the base URL. Credentials come from AWS_*, AZURE_STORAGE_* or GOOGLE_* variables.
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
     /// Allow a plain http:// S3 endpoint (http:// origins of HTTP locations always are).
@@ -216,7 +217,9 @@ mod tests {
         assert!(location(Path::new("file:///tmp/x.safetensors")).unwrap().is_none());
         assert!(location(Path::new("s3://b/m/")).unwrap().is_some());
         assert!(location(Path::new("http://127.0.0.1:1/m.safetensors")).unwrap().is_some());
-        assert!(location(Path::new("gs://b/m/")).is_err());
+        assert!(location(Path::new("gs://b/m/")).unwrap().is_some());
+        assert!(location(Path::new("az://c/m/")).unwrap().is_some());
+        assert!(location(Path::new("ftp://h/m/")).is_err());
     }
 
     #[test]

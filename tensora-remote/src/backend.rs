@@ -55,10 +55,7 @@ impl RemoteBackend {
         RemoteBackend {
             client: Arc::clone(checkpoint.client()),
             objects: checkpoint.objects().to_vec(),
-            name: match checkpoint.location() {
-                crate::Location::S3 { .. } => "remote-s3",
-                _ => "remote-http",
-            },
+            name: checkpoint.location().backend_name(),
             first_error: Mutex::new(None),
             counters: Counters::default(),
             cache: None,

@@ -325,7 +325,7 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
         return assemble(location, vec![shard], Layout::Single);
     }
     // The local rules (tensora_format::open): a ServerlessLLM index wins, then the one HF index.
-    if let Location::S3 { .. } = location {
+    if location.can_list() {
         return open_listed(location, fetcher, path).await;
     }
     // A plain HTTP server cannot be listed: probe the names a directory would have, in the

@@ -27,6 +27,8 @@ use crate::retry_after::RetryAfterConnector;
 /// let http = Location::parse("http://127.0.0.1:8080/ckpt/model.safetensors")?;
 /// assert!(!http.is_dir());
 /// assert!(!Location::parse("/data/model.safetensors")?.is_remote());
+/// assert!(Location::parse("az://container/llama/")?.is_remote());
+/// assert!(Location::parse("gs://bucket/llama/model.safetensors")?.is_remote());
 /// assert!(Location::parse("ftp://host/x").is_err());
 /// # Ok::<(), tensora_remote::RemoteError>(())
 /// ```
@@ -53,6 +55,24 @@ pub enum Location {
         /// Whether `path` is a directory (prefix) rather than one key.
         dir: bool,
     },
+    /// An Azure Blob Storage container (`az://container/path`) and a blob or prefix.
+    Azure {
+        /// The container.
+        container: String,
+        /// The blob or prefix in the container.
+        path: ObjectPath,
+        /// Whether `path` is a directory (prefix) rather than one blob.
+        dir: bool,
+    },
+    /// A Google Cloud Storage bucket (`gs://bucket/path`) and an object or prefix.
+    Gcs {
+        /// The bucket.
+        bucket: String,
+        /// The object or prefix in the bucket.
+        path: ObjectPath,
+        /// Whether `path` is a directory (prefix) rather than one object.
+        dir: bool,
+    },
 }
 
 /// Suffixes that make a location a file rather than a directory.
@@ -63,10 +83,9 @@ fn looks_like_dir(path: &str) -> bool {
 }
 
 impl Location {
-    /// Parse `s3://bucket/prefix/`, `http(s)://host/path/`, `file:///path` or a plain path.
-    /// A location is a directory when it ends with `/` or does not end in `.safetensors` or
-    /// `.json`. `gs://` and `az://` are refused: the workspace builds `object_store` with the
-    /// `aws` and `http` features only.
+    /// Parse `s3://bucket/prefix/`, `az://container/prefix/`, `gs://bucket/prefix/`,
+    /// `http(s)://host/path/`, `file:///path` or a plain path. A location is a directory when it
+    /// ends with `/` or does not end in `.safetensors` or `.json`.
     pub fn parse(input: &str) -> Result<Location, RemoteError> {
         // The input may hold a password or a signature: errors show it redacted.
         let bad = |reason: &str| RemoteError::Location { input: redact(input), reason: redact(reason) };
@@ -97,15 +116,22 @@ impl Location {
                 let path = ObjectPath::from_url_path(url.path()).map_err(|e| bad(&e.to_string()))?;
                 Ok(Location::Http { origin, path, dir })
             }
-            "s3" | "s3a" => {
-                let bucket = url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| bad("no bucket"))?;
+            "s3" | "s3a" | "az" | "azure" | "gs" => {
+                if url.query().is_some() {
+                    return Err(bad(
+                        "a query string is not part of an object's name: give the URL without it",
+                    ));
+                }
+                let bucket =
+                    url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| bad("no bucket"))?.to_owned();
                 let path = ObjectPath::from_url_path(url.path()).map_err(|e| bad(&e.to_string()))?;
-                Ok(Location::S3 { bucket: bucket.to_owned(), path, dir })
+                Ok(match scheme.to_ascii_lowercase().as_str() {
+                    "gs" => Location::Gcs { bucket, path, dir },
+                    "az" | "azure" => Location::Azure { container: bucket, path, dir },
+                    _ => Location::S3 { bucket, path, dir },
+                })
             }
-            "gs" | "az" | "abfs" | "abfss" | "azure" => Err(bad(
-                "Google Cloud Storage and Azure need object_store's `gcp`/`azure` features, which this build does not enable",
-            )),
-            _ => Err(bad("unsupported scheme (use s3://, http://, https:// or a local path)")),
+            _ => Err(bad("unsupported scheme (use s3://, az://, gs://, http://, https:// or a local path)")),
         }
     }
 
@@ -118,7 +144,10 @@ impl Location {
     pub fn is_dir(&self) -> bool {
         match self {
             Location::Local(p) => p.is_dir(),
-            Location::Http { dir, .. } | Location::S3 { dir, .. } => *dir,
+            Location::Http { dir, .. }
+            | Location::S3 { dir, .. }
+            | Location::Azure { dir, .. }
+            | Location::Gcs { dir, .. } => *dir,
         }
     }
 
@@ -126,7 +155,10 @@ impl Location {
     pub(crate) fn object_path(&self) -> Option<&ObjectPath> {
         match self {
             Location::Local(_) => None,
-            Location::Http { path, .. } | Location::S3 { path, .. } => Some(path),
+            Location::Http { path, .. }
+            | Location::S3 { path, .. }
+            | Location::Azure { path, .. }
+            | Location::Gcs { path, .. } => Some(path),
         }
     }
 
@@ -142,6 +174,23 @@ impl Location {
                 redact_url(&url)
             }
             Location::S3 { bucket, .. } => format!("s3://{bucket}/{path}"),
+            Location::Azure { container, .. } => format!("az://{container}/{path}"),
+            Location::Gcs { bucket, .. } => format!("gs://{bucket}/{path}"),
+        }
+    }
+
+    /// Whether the store can list a prefix (object stores can; a plain HTTP server cannot).
+    pub(crate) fn can_list(&self) -> bool {
+        matches!(self, Location::S3 { .. } | Location::Azure { .. } | Location::Gcs { .. })
+    }
+
+    /// The backend name reports show for loads from this location.
+    pub(crate) fn backend_name(&self) -> &'static str {
+        match self {
+            Location::S3 { .. } => "remote-s3",
+            Location::Azure { .. } => "remote-azure",
+            Location::Gcs { .. } => "remote-gcs",
+            Location::Http { .. } | Location::Local(_) => "remote-http",
         }
     }
 }
@@ -211,84 +260,149 @@ pub(crate) fn build_store(
     config: &StoreConfig,
     timeouts: ClientTimeouts,
 ) -> Result<Arc<dyn ObjectStore>, RemoteError> {
-    let retry = object_store::RetryConfig { max_retries: 0, ..object_store::RetryConfig::default() };
     let client = object_store::ClientOptions::new()
         .with_connect_timeout(timeouts.connect)
         .with_timeout(timeouts.request)
         .with_pool_max_idle_per_host(timeouts.idle_per_host)
         .with_http1_only();
+    let root = location.url_of(&ObjectPath::default());
+    let failed =
+        |e: object_store::Error| RemoteError::Store { url: root.clone(), reason: redact(&e.to_string()) };
     match location {
         Location::Local(path) => Err(RemoteError::NotRemote { path: path.clone() }),
-        Location::Http { origin, .. } => {
-            let mut client = client.with_allow_http(origin.scheme() == "http" || config.allow_http);
-            // Credentials in the URL become a basic-auth header marked sensitive (kept out of the
-            // HTTP client's logs); the URL the store builds requests from has none.
-            let mut bare = origin.clone();
-            if let Some(auth) = basic_auth(origin) {
-                let _ = bare.set_username("");
-                let _ = bare.set_password(None);
-                let mut headers = object_store::HeaderMap::new();
-                headers.insert("authorization", auth);
-                client = client.with_default_headers(headers);
-            }
-            let store = object_store::http::HttpBuilder::new()
-                .with_http_connector(RetryAfterConnector)
-                .with_url(bare.as_str())
-                .with_client_options(client)
-                .with_retry(retry)
-                .build()
-                .map_err(|e| RemoteError::Store {
-                    url: redact_url(origin),
-                    reason: redact(&e.to_string()),
-                })?;
-            Ok(Arc::new(store))
-        }
-        Location::S3 { bucket, .. } => {
-            // A plain-http endpoint without permission fails every request in the HTTP client
-            // (retried like a network error); refuse it here, once, with the fix in the message.
-            let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-            let endpoint =
-                config.endpoint.clone().or_else(|| env("AWS_ENDPOINT")).or_else(|| env("AWS_ENDPOINT_URL"));
-            let allow_http =
-                config.allow_http || env("AWS_ALLOW_HTTP").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-            if let Some(endpoint) = endpoint.filter(|e| e.to_ascii_lowercase().starts_with("http://"))
-                && !allow_http
-            {
-                return Err(RemoteError::Options {
-                    field: "allow_http",
-                    reason: format!(
-                        "the S3 endpoint {endpoint} is plain http: allow it with --allow-http \
-                         (StoreConfig::allow_http, or AWS_ALLOW_HTTP=true)"
-                    ),
-                });
-            }
-            let mut builder = object_store::aws::AmazonS3Builder::from_env()
-                .with_http_connector(RetryAfterConnector)
-                .with_bucket_name(bucket)
-                .with_retry(retry)
-                .with_client_options(client);
-            if let Some(endpoint) = &config.endpoint {
-                builder = builder.with_endpoint(endpoint).with_virtual_hosted_style_request(false);
-            }
-            if config.allow_http {
-                builder = builder.with_allow_http(true);
-            }
-            if config.anonymous {
-                builder = builder.with_skip_signature(true);
-            }
-            if let Some(region) = &config.region {
-                builder = builder.with_region(region);
-            }
-            if let Some((key, secret)) = &config.credentials {
-                builder = builder.with_access_key_id(key).with_secret_access_key(secret);
-            }
-            let store = builder.build().map_err(|e| RemoteError::Store {
-                url: format!("s3://{bucket}/"),
-                reason: redact(&e.to_string()),
-            })?;
-            Ok(Arc::new(store))
-        }
+        Location::Http { origin, .. } => http_store(origin, config, client).map_err(failed),
+        Location::S3 { bucket, .. } => s3_store(bucket, config, client)?.map_err(failed),
+        Location::Azure { container, .. } => azure_store(container, config, client).map_err(failed),
+        Location::Gcs { bucket, .. } => gcs_store(bucket, config, client).map_err(failed),
     }
+}
+
+fn no_retries() -> object_store::RetryConfig {
+    object_store::RetryConfig { max_retries: 0, ..object_store::RetryConfig::default() }
+}
+
+fn http_store(
+    origin: &Url,
+    config: &StoreConfig,
+    client: object_store::ClientOptions,
+) -> object_store::Result<Arc<dyn ObjectStore>> {
+    let mut client = client.with_allow_http(origin.scheme() == "http" || config.allow_http);
+    // Credentials in the URL become a basic-auth header marked sensitive (kept out of the HTTP
+    // client's logs); the URL the store builds requests from has none.
+    let mut bare = origin.clone();
+    if let Some(auth) = basic_auth(origin) {
+        let _ = bare.set_username("");
+        let _ = bare.set_password(None);
+        let mut headers = object_store::HeaderMap::new();
+        headers.insert("authorization", auth);
+        client = client.with_default_headers(headers);
+    }
+    let store = object_store::http::HttpBuilder::new()
+        .with_http_connector(RetryAfterConnector)
+        .with_url(bare.as_str())
+        .with_client_options(client)
+        .with_retry(no_retries())
+        .build()?;
+    Ok(Arc::new(store))
+}
+
+/// An S3 store; `Err` (outer) for a plain-http endpoint that was not allowed.
+fn s3_store(
+    bucket: &str,
+    config: &StoreConfig,
+    client: object_store::ClientOptions,
+) -> Result<object_store::Result<Arc<dyn ObjectStore>>, RemoteError> {
+    // A plain-http endpoint without permission fails every request in the HTTP client (retried
+    // like a network error); refuse it here, once, with the fix in the message.
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let endpoint =
+        config.endpoint.clone().or_else(|| env("AWS_ENDPOINT")).or_else(|| env("AWS_ENDPOINT_URL"));
+    let allow_http =
+        config.allow_http || env("AWS_ALLOW_HTTP").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if let Some(endpoint) = endpoint.filter(|e| e.to_ascii_lowercase().starts_with("http://"))
+        && !allow_http
+    {
+        return Err(RemoteError::Options {
+            field: "allow_http",
+            reason: format!(
+                "the S3 endpoint {} is plain http: allow it with --allow-http \
+                 (StoreConfig::allow_http, or AWS_ALLOW_HTTP=true)",
+                redact(&endpoint)
+            ),
+        });
+    }
+    let mut builder = object_store::aws::AmazonS3Builder::from_env()
+        .with_http_connector(RetryAfterConnector)
+        .with_bucket_name(bucket)
+        .with_retry(no_retries())
+        .with_client_options(client);
+    if let Some(endpoint) = &config.endpoint {
+        builder = builder.with_endpoint(endpoint).with_virtual_hosted_style_request(false);
+    }
+    if config.allow_http {
+        builder = builder.with_allow_http(true);
+    }
+    if config.anonymous {
+        builder = builder.with_skip_signature(true);
+    }
+    if let Some(region) = &config.region {
+        builder = builder.with_region(region);
+    }
+    if let Some((key, secret)) = &config.credentials {
+        builder = builder.with_access_key_id(key).with_secret_access_key(secret);
+    }
+    Ok(builder.build().map(|s| Arc::new(s) as Arc<dyn ObjectStore>))
+}
+
+/// An Azure Blob store: `AZURE_*` variables (account, key, SAS, ...) unless the config sets them;
+/// `credentials` is (account, access key), `endpoint` the account URL (Azurite:
+/// `http://127.0.0.1:10000/devstoreaccount1`).
+fn azure_store(
+    container: &str,
+    config: &StoreConfig,
+    client: object_store::ClientOptions,
+) -> object_store::Result<Arc<dyn ObjectStore>> {
+    let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env()
+        .with_http_connector(RetryAfterConnector)
+        .with_container_name(container)
+        .with_retry(no_retries())
+        .with_client_options(client);
+    if let Some(endpoint) = &config.endpoint {
+        builder = builder.with_endpoint(endpoint.clone());
+    }
+    if config.allow_http {
+        builder = builder.with_allow_http(true);
+    }
+    if config.anonymous {
+        builder = builder.with_skip_signature(true);
+    }
+    if let Some((account, key)) = &config.credentials {
+        builder = builder.with_account(account).with_access_key(key);
+    }
+    Ok(Arc::new(builder.build()?))
+}
+
+/// A Google Cloud Storage store: `GOOGLE_*` variables (service account, application default
+/// credentials) unless the config sets them; `endpoint` the base URL (an emulator's), and
+/// `anonymous` sends unsigned requests.
+fn gcs_store(
+    bucket: &str,
+    config: &StoreConfig,
+    client: object_store::ClientOptions,
+) -> object_store::Result<Arc<dyn ObjectStore>> {
+    let client = client.with_allow_http(config.allow_http);
+    let mut builder = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+        .with_http_connector(RetryAfterConnector)
+        .with_bucket_name(bucket)
+        .with_retry(no_retries())
+        .with_client_options(client);
+    if let Some(endpoint) = &config.endpoint {
+        builder = builder.with_base_url(endpoint);
+    }
+    if config.anonymous {
+        builder = builder.with_skip_signature(true);
+    }
+    Ok(Arc::new(builder.build()?))
 }
 
 /// The `Authorization: Basic …` header for the credentials in `origin`, if it has any.
@@ -412,7 +526,7 @@ mod tests {
 
     #[test]
     fn refuses_unsupported() {
-        for bad in ["gs://b/x", "az://c/x", "ftp://h/x", "s3:///x", "http://"] {
+        for bad in ["gs:///x", "az://c/x?sig=1", "ftp://h/x", "s3:///x", "http://"] {
             assert!(matches!(Location::parse(bad), Err(RemoteError::Location { .. })), "{bad}");
         }
     }
