@@ -18,9 +18,10 @@ use crate::units::parse_bytes;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a directory of shards, or a ServerlessLLM directory;
-    /// or a remote location (s3://bucket/prefix/, http(s)://host/path/). Remote loads read ranged
-    /// GETs of --chunk bytes, --queue-depth of them in flight (default 16), driven by --threads
-    /// runtime threads (default 2); --backend, --direct, --buffered, --mapped and --allow-sparse
+    /// or a remote location (s3://, az://, gs://, http(s)://). Remote loads read ranged GETs of
+    /// --chunk bytes; how many are in flight tunes itself (from 4, doubling while throughput grows,
+    /// at most 64; "concurrency" in the report says where it settled and why) unless
+    /// --queue-depth fixes it; --threads runtime threads drive them (default 2); --backend, --direct, --buffered, --mapped and --allow-sparse
     /// do not apply to them. Their --json report adds "requests", "url", "retry_seconds" and
     /// "open_requests", "open_retries", "open_retry_seconds" (what opening cost), and
     /// "retries" counts HTTP retries.
@@ -154,6 +155,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     }
     if let Some(q) = args.queue_depth {
         remote_opts.reads_inflight_max = usize::try_from(q).context("--queue-depth")?;
+        remote_opts.tuning = tensora_remote::Tuning::Fixed;
     }
     if let Some(n) = args.threads {
         remote_opts.runtime_threads = usize::try_from(n).context("--threads")?;

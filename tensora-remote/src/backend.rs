@@ -12,17 +12,23 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind};
+use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, ReadTarget};
 
 use crate::RemoteError;
 use crate::cache::CacheSession;
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject};
+use crate::tune::{TuneReport, Tuner};
+
+/// Reads the pager claims (and touches) ahead of the issuing threads.
+pub const PAGE_AHEAD_READS: usize = 16;
+/// The pager writes one byte per this many bytes of a claimed read (the smallest page size).
+pub const PAGE_TOUCH_BYTES: usize = 4096;
 
 /// How often an in-flight range (including its backoff sleeps) looks at the job's cancel flag
 /// and at the run's stop flag (set by the first failed range): a failed or cancelled load ends
@@ -47,6 +53,8 @@ pub struct RemoteBackend {
     counters: Counters,
     /// The cache its ranges are read from and written through, if any.
     cache: Option<Arc<CacheSession>>,
+    /// What the concurrency controller did in the last run.
+    tune: Mutex<Option<TuneReport>>,
 }
 
 impl RemoteBackend {
@@ -59,7 +67,13 @@ impl RemoteBackend {
             first_error: Mutex::new(None),
             counters: Counters::default(),
             cache: None,
+            tune: Mutex::new(None),
         }
+    }
+
+    /// What the concurrency controller did in the last run (`None` before one).
+    pub fn tune_report(&self) -> Option<TuneReport> {
+        self.tune.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// This backend reading ranges from `cache` first and writing fetched ones through to it.
@@ -122,19 +136,27 @@ impl IoBackend for RemoteBackend {
         let order: Vec<u32> = job.plan.queues().iter().flat_map(|q| q.reads.clone()).collect();
         let opts = &self.client.opts;
         // A current-thread runtime (0 threads) is driven by one caller at a time: one issuer.
-        let shares =
-            inflight_shares(opts.reads_inflight_max, opts.runtime_threads.clamp(1, order.len().max(1)));
+        let issuers = opts.runtime_threads.clamp(1, order.len().max(1));
+        // The budget bounds the depth too: a range holds its length in budget while in flight.
+        let budget_depth =
+            usize::try_from(job.budget.capacity_bytes() / opts.chunk_bytes.max(1)).unwrap_or(usize::MAX);
+        let tuner = Tuner::new(opts.tuning, opts.reads_inflight_max.min(budget_depth.max(1)));
         let retries_before = self.counters.retries.load(Ordering::Relaxed);
+        let (paged, pages) = tokio::sync::mpsc::channel(PAGE_AHEAD_READS);
         let run = Run {
             backend: self,
             job,
             sink,
             order,
-            cursor: AtomicUsize::new(0),
+            pages: tokio::sync::Mutex::new(pages),
             stop: AtomicBool::new(false),
             fetcher: self.client.fetcher(&self.counters).with_cache(self.cache.as_deref()),
+            tuner,
+            issuers,
         };
-        let mut total = merge_issuers(run.issue_on_threads(&shares)).map_err(|f| self.read_error(job, f))?;
+        let results = run.issue_on_threads(paged);
+        *self.tune.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.tuner.report());
+        let mut total = merge_issuers(results).map_err(|f| self.read_error(job, f))?;
         total.retries = self.counters.retries.load(Ordering::Relaxed).saturating_sub(retries_before);
         total.peak_inflight_bytes = job.budget.peak_bytes();
         Ok(total)
@@ -164,6 +186,9 @@ impl RemoteBackend {
     }
 }
 
+/// A read claimed ahead, with its pages touched, or the claim's error.
+type Paged<'j> = Result<(u32, ReadTarget<'j>), ReadError>;
+
 /// One run of [`RemoteBackend::execute`]: the job, its single issue queue, and the state its
 /// issuing threads share.
 struct Run<'r, 'j> {
@@ -172,17 +197,50 @@ struct Run<'r, 'j> {
     sink: &'r dyn CompletionSink,
     /// Read indexes in issue order: the plan's queues one after another.
     order: Vec<u32>,
-    /// The next position in `order` to issue, shared by every issuing thread.
-    cursor: AtomicUsize,
+    /// Reads claimed ahead by the pager, in issue order, shared by every issuing thread.
+    pages: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Paged<'r>>>,
     /// Set by the first failed range; every other range stops within [`STOP_POLL_INTERVAL`].
     stop: AtomicBool,
     fetcher: Fetcher<'r>,
+    tuner: Tuner,
+    issuers: usize,
 }
 
-impl Run<'_, '_> {
-    /// Read `index` of the plan: wait for budget, claim its slice, fetch the range into it (racing
-    /// a cancel or another range's failure), and land it. The bytes it read.
-    async fn fetch_one(&self, index: u32) -> Result<u64, Fail> {
+impl<'r> Run<'r, '_> {
+    /// The pager: claims the reads in issue order, at most [`PAGE_AHEAD_READS`] ahead of the
+    /// issuing threads, and writes one byte per 4 KiB of each, so that the first-touch faults of
+    /// a fresh arena (the kernel zeroing each page, which on a loaded machine costs more than the
+    /// network copy) happen here, beside the transfers, not inside them.
+    fn page_ahead(&self, paged: tokio::sync::mpsc::Sender<Paged<'r>>) {
+        for &index in &self.order {
+            if self.stop.load(Ordering::Relaxed) || self.job.cancel.load(Ordering::Relaxed) {
+                return;
+            }
+            let item = self.job.claim(index).map(|mut target| {
+                let buf = target.buf();
+                for at in (0..buf.len()).step_by(PAGE_TOUCH_BYTES) {
+                    buf[at] = 0;
+                }
+                (index, target)
+            });
+            let failed = item.is_err();
+            if paged.blocking_send(item).is_err() || failed {
+                return;
+            }
+        }
+    }
+
+    /// The next claimed read, `None` once the pager is done.
+    async fn next_read(&self) -> Option<Paged<'r>> {
+        if self.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.pages.lock().await.recv().await
+    }
+
+    /// Read `index` of the plan into its claimed `target`: wait for budget, fetch the range into
+    /// it (racing a cancel or another range's failure), and land it. The bytes it read.
+    async fn fetch_one(&self, index: u32, mut target: ReadTarget<'r>) -> Result<u64, Fail> {
         let job = self.job;
         let read = &job.plan.reads()[index as usize];
         let fail_with = |kind| {
@@ -204,7 +262,6 @@ impl Run<'_, '_> {
             ))));
         };
         let _permit = job.budget.acquire_async(read.len_bytes).await;
-        let mut target = job.claim(index).map_err(Fail::Read)?;
         // Race the fetch (its retries and backoff sleeps included) against a cancel or another
         // range's failure.
         let raced = {
@@ -224,42 +281,73 @@ impl Run<'_, '_> {
         Ok(read.len_bytes)
     }
 
-    /// One issuing loop: pull reads from the shared queue and keep `inflight` of them in flight
-    /// on the client's runtime, until the queue is empty or a read fails (which stops the run).
-    fn issue(&self, inflight: usize) -> Result<IoStats, Fail> {
-        let next = std::iter::from_fn(|| {
-            if self.stop.load(Ordering::Relaxed) {
-                return None;
-            }
-            self.order.get(self.cursor.fetch_add(1, Ordering::Relaxed)).copied()
-        });
+    /// This issuer's share of the tuner's depth (at least one range).
+    fn share(&self, issuer: usize) -> usize {
+        let depth = self.tuner.depth().max(self.issuers);
+        inflight_shares(depth, self.issuers).get(issuer).copied().unwrap_or(1)
+    }
+
+    /// One issuing loop: take claimed reads from the pager and keep this issuer's share of the
+    /// tuner's depth in flight on the client's runtime, until the queue is empty or a read fails
+    /// (which stops the run). Each landed range is reported to the tuner.
+    fn issue(&self, issuer: usize) -> Result<IoStats, Fail> {
         let mut stats = IoStats::default();
         let result = self.backend.client.runtime().block_on(async {
-            let mut done = futures::stream::iter(next).map(|i| self.fetch_one(i)).buffer_unordered(inflight);
-            while let Some(r) = done.next().await {
-                let len_bytes = match r {
-                    Ok(n) => n,
-                    Err(f) => {
+            let mut inflight = futures::stream::FuturesUnordered::new();
+            let mut source_done = false;
+            loop {
+                let wants = !source_done && inflight.len() < self.share(issuer);
+                let landed = if wants && inflight.is_empty() {
+                    match self.next_read().await {
+                        Some(Ok((i, target))) => inflight.push(self.fetch_one(i, target)),
+                        Some(Err(e)) => return Err(Fail::Read(e)),
+                        None => source_done = true,
+                    }
+                    continue;
+                } else if wants {
+                    let next = std::pin::pin!(self.next_read());
+                    match futures::future::select(next, inflight.next()).await {
+                        futures::future::Either::Left((Some(Ok((i, target))), _)) => {
+                            inflight.push(self.fetch_one(i, target));
+                            continue;
+                        }
+                        futures::future::Either::Left((Some(Err(e)), _)) => return Err(Fail::Read(e)),
+                        futures::future::Either::Left((None, _)) => {
+                            source_done = true;
+                            continue;
+                        }
+                        futures::future::Either::Right((landed, _)) => landed,
+                    }
+                } else {
+                    inflight.next().await
+                };
+                match landed {
+                    Some(Ok(n)) => {
+                        stats.reads += 1;
+                        stats.bytes_read += n;
+                        self.tuner.landed(n, std::time::Instant::now());
+                    }
+                    Some(Err(f)) => {
                         // Every other in-flight range stops within STOP_POLL_INTERVAL.
                         self.stop.store(true, Ordering::Relaxed);
                         return Err(f);
                     }
-                };
-                stats.reads += 1;
-                stats.bytes_read += len_bytes;
+                    None => return Ok(()),
+                }
             }
-            Ok(())
         });
         result.map(|()| stats)
     }
 
-    /// One issuing loop per share of the in-flight cap, the first on this thread. Blocking on
-    /// the client's runtime panics inside another runtime: then they all run on plain threads.
-    fn issue_on_threads(&self, shares: &[usize]) -> Vec<Result<IoStats, Fail>> {
+    /// The pager on a thread of its own, and one issuing loop per issuer, the first on this
+    /// thread. Blocking on the client's runtime panics inside another runtime: then they all run
+    /// on plain threads. The pager's channel closes when the issuers are done.
+    fn issue_on_threads(&self, paged: tokio::sync::mpsc::Sender<Paged<'r>>) -> Vec<Result<IoStats, Fail>> {
         off_runtime(|| {
             std::thread::scope(|s| {
-                let handles: Vec<_> = shares[1..].iter().map(|&n| s.spawn(move || self.issue(n))).collect();
-                let mut results = vec![self.issue(shares[0])];
+                let pager = s.spawn(move || self.page_ahead(paged));
+                let handles: Vec<_> = (1..self.issuers).map(|i| s.spawn(move || self.issue(i))).collect();
+                let mut results = vec![self.issue(0)];
                 for h in handles {
                     results.push(h.join().unwrap_or_else(|_| {
                         Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
@@ -267,6 +355,10 @@ impl Run<'_, '_> {
                         )))))
                     }))
                 }
+                // Unblock the pager if it waits on a full channel, then wait for it.
+                self.stop.store(true, Ordering::Relaxed);
+                self.pages.blocking_lock().close();
+                let _ = pager.join();
                 results
             })
         })

@@ -21,7 +21,7 @@
 //! let loc = Location::parse("s3://weights/llama-3-8b/")?;
 //! assert!(loc.is_remote() && loc.is_dir());
 //! let opts = RemoteOptions::default();
-//! assert_eq!(opts.inflight_bytes_max(), Some(16 * (8 << 20)));
+//! assert_eq!(opts.inflight_bytes_max(), Some(64 * (8 << 20)));
 //! # Ok::<(), tensora_remote::RemoteError>(())
 //! ```
 #![forbid(unsafe_code)]
@@ -40,6 +40,7 @@ mod redact;
 mod retry_after;
 #[cfg(test)]
 mod test_store;
+mod tune;
 
 pub use backend::RemoteBackend;
 pub use cache::{Cache, CacheOptions, CacheReport, CachedObject, LOCK_WAIT_MAX, RangeRecord};
@@ -52,3 +53,4 @@ pub use load::{
 };
 pub use location::{Location, StoreConfig};
 pub use redact::redact;
+pub use tune::{GAIN_MIN, Probe, START_DEPTH, TuneReport, Tuning};

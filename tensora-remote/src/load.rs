@@ -17,6 +17,7 @@ use crate::checkpoint::RemoteCheckpoint;
 use crate::client::Client;
 use crate::fetch::{RetryPolicy, Unversioned};
 use crate::location::ClientTimeouts;
+use crate::tune::{TuneReport, Tuning};
 use crate::{Location, RemoteError, StoreConfig};
 
 /// Most ranges in flight that [`RemoteOptions::validate`] accepts.
@@ -29,7 +30,8 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | field | default | meaning |
 /// |---|---|---|
 /// | `chunk_bytes` | 8 MiB | size of one ranged GET |
-/// | `reads_inflight_max` | 16 | ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` |
+/// | `reads_inflight_max` | 64 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` |
+/// | `tuning` | `Auto` | the depth probes upward from 4 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
 /// | `rate_min_bytes_per_s` | 2 MB/s | the slowest healthy rate: one attempt may take `request_overhead + remaining / rate` |
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
@@ -44,8 +46,11 @@ pub struct RemoteOptions {
     pub store: StoreConfig,
     /// Size of one ranged GET (the load's read size).
     pub chunk_bytes: u64,
-    /// Ranges in flight at once, one connection each; 1..=[`READS_INFLIGHT_LIMIT`].
+    /// Ranges in flight at once, one connection each; 1..=[`READS_INFLIGHT_LIMIT`]. With
+    /// [`Tuning::Auto`] the most the controller may go to, with [`Tuning::Fixed`] the depth.
     pub reads_inflight_max: usize,
+    /// Whether the depth tunes itself (the default) or stays at `reads_inflight_max`.
+    pub tuning: Tuning,
     /// The slowest rate a healthy connection sustains: one attempt may take
     /// `request_overhead + remaining bytes / rate`.
     pub rate_min_bytes_per_s: u64,
@@ -73,7 +78,8 @@ impl Default for RemoteOptions {
         RemoteOptions {
             store: StoreConfig::default(),
             chunk_bytes: 8 << 20,
-            reads_inflight_max: 16,
+            reads_inflight_max: 64,
+            tuning: Tuning::Auto,
             rate_min_bytes_per_s: 2_000_000,
             request_overhead: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
@@ -154,6 +160,10 @@ pub struct RemoteReport {
     /// What the cache did for this load (`None` without a cache).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<CacheReport>,
+    /// What the concurrency controller did: the depth it settled on, the windows it measured,
+    /// and why (`None` for a load from cached local files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<TuneReport>,
 }
 
 /// A loaded remote checkpoint: a `tensora_io::Loaded` (every selected tensor's bytes) with the
@@ -287,16 +297,18 @@ impl RemoteCheckpoint {
         let counts = backend.counts();
         load.retries = counts.retries;
         let remote = &self.client().opts;
+        let tune = backend.tune_report();
+        let depth = tune.as_ref().map_or_else(|| remote.reads_inflight_max.to_string(), |t| t.reason.clone());
         load.reason = format!(
-            "object_store ranged GETs of {} KiB, {} in flight, one queue across {} objects",
+            "object_store ranged GETs of {} KiB, one queue across {} objects, {depth}",
             remote.chunk_bytes >> 10,
-            remote.reads_inflight_max,
             self.objects().len()
         );
         load.io_mode = "streamed".to_owned();
         let mut report = self.report(load, cap);
         report.requests = counts.requests;
         report.retry_seconds = counts.retry_nanos as f64 / 1e9;
+        report.concurrency = tune;
         report
     }
 
@@ -323,6 +335,7 @@ impl RemoteCheckpoint {
             open_retry_seconds: open.retry_nanos as f64 / 1e9,
             inflight_bytes_max: cap,
             cache: None,
+            concurrency: None,
         }
     }
 

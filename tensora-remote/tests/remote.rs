@@ -23,6 +23,7 @@ fn small_opts() -> RemoteOptions {
     RemoteOptions {
         chunk_bytes: 256 << 10,
         reads_inflight_max: 4,
+        tuning: tensora_remote::Tuning::Fixed,
         request_overhead: Duration::from_secs(2),
         connect_timeout: Duration::from_secs(1),
         retry: RetryPolicy {

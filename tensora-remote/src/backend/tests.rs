@@ -54,8 +54,9 @@ proptest! {
     ) {
         let dir = tempfile::tempdir().unwrap();
         let store = stored(dir.path(), &lens, cap_words * 4, &rt());
+        let tuning = if inflight % 2 == 0 { crate::Tuning::Auto } else { crate::Tuning::Fixed };
         let opts = RemoteOptions { chunk_bytes: chunk, reads_inflight_max: inflight, runtime_threads: threads,
-            ..RemoteOptions::default() };
+            tuning, ..RemoteOptions::default() };
         let remote = open(store as Arc<dyn ObjectStore>, &opts);
         let names: Vec<String> =
             (0..lens.len()).filter(|&i| picks[i]).map(|i| format!("t{i}")).collect();
@@ -181,6 +182,7 @@ fn the_first_failure_stops_every_range_in_flight() {
     let opts = RemoteOptions {
         chunk_bytes: 8192,
         reads_inflight_max: 6,
+        tuning: crate::Tuning::Fixed,
         runtime_threads: 2,
         request_overhead: Duration::from_secs(3600),
         retry: crate::RetryPolicy { retries_per_range_max: 0, ..crate::RetryPolicy::default() },
@@ -207,6 +209,7 @@ fn a_cancel_stops_every_range_in_flight() {
     let opts = RemoteOptions {
         chunk_bytes: 8192,
         reads_inflight_max: 4,
+        tuning: crate::Tuning::Fixed,
         runtime_threads: 2,
         request_overhead: Duration::from_secs(3600),
         ..RemoteOptions::default()
