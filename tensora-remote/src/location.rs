@@ -541,11 +541,21 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]
-        /// Parsing never panics, and a remote location always yields an object path.
+        /// Parsing never panics; a remote location yields an object path and prints as a URL that
+        /// parses back to the same location (issue 21: a property of each `Ok`), and every
+        /// refusal is a `Location` error naming the input.
         #[test]
-        fn parse_never_panics(s in "(s3|http|https|gs|x)?(://)?[a-z0-9./%:_-]{0,24}") {
-            if let Ok(l) = Location::parse(&s) {
-                prop_assert_eq!(l.is_remote(), l.object_path().is_some());
+        fn parse_never_panics(s in "(s3|http|https|gs|az|x)?(://)?[a-z0-9./%:_-]{0,24}") {
+            match Location::parse(&s) {
+                Ok(l) => {
+                    prop_assert_eq!(l.is_remote(), l.object_path().is_some());
+                    if l.is_remote() {
+                        let again = Location::parse(&l.to_string());
+                        prop_assert!(again.as_ref().ok() == Some(&l), "{} -> {} -> {:?}", s, l, again);
+                    }
+                }
+                Err(RemoteError::Location { input, .. }) => prop_assert_eq!(input, s),
+                Err(other) => prop_assert!(false, "{}: not a Location error: {}", s, other),
             }
         }
     }
