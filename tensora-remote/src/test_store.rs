@@ -53,6 +53,66 @@ pub const HANG: Duration = Duration::from_secs(60);
 
 type BoxFut<'a, T> = Pin<Box<dyn Future<Output = object_store::Result<T>> + Send + 'a>>;
 
+/// The `ObjectStore` methods a test store passes straight to `self.inner`: everything but
+/// `get_opts` and `list`.
+macro_rules! delegate_to_inner {
+    () => {
+        fn put_opts<'a, 'b, 'c>(
+            &'a self,
+            l: &'b ObjectPath,
+            p: PutPayload,
+            o: PutOptions,
+        ) -> BoxFut<'c, PutResult>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            self.inner.put_opts(l, p, o)
+        }
+        fn put_multipart_opts<'a, 'b, 'c>(
+            &'a self,
+            l: &'b ObjectPath,
+            o: PutMultipartOptions,
+        ) -> BoxFut<'c, Box<dyn MultipartUpload>>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            self.inner.put_multipart_opts(l, o)
+        }
+        fn delete_stream(
+            &self,
+            locations: BoxStream<'static, object_store::Result<ObjectPath>>,
+        ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
+            self.inner.delete_stream(locations)
+        }
+        fn list_with_delimiter<'a, 'b, 'c>(&'a self, prefix: Option<&'b ObjectPath>) -> BoxFut<'c, ListResult>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            self.inner.list_with_delimiter(prefix)
+        }
+        fn copy_opts<'a, 'b, 'c, 'd>(
+            &'a self,
+            from: &'b ObjectPath,
+            to: &'c ObjectPath,
+            o: object_store::CopyOptions,
+        ) -> BoxFut<'d, ()>
+        where
+            'a: 'd,
+            'b: 'd,
+            'c: 'd,
+            Self: 'd,
+        {
+            self.inner.copy_opts(from, to, o)
+        }
+    };
+}
+
 /// An in-memory store whose GET bodies break: each GET pops a byte count after which its body
 /// fails (none left: whole bodies). Bodies arrive in `BODY_CHUNK_BYTES` pieces. While
 /// `hang_next` is above 0, each GET (not HEAD) takes one off and waits [`HANG`] first; after
@@ -111,31 +171,7 @@ impl std::fmt::Display for BreakingStore {
 }
 
 impl ObjectStore for BreakingStore {
-    fn put_opts<'a, 'b, 'c>(
-        &'a self,
-        l: &'b ObjectPath,
-        p: PutPayload,
-        o: PutOptions,
-    ) -> BoxFut<'c, PutResult>
-    where
-        'a: 'c,
-        'b: 'c,
-        Self: 'c,
-    {
-        self.inner.put_opts(l, p, o)
-    }
-    fn put_multipart_opts<'a, 'b, 'c>(
-        &'a self,
-        l: &'b ObjectPath,
-        o: PutMultipartOptions,
-    ) -> BoxFut<'c, Box<dyn MultipartUpload>>
-    where
-        'a: 'c,
-        'b: 'c,
-        Self: 'c,
-    {
-        self.inner.put_multipart_opts(l, o)
-    }
+    delegate_to_inner!();
     fn get_opts<'a, 'b, 'c>(&'a self, l: &'b ObjectPath, o: GetOptions) -> BoxFut<'c, object_store::GetResult>
     where
         'a: 'c,
@@ -178,36 +214,8 @@ impl ObjectStore for BreakingStore {
             Ok(result)
         })
     }
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<ObjectPath>>,
-    ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
-        self.inner.delete_stream(locations)
-    }
     fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         self.inner.list(prefix)
-    }
-    fn list_with_delimiter<'a, 'b, 'c>(&'a self, prefix: Option<&'b ObjectPath>) -> BoxFut<'c, ListResult>
-    where
-        'a: 'c,
-        'b: 'c,
-        Self: 'c,
-    {
-        self.inner.list_with_delimiter(prefix)
-    }
-    fn copy_opts<'a, 'b, 'c, 'd>(
-        &'a self,
-        from: &'b ObjectPath,
-        to: &'c ObjectPath,
-        o: object_store::CopyOptions,
-    ) -> BoxFut<'d, ()>
-    where
-        'a: 'd,
-        'b: 'd,
-        'c: 'd,
-        Self: 'd,
-    {
-        self.inner.copy_opts(from, to, o)
     }
 }
 
@@ -258,31 +266,7 @@ impl VersionlessStore {
 }
 
 impl ObjectStore for VersionlessStore {
-    fn put_opts<'a, 'b, 'c>(
-        &'a self,
-        l: &'b ObjectPath,
-        p: PutPayload,
-        o: PutOptions,
-    ) -> BoxFut<'c, PutResult>
-    where
-        'a: 'c,
-        'b: 'c,
-        Self: 'c,
-    {
-        self.inner.put_opts(l, p, o)
-    }
-    fn put_multipart_opts<'a, 'b, 'c>(
-        &'a self,
-        l: &'b ObjectPath,
-        o: PutMultipartOptions,
-    ) -> BoxFut<'c, Box<dyn MultipartUpload>>
-    where
-        'a: 'c,
-        'b: 'c,
-        Self: 'c,
-    {
-        self.inner.put_multipart_opts(l, o)
-    }
+    delegate_to_inner!();
     fn get_opts<'a, 'b, 'c>(&'a self, l: &'b ObjectPath, o: GetOptions) -> BoxFut<'c, object_store::GetResult>
     where
         'a: 'c,
@@ -311,12 +295,6 @@ impl ObjectStore for VersionlessStore {
             Ok(result)
         })
     }
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<ObjectPath>>,
-    ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
-        self.inner.delete_stream(locations)
-    }
     fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         let drop_last_modified = self.drop_last_modified;
         self.inner
@@ -329,27 +307,5 @@ impl ObjectStore for VersionlessStore {
                 meta
             })
             .boxed()
-    }
-    fn list_with_delimiter<'a, 'b, 'c>(&'a self, prefix: Option<&'b ObjectPath>) -> BoxFut<'c, ListResult>
-    where
-        'a: 'c,
-        'b: 'c,
-        Self: 'c,
-    {
-        self.inner.list_with_delimiter(prefix)
-    }
-    fn copy_opts<'a, 'b, 'c, 'd>(
-        &'a self,
-        from: &'b ObjectPath,
-        to: &'c ObjectPath,
-        o: object_store::CopyOptions,
-    ) -> BoxFut<'d, ()>
-    where
-        'a: 'd,
-        'b: 'd,
-        'c: 'd,
-        Self: 'd,
-    {
-        self.inner.copy_opts(from, to, o)
     }
 }

@@ -46,6 +46,14 @@ pub fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// Kill a server (SIGKILL) and reap it; its open connections are reset.
+fn kill_child(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (bound once, then released for the server to take).
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
@@ -167,10 +175,7 @@ impl Nginx {
 
     /// Kill the server (SIGKILL) and reap it; open connections are reset.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     /// Answer every request with `status` from now on (500, 503 or 429), or serve files again
@@ -287,10 +292,7 @@ impl S3rver {
     }
 
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill_child(&mut self.child);
     }
 
     pub fn endpoint(&self) -> String {
@@ -484,10 +486,7 @@ impl Azurite {
 
 impl Drop for Azurite {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill_child(&mut self.child);
     }
 }
 
@@ -598,10 +597,7 @@ impl GcsEmulator {
 
 impl Drop for GcsEmulator {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        kill_child(&mut self.child);
     }
 }
 
