@@ -21,7 +21,7 @@
 //! let loc = Location::parse("s3://weights/llama-3-8b/")?;
 //! assert!(loc.is_remote() && loc.is_dir());
 //! let opts = RemoteOptions::default();
-//! assert_eq!(opts.inflight_bytes_max(), Some(64 * (8 << 20)));
+//! assert_eq!(opts.inflight_bytes_max(), Some(32 * (8 << 20)));
 //! # Ok::<(), tensora_remote::RemoteError>(())
 //! ```
 #![forbid(unsafe_code)]

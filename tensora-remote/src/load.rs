@@ -30,8 +30,8 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | field | default | meaning |
 /// |---|---|---|
 /// | `chunk_bytes` | 8 MiB | size of one ranged GET |
-/// | `reads_inflight_max` | 64 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` |
-/// | `tuning` | `Auto` | the depth probes upward from 4 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
+/// | `reads_inflight_max` | 32 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` |
+/// | `tuning` | `Auto` | the depth probes upward from 16 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
 /// | `rate_min_bytes_per_s` | 2 MB/s | the slowest healthy rate: one attempt may take `request_overhead + remaining / rate` |
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
@@ -78,7 +78,7 @@ impl Default for RemoteOptions {
         RemoteOptions {
             store: StoreConfig::default(),
             chunk_bytes: 8 << 20,
-            reads_inflight_max: 64,
+            reads_inflight_max: 32,
             tuning: Tuning::Auto,
             rate_min_bytes_per_s: 2_000_000,
             request_overhead: Duration::from_secs(5),
