@@ -42,21 +42,24 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(location) = crate::remote::location(&args.path)? {
         if !matches!(args.backend, BackendChoice::Auto) {
-            anyhow::bail!("--backend does not apply to a remote location ({})", args.path.display());
+            anyhow::bail!(
+                "--backend does not apply to a remote location ({})",
+                crate::remote::shown(&args.path)
+            );
         }
         let remote = crate::remote::open(&location, &args.remote.options())?;
         let ckpt = remote.checkpoint();
         let progress = checkpoint_progress(ckpt);
         let (digests, _) = crate::remote::digests(&remote, args.algo, progress.hook())
-            .with_context(|| format!("hashing {}", args.path.display()))?;
+            .with_context(|| format!("hashing {}", crate::remote::shown(&args.path)))?;
         progress.finish();
         return finish(&args, ckpt, &digests);
     }
     let ckpt = tensora_verify::open_checkpoint(&args.path)?;
     let progress = checkpoint_progress(&ckpt);
     let opts = HashOptions { algo: args.algo, backend: args.backend.clone(), progress: progress.hook() };
-    let digests =
-        hash_checkpoint(&ckpt, &opts).with_context(|| format!("hashing {}", args.path.display()))?;
+    let digests = hash_checkpoint(&ckpt, &opts)
+        .with_context(|| format!("hashing {}", crate::remote::shown(&args.path)))?;
     progress.finish();
     finish(&args, &ckpt, &digests)
 }

@@ -18,10 +18,11 @@ use crate::units::parse_bytes;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a directory of shards, or a ServerlessLLM directory;
-    /// or a remote location (s3://bucket/prefix/, http(s)://host/path/). Remote loads read ranged
-    /// GETs of --chunk bytes, --queue-depth of them in flight (default 16), driven by --threads
-    /// runtime threads (default 2); --backend, --direct, --buffered, --mapped and --allow-sparse
-    /// do not apply to them. Their --json report adds "requests", "url", "retry_seconds" and
+    /// or a remote location (s3://, az://, gs://, http(s)://). Remote loads read ranged GETs of
+    /// --chunk bytes; how many are in flight tunes itself (from 16, doubling while throughput grows,
+    /// at most 32; "concurrency" in the report says where it settled and why) unless
+    /// --queue-depth fixes it; --threads runtime threads drive them (default 2); --backend,
+    /// --direct, --buffered, --mapped and --allow-sparse do not apply to them. Their --json report adds "requests", "url", "retry_seconds" and
     /// "open_requests", "open_retries", "open_retry_seconds" (what opening cost), and
     /// "retries" counts HTTP retries.
     pub path: std::path::PathBuf,
@@ -118,10 +119,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             delivered = delivered.wrapping_add(t.bytes().first().copied().map_or(0, u64::from));
             Ok(())
         })
-        .with_context(|| format!("cannot load {}", args.path.display()))?
+        .with_context(|| format!("cannot load {}", crate::remote::shown(&args.path)))?
     } else {
-        let loaded =
-            tensora_io::load(&ckpt, &opts).with_context(|| format!("cannot load {}", args.path.display()))?;
+        let loaded = tensora_io::load(&ckpt, &opts)
+            .with_context(|| format!("cannot load {}", crate::remote::shown(&args.path)))?;
         loaded.report().clone()
     };
     progress.finish();
@@ -157,7 +158,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
         (args.allow_sparse, "--allow-sparse"),
     ];
     if let Some((_, flag)) = local_only.iter().find(|(set, _)| *set) {
-        anyhow::bail!("{flag} does not apply to a remote location ({})", args.path.display());
+        anyhow::bail!("{flag} does not apply to a remote location ({})", crate::remote::shown(&args.path));
     }
     let mut remote_opts = args.remote.options();
     if let Some(c) = args.chunk {
@@ -165,6 +166,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     }
     if let Some(q) = args.queue_depth {
         remote_opts.reads_inflight_max = usize::try_from(q).context("--queue-depth")?;
+        remote_opts.tuning = tensora_remote::Tuning::Fixed;
     }
     if let Some(n) = args.threads {
         remote_opts.runtime_threads = usize::try_from(n).context("--threads")?;
@@ -172,7 +174,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     let checkpoint = crate::remote::open(location, &remote_opts)?;
     let mut opts = LoadOptions::default();
     let progress = common_options(args, &mut opts);
-    let context = || format!("cannot load {}", args.path.display());
+    let context = || format!("cannot load {}", crate::remote::shown(&args.path));
     let report = if args.stream {
         let mut delivered: u64 = 0;
         checkpoint
@@ -202,6 +204,13 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
                 report.open_requests,
                 report.open_retries
             )?;
+            if let Some(c) = &report.cache {
+                writeln!(
+                    out,
+                    "cache        {}: {} bytes read from it, {} written, {} objects completed, {} loaded as local files",
+                    c.dir, c.hit_bytes, c.written_bytes, c.promoted, c.local_objects
+                )?;
+            }
         }
         out.flush()
     })();

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod cache;
 mod convert;
 mod hash;
 mod inspect;
@@ -42,6 +43,8 @@ enum Command {
     Hash(hash::Args),
     /// Check structure, file integrity and digests.
     Verify(verify::Args),
+    /// Inspect, clear or check the local cache of remote loads (--cache DIR).
+    Cache(cache::Args),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(args),
         Command::Hash(args) => hash::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Cache(args) => cache::run(args),
     };
     match result {
         Ok(code) => code,

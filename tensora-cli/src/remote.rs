@@ -1,11 +1,13 @@
-//! Remote locations (`s3://bucket/prefix/`, `http(s)://host/path/`) for `inspect`, `load`, `hash`
-//! and `verify`: the shared flags, and opening through `tensora_remote`.
+//! Remote locations (`s3://bucket/prefix/`, `az://container/prefix/`, `gs://bucket/prefix/`,
+//! `http(s)://host/path/`) for `inspect`, `load`, `hash` and `verify`: the shared flags, and
+//! opening through `tensora_remote`.
 
 use std::path::{Path, PathBuf};
 
 use tensora_io::{LoadOptions, ProgressHook};
 use tensora_remote::{
-    Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, StoreConfig, open_remote,
+    CacheOptions, Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, StoreConfig,
+    Unversioned, open_remote,
 };
 use tensora_verify::check::{FindingKind, Report};
 use tensora_verify::fused::DigestCollector;
@@ -14,9 +16,9 @@ use tensora_verify::{Algo, Digest, Manifest};
 /// How to reach an object store; ignored for local paths.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RemoteArgs {
-    /// S3 endpoint for an S3-compatible server, e.g. http://127.0.0.1:9000 (default: AWS, or
-    /// AWS_ENDPOINT). Credentials and region come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-    /// AWS_SESSION_TOKEN and AWS_REGION.
+    /// Endpoint of an S3-compatible server, e.g. http://127.0.0.1:9000 (default: AWS, or
+    /// AWS_ENDPOINT); for az:// the account URL (default: AZURE_STORAGE_ACCOUNT_NAME's), for gs://
+    /// the base URL. Credentials come from AWS_*, AZURE_STORAGE_* or GOOGLE_* variables.
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
     /// Allow a plain http:// S3 endpoint (http:// origins of HTTP locations always are).
@@ -25,6 +27,36 @@ pub struct RemoteArgs {
     /// Send unsigned S3 requests (public buckets); no credentials needed.
     #[arg(long)]
     pub anonymous: bool,
+    /// Load objects whose server sends neither an ETag nor a Last-Modified date (normally
+    /// refused: a replacement during the load could not be noticed).
+    #[arg(long)]
+    pub allow_unversioned: bool,
+    /// The most opening a remote checkpoint may take, every request and retry included, in
+    /// seconds (default 120).
+    #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
+    pub open_timeout: Option<std::time::Duration>,
+    /// Keep a verified local copy of every object loaded in DIR: written in the same pass as the
+    /// load, resumed after an interruption, confirmed by one HEAD per object on the next load
+    /// (which then reads local files). `tensora cache ls|rm|verify DIR` inspects it.
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<std::path::PathBuf>,
+    /// With --cache: send no request at all; load from the cache only.
+    #[arg(long, requires = "cache")]
+    pub offline: bool,
+    /// With --cache: evict least recently used objects while the cache holds more than this
+    /// many bytes (units as for --budget).
+    #[arg(long, value_name = "SIZE", requires = "cache", value_parser = crate::units::parse_bytes)]
+    pub cache_max: Option<u64>,
+}
+
+/// A positive number of seconds (fractions allowed).
+fn parse_seconds(text: &str) -> Result<std::time::Duration, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s > 0.0 && s.is_finite() => {
+            std::time::Duration::try_from_secs_f64(s).map_err(|e| e.to_string())
+        }
+        _ => Err(format!("{text:?} is not a positive number of seconds")),
+    }
 }
 
 impl RemoteArgs {
@@ -37,9 +69,22 @@ impl RemoteArgs {
                 anonymous: self.anonymous,
                 ..StoreConfig::default()
             },
+            unversioned: if self.allow_unversioned { Unversioned::Allow } else { Unversioned::Refuse },
+            open_deadline: self.open_timeout.unwrap_or(RemoteOptions::default().open_deadline),
+            cache: self.cache.as_ref().map(|dir| CacheOptions {
+                dir: dir.clone(),
+                size_max_bytes: self.cache_max,
+                offline: self.offline,
+            }),
             ..RemoteOptions::default()
         }
     }
+}
+
+/// `path` as it may be printed: a URL with its password and query values redacted
+/// (`tensora_remote::redact`), a local path as it is.
+pub fn shown(path: &Path) -> String {
+    tensora_remote::redact(&path.to_string_lossy())
 }
 
 /// The remote location `path` names, or `None` for a local path (including `file://`).
@@ -172,7 +217,9 @@ mod tests {
         assert!(location(Path::new("file:///tmp/x.safetensors")).unwrap().is_none());
         assert!(location(Path::new("s3://b/m/")).unwrap().is_some());
         assert!(location(Path::new("http://127.0.0.1:1/m.safetensors")).unwrap().is_some());
-        assert!(location(Path::new("gs://b/m/")).is_err());
+        assert!(location(Path::new("gs://b/m/")).unwrap().is_some());
+        assert!(location(Path::new("az://c/m/")).unwrap().is_some());
+        assert!(location(Path::new("ftp://h/m/")).is_err());
     }
 
     #[test]
@@ -213,10 +260,27 @@ mod tests {
 
     #[test]
     fn flags_reach_the_store_config() {
-        let args =
-            RemoteArgs { endpoint: Some("http://127.0.0.1:1".into()), allow_http: true, anonymous: true };
-        let store = args.options().store;
-        assert_eq!(store.endpoint.as_deref(), Some("http://127.0.0.1:1"));
-        assert!(store.allow_http && store.anonymous);
+        let args = RemoteArgs {
+            endpoint: Some("http://127.0.0.1:1".into()),
+            allow_http: true,
+            anonymous: true,
+            allow_unversioned: true,
+            open_timeout: Some(std::time::Duration::from_millis(1500)),
+            cache: Some("/c".into()),
+            offline: true,
+            cache_max: Some(10),
+        };
+        let opts = args.options();
+        assert_eq!(opts.store.endpoint.as_deref(), Some("http://127.0.0.1:1"));
+        assert!(opts.store.allow_http && opts.store.anonymous);
+        assert_eq!(opts.unversioned, Unversioned::Allow);
+        assert_eq!(opts.open_deadline, std::time::Duration::from_millis(1500));
+        assert_eq!(
+            opts.cache,
+            Some(CacheOptions { dir: "/c".into(), size_max_bytes: Some(10), offline: true })
+        );
+        assert_eq!(RemoteArgs::default().options(), RemoteOptions::default());
+        assert_eq!(parse_seconds("2.5"), Ok(std::time::Duration::from_millis(2500)));
+        assert!(parse_seconds("0").is_err() && parse_seconds("-1").is_err() && parse_seconds("x").is_err());
     }
 }

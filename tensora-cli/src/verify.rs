@@ -49,7 +49,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report = match crate::remote::location(&args.path)? {
         Some(location) => {
             if args.cross_check {
-                anyhow::bail!("--cross-check does not apply to a remote location ({})", args.path.display());
+                anyhow::bail!(
+                    "--cross-check does not apply to a remote location ({})",
+                    crate::remote::shown(&args.path)
+                );
             }
             crate::remote::verify(&location, &args.remote.options(), manifest.as_ref())
         }
@@ -69,7 +72,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if report.is_clean() {
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("error: {}: verification failed with {} errors", args.path.display(), report.errors());
+        eprintln!(
+            "error: {}: verification failed with {} errors",
+            crate::remote::shown(&args.path),
+            report.errors()
+        );
         Ok(ExitCode::from(1))
     }
 }

@@ -163,3 +163,198 @@ fn s3_locations_take_endpoint_flags_and_aws_environment() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--allow-http"), "{stderr}");
 }
+
+/// Finding 1 of issue 14: a password in the URL reaches the server (basic auth) but no output:
+/// not `inspect --json`, not the `load --json` report, not `verify`'s findings, not an error line.
+#[test]
+fn passwords_in_http_urls_do_not_leak() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("private/ckpt");
+    std::fs::create_dir_all(&dir).unwrap();
+    write_checkpoint(&dir, 2, 2, 16 << 10);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    let url = format!("http://u:hunter2@127.0.0.1:{}/private/ckpt/", nginx.port);
+    let manifest = root.path().join("manifest.json");
+    let out = tensora(&["hash", dir.to_str().unwrap(), "--write-manifest", manifest.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A manifest that disagrees, so that verify has findings naming objects.
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let tensors = doc["tensors"].as_object_mut().unwrap();
+    let first = tensors.keys().next().unwrap().clone();
+    tensors[&first]["crc32c"] = serde_json::json!("00000000");
+    std::fs::write(&manifest, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let wrong = url.replace("hunter2", "not-hunter2");
+    let runs: [(&[&str], bool); 5] = [
+        (&["inspect", &url, "--json"], true),
+        (&["load", &url, "--json"], true),
+        (&["verify", &url, "--manifest", manifest.to_str().unwrap(), "--json"], false),
+        (&["verify", &url, "--manifest", manifest.to_str().unwrap()], false),
+        (&["load", &wrong], false),
+    ];
+    for (args, ok) in runs {
+        let out = tensora(args);
+        assert_eq!(out.status.success(), ok, "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let text =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(!text.contains("hunter2"), "{args:?}: {text}");
+        assert!(!text.is_empty());
+    }
+}
+
+/// A 2-shard checkpoint of 8 × 64 KiB tensors in `root/ckpt`, served by nginx.
+fn served_for_cache() -> (tempfile::TempDir, std::path::PathBuf, Nginx) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    write_checkpoint(&dir, 2, 4, 64 << 10);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    (root, dir, nginx)
+}
+
+fn cache_objects(dir: &std::path::Path) -> Vec<tensora_remote::CachedObject> {
+    let opts = tensora_remote::CacheOptions { dir: dir.to_path_buf(), size_max_bytes: None, offline: true };
+    tensora_remote::Cache::open(&opts).map(|c| c.list()).unwrap_or_default()
+}
+
+/// Whether some object in the cache has at least one tensor range (headers are far smaller).
+fn a_tensor_range_is_cached(dir: &std::path::Path) -> bool {
+    cache_objects(dir).iter().any(|o| !o.complete && o.cached_bytes >= 64 << 10)
+}
+
+fn load_json(args: &[&str]) -> serde_json::Value {
+    ok_json(&[&["load"], args, &["--json", "--chunk", "64KiB", "--queue-depth", "2"]].concat())
+}
+
+/// Issue 16: a load killed with SIGKILL half-way leaves its ranges in the cache; the next load
+/// reads them from there and fetches only the rest, and the digests equal the local files'.
+/// Ordered by events: nginx is slowed until the cache holds a tensor range, then answers 503 to
+/// everything (the first load can fetch nothing more) before the kill.
+#[test]
+fn a_load_killed_with_sigkill_resumes_from_the_cache() {
+    let (root, dir, nginx) = served_for_cache();
+    let cache = root.path().join("cache");
+    let url = nginx.url("ckpt/");
+    let cache_s = cache.to_str().unwrap();
+    nginx.set_slow(true);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tensora"))
+        .args(["load", &url, "--cache", cache_s, "--chunk", "64KiB", "--queue-depth", "2"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    support::wait_for("a cached tensor range", || a_tensor_range_is_cached(&cache));
+    nginx.fail_with(Some(503));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    nginx.fail_with(None);
+    nginx.set_slow(false);
+    let partial: u64 = cache_objects(&cache).iter().filter(|o| !o.complete).map(|o| o.cached_bytes).sum();
+    assert!(partial >= 64 << 10, "{partial}");
+
+    let report = load_json(&[&url, "--cache", cache_s]);
+    let c = &report["cache"];
+    assert!(c["hit_bytes"].as_u64().unwrap() >= 64 << 10, "{report}");
+    assert!(c["written_bytes"].as_u64().unwrap() < 8 * (64 << 10), "{report}");
+    assert_eq!(c["promoted"], 2, "{report}");
+    let remote = ok_json(&["hash", &url, "--json", "--cache", cache_s]);
+    assert_eq!(remote, ok_json(&["hash", dir.to_str().unwrap(), "--json"]));
+    let out = tensora(&["cache", "verify", cache_s]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// Issue 16: two processes load one URL at once with one cache: the second waits for the first
+/// (file locks), then loads the local copies; neither fails, nothing is fetched twice, and the
+/// cache checks clean. Ordered by events: the first is slowed until it has cached a tensor
+/// range; the second starts, and the server speeds up once nginx has logged the second's HEADs.
+#[test]
+fn two_processes_loading_one_url_share_the_cache() {
+    let (root, dir, nginx) = served_for_cache();
+    let cache = root.path().join("cache");
+    let url = nginx.url("ckpt/");
+    let cache_s = cache.to_str().unwrap();
+    let spawn = || {
+        Command::new(env!("CARGO_BIN_EXE_tensora"))
+            .args(["load", &url, "--json", "--cache", cache_s, "--chunk", "64KiB", "--queue-depth", "2"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    nginx.set_slow(true);
+    let first = spawn();
+    support::wait_for("a cached tensor range", || a_tensor_range_is_cached(&cache));
+    let heads = nginx.count_logged("200 HEAD");
+    let second = spawn();
+    // The second confirms the recorded index and two shards with one HEAD each.
+    support::wait_for("the second process's HEADs", || nginx.count_logged("200 HEAD") >= heads + 3);
+    nginx.set_slow(false);
+    let reports: Vec<serde_json::Value> = [first, second]
+        .into_iter()
+        .map(|child| {
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            serde_json::from_slice(&out.stdout).unwrap()
+        })
+        .collect();
+    let total_tensor_bytes = 8 * (64 << 10);
+    assert!(reports[0]["cache"]["written_bytes"].as_u64().unwrap() >= total_tensor_bytes, "{}", reports[0]);
+    assert_eq!(reports[1]["requests"], 0, "{}", reports[1]);
+    assert_eq!(reports[1]["cache"]["local_objects"], 2, "{}", reports[1]);
+    assert_eq!(reports[1]["cache"]["written_bytes"], 0, "{}", reports[1]);
+    assert!(tensora(&["cache", "verify", cache_s]).status.success());
+    let remote = ok_json(&["hash", &url, "--json", "--cache", cache_s, "--offline"]);
+    assert_eq!(remote, ok_json(&["hash", dir.to_str().unwrap(), "--json"]));
+}
+
+/// Issue 16: `tensora cache ls|rm|verify`, and cached bytes checked against a manifest like
+/// local ones (a damaged cached copy is a digest mismatch).
+#[test]
+fn cache_ls_rm_verify_and_manifest_checks_of_cached_bytes() {
+    let (root, dir, nginx) = served_for_cache();
+    let cache = root.path().join("cache");
+    let (url, cache_s) = (nginx.url("ckpt/"), cache.to_str().unwrap().to_owned());
+    let manifest = root.path().join("manifest.json");
+    let out = tensora(&["hash", dir.to_str().unwrap(), "--write-manifest", manifest.to_str().unwrap()]);
+    assert!(out.status.success());
+    load_json(&[&url, "--cache", &cache_s]);
+    let listed = ok_json(&["cache", "ls", &cache_s, "--json"]);
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 3);
+    assert!(listed.iter().all(|o| o["complete"] == true), "{listed:?}");
+    let verify = |offline: &[&str]| {
+        tensora(
+            &[&["verify", &url, "--cache", &cache_s, "--manifest", manifest.to_str().unwrap()], offline]
+                .concat(),
+        )
+    };
+    assert!(verify(&["--offline"]).status.success());
+    // Damage one cached shard.
+    let shard = listed.iter().max_by_key(|o| o["size_bytes"].as_u64().unwrap()).unwrap();
+    let data = cache.join("objects").join(shard["key"].as_str().unwrap()).join("data");
+    let mut bytes = std::fs::read(&data).unwrap();
+    let n = bytes.len();
+    bytes[n - 100] ^= 0xFF;
+    std::fs::write(&data, &bytes).unwrap();
+    let out = verify(&["--offline"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("digest"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = tensora(&["cache", "verify", &cache_s]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 damaged"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = tensora(&["cache", "rm", &cache_s]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("removed 3 objects"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(ok_json(&["cache", "ls", &cache_s, "--json"]), serde_json::json!([]));
+    assert_one_error_line(&tensora(&["load", &url, "--offline"]), "required arguments");
+}

@@ -18,8 +18,10 @@ use tensora_format::safetensors::{header_span_bytes, parse_header_with_path};
 use tensora_format::sharded::{INDEX_BYTES_MAX, INDEX_SUFFIX, parse_index};
 use tensora_format::{Checkpoint, FileStamp, Format, TensorInfo};
 
+use crate::cache::{Cache, CacheReport, CacheSession, LocationRecord, WriteLocks};
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject};
+use crate::rebuild::{Rebuild, ShardLayout};
 use crate::{Location, RemoteError};
 
 /// The HF index name probed in a directory on a plain HTTP server (after [`SLLM_INDEX_NAME`]).
@@ -32,6 +34,9 @@ pub const SINGLE_FILE_NAME: &str = "model.safetensors";
 pub const HEADER_FETCHES_INFLIGHT_MAX: usize = 16;
 /// Listing entries read from an S3 prefix before giving up.
 pub const LIST_ENTRIES_MAX: usize = tensora_format::sharded::DIR_ENTRIES_MAX;
+/// Checkpoint objects (indexes and `*.safetensors`) kept from one listing; each is opened with a
+/// HEAD and two ranged reads, so more is refused rather than opened.
+pub const LISTED_NAMES_MAX: usize = 65_536;
 
 /// A remote checkpoint: a validated `tensora_format::Checkpoint` whose file paths are URLs, and
 /// for each of its files the object version seen at open.
@@ -46,6 +51,12 @@ pub struct RemoteCheckpoint {
     parse_seconds: f64,
     /// Requests and retries spent opening.
     open_counts: CounterSnapshot,
+    /// What the checkpoint was assembled from, to assemble it again over cached copies.
+    rebuild: Arc<Rebuild>,
+    /// The local cache, when the options name one.
+    cache: Option<Cache>,
+    /// What the cache did for the open.
+    open_cache: Option<CacheReport>,
 }
 
 impl RemoteCheckpoint {
@@ -97,17 +108,29 @@ impl RemoteCheckpoint {
     pub(crate) fn open_counts(&self) -> CounterSnapshot {
         self.open_counts
     }
+    pub(crate) fn rebuild(&self) -> &Rebuild {
+        &self.rebuild
+    }
+    pub(crate) fn cache(&self) -> Option<&Cache> {
+        self.cache.as_ref()
+    }
+    /// What the cache did while opening (`None` without a cache).
+    pub fn open_cache_report(&self) -> Option<&CacheReport> {
+        self.open_cache.as_ref()
+    }
 }
 
 /// What the async opening produces; [`open`] adds the client and the timings.
 pub(crate) struct Opened {
     checkpoint: Checkpoint,
     objects: Vec<RemoteObject>,
+    rebuild: Rebuild,
 }
 
 impl Opened {
     /// Pair a checkpoint with its objects, ordered like its files (matched by URL).
-    fn new(checkpoint: Checkpoint, objects: Vec<RemoteObject>) -> Result<Opened, RemoteError> {
+    fn new(rebuild: Rebuild, objects: Vec<RemoteObject>) -> Result<Opened, RemoteError> {
+        let checkpoint = rebuild.assemble().map_err(format_err)?;
         let mut by_url: HashMap<String, RemoteObject> =
             objects.into_iter().map(|o| (o.url.clone(), o)).collect();
         let objects = checkpoint
@@ -121,11 +144,14 @@ impl Opened {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Opened { checkpoint, objects })
+        Ok(Opened { checkpoint, objects, rebuild })
     }
 }
 
-/// Open the checkpoint at `location` (headers and index only) with `client`.
+/// Open the checkpoint at `location` (headers and index only) with `client`. With a cache, a
+/// location opened before is confirmed with one HEAD per object it resolved to (none offline)
+/// and then opened from the record and the cached copies; otherwise the open goes to the store,
+/// writing what it reads through to the cache and recording what the location resolved to.
 pub(crate) fn open(
     location: &Location,
     client: Arc<Client>,
@@ -134,21 +160,90 @@ pub(crate) fn open(
     let t = Instant::now();
     // This open's own counters: a concurrent open or load on the same client counts its own.
     let counters = Counters::default();
-    let fetcher = client.fetcher(&counters);
+    let url = root_url(location);
+    let cache = client.opts.cache.as_ref().map(Cache::open).transpose()?;
     // Blocking on the client's runtime panics inside another runtime: open from a plain thread.
-    let opened = off_runtime(|| client.runtime().block_on(open_async(location, &fetcher)));
-    let Opened { checkpoint, objects } = opened?;
-    let parse_seconds = t.elapsed().as_secs_f64();
-    let open_counts = counters.snapshot();
+    // The whole open (probes, listing, indexes, headers and their retries) has one deadline.
+    let deadline = client.opts.open_deadline;
+    let (opened, session) = off_runtime(|| {
+        client.runtime().block_on(async {
+            let work = async {
+                let session = open_session(cache.as_ref(), &url, &client.fetcher(&counters)).await?;
+                let fetcher = client.fetcher(&counters).with_cache(session.as_ref());
+                let opened = open_async(location, &fetcher).await?;
+                Ok::<_, RemoteError>((opened, session))
+            };
+            match tokio::time::timeout(deadline, work).await {
+                Ok(result) => result,
+                Err(_) => Err(RemoteError::OpenDeadline {
+                    url: url.clone(),
+                    deadline,
+                    requests: counters.requests.load(std::sync::atomic::Ordering::Relaxed),
+                }),
+            }
+        })
+    })?;
+    let open_cache = session.map(|s| {
+        if s.record.is_none() {
+            let record = LocationRecord { url: url.clone(), objects: s.seen() };
+            if let Err(e) = s.cache.record_location(&record) {
+                let mut report = s.finish();
+                report.skipped.push(format!("{url}: cannot record the location: {e}"));
+                return report;
+            }
+        }
+        s.finish()
+    });
+    let Opened { checkpoint, objects, rebuild } = opened;
     Ok(RemoteCheckpoint {
         location: location.clone(),
         checkpoint,
         objects,
         client,
         connect_seconds,
-        parse_seconds,
-        open_counts,
+        parse_seconds: t.elapsed().as_secs_f64(),
+        open_counts: counters.snapshot(),
+        rebuild: Arc::new(rebuild),
+        cache,
+        open_cache,
     })
+}
+
+/// The open's cache session: in record mode when the location was opened with this cache before
+/// and each recorded object is unchanged (one HEAD each, [`HEADER_FETCHES_INFLIGHT_MAX`] at a
+/// time; trusted without a request offline).
+async fn open_session(
+    cache: Option<&Cache>,
+    url: &str,
+    network: &Fetcher<'_>,
+) -> Result<Option<CacheSession>, RemoteError> {
+    let Some(cache) = cache else { return Ok(None) };
+    let offline = cache.options().offline;
+    let record = match cache.location(url) {
+        Some(record) if offline => Some(record),
+        Some(record) => {
+            let heads = futures::stream::iter(record.objects.iter())
+                .map(|d| async move {
+                    match network.head(&ObjectPath::from(d.path.as_str()), &d.url).await {
+                        Ok(meta) => Ok(crate::cache::describe_meta(&d.url, &meta) == *d),
+                        Err(RemoteError::NotFound { .. }) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                })
+                .buffer_unordered(HEADER_FETCHES_INFLIGHT_MAX)
+                .try_collect::<Vec<bool>>()
+                .await?;
+            heads.iter().all(|&same| same).then_some(record)
+        }
+        None if offline => {
+            return Err(RemoteError::NotCached {
+                url: url.to_owned(),
+                what: "this location was never opened with this cache",
+            });
+        }
+        None => None,
+    };
+    Ok(Some(CacheSession::new(cache.clone(), record, WriteLocks::WhenFree)))
 }
 
 /// What a local file's stamp is to the load layer: the object's size and last-modified.
@@ -230,7 +325,7 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
         return assemble(location, vec![shard], Layout::Single);
     }
     // The local rules (tensora_format::open): a ServerlessLLM index wins, then the one HF index.
-    if let Location::S3 { .. } = location {
+    if location.can_list() {
         return open_listed(location, fetcher, path).await;
     }
     // A plain HTTP server cannot be listed: probe the names a directory would have, in the
@@ -260,50 +355,107 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
     }
 }
 
-/// A ServerlessLLM directory: `tensor_index.json` (parsed and checked by
-/// `tensora_format::sllm::parse_index`), then `tensor.data_0, _1, …` probed with HEAD until one is
-/// missing; global offsets are mapped to (partition, local offset) by the partitions' sizes, and a
-/// tensor must lie inside one partition.
+/// A ServerlessLLM checkpoint: the index (size-checked with HEAD, then read whole and parsed by
+/// `tensora_format::sllm::parse_index`), then only the partitions the index needs, probed with
+/// HEAD: for a legacy index (a partition id per entry), `tensor.data_0` up to the highest id it
+/// names, [`HEADER_FETCHES_INFLIGHT_MAX`] at a time; for an upstream index (global offsets),
+/// `tensor.data_0, _1, …` one after another until their sizes cover the last entry's end (or one
+/// is missing). Global offsets are mapped to (partition, local offset) by the partitions' sizes,
+/// and a tensor must lie inside one partition.
 async fn open_sllm(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
 ) -> Result<Opened, RemoteError> {
-    use tensora_format::sllm::{INDEX_LEN_BYTES_MAX, PARTITION_PREFIX, PARTITIONS_MAX, parse_index};
+    use tensora_format::sllm::{INDEX_LEN_BYTES_MAX, PARTITION_PREFIX, parse_index};
     let (url, bytes) = fetch_index(location, fetcher, index_path, INDEX_LEN_BYTES_MAX).await?;
     let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     drop(bytes);
     let dir = parent(index_path);
-    let mut files = Vec::new();
-    for i in 0..=PARTITIONS_MAX {
+    let partition = |i: u32| {
         let path = dir.clone().join(format!("{PARTITION_PREFIX}{i}").as_str());
-        let part_url = location.url_of(&path);
-        match fetcher.head(&path, &part_url).await {
-            Ok(meta) if i < PARTITIONS_MAX => files.push(RemoteObject { url: part_url, meta }),
-            Ok(_) => {
-                return Err(RemoteError::NoCheckpoint {
-                    url,
-                    reason: format!("more than {PARTITIONS_MAX} partitions"),
-                });
-            }
-            Err(RemoteError::NotFound { .. }) => break,
-            Err(e) => return Err(e),
+        let url = location.url_of(&path);
+        (path, url)
+    };
+    let files = match needed_partitions(&index, &url)? {
+        Needed::Ids(count) => {
+            futures::stream::iter(0..count)
+                .map(|i| {
+                    let (path, part_url) = partition(i);
+                    async move {
+                        let meta = fetcher.head(&path, &part_url).await?;
+                        Ok::<_, RemoteError>(RemoteObject { url: part_url, meta })
+                    }
+                })
+                .buffered(HEADER_FETCHES_INFLIGHT_MAX)
+                .try_collect::<Vec<_>>()
+                .await?
         }
-    }
+        Needed::Covering(end_bytes) => {
+            let mut files = Vec::new();
+            let mut covered_bytes = 0u64;
+            let mut i = 0u32;
+            while covered_bytes < end_bytes && i < tensora_format::sllm::PARTITIONS_MAX {
+                let (path, part_url) = partition(i);
+                match fetcher.head(&path, &part_url).await {
+                    Ok(meta) => {
+                        covered_bytes = covered_bytes.saturating_add(meta.size);
+                        files.push(RemoteObject { url: part_url, meta });
+                    }
+                    // The partitions end early: the assembly names the tensor they cut off.
+                    Err(RemoteError::NotFound { .. }) => break,
+                    Err(e) => return Err(e),
+                }
+                i += 1;
+            }
+            files
+        }
+    };
     if files.is_empty() {
         return Err(RemoteError::NoCheckpoint {
             url,
             reason: format!("no {PARTITION_PREFIX}0 beside the index"),
         });
     }
+    for object in &files {
+        fetcher.check_versioned(object, "its ranges")?;
+    }
     let partitions = files
         .iter()
         .map(|object| Partition { path: PathBuf::from(&object.url), stamp: stamp(object) })
         .collect();
     let root = PathBuf::from(location.url_of(&dir));
-    let checkpoint = tensora_format::assemble::serverlessllm(&root, Path::new(&url), index, partitions)
-        .map_err(format_err)?;
-    Opened::new(checkpoint, files)
+    let rebuild = Rebuild::Sllm { root, index_url: PathBuf::from(&url), index, partitions };
+    Opened::new(rebuild, files)
+}
+
+/// Which partitions a ServerlessLLM index needs.
+#[derive(Debug, PartialEq, Eq)]
+enum Needed {
+    /// Partitions `0..n` (a legacy index names each entry's partition).
+    Ids(u32),
+    /// Partitions from 0 on until their sizes add up to this many bytes (an upstream index's
+    /// global offsets).
+    Covering(u64),
+}
+
+fn needed_partitions(index: &tensora_format::sllm::SllmIndex, url: &str) -> Result<Needed, RemoteError> {
+    use tensora_format::sllm::{IndexLayout, PARTITIONS_MAX};
+    match index.layout {
+        IndexLayout::Legacy => {
+            let highest = index.entries.iter().filter_map(|e| e.partition).max().unwrap_or(0);
+            if highest >= PARTITIONS_MAX {
+                return Err(RemoteError::NoCheckpoint {
+                    url: url.to_owned(),
+                    reason: format!("more than {PARTITIONS_MAX} partitions"),
+                });
+            }
+            Ok(Needed::Ids(highest + 1))
+        }
+        IndexLayout::Upstream => {
+            Ok(Needed::Covering(index.entries.iter().map(|e| e.end_bytes()).max().unwrap_or(0).max(1)))
+        }
+    }
 }
 
 /// An S3 prefix, by the rules `tensora_format::open` applies to a directory: among the objects
@@ -317,7 +469,7 @@ async fn open_listed(
     prefix: &ObjectPath,
 ) -> Result<Opened, RemoteError> {
     let url = location.url_of(prefix);
-    let listed = fetcher.store.list(Some(prefix));
+    let listed = fetcher.list(prefix);
     let names = direct_children(listed, prefix, LIST_ENTRIES_MAX)
         .await
         .map_err(|reason| RemoteError::NoCheckpoint { url: url.clone(), reason })?;
@@ -359,9 +511,10 @@ async fn open_listed(
     assemble(location, shards, Layout::Listed)
 }
 
-/// The objects directly under `prefix` whose names do not start with `.`, from a listing of
-/// everything under it, read as a stream: more than `entries_max` entries (nested ones included)
-/// is refused without reading further.
+/// The objects directly under `prefix` that the layout rules look at (`tensor_index.json`,
+/// `*.safetensors.index.json`, `*.safetensors`; names starting with `.` skipped), from a listing
+/// of everything under it, read as a stream: more than `entries_max` entries (nested ones
+/// included), or more than [`LISTED_NAMES_MAX`] such names, is refused without reading further.
 async fn direct_children(
     listed: futures::stream::BoxStream<'_, object_store::Result<object_store::ObjectMeta>>,
     prefix: &ObjectPath,
@@ -371,13 +524,20 @@ async fn direct_children(
     let mut seen = 0usize;
     let mut names = BTreeSet::new();
     while let Some(meta) = listed.next().await {
-        let meta = meta.map_err(|e| format!("listing failed: {e}"))?;
+        let meta = meta.map_err(|e| crate::redact::redact(&format!("listing failed: {e}")))?;
         seen += 1;
         if seen > entries_max {
             return Err(format!("more than {entries_max} objects under the prefix"));
         }
         let direct = meta.location.prefix_match(prefix).is_some_and(|rest| rest.count() == 1);
-        if direct && !file_name(&meta.location).starts_with('.') {
+        let name = file_name(&meta.location);
+        // Only the names the layout rules look at are kept, and at most LISTED_NAMES_MAX of them.
+        let matters =
+            name == SLLM_INDEX_NAME || name.ends_with(INDEX_SUFFIX) || name.ends_with(".safetensors");
+        if direct && matters && !name.starts_with('.') {
+            if names.len() >= LISTED_NAMES_MAX {
+                return Err(format!("more than {LISTED_NAMES_MAX} checkpoint objects under the prefix"));
+            }
             names.insert(meta.location);
         }
     }
@@ -445,6 +605,7 @@ async fn open_shard(
     let url = location.url_of(&path);
     let meta = fetcher.head(&path, &url).await?;
     let object = RemoteObject { url: url.clone(), meta };
+    fetcher.check_versioned(&object, "its header and its tensors")?;
     let file_len_bytes = object.len_bytes();
     let format_err = |source| RemoteError::Format { url: url.clone(), source };
     let mut prefix = [0u8; 8];
@@ -462,23 +623,17 @@ async fn open_shard(
 fn assemble(location: &Location, shards: Vec<Shard>, layout: Layout<'_>) -> Result<Opened, RemoteError> {
     let root = PathBuf::from(root_url(location));
     let (parts, objects): (Vec<_>, Vec<_>) = shards.into_iter().map(Shard::into_parts).unzip();
-    let checkpoint = match layout {
-        Layout::Single => {
-            let Some(part) = parts.into_iter().next() else {
-                return Err(RemoteError::NoCheckpoint {
-                    url: root_url(location),
-                    reason: "no object".into(),
-                });
-            };
-            tensora_format::assemble::safetensors_file(part)
+    let layout = match layout {
+        Layout::Single if parts.is_empty() => {
+            return Err(RemoteError::NoCheckpoint { url: root_url(location), reason: "no object".into() });
         }
-        Layout::Listed => tensora_format::assemble::unindexed_shards(&root, parts),
+        Layout::Single => ShardLayout::Single,
+        Layout::Listed => ShardLayout::Listed,
         Layout::Indexed { url, index } => {
-            tensora_format::assemble::indexed_shards(&root, Path::new(url), index, parts)
+            ShardLayout::Indexed { url: PathBuf::from(url), index: index.clone() }
         }
-    }
-    .map_err(format_err)?;
-    Opened::new(checkpoint, objects)
+    };
+    Opened::new(Rebuild::Safetensors { root, layout, parts }, objects)
 }
 
 /// The printable URL of the location itself.
@@ -487,120 +642,4 @@ fn root_url(location: &Location) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    use object_store::memory::InMemory;
-    use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
-
-    use crate::RemoteOptions;
-    use crate::test_store::{upload_dir, write_f32_shards};
-
-    fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-    }
-
-    /// Tensor `i` of the checkpoint is `lens_words[i]` F32 elements, every byte `i`.
-    fn write_ckpt(dir: &Path, lens_words: &[u64], shard_cap: u64) {
-        write_f32_shards(dir, lens_words, shard_cap, |i, _| i as u8);
-    }
-
-    /// Every file of `dir` under `prefix/` in a fresh in-memory store.
-    fn upload(dir: &Path, prefix: &str) -> Arc<InMemory> {
-        let store = Arc::new(InMemory::new());
-        upload_dir(&store, dir, prefix, &rt());
-        store
-    }
-
-    fn open_at(store: Arc<InMemory>, location: &str) -> Result<RemoteCheckpoint, RemoteError> {
-        let location = Location::parse(location).unwrap();
-        let client = Client::with_store(store as Arc<dyn ObjectStore>, &RemoteOptions::default()).unwrap();
-        open(&location, client, 0.0)
-    }
-
-    /// Which layout a local open of `dir` picks, and which a remote open of the same files does,
-    /// on S3 (listing) and on plain HTTP (probing).
-    fn assert_same_dispatch(dir: &Path) {
-        let local = tensora_format::open(dir);
-        for location in ["s3://b/ckpt/", "http://mem.invalid/ckpt/"] {
-            let remote = open_at(upload(dir, "ckpt"), location);
-            match (&local, &remote) {
-                (Ok(l), Ok(r)) => {
-                    assert_eq!(l.format(), r.format(), "{location}");
-                    assert_eq!(l.tensors().len(), r.tensors().len(), "{location}");
-                }
-                // Two index files: refused locally; on S3 too (HTTP cannot see the second one).
-                (Err(_), Err(e)) => assert!(matches!(e, RemoteError::NoCheckpoint { .. }), "{e}"),
-                (Err(l), Ok(_)) if location.starts_with("http") => {
-                    assert!(l.to_string().contains("index files"), "{l}");
-                }
-                (l, r) => panic!("{location}: local {:?}, remote {:?}", l.as_ref().err(), r.as_ref().err()),
-            }
-        }
-    }
-
-    #[test]
-    fn a_serverlessllm_index_wins_over_an_hf_index_as_locally() {
-        let dir = tempfile::tempdir().unwrap();
-        write_ckpt(dir.path(), &[100, 200, 300], 1200);
-        let tiny = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"));
-        for entry in std::fs::read_dir(tiny).unwrap() {
-            let path = entry.unwrap().path();
-            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-        }
-        assert_eq!(tensora_format::open(dir.path()).unwrap().format(), Format::ServerlessLlm);
-        assert_same_dispatch(dir.path());
-        let remote = open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap();
-        assert_eq!(remote.format(), Format::ServerlessLlm);
-        let remote = open_at(upload(dir.path(), "ckpt"), "http://mem.invalid/ckpt/").unwrap();
-        assert_eq!(remote.format(), Format::ServerlessLlm);
-    }
-
-    #[test]
-    fn hidden_objects_are_skipped_and_two_indexes_are_refused_as_locally() {
-        let dir = tempfile::tempdir().unwrap();
-        write_ckpt(dir.path(), &[100, 200, 300], 1200);
-        let index = dir.path().join(HF_INDEX_NAME);
-        // A hidden copy of the index (an editor's, a partial upload's) is not a second index.
-        std::fs::copy(&index, dir.path().join(".partial.safetensors.index.json")).unwrap();
-        assert_same_dispatch(dir.path());
-        assert_eq!(
-            open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap().checkpoint().files().len(),
-            2
-        );
-        // A visible second index: the local open refuses, so does the listed S3 one.
-        std::fs::copy(&index, dir.path().join("other.safetensors.index.json")).unwrap();
-        assert!(tensora_format::open(dir.path()).is_err());
-        assert_same_dispatch(dir.path());
-        let err = open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap_err();
-        assert!(err.to_string().contains("2 index files"), "{err}");
-    }
-
-    #[test]
-    fn listing_keeps_direct_children_and_stops_at_its_bound() {
-        let store = InMemory::new();
-        let one = ObjectPath::from("one");
-        let template: ObjectMeta = rt().block_on(async {
-            store.put(&one, vec![1u8].into()).await.unwrap();
-            store.head(&one).await.unwrap()
-        });
-        let meta = |key: &str| ObjectMeta { location: ObjectPath::from(key), ..template.clone() };
-        let prefix = ObjectPath::from("p");
-        let entries = vec![
-            meta("p/a.safetensors"),
-            meta("p/.hidden.safetensors"),
-            meta("p/sub/b.safetensors"),
-            meta("p/c.json"),
-        ];
-        let listing = |entries: &Vec<ObjectMeta>| futures::stream::iter(entries.clone()).map(Ok).boxed();
-        let names = rt().block_on(direct_children(listing(&entries), &prefix, 4)).unwrap();
-        let names: Vec<&str> = names.iter().map(|p| p.as_ref()).collect();
-        assert_eq!(names, ["p/a.safetensors", "p/c.json"]);
-        let err = rt().block_on(direct_children(listing(&entries), &prefix, 3)).unwrap_err();
-        assert!(err.contains("more than 3"), "{err}");
-        // An endless listing is cut off after the bound, not read to its end.
-        let endless = futures::stream::repeat_with(|| Ok(meta("p/x.safetensors"))).boxed();
-        let err = rt().block_on(direct_children(endless, &prefix, 1000)).unwrap_err();
-        assert!(err.contains("more than 1000"), "{err}");
-    }
-}
+mod tests;

@@ -68,11 +68,13 @@ fn cache_key(location: &Location, opts: &RemoteOptions) -> String {
     let store = match location {
         Location::Local(p) => format!("local {}", p.display()),
         Location::Http { origin, .. } => origin.to_string(),
-        Location::S3 { bucket, .. } => {
-            let mut env: Vec<(String, String)> =
-                std::env::vars().filter(|(k, _)| k.starts_with("AWS_")).collect();
+        Location::S3 { .. } | Location::Azure { .. } | Location::Gcs { .. } => {
+            let mut env: Vec<(String, String)> = std::env::vars()
+                .filter(|(k, _)| k.starts_with("AWS_") || k.starts_with("AZURE_") || k.starts_with("GOOGLE_"))
+                .collect();
             env.sort();
-            format!("s3://{bucket} {env:?}")
+            let root = location.url_of(&object_store::path::Path::default());
+            format!("{root} {env:?}")
         }
     };
     // `Debug` of the options redacts the secret key; two clients with different secrets differ.
@@ -137,7 +139,9 @@ impl Client {
             policy: self.opts.retry,
             rate_min_bytes_per_s: self.opts.rate_min_bytes_per_s,
             request_overhead: self.opts.request_overhead,
+            unversioned: self.opts.unversioned,
             counters,
+            cache: None,
         }
     }
 }

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-/// A remote open or load failed. Every variant names the object (as a URL) it concerns.
+/// A remote open or load failed. Every variant names the object (as a URL) it concerns. No
+/// variant holds a credential: URLs are redacted (passwords and query values shown as `***`), and
+/// so is every message that comes from the HTTP client.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
     /// The location string is not a URL or path this crate understands.
@@ -20,13 +22,12 @@ pub enum RemoteError {
         path: std::path::PathBuf,
     },
     /// The object store client could not be built (bad endpoint, missing credentials, ...).
-    #[error("cannot configure the object store for {url}: {source}")]
+    #[error("cannot configure the object store for {url}: {reason}")]
     Store {
-        /// The store's root: the HTTP origin or `s3://bucket/`.
+        /// The store's root: the HTTP origin (credentials redacted) or `s3://bucket/`.
         url: String,
-        /// object_store's reason.
-        #[source]
-        source: object_store::Error,
+        /// object_store's reason, with any URL in it redacted.
+        reason: String,
     },
     /// The object does not exist.
     #[error("{url}: not found")]
@@ -69,6 +70,54 @@ pub enum RemoteError {
         planned: String,
         /// What the server reports now, or why it refused the conditional request.
         found: String,
+    },
+    /// The server sends neither an ETag nor a Last-Modified date for the object, and reading it
+    /// would take more than one request (its header and its tensors, or a resumed body): nothing
+    /// could show that they came from one version, so it is refused unless allowed.
+    #[error(
+        "{url}: the server sends neither an ETag nor a Last-Modified date, so {what} cannot be checked \
+         to come from the same version of the object; load it anyway with --allow-unversioned \
+         (RemoteOptions::unversioned = Unversioned::Allow)"
+    )]
+    Unversioned {
+        /// The object.
+        url: String,
+        /// What would need a second request (`"its header and its tensors"`, `"a resumed range"`).
+        what: &'static str,
+    },
+    /// Opening the checkpoint (probes, listing, indexes, headers, their retries) did not finish
+    /// within `RemoteOptions::open_deadline`.
+    #[error(
+        "{url}: opening did not finish within the {:.1} s open deadline ({requests} requests sent); \
+         raise it with --open-timeout (RemoteOptions::open_deadline)",
+        deadline.as_secs_f64()
+    )]
+    OpenDeadline {
+        /// The location being opened.
+        url: String,
+        /// The deadline that passed.
+        deadline: Duration,
+        /// Requests the open had sent by then.
+        requests: u64,
+    },
+    /// The cache directory could not be used.
+    #[error("cache {}: {what}: {source}", dir.display())]
+    Cache {
+        /// The cache directory.
+        dir: std::path::PathBuf,
+        /// What failed.
+        what: &'static str,
+        /// The system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Offline (`--offline`), and the cache cannot answer.
+    #[error("{url} is not in the cache ({what}), and offline nothing is fetched")]
+    NotCached {
+        /// The location or object.
+        url: String,
+        /// What is missing.
+        what: &'static str,
     },
     /// The server answered with a different range or length than asked for.
     #[error("{url}: asked for bytes {offset_bytes}..+{len_bytes}, {what}")]

@@ -9,9 +9,13 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
 use crate::RemoteError;
+use crate::cache::CacheSession;
+use crate::redact::redact;
 
 /// Bounds on retrying one range. A range that fails more often, or keeps failing for longer,
-/// fails the load.
+/// fails the load. Network errors, broken bodies and HTTP 5xx, 408 and 429 answers are retried;
+/// after a 429 or 503 with `Retry-After: N` the next attempt waits at least N seconds (and a wait
+/// longer than the retry time left ends the retries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Retries of one range (each a new request that resumes where the last one stopped).
@@ -65,6 +69,41 @@ impl RemoteObject {
     pub(crate) fn path(&self) -> &ObjectPath {
         &self.meta.location
     }
+    /// What this object's responses can be checked against. A missing Last-Modified header is
+    /// read by object_store as the Unix epoch.
+    pub(crate) fn versioning(&self) -> Versioning {
+        if self.meta.e_tag.is_some() {
+            Versioning::ETag
+        } else if self.meta.last_modified.timestamp_nanos_opt() != Some(0) {
+            Versioning::LastModified
+        } else {
+            Versioning::None
+        }
+    }
+}
+
+/// What an object's responses can be checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Versioning {
+    /// An ETag: every range carries `If-Match`, and each response's ETag is compared.
+    ETag,
+    /// No ETag but a Last-Modified date: every range carries `If-Unmodified-Since` (which some
+    /// servers ignore), and each response's Last-Modified is compared.
+    LastModified,
+    /// Neither: two requests cannot be told to have read the same version.
+    None,
+}
+
+/// What to do with an object whose server sends neither an ETag nor a Last-Modified date: every
+/// load of it reads several ranges (the header at open, the tensors later; a broken body is
+/// resumed with a second request), and nothing shows whether they came from one version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Unversioned {
+    /// Refuse such an object with [`RemoteError::Unversioned`], naming the opt-in (the default).
+    #[default]
+    Refuse,
+    /// Load it anyway: a replacement during the load can go unnoticed (same size).
+    Allow,
 }
 
 fn version_of(meta: &ObjectMeta) -> String {
@@ -109,7 +148,11 @@ pub(crate) struct Fetcher<'a> {
     pub rate_min_bytes_per_s: u64,
     /// Allowance per attempt for connecting and the first byte.
     pub request_overhead: Duration,
+    /// Whether objects without any version may be read in more than one request.
+    pub unversioned: Unversioned,
     pub counters: &'a Counters,
+    /// The cache this operation reads from and writes through, if any.
+    pub cache: Option<&'a CacheSession>,
 }
 
 enum Failure {
@@ -120,6 +163,27 @@ enum Failure {
 }
 
 impl<'a> Fetcher<'a> {
+    /// This fetcher reading from and writing through `cache`.
+    pub fn with_cache(self, cache: Option<&'a CacheSession>) -> Fetcher<'a> {
+        Fetcher { cache, ..self }
+    }
+
+    fn offline(&self) -> bool {
+        self.cache.is_some_and(|c| c.cache.options().offline)
+    }
+
+    /// Everything under `prefix` (a recorded location's objects in record mode).
+    pub fn list(
+        &self,
+        prefix: &ObjectPath,
+    ) -> futures::stream::BoxStream<'a, object_store::Result<ObjectMeta>> {
+        if let Some(listed) = self.cache.and_then(|c| c.list(prefix)) {
+            return futures::stream::iter(listed.into_iter().map(Ok)).boxed();
+        }
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        self.store.list(Some(prefix))
+    }
+
     /// The time allowed for one attempt that still has `remaining_bytes` to transfer.
     pub fn attempt_timeout(&self, remaining_bytes: u64) -> Duration {
         let rate = self.rate_min_bytes_per_s.max(1);
@@ -128,6 +192,17 @@ impl<'a> Fetcher<'a> {
 
     /// The object's current metadata (a `HEAD` request), retried under the policy.
     pub async fn head(&self, path: &ObjectPath, url: &str) -> Result<ObjectMeta, RemoteError> {
+        if let Some(answer) = self.cache.and_then(|c| c.head(path)) {
+            return answer.ok_or_else(|| RemoteError::NotFound { url: url.to_owned() });
+        }
+        let meta = self.head_from_store(path, url).await?;
+        if let Some(cache) = self.cache {
+            cache.saw(url, &meta);
+        }
+        Ok(meta)
+    }
+
+    async fn head_from_store(&self, path: &ObjectPath, url: &str) -> Result<ObjectMeta, RemoteError> {
         let mut retries = 0u32;
         let mut first_failure: Option<Instant> = None;
         loop {
@@ -155,14 +230,43 @@ impl<'a> Fetcher<'a> {
         offset_bytes: u64,
         dest: &mut [u8],
     ) -> Result<(), RemoteError> {
+        if dest.is_empty() {
+            return Ok(());
+        }
+        if let Some(cache) = self.cache {
+            if cache.read(object, offset_bytes, dest) {
+                return Ok(());
+            }
+            if self.offline() {
+                return Err(RemoteError::NotCached {
+                    url: object.url.clone(),
+                    what: "a range of it is not cached",
+                });
+            }
+        }
+        self.fetch_from_store(object, offset_bytes, dest).await?;
+        if let Some(cache) = self.cache {
+            cache.write(object, offset_bytes, dest);
+        }
+        Ok(())
+    }
+
+    /// [`Fetcher::fetch`] from the store.
+    async fn fetch_from_store(
+        &self,
+        object: &RemoteObject,
+        offset_bytes: u64,
+        dest: &mut [u8],
+    ) -> Result<(), RemoteError> {
         let len_bytes = dest.len() as u64;
         let mut landed = 0usize;
         let mut retries = 0u32;
         let mut first_failure: Option<Instant> = None;
-        if dest.is_empty() {
-            return Ok(());
-        }
         loop {
+            if landed > 0 {
+                // A resumed body is a second request: without a version it may read another one.
+                self.check_versioned(object, "a resumed range")?;
+            }
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             let start = offset_bytes + landed as u64;
             let tail = &mut dest[landed..];
@@ -194,6 +298,15 @@ impl<'a> Fetcher<'a> {
         }
     }
 
+    /// Refuses an object without ETag and Last-Modified (unless allowed): `what` is the reason
+    /// it would be read in more than one request.
+    pub fn check_versioned(&self, object: &RemoteObject, what: &'static str) -> Result<(), RemoteError> {
+        if object.versioning() == Versioning::None && self.unversioned == Unversioned::Refuse {
+            return Err(RemoteError::Unversioned { url: object.url.clone(), what });
+        }
+        Ok(())
+    }
+
     async fn retry_or_fail(
         &self,
         failure: Failure,
@@ -212,7 +325,10 @@ impl<'a> Fetcher<'a> {
         };
         let since = *first_failure.get_or_insert_with(Instant::now);
         let elapsed = since.elapsed();
-        let wait = self.policy.backoff(*retries + 1);
+        // A 429 or 503 with `Retry-After` waits at least as long as the server asked; a longer
+        // wait than the retry time left ends the retries now.
+        let asked = crate::retry_after::retry_after(&message).unwrap_or_default();
+        let wait = self.policy.backoff(*retries + 1).max(asked);
         if *retries >= self.policy.retries_per_range_max || elapsed + wait > self.policy.retry_time_max {
             self.counters.add_retry_time(*first_failure);
             return Err(RemoteError::RetriesExhausted {
@@ -252,8 +368,13 @@ impl<'a> Fetcher<'a> {
             .get_opts(object.path(), options)
             .await
             .map_err(|e| classify(e, &object.url, Some(planned)))?;
-        if result.meta.size != planned.size || (planned.e_tag.is_some() && result.meta.e_tag != planned.e_tag)
-        {
+        // Without an ETag the Last-Modified date is the version, compared on every response: a
+        // server that ignores `If-Unmodified-Since` still cannot hand out a newer version's bytes.
+        let changed = match object.versioning() {
+            Versioning::ETag => result.meta.e_tag != planned.e_tag,
+            Versioning::LastModified | Versioning::None => result.meta.last_modified != planned.last_modified,
+        };
+        if result.meta.size != planned.size || changed {
             return Err(Failure::Fatal(RemoteError::Changed {
                 url: object.url.clone(),
                 planned: version_of(planned),
@@ -270,7 +391,7 @@ impl<'a> Fetcher<'a> {
         }
         let mut body = result.into_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| Failure::Transient(format!("body: {e}")))?;
+            let chunk = chunk.map_err(|e| Failure::Transient(redact(&format!("body: {e}"))))?;
             let Some(slot) = got.checked_add(chunk.len()).and_then(|e| tail.get_mut(*got..e)) else {
                 return Err(Failure::Fatal(RemoteError::BadResponse {
                     url: object.url.clone(),
@@ -314,9 +435,9 @@ fn classify(e: object_store::Error, url: &str, planned: Option<&ObjectMeta>) -> 
             url: url.to_owned(),
             offset_bytes: 0,
             len_bytes: 0,
-            what: e.to_string(),
+            what: redact(&e.to_string()),
         }),
-        other => Failure::Transient(other.to_string()),
+        other => Failure::Transient(redact(&other.to_string())),
     }
 }
 
@@ -357,7 +478,9 @@ mod tests {
             policy: fast_policy(retries),
             rate_min_bytes_per_s: 1 << 30,
             request_overhead: Duration::from_secs(5),
+            unversioned: Unversioned::Refuse,
             counters,
+            cache: None,
         }
     }
 
@@ -432,6 +555,38 @@ mod tests {
         };
         let (result, ()) = rt.block_on(async { futures::future::join(fetch, replace).await });
         assert!(result.unwrap_err().is_changed());
+    }
+
+    /// Finding 7 of issue 14: a body of an object with no version that breaks is not resumed
+    /// (the second request may read another version) unless allowed.
+    #[test]
+    fn a_resumed_range_of_an_object_with_no_version_is_refused_unless_allowed() {
+        let rt = rt();
+        let data = vec![5u8; 10_000];
+        let (store, mut object) = setup(&rt, &data);
+        object.meta.e_tag = None;
+        object.meta.last_modified = Default::default();
+        let versionless = crate::test_store::VersionlessStore {
+            inner: store,
+            drop_last_modified: true,
+            ..Default::default()
+        };
+        let counters = Counters::default();
+        for (allowed, ok) in [(Unversioned::Refuse, false), (Unversioned::Allow, true)] {
+            versionless.inner.breaks.lock().unwrap().push_back(3000);
+            let mut f = fetcher(&versionless.inner, &counters, 3);
+            f.store = &versionless;
+            f.unversioned = allowed;
+            let mut dest = vec![0u8; 10_000];
+            let result = rt.block_on(f.fetch(&object, 0, &mut dest));
+            match result {
+                Ok(()) => assert!(ok && dest == data),
+                Err(e) => assert!(
+                    !ok && matches!(e, RemoteError::Unversioned { what: "a resumed range", .. }),
+                    "{e}"
+                ),
+            }
+        }
     }
 
     #[test]

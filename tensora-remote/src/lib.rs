@@ -21,28 +21,36 @@
 //! let loc = Location::parse("s3://weights/llama-3-8b/")?;
 //! assert!(loc.is_remote() && loc.is_dir());
 //! let opts = RemoteOptions::default();
-//! assert_eq!(opts.inflight_bytes_max(), Some(16 * (8 << 20)));
+//! assert_eq!(opts.inflight_bytes_max(), Some(32 * (8 << 20)));
 //! # Ok::<(), tensora_remote::RemoteError>(())
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod backend;
+mod cache;
 mod checkpoint;
 mod client;
 mod error;
 mod fetch;
 mod load;
 mod location;
+mod rebuild;
+mod redact;
+mod retry_after;
 #[cfg(test)]
 mod test_store;
+mod tune;
 
 pub use backend::RemoteBackend;
+pub use cache::{Cache, CacheOptions, CacheReport, CachedObject, LOCK_WAIT_MAX, RangeRecord};
 pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
 pub use error::RemoteError;
-pub use fetch::{RemoteObject, RetryPolicy};
+pub use fetch::{RemoteObject, RetryPolicy, Unversioned};
 pub use load::{
     READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport, load_remote,
     open_remote,
 };
 pub use location::{Location, StoreConfig};
+pub use redact::redact;
+pub use tune::{GAIN_MIN, Probe, START_DEPTH, TuneReport, Tuning};

@@ -2,17 +2,22 @@
 //! load's [`RemoteReport`] out. Loads go through `tensora_io::load` / `load_streaming` with a
 //! [`RemoteBackend`], so selection, priority, streaming, hooks and the report are the local ones.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tensora_format::Checkpoint;
 use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, TensorRef};
 
 use crate::backend::RemoteBackend;
+use crate::cache::{CacheOptions, CacheReport, CacheSession, WriteLocks};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::Client;
-use crate::fetch::RetryPolicy;
+use crate::fetch::{RetryPolicy, Unversioned};
 use crate::location::ClientTimeouts;
+use crate::tune::{TuneReport, Tuning};
 use crate::{Location, RemoteError, StoreConfig};
 
 /// Most ranges in flight that [`RemoteOptions::validate`] accepts.
@@ -25,11 +30,15 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | field | default | meaning |
 /// |---|---|---|
 /// | `chunk_bytes` | 8 MiB | size of one ranged GET |
-/// | `reads_inflight_max` | 16 | ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` |
+/// | `reads_inflight_max` | 32 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` |
+/// | `tuning` | `Auto` | the depth probes upward from 16 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
 /// | `rate_min_bytes_per_s` | 2 MB/s | the slowest healthy rate: one attempt may take `request_overhead + remaining / rate` |
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
 /// | `retry` | [`RetryPolicy::default`] | retries per range and retry time |
+/// | `cache` | none | a verified local cache ([`CacheOptions`]): write-through, resume, offline |
+/// | `open_deadline` | 120 s | the most one open may take, every request and retry included |
+/// | `unversioned` | `Refuse` | objects with neither ETag nor Last-Modified: refused, or `Allow`ed |
 /// | `runtime_threads` | 2 | tokio worker threads driving the connections, and as many threads issuing reads and copying bodies; 0: one event loop on the calling thread does it all (like `curl --parallel`) |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteOptions {
@@ -37,8 +46,11 @@ pub struct RemoteOptions {
     pub store: StoreConfig,
     /// Size of one ranged GET (the load's read size).
     pub chunk_bytes: u64,
-    /// Ranges in flight at once, one connection each; 1..=[`READS_INFLIGHT_LIMIT`].
+    /// Ranges in flight at once, one connection each; 1..=[`READS_INFLIGHT_LIMIT`]. With
+    /// [`Tuning::Auto`] the most the controller may go to, with [`Tuning::Fixed`] the depth.
     pub reads_inflight_max: usize,
+    /// Whether the depth tunes itself (the default) or stays at `reads_inflight_max`.
+    pub tuning: Tuning,
     /// The slowest rate a healthy connection sustains: one attempt may take
     /// `request_overhead + remaining bytes / rate`.
     pub rate_min_bytes_per_s: u64,
@@ -51,6 +63,14 @@ pub struct RemoteOptions {
     /// Tokio worker threads (and as many issuing threads); 0: one event loop on the calling
     /// thread. At most [`RUNTIME_THREADS_LIMIT`].
     pub runtime_threads: usize,
+    /// Objects whose server sends neither an ETag nor a Last-Modified date: refused (the
+    /// default) or loaded anyway.
+    pub unversioned: Unversioned,
+    /// The most one open may take, all its requests and retries included
+    /// ([`RemoteError::OpenDeadline`] after it).
+    pub open_deadline: Duration,
+    /// The verified local cache (see [`CacheOptions`]); none by default.
+    pub cache: Option<CacheOptions>,
 }
 
 impl Default for RemoteOptions {
@@ -58,12 +78,16 @@ impl Default for RemoteOptions {
         RemoteOptions {
             store: StoreConfig::default(),
             chunk_bytes: 8 << 20,
-            reads_inflight_max: 16,
+            reads_inflight_max: 32,
+            tuning: Tuning::Auto,
             rate_min_bytes_per_s: 2_000_000,
             request_overhead: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             runtime_threads: 2,
+            unversioned: Unversioned::Refuse,
+            open_deadline: Duration::from_secs(120),
+            cache: None,
         }
     }
 }
@@ -80,6 +104,9 @@ impl RemoteOptions {
         }
         if self.runtime_threads > RUNTIME_THREADS_LIMIT {
             return bad("runtime_threads", format!("must be 0..={RUNTIME_THREADS_LIMIT}"));
+        }
+        if self.open_deadline.is_zero() {
+            return bad("open_deadline", "must be above 0".into());
         }
         if self.rate_min_bytes_per_s == 0 {
             return bad("rate_min_bytes_per_s", "must be at least 1".into());
@@ -130,6 +157,13 @@ pub struct RemoteReport {
     pub open_retry_seconds: f64,
     /// The in-flight byte cap (`chunk_bytes × reads_inflight_max`, or the load's smaller budget).
     pub inflight_bytes_max: u64,
+    /// What the cache did for this load (`None` without a cache).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheReport>,
+    /// What the concurrency controller did: the depth it settled on, the windows it measured,
+    /// and why (`None` for a load from cached local files).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<TuneReport>,
 }
 
 /// A loaded remote checkpoint: a `tensora_io::Loaded` (every selected tensor's bytes) with the
@@ -211,12 +245,43 @@ pub fn load_remote(location: &Location, opts: &RemoteOptions) -> Result<RemoteLo
     open_remote(location, opts)?.load(&LoadOptions::default())
 }
 
+/// Where one load reads from.
+enum Route {
+    /// The store, with the cache (when there is one) read first and written through.
+    Remote(Option<Arc<CacheSession>>),
+    /// Complete local copies in the cache, loaded by `tensora_io` like any local checkpoint,
+    /// each held with a shared lock until the load ends.
+    Local(Checkpoint, Arc<CacheSession>),
+}
+
 impl RemoteCheckpoint {
+    /// Lock this load's objects in the cache, and pick the route: local files when every object
+    /// is complete there.
+    fn route(&self) -> Route {
+        let Some(cache) = self.cache() else { return Route::Remote(None) };
+        let session = Arc::new(CacheSession::new(cache.clone(), None, WriteLocks::HeldOnly));
+        if session.hold(self.objects())
+            && let Some(files) = session.local_files(self.objects())
+        {
+            let local: HashMap<String, PathBuf> =
+                self.objects().iter().map(|o| o.url.clone()).zip(files).collect();
+            match self.rebuild().relocated(self.checkpoint(), &local) {
+                Ok(checkpoint) => return Route::Local(checkpoint, session),
+                Err(why) => session.note(format!("{}: the cached copies were not used: {why}", self.url())),
+            }
+        }
+        Route::Remote(Some(session))
+    }
+
     /// `load` with a [`RemoteBackend`] of this checkpoint; chunk size and in-flight cap from the
     /// [`RemoteOptions`] it was opened with (the budget is the smaller of `load.budget_bytes`
     /// and `chunk_bytes × reads_inflight_max`).
-    fn load_options(&self, load: &LoadOptions) -> (LoadOptions, Arc<RemoteBackend>, u64) {
-        let backend = Arc::new(RemoteBackend::new(self));
+    fn load_options(
+        &self,
+        load: &LoadOptions,
+        cache: Option<Arc<CacheSession>>,
+    ) -> (LoadOptions, Arc<RemoteBackend>, u64) {
+        let backend = Arc::new(RemoteBackend::new(self).with_cache(cache));
         let remote = &self.client().opts;
         let cap = remote.inflight_bytes_max().unwrap_or(u64::MAX).min(load.budget_bytes);
         let opts = LoadOptions {
@@ -230,28 +295,47 @@ impl RemoteCheckpoint {
 
     fn finish_report(&self, mut load: LoadReport, backend: &RemoteBackend, cap: u64) -> RemoteReport {
         let counts = backend.counts();
-        let open = self.open_counts();
-        load.phases.open += self.connect_seconds();
-        load.phases.parse += self.parse_seconds();
         load.retries = counts.retries;
         let remote = &self.client().opts;
+        let tune = backend.tune_report();
+        let depth = tune.as_ref().map_or_else(|| remote.reads_inflight_max.to_string(), |t| t.reason.clone());
         load.reason = format!(
-            "object_store ranged GETs of {} KiB, {} in flight, one queue across {} objects",
+            "object_store ranged GETs of {} KiB, one queue across {} objects, {depth}",
             remote.chunk_bytes >> 10,
-            remote.reads_inflight_max,
             self.objects().len()
         );
         load.io_mode = "streamed".to_owned();
+        let mut report = self.report(load, cap);
+        report.requests = counts.requests;
+        report.retry_seconds = counts.retry_nanos as f64 / 1e9;
+        report.concurrency = tune;
+        report
+    }
+
+    /// The report of a load from complete cached copies: no request was sent.
+    fn local_report(&self, mut load: LoadReport, cache: CacheReport) -> RemoteReport {
+        load.reason = format!("complete copies in the cache {}: {}", cache.dir, load.reason);
+        let mut report = self.report(load, 0);
+        report.cache = Some(cache);
+        report
+    }
+
+    fn report(&self, mut load: LoadReport, cap: u64) -> RemoteReport {
+        let open = self.open_counts();
+        load.phases.open += self.connect_seconds();
+        load.phases.parse += self.parse_seconds();
         load.finalize();
         RemoteReport {
             load,
             url: self.url(),
-            requests: counts.requests,
-            retry_seconds: counts.retry_nanos as f64 / 1e9,
+            requests: 0,
+            retry_seconds: 0.0,
             open_requests: open.requests,
             open_retries: open.retries,
             open_retry_seconds: open.retry_nanos as f64 / 1e9,
             inflight_bytes_max: cap,
+            cache: None,
+            concurrency: None,
         }
     }
 
@@ -272,11 +356,30 @@ impl RemoteCheckpoint {
 
     /// Load the tensors `load` selects (selection, priority, hooks, arena reuse as for a local
     /// `tensora_io::load`) from the objects. Every range is conditional on the object version
-    /// seen at open; nothing partial is returned on failure.
+    /// seen at open; nothing partial is returned on failure. With a cache, complete cached
+    /// copies are loaded as local files, other objects are read from the store and written
+    /// through.
     pub fn load(&self, load: &LoadOptions) -> Result<RemoteLoaded, RemoteError> {
-        let (opts, backend, cap) = self.load_options(load);
-        let loaded = tensora_io::load(self.checkpoint(), &opts).map_err(|e| self.error(&backend, e))?;
-        let report = self.finish_report(loaded.report().clone(), &backend, cap);
+        let session = match self.route() {
+            Route::Local(checkpoint, session) => {
+                let loaded = tensora_io::load(&checkpoint, load);
+                session.add_local(
+                    checkpoint.files().len() as u64,
+                    loaded.as_ref().map_or(0, |l| l.report().bytes_read),
+                );
+                let cache = session.finish();
+                let loaded = loaded?;
+                let report = self.local_report(loaded.report().clone(), cache);
+                return Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report });
+            }
+            Route::Remote(session) => session,
+        };
+        let (opts, backend, cap) = self.load_options(load, session.clone());
+        let loaded = tensora_io::load(self.checkpoint(), &opts).map_err(|e| self.error(&backend, e));
+        let cache = session.map(|s| s.finish());
+        let loaded = loaded?;
+        let mut report = self.finish_report(loaded.report().clone(), &backend, cap);
+        report.cache = cache;
         Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report })
     }
 
@@ -287,9 +390,24 @@ impl RemoteCheckpoint {
         load: &LoadOptions,
         f: impl FnMut(&TensorRef<'_>) -> Result<(), BoxError>,
     ) -> Result<RemoteReport, RemoteError> {
-        let (opts, backend, cap) = self.load_options(load);
-        let report =
-            tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(|e| self.error(&backend, e))?;
-        Ok(self.finish_report(report, &backend, cap))
+        let session = match self.route() {
+            Route::Local(checkpoint, session) => {
+                let streamed = tensora_io::load_streaming(&checkpoint, load, f);
+                session.add_local(
+                    checkpoint.files().len() as u64,
+                    streamed.as_ref().map_or(0, |r| r.bytes_read),
+                );
+                let cache = session.finish();
+                return Ok(self.local_report(streamed?, cache));
+            }
+            Route::Remote(session) => session,
+        };
+        let (opts, backend, cap) = self.load_options(load, session.clone());
+        let streamed =
+            tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(|e| self.error(&backend, e));
+        let cache = session.map(|s| s.finish());
+        let mut report = self.finish_report(streamed?, &backend, cap);
+        report.cache = cache;
+        Ok(report)
     }
 }

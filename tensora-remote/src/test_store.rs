@@ -47,10 +47,71 @@ pub fn upload_dir(store: &InMemory, dir: &Path, prefix: &str, rt: &tokio::runtim
     }
 }
 
-/// How long a hanging GET waits before it answers: longer than any test runs.
-pub const HANG: Duration = Duration::from_secs(120);
+/// How long a hanging GET waits before it answers: longer than any working test runs, so a hang
+/// that finishes ([`BreakingStore::hangs_finished`]) means the load did not stop it.
+pub const HANG: Duration = Duration::from_secs(60);
 
 type BoxFut<'a, T> = Pin<Box<dyn Future<Output = object_store::Result<T>> + Send + 'a>>;
+
+/// The `ObjectStore` methods a test store passes straight to `self.inner`: everything but
+/// `get_opts` and `list`.
+macro_rules! delegate_to_inner {
+    () => {
+        fn put_opts<'a, 'b, 'c>(
+            &'a self,
+            l: &'b ObjectPath,
+            p: PutPayload,
+            o: PutOptions,
+        ) -> BoxFut<'c, PutResult>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            self.inner.put_opts(l, p, o)
+        }
+        fn put_multipart_opts<'a, 'b, 'c>(
+            &'a self,
+            l: &'b ObjectPath,
+            o: PutMultipartOptions,
+        ) -> BoxFut<'c, Box<dyn MultipartUpload>>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            self.inner.put_multipart_opts(l, o)
+        }
+        fn delete_stream(
+            &self,
+            locations: BoxStream<'static, object_store::Result<ObjectPath>>,
+        ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
+            self.inner.delete_stream(locations)
+        }
+        fn list_with_delimiter<'a, 'b, 'c>(&'a self, prefix: Option<&'b ObjectPath>) -> BoxFut<'c, ListResult>
+        where
+            'a: 'c,
+            'b: 'c,
+            Self: 'c,
+        {
+            self.inner.list_with_delimiter(prefix)
+        }
+        fn copy_opts<'a, 'b, 'c, 'd>(
+            &'a self,
+            from: &'b ObjectPath,
+            to: &'c ObjectPath,
+            o: object_store::CopyOptions,
+        ) -> BoxFut<'d, ()>
+        where
+            'a: 'd,
+            'b: 'd,
+            'c: 'd,
+            Self: 'd,
+        {
+            self.inner.copy_opts(from, to, o)
+        }
+    };
+}
 
 /// An in-memory store whose GET bodies break: each GET pops a byte count after which its body
 /// fails (none left: whole bodies). Bodies arrive in `BODY_CHUNK_BYTES` pieces. While
@@ -63,6 +124,42 @@ pub struct BreakingStore {
     pub breaks: Mutex<VecDeque<usize>>,
     pub hang_next: AtomicU32,
     pub refuse_next: AtomicU32,
+    /// Counters of hanging GETs (events for the tests): started, dropped by the loader while
+    /// hanging, and waited out to the end of [`HANG`].
+    pub hangs: HangCounts,
+}
+
+/// How many GETs started hanging, were dropped while hanging, and hung to the end.
+#[derive(Debug, Default)]
+pub struct HangCounts {
+    pub started: AtomicU32,
+    pub dropped: AtomicU32,
+    pub finished: AtomicU32,
+}
+
+impl HangCounts {
+    /// Block until `n` GETs are hanging (polled; fails after `HANG`, which only a broken store
+    /// could take).
+    pub fn wait_started(&self, n: u32) {
+        let deadline = std::time::Instant::now() + HANG;
+        while self.started.load(Ordering::Acquire) < n {
+            assert!(std::time::Instant::now() < deadline, "fewer than {n} GETs hanging");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Counts a hanging GET as dropped unless it ran to its end.
+struct HangGuard<'a> {
+    counts: &'a HangCounts,
+    finished: bool,
+}
+
+impl Drop for HangGuard<'_> {
+    fn drop(&mut self) {
+        let counter = if self.finished { &self.counts.finished } else { &self.counts.dropped };
+        counter.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 pub const BODY_CHUNK_BYTES: usize = 1000;
@@ -74,31 +171,7 @@ impl std::fmt::Display for BreakingStore {
 }
 
 impl ObjectStore for BreakingStore {
-    fn put_opts<'a, 'b, 'c>(
-        &'a self,
-        l: &'b ObjectPath,
-        p: PutPayload,
-        o: PutOptions,
-    ) -> BoxFut<'c, PutResult>
-    where
-        'a: 'c,
-        'b: 'c,
-        Self: 'c,
-    {
-        self.inner.put_opts(l, p, o)
-    }
-    fn put_multipart_opts<'a, 'b, 'c>(
-        &'a self,
-        l: &'b ObjectPath,
-        o: PutMultipartOptions,
-    ) -> BoxFut<'c, Box<dyn MultipartUpload>>
-    where
-        'a: 'c,
-        'b: 'c,
-        Self: 'c,
-    {
-        self.inner.put_multipart_opts(l, o)
-    }
+    delegate_to_inner!();
     fn get_opts<'a, 'b, 'c>(&'a self, l: &'b ObjectPath, o: GetOptions) -> BoxFut<'c, object_store::GetResult>
     where
         'a: 'c,
@@ -114,7 +187,10 @@ impl ObjectStore for BreakingStore {
             let take =
                 |n: &AtomicU32| n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
             if take(&self.hang_next).is_ok() {
+                let mut guard = HangGuard { counts: &self.hangs, finished: false };
+                self.hangs.started.fetch_add(1, Ordering::AcqRel);
                 tokio::time::sleep(HANG).await;
+                guard.finished = true;
             } else if take(&self.refuse_next).is_ok() {
                 return Err(object_store::Error::Precondition {
                     path: l.to_string(),
@@ -138,35 +214,98 @@ impl ObjectStore for BreakingStore {
             Ok(result)
         })
     }
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<ObjectPath>>,
-    ) -> BoxStream<'static, object_store::Result<ObjectPath>> {
-        self.inner.delete_stream(locations)
-    }
     fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         self.inner.list(prefix)
     }
-    fn list_with_delimiter<'a, 'b, 'c>(&'a self, prefix: Option<&'b ObjectPath>) -> BoxFut<'c, ListResult>
+}
+
+/// A store over a [`BreakingStore`] for servers that keep no versions: its HEAD and GET results
+/// carry no ETag (and, with `drop_last_modified`, no Last-Modified date: object_store reads a
+/// missing one as the epoch), it ignores every precondition, and it can replace an object right
+/// after serving a GET: `replace_after` holds (GETs still to serve, the object, its new bytes).
+#[derive(Debug, Default)]
+pub struct VersionlessStore {
+    pub inner: BreakingStore,
+    pub drop_last_modified: bool,
+    pub replace_after: Mutex<Option<(u32, ObjectPath, bytes::Bytes)>>,
+}
+
+impl std::fmt::Display for VersionlessStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VersionlessStore")
+    }
+}
+
+impl VersionlessStore {
+    fn strip(&self, meta: &mut ObjectMeta) {
+        meta.e_tag = None;
+        meta.version = None;
+        if self.drop_last_modified {
+            // chrono's default timestamp is the epoch.
+            meta.last_modified = Default::default();
+        }
+    }
+
+    /// After a GET: count it, and replace the object once the count runs out.
+    async fn after_get(&self) {
+        let due = {
+            let mut slot = self.replace_after.lock().unwrap();
+            match slot.as_mut() {
+                Some((0, ..)) => slot.take(),
+                Some((n, ..)) => {
+                    *n -= 1;
+                    if *n == 0 { slot.take() } else { None }
+                }
+                None => None,
+            }
+        };
+        if let Some((_, path, bytes)) = due {
+            self.inner.inner.put(&path, bytes.into()).await.unwrap();
+        }
+    }
+}
+
+impl ObjectStore for VersionlessStore {
+    delegate_to_inner!();
+    fn get_opts<'a, 'b, 'c>(&'a self, l: &'b ObjectPath, o: GetOptions) -> BoxFut<'c, object_store::GetResult>
     where
         'a: 'c,
         'b: 'c,
         Self: 'c,
     {
-        self.inner.list_with_delimiter(prefix)
+        Box::pin(async move {
+            let head = o.head;
+            // Preconditions ignored, as by a server that does not implement them.
+            let o = GetOptions {
+                if_match: None,
+                if_none_match: None,
+                if_modified_since: None,
+                if_unmodified_since: None,
+                ..o
+            };
+            let mut result = self.inner.get_opts(l, o).await?;
+            self.strip(&mut result.meta);
+            if !head {
+                // Served: the bytes of this response are read; a replacement now is "mid-load".
+                let GetResultPayload::Stream(body) = result.payload;
+                let pieces: Vec<object_store::Result<bytes::Bytes>> = body.collect().await;
+                self.after_get().await;
+                result.payload = GetResultPayload::Stream(futures::stream::iter(pieces).boxed());
+            }
+            Ok(result)
+        })
     }
-    fn copy_opts<'a, 'b, 'c, 'd>(
-        &'a self,
-        from: &'b ObjectPath,
-        to: &'c ObjectPath,
-        o: object_store::CopyOptions,
-    ) -> BoxFut<'d, ()>
-    where
-        'a: 'd,
-        'b: 'd,
-        'c: 'd,
-        Self: 'd,
-    {
-        self.inner.copy_opts(from, to, o)
+    fn list(&self, prefix: Option<&ObjectPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let drop_last_modified = self.drop_last_modified;
+        self.inner
+            .list(prefix)
+            .map_ok(move |mut meta| {
+                meta.e_tag = None;
+                if drop_last_modified {
+                    meta.last_modified = Default::default();
+                }
+                meta
+            })
+            .boxed()
     }
 }

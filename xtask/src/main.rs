@@ -21,10 +21,13 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
       --size small|full
       --runs N         timed runs per cell (default 5)
       --cold|--no-cold run the cold-cache cells or not (default: run them)
-  bench --remote [--runs N]
-                       tensora-remote against real nginx and s3rver on 127.0.0.1 (needs nginx, curl,
-                       node + s3rver, see .ci/run), each beside its curl anchor in the same run
-                       (default 3 runs; medians, min/max, ratios, acceptance); writes
+  bench --remote [--runs N] [--only GROUP,...]
+                       tensora-remote at real size against real nginx and s3rver on 127.0.0.1
+                       (needs nginx, curl, node + s3rver, see .ci/run; the Run:ai peer needs
+                       target/tensora-remote-runai, the report names the install command), each
+                       beside its curl anchor in the same run (default 3 runs; medians, min-max,
+                       ratios, acceptance, when each cell ran); groups: tinyllama, shards8, one1g,
+                       limited, cache, s3, rss (default all); writes
                        target/tensora-bench/remote/report.{md,json}. Not part of `test`.
   fixtures [--size small|full]
                        only generate (or check) the bench fixtures
@@ -182,8 +185,8 @@ fn bench(args: &[String]) -> Result<()> {
     run_bench_binary(bench_args(args, BenchRun::Measure)?)
 }
 
-/// The options of `bench --remote` (only `--runs N` besides the flag itself), as arguments of
-/// the remote bench.
+/// The options of `bench --remote` (`--runs N` and `--only GROUP,...` besides the flag itself),
+/// as arguments of the remote bench.
 fn remote_bench_args(args: &[String]) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let mut it = args.iter();
@@ -198,7 +201,11 @@ fn remote_bench_args(args: &[String]) -> Result<Vec<String>> {
                 }
                 out.extend([arg.clone(), v.clone()]);
             }
-            other => bail!("`bench --remote` takes only --runs N, got {other:?}\n{USAGE}"),
+            "--only" => {
+                let v = it.next().context("--only needs a comma-separated list of groups")?;
+                out.extend([arg.clone(), v.clone()]);
+            }
+            other => bail!("`bench --remote` takes only --runs N and --only GROUPS, got {other:?}\n{USAGE}"),
         }
     }
     Ok(out)
@@ -313,6 +320,10 @@ mod tests {
             strings(&["--runs", "5"])
         );
         assert!(remote_bench_args(&strings(&["--remote", "--quick"])).is_err());
+        assert_eq!(
+            remote_bench_args(&strings(&["--remote", "--only", "s3,cache"])).unwrap(),
+            strings(&["--only", "s3,cache"])
+        );
         assert!(remote_bench_args(&strings(&["--remote", "--runs", "0"])).is_err());
         assert!(remote_bench_args(&strings(&["--remote", "--runs"])).is_err());
     }

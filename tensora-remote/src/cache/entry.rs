@@ -1,0 +1,332 @@
+//! One cached object: its bytes (`data`, as long as the object, holes where nothing landed yet),
+//! its range log (`ranges`: one 24-byte record per landed range, appended after the range's bytes
+//! were written, so a record never describes bytes that are not there, even after `kill -9`), and
+//! its description (`object.json`). An entry lives in `partial/<key>/` until its ranges cover the
+//! whole object, then is promoted whole, by one rename, to `objects/<key>/`.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes of one record of the range log: offset (u64), length (u64), CRC-32C (u32), 4 zero bytes,
+/// little-endian.
+pub const RECORD_BYTES: usize = 24;
+/// Records read from one range log; a longer log is refused as damaged (a whole object in 4 KiB
+/// ranges of a 1 TiB object is 2^28 records, far more than the loader ever writes).
+pub const RECORDS_MAX: usize = 1 << 24;
+/// Bytes of `object.json` read back; a larger one is refused as damaged.
+pub const DESCRIPTION_BYTES_MAX: u64 = 64 << 10;
+
+/// One landed range: where it is in the object, and the CRC-32C of its bytes as they arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeRecord {
+    /// First byte in the object.
+    pub offset_bytes: u64,
+    /// Length of the range.
+    pub len_bytes: u64,
+    /// CRC-32C of the range's bytes when they were written.
+    pub crc32c: u32,
+}
+
+impl RangeRecord {
+    fn encode(&self) -> [u8; RECORD_BYTES] {
+        let mut out = [0u8; RECORD_BYTES];
+        out[..8].copy_from_slice(&self.offset_bytes.to_le_bytes());
+        out[8..16].copy_from_slice(&self.len_bytes.to_le_bytes());
+        out[16..20].copy_from_slice(&self.crc32c.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8; RECORD_BYTES]) -> RangeRecord {
+        let word = |r: std::ops::Range<usize>| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[r]);
+            u64::from_le_bytes(b)
+        };
+        let mut crc = [0u8; 4];
+        crc.copy_from_slice(&bytes[16..20]);
+        RangeRecord { offset_bytes: word(0..8), len_bytes: word(8..16), crc32c: u32::from_le_bytes(crc) }
+    }
+
+    fn end_bytes(&self) -> u64 {
+        self.offset_bytes.saturating_add(self.len_bytes)
+    }
+}
+
+/// What `object.json` says: which object (and version) the entry holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Description {
+    /// The object's URL (credentials redacted).
+    pub url: String,
+    /// Its path inside the store (how an open names it).
+    pub path: String,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// Its ETag, if the server sent one.
+    pub etag: Option<String>,
+    /// Its Last-Modified date, nanoseconds since the Unix epoch.
+    pub last_modified_ns: i128,
+}
+
+impl Description {
+    pub fn read(dir: &Path) -> std::io::Result<Description> {
+        let file = File::open(dir.join("object.json"))?;
+        let mut text = Vec::new();
+        file.take(DESCRIPTION_BYTES_MAX + 1).read_to_end(&mut text)?;
+        if text.len() as u64 > DESCRIPTION_BYTES_MAX {
+            return Err(std::io::Error::other("object.json is larger than any the cache writes"));
+        }
+        serde_json::from_slice(&text).map_err(std::io::Error::other)
+    }
+
+    fn write(&self, dir: &Path) -> std::io::Result<()> {
+        let tmp = dir.join("object.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
+        std::fs::rename(tmp, dir.join("object.json"))
+    }
+}
+
+/// The ranges of an entry, read from its log: the records, and their union as sorted disjoint
+/// intervals.
+#[derive(Debug, Default, Clone)]
+pub struct Ranges {
+    pub records: Vec<RangeRecord>,
+    covered: Vec<(u64, u64)>,
+}
+
+impl Ranges {
+    fn add(&mut self, r: RangeRecord) {
+        self.records.push(r);
+        if r.len_bytes == 0 {
+            return;
+        }
+        let (mut start, mut end) = (r.offset_bytes, r.end_bytes());
+        let mut kept = Vec::with_capacity(self.covered.len() + 1);
+        for &(s, e) in &self.covered {
+            if e < start || s > end {
+                kept.push((s, e));
+            } else {
+                start = start.min(s);
+                end = end.max(e);
+            }
+        }
+        kept.push((start, end));
+        kept.sort_unstable();
+        self.covered = kept;
+    }
+
+    /// Whether every byte of `offset..offset + len` is covered.
+    pub fn covers(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+        let end = offset_bytes.saturating_add(len_bytes);
+        let i = self.covered.partition_point(|&(_, e)| e <= offset_bytes);
+        self.covered.get(i).is_some_and(|&(s, e)| s <= offset_bytes && e >= end)
+    }
+
+    /// Bytes covered.
+    pub fn covered_bytes(&self) -> u64 {
+        self.covered.iter().map(|(s, e)| e - s).sum()
+    }
+
+    /// Read a range log, ignoring a torn last record (a write cut short by a kill).
+    pub fn read(path: &Path) -> std::io::Result<Ranges> {
+        let mut ranges = Ranges::default();
+        let file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ranges),
+            Err(e) => return Err(e),
+        };
+        let mut reader = std::io::BufReader::new(file.take((RECORDS_MAX * RECORD_BYTES) as u64 + 1));
+        let mut record = [0u8; RECORD_BYTES];
+        loop {
+            match reader.read_exact(&mut record) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(ranges),
+                Err(e) => return Err(e),
+            }
+            if ranges.records.len() >= RECORDS_MAX {
+                return Err(std::io::Error::other(format!("more than {RECORDS_MAX} range records")));
+            }
+            ranges.add(RangeRecord::decode(&record));
+        }
+    }
+}
+
+/// An entry open for reading or writing by this process.
+#[derive(Debug)]
+pub struct Entry {
+    pub dir: PathBuf,
+    pub description: Description,
+    data: File,
+    /// The range log, appended under this lock; the ranges read or written so far.
+    log: Mutex<(Option<File>, Ranges)>,
+}
+
+impl Entry {
+    /// Open the entry in `dir` (complete or partial) for reading.
+    pub fn open(dir: &Path) -> std::io::Result<Entry> {
+        let description = Description::read(dir)?;
+        let data = File::open(dir.join("data"))?;
+        if data.metadata()?.len() != description.size_bytes {
+            return Err(std::io::Error::other("the cached data is not as long as the object"));
+        }
+        let ranges = Ranges::read(&dir.join("ranges"))?;
+        Ok(Entry { dir: dir.to_path_buf(), description, data, log: Mutex::new((None, ranges)) })
+    }
+
+    /// Open the entry in `dir` for writing, creating it (data as long as the object) if it is
+    /// not there, or starting it over if it describes another object.
+    pub fn create(dir: &Path, description: &Description) -> std::io::Result<Entry> {
+        if Description::read(dir).ok().as_ref() != Some(description) {
+            let _ = std::fs::remove_dir_all(dir);
+            std::fs::create_dir_all(dir)?;
+            let data = File::create(dir.join("data"))?;
+            data.set_len(description.size_bytes)?;
+            description.write(dir)?;
+        }
+        let data = File::options().read(true).write(true).open(dir.join("data"))?;
+        let ranges = Ranges::read(&dir.join("ranges"))?;
+        let log = File::options().create(true).append(true).open(dir.join("ranges"))?;
+        Ok(Entry {
+            dir: dir.to_path_buf(),
+            description: description.clone(),
+            data,
+            log: Mutex::new((Some(log), ranges)),
+        })
+    }
+
+    /// Whether the ranges cover the whole object.
+    pub fn is_complete(&self) -> bool {
+        let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.1.covers(0, self.description.size_bytes)
+    }
+
+    /// Fill `dest` from the cache if every byte of it has landed before; `Ok(false)` if not.
+    pub fn read(&self, offset_bytes: u64, dest: &mut [u8]) -> std::io::Result<bool> {
+        let covered = {
+            let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            log.1.covers(offset_bytes, dest.len() as u64)
+        };
+        if !covered {
+            return Ok(false);
+        }
+        self.data.read_exact_at(dest, offset_bytes)?;
+        Ok(true)
+    }
+
+    /// Write a landed range, then record it. Only an entry opened with [`Entry::create`] writes.
+    pub fn write(&self, offset_bytes: u64, bytes: &[u8]) -> std::io::Result<()> {
+        if offset_bytes.saturating_add(bytes.len() as u64) > self.description.size_bytes {
+            return Err(std::io::Error::other("a range beyond the object's end"));
+        }
+        self.data.write_all_at(bytes, offset_bytes)?;
+        let record =
+            RangeRecord { offset_bytes, len_bytes: bytes.len() as u64, crc32c: crc32c::crc32c(bytes) };
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let (file, ranges) = &mut *log;
+        let file = file.as_mut().ok_or_else(|| std::io::Error::other("the entry is open for reading"))?;
+        file.write_all(&record.encode())?;
+        ranges.add(record);
+        Ok(())
+    }
+
+    /// Make a complete entry durable and move it to `to` (one rename of its directory).
+    pub fn promote(&self, to: &Path) -> std::io::Result<()> {
+        self.data.sync_all()?;
+        if let Some(log) = &self.log.lock().unwrap_or_else(|p| p.into_inner()).0 {
+            log.sync_all()?;
+        }
+        let _ = std::fs::remove_dir_all(to);
+        std::fs::rename(&self.dir, to)?;
+        if let Some(parent) = to.parent() {
+            File::open(parent)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Every recorded range's bytes, checked against its CRC-32C: the ranges that differ.
+    pub fn verify(&self) -> std::io::Result<Vec<RangeRecord>> {
+        let records = self.log.lock().unwrap_or_else(|p| p.into_inner()).1.records.clone();
+        let mut bad = Vec::new();
+        let mut buf = vec![0u8; VERIFY_BUFFER_BYTES];
+        for r in records {
+            let mut crc = 0u32;
+            let mut at = r.offset_bytes;
+            while at < r.end_bytes() {
+                let n = ((r.end_bytes() - at) as usize).min(buf.len());
+                self.data.read_exact_at(&mut buf[..n], at)?;
+                crc = crc32c::crc32c_append(crc, &buf[..n]);
+                at += n as u64;
+            }
+            if crc != r.crc32c {
+                bad.push(r);
+            }
+        }
+        Ok(bad)
+    }
+
+    /// Bytes of the object the ranges cover.
+    pub fn covered_bytes(&self) -> u64 {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).1.covered_bytes()
+    }
+}
+
+/// The buffer `Entry::verify` reads through.
+pub const VERIFY_BUFFER_BYTES: usize = 8 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// The union of recorded ranges covers exactly the bytes some range covers.
+        #[test]
+        fn coverage_is_the_union_of_the_ranges(
+            ranges in proptest::collection::vec((0u64..200, 0u64..40), 0..12),
+            probe in (0u64..240, 1u64..40),
+        ) {
+            let mut set = Ranges::default();
+            let mut bytes = [false; 240];
+            for &(o, l) in &ranges {
+                set.add(RangeRecord { offset_bytes: o, len_bytes: l, crc32c: 0 });
+                for b in o..o + l { bytes[b as usize] = true; }
+            }
+            let (o, l) = probe;
+            let want = (o..(o + l).min(240)).all(|b| bytes[b as usize]) && o + l <= 240;
+            prop_assert_eq!(set.covers(o, l), want);
+            prop_assert_eq!(set.covered_bytes(), bytes.iter().filter(|&&b| b).count() as u64);
+        }
+    }
+
+    #[test]
+    fn a_torn_last_record_is_ignored_and_the_rest_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let description = Description {
+            url: "http://h/x".into(),
+            path: "x".into(),
+            size_bytes: 100,
+            etag: Some("e".into()),
+            last_modified_ns: 0,
+        };
+        let entry = Entry::create(dir.path(), &description).unwrap();
+        entry.write(10, &[7u8; 20]).unwrap();
+        entry.write(0, &[1u8; 10]).unwrap();
+        drop(entry);
+        let mut log = File::options().append(true).open(dir.path().join("ranges")).unwrap();
+        log.write_all(&[9u8; 5]).unwrap();
+        let entry = Entry::open(dir.path()).unwrap();
+        let mut out = [0u8; 30];
+        assert!(entry.read(0, &mut out).unwrap());
+        assert_eq!(&out[..10], &[1u8; 10]);
+        assert!(!entry.read(25, &mut [0u8; 10]).unwrap());
+        assert!(entry.verify().unwrap().is_empty());
+        // A flipped byte on disk is a range that fails its CRC.
+        File::options().write(true).open(dir.path().join("data")).unwrap().write_all_at(&[0], 15).unwrap();
+        assert_eq!(entry.verify().unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,289 @@
+//! The verified local cache (`--cache DIR`, [`CacheOptions`]).
+//!
+//! A remote load writes every range it fetches into a local copy of its object in the same pass
+//! (no second download) and records the range (with its CRC-32C) in the object's range log; a
+//! load that finds ranges already there reads them from the copy. A copy whose ranges cover the
+//! whole object is promoted atomically (one rename) and keyed by URL + version (ETag, else
+//! Last-Modified) + size, so a changed object is a new key and never mixes with the old one. An
+//! open records which objects a location resolved to (`locations/`); the next open of that URL
+//! confirms each with one HEAD (none at all with [`CacheOptions::offline`]) and, when every object
+//! is complete here, reads the index and headers from the copies and loads through `tensora_io`
+//! from local files.
+//!
+//! Layout of `DIR`: `objects/<key>/` (complete: `data`, `ranges`, `object.json`), `partial/<key>/`
+//! (the same, in progress), `locks/<key>` (one lock file per object: a loader holds it exclusive
+//! while it writes the object, shared while it reads a complete one), `locations/<hash>.json`.
+//! Two processes loading one URL at once: the second waits (at most [`LOCK_WAIT_MAX`]) for the
+//! first to finish an object, then reads it from the cache; past the bound it loads that object
+//! from the network without writing it. A size cap evicts the least recently used complete
+//! objects that nobody holds.
+
+mod entry;
+mod session;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+
+pub use entry::{Description, Entry, RangeRecord};
+pub(crate) use session::{CacheSession, WriteLocks, describe_meta};
+
+use crate::RemoteError;
+
+/// How long a loader waits for another process that holds an object's lock.
+pub const LOCK_WAIT_MAX: Duration = Duration::from_secs(600);
+/// How often a waiting loader tries the lock again.
+pub const LOCK_POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// Objects a location record may list.
+pub const RECORD_OBJECTS_MAX: usize = 65_536 + 2;
+/// Bytes of a location record read back.
+pub const RECORD_BYTES_MAX: u64 = 64 << 20;
+
+/// Where the cache lives and how it is used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// The cache directory (created if missing).
+    pub dir: PathBuf,
+    /// Evict least recently used complete objects while the cache holds more than this.
+    pub size_max_bytes: Option<u64>,
+    /// Send no request at all: open and load from the cache only (a location never opened
+    /// with this cache, or an object not complete in it, is [`RemoteError::NotCached`]).
+    pub offline: bool,
+}
+
+/// What the cache did for one open or load.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CacheReport {
+    /// The cache directory.
+    pub dir: String,
+    /// Bytes read from cached copies.
+    pub hit_bytes: u64,
+    /// Bytes fetched from the network and written into the cache.
+    pub written_bytes: u64,
+    /// Objects completed (promoted) by this operation.
+    pub promoted: u64,
+    /// Objects loaded through `tensora_io` from complete local copies.
+    pub local_objects: u64,
+    /// Time spent waiting for another process's lock.
+    pub lock_wait_seconds: f64,
+    /// Objects not cached by this operation, and why (another process held them past the
+    /// bound, an unversioned object, a write that failed).
+    pub skipped: Vec<String>,
+    /// Objects evicted to stay under the size cap.
+    pub evicted: u64,
+}
+
+/// A cache directory.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    opts: CacheOptions,
+}
+
+/// One object found in a cache directory, for `tensora cache ls|verify`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CachedObject {
+    /// Its key (directory name).
+    pub key: String,
+    /// Complete (promoted) or partial.
+    pub complete: bool,
+    /// What it is a copy of.
+    pub url: String,
+    /// Its version: ETag, else Last-Modified.
+    pub version: String,
+    /// Object size.
+    pub size_bytes: u64,
+    /// Bytes of it in the cache.
+    pub cached_bytes: u64,
+    /// When it was last used (seconds since the Unix epoch).
+    pub used_unix_seconds: u64,
+}
+
+/// Which objects a location resolved to when it was last opened.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct LocationRecord {
+    /// The location's URL (credentials redacted).
+    pub url: String,
+    /// Each object the open found, as the store described it.
+    pub objects: Vec<Description>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The key of one version of one object: URL, version and size, hashed.
+pub fn object_key(description: &Description) -> String {
+    let version = match &description.etag {
+        Some(tag) => format!("etag {tag}"),
+        None => format!("last-modified {}", description.last_modified_ns),
+    };
+    let text = format!("{}\n{version}\n{}", description.url, description.size_bytes);
+    hex(&sha2::Sha256::digest(text.as_bytes())[..16])
+}
+
+impl Cache {
+    /// The cache at `opts.dir`, its folders created if missing.
+    pub fn open(opts: &CacheOptions) -> Result<Cache, RemoteError> {
+        for sub in ["objects", "partial", "locks", "locations"] {
+            std::fs::create_dir_all(opts.dir.join(sub)).map_err(|source| RemoteError::Cache {
+                dir: opts.dir.clone(),
+                what: "cannot create the cache",
+                source,
+            })?;
+        }
+        Ok(Cache { opts: opts.clone() })
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &CacheOptions {
+        &self.opts
+    }
+
+    /// Where the complete copy of `key` lives.
+    pub fn complete_dir(&self, key: &str) -> PathBuf {
+        self.opts.dir.join("objects").join(key)
+    }
+
+    /// Where the copy of `key` in progress lives.
+    pub fn partial_dir(&self, key: &str) -> PathBuf {
+        self.opts.dir.join("partial").join(key)
+    }
+
+    fn record_path(&self, url: &str) -> PathBuf {
+        let name = hex(&sha2::Sha256::digest(url.as_bytes())[..16]);
+        self.opts.dir.join("locations").join(format!("{name}.json"))
+    }
+
+    /// The record of what `url` resolved to, if it was opened with this cache before.
+    pub fn location(&self, url: &str) -> Option<LocationRecord> {
+        let file = File::open(self.record_path(url)).ok()?;
+        let mut text = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(file, RECORD_BYTES_MAX), &mut text).ok()?;
+        let record: LocationRecord = serde_json::from_slice(&text).ok()?;
+        (record.url == url && record.objects.len() <= RECORD_OBJECTS_MAX).then_some(record)
+    }
+
+    /// Record what `record.url` resolved to (atomically replacing an older record).
+    pub fn record_location(&self, record: &LocationRecord) -> std::io::Result<()> {
+        let path = self.record_path(&record.url);
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, serde_json::to_vec(record).map_err(std::io::Error::other)?)?;
+        std::fs::rename(tmp, path)
+    }
+
+    /// The lock file of `key`, opened (created if missing).
+    pub fn lock_file(&self, key: &str) -> std::io::Result<File> {
+        File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.opts.dir.join("locks").join(key))
+    }
+
+    /// Every object in the cache, complete and partial.
+    pub fn list(&self) -> Vec<CachedObject> {
+        let mut out = Vec::new();
+        for (sub, complete) in [("objects", true), ("partial", false)] {
+            let Ok(dirs) = std::fs::read_dir(self.opts.dir.join(sub)) else { continue };
+            for dir in dirs.flatten() {
+                let Ok(entry) = Entry::open(&dir.path()) else { continue };
+                let d = &entry.description;
+                let used = std::fs::metadata(dir.path().join("ranges"))
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                    .map_or(0, |t| t.as_secs());
+                out.push(CachedObject {
+                    key: dir.file_name().to_string_lossy().into_owned(),
+                    complete,
+                    url: d.url.clone(),
+                    version: d.etag.clone().map_or_else(
+                        || format!("last-modified {}", d.last_modified_ns),
+                        |t| format!("etag {t}"),
+                    ),
+                    size_bytes: d.size_bytes,
+                    cached_bytes: entry.covered_bytes(),
+                    used_unix_seconds: used,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.url.cmp(&b.url).then(a.key.cmp(&b.key)));
+        out
+    }
+
+    /// Remove the objects whose URL starts with `url_prefix` (all with `None`) that no process
+    /// holds; the keys removed, and the keys skipped because a process holds them.
+    pub fn remove(&self, url_prefix: Option<&str>) -> (Vec<String>, Vec<String>) {
+        let (mut removed, mut busy) = (Vec::new(), Vec::new());
+        for object in self.list() {
+            if url_prefix.is_some_and(|p| !object.url.starts_with(p)) {
+                continue;
+            }
+            match self.remove_key(&object.key, object.complete) {
+                Ok(true) => removed.push(object.key),
+                Ok(false) | Err(_) => busy.push(object.key),
+            }
+        }
+        (removed, busy)
+    }
+
+    /// Remove one object if nobody holds its lock; whether it was removed.
+    fn remove_key(&self, key: &str, complete: bool) -> std::io::Result<bool> {
+        let lock = self.lock_file(key)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+        let dir = if complete { self.complete_dir(key) } else { self.partial_dir(key) };
+        std::fs::remove_dir_all(dir)?;
+        Ok(true)
+    }
+
+    /// Evict the least recently used objects nobody holds while the cache holds more than its
+    /// cap; the number evicted.
+    pub fn evict(&self) -> u64 {
+        let Some(cap) = self.opts.size_max_bytes else { return 0 };
+        let mut objects = self.list();
+        let mut total: u64 = objects.iter().map(|o| o.cached_bytes).sum();
+        objects.sort_by_key(|o| o.used_unix_seconds);
+        let mut evicted = 0;
+        for o in objects {
+            if total <= cap {
+                break;
+            }
+            if self.remove_key(&o.key, o.complete).unwrap_or(false) {
+                total = total.saturating_sub(o.cached_bytes);
+                evicted += 1;
+            }
+        }
+        evicted
+    }
+
+    /// Each object's recorded ranges checked against their CRC-32C: `(object, bad ranges)` for
+    /// every object (an unreadable object is one bad range covering it).
+    pub fn verify(&self) -> Vec<(CachedObject, Vec<RangeRecord>)> {
+        let mut out = Vec::new();
+        for object in self.list() {
+            let dir =
+                if object.complete { self.complete_dir(&object.key) } else { self.partial_dir(&object.key) };
+            let bad = match Entry::open(&dir).and_then(|e| e.verify()) {
+                Ok(bad) => bad,
+                Err(_) => vec![RangeRecord { offset_bytes: 0, len_bytes: object.size_bytes, crc32c: 0 }],
+            };
+            out.push((object, bad));
+        }
+        out
+    }
+}
+
+/// Touch an entry's range log so that eviction sees it used now.
+pub(crate) fn touch(dir: &Path) {
+    if let Ok(f) = File::options().append(true).open(dir.join("ranges")) {
+        let _ = f.set_modified(SystemTime::now());
+    }
+}

@@ -1,0 +1,322 @@
+//! [`CacheSession`]: the cache as one operation (an open or a load) uses it, through the fetcher:
+//! ranges read from copies, fetched ranges written through, HEADs and listings answered from a
+//! location record, and the locks the operation holds until [`CacheSession::finish`].
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use object_store::ObjectMeta;
+use object_store::path::Path as ObjectPath;
+
+use super::{
+    Cache, CacheReport, Description, Entry, LOCK_POLL_INTERVAL, LOCK_WAIT_MAX, LocationRecord, object_key,
+};
+use crate::fetch::{RemoteObject, Versioning};
+
+/// How a session gets the right to write an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteLocks {
+    /// Take the object's lock when a range of it first needs writing, if it is free (an open:
+    /// headers and indexes; a busy object is not written).
+    WhenFree,
+    /// Only objects locked up front by [`CacheSession::hold`] are written (a load).
+    HeldOnly,
+}
+
+/// One object this session holds a lock on: exclusive to write it, shared to read a complete one.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub entry: Arc<Entry>,
+    pub complete: bool,
+    key: String,
+    _lock: File,
+}
+
+#[derive(Debug)]
+pub(crate) struct CacheSession {
+    pub cache: Cache,
+    /// Record mode: HEADs and listings are answered from this record, nothing is sent.
+    pub record: Option<LocationRecord>,
+    write_locks: WriteLocks,
+    held: Mutex<HashMap<String, Held>>,
+    /// Entries opened for reading (complete or partial), `None` when there is none.
+    readers: Mutex<HashMap<String, Option<Arc<Entry>>>>,
+    /// What the open's HEADs and listing found, for the location record.
+    seen: Mutex<Vec<Description>>,
+    report: Mutex<CacheReport>,
+}
+
+/// `object` as the cache describes it.
+pub(crate) fn describe(object: &RemoteObject) -> Description {
+    describe_meta(&object.url, &object.meta)
+}
+
+pub(crate) fn describe_meta(url: &str, meta: &ObjectMeta) -> Description {
+    let ns = SystemTime::from(meta.last_modified)
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    Description {
+        url: url.to_owned(),
+        path: meta.location.to_string(),
+        size_bytes: meta.size,
+        etag: meta.e_tag.clone(),
+        last_modified_ns: ns,
+    }
+}
+
+/// The store's description of a recorded object.
+pub(crate) fn meta_of(d: &Description) -> ObjectMeta {
+    let nanos = u64::try_from(d.last_modified_ns).unwrap_or(0);
+    ObjectMeta {
+        location: ObjectPath::from(d.path.as_str()),
+        last_modified: (SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(nanos)).into(),
+        size: d.size_bytes,
+        e_tag: d.etag.clone(),
+        version: None,
+    }
+}
+
+fn lock_wait(lock: &File, shared: bool, deadline: Instant) -> std::io::Result<bool> {
+    loop {
+        let attempt = if shared { lock.try_lock_shared() } else { lock.try_lock() };
+        match attempt {
+            Ok(()) => return Ok(true),
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(LOCK_POLL_INTERVAL);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
+    }
+}
+
+impl CacheSession {
+    pub fn new(cache: Cache, record: Option<LocationRecord>, write_locks: WriteLocks) -> CacheSession {
+        let report = CacheReport { dir: cache.options().dir.display().to_string(), ..CacheReport::default() };
+        CacheSession {
+            cache,
+            record,
+            write_locks,
+            held: Mutex::new(HashMap::new()),
+            readers: Mutex::new(HashMap::new()),
+            seen: Mutex::new(Vec::new()),
+            report: Mutex::new(report),
+        }
+    }
+
+    fn skip(&self, object: &RemoteObject, why: &str) {
+        self.report.lock().unwrap_or_else(|p| p.into_inner()).skipped.push(format!("{}: {why}", object.url));
+    }
+
+    /// In record mode, the recorded object at `path` (or `None` when the record has none: not
+    /// found). Outside record mode, `None` of the outer option: ask the store.
+    pub fn head(&self, path: &ObjectPath) -> Option<Option<ObjectMeta>> {
+        let record = self.record.as_ref()?;
+        Some(record.objects.iter().find(|d| d.path == path.as_ref()).map(meta_of))
+    }
+
+    /// In record mode, the recorded objects under `prefix`.
+    pub fn list(&self, prefix: &ObjectPath) -> Option<Vec<ObjectMeta>> {
+        let record = self.record.as_ref()?;
+        Some(
+            record
+                .objects
+                .iter()
+                .map(meta_of)
+                .filter(|m| m.location.prefix_match(prefix).is_some())
+                .collect(),
+        )
+    }
+
+    /// An object an open found (HEAD or listing), for the location record.
+    pub fn saw(&self, url: &str, meta: &ObjectMeta) {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).push(describe_meta(url, meta));
+    }
+
+    /// Fill `dest` from a cached copy if every byte of the range is there.
+    pub fn read(&self, object: &RemoteObject, offset_bytes: u64, dest: &mut [u8]) -> bool {
+        if object.versioning() == Versioning::None {
+            return false;
+        }
+        let key = object_key(&describe(object));
+        let entry = self.reader(&key);
+        let hit = entry.is_some_and(|e| e.read(offset_bytes, dest).unwrap_or(false));
+        if hit {
+            self.report.lock().unwrap_or_else(|p| p.into_inner()).hit_bytes += dest.len() as u64;
+        }
+        hit
+    }
+
+    fn reader(&self, key: &str) -> Option<Arc<Entry>> {
+        if let Some(h) = self.held.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+            return Some(Arc::clone(&h.entry));
+        }
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        readers
+            .entry(key.to_owned())
+            .or_insert_with(|| {
+                Entry::open(&self.cache.complete_dir(key))
+                    .or_else(|_| Entry::open(&self.cache.partial_dir(key)))
+                    .ok()
+                    .map(Arc::new)
+            })
+            .clone()
+    }
+
+    /// Write a fetched range into the object's copy (a failure is reported, never fatal).
+    pub fn write(&self, object: &RemoteObject, offset_bytes: u64, bytes: &[u8]) {
+        if object.versioning() == Versioning::None {
+            return;
+        }
+        let description = describe(object);
+        let key = object_key(&description);
+        let writer = {
+            let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.get(&key).filter(|h| !h.complete).map(|h| Arc::clone(&h.entry))
+        };
+        let writer = match (writer, self.write_locks) {
+            (Some(w), _) => w,
+            (None, WriteLocks::HeldOnly) => return,
+            (None, WriteLocks::WhenFree) => match self.take_free(&key, &description) {
+                Some(w) => w,
+                None => return,
+            },
+        };
+        let written = writer.write(offset_bytes, bytes);
+        let mut report = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        match written {
+            Ok(()) => report.written_bytes += bytes.len() as u64,
+            Err(e) => report.skipped.push(format!("{}: writing the cache failed: {e}", object.url)),
+        }
+    }
+
+    /// The object's lock if it is free right now, and its partial entry (an open's headers).
+    fn take_free(&self, key: &str, description: &Description) -> Option<Arc<Entry>> {
+        if self.cache.complete_dir(key).exists() {
+            return None;
+        }
+        let lock = self.cache.lock_file(key).ok()?;
+        lock.try_lock().ok()?;
+        let entry = Arc::new(Entry::create(&self.cache.partial_dir(key), description).ok()?);
+        let held = Held { entry: Arc::clone(&entry), complete: false, key: key.to_owned(), _lock: lock };
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), held);
+        Some(entry)
+    }
+
+    /// Lock every object of a load, in key order (so two processes never wait on each other
+    /// in a cycle): shared for a complete copy, exclusive (and its partial entry open for
+    /// writing) for the rest. All waits share one [`LOCK_WAIT_MAX`]; an object still held by
+    /// another process past it is loaded from the network without being written. Whether every
+    /// object is complete here (the load can read local files only).
+    pub fn hold(&self, objects: &[RemoteObject]) -> bool {
+        let deadline = Instant::now() + LOCK_WAIT_MAX;
+        let waited = Instant::now();
+        let mut keyed: Vec<(String, &RemoteObject)> =
+            objects.iter().map(|o| (object_key(&describe(o)), o)).collect();
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        keyed.dedup_by(|a, b| a.0 == b.0);
+        let mut all_complete = true;
+        for (key, object) in keyed {
+            if object.versioning() == Versioning::None {
+                self.skip(object, "the server gives it no version");
+                all_complete = false;
+                continue;
+            }
+            match self.hold_one(&key, object, deadline) {
+                Ok(Some(complete)) => all_complete &= complete,
+                Ok(None) => {
+                    self.skip(object, "another process held it past the lock wait bound");
+                    all_complete = false;
+                }
+                Err(e) => {
+                    self.skip(object, &format!("cache error: {e}"));
+                    all_complete = false;
+                }
+            }
+        }
+        self.report.lock().unwrap_or_else(|p| p.into_inner()).lock_wait_seconds +=
+            waited.elapsed().as_secs_f64();
+        all_complete
+    }
+
+    /// Lock one object: `Some(complete)`, or `None` when the wait ran out.
+    fn hold_one(&self, key: &str, object: &RemoteObject, deadline: Instant) -> std::io::Result<Option<bool>> {
+        if let Some(h) = self.held.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+            return Ok(Some(h.complete || h.entry.is_complete()));
+        }
+        let lock = self.cache.lock_file(key)?;
+        let complete_dir = self.cache.complete_dir(key);
+        let shared = complete_dir.exists();
+        if !lock_wait(&lock, shared, deadline)? {
+            return Ok(None);
+        }
+        // Another process may have completed it while this one waited.
+        let (entry, complete) = if complete_dir.exists() {
+            if !shared {
+                lock.lock_shared()?;
+            }
+            (Entry::open(&complete_dir)?, true)
+        } else {
+            (Entry::create(&self.cache.partial_dir(key), &describe(object))?, false)
+        };
+        super::touch(&entry.dir);
+        let held = Held { entry: Arc::new(entry), complete, key: key.to_owned(), _lock: lock };
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), held);
+        Ok(Some(complete))
+    }
+
+    /// The local data file of each object, when every one is held complete.
+    pub fn local_files(&self, objects: &[RemoteObject]) -> Option<Vec<std::path::PathBuf>> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        objects
+            .iter()
+            .map(|o| {
+                let h = held.get(&object_key(&describe(o)))?;
+                h.complete.then(|| h.entry.dir.join("data"))
+            })
+            .collect()
+    }
+
+    /// Objects the open found, for [`Cache::record_location`].
+    pub fn seen(&self) -> Vec<Description> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        seen.sort_by(|a, b| a.path.cmp(&b.path));
+        seen.dedup_by(|a, b| a.path == b.path);
+        seen
+    }
+
+    /// Note why the cache was not used for something.
+    pub fn note(&self, why: String) {
+        self.report.lock().unwrap_or_else(|p| p.into_inner()).skipped.push(why);
+    }
+
+    /// Note objects loaded through local files.
+    pub fn add_local(&self, n: u64, bytes: u64) {
+        let mut report = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        report.local_objects += n;
+        report.hit_bytes += bytes;
+    }
+
+    /// Promote every written object that is now complete, release every lock, and evict down to
+    /// the size cap. What the cache did.
+    pub fn finish(&self) -> CacheReport {
+        let held: Vec<Held> =
+            self.held.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, h)| h).collect();
+        let mut report = self.report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for h in held {
+            if !h.complete && h.entry.is_complete() {
+                match h.entry.promote(&self.cache.complete_dir(&h.key)) {
+                    Ok(()) => report.promoted += 1,
+                    Err(e) => {
+                        report.skipped.push(format!("{}: promoting failed: {e}", h.entry.description.url))
+                    }
+                }
+            }
+        }
+        self.readers.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        report.evicted = self.cache.evict();
+        report
+    }
+}

@@ -1,0 +1,163 @@
+//! Opening against in-memory stores: the local dispatch rules, listing bounds, the deadline.
+use super::*;
+
+use object_store::memory::InMemory;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+
+use crate::RemoteOptions;
+use crate::test_store::{upload_dir, write_f32_shards};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// Tensor `i` of the checkpoint is `lens_words[i]` F32 elements, every byte `i`.
+fn write_ckpt(dir: &Path, lens_words: &[u64], shard_cap: u64) {
+    write_f32_shards(dir, lens_words, shard_cap, |i, _| i as u8);
+}
+
+/// Every file of `dir` under `prefix/` in a fresh in-memory store.
+fn upload(dir: &Path, prefix: &str) -> Arc<InMemory> {
+    let store = Arc::new(InMemory::new());
+    upload_dir(&store, dir, prefix, &rt());
+    store
+}
+
+fn open_at(store: Arc<InMemory>, location: &str) -> Result<RemoteCheckpoint, RemoteError> {
+    let location = Location::parse(location).unwrap();
+    let client = Client::with_store(store as Arc<dyn ObjectStore>, &RemoteOptions::default()).unwrap();
+    open(&location, client, 0.0)
+}
+
+/// Which layout a local open of `dir` picks, and which a remote open of the same files does,
+/// on S3 (listing) and on plain HTTP (probing).
+fn assert_same_dispatch(dir: &Path) {
+    let local = tensora_format::open(dir);
+    for location in ["s3://b/ckpt/", "http://mem.invalid/ckpt/"] {
+        let remote = open_at(upload(dir, "ckpt"), location);
+        match (&local, &remote) {
+            (Ok(l), Ok(r)) => {
+                assert_eq!(l.format(), r.format(), "{location}");
+                assert_eq!(l.tensors().len(), r.tensors().len(), "{location}");
+            }
+            // Two index files: refused locally; on S3 too (HTTP cannot see the second one).
+            (Err(_), Err(e)) => assert!(matches!(e, RemoteError::NoCheckpoint { .. }), "{e}"),
+            (Err(l), Ok(_)) if location.starts_with("http") => {
+                assert!(l.to_string().contains("index files"), "{l}");
+            }
+            (l, r) => panic!("{location}: local {:?}, remote {:?}", l.as_ref().err(), r.as_ref().err()),
+        }
+    }
+}
+
+#[test]
+fn a_serverlessllm_index_wins_over_an_hf_index_as_locally() {
+    let dir = tempfile::tempdir().unwrap();
+    write_ckpt(dir.path(), &[100, 200, 300], 1200);
+    let tiny = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"));
+    for entry in std::fs::read_dir(tiny).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    assert_eq!(tensora_format::open(dir.path()).unwrap().format(), Format::ServerlessLlm);
+    assert_same_dispatch(dir.path());
+    let remote = open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap();
+    assert_eq!(remote.format(), Format::ServerlessLlm);
+    let remote = open_at(upload(dir.path(), "ckpt"), "http://mem.invalid/ckpt/").unwrap();
+    assert_eq!(remote.format(), Format::ServerlessLlm);
+}
+
+#[test]
+fn hidden_objects_are_skipped_and_two_indexes_are_refused_as_locally() {
+    let dir = tempfile::tempdir().unwrap();
+    write_ckpt(dir.path(), &[100, 200, 300], 1200);
+    let index = dir.path().join(HF_INDEX_NAME);
+    // A hidden copy of the index (an editor's, a partial upload's) is not a second index.
+    std::fs::copy(&index, dir.path().join(".partial.safetensors.index.json")).unwrap();
+    assert_same_dispatch(dir.path());
+    assert_eq!(open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap().checkpoint().files().len(), 2);
+    // A visible second index: the local open refuses, so does the listed S3 one.
+    std::fs::copy(&index, dir.path().join("other.safetensors.index.json")).unwrap();
+    assert!(tensora_format::open(dir.path()).is_err());
+    assert_same_dispatch(dir.path());
+    let err = open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap_err();
+    assert!(err.to_string().contains("2 index files"), "{err}");
+}
+
+#[test]
+fn listing_keeps_direct_children_and_stops_at_its_bound() {
+    let store = InMemory::new();
+    let one = ObjectPath::from("one");
+    let template: ObjectMeta = rt().block_on(async {
+        store.put(&one, vec![1u8].into()).await.unwrap();
+        store.head(&one).await.unwrap()
+    });
+    let meta = |key: &str| ObjectMeta { location: ObjectPath::from(key), ..template.clone() };
+    let prefix = ObjectPath::from("p");
+    let entries = vec![
+        meta("p/a.safetensors"),
+        meta("p/.hidden.safetensors"),
+        meta("p/sub/b.safetensors"),
+        meta("p/c.json"),
+    ];
+    let listing = |entries: &Vec<ObjectMeta>| futures::stream::iter(entries.clone()).map(Ok).boxed();
+    let names = rt().block_on(direct_children(listing(&entries), &prefix, 4)).unwrap();
+    let names: Vec<&str> = names.iter().map(|p| p.as_ref()).collect();
+    // Finding 8 of issue 14: only the names the layout rules look at are kept.
+    assert_eq!(names, ["p/a.safetensors"]);
+    let many: Vec<ObjectMeta> =
+        (0..=LISTED_NAMES_MAX).map(|i| meta(&format!("p/s{i}.safetensors"))).collect();
+    let err = rt().block_on(direct_children(listing(&many), &prefix, LIST_ENTRIES_MAX)).unwrap_err();
+    assert!(err.contains(&format!("more than {LISTED_NAMES_MAX} checkpoint objects")), "{err}");
+    let junk: Vec<ObjectMeta> = (0..LISTED_NAMES_MAX * 2).map(|i| meta(&format!("p/log{i}.txt"))).collect();
+    assert!(rt().block_on(direct_children(listing(&junk), &prefix, LIST_ENTRIES_MAX)).unwrap().is_empty());
+    let err = rt().block_on(direct_children(listing(&entries), &prefix, 3)).unwrap_err();
+    assert!(err.contains("more than 3"), "{err}");
+    // An endless listing is cut off after the bound, not read to its end.
+    let endless = futures::stream::repeat_with(|| Ok(meta("p/x.safetensors"))).boxed();
+    let err = rt().block_on(direct_children(endless, &prefix, 1000)).unwrap_err();
+    assert!(err.contains("more than 1000"), "{err}");
+}
+
+/// Finding 8 of issue 14: an open that cannot finish (here the index GET never answers, and
+/// no single attempt would time out) fails at the open deadline, which the error names.
+#[test]
+fn an_open_that_cannot_finish_fails_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    write_ckpt(dir.path(), &[100, 200], 400);
+    let store = Arc::new(crate::test_store::BreakingStore::default());
+    upload_dir(&store.inner, dir.path(), "ckpt", &rt());
+    store.hang_next.store(1, std::sync::atomic::Ordering::Relaxed);
+    let opts = RemoteOptions {
+        open_deadline: std::time::Duration::from_millis(300),
+        request_overhead: std::time::Duration::from_secs(3600),
+        ..RemoteOptions::default()
+    };
+    let location = Location::parse("http://mem.invalid/ckpt/").unwrap();
+    let client = Client::with_store(store as Arc<dyn ObjectStore>, &opts).unwrap();
+    let err = open(&location, client, 0.0).unwrap_err();
+    assert!(matches!(err, RemoteError::OpenDeadline { requests, .. } if requests >= 2), "{err}");
+    assert!(err.to_string().contains("open_deadline"), "{err}");
+}
+
+/// Finding 8 of issue 14: ServerlessLLM partitions are probed only as far as the index needs,
+/// not until one is missing (up to 65,536 HEADs on a server that has many).
+#[test]
+fn serverlessllm_probing_asks_only_for_the_partitions_the_index_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"));
+    for entry in std::fs::read_dir(tiny).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    // Partitions nobody refers to.
+    for i in 3..40 {
+        std::fs::write(dir.path().join(format!("tensor.data_{i}")), [0u8; 16]).unwrap();
+    }
+    let remote = open_at(upload(dir.path(), "ckpt"), "http://mem.invalid/ckpt/").unwrap();
+    assert_eq!(remote.checkpoint().files().len(), 3);
+    // The index probe, its HEAD and GET, and the three partitions' HEADs.
+    assert_eq!(remote.open_requests(), 1 + 2 + 3);
+    let local = tensora_format::open(tiny).unwrap();
+    assert_eq!(remote.tensors().len(), local.tensors().len());
+}

@@ -1,0 +1,162 @@
+//! The verified local cache against a real nginx on 127.0.0.1: write-through in the same pass,
+//! local loads after one HEAD per object, offline loads with no request, a changed object
+//! fetched anew, partial loads, the size cap, and the CRC check of cached bytes. The
+//! two-process and kill -9 cases run the `tensora` binary (tensora-cli's tests).
+
+mod support;
+
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+use support::{Nginx, write_checkpoint};
+use tensora_format::Selection;
+use tensora_io::LoadOptions;
+use tensora_remote::{Cache, CacheOptions, Location, RemoteLoaded, RemoteOptions, open_remote};
+
+fn started<T>(server: Result<T, String>) -> T {
+    server.unwrap_or_else(|e| panic!("test server unavailable: {e}"))
+}
+
+fn opts(cache: &Path, offline: bool, size_max_bytes: Option<u64>) -> RemoteOptions {
+    RemoteOptions {
+        chunk_bytes: 256 << 10,
+        reads_inflight_max: 4,
+        cache: Some(CacheOptions { dir: cache.to_path_buf(), size_max_bytes, offline }),
+        ..RemoteOptions::default()
+    }
+}
+
+fn assert_matches_local(remote: &RemoteLoaded, dir: &Path) {
+    let local = tensora_io::load_path(dir, &LoadOptions::default()).expect("local load");
+    assert_eq!(remote.len(), local.len());
+    for t in remote.tensors() {
+        let want = local.tensor(t.name()).unwrap();
+        assert_eq!(Sha256::digest(t.bytes()), Sha256::digest(want.bytes()), "{}", t.name());
+    }
+}
+
+/// Two shards of three 192 KiB tensors and their index, served by nginx.
+fn served() -> (tempfile::TempDir, std::path::PathBuf, Nginx) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    write_checkpoint(&dir, 2, 3, 192 << 10);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    (root, dir, nginx)
+}
+
+#[test]
+fn a_cached_load_is_local_after_one_head_per_object_and_offline_after_none() {
+    let (_root, dir, mut nginx) = served();
+    let cache = tempfile::tempdir().unwrap();
+    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let total: u64 = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+
+    // Cold: every byte fetched once and written through in the same pass; index and shards
+    // promoted.
+    let first = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
+    let loaded = first.load(&LoadOptions::default()).unwrap();
+    assert_matches_local(&loaded, &dir);
+    let report = loaded.report().cache.clone().expect("a cache report");
+    assert_eq!(report.promoted, 2, "{report:?}");
+    assert!(report.skipped.is_empty(), "{report:?}");
+    let open_report = first.open_cache_report().unwrap();
+    assert_eq!(open_report.promoted, 1, "the index, fetched whole at open: {open_report:?}");
+    let listed =
+        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
+            .unwrap()
+            .list();
+    assert_eq!(listed.len(), 3);
+    assert!(listed.iter().all(|o| o.complete && o.cached_bytes == o.size_bytes), "{listed:?}");
+    assert_eq!(listed.iter().map(|o| o.size_bytes).sum::<u64>(), total);
+
+    // Warm: one HEAD per object confirms it, then the load reads local files (no request).
+    let second = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
+    assert_eq!(second.open_requests(), 3);
+    let loaded = second.load(&LoadOptions::default()).unwrap();
+    assert_matches_local(&loaded, &dir);
+    let r = loaded.report();
+    assert_eq!(r.requests, 0, "{r:?}");
+    assert_eq!(r.cache.as_ref().unwrap().local_objects, 2, "{r:?}");
+    let streamed = second.load_streaming(&LoadOptions::default(), |_| Ok(())).unwrap();
+    assert_eq!(streamed.requests, 0);
+
+    // Offline, with the server gone: no request at all.
+    nginx.kill();
+    let offline = open_remote(&location, &opts(cache.path(), true, None)).unwrap();
+    assert_eq!(offline.open_requests(), 0);
+    let loaded = offline.load(&LoadOptions::default()).unwrap();
+    assert_matches_local(&loaded, &dir);
+    // A location never cached is refused offline, naming it.
+    let other = Location::parse(&nginx.url("other/")).unwrap();
+    let err = open_remote(&other, &opts(cache.path(), true, None)).unwrap_err();
+    assert!(matches!(err, tensora_remote::RemoteError::NotCached { .. }), "{err}");
+}
+
+#[test]
+fn a_changed_object_is_fetched_anew_and_a_partial_load_stays_partial() {
+    let (_root, dir, nginx) = served();
+    let cache = tempfile::tempdir().unwrap();
+    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
+    // One tensor: its ranges are cached, its object is not complete.
+    let name = checkpoint.tensors()[0].name().to_owned();
+    let one = LoadOptions { selection: Selection::Names(vec![name.clone()]), ..LoadOptions::default() };
+    let loaded = checkpoint.load(&one).unwrap();
+    let report = loaded.report().cache.clone().unwrap();
+    assert_eq!(report.promoted, 0, "{report:?}");
+    assert!(report.written_bytes >= 192 << 10, "{report:?}");
+    // The same tensor again: read from the partial copy, no request.
+    let again = checkpoint.load(&one).unwrap();
+    assert_eq!(again.report().requests, 0, "{:?}", again.report());
+    assert_eq!(
+        Sha256::digest(again.tensor(&name).unwrap().bytes()),
+        Sha256::digest(loaded.tensor(&name).unwrap().bytes())
+    );
+
+    // The second shard changes (new bytes, new mtime: a new ETag): its new version is fetched,
+    // the first shard's copy is used.
+    let full = checkpoint.load(&LoadOptions::default()).unwrap();
+    assert_matches_local(&full, &dir);
+    let shard = dir.join("model-00002-of-00002.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xFF;
+    std::fs::write(&shard, &bytes).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(100);
+    std::fs::File::options().write(true).open(&shard).unwrap().set_modified(later).unwrap();
+    let reopened = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
+    let loaded = reopened.load(&LoadOptions::default()).unwrap();
+    assert_matches_local(&loaded, &dir);
+    let r = loaded.report().cache.clone().unwrap();
+    assert!(r.hit_bytes > 0 && r.written_bytes > 0, "{r:?}");
+}
+
+#[test]
+fn the_size_cap_evicts_what_nobody_holds_and_cached_bytes_are_checked() {
+    let (_root, dir, nginx) = served();
+    let cache = tempfile::tempdir().unwrap();
+    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
+    assert_matches_local(&checkpoint.load(&LoadOptions::default()).unwrap(), &dir);
+    let cache_opts = CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false };
+    let handle = Cache::open(&cache_opts).unwrap();
+    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    // A flipped byte in a cached copy fails its range's CRC.
+    let victim = handle.list().into_iter().max_by_key(|o| o.size_bytes).unwrap();
+    let data = cache.path().join("objects").join(&victim.key).join("data");
+    let mut bytes = std::fs::read(&data).unwrap();
+    bytes[100_000] ^= 1;
+    std::fs::write(&data, &bytes).unwrap();
+    let bad: Vec<_> = handle.verify().into_iter().filter(|(_, bad)| !bad.is_empty()).collect();
+    assert_eq!(bad.len(), 1);
+    assert_eq!(bad[0].0.key, victim.key);
+
+    // A cap below one shard: after the next load nothing held remains, and the cache is under it.
+    let capped = open_remote(&location, &opts(cache.path(), false, Some(300 << 10))).unwrap();
+    let loaded = capped.load(&LoadOptions::default()).unwrap();
+    let report = loaded.report().cache.clone().unwrap();
+    assert!(report.evicted >= 2, "{report:?}");
+    let left: u64 = Cache::open(&cache_opts).unwrap().list().iter().map(|o| o.cached_bytes).sum();
+    assert!(left <= 300 << 10, "{left} bytes left");
+}
