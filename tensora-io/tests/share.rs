@@ -9,7 +9,7 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use support::*;
 use tensora_format::{Checkpoint, Dtype, Selection};
-use tensora_io::{LoadError, LoadOptions, Residence, ShareOf, load, load_share};
+use tensora_io::{IoMode, LoadError, LoadOptions, Residence, ShareOf, load, load_share};
 
 /// Every rank's share of `ckpt`, then every region copied into rank 0's arena, as a transport
 /// would; checks the tensors against a single-process load and returns the bytes each rank read.
@@ -34,7 +34,10 @@ fn collective(ckpt: &Checkpoint, opts: &LoadOptions, world: usize) -> Vec<u64> {
     for t in want.tensors() {
         assert_eq!(got.tensor(t.name()).unwrap().bytes(), t.bytes(), "{} with {world} ranks", t.name());
     }
-    let whole: u64 = want.report().bytes_read;
+    // Shares are planned block-aligned whatever each rank's I/O decision (so every rank computes
+    // the same regions): in all they read what one block-aligned load reads.
+    let aligned = load(ckpt, &LoadOptions { io_mode: IoMode::Direct, ..opts.clone() }).unwrap();
+    let whole = aligned.report().bytes_read;
     assert_eq!(read.iter().sum::<u64>(), whole, "storage is read once in all: {read:?}");
     read
 }
@@ -61,6 +64,21 @@ fn shares_of_the_real_and_serverlessllm_fixtures_rebuild_them() {
         for world in [2, 3, 4] {
             let opts = LoadOptions { chunk_bytes: 4096, ..LoadOptions::default() };
             collective(&ckpt, &opts, world);
+        }
+    }
+}
+
+#[test]
+fn ranks_that_decide_their_io_differently_compute_the_same_regions() {
+    let g = generate_mixed(7);
+    let ckpt = g.open();
+    let opts = |io_mode| LoadOptions { io_mode, chunk_bytes: 64 << 10, ..LoadOptions::default() };
+    for world in [2, 3] {
+        for rank in 0..world {
+            let share = ShareOf::new(rank, world).unwrap();
+            let buffered = load_share(&ckpt, &opts(IoMode::Buffered), share).unwrap();
+            let direct = load_share(&ckpt, &opts(IoMode::Direct), share).unwrap();
+            assert_eq!(buffered.regions(), direct.regions(), "rank {rank} of {world}");
         }
     }
 }

@@ -56,6 +56,10 @@ def sharded(tmp_path_factory) -> Path:
     return d
 
 
+def files_of(path: Path) -> list:
+    return [path] if path.is_file() else [f for f in path.iterdir() if f.is_file()]
+
+
 def paths(sharded):
     return [("sharded", sharded), ("single", REAL[0]), ("serverlessllm", SLLM_TINY)]
 
@@ -74,12 +78,16 @@ def test_every_rank_gets_the_single_process_tensors_and_storage_is_read_once(sha
             assert res["tensors"] == want["tensors"], f"{label}: rank {r}"
             rep = res["report"]
             read.append(rep["bytes_read"])
-            # What the others read reached this rank (regions may also carry alignment padding).
+            # What the others read reached this rank (regions also carry the padding between tensors).
             assert rep["bytes_received"] + rep["bytes_read"] >= want["bytes_read"], f"{label}: rank {r}"
             assert len(rep["ranks"]) == nproc and rep["slowest"]["rank"] in range(nproc)
-        assert sum(read) == want["bytes_read"], f"{label}: storage read once in all: {read}"
+        # Storage is read once in all; shares are planned block-aligned (so that every rank computes
+        # the same regions whatever its own I/O decision), which adds at most a block on each side
+        # of each run of reads: at most two blocks per tensor and per file.
+        slack = 2 * 4096 * (len(want["tensors"]) + len(files_of(path)))
+        assert want["bytes_read"] <= sum(read) <= want["bytes_read"] + slack, f"{label}: {read}"
         # Shares are balanced within one read: a read never spans files, so the largest file bounds it.
-        largest = max(f.stat().st_size for f in ([path] if path.is_file() else path.iterdir()))
+        largest = max(f.stat().st_size for f in files_of(path))
         assert max(read) <= want["bytes_read"] / nproc + largest, f"{label}: {read}"
 
 

@@ -108,6 +108,18 @@ pub(super) struct Session<'c> {
     pub(super) files_touched: usize,
     pub(super) no_cancel: AtomicBool,
     pub(super) progress_done: AtomicU64,
+    /// What the arena layout may depend on.
+    pub(super) layout: Layout,
+}
+
+/// What the arena layout (the plan's alignment) may depend on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// This load's own I/O decision: block-aligned reads only for O_DIRECT.
+    ForThisLoad,
+    /// Nothing a rank decides alone (a collective load: every rank must compute the same regions,
+    /// whatever its residency sample made `auto` pick): always block-aligned reads.
+    SameOnEveryRank,
 }
 
 impl<'c> Session<'c> {
@@ -146,6 +158,7 @@ impl<'c> Session<'c> {
             files_touched: touched_files(ckpt, selected).len(),
             no_cancel: AtomicBool::new(false),
             progress_done: AtomicU64::new(0),
+            layout: Layout::ForThisLoad,
         })
     }
 
@@ -161,7 +174,11 @@ impl<'c> Session<'c> {
 
     pub(super) fn plan_config(&self) -> PlanConfig {
         PlanConfig {
-            align_bytes: if self.direct { crate::backends::DIRECT_BLOCK_BYTES } else { 1 },
+            align_bytes: if self.direct || self.layout == Layout::SameOnEveryRank {
+                crate::backends::DIRECT_BLOCK_BYTES
+            } else {
+                1
+            },
             chunk_bytes: self.opts.chunk_bytes.max(1),
             budget_bytes: self.opts.budget_bytes,
             ..PlanConfig::default()

@@ -32,7 +32,7 @@ use std::time::Instant;
 use tensora_format::Checkpoint;
 
 use super::owned::OwnedPlan;
-use super::session::{Session, WindowPlan, begin};
+use super::session::{Layout, Session, WindowPlan, begin};
 use super::{LoadOptions, Loaded, Residence};
 use crate::auto::Delivery;
 use crate::error::LoadError;
@@ -132,7 +132,8 @@ pub fn load_share_runs<'c>(
     share: ShareOf,
 ) -> Result<ShareRuns<'c>, LoadError> {
     refuse_unshareable(opts)?;
-    let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
+    let (mut session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
+    session.layout = Layout::SameOnEveryRank;
     let pending = super::streaming::stream_windows(ckpt, &selected, opts).into();
     Ok(ShareRuns { session, share, pending, first: Some((phases, faults_before)) })
 }
@@ -170,7 +171,8 @@ impl Iterator for ShareRuns<'_> {
 /// and mapped residences are refused (a share sees parts of tensors; every rank needs an arena).
 pub fn load_share(ckpt: &Checkpoint, opts: &LoadOptions, share: ShareOf) -> Result<ShareLoad, LoadError> {
     refuse_unshareable(opts)?;
-    let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Owned)?;
+    let (mut session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Owned)?;
+    session.layout = Layout::SameOnEveryRank;
     session.load_share(&selected, share, phases, faults_before)
 }
 
