@@ -10,6 +10,7 @@ use pyo3::types::PyDict;
 use tensora_io::LoadOptions;
 
 use crate::owner::{Owner, Storage, TensorBytes};
+use crate::tensor::CopyTally;
 use crate::{TensorData, drive, exc, finish, selection};
 
 /// What Python gets for one tensor of a `Loaded` held by `owner`. Writable pointers come from
@@ -44,7 +45,8 @@ impl ExportMeta {
         &self.name
     }
 
-    /// The buffer for this tensor of `loaded` (which `owner` holds).
+    /// The buffer for this tensor of `loaded` (which `owner` holds): zero copy, or an aligned
+    /// copy when its address does not suit its dtype ([`TensorData::export`]).
     pub(crate) fn export(self, owner: &Arc<Owner>, loaded: &tensora_io::Loaded) -> PyResult<TensorData> {
         let (addr, len_bytes) = match loaded.tensor_mut_ptr(&self.name) {
             Some((ptr, len)) => (ptr.as_ptr() as usize, len),
@@ -57,22 +59,22 @@ impl ExportMeta {
                 )));
             }
         };
-        Ok(TensorData {
-            t: TensorBytes {
-                owner: Arc::clone(owner),
-                addr,
-                len_bytes,
-                name: self.name,
-                dtype: self.dtype,
-                shape: self.shape,
-                strides: self.strides,
-            },
+        TensorData::export(TensorBytes {
+            owner: Arc::clone(owner),
+            addr,
+            len_bytes,
+            name: self.name,
+            dtype: self.dtype,
+            shape: self.shape,
+            strides: self.strides,
         })
     }
 }
 
 /// Load every selected tensor (GIL released) and return `({name: TensorData}, report_json)`,
-/// the dict sorted by name. `residence`: `"owned"` (the default: an owned arena, a snapshot),
+/// the dict sorted by name. The report is the load's, plus `aligned_copies` (`{"tensors",
+/// "bytes"}`: tensors whose file offset was not a multiple of their element size, handed out as
+/// aligned copies). `residence`: `"owned"` (the default: an owned arena, a snapshot),
 /// `"auto"` (zero-copy mapped views when the files are local and warm and `backend` is `"auto"`,
 /// owned otherwise; decided by `tensora_io::auto`) or `"mapped"`.
 #[pyfunction]
@@ -97,8 +99,8 @@ pub(crate) fn load<'py>(
         tensora_io::load_path(&path, &LoadOptions { progress: hook, ..opts })
     });
     let loaded = finish(out)?;
-    let report =
-        serde_json::to_string(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+    let mut report =
+        serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
     let mut metas = ExportMeta::all(&loaded);
     let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
     let Storage::Loaded(loaded) = owner.storage() else {
@@ -106,9 +108,15 @@ pub(crate) fn load<'py>(
     };
     metas.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     let d = PyDict::new(py);
+    let copies = CopyTally::default();
     for m in metas {
         let name = m.name.clone();
-        d.set_item(name, m.export(&owner, loaded)?)?;
+        let data = m.export(&owner, loaded)?;
+        copies.note(&data);
+        d.set_item(name, data)?;
     }
-    Ok((d, report))
+    if let serde_json::Value::Object(fields) = &mut report {
+        fields.insert("aligned_copies".into(), copies.to_json());
+    }
+    Ok((d, report.to_string()))
 }

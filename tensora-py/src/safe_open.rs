@@ -14,6 +14,7 @@ use tensora_io::map::populate::{PopulateConfig, PopulateError, Span, populate};
 
 use crate::exc::{CancelledError, SelectionError};
 use crate::owner::{self, Owner, Storage, TensorBytes};
+use crate::tensor::CopyTally;
 use crate::{TensorData, exc, format_err, load_err};
 
 /// A checkpoint opened for `safe_open`: its files stay open. Each file is mapped once, whole,
@@ -30,6 +31,8 @@ pub struct Mapped {
     /// One descriptor per checkpoint file (indexed by file id), stamp-checked when opened.
     files: Vec<std::fs::File>,
     state: Mutex<MapState>,
+    /// Tensors handed out as aligned copies (file offset not a multiple of the element size).
+    copies: CopyTally,
 }
 
 /// What `Mapped` has mapped and handed out.
@@ -100,6 +103,12 @@ impl Mapped {
         self.fetch(py, name, Fetch::Lazy)
     }
 
+    /// `(tensors, bytes)` handed out so far as aligned copies (their file offset was not a
+    /// multiple of their element size).
+    fn aligned_copies(&self) -> (u64, u64) {
+        self.copies.get()
+    }
+
     /// How many whole-file mappings this object has created (test support).
     fn file_mappings(&self) -> usize {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).shared.iter().flatten().count()
@@ -113,17 +122,17 @@ impl Mapped {
         let len_bytes =
             usize::try_from(info.len_bytes()).map_err(|_| file_err(entry.path(), "tensor too large"))?;
         let (owner, addr) = py.detach(|| self.place(info, len_bytes, how))?;
-        Ok(TensorData {
-            t: TensorBytes {
-                owner,
-                addr,
-                len_bytes,
-                name: name.to_owned(),
-                dtype: info.dtype(),
-                shape: info.shape().to_vec(),
-                strides: info.strides().map(<[u64]>::to_vec),
-            },
-        })
+        let data = TensorData::export(TensorBytes {
+            owner,
+            addr,
+            len_bytes,
+            name: name.to_owned(),
+            dtype: info.dtype(),
+            shape: info.shape().to_vec(),
+            strides: info.strides().map(<[u64]>::to_vec),
+        })?;
+        self.copies.note(&data);
+        Ok(data)
     }
 
     /// Where the bytes of `info` are handed out from: the file's shared mapping when they are
@@ -210,7 +219,7 @@ fn open_checkpoint_files(path: &Path) -> PyResult<Mapped> {
         files.push(file);
     }
     let state = MapState { shared: vec![None; files.len()], handed_out: HashSet::new() };
-    Ok(Mapped { ckpt, files, state: Mutex::new(state) })
+    Ok(Mapped { ckpt, files, state: Mutex::new(state), copies: CopyTally::default() })
 }
 
 /// Map all of `file` (whose stamp was just checked) privately and writable, nothing read in;

@@ -21,8 +21,9 @@ use tensora_format::Selection;
 use tensora_io::{BackendChoice, LoadError, LoadOptions, Residence};
 
 use crate::export::ExportMeta;
-use crate::owner::{Owner, Storage, TensorBytes};
+use crate::owner::{Owner, Storage};
 use crate::queue::{Bounded, Pop};
+use crate::tensor::CopyTally;
 use crate::{TensorData, format_err, load_err};
 
 /// Default streaming budget: bytes per chunk, and bytes of tensors waiting in the queue.
@@ -31,7 +32,7 @@ pub const BUDGET_DEFAULT_BYTES: u64 = 256 << 20;
 pub const QUEUE_TENSORS_MAX: usize = 64;
 
 enum Msg {
-    Tensor(TensorBytes),
+    Tensor(TensorData),
     Failed(PyErr),
 }
 
@@ -41,6 +42,7 @@ pub struct Stream {
     queue: Arc<Bounded<Msg>>,
     cancel: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    copies: Arc<CopyTally>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -66,17 +68,18 @@ impl Stream {
         }
         let queue = Arc::new(Bounded::new(QUEUE_TENSORS_MAX, job.budget_bytes));
         let cancel = Arc::new(AtomicBool::new(false));
-        let (q, c) = (Arc::clone(&queue), Arc::clone(&cancel));
+        let copies = Arc::new(CopyTally::default());
+        let (q, c, tally) = (Arc::clone(&queue), Arc::clone(&cancel), Arc::clone(&copies));
         let thread = std::thread::Builder::new()
             .name("tensora-stream".into())
             .spawn(move || {
-                if let Err(e) = produce(&job, &q, &c) {
+                if let Err(e) = produce(&job, &q, &c, &tally) {
                     let _ = q.push(Msg::Failed(e), 0);
                 }
                 q.close();
             })
             .map_err(|e| crate::exc::LoadError::new_err(format!("starting the stream thread: {e}")))?;
-        Ok(Stream { queue, cancel, thread: Some(thread) })
+        Ok(Stream { queue, cancel, thread: Some(thread), copies })
     }
 }
 
@@ -115,7 +118,7 @@ pub(crate) fn open_stream(
 
 /// Load every file as runs and queue their tensors. Several files share one selection: exact
 /// names are checked across the whole list, as one checkpoint's names are spread over its shards.
-fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResult<()> {
+fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>, copies: &CopyTally) -> PyResult<()> {
     let multi = job.paths.len() > 1;
     let matcher = Arc::new(job.selection.matcher().map_err(|e| load_err(LoadError::Selection(e)))?);
     let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -147,7 +150,8 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
                 Err(_) if cancel.load(Ordering::Acquire) => return Ok(()),
                 Err(e) => return Err(load_err(e)),
             };
-            if !queue_run(loaded, job.names_wanted.as_ref().filter(|_| multi).map(|_| &mut seen), queue)? {
+            let seen = job.names_wanted.as_ref().filter(|_| multi).map(|_| &mut seen);
+            if !queue_run(loaded, seen, queue, copies)? {
                 return Ok(()); // the iterator was closed
             }
         }
@@ -162,12 +166,13 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
     Ok(())
 }
 
-/// Queue every tensor of one run (recording its name in `seen`); `false` when the iterator was
-/// closed meanwhile.
+/// Queue every tensor of one run (recording its name in `seen`, counting aligned copies in
+/// `copies`); `false` when the iterator was closed meanwhile.
 fn queue_run(
     loaded: tensora_io::Loaded,
     mut seen: Option<&mut BTreeSet<String>>,
     queue: &Bounded<Msg>,
+    copies: &CopyTally,
 ) -> PyResult<bool> {
     let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
     let Storage::Loaded(loaded) = owner.storage() else {
@@ -177,8 +182,9 @@ fn queue_run(
         if let Some(seen) = seen.as_deref_mut() {
             seen.insert(m.name().to_owned());
         }
-        let data = m.export(&owner, loaded)?.into_bytes();
-        let len = data.len_bytes as u64;
+        let data = m.export(&owner, loaded)?;
+        copies.note(&data);
+        let len = data.t.len_bytes as u64;
         if queue.push(Msg::Tensor(data), len).is_err() {
             return Ok(false);
         }
@@ -196,7 +202,7 @@ impl Stream {
         loop {
             let queue = Arc::clone(&self.queue);
             match py.detach(move || queue.pop_timeout(crate::drive::POLL_INTERVAL)) {
-                Pop::Item(Msg::Tensor(t)) => return Ok((t.name.clone(), TensorData { t })),
+                Pop::Item(Msg::Tensor(t)) => return Ok((t.t.name.clone(), t)),
                 Pop::Item(Msg::Failed(e)) => {
                     self.finish(py);
                     return Err(e);
@@ -225,6 +231,12 @@ impl Stream {
     /// `(tensors, bytes)` waiting in the queue now.
     fn queued(&self) -> (usize, u64) {
         self.queue.len()
+    }
+
+    /// `(tensors, bytes)` handed out so far as aligned copies (their file offset was not a
+    /// multiple of their element size).
+    fn aligned_copies(&self) -> (u64, u64) {
+        self.copies.get()
     }
 }
 

@@ -145,6 +145,9 @@ def load_file(
     exception it raises propagates unchanged. Ctrl-C also cancels.
 
     The arrays share one owner (buffer or mappings), freed when the last of them is gone.
+    Every array is aligned for its dtype: a tensor whose file offset is not a multiple of its
+    element size (safetensors allows it; HF's writer never does it) is handed out as an aligned
+    copy of its own, counted in the report's ``aligned_copies``.
     """
     return load_file_with_report(path, framework, select, backend, progress, residence)[0]
 
@@ -159,7 +162,8 @@ def load_file_with_report(
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
     and why, then the backend's own reason), ``io_mode`` (``"mapped"`` for zero-copy views),
-    ``bytes_selected``, ``seconds``, ``gbps``, ``phases`` and the page-fault counts."""
+    ``bytes_selected``, ``seconds``, ``gbps``, ``phases``, the page-fault counts, and
+    ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``)."""
     fw = _check_framework(framework)
     datas, report = _native.load(os.fspath(path), select, backend, progress, residence)
     return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
