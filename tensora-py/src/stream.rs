@@ -30,6 +30,9 @@ use crate::{TensorData, format_err, load_err};
 pub const BUDGET_DEFAULT_BYTES: u64 = 256 << 20;
 /// Bound on tensors waiting in the queue.
 pub const QUEUE_TENSORS_MAX: usize = 64;
+/// The note added to an exception raised by a signal handler while the iterator waited.
+const STREAM_CLOSED_NOTE: &str =
+    "tensora: a signal handler raised this while weights_iterator waited; the stream was closed";
 
 enum Msg {
     Tensor(TensorData),
@@ -213,6 +216,7 @@ impl Stream {
                 }
                 Pop::Empty => {
                     if let Err(e) = py.check_signals() {
+                        let e = crate::drive::noted_signal(py, e, STREAM_CLOSED_NOTE);
                         self.close(py);
                         return Err(e);
                     }
