@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -77,8 +78,12 @@ impl ExportMeta {
 /// aligned copies). `residence`: `"owned"` (the default: an owned arena, a snapshot),
 /// `"auto"` (zero-copy mapped views when the files are local and warm and `backend` is `"auto"`,
 /// owned otherwise; decided by `tensora_io::auto`) or `"mapped"`.
+///
+/// `manifest`: a manifest's path; every tensor's digest is checked against it as its bytes land
+/// (`tensora_verify::verified`), and the first that does not match raises `VerifyError` before
+/// anything is returned.
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned"))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None))]
 pub(crate) fn load<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -86,21 +91,31 @@ pub(crate) fn load<'py>(
     backend: &str,
     progress: Option<Py<PyAny>>,
     residence: &str,
+    manifest: Option<PathBuf>,
 ) -> PyResult<(Bound<'py, PyDict>, String)> {
     let cancel = Arc::new(AtomicBool::new(false));
-    let opts = LoadOptions {
+    let mut opts = LoadOptions {
         backend: crate::backend(backend)?,
         residence: crate::residence(residence)?,
         selection: selection(select)?,
         cancel: Some(Arc::clone(&cancel)),
         ..LoadOptions::default()
     };
+    let started = Instant::now();
+    let ckpt = py.detach(|| tensora_format::open(&path)).map_err(crate::format_err)?;
+    let parse_seconds = started.elapsed().as_secs_f64();
+    if let Some(m) = manifest {
+        let manifest = py.detach(|| crate::read_manifest(&m))?;
+        crate::manifest_check(&ckpt, &manifest)?.install(&mut opts);
+    }
     let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
-        tensora_io::load_path(&path, &LoadOptions { progress: hook, ..opts })
+        tensora_io::load(&ckpt, &LoadOptions { progress: hook, ..opts })
     });
     let loaded = finish(out)?;
-    let mut report =
-        serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+    let mut report = loaded.report().clone();
+    report.phases.parse = parse_seconds;
+    report.finalize();
+    let mut report = serde_json::to_value(&report).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
     let mut metas = ExportMeta::all(&loaded);
     let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
     let Storage::Loaded(loaded) = owner.storage() else {

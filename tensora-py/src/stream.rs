@@ -62,6 +62,8 @@ struct Job {
     budget_bytes: u64,
     backend: BackendChoice,
     residence: Residence,
+    /// Every tensor is checked against it as it lands (`manifest=`).
+    manifest: Option<tensora_verify::Manifest>,
 }
 
 impl Stream {
@@ -88,15 +90,21 @@ impl Stream {
 
 /// Stream tensors from one path or a list of files; see [`Stream`].
 #[pyfunction]
-#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto", residence="owned"))]
+#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto", residence="owned", manifest=None))]
 pub(crate) fn open_stream(
+    py: Python<'_>,
     paths: &Bound<'_, PyAny>,
     select: Option<&Bound<'_, PyAny>>,
     budget_bytes: Option<u64>,
     backend: &str,
     residence: &str,
+    manifest: Option<PathBuf>,
 ) -> PyResult<Stream> {
     let residence = crate::residence(residence)?;
+    let manifest = match manifest {
+        Some(m) => Some(py.detach(|| crate::read_manifest(&m))?),
+        None => None,
+    };
     let paths: Vec<PathBuf> = if let Ok(p) = paths.extract::<PathBuf>() {
         vec![p]
     } else if paths.is_instance_of::<PyList>() || paths.is_instance_of::<PyTuple>() {
@@ -116,6 +124,7 @@ pub(crate) fn open_stream(
         budget_bytes: budget_bytes.unwrap_or(BUDGET_DEFAULT_BYTES),
         backend: crate::backend(backend)?,
         residence,
+        manifest,
     })
 }
 
@@ -134,7 +143,7 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>, copies: &C
         } else {
             job.selection.clone()
         };
-        let opts = LoadOptions {
+        let mut opts = LoadOptions {
             backend: job.backend.clone(),
             selection,
             budget_bytes: job.budget_bytes,
@@ -142,6 +151,10 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>, copies: &C
             cancel: Some(Arc::clone(cancel)),
             ..LoadOptions::default()
         };
+        if let Some(m) = &job.manifest {
+            // Each file against the whole model's manifest; a tensor is queued only once checked.
+            crate::manifest_check(&ckpt, m)?.install(&mut opts);
+        }
         let runs = match tensora_io::load_runs(&ckpt, &opts) {
             Ok(runs) => runs,
             Err(_) if cancel.load(Ordering::Acquire) => return Ok(()),

@@ -116,6 +116,7 @@ def load_file(
     backend: str = "auto",
     progress: Optional[Progress] = None,
     residence: str = "owned",
+    manifest: Optional[PathLike] = None,
 ) -> Dict[str, Any]:
     """Load every tensor (or the selected ones) of a checkpoint, like
     ``safetensors.numpy.load_file``. ``path`` is a safetensors file, a sharded directory or
@@ -144,12 +145,19 @@ def load_file(
     on this thread as reads complete; returning ``False`` cancels (``CancelledError``), and an
     exception it raises propagates unchanged. Ctrl-C also cancels.
 
+    ``manifest`` (a file written by ``tensora.hash(..., write_manifest=...)`` or ``tensora hash
+    --write-manifest``) makes this a verified load: every tensor's digest is computed as its bytes
+    land (crc32c: on the worker that read them, while they are in its cache) and compared with the
+    manifest before the tensor is complete; the first that differs raises ``VerifyError`` naming
+    the tensor, its file and its offset, and nothing is returned. Every tensor of the checkpoint
+    must be in the manifest.
+
     The arrays share one owner (buffer or mappings), freed when the last of them is gone.
     Every array is aligned for its dtype: a tensor whose file offset is not a multiple of its
     element size (safetensors allows it; HF's writer never does it) is handed out as an aligned
     copy of its own, counted in the report's ``aligned_copies``.
     """
-    return load_file_with_report(path, framework, select, backend, progress, residence)[0]
+    return load_file_with_report(path, framework, select, backend, progress, residence, manifest)[0]
 
 
 def load_file_with_report(
@@ -159,13 +167,15 @@ def load_file_with_report(
     backend: str = "auto",
     progress: Optional[Progress] = None,
     residence: str = "owned",
+    manifest: Optional[PathLike] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
     and why, then the backend's own reason), ``io_mode`` (``"mapped"`` for zero-copy views),
     ``bytes_selected``, ``seconds``, ``gbps``, ``phases``, the page-fault counts, and
     ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``)."""
     fw = _check_framework(framework)
-    datas, report = _native.load(os.fspath(path), select, backend, progress, residence)
+    m = None if manifest is None else os.fspath(manifest)
+    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m)
     return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
 
 
@@ -202,15 +212,26 @@ class safe_open:
     or a heap copy once ``CALL_MAPPINGS_MAX`` such mappings are alive. ``get_slice(name)[...]``
     reads only the pages of the part indexed and returns a copy. Do not modify or truncate a
     file in place while tensors of it are alive (``SIGBUS``).
+
+    With ``manifest`` (see ``load_file``), every ``get_tensor`` checks the tensor's bytes against
+    it before returning (``VerifyError`` naming tensor, file and offset otherwise); a
+    ``get_slice`` checks the whole tensor, so it reads all of it.
     """
 
-    def __init__(self, path: PathLike, framework: str = "np", backend: str = "auto", device: str = "cpu"):
+    def __init__(
+        self,
+        path: PathLike,
+        framework: str = "np",
+        backend: str = "auto",
+        device: str = "cpu",
+        manifest: Optional[PathLike] = None,
+    ):
         if device != "cpu":
             raise ValueError("tensora.safe_open loads to the CPU only; move tensors afterwards")
         if backend != "auto" and backend not in _native.backends():
             raise LoadError(f"unknown backend {backend!r} (known: {', '.join(_native.backends())})")
         self._fw = _check_framework(framework)
-        self._mapped = _native.Mapped(os.fspath(path))
+        self._mapped = _native.Mapped(os.fspath(path), None if manifest is None else os.fspath(manifest))
 
     def __enter__(self) -> "safe_open":
         return self
@@ -247,6 +268,7 @@ def weights_iterator(
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     residence: str = "owned",
+    manifest: Optional[PathLike] = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
 
@@ -257,13 +279,16 @@ def weights_iterator(
     ``residence`` is as in ``load_file``: ``"owned"`` (default) gives each run an owned buffer;
     ``"auto"`` decides per file (warm local files: mapped views, each run's pages read in before
     it is yielded, with the same ``SIGBUS`` caveat).
+    ``manifest`` (one for the whole model, all files): each tensor is checked as it lands and is
+    yielded only if it matches; the first that does not raises ``VerifyError`` from the loop.
     """
     fw = _check_framework(framework)
     if isinstance(path_or_files, (str, os.PathLike)):
         paths: Union[str, List[str]] = os.fspath(path_or_files)
     else:
         paths = [os.fspath(p) for p in path_or_files]
-    stream = _native.open_stream(paths, select, budget, backend, residence)
+    m = None if manifest is None else os.fspath(manifest)
+    stream = _native.open_stream(paths, select, budget, backend, residence, m)
     try:
         for name, data in stream:
             yield name, _convert(data, fw)
@@ -277,10 +302,17 @@ def inspect(path: PathLike) -> Dict[str, Any]:
 
 
 def hash(
-    path: PathLike, algo: str = "crc32c", backend: str = "auto", progress: Optional[Progress] = None
+    path: PathLike,
+    algo: str = "crc32c",
+    backend: str = "auto",
+    progress: Optional[Progress] = None,
+    write_manifest: Optional[PathLike] = None,
 ) -> Dict[str, str]:
-    """One hex digest per tensor (``crc32c``, ``xxh3`` or ``sha256``) of its stored bytes."""
-    return _native.hash(os.fspath(path), algo, backend, progress)
+    """One hex digest per tensor (``crc32c``, ``xxh3`` or ``sha256``) of its stored bytes.
+    ``write_manifest``: also write the manifest (digests, file sizes, format) there, atomically,
+    for verified loads (``manifest=`` of ``load_file``, ``safe_open``, ``weights_iterator``)."""
+    out = None if write_manifest is None else os.fspath(write_manifest)
+    return _native.hash(os.fspath(path), algo, backend, progress, out)
 
 
 def verify(path: PathLike, manifest: Optional[PathLike] = None) -> Dict[str, Any]:
