@@ -215,12 +215,19 @@ def _resident_fraction(path) -> float:
         mm.close()
 
 
-def test_the_default_is_an_owned_snapshot(every_dtype_file):
-    hf_load_file(str(every_dtype_file))  # warm: "auto" would map
+def test_the_default_follows_the_hf_function_replaced(every_dtype_file):
+    """numpy: an owned snapshot (as safetensors.numpy.load_file); torch: "auto", a private mapping
+    when warm (as safetensors.torch.load_file, which maps the file)."""
+    hf_load_file(str(every_dtype_file))  # warm: "auto" maps
     _, report = tensora.load_file_with_report(every_dtype_file)
     assert not _mapped(report) and report["reason"].startswith("owned: residence"), report
+    _, report = tensora.load_file_with_report(every_dtype_file, framework="pt")
+    assert _mapped(report) and report["reason"].startswith("mapped: warm"), report
     for fn in (tensora.load_file, tensora.load_file_with_report, tensora.weights_iterator):
-        assert inspect.signature(fn).parameters["residence"].default == "owned", fn
+        assert inspect.signature(fn).parameters["residence"].default is None, fn
+    stream = tensora.weights_iterator(every_dtype_file)  # torch by default
+    assert next(stream)[1].__class__.__name__ == "Tensor"
+    stream.close()
 
 
 SAVE_OVER_ITS_INPUT = """

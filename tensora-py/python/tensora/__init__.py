@@ -9,9 +9,10 @@ A drop-in for ``safetensors`` where it is already called::
     for name, t in tensora.weights_iterator(files, framework="pt", budget=512 << 20):
         model.load_weight(name, t)                               # streaming, memory-bounded
 
-Arrays and tensors point into memory owned by the load (by default an owned buffer, a snapshot of
-the files; or, opted into, a private copy-on-write mapping of the files, as ``safe_open`` uses); it
-is freed when the last of them goes. Writing into them never changes the file.
+Arrays and tensors point into memory owned by the load: for numpy by default an owned buffer, a
+snapshot of the files; for torch by default (as HF's torch loader) a private copy-on-write mapping
+of the files when they are warm and local, as ``safe_open`` uses; it is freed when the last of them
+goes. Writing into them never changes the file.
 """
 
 from __future__ import annotations
@@ -109,28 +110,37 @@ def _convert(data: "_native.TensorData", fw: str):
     return _to_numpy(data) if fw == "np" else _to_torch(data)
 
 
+def _default_residence(fw: str) -> str:
+    """The default residence of a framework: the semantics of the HF function tensora replaces
+    (numpy: owned arrays; torch: a private mapping of the file, decided by "auto" when warm)."""
+    return "auto" if fw == "pt" else "owned"
+
+
 def load_file(
     path: PathLike,
     framework: str = "np",
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     progress: Optional[Progress] = None,
-    residence: str = "owned",
+    residence: Optional[str] = None,
     manifest: Optional[PathLike] = None,
 ) -> Dict[str, Any]:
     """Load every tensor (or the selected ones) of a checkpoint, like
-    ``safetensors.numpy.load_file``. ``path`` is a safetensors file, a sharded directory or
-    index, or a ServerlessLLM directory. ``select`` is a glob string or a list of exact names.
+    ``safetensors.numpy.load_file`` (``framework="np"``) or ``safetensors.torch.load_file``
+    (``framework="pt"``). ``path`` is a safetensors file, a sharded directory or index, or a
+    ServerlessLLM directory. ``select`` is a glob string or a list of exact names.
 
-    ``residence`` says where the tensors live:
+    ``residence`` says where the tensors live; by default it follows the HF function this
+    replaces: ``"owned"`` for ``framework="np"`` (HF's numpy ``load_file`` returns owned
+    arrays) and ``"auto"`` for ``framework="pt"`` (HF's torch ``load_file`` returns tensors on a
+    private mapping of the file, with the same ``SIGBUS`` caveat; warm, a mapped load is a
+    page-table fill, tens of times faster than copying: see the README's bench):
 
-    - ``"owned"`` (default): one copy into a buffer this process owns, a snapshot of the files
-      (as ``safetensors.numpy.load_file``, which returns owned arrays): nothing done to the
-      files afterwards, ``save_file(load_file(p), p)`` included, affects the arrays.
+    - ``"owned"``: one copy into a buffer this process owns, a snapshot of the files: nothing
+      done to the files afterwards, ``save_file(load_file(p), p)`` included, affects the arrays.
     - ``"auto"``: when ``backend`` is ``"auto"`` and the files are on a local filesystem and
-      (mostly) in the page cache, zero-copy views of private copy-on-write mappings of the files
-      (warm, 2.2 GB on 2 cores, one byte read per page: 154 GB/s against 5.6 GB/s owned;
-      see the README), otherwise ``"owned"``.
+      (mostly) in the page cache, zero-copy views of private copy-on-write mappings of the files,
+      otherwise ``"owned"`` (cold or remote data: the disk is the bound, and a snapshot is safer).
       ``load_file_with_report`` says which and why.
     - ``"mapped"``: the mapped views, whatever the facts.
 
@@ -139,7 +149,9 @@ def load_file(
     backed by the files, so truncating or rewriting a file in place while its arrays live raises
     ``SIGBUS`` at the next access to a page not yet written. In particular never
     ``save_file(weights, same_path)`` with mapped arrays alive (write a new path and rename, or
-    use the default ``"owned"``). Writes into the arrays never reach the files.
+    pass ``residence="owned"``). Another process's in-place writes to a file show through its
+    mapped arrays (pages this process has not written). Writes into the arrays never reach the
+    files.
 
     The whole load runs with the GIL released. ``progress(bytes_done, bytes_total)`` is called
     on this thread as reads complete; returning ``False`` cancels (``CancelledError``), and an
@@ -166,7 +178,7 @@ def load_file_with_report(
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     progress: Optional[Progress] = None,
-    residence: str = "owned",
+    residence: Optional[str] = None,
     manifest: Optional[PathLike] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
@@ -175,6 +187,7 @@ def load_file_with_report(
     ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``)."""
     fw = _check_framework(framework)
     m = None if manifest is None else os.fspath(manifest)
+    residence = _default_residence(fw) if residence is None else residence
     datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m)
     return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
 
@@ -267,7 +280,7 @@ def weights_iterator(
     budget: Optional[int] = None,
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
-    residence: str = "owned",
+    residence: Optional[str] = None,
     manifest: Optional[PathLike] = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
@@ -276,9 +289,10 @@ def weights_iterator(
     (default 256 MiB; a larger tensor is a run of its own) and yields them zero copy; at most
     ``budget`` bytes of tensors wait for the consumer. A run's memory is freed when its last
     tensor is gone. Waiting releases the GIL. Breaking out of the loop stops the load.
-    ``residence`` is as in ``load_file``: ``"owned"`` (default) gives each run an owned buffer;
-    ``"auto"`` decides per file (warm local files: mapped views, each run's pages read in before
-    it is yielded, with the same ``SIGBUS`` caveat).
+    ``residence`` is as in ``load_file`` (default: ``"auto"`` for torch, ``"owned"`` for numpy):
+    ``"owned"`` gives each run an owned buffer; ``"auto"`` decides per file (warm local files:
+    mapped views, each run's pages read in before it is yielded, with the same ``SIGBUS``
+    caveat).
     ``manifest`` (one for the whole model, all files): each tensor is checked as it lands and is
     yielded only if it matches; the first that does not raises ``VerifyError`` from the loop.
     """
@@ -288,6 +302,7 @@ def weights_iterator(
     else:
         paths = [os.fspath(p) for p in path_or_files]
     m = None if manifest is None else os.fspath(manifest)
+    residence = _default_residence(fw) if residence is None else residence
     stream = _native.open_stream(paths, select, budget, backend, residence, m)
     try:
         for name, data in stream:
