@@ -17,7 +17,6 @@ In one process, warm (one untimed pass first), `--runs` times each, medians (min
 
 import argparse
 import ctypes
-import glob
 import json
 import mmap
 import os
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 import tensora
+from bench_load import files_of, touch  # the bench's own touch: one byte per 4 KiB page
 from tensora import _native
 
 PAGE = 4096
@@ -43,19 +43,6 @@ libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
-def files_of(path):
-    return sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
-
-
-def touch_torch(tensors):
-    s = 0
-    for t in tensors:
-        if t.numel():
-            flat = t.reshape(-1).view(torch.uint8)
-            s += int(flat[::PAGE].sum())
-    return s
-
-
 def hf_torch(path):
     from safetensors.torch import load_file
 
@@ -64,7 +51,7 @@ def hf_torch(path):
     for f in files_of(path):
         out.update(load_file(f))
     t1 = time.perf_counter()
-    touch_torch(out.values())
+    touch(out.values())
     t2 = time.perf_counter()
     return {"load": t1 - t0, "touch": t2 - t1, "total": t2 - t0}
 
@@ -81,7 +68,7 @@ def tensora_auto(path, files):
     t1 = time.perf_counter()
     tensors = {k: torch.from_dlpack(d) for k, d in datas.items()}
     t2 = time.perf_counter()
-    touch_torch(tensors.values())
+    touch(tensors.values())
     t3 = time.perf_counter()
     rep = json.loads(report)
     mappings = maps_of(files)

@@ -31,3 +31,18 @@ def test_every_subject_runs_and_the_report_is_complete(tmp_path, big_file):
     assert results["owned"]["report"]["reason"].startswith("owned: residence"), results["owned"]["report"]
     assert all(v is not None for k, v in doc["acceptance"].items() if k.startswith("warm")), doc["acceptance"]
     assert doc["markdown"] in r.stdout
+
+
+def test_the_breakdown_and_the_verification_cost_scripts_run(tmp_path, big_file):
+    bench = BENCH.parent
+    out = tmp_path / "breakdown.json"
+    r = subprocess.run([sys.executable, str(bench / "auto_breakdown.py"), str(big_file), "--runs", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    assert results["tensora_auto"][0]["io_mode"] == "mapped" and results["tensora_auto"][0]["mappings"] == 1
+    assert set(results) == {"hf_torch", "tensora_auto", "raw_lazy", "raw_populate_1_thread", "raw_populate_2_threads", "raw_map_populate"}
+    r = subprocess.run([sys.executable, str(bench / "verify_cost.py"), str(big_file), "--runs", "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("verified/plain") == 3, r.stdout
