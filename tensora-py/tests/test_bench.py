@@ -46,3 +46,18 @@ def test_the_breakdown_and_the_verification_cost_scripts_run(tmp_path, big_file)
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("verified/plain") == 3, r.stdout
+
+
+def test_the_xtask_hook_runs_the_bench_or_says_why_not(tmp_path, big_file):
+    import os
+
+    hook = BENCH.parent / "run_python_peers.sh"
+    out = tmp_path / "peers.json"
+    env = dict(os.environ, TENSORA_PY_VENV=str(Path(sys.executable).parents[1]))
+    r = subprocess.run(["bash", str(hook), str(big_file), str(out), "--subjects", "owned", "--runs", "1",
+                        "--warmups", "0", "--temps", "warm"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "gbps_median" in json.loads(out.read_text())["temps"]["warm"]["results"]["owned"]
+    env = dict(os.environ, TENSORA_PY_VENV=str(tmp_path / "no-venv"), PYTHON="/bin/false")
+    r = subprocess.run(["bash", str(hook), str(big_file), str(tmp_path / "x.json")], capture_output=True, text=True, env=env)
+    assert r.returncode == 3 and r.stdout.startswith("python peers skipped: "), (r.returncode, r.stdout)
