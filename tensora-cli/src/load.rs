@@ -63,6 +63,12 @@ pub struct Args {
     /// interrupted download).
     #[arg(long)]
     pub allow_sparse: bool,
+    /// Verify every tensor against this manifest (`tensora hash --write-manifest`) as its bytes
+    /// land, inside the load (crc32c manifests digest each piece on the worker that read it). The
+    /// first tensor that does not match stops the load: exit 1 with an error naming the tensor,
+    /// its file and its offset. Every tensor of the checkpoint must be in the manifest.
+    #[arg(long, value_name = "MANIFEST")]
+    pub manifest: Option<std::path::PathBuf>,
     /// Print the load report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -110,6 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(c) = args.chunk {
         opts.chunk_bytes = c;
     }
+    verify_against_manifest(&args, &ckpt, &mut opts)?;
     let progress = common_options(&args, &mut opts);
 
     let mut report = if args.stream {
@@ -131,6 +138,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     crate::output::written(print(&args, &report))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--manifest`: read it and install its check ([`tensora_verify::verified::ManifestCheck`]) on
+/// `opts`, so every tensor is checked as it lands.
+fn verify_against_manifest(
+    args: &Args,
+    ckpt: &tensora_format::Checkpoint,
+    opts: &mut LoadOptions,
+) -> anyhow::Result<()> {
+    let Some(path) = &args.manifest else { return Ok(()) };
+    let manifest = tensora_verify::Manifest::read(path)
+        .with_context(|| format!("cannot read manifest {}", path.display()))?;
+    let check = tensora_verify::verified::ManifestCheck::new(ckpt, &manifest)
+        .with_context(|| format!("manifest {} does not describe {}", path.display(), args.path.display()))?;
+    check.install(opts);
+    Ok(())
 }
 
 /// Selection, budget and the progress bar: the options local and remote loads share.
@@ -173,6 +196,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     }
     let checkpoint = crate::remote::open(location, &remote_opts)?;
     let mut opts = LoadOptions::default();
+    verify_against_manifest(args, checkpoint.checkpoint(), &mut opts)?;
     let progress = common_options(args, &mut opts);
     let context = || format!("cannot load {}", crate::remote::shown(&args.path));
     let report = if args.stream {

@@ -200,3 +200,46 @@ fn a_reader_that_leaves_early_is_not_an_error() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+#[test]
+fn manifest_verifies_every_tensor_and_names_the_one_that_does_not_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    std::fs::copy(format!("{REAL}/fracast-0.int8.safetensors"), &path).unwrap();
+    let manifest = dir.path().join("model.manifest.json");
+    let (p, m) = (path.to_str().unwrap(), manifest.to_str().unwrap());
+    let out = tensora(&["hash", p, "--write-manifest", m]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let modes: [&[&str]; 3] = [&[], &["--stream", "--budget", "16KiB"], &["--mapped"]];
+    for extra in modes {
+        let mut args = vec![p, "--json", "--manifest", m];
+        args.extend_from_slice(extra);
+        let v = report(&args);
+        assert!(v["tensors"].as_u64().unwrap() > 0, "{extra:?}");
+    }
+
+    // One byte flipped inside the last tensor: every mode stops and names it.
+    let ckpt = tensora_format::open(&path).unwrap();
+    let t = ckpt.tensors().iter().max_by_key(|t| t.offset_bytes()).unwrap().clone();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[(t.offset_bytes() + t.nbytes() / 2) as usize] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+    for extra in modes {
+        let mut args = vec![p, "--manifest", m];
+        args.extend_from_slice(extra);
+        let out = tensora_load(&args);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}");
+        let line = assert_one_error_line(&out);
+        for want in [t.name().to_owned(), p.to_owned(), format!("offset {}", t.offset_bytes())] {
+            assert!(line.contains(&want), "{extra:?}: {want:?} not in {line}");
+        }
+    }
+
+    // A manifest that lacks a tensor is refused before loading.
+    let mut doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    doc["tensors"].as_object_mut().unwrap().remove(t.name());
+    std::fs::write(&manifest, doc.to_string()).unwrap();
+    let out = tensora_load(&[p, "--manifest", m]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(assert_one_error_line(&out).contains("is not in the manifest"));
+}

@@ -1,23 +1,33 @@
-"""Warm-cache throughput of tensora.load_file (its default, residence="owned", and the opt-in
-residence="auto": mapped views when warm) / weights_iterator vs HF safetensors.numpy.load_file,
-and the tensora CLI doing the same kinds of load.
+"""The loaders a torch user picks between, in one interleaved run, warm and cold.
 
-    python tensora-py/bench/bench_load.py CHECKPOINT [--runs N] [--cli target/release/tensora]
-        [--json OUT.json]
+    python tensora-py/bench/bench_load.py CHECKPOINT [--runs N] [--temps warm,cold]
+        [--subjects a,b,...] [--warmups N] [--timeout S] [--json OUT.json]
 
-Fairness: GB = 1e9 bytes of tensor data delivered. Every Python subject's timed region is the
-load, then reading one byte of every 4 KiB page of every tensor (so lazy paths are not
-flattered and every page is really there), then dropping the result (freeing is part of a
-load's cost for a process that swaps models). Each subject gets one warm-up run (which also
-fills the page cache), then N timed runs back to back; the median, min and max are reported.
+Subjects (each ends with every tensor of the checkpoint as a torch tensor, kept, with one byte of
+every 4 KiB page read inside the timed region, so lazy paths are not flattered):
 
-The CLI (`tensora load --json`, owned, and `--mapped`) is timed twice: its own report (the
-load only, in-process, what the 10 % goal compares against for the owned load) and the wall
-time of the whole process (start, load, drop, exit). `--mapped` in the CLI maps the files and
-touches no page, so its figure is the cost of an open, not of delivering bytes.
+- hf_numpy: `safetensors.numpy.load_file` per file, then `torch.from_numpy` (zero copy);
+- hf_torch: `safetensors.torch.load_file` per file (tensors on a private mapping of the file);
+- runai: Run:ai's `SafetensorsStreamer().stream_files(files)` (owned tensors, its default);
+- fastsafetensors: `fastsafe_open(files, device="cpu", nogds=True)`, `get_tensor` of each;
+- owned: `tensora.load_file(framework="pt")` (the default residence, an owned snapshot);
+- auto: `tensora.load_file(framework="pt", residence="auto")` (mapped views when warm);
+- stream: `tensora.weights_iterator(framework="pt")` (256 MiB runs, owned), every tensor kept;
+- roofline: two threads of `preadv` into one fresh anonymous buffer of the checkpoint's size
+  (warm), or the better of that and the same with `O_DIRECT` (cold): what reading every byte
+  into fresh memory costs here. Ratios "x roofline" divide a subject's median GB/s by it.
 
-Prints a table, then one markdown row (for the README); `--json` also writes every sample,
-every subject's last load report, and the machine's load average before and after.
+Every measurement is a fresh process (`--child`), as a server's start is: it imports torch and the
+subject's package first, untimed, then times the load and the touch. Rounds are interleaved: each
+round runs every subject once, the order rotating by one per round, so the machine's drift spreads
+over all of them. Warm: one untimed run of each subject first (which also fills the page cache).
+Cold: the page cache is dropped before every run (`echo 3 > /proc/sys/vm/drop_caches`, as root;
+otherwise `POSIX_FADV_DONTNEED` on each file, said in the output). GB = 1e9 bytes of tensor data.
+A subject that fails or is not installed gets a cell saying why; it is never dropped silently.
+
+Prints a table per temperature, the acceptance ratios of issue 18 (medians of seconds), then the
+markdown rows for the README; `--json` writes every sample, each tensora load report, the machine
+and the load average before and after.
 """
 
 import argparse
@@ -26,16 +36,24 @@ import glob
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
+import sys
+import threading
 import time
 
-import numpy as np
-
-import tensora
-
 PAGE_BYTES = 4096
+SUBJECTS = {
+    "hf_numpy": "HF safetensors.numpy.load_file + torch.from_numpy",
+    "hf_torch": "HF safetensors.torch.load_file",
+    "runai": "Run:ai SafetensorsStreamer",
+    "fastsafetensors": "fastsafetensors (cpu, nogds)",
+    "owned": "tensora.load_file (owned)",
+    "auto": "tensora.load_file (residence=auto)",
+    "stream": "tensora.weights_iterator (owned)",
+    "roofline": "roofline: 2-thread preadv into fresh memory",
+}
+OURS = ("owned", "auto", "stream")
 
 
 def files_of(path):
@@ -44,216 +62,341 @@ def files_of(path):
     return [path]
 
 
-def touch(arrays) -> int:
-    """Read one byte of every 4 KiB page of every array (they are contiguous)."""
+# ---------------------------------------------------------------- child: one measurement
+
+
+def touch(tensors) -> int:
+    """Read one byte of every 4 KiB page of every tensor (and its last byte)."""
     s = 0
-    for a in arrays:
-        if a.size:
-            s += int(a.reshape(-1).view(np.uint8)[::PAGE_BYTES].sum())
+    for t in tensors:
+        if t.numel():
+            flat = t.reshape(-1).view(__import__("torch").uint8)
+            s += int(flat[::PAGE_BYTES].sum()) + int(flat[-1])
     return s
 
 
-def hf_load(path):
-    from safetensors.numpy import load_file
+def prepare(subject):
+    """Import what the subject needs (untimed) and return its load function: path -> (dict of
+    torch tensors, tensora report or None)."""
+    import torch
 
-    out = {}
-    for f in files_of(path):
-        out.update(load_file(f))
-    touch(out.values())
-    return None
+    if subject == "hf_numpy":
+        from safetensors.numpy import load_file
+
+        def run(path):
+            out = {}
+            for f in files_of(path):
+                out.update({k: torch.from_numpy(v) for k, v in load_file(f).items()})
+            return out, None
+
+    elif subject == "hf_torch":
+        from safetensors.torch import load_file
+
+        def run(path):
+            out = {}
+            for f in files_of(path):
+                out.update(load_file(f))
+            return out, None
+
+    elif subject == "runai":
+        from runai_model_streamer import SafetensorsStreamer
+
+        def run(path):
+            out = {}
+            with SafetensorsStreamer() as streamer:
+                streamer.stream_files(files_of(path))
+                for name, t in streamer.get_tensors():
+                    out[name] = t
+            return out, None
+
+    elif subject == "fastsafetensors":
+        from fastsafetensors import fastsafe_open
+
+        def run(path):
+            with fastsafe_open(files_of(path), framework="pt", device="cpu", nogds=True) as f:
+                return {k: f.get_tensor(k) for k in f.keys()}, None
+
+    elif subject in ("owned", "auto"):
+        import tensora
+
+        def run(path):
+            return tensora.load_file_with_report(path, framework="pt", residence=subject)
+
+    elif subject == "stream":
+        import tensora
+
+        def run(path):
+            return dict(tensora.weights_iterator(path, framework="pt", residence="owned")), None
+
+    elif subject == "roofline":
+        run = roofline
+    else:
+        raise SystemExit(f"unknown subject {subject!r}")
+    return run
 
 
-def tensora_load(path, residence, reports):
-    """`residence=None` is the default (owned), called as a user would, with no argument."""
-    kwargs = {} if residence is None else {"residence": residence}
-    d, report = tensora.load_file_with_report(path, **kwargs)
-    touch(d.values())
-    reports.setdefault(residence or "owned", []).append(report)
+def roofline(path):
+    """Read every tensor byte of every file into one fresh anonymous buffer with two threads of
+    8 MiB `preadv`s (buffered, and with `O_DIRECT` when the cache is cold: `TENSORA_BENCH_DIRECT=1`),
+    then expose it as one uint8 tensor per file."""
+    import mmap
+
+    import torch
+
+    direct = os.environ.get("TENSORA_BENCH_DIRECT") == "1"
+    chunk = 8 << 20
+    files = files_of(path)
+    sizes = [os.path.getsize(f) for f in files]
+    total = sum(-(-s // PAGE_BYTES) * PAGE_BYTES for s in sizes)
+    buf = mmap.mmap(-1, max(total, PAGE_BYTES))
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    view = memoryview(buf)
+    jobs, base = [], 0
+    for f, size in zip(files, sizes):
+        for off in range(0, size, chunk):
+            jobs.append((f, off, base + off, min(chunk, size - off)))
+        base += -(-size // PAGE_BYTES) * PAGE_BYTES
+    lock = threading.Lock()
+    errors = []
+
+    def worker():
+        fds = {}
+        try:
+            while True:
+                with lock:
+                    if not jobs:
+                        return
+                    f, off, at, n = jobs.pop()
+                fd = fds.get(f)
+                if fd is None:
+                    fd = fds[f] = os.open(f, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+                want = -(-n // PAGE_BYTES) * PAGE_BYTES if direct else n
+                got = os.preadv(fd, [view[at : at + want]], off)
+                if got < n:
+                    raise OSError(f"{f}: short read at {off}")
+        except Exception as e:  # reported by the parent as the cell's error
+            errors.append(repr(e))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(errors[0])
+    out, base = {}, 0
+    for f, size in zip(files, sizes):
+        out[f] = torch.frombuffer(buf, dtype=torch.uint8, count=size, offset=base) if size else torch.empty(0)
+        base += -(-size // PAGE_BYTES) * PAGE_BYTES
+    return out, None
 
 
-def stream(path):
-    for _, a in tensora.weights_iterator(path, framework="np"):
-        touch((a,))
+def child(subject, path):
+    run = prepare(subject)
+    gc.collect()
+    t = time.perf_counter()
+    tensors, report = run(path)
+    touch(tensors.values())
+    seconds = time.perf_counter() - t
+    n_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    t = time.perf_counter()
+    count = len(tensors)
+    del tensors
+    gc.collect()
+    drop_seconds = time.perf_counter() - t
+    print(json.dumps({"seconds": seconds, "drop_seconds": drop_seconds, "bytes": n_bytes, "tensors": count, "report": report}))
 
 
-def summary(total_bytes, secs):
-    gbps = sorted(total_bytes / s / 1e9 for s in secs)
+# ---------------------------------------------------------------- parent: the interleaved run
+
+
+def drop_caches(files):
+    """Empty the page cache of `files`; how it was done."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        for p in files:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        return "fadvise"
+
+
+def measure(subject, path, temp, timeout_s):
+    env = dict(os.environ)
+    if subject == "roofline" and temp == "cold":
+        env["TENSORA_BENCH_DIRECT"] = "1"
+    try:
+        r = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child", subject, path],
+            capture_output=True, text=True, timeout=timeout_s, env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s} s"}
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        return {"error": f"exit {r.returncode}: {last[-300:]}"}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def summary(total, samples):
+    secs = [s["seconds"] for s in samples]
+    gbps = sorted(total / s / 1e9 for s in secs)
     return {
+        "seconds": secs,
+        "seconds_median": statistics.median(secs),
         "gbps_median": statistics.median(gbps),
         "gbps_min": gbps[0],
         "gbps_max": gbps[-1],
-        "seconds": secs,
     }
 
 
-def time_python(fn, runs):
-    fn()  # warm-up
-    gc.collect()
-    secs = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        gc.collect()  # frees what `fn` dropped (arrays are freed when their last reference goes)
-        secs.append(time.perf_counter() - t)
-    return secs
+def run_temperature(args, temp, subjects, total, tensors, files):
+    samples = {s: [] for s in subjects}
+    errors = {}
+    how = None
+    if temp == "warm":
+        for s in subjects * args.warmups:  # warm-up: fills the page cache, untimed
+            first = measure(s, args.path, temp, args.timeout)
+            if "error" in first:
+                errors[s] = first["error"]
+    for r in range(args.runs):
+        order = subjects[r % len(subjects):] + subjects[: r % len(subjects)]
+        for s in order:
+            if s in errors:
+                continue
+            if temp == "cold":
+                how = drop_caches(files)
+            m = measure(s, args.path, temp, args.timeout)
+            if "error" in m:
+                errors[s] = m["error"]
+            elif s != "roofline" and (m["bytes"] != total or m["tensors"] != tensors):
+                errors[s] = f"delivered {m['tensors']} tensors, {m['bytes']} bytes; expected {tensors}, {total}"
+            else:
+                samples[s].append(m)
+    results = {}
+    for s in subjects:
+        if s in errors or not samples[s]:
+            results[s] = {"label": SUBJECTS[s], "error": errors.get(s, "no sample")}
+            continue
+        results[s] = {"label": SUBJECTS[s], **summary(total, samples[s])}
+        reports = [m["report"] for m in samples[s] if m.get("report")]
+        if reports:
+            results[s]["report"] = reports[-1]
+            results[s]["io_modes"] = sorted({rep["io_mode"] for rep in reports})
+        results[s]["drop_seconds_median"] = statistics.median(m["drop_seconds"] for m in samples[s])
+    roof = results.get("roofline", {}).get("gbps_median")
+    for s, r in results.items():
+        if roof and "gbps_median" in r:
+            r["x_roofline"] = r["gbps_median"] / roof
+    return {"cache_drop": how, "results": results}
 
 
-def cpu_seconds(who):
-    r = resource.getrusage(who)
-    return r.ru_utime + r.ru_stime
+def ratio(results, num, den):
+    """Median seconds of `den` over median seconds of `num`: how many times faster `num` is."""
+    a, b = results.get(num, {}), results.get(den, {})
+    if "seconds_median" not in a or "seconds_median" not in b:
+        return None
+    return b["seconds_median"] / a["seconds_median"]
 
 
-def cli_once(cli, path, extra):
-    """One `tensora load --json` process: (its report, the process's wall seconds, its CPU
-    seconds)."""
-    c = cpu_seconds(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
-    out = subprocess.run([cli, "load", path, "--json", *extra], check=True, capture_output=True)
-    wall = time.perf_counter() - t
-    return json.loads(out.stdout), wall, cpu_seconds(resource.RUSAGE_CHILDREN) - c
+def acceptance(doc):
+    warm = doc["temps"].get("warm", {}).get("results", {})
+    cold = doc["temps"].get("cold", {}).get("results", {})
+    out = {
+        "warm auto / hf_torch (goal >= 1.0)": ratio(warm, "auto", "hf_torch"),
+        "warm owned / runai (goal >= 2.0)": ratio(warm, "owned", "runai"),
+    }
+    best = [s for s in OURS if "seconds_median" in cold.get(s, {})]
+    if best:
+        b = min(best, key=lambda s: cold[s]["seconds_median"])
+        out[f"cold best ({b}) / hf_torch (goal >= 1.3)"] = ratio(cold, b, "hf_torch")
+        out[f"cold best ({b}) / runai (goal >= 2.0)"] = ratio(cold, b, "runai")
+    return out
 
 
-def time_cli(cli, path, extra, runs, between=None):
-    """`runs` timed CLI loads after one warm-up; `between()` runs (timed by the caller) before
-    each, so two subjects alternate and share the machine's noise."""
-    own, wall, cpu, last = [], [], [], None
-    cli_once(cli, path, extra)
-    for _ in range(runs):
-        if between is not None:
-            between()
-        last, elapsed, c = cli_once(cli, path, extra)
-        own.append(last["seconds"])
-        wall.append(elapsed)
-        cpu.append(c)
-    return own, wall, cpu, last
+def cell(r):
+    if "error" in r:
+        return f"failed: {r['error']}"
+    return f"{r['gbps_median']:.2f} ({r['gbps_min']:.2f}-{r['gbps_max']:.2f})"
 
 
-def fmt(s):
-    return f"{s['gbps_median']:.2f} ({s['gbps_min']:.2f}-{s['gbps_max']:.2f})"
+def markdown(doc):
+    temps = list(doc["temps"])
+    header = "| subject | " + " | ".join(f"{t} GB/s median (min-max) | x roofline" for t in temps) + " |"
+    lines = [header, "|" + "---|" * (1 + 2 * len(temps))]
+    for s in doc["subjects"]:
+        row = [SUBJECTS[s]]
+        for t in temps:
+            r = doc["temps"][t]["results"][s]
+            row += [cell(r), f"{r['x_roofline']:.2f}" if "x_roofline" in r else "-"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("path")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--cli", help="the tensora CLI binary: also time `tensora load` (owned and --mapped)")
+    ap.add_argument("--temps", default="warm,cold", help="warm, cold or both (comma-separated)")
+    ap.add_argument("--subjects", default=",".join(SUBJECTS), help="comma-separated, from: " + ", ".join(SUBJECTS))
+    ap.add_argument("--warmups", type=int, default=1, help="untimed warm runs of each subject first")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds one measurement may take")
     ap.add_argument("--json", help="write every sample and the load reports here")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        return child(args.child, args.path)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
-    total = sum(t["len_bytes"] for t in tensora.inspect(args.path)["tensors"])
+    subjects = [s for s in args.subjects.split(",") if s]
+    unknown = [s for s in subjects if s not in SUBJECTS]
+    temps = [t for t in args.temps.split(",") if t]
+    if unknown or not subjects or any(t not in ("warm", "cold") for t in temps):
+        ap.error(f"unknown subject or temperature: {unknown or temps}")
+    import tensora
+
+    info = tensora.inspect(args.path)
+    total = sum(t["nbytes"] for t in info["tensors"])
+    files = [f["path"] for f in info["files"]]
     load_before = os.getloadavg()
-    print(f"{args.path}: {total / 1e9:.3f} GB of tensor data, warm, {args.runs} runs, load average {load_before[0]:.2f}")
-    reports = {}
-    subjects = {
-        "hf": ("HF safetensors.numpy.load_file", lambda: hf_load(args.path)),
-        "owned": ("tensora.load_file (default: owned)", lambda: tensora_load(args.path, None, reports)),
-        "auto": ("tensora.load_file (residence=auto)", lambda: tensora_load(args.path, "auto", reports)),
-        "stream": ("tensora.weights_iterator (256 MiB, owned)", lambda: stream(args.path)),
-    }
-    results = {}
-    owned_secs, owned_cpu = [], []
-
-    def owned_run():
-        c = cpu_seconds(resource.RUSAGE_SELF)
-        t = time.perf_counter()
-        subjects["owned"][1]()
-        gc.collect()
-        owned_secs.append(time.perf_counter() - t)
-        owned_cpu.append(cpu_seconds(resource.RUSAGE_SELF) - c)
-
-    for key, (label, fn) in subjects.items():
-        if key == "owned" and args.cli:
-            # Alternate with the CLI's owned load (below) so both see the same machine noise.
-            continue
-        results[key] = {"label": label, **summary(total, time_python(fn, args.runs))}
-    if args.cli:
-        subjects["owned"][1]()  # warm-up
-        reports.pop("owned", None)
-        own, wall, cpu, last = time_cli(args.cli, args.path, [], args.runs, between=owned_run)
-        results["owned"] = {"label": subjects["owned"][0], **summary(total, owned_secs), "cpu_seconds": owned_cpu}
-        results["cli_owned"] = {
-            "label": "tensora load (owned), alternating with the row above",
-            "own_report": summary(total, own),
-            "process_wall": summary(total, wall),
-            "cpu_seconds": cpu,
-            "report": last,
-        }
-        own, wall, _, last = time_cli(args.cli, args.path, ["--mapped"], args.runs)
-        results["cli_mapped"] = {
-            "label": "tensora load --mapped (maps, touches no page)",
-            "own_report": summary(total, own),
-            "process_wall": summary(total, wall),
-            "report": last,
-        }
-    for key in ("auto", "owned"):
-        rs = reports[key]
-        results[key]["report"] = rs[-1]
-        # The load report's own figure (load only: no touch, no drop), as the CLI's.
-        results[key]["own_report"] = summary(total, [r["seconds"] for r in rs[-args.runs :]])
-    for key, r in results.items():
-        if "gbps_median" in r:
-            extra = f"; its load report {fmt(r['own_report'])}" if "own_report" in r else ""
-            print(f"{r['label']:44s} {r['gbps_median']:7.2f} GB/s median (min {r['gbps_min']:.2f}, max {r['gbps_max']:.2f}){extra}")
-        else:
-            o, w = r["own_report"], r["process_wall"]
-            print(f"{r['label']:44s} {o['gbps_median']:7.2f} GB/s own report (min {o['gbps_min']:.2f}, max {o['gbps_max']:.2f}); whole process {fmt(w)}")
-    for key in ("auto", "owned"):
-        print(f"  {key}: {results[key]['report']['io_mode']}: {results[key]['report']['reason']}")
-    if args.cli:
-        py_cpu = statistics.median(results["owned"]["cpu_seconds"])
-        cli_cpu = statistics.median(results["cli_owned"]["cpu_seconds"])
-        results["owned"]["cpu_vs_cli_owned"] = cli_cpu / py_cpu
-        print(
-            f"  owned CPU seconds per load (user+sys, median; less sensitive to other load on the machine): "
-            f"Python {py_cpu:.2f} s, CLI process {cli_cpu:.2f} s"
-        )
-    hf = results["hf"]["gbps_median"]
-    for key in ("owned", "auto", "stream"):
-        results[key]["x_hf"] = results[key]["gbps_median"] / hf
-    if "cli_owned" in results:
-        cli = results["cli_owned"]["own_report"]["gbps_median"]
-        results["owned"]["vs_cli_owned"] = results["owned"]["own_report"]["gbps_median"] / cli
+    print(f"{args.path}: {total / 1e9:.3f} GB in {len(info['tensors'])} tensors, {len(files)} file(s); "
+          f"{args.runs} rounds, load average {load_before[0]:.2f}")
+    doc = {"schema": 2, "path": args.path, "bytes": total, "runs": args.runs, "subjects": subjects, "temps": {}}
+    for temp in temps:
+        doc["temps"][temp] = run_temperature(args, temp, subjects, total, len(info["tensors"]), files)
+        print(f"\n{temp}" + (f" (cache dropped by {doc['temps'][temp]['cache_drop']})" if temp == "cold" else ""))
+        for s in subjects:
+            r = doc["temps"][temp]["results"][s]
+            extra = f"  x roofline {r['x_roofline']:.2f}" if "x_roofline" in r else ""
+            modes = f"  [{', '.join(r['io_modes'])}]" if "io_modes" in r else ""
+            print(f"  {r['label']:52s} {cell(r)}{extra}{modes}")
+    doc["acceptance"] = acceptance(doc)
+    print("\nratios (medians of seconds)")
+    for k, v in doc["acceptance"].items():
+        print(f"  {k}: {'n/a' if v is None else f'{v:.2f}'}")
+    doc["markdown"] = markdown(doc)
     load_after = os.getloadavg()
-    header = (
-        "| warm, GB/s median (min-max) | HF load_file | load_file (default: owned) | x HF "
-        "| load_file residence=auto | x HF | weights_iterator (owned) | CLI load, owned | Python owned / CLI owned |"
-    )
-    cli_cells = "| - | - |"
-    if "cli_owned" in results:
-        cli_cells = (
-            f"| {fmt(results['cli_owned']['own_report'])} | {results['owned']['vs_cli_owned'] * 100:.0f}% "
-            f"(load reports: {fmt(results['owned']['own_report'])}; CPU s per load "
-            f"{statistics.median(results['owned']['cpu_seconds']):.2f} vs "
-            f"{statistics.median(results['cli_owned']['cpu_seconds']):.2f}) |"
-        )
-    row = (
-        f"| {os.path.basename(os.path.normpath(args.path))}, {total / 1e9:.1f} GB | {fmt(results['hf'])} "
-        f"| {fmt(results['owned'])} | {results['owned']['x_hf']:.1f} "
-        f"| {fmt(results['auto'])} ({results['auto']['report']['io_mode']}) | {results['auto']['x_hf']:.1f} "
-        f"| {fmt(results['stream'])} {cli_cells}"
-    )
+    doc["machine"] = {
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+    }
     print()
-    print(header)
-    print("|" + "---|" * (header.count("|") - 1))
-    print(row)
+    print(doc["markdown"])
+    print(f"\n(load average {load_before[0]:.2f} before, {load_after[0]:.2f} after)")
     if args.json:
-        doc = {
-            "schema": 1,
-            "path": args.path,
-            "bytes": total,
-            "runs": args.runs,
-            "machine": {
-                "cpus": os.cpu_count(),
-                "kernel": platform.release(),
-                "python": platform.python_version(),
-                "loadavg_before": load_before,
-                "loadavg_after": load_after,
-            },
-            "results": results,
-            "markdown_header": header,
-            "markdown_row": row,
-        }
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)

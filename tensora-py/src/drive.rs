@@ -14,6 +14,22 @@ use tensora_io::ProgressHook;
 /// How often the caller wakes to report progress and check signals.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
+/// The note added to an exception raised by a signal handler that cancelled a load.
+pub const CANCELLED_NOTE: &str = "tensora: a signal handler raised this during a load; the load was cancelled and nothing it read was returned";
+
+/// `e` (raised by a signal handler that this crate's polling ran) with `note` added
+/// (`BaseException.add_note`, Python 3.11+; older Pythons get `e` unchanged). The exception stays
+/// the handler's own object, so `KeyboardInterrupt` stays `KeyboardInterrupt`; the note says that
+/// tensora observed it and stopped.
+pub fn noted_signal(py: Python<'_>, e: PyErr, note: &str) -> PyErr {
+    let value = e.value(py);
+    if value.hasattr("add_note").unwrap_or(false) {
+        // A failure to add a note must not hide the exception itself.
+        let _ = value.call_method1("add_note", (note,));
+    }
+    e
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     done_bytes: AtomicU64,
@@ -86,7 +102,7 @@ pub fn run<T: Send>(
                         shared.total_bytes.load(Ordering::Relaxed),
                     );
                     let step = Python::attach(|py| -> PyResult<bool> {
-                        py.check_signals()?;
+                        py.check_signals().map_err(|e| noted_signal(py, e, CANCELLED_NOTE))?;
                         let Some(cb) = &callback else { return Ok(true) };
                         if now == reported || now.1 == 0 {
                             return Ok(true);

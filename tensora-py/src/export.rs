@@ -4,12 +4,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensora_io::LoadOptions;
 
 use crate::owner::{Owner, Storage, TensorBytes};
+use crate::tensor::CopyTally;
 use crate::{TensorData, drive, exc, finish, selection};
 
 /// What Python gets for one tensor of a `Loaded` held by `owner`. Writable pointers come from
@@ -45,7 +47,8 @@ impl ExportMeta {
         &self.name
     }
 
-    /// The buffer for this tensor of `loaded` (which `owner` holds).
+    /// The buffer for this tensor of `loaded` (which `owner` holds): zero copy, or an aligned
+    /// copy when its address does not suit its dtype ([`TensorData::export`]).
     pub(crate) fn export(self, owner: &Arc<Owner>, loaded: &tensora_io::Loaded) -> PyResult<TensorData> {
         let (addr, len_bytes) = match loaded.tensor_mut_ptr(&self.name) {
             Some((ptr, len)) => (ptr.as_ptr() as usize, len),
@@ -58,26 +61,30 @@ impl ExportMeta {
                 )));
             }
         };
-        Ok(TensorData {
-            t: TensorBytes {
-                owner: Arc::clone(owner),
-                addr,
-                len_bytes,
-                name: self.name,
-                dtype: self.dtype,
-                shape: self.shape,
-                strides: self.strides,
-            },
+        TensorData::export(TensorBytes {
+            owner: Arc::clone(owner),
+            addr,
+            len_bytes,
+            name: self.name,
+            dtype: self.dtype,
+            shape: self.shape,
+            strides: self.strides,
         })
     }
 }
 
 /// Load every selected tensor (GIL released) and return `({name: TensorData}, report_json)`,
-/// the dict sorted by name. `residence`: `"owned"` (the default: an owned arena, a snapshot),
+/// the dict sorted by name. The report is the load's, plus `aligned_copies` (`{"tensors",
+/// "bytes"}`: tensors whose file offset was not a multiple of their element size, handed out as
+/// aligned copies). `residence`: `"owned"` (the default: an owned arena, a snapshot),
 /// `"auto"` (zero-copy mapped views when the files are local and warm and `backend` is `"auto"`,
 /// owned otherwise; decided by `tensora_io::auto`) or `"mapped"`.
+///
+/// `manifest`: a manifest's path; every tensor's digest is checked against it as its bytes land
+/// (`tensora_verify::verified`), and the first that does not match raises `VerifyError` before
+/// anything is returned.
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned"))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None))]
 pub(crate) fn load<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -85,21 +92,31 @@ pub(crate) fn load<'py>(
     backend: &str,
     progress: Option<Py<PyAny>>,
     residence: &str,
+    manifest: Option<PathBuf>,
 ) -> PyResult<(Bound<'py, PyDict>, String)> {
     let cancel = Arc::new(AtomicBool::new(false));
-    let opts = LoadOptions {
+    let mut opts = LoadOptions {
         backend: crate::backend(backend)?,
         residence: crate::residence(residence)?,
         selection: selection(select)?,
         cancel: Some(Arc::clone(&cancel)),
         ..LoadOptions::default()
     };
+    let started = Instant::now();
+    let ckpt = py.detach(|| tensora_format::open(&path)).map_err(crate::format_err)?;
+    let parse_seconds = started.elapsed().as_secs_f64();
+    if let Some(m) = manifest {
+        let manifest = py.detach(|| crate::read_manifest(&m))?;
+        crate::manifest_check(&ckpt, &manifest)?.install(&mut opts);
+    }
     let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
-        tensora_io::load_path(&path, &LoadOptions { progress: hook, ..opts })
+        tensora_io::load(&ckpt, &LoadOptions { progress: hook, ..opts })
     });
     let loaded = finish(out)?;
-    let report =
-        serde_json::to_string(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+    let mut report = loaded.report().clone();
+    report.phases.parse = parse_seconds;
+    report.finalize();
+    let mut report = serde_json::to_value(&report).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
     let mut metas = ExportMeta::all(&loaded);
     let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
     let Storage::Loaded(loaded) = owner.storage() else {
@@ -107,9 +124,15 @@ pub(crate) fn load<'py>(
     };
     metas.sort_unstable_by(|a, b| a.name.cmp(&b.name));
     let d = PyDict::new(py);
+    let copies = CopyTally::default();
     for m in metas {
         let name = m.name.clone();
-        d.set_item(name, m.export(&owner, loaded)?)?;
+        let data = m.export(&owner, loaded)?;
+        copies.note(&data);
+        d.set_item(name, data)?;
     }
-    Ok((d, report))
+    if let serde_json::Value::Object(fields) = &mut report {
+        fields.insert("aligned_copies".into(), copies.to_json());
+    }
+    Ok((d, report.to_string()))
 }

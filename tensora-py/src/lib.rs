@@ -57,14 +57,23 @@ pub mod exc {
     create_exception!(tensora, SelectionError, TensoraError, "The selection names missing tensors.");
     create_exception!(tensora, CancelledError, TensoraError, "The load was cancelled.");
     create_exception!(tensora, DtypeError, TensoraError, "The dtype has no equivalent in the framework.");
-    create_exception!(tensora, VerifyError, TensoraError, "Hashing or verification could not run.");
+    create_exception!(
+        tensora,
+        VerifyError,
+        TensoraError,
+        "A tensor did not match its manifest (a verified load), or hashing or verification could not run."
+    );
     create_exception!(tensora, ConvertError, TensoraError, "Conversion failed.");
 }
 
 use exc::{CancelledError, ConvertError, DtypeError, FormatError, SelectionError, TensoraError, VerifyError};
 
-/// Map a load error to its Python exception, with the CLI's message.
+/// Map a load error to its Python exception, with the CLI's message; a tensor that did not match
+/// its manifest (a verified load) is a `VerifyError` naming the tensor, its file and its offset.
 pub(crate) fn load_err(e: LoadError) -> PyErr {
+    if let Some(m) = tensora_verify::verified::mismatch_of(&e) {
+        return VerifyError::new_err(m.to_string());
+    }
     let msg = e.to_string();
     match e {
         LoadError::Cancelled => CancelledError::new_err(msg),
@@ -76,6 +85,21 @@ pub(crate) fn load_err(e: LoadError) -> PyErr {
 
 pub(crate) fn format_err(e: tensora_format::Error) -> PyErr {
     FormatError::new_err(e.to_string())
+}
+
+/// The check of `ckpt` against the manifest at `path` (`manifest=`); a manifest that cannot be
+/// read or does not describe the checkpoint is a `VerifyError`.
+pub(crate) fn manifest_check(
+    ckpt: &tensora_format::Checkpoint,
+    manifest: &tensora_verify::Manifest,
+) -> PyResult<std::sync::Arc<tensora_verify::verified::ManifestCheck>> {
+    tensora_verify::verified::ManifestCheck::new(ckpt, manifest)
+        .map_err(|e| VerifyError::new_err(e.to_string()))
+}
+
+/// Read the manifest at `path` (`manifest=`); failures are `VerifyError`s.
+pub(crate) fn read_manifest(path: &std::path::Path) -> PyResult<tensora_verify::Manifest> {
+    tensora_verify::Manifest::read(path).map_err(|e| VerifyError::new_err(e.to_string()))
 }
 
 /// The outcome of a driven load as a Python result: a Python exception raised by the callback

@@ -117,6 +117,79 @@ pub struct TensorBytes {
     pub strides: Option<Vec<u64>>,
 }
 
+/// Where an exported tensor's bytes are (see [`TensorBytes::into_aligned`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// In its owner's memory, zero copy.
+    InPlace,
+    /// Copied into 8-byte-aligned memory of its own, because its address was not a multiple of
+    /// its dtype's alignment.
+    AlignedCopy,
+}
+
+/// Memory for an aligned copy could not be had.
+#[derive(Debug, thiserror::Error)]
+#[error("tensor {tensor:?}: no memory for an aligned copy of its {len_bytes} bytes")]
+pub struct AlignCopyError {
+    /// The tensor.
+    pub tensor: String,
+    /// Its length.
+    pub len_bytes: usize,
+}
+
+impl TensorBytes {
+    /// `self` when its address is a multiple of its dtype's alignment
+    /// ([`Dtype::align_bytes`]), else a copy of its bytes in 8-byte-aligned memory of its own.
+    ///
+    /// Safetensors allows a tensor at any file offset, and every storage here keeps the file's
+    /// offset modulo the page size (the arena, the mappings), so a tensor whose offset is not a
+    /// multiple of its element size would reach Python misaligned; torch and numpy's fast paths
+    /// assume aligned elements. Files written by HF `safetensors` are always aligned (it pads the
+    /// header to 8 bytes), so this copy is the exception; callers report it.
+    ///
+    /// ```
+    /// use tensora::owner::{Owner, Placement, Storage, TensorBytes};
+    ///
+    /// let mut words = vec![0u64; 2].into_boxed_slice();
+    /// let base = words.as_mut_ptr() as usize;
+    /// let at = |addr: usize| TensorBytes {
+    ///     owner: Owner::new(Storage::Heap(words.clone())), addr, len_bytes: 4, name: "x".into(),
+    ///     dtype: tensora_format::Dtype::F32, shape: vec![1], strides: None,
+    /// };
+    /// let (t, how) = at(base + 4).into_aligned()?;
+    /// assert_eq!((t.addr, how), (base + 4, Placement::InPlace));
+    /// let (t, how) = at(base + 1).into_aligned()?;
+    /// assert_eq!((t.addr % 4, how), (0, Placement::AlignedCopy));
+    /// # Ok::<(), tensora::owner::AlignCopyError>(())
+    /// ```
+    pub fn into_aligned(self) -> Result<(TensorBytes, Placement), AlignCopyError> {
+        let align = usize::try_from(self.dtype.align_bytes()).unwrap_or(8).max(1);
+        if self.len_bytes == 0 || self.addr.is_multiple_of(align) {
+            return Ok((self, Placement::InPlace));
+        }
+        let oom = || AlignCopyError { tensor: self.name.clone(), len_bytes: self.len_bytes };
+        let words_len = self.len_bytes.div_ceil(8);
+        let mut words: Vec<u64> = Vec::new();
+        words.try_reserve_exact(words_len).map_err(|_| oom())?;
+        words.resize(words_len, 0);
+        let mut words = words.into_boxed_slice();
+        // SAFETY: the source `addr .. addr + len_bytes` lies in memory that `self.owner` (alive
+        // for the call) keeps mapped; no Rust reference to it exists, and Python has not been
+        // given this tensor yet. The destination holds `8 * words_len >= len_bytes` bytes of
+        // its own, so the ranges do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.addr as *const u8,
+                words.as_mut_ptr().cast::<u8>(),
+                self.len_bytes,
+            );
+        }
+        let addr = words.as_mut_ptr() as usize;
+        let copy = TensorBytes { owner: Owner::new(Storage::Heap(words)), addr, ..self };
+        Ok((copy, Placement::AlignedCopy))
+    }
+}
+
 #[cfg(test)]
 pub(crate) static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -152,5 +225,40 @@ mod tests {
         assert!(CallSlot::try_take().is_some(), "a returned slot can be taken again");
         drop(slots);
         assert_eq!(call_mappings_live(), before);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// Whatever the dtype and the offset, the exported address is aligned for the dtype, the
+        /// bytes are unchanged, and a copy is made exactly when the source was misaligned.
+        #[test]
+        fn exports_are_aligned_and_keep_their_bytes(
+            dtype_i in 0usize..Dtype::ALL.len(),
+            offset in 0usize..16,
+            len_bytes in 0usize..64,
+            seed in proptest::prelude::any::<u8>(),
+        ) {
+            let _serial = TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            let dtype = Dtype::ALL[dtype_i];
+            let mut words = vec![0u64; 11].into_boxed_slice();
+            // SAFETY: the words are 88 initialised bytes, any pattern is a valid u64, and no
+            // other reference exists while this slice lives.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), 88) };
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = seed.wrapping_add(i as u8);
+            }
+            let want = bytes[offset..offset + len_bytes].to_vec();
+            let addr = words.as_mut_ptr() as usize + offset;
+            let owner = Owner::new(Storage::Heap(words));
+            let t = TensorBytes { owner, addr, len_bytes, name: "t".into(), dtype, shape: vec![], strides: None };
+            let (out, how) = t.into_aligned().unwrap();
+            let align = dtype.align_bytes() as usize;
+            let misaligned = len_bytes > 0 && !addr.is_multiple_of(align);
+            proptest::prop_assert_eq!(how == Placement::AlignedCopy, misaligned);
+            proptest::prop_assert!(out.len_bytes == 0 || out.addr.is_multiple_of(align));
+            // SAFETY: `out.addr .. + len_bytes` lies in memory `out.owner` keeps alive.
+            let got = unsafe { std::slice::from_raw_parts(out.addr as *const u8, out.len_bytes) };
+            proptest::prop_assert_eq!(got, &want[..]);
+        }
     }
 }

@@ -25,6 +25,8 @@ struct State<T> {
     items: VecDeque<(T, u64)>,
     bytes_queued: u64,
     closed: bool,
+    /// Producers blocked in `push`, waiting for room.
+    producers_waiting: usize,
 }
 
 /// The queue. Share it in an `Arc`.
@@ -40,7 +42,12 @@ impl<T> Bounded<T> {
     /// `items_max` is raised to 1.
     pub fn new(items_max: usize, bytes_max: u64) -> Bounded<T> {
         Bounded {
-            state: Mutex::new(State { items: VecDeque::new(), bytes_queued: 0, closed: false }),
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                bytes_queued: 0,
+                closed: false,
+                producers_waiting: 0,
+            }),
             changed: Condvar::new(),
             items_max: items_max.max(1),
             bytes_max,
@@ -64,7 +71,11 @@ impl<T> Bounded<T> {
             if room {
                 break;
             }
+            s.producers_waiting += 1;
+            // Tell anyone watching `producers_waiting` (it changed).
+            self.changed.notify_all();
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+            s.producers_waiting -= 1;
         }
         s.bytes_queued += len_bytes;
         s.items.push_back((item, len_bytes));
@@ -109,14 +120,31 @@ impl<T> Bounded<T> {
         let s = self.lock();
         (s.items.len(), s.bytes_queued)
     }
+
+    /// How many producers are blocked in [`Bounded::push`] now, waiting for room.
+    pub fn producers_waiting(&self) -> usize {
+        self.lock().producers_waiting
+    }
+
+    /// Wait until at least `n` producers are blocked in [`Bounded::push`]; `false` if that has
+    /// not happened within `timeout` (lets a test force the order "producer blocked, then
+    /// close" instead of hoping for it).
+    pub fn wait_for_producers_waiting(&self, n: usize, timeout: Duration) -> bool {
+        let s = self.lock();
+        let (s, _) = self
+            .changed
+            .wait_timeout_while(s, timeout, |s| s.producers_waiting < n)
+            .unwrap_or_else(|e| e.into_inner());
+        s.producers_waiting >= n
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, mpsc};
 
     const WAIT: Duration = Duration::from_secs(5);
 
@@ -138,16 +166,62 @@ mod tests {
         assert_eq!(q.len(), (1, 1000));
     }
 
+    /// A producer blocked on a full queue (forced: the test waits until it is), on its own
+    /// thread reporting back over a channel, so a wake-up that never comes fails the test after
+    /// `WAIT` instead of hanging it.
+    fn blocked_producer(q: &Arc<Bounded<i32>>, item: i32) -> mpsc::Receiver<Result<(), i32>> {
+        let (tx, rx) = mpsc::channel();
+        let q2 = Arc::clone(q);
+        std::thread::spawn(move || {
+            let _ = tx.send(q2.push(item, 1));
+        });
+        assert!(q.wait_for_producers_waiting(1, WAIT), "the producer never blocked");
+        rx
+    }
+
     #[test]
     fn close_and_clear_wakes_a_blocked_producer() {
         let q = Arc::new(Bounded::new(1, 100));
         q.push(1, 1).expect("open");
-        let q2 = Arc::clone(&q);
-        let producer = std::thread::spawn(move || q2.push(2, 1));
-        std::thread::sleep(Duration::from_millis(20));
+        let woken = blocked_producer(&q, 2);
         q.close_and_clear();
-        assert_eq!(producer.join().expect("no panic"), Err(2));
+        assert_eq!(woken.recv_timeout(WAIT), Ok(Err(2)), "the blocked producer was not woken");
         assert_eq!(q.len(), (0, 0));
+        assert_eq!(q.producers_waiting(), 0);
+    }
+
+    #[test]
+    fn close_wakes_a_blocked_producer_and_keeps_the_queue() {
+        let q = Arc::new(Bounded::new(1, 100));
+        q.push(1, 1).expect("open");
+        let woken = blocked_producer(&q, 2);
+        q.close();
+        assert_eq!(woken.recv_timeout(WAIT), Ok(Err(2)), "the blocked producer was not woken");
+        assert_eq!(q.pop_timeout(WAIT), Pop::Item(1));
+        assert_eq!(q.pop_timeout(WAIT), Pop::Closed);
+    }
+
+    #[test]
+    fn a_pop_makes_room_for_a_blocked_producer() {
+        let q = Arc::new(Bounded::new(1, 100));
+        q.push(1, 1).expect("open");
+        let woken = blocked_producer(&q, 2);
+        assert_eq!(q.pop_timeout(WAIT), Pop::Item(1));
+        assert_eq!(woken.recv_timeout(WAIT), Ok(Ok(())), "the pop did not wake the producer");
+        assert_eq!(q.pop_timeout(WAIT), Pop::Item(2));
+    }
+
+    #[test]
+    fn a_push_wakes_a_waiting_consumer() {
+        let q = Arc::new(Bounded::new(1, 100));
+        let (tx, rx) = mpsc::channel();
+        let q2 = Arc::clone(&q);
+        // A consumer that would wait far longer than the test does: only a wake-up ends it in time.
+        std::thread::spawn(move || {
+            let _ = tx.send(q2.pop_timeout(WAIT * 100));
+        });
+        q.push(5, 1).expect("open");
+        assert_eq!(rx.recv_timeout(WAIT), Ok(Pop::Item(5)), "the consumer was not woken");
     }
 
     proptest! {

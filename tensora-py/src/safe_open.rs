@@ -14,7 +14,9 @@ use tensora_io::map::populate::{PopulateConfig, PopulateError, Span, populate};
 
 use crate::exc::{CancelledError, SelectionError};
 use crate::owner::{self, Owner, Storage, TensorBytes};
+use crate::tensor::CopyTally;
 use crate::{TensorData, exc, format_err, load_err};
+use tensora_verify::verified::ManifestCheck;
 
 /// A checkpoint opened for `safe_open`: its files stay open. Each file is mapped once, whole,
 /// privately and writable (copy-on-write, `MAP_NORESERVE`), at the first call that needs it. The
@@ -30,6 +32,10 @@ pub struct Mapped {
     /// One descriptor per checkpoint file (indexed by file id), stamp-checked when opened.
     files: Vec<std::fs::File>,
     state: Mutex<MapState>,
+    /// Tensors handed out as aligned copies (file offset not a multiple of the element size).
+    copies: CopyTally,
+    /// `manifest=`: every fetch is checked against it before it is returned.
+    check: Option<Arc<ManifestCheck>>,
 }
 
 /// What `Mapped` has mapped and handed out.
@@ -57,9 +63,18 @@ enum Fetch {
 
 #[pymethods]
 impl Mapped {
+    /// Open `path`; with `manifest`, every `tensor` / `tensor_lazy` fetch is checked against it
+    /// (the whole tensor, even for a slice) before it is returned.
     #[new]
-    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Mapped> {
-        py.detach(|| open_checkpoint_files(&path))
+    #[pyo3(signature = (path, manifest=None))]
+    fn new(py: Python<'_>, path: PathBuf, manifest: Option<PathBuf>) -> PyResult<Mapped> {
+        py.detach(|| {
+            let mut m = open_checkpoint_files(&path)?;
+            if let Some(manifest) = manifest {
+                m.check = Some(crate::manifest_check(&m.ckpt, &crate::read_manifest(&manifest)?)?);
+            }
+            Ok(m)
+        })
     }
 
     /// Tensor names, sorted (as HF `safe_open.keys()`).
@@ -100,6 +115,12 @@ impl Mapped {
         self.fetch(py, name, Fetch::Lazy)
     }
 
+    /// `(tensors, bytes)` handed out so far as aligned copies (their file offset was not a
+    /// multiple of their element size).
+    fn aligned_copies(&self) -> (u64, u64) {
+        self.copies.get()
+    }
+
     /// How many whole-file mappings this object has created (test support).
     fn file_mappings(&self) -> usize {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).shared.iter().flatten().count()
@@ -113,17 +134,17 @@ impl Mapped {
         let len_bytes =
             usize::try_from(info.len_bytes()).map_err(|_| file_err(entry.path(), "tensor too large"))?;
         let (owner, addr) = py.detach(|| self.place(info, len_bytes, how))?;
-        Ok(TensorData {
-            t: TensorBytes {
-                owner,
-                addr,
-                len_bytes,
-                name: name.to_owned(),
-                dtype: info.dtype(),
-                shape: info.shape().to_vec(),
-                strides: info.strides().map(<[u64]>::to_vec),
-            },
-        })
+        let data = TensorData::export(TensorBytes {
+            owner,
+            addr,
+            len_bytes,
+            name: name.to_owned(),
+            dtype: info.dtype(),
+            shape: info.shape().to_vec(),
+            strides: info.strides().map(<[u64]>::to_vec),
+        })?;
+        self.copies.note(&data);
+        Ok(data)
     }
 
     /// Where the bytes of `info` are handed out from: the file's shared mapping when they are
@@ -135,6 +156,8 @@ impl Mapped {
         how: Fetch,
     ) -> PyResult<(Arc<Owner>, usize)> {
         if len_bytes == 0 {
+            // SAFETY: nothing is read for an empty tensor.
+            unsafe { self.check(info, 0, 0) }?;
             let words = vec![0u64; 1].into_boxed_slice();
             let addr = words.as_ptr() as usize;
             return Ok((Owner::new(Storage::Heap(words)), addr));
@@ -167,22 +190,65 @@ impl Mapped {
             }
         };
         let Some((owner, base)) = shared else {
-            return own_copy(entry, file, info, len_bytes, how);
+            let (owner, addr) = own_copy(entry, file, info, len_bytes, how)?;
+            // SAFETY: `addr .. addr + len_bytes` is the memory `owner` (alive here) just made.
+            unsafe { self.check(info, addr, len_bytes) }?;
+            return Ok((owner, addr));
         };
         let offset =
             usize::try_from(info.offset_bytes()).map_err(|_| file_err(entry.path(), "offset too large"))?;
         let addr = base + offset;
-        if how == Fetch::Tensor {
-            // SAFETY: the tensor's range lies inside the file (the parser's guarantee), and the
-            // mapping covers the whole file at the size the stamp check just confirmed; `owner`
-            // keeps it mapped for the call.
-            if let Err(e) = unsafe { populate_tensor(entry, info, addr, len_bytes) } {
-                // Nobody got the view: the bytes are not handed out.
-                self.state.lock().unwrap_or_else(|e| e.into_inner()).handed_out.remove(&key);
-                return Err(e);
-            }
+        // SAFETY: the tensor's range lies inside the file (the parser's guarantee), and the
+        // mapping covers the whole file at the size the stamp check just confirmed; `owner` keeps
+        // it mapped for the call.
+        if let Err(e) = unsafe { self.ready(entry, info, addr, len_bytes, how) } {
+            // Nobody got the view: the bytes are not handed out.
+            self.state.lock().unwrap_or_else(|e| e.into_inner()).handed_out.remove(&key);
+            return Err(e);
         }
         Ok((owner, addr))
+    }
+}
+
+impl Mapped {
+    /// Make a view of the shared mapping ready to hand out: its pages read in (`get_tensor`),
+    /// and its bytes checked against the manifest (`manifest=`, any fetch).
+    ///
+    /// # Safety
+    /// `addr .. addr + len_bytes` lies inside a live mapping that starts on a page boundary.
+    unsafe fn ready(
+        &self,
+        entry: &tensora_format::FileEntry,
+        info: &tensora_format::TensorInfo,
+        addr: usize,
+        len_bytes: usize,
+        how: Fetch,
+    ) -> PyResult<()> {
+        if how == Fetch::Tensor {
+            // SAFETY: per the contract.
+            unsafe { populate_tensor(entry, info, addr, len_bytes) }?;
+        }
+        // SAFETY: per the contract.
+        unsafe { self.check(info, addr, len_bytes) }
+    }
+
+    /// With `manifest=`: the tensor's bytes at `addr` against the manifest; a mismatch is a
+    /// `VerifyError` naming the tensor, its file and its offset. A slice (`tensor_lazy`) reads the
+    /// whole tensor for this.
+    ///
+    /// # Safety
+    /// `addr .. addr + len_bytes` is readable memory that nothing writes while this runs (a view
+    /// not handed out yet).
+    unsafe fn check(&self, info: &tensora_format::TensorInfo, addr: usize, len_bytes: usize) -> PyResult<()> {
+        let Some(check) = &self.check else { return Ok(()) };
+        let index = self.ckpt.tensor_index(info.name()).ok_or_else(|| missing(info.name()))?;
+        let bytes = if len_bytes == 0 {
+            &[][..] // never its address
+        } else {
+            // SAFETY: per the contract.
+            unsafe { std::slice::from_raw_parts(addr as *const u8, len_bytes) }
+        };
+        check.check_bytes(index, bytes).map_err(|e| crate::exc::VerifyError::new_err(e.to_string()))
     }
 }
 
@@ -210,7 +276,7 @@ fn open_checkpoint_files(path: &Path) -> PyResult<Mapped> {
         files.push(file);
     }
     let state = MapState { shared: vec![None; files.len()], handed_out: HashSet::new() };
-    Ok(Mapped { ckpt, files, state: Mutex::new(state) })
+    Ok(Mapped { ckpt, files, state: Mutex::new(state), copies: CopyTally::default(), check: None })
 }
 
 /// Map all of `file` (whose stamp was just checked) privately and writable, nothing read in;

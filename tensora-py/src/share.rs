@@ -71,16 +71,15 @@ impl Shared {
             Some((ptr, n)) => (ptr.as_ptr() as usize, n),
             None => (std::ptr::NonNull::<u64>::dangling().as_ptr() as usize, 0),
         };
-        Ok(TensorData {
-            t: TensorBytes {
-                owner: Arc::clone(&self.owner),
-                addr,
-                len_bytes,
-                name: format!("region of rank {rank}"),
-                dtype: Dtype::U8,
-                shape: vec![len_bytes as u64],
-                strides: None,
-            },
+        // Bytes (U8) are aligned anywhere: this is always the zero-copy view of the region.
+        TensorData::export(TensorBytes {
+            owner: Arc::clone(&self.owner),
+            addr,
+            len_bytes,
+            name: format!("region of rank {rank}"),
+            dtype: Dtype::U8,
+            shape: vec![len_bytes as u64],
+            strides: None,
         })
     }
 
@@ -95,6 +94,16 @@ impl Shared {
             d.set_item(name, m.export(&self.owner, loaded)?)?;
         }
         Ok(d)
+    }
+
+    /// `{name: arena offset}` of every tensor: where a buffer of the arena's layout (the NCCL
+    /// path's device buffer) holds it.
+    fn offsets(&self) -> PyResult<std::collections::HashMap<String, u64>> {
+        let loaded = self.loaded()?;
+        Ok(loaded
+            .tensors()
+            .filter_map(|t| Some((t.name().to_owned(), loaded.arena_offset(t.name())?)))
+            .collect())
     }
 
     /// This rank's load report (JSON): `bytes_read` is what it read from storage.

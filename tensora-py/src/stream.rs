@@ -21,17 +21,21 @@ use tensora_format::Selection;
 use tensora_io::{BackendChoice, LoadError, LoadOptions, Residence};
 
 use crate::export::ExportMeta;
-use crate::owner::{Owner, Storage, TensorBytes};
+use crate::owner::{Owner, Storage};
 use crate::queue::{Bounded, Pop};
+use crate::tensor::CopyTally;
 use crate::{TensorData, format_err, load_err};
 
 /// Default streaming budget: bytes per chunk, and bytes of tensors waiting in the queue.
 pub const BUDGET_DEFAULT_BYTES: u64 = 256 << 20;
 /// Bound on tensors waiting in the queue.
 pub const QUEUE_TENSORS_MAX: usize = 64;
+/// The note added to an exception raised by a signal handler while the iterator waited.
+const STREAM_CLOSED_NOTE: &str =
+    "tensora: a signal handler raised this while weights_iterator waited; the stream was closed";
 
 enum Msg {
-    Tensor(TensorBytes),
+    Tensor(TensorData),
     Failed(PyErr),
 }
 
@@ -41,6 +45,7 @@ pub struct Stream {
     queue: Arc<Bounded<Msg>>,
     cancel: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    copies: Arc<CopyTally>,
 }
 
 impl std::fmt::Debug for Stream {
@@ -57,6 +62,8 @@ struct Job {
     budget_bytes: u64,
     backend: BackendChoice,
     residence: Residence,
+    /// Every tensor is checked against it as it lands (`manifest=`).
+    manifest: Option<tensora_verify::Manifest>,
 }
 
 impl Stream {
@@ -66,31 +73,38 @@ impl Stream {
         }
         let queue = Arc::new(Bounded::new(QUEUE_TENSORS_MAX, job.budget_bytes));
         let cancel = Arc::new(AtomicBool::new(false));
-        let (q, c) = (Arc::clone(&queue), Arc::clone(&cancel));
+        let copies = Arc::new(CopyTally::default());
+        let (q, c, tally) = (Arc::clone(&queue), Arc::clone(&cancel), Arc::clone(&copies));
         let thread = std::thread::Builder::new()
             .name("tensora-stream".into())
             .spawn(move || {
-                if let Err(e) = produce(&job, &q, &c) {
+                if let Err(e) = produce(&job, &q, &c, &tally) {
                     let _ = q.push(Msg::Failed(e), 0);
                 }
                 q.close();
             })
             .map_err(|e| crate::exc::LoadError::new_err(format!("starting the stream thread: {e}")))?;
-        Ok(Stream { queue, cancel, thread: Some(thread) })
+        Ok(Stream { queue, cancel, thread: Some(thread), copies })
     }
 }
 
 /// Stream tensors from one path or a list of files; see [`Stream`].
 #[pyfunction]
-#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto", residence="owned"))]
+#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto", residence="owned", manifest=None))]
 pub(crate) fn open_stream(
+    py: Python<'_>,
     paths: &Bound<'_, PyAny>,
     select: Option<&Bound<'_, PyAny>>,
     budget_bytes: Option<u64>,
     backend: &str,
     residence: &str,
+    manifest: Option<PathBuf>,
 ) -> PyResult<Stream> {
     let residence = crate::residence(residence)?;
+    let manifest = match manifest {
+        Some(m) => Some(py.detach(|| crate::read_manifest(&m))?),
+        None => None,
+    };
     let paths: Vec<PathBuf> = if let Ok(p) = paths.extract::<PathBuf>() {
         vec![p]
     } else if paths.is_instance_of::<PyList>() || paths.is_instance_of::<PyTuple>() {
@@ -110,12 +124,13 @@ pub(crate) fn open_stream(
         budget_bytes: budget_bytes.unwrap_or(BUDGET_DEFAULT_BYTES),
         backend: crate::backend(backend)?,
         residence,
+        manifest,
     })
 }
 
 /// Load every file as runs and queue their tensors. Several files share one selection: exact
 /// names are checked across the whole list, as one checkpoint's names are spread over its shards.
-fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResult<()> {
+fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>, copies: &CopyTally) -> PyResult<()> {
     let multi = job.paths.len() > 1;
     let matcher = Arc::new(job.selection.matcher().map_err(|e| load_err(LoadError::Selection(e)))?);
     let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -128,7 +143,7 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
         } else {
             job.selection.clone()
         };
-        let opts = LoadOptions {
+        let mut opts = LoadOptions {
             backend: job.backend.clone(),
             selection,
             budget_bytes: job.budget_bytes,
@@ -136,6 +151,10 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
             cancel: Some(Arc::clone(cancel)),
             ..LoadOptions::default()
         };
+        if let Some(m) = &job.manifest {
+            // Each file against the whole model's manifest; a tensor is queued only once checked.
+            crate::manifest_check(&ckpt, m)?.install(&mut opts);
+        }
         let runs = match tensora_io::load_runs(&ckpt, &opts) {
             Ok(runs) => runs,
             Err(_) if cancel.load(Ordering::Acquire) => return Ok(()),
@@ -147,7 +166,8 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
                 Err(_) if cancel.load(Ordering::Acquire) => return Ok(()),
                 Err(e) => return Err(load_err(e)),
             };
-            if !queue_run(loaded, job.names_wanted.as_ref().filter(|_| multi).map(|_| &mut seen), queue)? {
+            let seen = job.names_wanted.as_ref().filter(|_| multi).map(|_| &mut seen);
+            if !queue_run(loaded, seen, queue, copies)? {
                 return Ok(()); // the iterator was closed
             }
         }
@@ -162,12 +182,13 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>) -> PyResul
     Ok(())
 }
 
-/// Queue every tensor of one run (recording its name in `seen`); `false` when the iterator was
-/// closed meanwhile.
+/// Queue every tensor of one run (recording its name in `seen`, counting aligned copies in
+/// `copies`); `false` when the iterator was closed meanwhile.
 fn queue_run(
     loaded: tensora_io::Loaded,
     mut seen: Option<&mut BTreeSet<String>>,
     queue: &Bounded<Msg>,
+    copies: &CopyTally,
 ) -> PyResult<bool> {
     let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
     let Storage::Loaded(loaded) = owner.storage() else {
@@ -177,8 +198,9 @@ fn queue_run(
         if let Some(seen) = seen.as_deref_mut() {
             seen.insert(m.name().to_owned());
         }
-        let data = m.export(&owner, loaded)?.into_bytes();
-        let len = data.len_bytes as u64;
+        let data = m.export(&owner, loaded)?;
+        copies.note(&data);
+        let len = data.t.len_bytes as u64;
         if queue.push(Msg::Tensor(data), len).is_err() {
             return Ok(false);
         }
@@ -196,7 +218,7 @@ impl Stream {
         loop {
             let queue = Arc::clone(&self.queue);
             match py.detach(move || queue.pop_timeout(crate::drive::POLL_INTERVAL)) {
-                Pop::Item(Msg::Tensor(t)) => return Ok((t.name.clone(), TensorData { t })),
+                Pop::Item(Msg::Tensor(t)) => return Ok((t.t.name.clone(), t)),
                 Pop::Item(Msg::Failed(e)) => {
                     self.finish(py);
                     return Err(e);
@@ -207,6 +229,7 @@ impl Stream {
                 }
                 Pop::Empty => {
                     if let Err(e) = py.check_signals() {
+                        let e = crate::drive::noted_signal(py, e, STREAM_CLOSED_NOTE);
                         self.close(py);
                         return Err(e);
                     }
@@ -225,6 +248,12 @@ impl Stream {
     /// `(tensors, bytes)` waiting in the queue now.
     fn queued(&self) -> (usize, u64) {
         self.queue.len()
+    }
+
+    /// `(tensors, bytes)` handed out so far as aligned copies (their file offset was not a
+    /// multiple of their element size).
+    fn aligned_copies(&self) -> (u64, u64) {
+        self.copies.get()
     }
 }
 

@@ -2,26 +2,71 @@
 //! and DLPack, zero copy.
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
 use crate::dlpack;
-use crate::exc::DtypeError;
-use crate::owner::TensorBytes;
+use crate::exc::{DtypeError, LoadError};
+use crate::owner::{Placement, TensorBytes};
 
 /// One tensor's memory, exported to Python through the buffer protocol (writable) and DLPack.
+/// Its address is always a multiple of its dtype's alignment ([`TensorData::export`]).
 #[pyclass(module = "tensora._native", frozen)]
 #[derive(Debug)]
 pub struct TensorData {
     pub(crate) t: TensorBytes,
+    placement: Placement,
 }
 
 impl TensorData {
+    /// The one way to hand a tensor to Python: zero copy when its address suits its dtype,
+    /// else an aligned copy ([`TensorBytes::into_aligned`]); a copy that finds no memory is a
+    /// `tensora.LoadError`.
+    pub fn export(t: TensorBytes) -> PyResult<TensorData> {
+        let (t, placement) = t.into_aligned().map_err(|e| LoadError::new_err(e.to_string()))?;
+        Ok(TensorData { t, placement })
+    }
+
+    /// Where the bytes are: in the load's memory, or an aligned copy.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
     /// The exported bytes.
     pub fn into_bytes(self) -> TensorBytes {
         self.t
+    }
+}
+
+/// How many exported tensors were aligned copies ([`Placement::AlignedCopy`]) and their bytes;
+/// shared by the threads of one load or stream.
+#[derive(Debug, Default)]
+pub struct CopyTally {
+    tensors: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl CopyTally {
+    /// Count `d` if it is an aligned copy.
+    pub fn note(&self, d: &TensorData) {
+        if d.placement == Placement::AlignedCopy {
+            self.tensors.fetch_add(1, Ordering::Relaxed);
+            self.bytes.fetch_add(d.t.len_bytes as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// `(tensors, bytes)` copied so far.
+    pub fn get(&self) -> (u64, u64) {
+        (self.tensors.load(Ordering::Relaxed), self.bytes.load(Ordering::Relaxed))
+    }
+
+    /// The report field: `{"tensors": n, "bytes": b}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let (tensors, bytes) = self.get();
+        serde_json::json!({ "tensors": tensors, "bytes": bytes })
     }
 }
 
@@ -49,11 +94,11 @@ impl TensorData {
     fn nbytes(&self) -> usize {
         self.t.len_bytes
     }
-    /// The address of the first byte (for laying tensors out in another buffer of the same
-    /// layout, e.g. a collective load's device buffer).
+    /// Whether the bytes were copied into aligned memory (the tensor's file offset is not a
+    /// multiple of its element size) instead of being a zero-copy view.
     #[getter]
-    fn address(&self) -> usize {
-        self.t.addr
+    fn aligned_copy(&self) -> bool {
+        self.placement == Placement::AlignedCopy
     }
 
     /// # Safety

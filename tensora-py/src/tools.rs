@@ -19,15 +19,17 @@ pub(crate) fn inspect_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
         .map_err(|e| crate::exc::TensoraError::new_err(e.to_string()))
 }
 
-/// One digest (hex) per tensor, computed inside a load (GIL released).
+/// One digest (hex) per tensor, computed inside a load (GIL released); with `write_manifest`,
+/// also the manifest (digests, file sizes, format) written there atomically, for `manifest=`.
 #[pyfunction]
-#[pyo3(signature = (path, algo="crc32c", backend="auto", progress=None))]
+#[pyo3(signature = (path, algo="crc32c", backend="auto", progress=None, write_manifest=None))]
 pub(crate) fn hash<'py>(
     py: Python<'py>,
     path: PathBuf,
     algo: &str,
     backend: &str,
     progress: Option<Py<PyAny>>,
+    write_manifest: Option<PathBuf>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let algo: tensora_verify::Algo =
         algo.parse().map_err(|e: tensora_verify::UnknownAlgo| VerifyError::new_err(e.to_string()))?;
@@ -48,6 +50,13 @@ pub(crate) fn hash<'py>(
         tensora_verify::hash::HashError::Load(l) => load_err(l),
         other => VerifyError::new_err(other.to_string()),
     })?;
+    if let Some(out) = write_manifest {
+        py.detach(|| {
+            let manifest = tensora_verify::Manifest::from_checkpoint(&ckpt, algo, &digests)
+                .map_err(|e| VerifyError::new_err(e.to_string()))?;
+            manifest.write_atomic(&out).map_err(|e| VerifyError::new_err(format!("{}: {e}", out.display())))
+        })?;
+    }
     let d = PyDict::new(py);
     for (t, dg) in ckpt.tensors().iter().zip(digests) {
         d.set_item(t.name(), dg.to_hex())?;

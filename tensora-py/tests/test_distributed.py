@@ -41,7 +41,7 @@ def digest(t) -> str:
 
 def expected(path: Path) -> dict:
     """What a single-process load gives: each tensor's digest and shape, and the bytes it read."""
-    weights, report = tensora.load_file_with_report(path, framework="pt")
+    weights, report = tensora.load_file_with_report(path, framework="pt", residence="owned")
     digests = {k: [digest(v), list(v.shape)] for k, v in weights.items()}
     return {"tensors": digests, "bytes_read": report["bytes_read"]}
 

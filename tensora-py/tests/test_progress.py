@@ -122,25 +122,74 @@ class Interrupted(Exception):
     pass
 
 
-@pytest.mark.skipif(not hasattr(__import__("signal"), "setitimer"), reason="needs setitimer")
+# Bound on the helper's look-ups of the main thread's frame (1 ms apart) before it gives up.
+FRAME_POLLS_MAX = 10_000
+
+
 def test_a_signal_during_a_load_cancels_it(big_file):
-    # A signal handler that raises (as Ctrl-C's does) runs at the caller's next poll, inside
-    # the load; the load is cancelled and its memory freed.
+    """A signal that arrives during a load is observed by the load itself, which stops, frees its
+    memory and raises the handler's exception with its cancellation note.
+
+    The order is forced, so nothing but the load can observe the signal: the progress callback is
+    a C function (`RLock.acquire`) that blocks the main thread inside the load until a helper
+    thread has sent the signal (to itself: the main thread blocks it, so its C-level handler runs
+    on the helper and only marks it pending). From then until the load's next poll the main
+    thread runs no Python code, so the handler runs inside the load's signal check. A load that
+    ignored signals would return, and the handler would run afterwards without the note.
+    """
+    import dis
     import signal
+
+    assert threading.current_thread() is threading.main_thread()
+    sig = signal.SIGUSR1
+    gate = threading.RLock()
+    native_load = _native.load
+    path = str(big_file)
+
+    def run_load():
+        # `gate.acquire(done, total)`: blocking, with `total` seconds as the timeout.
+        return native_load(path, None, "auto", gate.acquire, "owned")
+
+    call_at = [i.offset for i in dis.get_instructions(run_load) if i.opname in ("CALL", "CALL_FUNCTION")][-1]
+    main_id = threading.get_ident()
+    holding = threading.Event()
+    outcome = []
+
+    def helper():
+        gate.acquire()
+        holding.set()
+        try:
+            for _ in range(FRAME_POLLS_MAX):
+                frame = sys._current_frames().get(main_id)
+                if frame is not None and frame.f_code is run_load.__code__ and frame.f_lasti == call_at:
+                    signal.pthread_kill(threading.get_ident(), sig)
+                    outcome.append("sent")
+                    return
+                time.sleep(0.001)
+            outcome.append("the main thread never entered the load")
+        finally:
+            gate.release()
 
     def handler(signum, frame):
         raise Interrupted
 
     collect()
     base = _native.owners_live()
-    old = signal.signal(signal.SIGALRM, handler)
+    old = signal.signal(sig, handler)
+    t = threading.Thread(target=helper)  # created before the mask: it keeps the signal unblocked
+    t.start()
+    assert holding.wait(10), "the helper never took the gate"
+    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.002)
-        with pytest.raises(Interrupted):
-            tensora.load_file(big_file)
-            time.sleep(1)  # only reached if the load finished first: the handler fires here
+        with pytest.raises(Interrupted) as e:
+            run_load()
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        t.join()
+        signal.signal(sig, old)
+    assert outcome == ["sent"], outcome
+    assert any("the load was cancelled" in n for n in getattr(e.value, "__notes__", [])), (
+        "the handler ran after the load returned, not inside it"
+    )
     collect()
     assert _native.owners_live() == base

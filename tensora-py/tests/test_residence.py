@@ -215,12 +215,19 @@ def _resident_fraction(path) -> float:
         mm.close()
 
 
-def test_the_default_is_an_owned_snapshot(every_dtype_file):
-    hf_load_file(str(every_dtype_file))  # warm: "auto" would map
+def test_the_default_follows_the_hf_function_replaced(every_dtype_file):
+    """numpy: an owned snapshot (as safetensors.numpy.load_file); torch: "auto", a private mapping
+    when warm (as safetensors.torch.load_file, which maps the file)."""
+    hf_load_file(str(every_dtype_file))  # warm: "auto" maps
     _, report = tensora.load_file_with_report(every_dtype_file)
     assert not _mapped(report) and report["reason"].startswith("owned: residence"), report
+    _, report = tensora.load_file_with_report(every_dtype_file, framework="pt")
+    assert _mapped(report) and report["reason"].startswith("mapped: warm"), report
     for fn in (tensora.load_file, tensora.load_file_with_report, tensora.weights_iterator):
-        assert inspect.signature(fn).parameters["residence"].default == "owned", fn
+        assert inspect.signature(fn).parameters["residence"].default is None, fn
+    stream = tensora.weights_iterator(every_dtype_file)  # torch by default
+    assert next(stream)[1].__class__.__name__ == "Tensor"
+    stream.close()
 
 
 SAVE_OVER_ITS_INPUT = """
@@ -261,3 +268,49 @@ def test_a_file_truncated_after_open_is_an_exception_not_a_crash(tmp_path):
             w.truncate(os.path.getsize(path) // 2)
         with pytest.raises(tensora.LoadError, match="changed since it was parsed"):
             f.get_tensor("float64.1")
+
+
+REWRITE_UNDER_MAPPED_VIEWS = """
+import sys
+from safetensors.numpy import save
+import tensora
+path = sys.argv[1]
+w = tensora.load_file(path, residence="mapped")
+names = sorted(w)
+last = w[names[-1]]
+shorter = save({names[0]: w[names[0]][:1].copy()})
+with open(path, "wb") as f:  # rewritten in place, shorter: the mapped pages past the end are gone
+    f.write(shorter)
+print("rewritten", flush=True)
+print(int(last.reshape(-1)[-1]), flush=True)  # SIGBUS: the documented caveat of mapped views
+print("survived", flush=True)
+"""
+
+
+def test_mapped_views_die_of_sigbus_when_the_file_is_rewritten_in_place(tmp_path):
+    """The caveat `load_file` documents for `residence="mapped"` (and `"auto"` when warm): the views
+    stay backed by the file, so rewriting it shorter in place kills the process at the next
+    access (in a child, so pytest survives). The owned default survives the same rewrite
+    (`test_save_file_over_the_loaded_file_works_by_default`)."""
+    import signal
+
+    path = tmp_path / "rewritten.safetensors"
+    save_file({f"w{i}": np.full((256, 1024), i, dtype=np.float32) for i in range(8)}, str(path))
+    r = subprocess.run([sys.executable, "-c", REWRITE_UNDER_MAPPED_VIEWS, str(path)], capture_output=True, text=True)
+    assert r.returncode == -signal.SIGBUS, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert r.stdout.splitlines() == ["rewritten"], r.stdout
+
+
+def test_in_place_writes_by_others_show_through_mapped_views_not_owned(tmp_path):
+    """Mapped views are live views of the page cache (documented): a same-size in-place write to
+    the file shows through pages not yet written by this process; an owned load is a snapshot."""
+    path = tmp_path / "overwritten.safetensors"
+    save_file({"w": np.zeros((64, 1024), dtype=np.float32)}, str(path))
+    mapped = tensora.load_file(path, residence="mapped")["w"]
+    owned = tensora.load_file(path, residence="owned")["w"]
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:  # same length, new bytes: no truncation, so no SIGBUS
+        f.seek(size - 4)
+        f.write(np.float32(7.0).tobytes())
+    assert mapped.reshape(-1)[-1] == 7.0, "mapped views show another writer's bytes"
+    assert owned.reshape(-1)[-1] == 0.0, "owned arrays are a snapshot"

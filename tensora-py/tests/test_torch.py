@@ -1,13 +1,11 @@
 """torch through DLPack: dtypes (bf16, fp8), shapes, zero copy, lifetimes, copy-on-write."""
 
-import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import tensora  # noqa: E402
-from tensora import _native  # noqa: E402
-from conftest import SLLM_TINY, SLLM_TINY_EXPECTED, collect, expected, file_sha256, sha256  # noqa: E402
+import tensora
+from tensora import _native
+from conftest import SLLM_TINY, SLLM_TINY_EXPECTED, collect, expected, file_sha256, sha256
 
 
 def raw(t) -> bytes:

@@ -63,6 +63,8 @@ pub struct DigestStats {
 pub struct DigestCollector {
     algo: Algo,
     index: HashMap<String, usize>,
+    /// Tensor names, in [`Checkpoint::tensors`] order.
+    names: Vec<String>,
     /// `nbytes` of each tensor (the digested length), in [`Checkpoint::tensors`] order.
     nbytes: Vec<u64>,
     /// One per tensor for crc32c; empty for the other algorithms.
@@ -96,6 +98,7 @@ impl DigestCollector {
     pub fn new(ckpt: &Checkpoint, algo: Algo) -> Arc<DigestCollector> {
         let tensors = ckpt.tensors();
         let index = tensors.iter().enumerate().map(|(i, t)| (t.name().to_owned(), i)).collect();
+        let names = tensors.iter().map(|t| t.name().to_owned()).collect();
         let nbytes = tensors.iter().map(|t| t.nbytes()).collect();
         let runs = match algo {
             Algo::Crc32c => tensors.iter().map(|_| Mutex::new(Runs::default())).collect(),
@@ -105,12 +108,43 @@ impl DigestCollector {
         Arc::new(DigestCollector {
             algo,
             index,
+            names,
             nbytes,
             runs,
             slots,
             bytes_on_arrival: AtomicU64::new(0),
             bytes_at_completion: AtomicU64::new(0),
         })
+    }
+
+    /// A collector for the same checkpoint and algorithm with nothing recorded yet (for another
+    /// load: pieces of a load that failed stay in the collector that saw them).
+    pub fn fresh(&self) -> Arc<DigestCollector> {
+        Arc::new(DigestCollector {
+            algo: self.algo,
+            index: self.index.clone(),
+            names: self.names.clone(),
+            nbytes: self.nbytes.clone(),
+            runs: self.runs.iter().map(|_| Mutex::new(Runs::default())).collect(),
+            slots: self.slots.iter().map(|_| OnceLock::new()).collect(),
+            bytes_on_arrival: AtomicU64::new(0),
+            bytes_at_completion: AtomicU64::new(0),
+        })
+    }
+
+    /// The index in [`Checkpoint::tensors`] of the tensor called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// The name of tensor `i` (of [`Checkpoint::tensors`]).
+    pub fn name_of(&self, i: usize) -> Option<&str> {
+        self.names.get(i).map(String::as_str)
+    }
+
+    /// The digested length (`nbytes`) of tensor `i` (of [`Checkpoint::tensors`]).
+    pub fn nbytes(&self, i: usize) -> Option<u64> {
+        self.nbytes.get(i).copied()
     }
 
     /// The algorithm this collector digests with.
@@ -192,6 +226,11 @@ impl DigestCollector {
     /// tensors ([`crate::check::FindingKind::Strided`]). Errors if the tensor is unknown, if its
     /// pieces overlap, or if it arrives twice with a different digest.
     pub fn record(&self, t: &TensorRef<'_>) -> Result<(), BoxError> {
+        self.record_digest(t).map(|_| ())
+    }
+
+    /// [`DigestCollector::record`], returning the tensor's digest.
+    pub fn record_digest(&self, t: &TensorRef<'_>) -> Result<Digest, BoxError> {
         let i = *self
             .index
             .get(t.name())
@@ -213,8 +252,8 @@ impl DigestCollector {
             }
         };
         match self.slots[i].set(d) {
-            Ok(()) => Ok(()),
-            Err(_) if self.slots[i].get() == Some(&d) => Ok(()),
+            Ok(()) => Ok(d),
+            Err(_) if self.slots[i].get() == Some(&d) => Ok(d),
             Err(_) => Err(format!("tensor {:?} delivered twice with different bytes", t.name()).into()),
         }
     }

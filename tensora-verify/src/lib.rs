@@ -11,6 +11,8 @@
 //! - [`scan`]: the integrity scan, reading every file once to its end and digesting tensors from
 //!   the same bytes.
 //! - [`check`]: `verify`, collecting every finding (structure, integrity, digests, warnings).
+//! - [`verified`]: verified loads: every tensor checked against a manifest as it lands, inside
+//!   any load (`LoadOptions` hooks), before it is handed out.
 //!
 //! Nothing here writes to a checkpoint, and a manifest is never trusted beyond its checked size.
 //!
@@ -39,6 +41,7 @@ pub mod hash;
 mod header_fields;
 pub mod manifest;
 pub mod scan;
+pub mod verified;
 
 use std::path::Path;
 

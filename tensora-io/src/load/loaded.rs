@@ -210,6 +210,14 @@ impl Loaded {
         Some((ptr, len))
     }
 
+    /// Where tensor `name` starts in an owned load's arena (`None` for a mapped load or an
+    /// unknown name): the offset a buffer of the same layout (a collective load's device buffer,
+    /// for example) holds it at.
+    pub fn arena_offset(&self, name: &str) -> Option<u64> {
+        let Storage::Arena(_) = &self.storage else { return None };
+        Some(self.entries[*self.by_name.get(name)?].offset_bytes)
+    }
+
     /// A writable pointer to `range` of an owned load's arena and its length, for bindings that
     /// hand a collective load's regions to a transport (see [`ShareLoad`](crate::ShareLoad)). It
     /// derives from the arena's own base, never from a shared slice; writing through it is sound

@@ -9,9 +9,10 @@ A drop-in for ``safetensors`` where it is already called::
     for name, t in tensora.weights_iterator(files, framework="pt", budget=512 << 20):
         model.load_weight(name, t)                               # streaming, memory-bounded
 
-Arrays and tensors point into memory owned by the load (by default an owned buffer, a snapshot of
-the files; or, opted into, a private copy-on-write mapping of the files, as ``safe_open`` uses); it
-is freed when the last of them goes. Writing into them never changes the file.
+Arrays and tensors point into memory owned by the load: for numpy by default an owned buffer, a
+snapshot of the files; for torch by default (as HF's torch loader) a private copy-on-write mapping
+of the files when they are warm and local, as ``safe_open`` uses; it is freed when the last of them
+goes. Writing into them never changes the file.
 """
 
 from __future__ import annotations
@@ -109,27 +110,37 @@ def _convert(data: "_native.TensorData", fw: str):
     return _to_numpy(data) if fw == "np" else _to_torch(data)
 
 
+def _default_residence(fw: str) -> str:
+    """The default residence of a framework: the semantics of the HF function tensora replaces
+    (numpy: owned arrays; torch: a private mapping of the file, decided by "auto" when warm)."""
+    return "auto" if fw == "pt" else "owned"
+
+
 def load_file(
     path: PathLike,
     framework: str = "np",
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     progress: Optional[Progress] = None,
-    residence: str = "owned",
+    residence: Optional[str] = None,
+    manifest: Optional[PathLike] = None,
 ) -> Dict[str, Any]:
     """Load every tensor (or the selected ones) of a checkpoint, like
-    ``safetensors.numpy.load_file``. ``path`` is a safetensors file, a sharded directory or
-    index, or a ServerlessLLM directory. ``select`` is a glob string or a list of exact names.
+    ``safetensors.numpy.load_file`` (``framework="np"``) or ``safetensors.torch.load_file``
+    (``framework="pt"``). ``path`` is a safetensors file, a sharded directory or index, or a
+    ServerlessLLM directory. ``select`` is a glob string or a list of exact names.
 
-    ``residence`` says where the tensors live:
+    ``residence`` says where the tensors live; by default it follows the HF function this
+    replaces: ``"owned"`` for ``framework="np"`` (HF's numpy ``load_file`` returns owned
+    arrays) and ``"auto"`` for ``framework="pt"`` (HF's torch ``load_file`` returns tensors on a
+    private mapping of the file, with the same ``SIGBUS`` caveat; warm, a mapped load is a
+    page-table fill, tens of times faster than copying: see the README's bench):
 
-    - ``"owned"`` (default): one copy into a buffer this process owns, a snapshot of the files
-      (as ``safetensors.numpy.load_file``, which returns owned arrays): nothing done to the
-      files afterwards, ``save_file(load_file(p), p)`` included, affects the arrays.
+    - ``"owned"``: one copy into a buffer this process owns, a snapshot of the files: nothing
+      done to the files afterwards, ``save_file(load_file(p), p)`` included, affects the arrays.
     - ``"auto"``: when ``backend`` is ``"auto"`` and the files are on a local filesystem and
-      (mostly) in the page cache, zero-copy views of private copy-on-write mappings of the files
-      (warm, 2.2 GB on 2 cores, one byte read per page: 154 GB/s against 5.6 GB/s owned;
-      see the README), otherwise ``"owned"``.
+      (mostly) in the page cache, zero-copy views of private copy-on-write mappings of the files,
+      otherwise ``"owned"`` (cold or remote data: the disk is the bound, and a snapshot is safer).
       ``load_file_with_report`` says which and why.
     - ``"mapped"``: the mapped views, whatever the facts.
 
@@ -138,18 +149,29 @@ def load_file(
     backed by the files, so truncating or rewriting a file in place while its arrays live raises
     ``SIGBUS`` at the next access to a page not yet written. In particular never
     ``save_file(weights, same_path)`` with mapped arrays alive (write a new path and rename, or
-    use the default ``"owned"``). Writes into the arrays never reach the files, but other
-    processes' in-place writes to the files show through in the arrays (they are live views of
-    the page cache, not a snapshot). Asking for ``"mapped"`` or ``"auto"`` is your promise that
-    nothing truncates or rewrites the files while the arrays live.
+    pass ``residence="owned"``). Another process's in-place writes to a file show through its
+    mapped arrays (pages this process has not written). Writes into the arrays never reach the
+    files. A view residence (``"mapped"`` or ``"auto"``, the default for
+    ``framework="pt"``, as HF's torch ``load_file`` maps the file) is your promise that nothing truncates
+    or rewrites the files while the arrays live.
 
     The whole load runs with the GIL released. ``progress(bytes_done, bytes_total)`` is called
     on this thread as reads complete; returning ``False`` cancels (``CancelledError``), and an
     exception it raises propagates unchanged. Ctrl-C also cancels.
 
+    ``manifest`` (a file written by ``tensora.hash(..., write_manifest=...)`` or ``tensora hash
+    --write-manifest``) makes this a verified load: every tensor's digest is computed as its bytes
+    land (crc32c: on the worker that read them, while they are in its cache) and compared with the
+    manifest before the tensor is complete; the first that differs raises ``VerifyError`` naming
+    the tensor, its file and its offset, and nothing is returned. Every tensor of the checkpoint
+    must be in the manifest.
+
     The arrays share one owner (buffer or mappings), freed when the last of them is gone.
+    Every array is aligned for its dtype: a tensor whose file offset is not a multiple of its
+    element size (safetensors allows it; HF's writer never does it) is handed out as an aligned
+    copy of its own, counted in the report's ``aligned_copies``.
     """
-    return load_file_with_report(path, framework, select, backend, progress, residence)[0]
+    return load_file_with_report(path, framework, select, backend, progress, residence, manifest)[0]
 
 
 def load_file_with_report(
@@ -158,13 +180,17 @@ def load_file_with_report(
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     progress: Optional[Progress] = None,
-    residence: str = "owned",
+    residence: Optional[str] = None,
+    manifest: Optional[PathLike] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
     and why, then the backend's own reason), ``io_mode`` (``"mapped"`` for zero-copy views),
-    ``bytes_selected``, ``seconds``, ``gbps``, ``phases`` and the page-fault counts."""
+    ``bytes_selected``, ``seconds``, ``gbps``, ``phases``, the page-fault counts, and
+    ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``)."""
     fw = _check_framework(framework)
-    datas, report = _native.load(os.fspath(path), select, backend, progress, residence)
+    m = None if manifest is None else os.fspath(manifest)
+    residence = _default_residence(fw) if residence is None else residence
+    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m)
     return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
 
 
@@ -201,15 +227,26 @@ class safe_open:
     or a heap copy once ``CALL_MAPPINGS_MAX`` such mappings are alive. ``get_slice(name)[...]``
     reads only the pages of the part indexed and returns a copy. Do not modify or truncate a
     file in place while tensors of it are alive (``SIGBUS``).
+
+    With ``manifest`` (see ``load_file``), every ``get_tensor`` checks the tensor's bytes against
+    it before returning (``VerifyError`` naming tensor, file and offset otherwise); a
+    ``get_slice`` checks the whole tensor, so it reads all of it.
     """
 
-    def __init__(self, path: PathLike, framework: str = "np", backend: str = "auto", device: str = "cpu"):
+    def __init__(
+        self,
+        path: PathLike,
+        framework: str = "np",
+        backend: str = "auto",
+        device: str = "cpu",
+        manifest: Optional[PathLike] = None,
+    ):
         if device != "cpu":
             raise ValueError("tensora.safe_open loads to the CPU only; move tensors afterwards")
         if backend != "auto" and backend not in _native.backends():
             raise LoadError(f"unknown backend {backend!r} (known: {', '.join(_native.backends())})")
         self._fw = _check_framework(framework)
-        self._mapped = _native.Mapped(os.fspath(path))
+        self._mapped = _native.Mapped(os.fspath(path), None if manifest is None else os.fspath(manifest))
 
     def __enter__(self) -> "safe_open":
         return self
@@ -245,7 +282,8 @@ def weights_iterator(
     budget: Optional[int] = None,
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
-    residence: str = "owned",
+    residence: Optional[str] = None,
+    manifest: Optional[PathLike] = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
 
@@ -253,16 +291,21 @@ def weights_iterator(
     (default 256 MiB; a larger tensor is a run of its own) and yields them zero copy; at most
     ``budget`` bytes of tensors wait for the consumer. A run's memory is freed when its last
     tensor is gone. Waiting releases the GIL. Breaking out of the loop stops the load.
-    ``residence`` is as in ``load_file``: ``"owned"`` (default) gives each run an owned buffer;
-    ``"auto"`` decides per file (warm local files: mapped views, each run's pages read in before
-    it is yielded, with the same ``SIGBUS`` caveat).
+    ``residence`` is as in ``load_file`` (default: ``"auto"`` for torch, ``"owned"`` for numpy):
+    ``"owned"`` gives each run an owned buffer; ``"auto"`` decides per file (warm local files:
+    mapped views, each run's pages read in before it is yielded, with the same ``SIGBUS``
+    caveat).
+    ``manifest`` (one for the whole model, all files): each tensor is checked as it lands and is
+    yielded only if it matches; the first that does not raises ``VerifyError`` from the loop.
     """
     fw = _check_framework(framework)
     if isinstance(path_or_files, (str, os.PathLike)):
         paths: Union[str, List[str]] = os.fspath(path_or_files)
     else:
         paths = [os.fspath(p) for p in path_or_files]
-    stream = _native.open_stream(paths, select, budget, backend, residence)
+    m = None if manifest is None else os.fspath(manifest)
+    residence = _default_residence(fw) if residence is None else residence
+    stream = _native.open_stream(paths, select, budget, backend, residence, m)
     try:
         for name, data in stream:
             yield name, _convert(data, fw)
@@ -276,10 +319,17 @@ def inspect(path: PathLike) -> Dict[str, Any]:
 
 
 def hash(
-    path: PathLike, algo: str = "crc32c", backend: str = "auto", progress: Optional[Progress] = None
+    path: PathLike,
+    algo: str = "crc32c",
+    backend: str = "auto",
+    progress: Optional[Progress] = None,
+    write_manifest: Optional[PathLike] = None,
 ) -> Dict[str, str]:
-    """One hex digest per tensor (``crc32c``, ``xxh3`` or ``sha256``) of its stored bytes."""
-    return _native.hash(os.fspath(path), algo, backend, progress)
+    """One hex digest per tensor (``crc32c``, ``xxh3`` or ``sha256``) of its stored bytes.
+    ``write_manifest``: also write the manifest (digests, file sizes, format) there, atomically,
+    for verified loads (``manifest=`` of ``load_file``, ``safe_open``, ``weights_iterator``)."""
+    out = None if write_manifest is None else os.fspath(write_manifest)
+    return _native.hash(os.fspath(path), algo, backend, progress, out)
 
 
 def verify(path: PathLike, manifest: Optional[PathLike] = None) -> Dict[str, Any]:

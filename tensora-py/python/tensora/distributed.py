@@ -167,18 +167,14 @@ def _device_tensors(shared, datas, device_buffer):
     aligned tensor (a device view must be aligned)."""
     import torch
 
-    base = None
-    for r, (off, n) in enumerate(shared.regions()):
-        if n:
-            base = shared.region(r).address - off
-            break
+    offsets = shared.offsets()
     out = {}
     for name, d in datas.items():
         host = _convert(d, "pt")
-        if d.nbytes == 0 or base is None:
+        if d.nbytes == 0:
             out[name] = host.to(device_buffer.device)
             continue
-        off = d.address - base
+        off = offsets[name]
         raw = device_buffer[off:off + d.nbytes]
         if off % host.element_size() == 0:
             flat = raw.view(host.dtype)
