@@ -5,7 +5,7 @@ interleaved run.
     sudo python tensora-py/bench/bench_collective.py CHECKPOINT_DIR [--ranks 4] [--cap-mbytes 200]
         [--runs 3] [--port 18080] [--timeout 900] [--json OUT.json]
 
-The server is nginx (started here, serving CHECKPOINT_DIR's parent on 127.0.0.1:PORT). Its total
+The server is nginx (bench/servers.py, serving CHECKPOINT_DIR's parent on 127.0.0.1:PORT). Its total
 bandwidth is capped at `--cap-mbytes` MB/s (1e6 bytes) with a token bucket on the loopback device
 (`tc` htb: one class for packets from PORT, everything else, the ranks' exchange included,
 unlimited), so the cap holds however many connections the loaders open: that needs root and
@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ranks  # noqa: E402
+from servers import Nginx  # noqa: E402
 
 SUBJECTS = ("alone", "collective")
 
@@ -65,46 +66,6 @@ def worker(a) -> None:
     with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
         json.dump(figures, f)
     dist.destroy_process_group()
-
-
-def start_nginx(root: Path, port: int, work: Path) -> subprocess.Popen:
-    conf = work / "nginx.conf"
-    conf.write_text(f"""
-daemon off;
-worker_processes 2;
-pid {work}/nginx.pid;
-error_log {work}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    sendfile on;
-    tcp_nopush on;
-    keepalive_requests 100000;
-    client_body_temp_path {work}/body;
-    proxy_temp_path {work}/proxy;
-    fastcgi_temp_path {work}/fastcgi;
-    uwsgi_temp_path {work}/uwsgi;
-    scgi_temp_path {work}/scgi;
-    server {{
-        listen 127.0.0.1:{port};
-        root {root};
-        location / {{ autoindex off; }}
-    }}
-}}
-""")
-    proc = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(work)], stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"nginx exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            subprocess.run(["curl", "-sfI", f"http://127.0.0.1:{port}/"], capture_output=True, timeout=2)
-            return proc
-        except (subprocess.TimeoutExpired, FileNotFoundError):
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("nginx did not start within 10 s")
 
 
 def tc(*args: str) -> None:
@@ -168,23 +129,21 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tensora-collective-"))
     load_before = os.getloadavg()
     samples = {s: [] for s in SUBJECTS}
-    nginx = start_nginx(ckpt.parent, a.port, work)
-    try:
-        cap_port(a.port, a.cap_mbytes)
-        url = f"http://127.0.0.1:{a.port}/{ckpt.name}/"
-        for run in range(a.runs):
-            order = SUBJECTS if run % 2 == 0 else tuple(reversed(SUBJECTS))
-            for s in order:
-                r = run_subject(a, s, url, work)
-                samples[s].append(r)
-                read = [f["bytes_read"] for f in r["ranks"]]
-                print(f"run {run + 1}/{a.runs} {s:>10}: {r['seconds']:7.2f} s, bytes read by rank {read}",
-                      flush=True)
-    finally:
-        uncap()
-        nginx.terminate()
-        nginx.wait(timeout=10)
-        shutil.rmtree(work, ignore_errors=True)
+    with Nginx(ckpt.parent, a.port) as nginx:
+        try:
+            cap_port(nginx.port, a.cap_mbytes)
+            url = nginx.url(f"{ckpt.name}/")
+            for run in range(a.runs):
+                order = SUBJECTS if run % 2 == 0 else tuple(reversed(SUBJECTS))
+                for s in order:
+                    r = run_subject(a, s, url, work)
+                    samples[s].append(r)
+                    read = [f["bytes_read"] for f in r["ranks"]]
+                    print(f"run {run + 1}/{a.runs} {s:>10}: {r['seconds']:7.2f} s, bytes read by rank {read}",
+                          flush=True)
+        finally:
+            uncap()
+            shutil.rmtree(work, ignore_errors=True)
     load_after = os.getloadavg()
     med = {s: summary([x["seconds"] for x in samples[s]]) for s in SUBJECTS}
     print(f"\n{a.ranks} ranks, {ckpt_bytes / 1e9:.2f} GB checkpoint, server capped at {a.cap_mbytes:.0f} MB/s "

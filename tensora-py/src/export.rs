@@ -1,5 +1,5 @@
-//! `load_file`'s native side: one `tensora_io::load_path` (GIL released), and each tensor of the
-//! result handed to Python as a [`TensorData`] sharing one owner.
+//! `load_file`'s native side: one `tensora_io::load` (or a `tensora_remote` load for a URL; GIL
+//! released), and each tensor of the result handed to Python as a [`TensorData`] sharing one owner.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -80,11 +80,16 @@ impl ExportMeta {
 /// `"auto"` (zero-copy mapped views when the files are local and warm and `backend` is `"auto"`,
 /// owned otherwise; decided by `tensora_io::auto`) or `"mapped"`.
 ///
+/// `path` may be a URL of a store (`s3://`, `http(s)://`, `az://`, `gs://`): then `remote` (a
+/// dict of `tensora.RemoteOptions`' fields) says how to reach it, the load is owned, and the
+/// report is `tensora_remote`'s (requests, retries, cache, concurrency).
+///
 /// `manifest`: a manifest's path; every tensor's digest is checked against it as its bytes land
 /// (`tensora_verify::verified`), and the first that does not match raises `VerifyError` before
 /// anything is returned.
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None))]
+#[allow(clippy::too_many_arguments)] // the Python keyword arguments of `load_file`
 pub(crate) fn load<'py>(
     py: Python<'py>,
     path: PathBuf,
@@ -93,6 +98,7 @@ pub(crate) fn load<'py>(
     progress: Option<Py<PyAny>>,
     residence: &str,
     manifest: Option<PathBuf>,
+    remote: Option<&Bound<'py, PyDict>>,
 ) -> PyResult<(Bound<'py, PyDict>, String)> {
     let cancel = Arc::new(AtomicBool::new(false));
     let mut opts = LoadOptions {
@@ -102,12 +108,31 @@ pub(crate) fn load<'py>(
         cancel: Some(Arc::clone(&cancel)),
         ..LoadOptions::default()
     };
+    let manifest = manifest.map(|m| py.detach(|| crate::read_manifest(&m))).transpose()?;
+    if let Some(location) = crate::remote::location(&path)? {
+        let ropts = crate::remote::options(remote)?;
+        let ckpt = crate::remote::open(py, &location, &ropts)?;
+        if let Some(m) = &manifest {
+            crate::manifest_check(ckpt.checkpoint(), m)?.install(&mut opts);
+        }
+        let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
+            ckpt.load(&LoadOptions { progress: hook, ..opts })
+        });
+        let loaded = crate::finish_with(out, crate::remote::remote_err)?;
+        let report =
+            serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+        return export_all(py, loaded.into_loaded(), report);
+    }
+    if remote.is_some() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "remote= applies to URLs only, not to a local path",
+        ));
+    }
     let started = Instant::now();
     let ckpt = py.detach(|| tensora_format::open(&path)).map_err(crate::format_err)?;
     let parse_seconds = started.elapsed().as_secs_f64();
-    if let Some(m) = manifest {
-        let manifest = py.detach(|| crate::read_manifest(&m))?;
-        crate::manifest_check(&ckpt, &manifest)?.install(&mut opts);
+    if let Some(m) = &manifest {
+        crate::manifest_check(&ckpt, m)?.install(&mut opts);
     }
     let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
         tensora_io::load(&ckpt, &LoadOptions { progress: hook, ..opts })
@@ -116,7 +141,17 @@ pub(crate) fn load<'py>(
     let mut report = loaded.report().clone();
     report.phases.parse = parse_seconds;
     report.finalize();
-    let mut report = serde_json::to_value(&report).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+    let report = serde_json::to_value(&report).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+    export_all(py, loaded, report)
+}
+
+/// Every tensor of `loaded` as a [`TensorData`] sharing one owner, sorted by name, and `report`
+/// with `aligned_copies` added, as JSON.
+fn export_all<'py>(
+    py: Python<'py>,
+    loaded: tensora_io::Loaded,
+    mut report: serde_json::Value,
+) -> PyResult<(Bound<'py, PyDict>, String)> {
     let mut metas = ExportMeta::all(&loaded);
     let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
     let Storage::Loaded(loaded) = owner.storage() else {

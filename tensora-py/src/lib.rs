@@ -33,6 +33,7 @@ pub mod drive;
 mod export;
 pub mod owner;
 pub mod queue;
+mod remote;
 mod safe_open;
 mod share;
 mod stream;
@@ -105,13 +106,21 @@ pub(crate) fn read_manifest(path: &std::path::Path) -> PyResult<tensora_verify::
 /// The outcome of a driven load as a Python result: a Python exception raised by the callback
 /// or a signal wins, then a cancel by the callback, then the load's own result.
 pub(crate) fn finish<T>(out: drive::Outcome<Result<T, LoadError>>) -> PyResult<T> {
+    finish_with(out, load_err)
+}
+
+/// [`finish`] for work whose errors `err` maps (a remote load's, for example).
+pub(crate) fn finish_with<T, E>(
+    out: drive::Outcome<Result<T, E>>,
+    err: impl FnOnce(E) -> PyErr,
+) -> PyResult<T> {
     if let Some(e) = out.py_err {
         return Err(e);
     }
     if out.cancelled_by_callback {
         return Err(cancelled_by_callback());
     }
-    out.result.map_err(load_err)
+    out.result.map_err(err)
 }
 
 pub(crate) fn cancelled_by_callback() -> PyErr {

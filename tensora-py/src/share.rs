@@ -33,10 +33,9 @@ pub struct Shared {
 }
 
 impl Shared {
-    fn new(share: tensora_io::ShareLoad) -> PyResult<Shared> {
+    /// `share`, with `report` (its JSON) as this rank's report.
+    fn new(share: tensora_io::ShareLoad, report: String) -> PyResult<Shared> {
         let regions = share.regions().iter().map(|r| (r.start, r.end - r.start)).collect();
-        let report =
-            serde_json::to_string(share.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
         // The regions are filled through the arena's own pointers (`arena_ptr_mut`) while the
         // tensors wait: nothing reads them before `tensors`.
         let loaded = share.finish();
@@ -132,13 +131,21 @@ impl Request {
     }
 }
 
+/// A share of local files, with its load report.
+fn local_share(share: tensora_io::ShareLoad) -> PyResult<Shared> {
+    let report = serde_json::to_string(share.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+    Shared::new(share, report)
+}
+
 fn share_of(rank: usize, world_size: usize) -> PyResult<ShareOf> {
     ShareOf::new(rank, world_size).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
 }
 
-/// Rank `rank` of `world_size` reads its share of `path` (GIL released).
+/// Rank `rank` of `world_size` reads its share of `path` (GIL released). `path` may be a URL of
+/// a store (`remote`: a dict of `tensora.RemoteOptions`' fields, without a cache); the report is
+/// then `tensora_remote`'s.
 #[pyfunction]
-#[pyo3(signature = (path, rank, world_size, select=None, backend="auto"))]
+#[pyo3(signature = (path, rank, world_size, select=None, backend="auto", remote=None))]
 pub(crate) fn load_share(
     py: Python<'_>,
     path: PathBuf,
@@ -146,6 +153,7 @@ pub(crate) fn load_share(
     world_size: usize,
     select: Option<&Bound<'_, PyAny>>,
     backend: &str,
+    remote: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<Shared> {
     let req = Request {
         selection: crate::selection(select)?,
@@ -153,11 +161,24 @@ pub(crate) fn load_share(
         budget_bytes: None,
         share: share_of(rank, world_size)?,
     };
+    if let Some(location) = crate::remote::location(&path)? {
+        let ckpt = crate::remote::open(py, &location, &crate::remote::options(remote)?)?;
+        let (share, report) = py
+            .detach(|| ckpt.load_share(&req.options(req.selection.clone()), req.share))
+            .map_err(crate::remote::remote_err)?;
+        let report = serde_json::to_string(&report).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+        return Shared::new(share, report);
+    }
+    if remote.is_some() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "remote= applies to URLs only, not to a local path",
+        ));
+    }
     let share = py.detach(|| {
         let ckpt = tensora_format::open(&path)?;
         tensora_io::load_share(&ckpt, &req.options(req.selection.clone()), req.share)
     });
-    Shared::new(share.map_err(load_err)?)
+    local_share(share.map_err(load_err)?)
 }
 
 /// A collective `weights_iterator`: a thread loads this rank's share of each window of each file
@@ -192,6 +213,7 @@ pub(crate) fn open_share_stream(
     if budget_bytes == 0 {
         return Err(pyo3::exceptions::PyValueError::new_err("budget must be at least 1 byte"));
     }
+    crate::remote::refuse_urls(&paths)?;
     let req = Request {
         selection: crate::selection(select)?,
         backend: crate::backend(backend)?,
@@ -244,7 +266,7 @@ fn produce(
             if wanted.is_some() {
                 seen.extend(share_names(&share));
             }
-            if queue.push(Shared::new(share), 1).is_err() {
+            if queue.push(local_share(share), 1).is_err() {
                 return Ok(()); // the iterator was closed
             }
         }

@@ -112,6 +112,7 @@ pub(crate) fn open_stream(
     } else {
         paths.try_iter()?.map(|p| p?.extract::<PathBuf>()).collect::<PyResult<_>>()?
     };
+    crate::remote::refuse_urls(&paths)?;
     let selection = crate::selection(select)?;
     let names_wanted: Option<BTreeSet<String>> = match &selection {
         Selection::Names(n) => Some(n.iter().cloned().collect()),

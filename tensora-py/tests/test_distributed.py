@@ -18,6 +18,7 @@ from conftest import REAL, SLLM_TINY
 WORKER = Path(__file__).parent / "distributed" / "worker.py"
 sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
 import ranks  # noqa: E402  (bench/ranks.py: the launcher the collective bench uses too)
+from servers import Nginx  # noqa: E402
 
 
 def launch(nproc: int, paths: list, out: Path, *args: str, timeout_s: float = 180.0):
@@ -50,26 +51,40 @@ def expected(path: Path) -> dict:
 def sharded(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("sharded")
     rng = np.random.default_rng(5)
+    weight_map = {}
     for s in range(3):
-        save_file({f"s{s}.w{i}": rng.standard_normal((64, 300 + 7 * i)).astype(np.float32) for i in range(5)},
-                  str(d / f"model-{s:05d}-of-00003.safetensors"))
+        name = f"model-{s:05d}-of-00003.safetensors"
+        tensors = {f"s{s}.w{i}": rng.standard_normal((64, 300 + 7 * i)).astype(np.float32) for i in range(5)}
+        save_file(tensors, str(d / name))
+        weight_map.update({k: name for k in tensors})
+    # The index HF writes: how a server that cannot be listed (nginx) finds the shards.
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return d
 
 
+@pytest.fixture(scope="module")
+def served(sharded):
+    with Nginx(sharded.parent) as n:
+        yield n.url(f"{sharded.name}/")
+
+
 def files_of(path: Path) -> list:
-    return [path] if path.is_file() else [f for f in path.iterdir() if f.is_file()]
+    """The data files of a checkpoint (not its index)."""
+    return [path] if path.is_file() else [f for f in path.iterdir() if f.is_file() and not f.name.endswith(".json")]
 
 
-def paths(sharded):
-    return [("sharded", sharded), ("single", REAL[0]), ("serverlessllm", SLLM_TINY)]
+def paths(sharded, served):
+    """(label, what the ranks load, the same checkpoint's local path)."""
+    return [("sharded", sharded, sharded), ("single", REAL[0], REAL[0]),
+            ("serverlessllm", SLLM_TINY, SLLM_TINY), ("http", served, sharded)]
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
-def test_every_rank_gets_the_single_process_tensors_and_storage_is_read_once(sharded, tmp_path, nproc):
-    cases = paths(sharded)
-    codes, err, results = launch(nproc, [p for _, p in cases], tmp_path)
+def test_every_rank_gets_the_single_process_tensors_and_storage_is_read_once(sharded, served, tmp_path, nproc):
+    cases = paths(sharded, served)
+    codes, err, results = launch(nproc, [p for _, p, _ in cases], tmp_path)
     assert codes == [0] * nproc, err
-    for (label, path), by_rank in zip(cases, results):
+    for (label, _, path), by_rank in zip(cases, results):
         want = expected(path)
         assert sorted(by_rank) == list(range(nproc)), err
         read = []

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tensora_format::Checkpoint;
-use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, TensorRef};
+use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, ShareLoad, ShareOf, TensorRef};
 
 use crate::backend::RemoteBackend;
 use crate::cache::{CacheOptions, CacheReport, CacheSession, WriteLocks};
@@ -409,5 +409,30 @@ impl RemoteCheckpoint {
         let mut report = self.finish_report(streamed?, &backend, cap);
         report.cache = cache;
         Ok(report)
+    }
+
+    /// Rank `share`'s share of a collective load from the objects (`tensora_io::load_share` with a
+    /// [`RemoteBackend`]): the same regions on every rank, this rank's reads only, conditional on
+    /// the versions seen at open. The report's `bytes_read` and `requests` are this rank's. A
+    /// checkpoint opened with a cache is refused: the ranks would wait on each other's object
+    /// locks (load once through the cache instead, then share the local copy).
+    pub fn load_share(
+        &self,
+        load: &LoadOptions,
+        share: ShareOf,
+    ) -> Result<(ShareLoad, RemoteReport), RemoteError> {
+        if self.cache().is_some() {
+            return Err(RemoteError::Load(tensora_io::LoadError::Unsupported {
+                what:
+                    "a collective load through a cache (every rank would wait on the others' object locks); \
+                       open the checkpoint without a cache"
+                        .to_owned(),
+            }));
+        }
+        let (opts, backend, cap) = self.load_options(load, None);
+        let loaded =
+            tensora_io::load_share(self.checkpoint(), &opts, share).map_err(|e| self.error(&backend, e))?;
+        let report = self.finish_report(loaded.report().clone(), &backend, cap);
+        Ok((loaded, report))
     }
 }

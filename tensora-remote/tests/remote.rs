@@ -88,6 +88,65 @@ fn http_sharded_checkpoint_matches_a_local_load() {
 }
 
 #[test]
+fn shares_of_an_http_checkpoint_rebuild_it_and_read_it_once() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    write_checkpoint(&dir, 3, 4, 160 << 10);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    let opened = open_remote(&Location::parse(&nginx.url("ckpt/")).unwrap(), &small_opts()).unwrap();
+    let local = tensora_io::load_path(&dir, &LoadOptions::default()).unwrap();
+    let world = 3;
+    let mut shares = Vec::new();
+    for rank in 0..world {
+        let (share, report) = opened
+            .load_share(&LoadOptions::default(), tensora_io::ShareOf::new(rank, world).unwrap())
+            .unwrap();
+        assert_eq!(report.load.bytes_read, share.report().bytes_read);
+        assert!(report.requests >= 1, "rank {rank} sent {} requests", report.requests);
+        shares.push(share);
+    }
+    // Every rank computes the same regions; they read the checkpoint once in all (block-aligned
+    // reads clamped to each object's end: a few KiB more than the tensors at most).
+    let read: u64 = shares.iter().map(|s| s.report().bytes_read).sum();
+    let selected = local.report().bytes_selected;
+    assert!(read >= selected && read <= selected + 3 * 2 * 4096, "{read} vs {selected}");
+    for s in &shares {
+        assert_eq!(s.regions(), shares[0].regions());
+    }
+    // A transport copies every other region into rank 0's arena.
+    let (first, rest) = shares.split_at_mut(1);
+    for (i, other) in rest.iter_mut().enumerate() {
+        let bytes = other.region_mut(i + 1).to_vec();
+        first[0].region_mut(i + 1).copy_from_slice(&bytes);
+    }
+    let whole = shares.swap_remove(0).finish();
+    assert_eq!(whole.len(), local.len());
+    for t in local.tensors() {
+        assert_eq!(
+            Sha256::digest(whole.tensor(t.name()).unwrap().bytes()),
+            Sha256::digest(t.bytes()),
+            "{}",
+            t.name()
+        );
+    }
+    // Through a cache the ranks would wait on each other's locks: refused, naming why.
+    let cache = tempfile::tempdir().unwrap();
+    let cached_opts = RemoteOptions {
+        cache: Some(tensora_remote::CacheOptions {
+            dir: cache.path().to_owned(),
+            size_max_bytes: None,
+            offline: false,
+        }),
+        ..small_opts()
+    };
+    let cached = open_remote(&Location::parse(&nginx.url("ckpt/")).unwrap(), &cached_opts).unwrap();
+    let err =
+        cached.load_share(&LoadOptions::default(), tensora_io::ShareOf::new(0, 2).unwrap()).unwrap_err();
+    assert!(err.to_string().contains("cache"), "{err}");
+}
+
+#[test]
 fn partial_and_streaming_remote_loads_match_a_local_load() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("ckpt");

@@ -17,6 +17,7 @@ goes. Writing into them never changes the file.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
@@ -45,6 +46,7 @@ __all__ = [
     "verify",
     "convert",
     "backends",
+    "RemoteOptions",
     "TensoraError",
     "FormatError",
     "LoadError",
@@ -110,6 +112,44 @@ def _convert(data: "_native.TensorData", fw: str):
     return _to_numpy(data) if fw == "np" else _to_torch(data)
 
 
+@dataclasses.dataclass(frozen=True)
+class RemoteOptions:
+    """How to reach the store of a URL path (``s3://``, ``http(s)://``, ``az://``, ``gs://``),
+    as the CLI's flags: ``endpoint`` (an S3-compatible server, path-style), ``allow_http``
+    (plain-HTTP endpoints), ``anonymous`` (unsigned requests), ``region``, ``allow_unversioned``
+    (load objects whose server sends neither ETag nor Last-Modified), ``open_timeout`` (seconds
+    for opening: every request and retry; 120 by default), ``cache`` (a directory: a verified
+    local cache, written through as the ranges land, resumed after an interruption, read back at
+    disk speed next time), ``cache_max`` (bytes; least recently used objects go first) and
+    ``offline`` (load from the cache only). Credentials come from the environment (``AWS_*``,
+    ``AZURE_*``, ``GOOGLE_*``), never from here."""
+
+    endpoint: Optional[str] = None
+    allow_http: bool = False
+    anonymous: bool = False
+    region: Optional[str] = None
+    allow_unversioned: bool = False
+    open_timeout: Optional[float] = None
+    cache: Optional[PathLike] = None
+    cache_max: Optional[int] = None
+    offline: bool = False
+
+
+def _remote_dict(remote: Optional[RemoteOptions], cache: Optional[PathLike]) -> Optional[Dict[str, Any]]:
+    """The ``remote=`` dict the native side takes; ``cache=`` is a shortcut for
+    ``RemoteOptions(cache=...)``."""
+    if remote is None and cache is None:
+        return None
+    if remote is not None and not isinstance(remote, RemoteOptions):
+        raise TypeError(f"remote must be a tensora.RemoteOptions, not {type(remote).__name__}")
+    if cache is not None:
+        remote = dataclasses.replace(remote or RemoteOptions(), cache=cache)
+    d = dataclasses.asdict(remote)
+    if d["cache"] is not None:
+        d["cache"] = os.fspath(d["cache"])
+    return d
+
+
 def _default_residence(fw: str) -> str:
     """The default residence of a framework: the semantics of the HF function tensora replaces
     (numpy: owned arrays; torch: a private mapping of the file, decided by "auto" when warm)."""
@@ -124,11 +164,21 @@ def load_file(
     progress: Optional[Progress] = None,
     residence: Optional[str] = None,
     manifest: Optional[PathLike] = None,
+    cache: Optional[PathLike] = None,
+    remote: Optional[RemoteOptions] = None,
 ) -> Dict[str, Any]:
     """Load every tensor (or the selected ones) of a checkpoint, like
     ``safetensors.numpy.load_file`` (``framework="np"``) or ``safetensors.torch.load_file``
     (``framework="pt"``). ``path`` is a safetensors file, a sharded directory or index, or a
-    ServerlessLLM directory. ``select`` is a glob string or a list of exact names.
+    ServerlessLLM directory, local or at a URL (``s3://bucket/model/``,
+    ``https://host/model/model.safetensors``, ``az://``, ``gs://``). ``select`` is a glob string
+    or a list of exact names.
+
+    A URL is loaded with ranged GETs straight into owned memory, every range conditional on the
+    object's version seen at open (a replaced object fails the load, never mixes); ``remote``
+    (a :class:`RemoteOptions`) says how to reach the store, and ``cache=DIR`` (a shortcut for
+    ``RemoteOptions(cache=DIR)``) keeps a verified local copy: the next load of the same URL
+    reads it at disk speed after one request per object.
 
     ``residence`` says where the tensors live; by default it follows the HF function this
     replaces: ``"owned"`` for ``framework="np"`` (HF's numpy ``load_file`` returns owned
@@ -171,7 +221,7 @@ def load_file(
     element size (safetensors allows it; HF's writer never does it) is handed out as an aligned
     copy of its own, counted in the report's ``aligned_copies``.
     """
-    return load_file_with_report(path, framework, select, backend, progress, residence, manifest)[0]
+    return load_file_with_report(path, framework, select, backend, progress, residence, manifest, cache, remote)[0]
 
 
 def load_file_with_report(
@@ -182,15 +232,21 @@ def load_file_with_report(
     progress: Optional[Progress] = None,
     residence: Optional[str] = None,
     manifest: Optional[PathLike] = None,
+    cache: Optional[PathLike] = None,
+    remote: Optional[RemoteOptions] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
     and why, then the backend's own reason), ``io_mode`` (``"mapped"`` for zero-copy views),
     ``bytes_selected``, ``seconds``, ``gbps``, ``phases``, the page-fault counts, and
-    ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``)."""
+    ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``).
+    For a URL also ``url`` (redacted), ``requests``, ``retry_seconds``, the open's requests,
+    ``cache`` (hits, bytes written, objects promoted) and ``concurrency`` (the depth the transfer
+    settled on, and why)."""
     fw = _check_framework(framework)
     m = None if manifest is None else os.fspath(manifest)
     residence = _default_residence(fw) if residence is None else residence
-    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m)
+    r = _remote_dict(remote, cache)
+    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m, r)
     return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
 
 

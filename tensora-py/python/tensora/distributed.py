@@ -29,7 +29,7 @@ import os
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from . import _native, _convert, _check_framework
+from . import RemoteOptions, _native, _convert, _check_framework, _remote_dict
 from ._native import LoadError
 
 __all__ = ["load_file", "load_file_with_report", "weights_iterator"]
@@ -240,6 +240,7 @@ def load_file_with_report(
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     residence: str = "owned",
+    remote: Optional[RemoteOptions] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """:func:`load_file`, plus this rank's report: its own load report's fields, ``rank``,
     ``bytes_read`` (from storage), ``bytes_received`` (from the other ranks), ``read_seconds``,
@@ -248,7 +249,8 @@ def load_file_with_report(
     fw = _check_framework(framework)
     _check_residence(residence)
     group, rank, world, global_ranks, pg_backend = _group_facts(group)
-    outcome, read_s = _read(lambda: _native.load_share(os.fspath(path), rank, world, select, backend))
+    r = _remote_dict(remote, None)
+    outcome, read_s = _read(lambda: _native.load_share(os.fspath(path), rank, world, select, backend, r))
     return _collective(outcome, group, rank, world, global_ranks, pg_backend, fw, read_s)
 
 
@@ -259,13 +261,15 @@ def load_file(
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     residence: str = "owned",
+    remote: Optional[RemoteOptions] = None,
 ) -> Dict[str, Any]:
     """Every selected tensor of ``path`` on every rank of ``group`` (default: the world), each rank
-    reading only its share from storage. ``path``, ``select`` and ``backend`` as in
-    :func:`tensora.load_file` and the same on every rank. ``residence`` is ``"owned"``: the tensors
+    reading only its share from storage. ``path`` (local or a URL), ``select``, ``backend`` and
+    ``remote`` as in :func:`tensora.load_file` and the same on every rank (a URL is read without a
+    cache: the ranks would wait on each other's locks). ``residence`` is ``"owned"``: the tensors
     are a snapshot in memory each rank owns (the other shares arrive by the exchange, so views of
     local files cannot hold them)."""
-    return load_file_with_report(path, group, framework, select, backend, residence)[0]
+    return load_file_with_report(path, group, framework, select, backend, residence, remote)[0]
 
 
 def weights_iterator(

@@ -1,0 +1,131 @@
+//! Remote checkpoints for the bindings: a path that is a URL of a store (`s3://`, `http(s)://`,
+//! `az://`, `gs://`) is opened and loaded by `tensora_remote`, with the options of the Python
+//! `remote=` dict (the fields of `tensora.RemoteOptions`, the CLI's flags). Errors carry
+//! `tensora_remote`'s messages, which never hold a secret.
+
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tensora_remote::{
+    CacheOptions, Location, RemoteCheckpoint, RemoteError, RemoteOptions, StoreConfig, Unversioned,
+    open_remote,
+};
+
+use crate::{exc, load_err};
+
+/// The keys `remote=` takes, as `tensora.RemoteOptions` names them.
+const KEYS: [&str; 9] = [
+    "endpoint",
+    "allow_http",
+    "anonymous",
+    "region",
+    "allow_unversioned",
+    "open_timeout",
+    "cache",
+    "cache_max",
+    "offline",
+];
+
+/// The remote location `path` names, or `None` for a local path (no scheme, or `file://`).
+pub(crate) fn location(path: &std::path::Path) -> PyResult<Option<Location>> {
+    let Some(text) = path.to_str() else { return Ok(None) };
+    if !text.contains("://") {
+        return Ok(None);
+    }
+    let location = Location::parse(text).map_err(remote_err)?;
+    Ok(location.is_remote().then_some(location))
+}
+
+/// The streaming forms read local files only: a URL among `paths` is a `ValueError` saying what
+/// to use instead.
+pub(crate) fn refuse_urls(paths: &[std::path::PathBuf]) -> PyResult<()> {
+    for p in paths {
+        if location(p)?.is_some() {
+            return Err(PyValueError::new_err(format!(
+                "{}: weights_iterator reads local files; load a URL with load_file (owned, within its \
+                 in-flight budget), or fetch it once into a cache directory",
+                tensora_remote::redact(&p.to_string_lossy())
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A remote error as its Python exception: the load layer's errors as for a local load (a
+/// selection is a `SelectionError`, a manifest mismatch a `VerifyError`), every other one a
+/// `tensora.LoadError` with the (redacted) message.
+pub(crate) fn remote_err(e: RemoteError) -> PyErr {
+    match e {
+        RemoteError::Load(e) => load_err(e),
+        e => exc::LoadError::new_err(e.to_string()),
+    }
+}
+
+/// Open `location` with the options of `remote` (GIL released).
+pub(crate) fn open(
+    py: Python<'_>,
+    location: &Location,
+    remote: &RemoteOptions,
+) -> PyResult<RemoteCheckpoint> {
+    py.detach(|| open_remote(location, remote)).map_err(remote_err)
+}
+
+/// `RemoteOptions` from the Python `remote=` dict (`None`: the defaults, the store's settings
+/// from the environment as for the CLI). An unknown key or a value of the wrong type is a
+/// `ValueError` naming it.
+pub(crate) fn options(remote: Option<&Bound<'_, PyDict>>) -> PyResult<RemoteOptions> {
+    let defaults = RemoteOptions::default();
+    let Some(d) = remote else { return Ok(defaults) };
+    for key in d.keys() {
+        let key: String = key.extract()?;
+        if !KEYS.contains(&key.as_str()) {
+            return Err(PyValueError::new_err(format!(
+                "remote: unknown option {key:?} (known: {})",
+                KEYS.join(", ")
+            )));
+        }
+    }
+    let flag = |key: &str| -> PyResult<bool> { Ok(get::<bool>(d, key)?.unwrap_or(false)) };
+    let open_timeout = match get::<f64>(d, "open_timeout")? {
+        None => defaults.open_deadline,
+        Some(s) => Duration::try_from_secs_f64(s).ok().filter(|t| !t.is_zero()).ok_or_else(|| {
+            PyValueError::new_err(format!("remote: open_timeout must be a positive number, not {s}"))
+        })?,
+    };
+    let cache = get::<std::path::PathBuf>(d, "cache")?;
+    if cache.is_none() && (get::<u64>(d, "cache_max")?.is_some() || flag("offline")?) {
+        return Err(PyValueError::new_err("remote: cache_max and offline need cache (a directory)"));
+    }
+    let opts = RemoteOptions {
+        store: StoreConfig {
+            endpoint: get(d, "endpoint")?,
+            allow_http: flag("allow_http")?,
+            anonymous: flag("anonymous")?,
+            region: get(d, "region")?,
+            ..StoreConfig::default()
+        },
+        unversioned: if flag("allow_unversioned")? { Unversioned::Allow } else { Unversioned::Refuse },
+        open_deadline: open_timeout,
+        cache: cache
+            .map(|dir| -> PyResult<CacheOptions> {
+                Ok(CacheOptions { dir, size_max_bytes: get(d, "cache_max")?, offline: flag("offline")? })
+            })
+            .transpose()?,
+        ..defaults
+    };
+    opts.validate().map_err(|e| PyValueError::new_err(format!("remote: {e}")))?;
+    Ok(opts)
+}
+
+/// `d[key]` as a `T`, `None` when absent or `None`.
+fn get<'py, T: FromPyObjectOwned<'py>>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>> {
+    match d.get_item(key)? {
+        Some(v) if !v.is_none() => v
+            .extract::<T>()
+            .map(Some)
+            .map_err(|e| PyValueError::new_err(format!("remote: {key}: {}", Into::<PyErr>::into(e)))),
+        _ => Ok(None),
+    }
+}

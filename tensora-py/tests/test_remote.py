@@ -1,0 +1,96 @@
+"""URL paths against a real nginx on 127.0.0.1: load_file equals a local load (numpy and torch),
+the verified cache is written then read back, secrets in URLs never reach a message, and the
+options say what is wrong with them."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+import tensora
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+from servers import Nginx  # noqa: E402  (bench/servers.py, shared with the collective bench)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("www")
+    d = root / "model"
+    d.mkdir()
+    rng = np.random.default_rng(11)
+    weight_map = {}
+    for s in range(2):
+        name = f"model-{s:05d}-of-00002.safetensors"
+        tensors = {f"s{s}.w{i}": rng.standard_normal((32, 100 + i)).astype(np.float32) for i in range(4)}
+        save_file(tensors, str(d / name))
+        weight_map.update({k: name for k in tensors})
+    # An HTTP server cannot be listed: a sharded checkpoint is found through its index, as HF writes it.
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    with Nginx(root) as n:
+        yield n, d
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert np.array_equal(np.asarray(got[k]), want[k]), k
+
+
+def test_a_url_loads_what_the_local_files_hold(served):
+    nginx, d = served
+    want = tensora.load_file(d)
+    got, report = tensora.load_file_with_report(nginx.url("model/"))
+    assert_same(got, want)
+    assert report["url"].rstrip("/") == nginx.url("model") and report["requests"] >= 1
+    assert report["bytes_selected"] == sum(v.nbytes for v in want.values())
+    # torch: the default residence for "pt" is "auto", which is owned for a URL.
+    import torch
+
+    pt, report = tensora.load_file_with_report(nginx.url("model/"), framework="pt", select="s1.*")
+    assert sorted(pt) == sorted(k for k in want if k.startswith("s1."))
+    for k, t in pt.items():
+        assert isinstance(t, torch.Tensor) and np.array_equal(t.numpy(), want[k]), k
+    assert report["io_mode"] != "mapped"
+
+
+def test_the_cache_is_written_then_read_back_and_works_offline(served, tmp_path):
+    nginx, d = served
+    want = tensora.load_file(d)
+    url = nginx.url("model/")
+    cold, r1 = tensora.load_file_with_report(url, cache=tmp_path / "cache")
+    assert_same(cold, want)
+    assert r1["cache"]["written_bytes"] >= r1["bytes_selected"], r1["cache"]
+    warm, r2 = tensora.load_file_with_report(url, cache=tmp_path / "cache")
+    assert_same(warm, want)
+    assert r2["cache"]["local_objects"] == 2 and r2["requests"] == 0, r2
+    offline = tensora.RemoteOptions(cache=tmp_path / "cache", offline=True)
+    assert_same(tensora.load_file(url, remote=offline), want)
+
+
+def test_secrets_in_urls_never_reach_a_message(served):
+    nginx, _ = served
+    url = nginx.url("missing/").replace("http://", "http://user:hunter2@")
+    with pytest.raises(tensora.TensoraError) as e:
+        tensora.load_file(url)
+    assert "hunter2" not in str(e.value)
+    with pytest.raises(ValueError) as e:
+        next(tensora.weights_iterator(url))
+    assert "hunter2" not in str(e.value) and "load_file" in str(e.value)
+
+
+def test_options_that_do_not_apply_are_errors(served, tmp_path):
+    nginx, d = served
+    with pytest.raises(ValueError, match="URLs only"):
+        tensora.load_file(d, cache=tmp_path / "c")
+    with pytest.raises(ValueError, match="need cache"):
+        tensora.load_file(nginx.url("model/"), remote=tensora.RemoteOptions(offline=True))
+    with pytest.raises(ValueError, match="open_timeout"):
+        tensora.load_file(nginx.url("model/"), remote=tensora.RemoteOptions(open_timeout=-1.0))
+    with pytest.raises(TypeError, match="RemoteOptions"):
+        tensora.load_file(nginx.url("model/"), remote={"endpoint": "x"})
+    with pytest.raises(tensora.TensoraError, match="cache"):
+        tensora.load_file(nginx.url("nothing-here/"), remote=tensora.RemoteOptions(cache=tmp_path / "c2", offline=True))
