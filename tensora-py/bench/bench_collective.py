@@ -61,7 +61,9 @@ def worker(a) -> None:
     dist.barrier()
     seconds = time.perf_counter() - t0
     figures = {"rank": rank, "seconds": seconds, "bytes_read": report["bytes_read"],
-               "bytes_received": report.get("bytes_received", 0), "tensors": len(weights),
+               "bytes_received": report.get("bytes_received", 0),
+               "read_seconds": report.get("read_seconds"), "exchange_seconds": report.get("exchange_seconds"),
+               "tensors": len(weights),
                "bytes": sum(t.numel() * t.element_size() for t in weights.values())}
     with open(os.path.join(a.out, f"rank{rank}.json"), "w") as f:
         json.dump(figures, f)

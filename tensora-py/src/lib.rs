@@ -175,7 +175,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::Stream>()?;
     m.add_class::<share::Shared>()?;
     m.add_class::<share::ShareStream>()?;
-    m.add_function(wrap_pyfunction!(share::load_share, m)?)?;
     m.add_function(wrap_pyfunction!(share::open_share_stream, m)?)?;
     m.add_function(wrap_pyfunction!(export::load, m)?)?;
     m.add_function(wrap_pyfunction!(stream::open_stream, m)?)?;

@@ -4,6 +4,7 @@
 //! is Python (`python/tensora/distributed.py`): the transport is the caller's process group.
 
 use std::collections::BTreeSet;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensora_format::{Dtype, Selection};
 use tensora_io::{BackendChoice, LoadError, LoadOptions, ShareOf};
+use tensora_remote::{RemoteOptions, open_remote};
 
 use crate::export::ExportMeta;
 use crate::owner::{Owner, Storage, TensorBytes};
@@ -115,18 +117,19 @@ impl Shared {
 struct Request {
     selection: Selection,
     backend: BackendChoice,
-    budget_bytes: Option<u64>,
+    budget_bytes: u64,
     share: ShareOf,
+    /// How to reach the store of URL paths.
+    remote: RemoteOptions,
 }
 
 impl Request {
     fn options(&self, selection: Selection) -> LoadOptions {
-        let defaults = LoadOptions::default();
         LoadOptions {
             backend: self.backend.clone(),
             selection,
-            budget_bytes: self.budget_bytes.unwrap_or(defaults.budget_bytes),
-            ..defaults
+            budget_bytes: self.budget_bytes,
+            ..LoadOptions::default()
         }
     }
 }
@@ -139,46 +142,6 @@ fn local_share(share: tensora_io::ShareLoad) -> PyResult<Shared> {
 
 fn share_of(rank: usize, world_size: usize) -> PyResult<ShareOf> {
     ShareOf::new(rank, world_size).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
-}
-
-/// Rank `rank` of `world_size` reads its share of `path` (GIL released). `path` may be a URL of
-/// a store (`remote`: a dict of `tensora.RemoteOptions`' fields, without a cache); the report is
-/// then `tensora_remote`'s.
-#[pyfunction]
-#[pyo3(signature = (path, rank, world_size, select=None, backend="auto", remote=None))]
-pub(crate) fn load_share(
-    py: Python<'_>,
-    path: PathBuf,
-    rank: usize,
-    world_size: usize,
-    select: Option<&Bound<'_, PyAny>>,
-    backend: &str,
-    remote: Option<&Bound<'_, PyDict>>,
-) -> PyResult<Shared> {
-    let req = Request {
-        selection: crate::selection(select)?,
-        backend: crate::backend(backend)?,
-        budget_bytes: None,
-        share: share_of(rank, world_size)?,
-    };
-    if let Some(location) = crate::remote::location(&path)? {
-        let ckpt = crate::remote::open(py, &location, &crate::remote::options(remote)?)?;
-        let (share, report) = py
-            .detach(|| ckpt.load_share(&req.options(req.selection.clone()), req.share))
-            .map_err(crate::remote::remote_err)?;
-        let report = serde_json::to_string(&report).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
-        return Shared::new(share, report);
-    }
-    if remote.is_some() {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "remote= applies to URLs only, not to a local path",
-        ));
-    }
-    let share = py.detach(|| {
-        let ckpt = tensora_format::open(&path)?;
-        tensora_io::load_share(&ckpt, &req.options(req.selection.clone()), req.share)
-    });
-    local_share(share.map_err(load_err)?)
 }
 
 /// A collective `weights_iterator`: a thread loads this rank's share of each window of each file
@@ -199,9 +162,12 @@ impl std::fmt::Debug for ShareStream {
 /// Windows of shares waiting for the consumer: one loaded ahead.
 const SHARE_WINDOWS_AHEAD: usize = 1;
 
-/// Stream rank `rank`'s shares of `paths` window by window; see [`ShareStream`].
+/// Stream rank `rank`'s shares of `paths` (local, or URLs of a store reached with `remote`, a
+/// dict of `tensora.RemoteOptions`' fields without a cache) window by window; see
+/// [`ShareStream`].
 #[pyfunction]
-#[pyo3(signature = (paths, rank, world_size, budget_bytes, select=None, backend="auto"))]
+#[pyo3(signature = (paths, rank, world_size, budget_bytes, select=None, backend="auto", remote=None))]
+#[allow(clippy::too_many_arguments)] // the keyword arguments of `tensora.distributed`'s functions
 pub(crate) fn open_share_stream(
     paths: Vec<PathBuf>,
     rank: usize,
@@ -209,16 +175,17 @@ pub(crate) fn open_share_stream(
     budget_bytes: u64,
     select: Option<&Bound<'_, PyAny>>,
     backend: &str,
+    remote: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<ShareStream> {
     if budget_bytes == 0 {
         return Err(pyo3::exceptions::PyValueError::new_err("budget must be at least 1 byte"));
     }
-    crate::remote::refuse_urls(&paths)?;
     let req = Request {
         selection: crate::selection(select)?,
         backend: crate::backend(backend)?,
-        budget_bytes: Some(budget_bytes),
+        budget_bytes,
         share: share_of(rank, world_size)?,
+        remote: crate::remote::options(remote)?,
     };
     let queue = Arc::new(Bounded::new(SHARE_WINDOWS_AHEAD, u64::MAX));
     let cancel = Arc::new(AtomicBool::new(false));
@@ -250,7 +217,6 @@ fn produce(
     };
     let mut seen = BTreeSet::new();
     for path in paths {
-        let ckpt = tensora_format::open(path).map_err(format_err)?;
         let selection = if paths.len() > 1 {
             let m = Arc::clone(&matcher);
             Selection::Predicate(Arc::new(move |n: &str| m.matches(n)))
@@ -258,17 +224,35 @@ fn produce(
             req.selection.clone()
         };
         let opts = req.options(selection);
-        for share in tensora_io::load_share_runs(&ckpt, &opts, req.share).map_err(load_err)? {
+        // Each window's share goes to the queue; `Break` when the iterator was closed or cancelled.
+        let mut deliver = |share: tensora_io::ShareLoad| -> ControlFlow<()> {
             if cancel.load(Ordering::Acquire) {
-                return Ok(());
+                return ControlFlow::Break(());
             }
-            let share = share.map_err(load_err)?;
             if wanted.is_some() {
                 seen.extend(share_names(&share));
             }
-            if queue.push(local_share(share), 1).is_err() {
-                return Ok(()); // the iterator was closed
+            // The other ranks' regions are faulted in here, while the consumer exchanges the
+            // previous window, not during this window's exchange.
+            share.populate_regions();
+            match queue.push(local_share(share), 1) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(_) => ControlFlow::Break(()),
             }
+        };
+        if let Some(location) = crate::remote::location(path)? {
+            let ckpt = open_remote(&location, &req.remote).map_err(crate::remote::remote_err)?;
+            ckpt.load_share_runs(&opts, req.share, deliver).map_err(crate::remote::remote_err)?;
+        } else {
+            let ckpt = tensora_format::open(path).map_err(format_err)?;
+            for share in tensora_io::load_share_runs(&ckpt, &opts, req.share).map_err(load_err)? {
+                if deliver(share.map_err(load_err)?).is_break() {
+                    return Ok(());
+                }
+            }
+        }
+        if cancel.load(Ordering::Acquire) {
+            return Ok(());
         }
     }
     if let Some(wanted) = wanted {

@@ -3,6 +3,7 @@
 //! [`RemoteBackend`], so selection, priority, streaming, hooks and the report are the local ones.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -434,5 +435,38 @@ impl RemoteCheckpoint {
             tensora_io::load_share(self.checkpoint(), &opts, share).map_err(|e| self.error(&backend, e))?;
         let report = self.finish_report(loaded.report().clone(), &backend, cap);
         Ok((loaded, report))
+    }
+
+    /// [`RemoteCheckpoint::load_share`] window by window (`tensora_io::load_share_runs`; windows
+    /// of at most the in-flight cap): `f` gets each window's share as soon as it is loaded and
+    /// says whether to go on. One backend serves every window, so the depth the transfer settled
+    /// on carries over from window to window.
+    pub fn load_share_runs(
+        &self,
+        load: &LoadOptions,
+        share: ShareOf,
+        mut f: impl FnMut(ShareLoad) -> ControlFlow<()>,
+    ) -> Result<(), RemoteError> {
+        self.refuse_shared_cache()?;
+        let (opts, backend, _) = self.load_options(load, None);
+        let runs = tensora_io::load_share_runs(self.checkpoint(), &opts, share)
+            .map_err(|e| self.error(&backend, e))?;
+        for window in runs {
+            if f(window.map_err(|e| self.error(&backend, e))?).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn refuse_shared_cache(&self) -> Result<(), RemoteError> {
+        if self.cache().is_none() {
+            return Ok(());
+        }
+        Err(RemoteError::Load(tensora_io::LoadError::Unsupported {
+            what: "a collective load through a cache (every rank would wait on the others' object locks); \
+                   open the checkpoint without a cache"
+                .to_owned(),
+        }))
     }
 }

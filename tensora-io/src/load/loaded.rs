@@ -136,6 +136,14 @@ impl Drop for Loaded {
 }
 
 impl Loaded {
+    /// The length of an owned load's arena (0 for a mapped load).
+    pub(super) fn arena_len_bytes(&self) -> u64 {
+        match &self.storage {
+            Storage::Arena(a) => a.len_bytes(),
+            Storage::Mapped(_) => 0,
+        }
+    }
+
     /// `range` of an owned load's arena, writable (a collective load's regions, filled by the
     /// caller's transport). Empty for a mapped load or a range outside the arena.
     pub(super) fn arena_bytes_mut(&mut self, range: std::ops::Range<u64>) -> &mut [u8] {

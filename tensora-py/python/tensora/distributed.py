@@ -184,37 +184,63 @@ def _device_tensors(shared, datas, device_buffer):
     return out
 
 
-def _report(shared, group, rank, world, global_ranks, read_s, exchange_s, received):
-    import torch.distributed as dist
+class _Group:
+    """The process group of one collective call and the facts every step needs."""
 
-    mine = json.loads(shared.report())
-    figures = {
-        "rank": rank,
-        "bytes_read": mine["bytes_read"],
-        "bytes_received": received,
-        "read_seconds": read_s,
-        "exchange_seconds": exchange_s,
-    }
-    everyone: List[Any] = [None] * world
-    dist.all_gather_object(everyone, figures, group=group)
-    slowest = max(everyone, key=lambda f: f["read_seconds"] + f["exchange_seconds"])
-    return {**mine, **figures, "ranks": everyone, "slowest": slowest}
+    def __init__(self, group):
+        self.group, self.rank, self.world, self.global_ranks, self.backend = _group_facts(group)
+
+    def agree(self, status):
+        return _agree(self.group, self.rank, self.world, self.global_ranks, self.backend, status)
 
 
-def _collective(shared_or_error, group, rank, world, global_ranks, backend, fw, read_s):
-    shared, error = shared_or_error
-    status = {"error": error, "regions": shared.regions() if shared is not None else None}
-    _agree(group, rank, world, global_ranks, backend, status)
+def _window(g: _Group, outcome, fw):
+    """One window: every rank says how its read went (raising on every rank if one failed), the
+    shares are exchanged, and the window's tensors come back with this rank's figures."""
+    shared, error = outcome
+    g.agree({"error": error, "regions": shared.regions() if shared is not None else None})
     t = time.perf_counter()
-    received, device_buffer = _exchange(shared, group, rank, world, global_ranks, backend)
+    received, device_buffer = _exchange(shared, g.group, g.rank, g.world, g.global_ranks, g.backend)
     exchange_s = time.perf_counter() - t
     datas = shared.tensors()
-    report = _report(shared, group, rank, world, global_ranks, read_s, exchange_s, received)
     if device_buffer is not None:
         if fw != "pt":
             raise LoadError("tensora.distributed: NCCL tensors live on the GPU; use framework='pt'")
-        return _device_tensors(shared, datas, device_buffer), report
-    return {name: _convert(d, fw) for name, d in datas.items()}, report
+        tensors = _device_tensors(shared, datas, device_buffer)
+    else:
+        tensors = {name: _convert(d, fw) for name, d in datas.items()}
+    return tensors, json.loads(shared.report()), received, exchange_s
+
+
+def _windows(paths, g: _Group, fw, budget, select, backend, remote):
+    """Every window of `paths` on every rank, as ``(tensors, report, bytes received, read
+    seconds, exchange seconds)``. A thread reads this rank's share of the next window while this
+    one is exchanged, so reading and exchanging overlap; at most about ``2 x budget`` is held
+    besides what the caller keeps."""
+    stream = _native.open_share_stream(paths, g.rank, g.world, budget, select, backend, remote)
+    try:
+        while True:
+            t = time.perf_counter()
+            try:
+                outcome = (next(stream, None), None)
+            except Exception as e:  # reported to every rank by `agree`, then raised there
+                outcome = (None, f"{type(e).__name__}: {e}")
+            read_s = time.perf_counter() - t
+            done = outcome == (None, None)
+            # Every rank has the same windows: agree on the end too, so none waits alone.
+            g.agree({"error": outcome[1], "regions": ["end" if done else "window"]})
+            if done:
+                return
+            tensors, report, received, exchange_s = _window(g, outcome, fw)
+            yield tensors, report, received, read_s, exchange_s
+    finally:
+        stream.close()
+
+
+def _paths(path_or_files) -> List[str]:
+    if isinstance(path_or_files, (str, os.PathLike)):
+        return [os.fspath(path_or_files)]
+    return [os.fspath(p) for p in path_or_files]
 
 
 def _check_residence(residence: str) -> None:
@@ -222,15 +248,6 @@ def _check_residence(residence: str) -> None:
         raise ValueError(
             f"tensora.distributed: residence={residence!r} is not supported: a collective load fills "
             "owned memory (the other ranks' shares arrive over the process group); use 'owned'")
-
-
-def _read(load):
-    t = time.perf_counter()
-    try:
-        shared = load()
-        return (shared, None), time.perf_counter() - t
-    except Exception as e:  # reported to every rank by `_agree`, then raised there
-        return (None, f"{type(e).__name__}: {e}"), time.perf_counter() - t
 
 
 def load_file_with_report(
@@ -241,17 +258,41 @@ def load_file_with_report(
     backend: str = "auto",
     residence: str = "owned",
     remote: Optional[RemoteOptions] = None,
+    budget: Optional[int] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """:func:`load_file`, plus this rank's report: its own load report's fields, ``rank``,
-    ``bytes_read`` (from storage), ``bytes_received`` (from the other ranks), ``read_seconds``,
-    ``exchange_seconds``, ``ranks`` (every rank's figures) and ``slowest`` (the rank whose read plus
-    exchange took longest, so a straggler is visible)."""
+    """:func:`load_file`, plus this rank's report: ``rank``, ``bytes_read`` (from storage),
+    ``bytes_received`` (from the other ranks), ``bytes_selected``, ``windows``, ``read_seconds``
+    (waiting for this rank's reads beyond what the exchange hid), ``exchange_seconds``,
+    ``seconds`` (the whole call), ``backend`` and ``reason`` (of the first window's read),
+    ``ranks`` (every rank's figures) and ``slowest`` (the rank whose read plus exchange took
+    longest, so a straggler is visible)."""
     fw = _check_framework(framework)
     _check_residence(residence)
-    group, rank, world, global_ranks, pg_backend = _group_facts(group)
-    r = _remote_dict(remote, None)
-    outcome, read_s = _read(lambda: _native.load_share(os.fspath(path), rank, world, select, backend, r))
-    return _collective(outcome, group, rank, world, global_ranks, pg_backend, fw, read_s)
+    g = _Group(group)
+    budget = BUDGET_DEFAULT_BYTES if budget is None else budget
+    started = time.perf_counter()
+    tensors: Dict[str, Any] = {}
+    figures = {"rank": g.rank, "bytes_read": 0, "bytes_received": 0, "bytes_selected": 0, "windows": 0,
+               "read_seconds": 0.0, "exchange_seconds": 0.0}
+    first = None
+    for window, report, received, read_s, exchange_s in _windows(
+            _paths(path), g, fw, budget, select, backend, _remote_dict(remote, None)):
+        tensors.update(window)
+        first = first or report
+        figures["bytes_read"] += report["bytes_read"]
+        figures["bytes_selected"] += report["bytes_selected"]
+        figures["bytes_received"] += received
+        figures["windows"] += 1
+        figures["read_seconds"] += read_s
+        figures["exchange_seconds"] += exchange_s
+    figures["seconds"] = time.perf_counter() - started
+    import torch.distributed as dist
+
+    everyone: List[Any] = [None] * g.world
+    dist.all_gather_object(everyone, figures, group=g.group)
+    slowest = max(everyone, key=lambda f: f["read_seconds"] + f["exchange_seconds"])
+    origin = {k: first[k] for k in ("backend", "reason", "io_mode") if first and k in first}
+    return tensors, {**origin, **figures, "ranks": everyone, "slowest": slowest}
 
 
 def load_file(
@@ -262,14 +303,16 @@ def load_file(
     backend: str = "auto",
     residence: str = "owned",
     remote: Optional[RemoteOptions] = None,
+    budget: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Every selected tensor of ``path`` on every rank of ``group`` (default: the world), each rank
     reading only its share from storage. ``path`` (local or a URL), ``select``, ``backend`` and
     ``remote`` as in :func:`tensora.load_file` and the same on every rank (a URL is read without a
     cache: the ranks would wait on each other's locks). ``residence`` is ``"owned"``: the tensors
     are a snapshot in memory each rank owns (the other shares arrive by the exchange, so views of
-    local files cannot hold them)."""
-    return load_file_with_report(path, group, framework, select, backend, residence, remote)[0]
+    local files cannot hold them). The load runs in windows of ``budget`` bytes (256 MiB by
+    default): the ranks exchange one window while they read the next."""
+    return load_file_with_report(path, group, framework, select, backend, residence, remote, budget)[0]
 
 
 def weights_iterator(
@@ -279,28 +322,15 @@ def weights_iterator(
     budget: Optional[int] = None,
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
+    remote: Optional[RemoteOptions] = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` on every rank, one window of at most ``budget`` bytes (default
     256 MiB) at a time: each rank reads its share of the window, the ranks exchange, the window's
     tensors are yielded. One more window is read while the consumer works, so a rank holds at most
-    about ``2 × budget`` besides what the caller keeps."""
+    about ``2 x budget`` besides what the caller keeps. Paths may be URLs (``remote`` as in
+    :func:`load_file`)."""
     fw = _check_framework(framework)
-    group, rank, world, global_ranks, pg_backend = _group_facts(group)
-    if isinstance(path_or_files, (str, os.PathLike)):
-        paths = [os.fspath(path_or_files)]
-    else:
-        paths = [os.fspath(p) for p in path_or_files]
+    g = _Group(group)
     budget = BUDGET_DEFAULT_BYTES if budget is None else budget
-    stream = _native.open_share_stream(paths, rank, world, budget, select, backend)
-    try:
-        while True:
-            outcome, read_s = _read(lambda: next(stream, None))
-            done = outcome == (None, None)
-            # Every rank has the same windows: agree on the end too, so none waits alone.
-            _agree(group, rank, world, global_ranks, pg_backend, {"error": outcome[1], "regions": ["end" if done else "window"]})
-            if done:
-                return
-            tensors, _ = _collective(outcome, group, rank, world, global_ranks, pg_backend, fw, read_s)
-            yield from tensors.items()
-    finally:
-        stream.close()
+    for window, *_ in _windows(_paths(path_or_files), g, fw, budget, select, backend, _remote_dict(remote, None)):
+        yield from window.items()
