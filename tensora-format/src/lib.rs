@@ -52,7 +52,7 @@ use std::path::Path;
 pub use checkpoint::{Checkpoint, FileChanged, FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
 pub use dtype::Dtype;
 pub use error::{Error, ErrorKind};
-pub use fsutil::{open_regular, read_capped};
+pub use fsutil::{NonRegular, open_regular, read_capped};
 pub use inspect::Inspection;
 pub use select::{Matcher, Selection, SelectionError};
 

@@ -305,10 +305,12 @@ pub(crate) fn open_indexed(dir: &Path, index_path: &Path) -> Result<Checkpoint> 
     drop(bytes);
     assemble_indexed(dir, index_path, &index, |shard| {
         let path = dir.join(shard);
-        if !path.is_file() {
-            return Err(Error::new(index_path, ErrorKind::MissingShard { shard: shard.to_string() }));
-        }
-        let (header, meta) = read_header_stamped(&path)?;
+        let (header, meta) = read_header_stamped(&path).map_err(|e| match e.kind() {
+            ErrorKind::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                Error::new(index_path, ErrorKind::MissingShard { shard: shard.to_string() })
+            }
+            _ => e,
+        })?;
         Ok((path, FileStamp::from_metadata(&meta), header))
     })
 }
@@ -434,7 +436,7 @@ pub(crate) fn assemble_unindexed(
 
 /// Open a directory: ServerlessLLM, indexed shards, or a plain directory of `.safetensors` files.
 pub(crate) fn open_dir(dir: &Path) -> Result<Checkpoint> {
-    if dir.join("tensor_index.json").is_file() {
+    if crate::sllm::looks_like_sllm_dir(dir) {
         return crate::sllm::open_dir(dir);
     }
     let io = |e| Error::new(dir, ErrorKind::Io(e));
@@ -457,7 +459,8 @@ pub(crate) fn open_dir(dir: &Path) -> Result<Checkpoint> {
         }
         if name.ends_with(INDEX_SUFFIX) {
             indexes.push(entry.path());
-        } else if name.ends_with(".safetensors") && entry.path().is_file() {
+        } else if name.ends_with(".safetensors") {
+            // Whatever it is: a FIFO or a directory so named is refused when opened, not skipped.
             shards.push(entry.path());
         }
     }

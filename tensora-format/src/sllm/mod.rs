@@ -167,9 +167,10 @@ pub fn dtype_from_short(name: &str) -> Option<Dtype> {
     Dtype::from_safetensors(&name.to_ascii_uppercase()).filter(|d| d.size_bytes().is_some())
 }
 
-/// `true` when `dir` holds a `tensor_index.json` (cheap; does not validate).
+/// `true` when `dir` holds something named `tensor_index.json` (cheap: one `lstat`; validates
+/// nothing, so a FIFO or a dangling link so named is refused by [`open_dir`], not skipped).
 pub fn looks_like_sllm_dir(dir: &Path) -> bool {
-    dir.join(INDEX_FILE_NAME).is_file()
+    fs::symlink_metadata(dir.join(INDEX_FILE_NAME)).is_ok()
 }
 
 /// Read and parse `dir/tensor_index.json` (at most [`INDEX_LEN_BYTES_MAX`], a regular file);
@@ -203,21 +204,16 @@ fn probe_partitions(dir: &Path) -> crate::Result<Vec<FileEntry>> {
     let mut files = Vec::new();
     for index in 0..=PARTITIONS_MAX {
         let path = partition_path(dir, index);
-        let meta = match fs::metadata(&path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-            Err(e) => return Err(Error::new(path, ErrorKind::Io(e))),
+        // The partition's stamp through the one regular-file open (a FIFO or device is refused).
+        let meta = match crate::open_regular(&path) {
+            Ok((_, meta)) => meta,
+            Err(e) if matches!(e.kind(), ErrorKind::Io(io) if io.kind() == io::ErrorKind::NotFound) => break,
+            Err(e) => return Err(e),
         };
         if index == PARTITIONS_MAX {
             return Err(Error::new(
                 path,
                 ErrorKind::NotACheckpoint { reason: format!("more than {PARTITIONS_MAX} partitions") },
-            ));
-        }
-        if !meta.is_file() {
-            return Err(Error::new(
-                &path,
-                ErrorKind::NotACheckpoint { reason: "partition is not a regular file".to_owned() },
             ));
         }
         files.push(FileEntry { path, stamp: FileStamp::from_metadata(&meta), data_start_bytes: 0 });
