@@ -391,4 +391,4 @@ pub(crate) fn node_u64(node: &Node<'_>) -> std::result::Result<u64, String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
