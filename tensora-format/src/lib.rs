@@ -41,6 +41,8 @@ mod dtype;
 mod error;
 mod fsutil;
 pub mod inspect;
+mod json;
+mod names;
 pub mod safetensors;
 pub mod select;
 pub mod sharded;

@@ -29,7 +29,6 @@
 //! ```
 
 mod chunks;
-mod names;
 mod parser;
 
 use std::collections::BTreeMap;

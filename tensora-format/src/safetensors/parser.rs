@@ -7,8 +7,8 @@ use std::path::Path;
 use simd_json::{Buffers, Node, StaticNode, Tape};
 
 use super::chunks::{is_json_ws, scan_top_level, speculative_segments};
-use super::names::NameSet;
 use super::{CHUNK_BYTES_TARGET, Entry, METADATA_KEY, Members, RANK_MAX, has_control, node_u64};
+use crate::names::NameTable;
 use crate::{Dtype, Error, ErrorKind, Result};
 
 /// The shortest possible tensor entry plus its comma,
@@ -34,7 +34,7 @@ pub(super) struct Parser<'a> {
     pub names: String,
     /// All shapes, back to back.
     pub dims: Vec<u64>,
-    seen: NameSet,
+    seen: NameTable,
 }
 
 impl<'a> Parser<'a> {
@@ -47,7 +47,7 @@ impl<'a> Parser<'a> {
             entries: Vec::new(),
             names: String::new(),
             dims: Vec::new(),
-            seen: NameSet::new(),
+            seen: NameTable::with_capacity(0),
         }
     }
 
@@ -72,7 +72,7 @@ impl<'a> Parser<'a> {
         let braces = json.iter().filter(|&&b| b == b'}').count();
         let capacity = braces.min(json.len() / ENTRY_BYTES_MIN + 1);
         self.entries.reserve_exact(capacity);
-        self.seen.first_by_hash.reserve(capacity);
+        self.seen = NameTable::with_capacity(capacity);
         // Names and dims grow if these guesses are short: names are usually under a third of a
         // header, and a dimension takes at least two bytes of JSON.
         self.names.reserve(json.len() / 3);
@@ -317,7 +317,8 @@ impl<'a> Parser<'a> {
         let name_start = u32::try_from(self.names.len()).map_err(|_| too_many())?;
         let name_len = u32::try_from(name.len()).map_err(|_| too_many())?;
         let dims_start = u32::try_from(dims_start).map_err(|_| too_many())?;
-        if !self.seen.insert(name, index, &self.entries, &self.names) {
+        let (entries, names) = (&self.entries, &self.names);
+        if self.seen.insert(name, index, |i| entries[i as usize].name(names)).is_some() {
             return Err(ErrorKind::DuplicateTensor);
         }
         self.names.push_str(name);

@@ -4,7 +4,6 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
 use super::chunks::speculative_segments;
-use super::names::{NameSet, name_hash};
 use super::*;
 
 /// A file image: `n`, the header text, then `data_len` data bytes.
@@ -686,36 +685,6 @@ proptest! {
             prop_assert!(result.is_ok(), "{:?}", result);
         }
     }
-}
-
-#[test]
-fn name_set_stays_correct_when_hashes_collide() {
-    let mut set = NameSet::new();
-    let mut entries = Vec::new();
-    let mut names = String::new();
-    let add = |entries: &mut Vec<Entry>, names: &mut String, name: &str| {
-        entries.push(Entry {
-            name_start: names.len() as u32,
-            name_len: name.len() as u32,
-            dims_start: 0,
-            rank: 0,
-            dtype: Dtype::U8,
-            start_bytes: 0,
-            end_bytes: 1,
-        });
-        names.push_str(name);
-    };
-    assert!(set.insert("a", 0, &entries, &names));
-    add(&mut entries, &mut names, "a");
-    // Force "b" to look like a collision with "a".
-    let hash_b = name_hash(set.seed, b"b");
-    set.first_by_hash.insert(hash_b, 0);
-    assert!(set.insert("b", 1, &entries, &names), "a different name with a colliding hash is new");
-    add(&mut entries, &mut names, "b");
-    assert!(!set.insert("b", 2, &entries, &names), "and its duplicate is still found");
-    assert!(!set.insert("a", 2, &entries, &names));
-    assert_ne!(name_hash(1, b"abcdefgh1"), name_hash(1, b"abcdefgh2"));
-    assert_ne!(name_hash(1, b"x"), name_hash(2, b"x"));
 }
 
 /// Names that contain the `},"` split marker, placed so that the fast path splits inside a
