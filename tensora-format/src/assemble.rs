@@ -111,7 +111,7 @@ pub fn indexed_shards(
         let name = object.name.clone();
         let refuse =
             |reason: &str| Error::new(&object.path, ErrorKind::NotACheckpoint { reason: reason.into() });
-        if !index.weight_map().iter().any(|(_, shard)| *shard == name) {
+        if !index.has_shard(&name) {
             return Err(refuse("this object is not a shard named by the index"));
         }
         if by_name.contains_key(&name) {

@@ -8,151 +8,26 @@
 //! ```
 //! let index = br#"{"metadata": {"total_size": 8}, "weight_map": {"w": "a.safetensors"}}"#;
 //! let parsed = tensora_format::sharded::parse_index(index).unwrap();
-//! assert_eq!(parsed.weight_map()[0], ("w".to_string(), "a.safetensors".to_string()));
+//! assert_eq!(parsed.weight_map().collect::<Vec<_>>(), [("w", "a.safetensors")]);
 //! assert_eq!(parsed.total_size_bytes(), Some(8));
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use simd_json::{Buffers, Node, StaticNode};
-
-use crate::safetensors::{Header, Members, read_header_stamped};
+use crate::safetensors::{Header, read_header_stamped};
 use crate::{
     Checkpoint, Error, ErrorKind, FileEntry, FileId, FileStamp, Format, Result, TensorInfo, Warning,
 };
 
-/// The largest index file accepted, in bytes (an index for a 1,000-shard, million-tensor model is
-/// well under this).
-pub const INDEX_BYTES_MAX: u64 = 64 * 1024 * 1024;
+mod index;
+
+pub use index::{INDEX_BYTES_MAX, INDEX_METADATA_KEYS_MAX, ShardIndex, parse_index};
+
 /// The most directory entries looked at when listing a checkpoint directory.
 pub const DIR_ENTRIES_MAX: usize = 1_000_000;
 /// Suffix of an HF index file.
 pub const INDEX_SUFFIX: &str = ".safetensors.index.json";
-
-/// A parsed sharded-checkpoint index.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardIndex {
-    metadata: BTreeMap<String, String>,
-    total_size: Option<std::result::Result<u64, String>>,
-    weight_map: Vec<(String, String)>,
-}
-
-impl ShardIndex {
-    /// `metadata`, flattened: strings as they are, every other value as compact JSON text.
-    pub fn metadata(&self) -> &BTreeMap<String, String> {
-        &self.metadata
-    }
-    /// `metadata.total_size` when present and a non-negative integer.
-    pub fn total_size_bytes(&self) -> Option<u64> {
-        self.total_size.as_ref().and_then(|r| r.as_ref().ok().copied())
-    }
-    /// `(tensor, shard file)` in index order. Tensor names are unique.
-    pub fn weight_map(&self) -> &[(String, String)] {
-        &self.weight_map
-    }
-}
-
-fn bad_index(message: impl Into<String>) -> ErrorKind {
-    ErrorKind::BadIndex { message: message.into() }
-}
-
-/// Parse an index from bytes. Duplicate top-level keys, duplicate metadata keys and duplicate
-/// tensors in `weight_map` are errors, as are shard names that are not plain file names.
-pub fn parse_index(bytes: &[u8]) -> std::result::Result<ShardIndex, ErrorKind> {
-    if bytes.len() as u64 > INDEX_BYTES_MAX {
-        return Err(ErrorKind::IndexTooLarge { len_bytes: bytes.len() as u64, limit_bytes: INDEX_BYTES_MAX });
-    }
-    let mut copy = bytes.to_vec();
-    let mut buffers = Buffers::with_max_depth(copy.len(), copy.len() + 2);
-    let tape = simd_json::to_tape_with_buffers(&mut copy, &mut buffers)
-        .map_err(|e| bad_index(format!("not valid JSON: {:?} near byte {}", e.error(), e.index())))?;
-    let nodes = &tape.0;
-    let Some(&Node::Object { len, .. }) = nodes.first() else {
-        return Err(bad_index("not a JSON object"));
-    };
-    let mut metadata: Option<BTreeMap<String, String>> = None;
-    let mut total_size = None;
-    let mut weight_map: Option<Vec<(String, String)>> = None;
-    for member in Members::of(nodes, len) {
-        let Some((key, value)) = member else {
-            return Err(bad_index("object key is not a string"));
-        };
-        match key {
-            "metadata" => {
-                if metadata.is_some() {
-                    return Err(bad_index("duplicate key \"metadata\""));
-                }
-                let (map, size) = parse_index_metadata(value)?;
-                metadata = Some(map);
-                total_size = size;
-            }
-            "weight_map" => {
-                if weight_map.is_some() {
-                    return Err(bad_index("duplicate key \"weight_map\""));
-                }
-                weight_map = Some(parse_weight_map(value)?);
-            }
-            _ => {} // Other top-level keys are not ours to judge.
-        }
-    }
-    let weight_map = weight_map.ok_or_else(|| bad_index("missing \"weight_map\""))?;
-    Ok(ShardIndex { metadata: metadata.unwrap_or_default(), total_size, weight_map })
-}
-
-type MetadataAndSize = (BTreeMap<String, String>, Option<std::result::Result<u64, String>>);
-
-fn parse_index_metadata(value: &[Node<'_>]) -> std::result::Result<MetadataAndSize, ErrorKind> {
-    match value.first() {
-        Some(Node::Static(StaticNode::Null)) => Ok((BTreeMap::new(), None)),
-        Some(&Node::Object { len, .. }) => {
-            let mut map = BTreeMap::new();
-            let mut total_size = None;
-            for member in Members::of(value, len) {
-                let Some((k, v)) = member else {
-                    return Err(bad_index("metadata key is not a string"));
-                };
-                let text = match v.first() {
-                    Some(Node::String(s)) => (*s).to_string(),
-                    _ => tape_to_json(v),
-                };
-                if k == "total_size" {
-                    total_size = Some(match v.first() {
-                        Some(Node::Static(StaticNode::U64(n))) => Ok(*n),
-                        _ => Err(text.clone()),
-                    });
-                }
-                if map.insert(k.to_string(), text).is_some() {
-                    return Err(bad_index(format!("duplicate metadata key {k:?}")));
-                }
-            }
-            Ok((map, total_size))
-        }
-        _ => Err(bad_index("\"metadata\" is not an object")),
-    }
-}
-
-fn parse_weight_map(value: &[Node<'_>]) -> std::result::Result<Vec<(String, String)>, ErrorKind> {
-    let Some(&Node::Object { len, .. }) = value.first() else {
-        return Err(bad_index("\"weight_map\" is not an object"));
-    };
-    let mut seen: HashMap<&str, ()> = HashMap::with_capacity(len);
-    let mut out = Vec::with_capacity(len);
-    for member in Members::of(value, len) {
-        let Some((name, shard)) = member else {
-            return Err(bad_index("malformed weight_map"));
-        };
-        let Some(Node::String(shard)) = shard.first() else {
-            return Err(bad_index(format!("weight_map value for {name:?} is not a string")));
-        };
-        check_shard_name(shard)?;
-        if seen.insert(name, ()).is_some() {
-            return Err(bad_index(format!("tensor {name:?} appears twice in weight_map")));
-        }
-        out.push((name.to_string(), (*shard).to_string()));
-    }
-    Ok(out)
-}
 
 /// A shard name must be a plain file name: no separator, not `.` or `..`, not absolute, no NUL.
 pub fn check_shard_name(shard: &str) -> std::result::Result<(), ErrorKind> {
@@ -162,67 +37,6 @@ pub fn check_shard_name(shard: &str) -> std::result::Result<(), ErrorKind> {
         && !shard.contains(['/', '\\', '\0'])
         && !Path::new(shard).is_absolute();
     if plain { Ok(()) } else { Err(ErrorKind::BadShardName { shard: shard.to_string() }) }
-}
-
-/// Compact JSON text of a tape value, without recursion (any depth).
-fn tape_to_json(nodes: &[Node<'_>]) -> String {
-    struct Open {
-        is_object: bool,
-        members_left: usize,
-        expect_key: bool,
-        members_emitted: usize,
-    }
-    let mut stack: Vec<Open> = Vec::new();
-    let mut out = Vec::new();
-    for node in nodes {
-        let is_key = stack.last().is_some_and(|top| top.is_object && top.expect_key);
-        if let Some(top) = stack.last()
-            && (is_key || !top.is_object)
-            && top.members_emitted > 0
-        {
-            out.push(b',');
-        }
-        match node {
-            Node::String(s) => crate::write::json_string(&mut out, s),
-            Node::Static(StaticNode::Null) => out.extend_from_slice(b"null"),
-            Node::Static(StaticNode::Bool(b)) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-            Node::Static(StaticNode::U64(v)) => out.extend_from_slice(v.to_string().as_bytes()),
-            Node::Static(StaticNode::I64(v)) => out.extend_from_slice(v.to_string().as_bytes()),
-            Node::Static(StaticNode::F64(v)) => out.extend_from_slice(v.to_string().as_bytes()),
-            Node::Object { .. } => out.push(b'{'),
-            Node::Array { .. } => out.push(b'['),
-            #[allow(unreachable_patterns)]
-            _ => out.extend_from_slice(b"null"),
-        }
-        if is_key {
-            out.push(b':');
-            if let Some(top) = stack.last_mut() {
-                top.expect_key = false;
-            }
-            continue;
-        }
-        if let Some(top) = stack.last_mut() {
-            top.members_left = top.members_left.saturating_sub(1);
-            top.members_emitted += 1;
-            top.expect_key = true;
-        }
-        if let Node::Object { len, .. } | Node::Array { len, .. } = node {
-            stack.push(Open {
-                is_object: matches!(node, Node::Object { .. }),
-                members_left: *len,
-                expect_key: true,
-                members_emitted: 0,
-            });
-        }
-        while let Some(top) = stack.last() {
-            if top.members_left != 0 {
-                break;
-            }
-            out.push(if top.is_object { b'}' } else { b']' });
-            stack.pop();
-        }
-    }
-    String::from_utf8(out).unwrap_or_default()
 }
 
 /// Read an index file with the [`INDEX_BYTES_MAX`] cap.
@@ -323,17 +137,14 @@ pub(crate) fn assemble_indexed(
     index: &ShardIndex,
     mut shard_of: impl FnMut(&str) -> Result<ShardParts>,
 ) -> Result<Checkpoint> {
-    let mut shard_names: Vec<&str> = index.weight_map.iter().map(|(_, s)| s.as_str()).collect();
-    shard_names.sort_unstable();
-    shard_names.dedup();
-    let shard_id: HashMap<&str, usize> = shard_names.iter().enumerate().map(|(i, s)| (*s, i)).collect();
-    let mapped: HashMap<&str, usize> =
-        index.weight_map.iter().map(|(t, s)| (t.as_str(), shard_id[s.as_str()])).collect();
-
+    /// Not found in any shard yet.
+    const NOWHERE: u32 = u32::MAX;
+    let shard_names: Vec<&str> = index.shard_names().collect();
     let mut files = Vec::with_capacity(shard_names.len());
-    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(index.weight_map.len());
-    let mut found_in: HashMap<String, usize> = HashMap::with_capacity(index.weight_map.len());
-    let mut metadata = index.metadata.clone();
+    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(index.len());
+    // Per index entry: the shard (id) whose header holds the tensor.
+    let mut found_in: Vec<u32> = vec![NOWHERE; index.len()];
+    let mut metadata = index.metadata().clone();
     let mut warnings = Vec::new();
     for (k, shard) in shard_names.iter().enumerate() {
         let (path, stamp, header) = shard_of(shard)?;
@@ -341,15 +152,16 @@ pub(crate) fn assemble_indexed(
         let first_new = tensors.len();
         let shard_meta = tensors_of(header, FileId(k as u32), &mut tensors);
         for t in &tensors[first_new..] {
-            if !mapped.contains_key(t.name.as_str()) {
+            let Some(entry) = index.entry_of(&t.name) else {
                 return Err(Error::new(&path, ErrorKind::TensorNotInIndex { shard: (*shard).to_string() })
                     .with_tensor(t.name.clone()));
-            }
-            if let Some(prev) = found_in.insert(t.name.clone(), k) {
+            };
+            let prev = std::mem::replace(&mut found_in[entry], k as u32);
+            if prev != NOWHERE {
                 return Err(Error::new(
                     index_path,
                     ErrorKind::TensorInTwoShards {
-                        first: shard_names[prev].to_string(),
+                        first: shard_names[prev as usize].to_string(),
                         second: (*shard).to_string(),
                     },
                 )
@@ -357,17 +169,18 @@ pub(crate) fn assemble_indexed(
             }
         }
         if let Some(m) = shard_meta {
-            merge_metadata(&mut metadata, m, &index.metadata, &path, &mut warnings);
+            merge_metadata(&mut metadata, m, index.metadata(), &path, &mut warnings);
         }
     }
-    for (name, shard) in &index.weight_map {
-        if found_in.get(name.as_str()) != Some(&shard_id[shard.as_str()]) {
-            return Err(Error::new(index_path, ErrorKind::TensorNotInShard { shard: shard.clone() })
-                .with_tensor(name.clone()));
+    for (entry, &found) in found_in.iter().enumerate() {
+        let (name, shard) = index.entry(entry);
+        if found != shard {
+            let shard = index.shard_name(shard).to_string();
+            return Err(Error::new(index_path, ErrorKind::TensorNotInShard { shard }).with_tensor(name));
         }
     }
     let actual: u64 = tensors.iter().map(|t| t.len_bytes).sum();
-    match &index.total_size {
+    match index.total_size() {
         Some(Ok(declared)) if *declared != actual => warnings.push(Warning {
             path: index_path.to_path_buf(),
             message: format!("total_size is {declared} but the shards hold {actual} bytes of tensor data"),

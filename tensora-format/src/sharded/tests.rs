@@ -1,6 +1,7 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 
 use super::*;
 use crate::write::{SafetensorsLayout, TensorSpec, write_safetensors};
@@ -171,7 +172,7 @@ fn index_parse_errors() {
     }
     assert!(matches!(parse_index(br#"{"weight_map": {"x": "../a"}}"#), Err(ErrorKind::BadShardName { .. })));
     let ok = parse_index(br#"{"metadata": null, "weight_map": {}, "other": [1]}"#).unwrap();
-    assert!(ok.weight_map().is_empty() && ok.metadata().is_empty() && ok.total_size_bytes().is_none());
+    assert!(ok.is_empty() && ok.metadata().is_empty() && ok.total_size_bytes().is_none());
 }
 
 #[test]
@@ -193,11 +194,111 @@ fn tape_to_json_handles_deep_and_mixed_values() {
     assert_eq!(idx.metadata()["m"], r#"{"a":{},"b":[[],{"c":-1.5}],"e":true}"#);
 }
 
+/// What every result of [`parse_index`] must satisfy. An accepted index is what serde_json reads
+/// (same weight map, same metadata: strings as they are, other values as equivalent JSON text,
+/// `total_size` when an integer), its shard names are plain, sorted and distinct, and it
+/// re-serialises to an index that parses the same. A refusal is an index rule's kind: `BadIndex`
+/// whenever the text is not JSON (JSON errors come first), `BadShardName` only for a shard name
+/// that is not plain, in a weight map.
+fn check_index_result(
+    bytes: &[u8],
+    result: &std::result::Result<ShardIndex, ErrorKind>,
+) -> Result<(), TestCaseError> {
+    let generic = serde_json::from_slice::<serde_json::Value>(bytes);
+    // serde_json also refuses numbers whose f64 would be infinite, which JSON allows.
+    prop_assume!(!generic.as_ref().is_err_and(|e| e.to_string().contains("number out of range")));
+    let weight_map = generic.as_ref().ok().and_then(|v| v.get("weight_map")).and_then(|w| w.as_object());
+    let Ok(index) = result else {
+        let kind = result.as_ref().unwrap_err();
+        match kind {
+            ErrorKind::BadIndex { .. } => {}
+            ErrorKind::BadShardName { shard } => {
+                prop_assert!(generic.is_ok(), "a shard name judged before the JSON");
+                prop_assert!(check_shard_name(shard).is_err());
+                prop_assert!(weight_map.is_some(), "a shard name refused without a weight_map");
+            }
+            other => prop_assert!(false, "not an index rule: {:?}", other),
+        }
+        if generic.is_err() {
+            prop_assert!(matches!(kind, ErrorKind::BadIndex { .. }), "invalid JSON refused as {:?}", kind);
+        }
+        return Ok(());
+    };
+    let Some(weight_map) = weight_map else {
+        return Err(TestCaseError::fail(format!("accepted without a weight_map object: {generic:?}")));
+    };
+    prop_assert_eq!(weight_map.len(), index.len());
+    for (name, shard) in index.weight_map() {
+        prop_assert_eq!(weight_map[name].as_str(), Some(shard));
+        prop_assert_eq!(index.shard_of(name), Some(shard));
+        prop_assert!(check_shard_name(shard).is_ok());
+    }
+    let shards: Vec<&str> = index.shard_names().collect();
+    let mut expected: Vec<&str> = weight_map.values().filter_map(|v| v.as_str()).collect();
+    expected.sort_unstable();
+    expected.dedup();
+    prop_assert_eq!(shards, expected);
+    let metadata = generic.as_ref().ok().and_then(|v| v.get("metadata")).and_then(|m| m.as_object());
+    prop_assert_eq!(index.metadata().len(), metadata.map_or(0, |m| m.len()));
+    for (key, flat) in index.metadata() {
+        let value = &metadata.unwrap()[key.as_str()];
+        match value.as_str() {
+            Some(text) => prop_assert_eq!(flat.as_str(), text),
+            None => prop_assert_eq!(&serde_json::from_str::<serde_json::Value>(flat).unwrap(), value),
+        }
+    }
+    let total_size = metadata.and_then(|m| m.get("total_size")).and_then(|t| t.as_u64());
+    prop_assert_eq!(index.total_size_bytes(), total_size);
+    // Round trip: metadata values as strings, total_size as the integer it was.
+    let mut meta = serde_json::Map::new();
+    for (k, v) in index.metadata() {
+        meta.insert(k.clone(), serde_json::Value::from(v.as_str()));
+    }
+    if let Some(n) = index.total_size_bytes() {
+        meta.insert("total_size".into(), n.into());
+    }
+    let map: serde_json::Map<String, serde_json::Value> =
+        index.weight_map().map(|(t, s)| (t.to_owned(), serde_json::Value::from(s))).collect();
+    let text = serde_json::json!({"metadata": meta, "weight_map": map}).to_string();
+    let again = parse_index(text.as_bytes()).unwrap();
+    // serde_json's map reorders the members: compare as sets.
+    let sorted = |i: &ShardIndex| {
+        let mut pairs: Vec<(String, String)> =
+            i.weight_map().map(|(t, s)| (t.to_owned(), s.to_owned())).collect();
+        pairs.sort();
+        pairs
+    };
+    prop_assert_eq!(sorted(&again), sorted(index));
+    prop_assert_eq!(again.metadata(), index.metadata());
+    Ok(())
+}
+
+/// Arbitrary JSON values (shallow enough for serde_json's recursion limit).
+fn arb_json() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        (-4096i32..4096).prop_map(|i| Value::from(f64::from(i) / 8.0)),
+        "[a-z\"\\\\\u{1}é./]{0,6}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(5, 48, 5, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+            proptest::collection::btree_map("[a-z_]{0,5}", inner, 0..5)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
+    /// Byte edits of a valid index: every result is checked.
     #[test]
-    fn index_parser_never_panics(
+    fn index_parser_results_are_checked(
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..6),
     ) {
         let mut bytes = GOOD.as_bytes().to_vec();
@@ -205,19 +306,49 @@ proptest! {
             let k = at.index(bytes.len());
             bytes[k] = b;
         }
-        let _ = parse_index(&bytes);
+        check_index_result(&bytes, &parse_index(&bytes))?;
     }
 
+    /// Generated indexes, valid JSON by construction, with any values in the metadata, in an
+    /// ignored key and (sometimes) in the weight map; names repeat and shard names may not be
+    /// plain. Most parse; every result is checked.
     #[test]
-    fn flattened_metadata_is_valid_json(v in "[\\[\\]{}0-9,:\"a ]{0,40}") {
-        let text = format!(r#"{{"metadata": {{"k": {v}}}, "weight_map": {{}}}}"#);
-        if let Ok(idx) = parse_index(text.as_bytes()) {
-            let flat = &idx.metadata()["k"];
-            if !v.trim_start().starts_with('"') {
-                let reparsed: serde_json::Value = serde_json::from_str(flat).unwrap();
-                let original: serde_json::Value = serde_json::from_str(&v).unwrap();
-                prop_assert_eq!(reparsed, original);
-            }
+    fn generated_indexes_are_read_as_serde_json_reads_them(
+        metadata in proptest::collection::btree_map("[a-z_]{1,4}", arb_json(), 0..4),
+        total_size in proptest::option::of(prop_oneof![any::<u64>().prop_map(serde_json::Value::from), arb_json()]),
+        junk in arb_json(),
+        entries in proptest::collection::vec(("[a-c.é\"]{1,3}", "[a-c/.]{0,3}\\.safetensors|\\.\\.|\\.|", 0u8..20), 0..12),
+        pretty in any::<bool>(),
+    ) {
+        let mut meta: serde_json::Map<String, serde_json::Value> = metadata.into_iter().collect();
+        if let Some(t) = total_size {
+            meta.insert("total_size".into(), t);
         }
+        let mut text = String::from("{");
+        text.push_str(&format!("\"metadata\": {}, \"junk\": {junk}, \"weight_map\": {{", serde_json::Value::Object(meta)));
+        for (i, (name, shard, odd)) in entries.iter().enumerate() {
+            let value = if *odd == 0 { "[1]".to_owned() } else { serde_json::Value::from(shard.as_str()).to_string() };
+            let sep = if i == 0 { "" } else { "," };
+            text.push_str(&format!("{sep}{}: {value}", serde_json::Value::from(name.as_str())));
+        }
+        text.push_str("}}");
+        let text = if pretty {
+            serde_json::from_str::<serde_json::Value>(&text).map_or(text.clone(), |v| serde_json::to_string_pretty(&v).unwrap())
+        } else {
+            text
+        };
+        check_index_result(text.as_bytes(), &parse_index(text.as_bytes()))?;
+    }
+
+    /// JSON-like text as a metadata value: parsed exactly when it is JSON, flattened to
+    /// equivalent JSON text.
+    #[test]
+    fn metadata_values_are_flattened_to_equivalent_json(v in "[\\[\\]{}0-9,:\" a.eE\\-]{0,40}") {
+        let text = format!(r#"{{"metadata": {{"k": {v}}}, "weight_map": {{}}}}"#);
+        let result = parse_index(text.as_bytes());
+        check_index_result(text.as_bytes(), &result)?;
+        let valid = serde_json::from_str::<serde_json::Value>(&v);
+        prop_assume!(!valid.as_ref().is_err_and(|e| e.to_string().contains("number out of range")));
+        prop_assert_eq!(result.is_ok(), valid.is_ok());
     }
 }

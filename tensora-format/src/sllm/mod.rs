@@ -78,13 +78,114 @@ impl IndexEntry {
     }
 }
 
-/// A parsed and validated `tensor_index.json`, entries in file (state-dict) order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One entry of a parsed [`SllmIndex`], borrowed from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntryRef<'a> {
+    /// The tensor's name (the entry's key), unique in the index.
+    pub name: &'a str,
+    /// Global offset ([`IndexLayout::Upstream`]) or offset within `partition` (legacy).
+    pub offset_bytes: u64,
+    /// Byte size of the tensor's storage.
+    pub size_bytes: u64,
+    /// Shape; `[]` is a scalar.
+    pub shape: &'a [u64],
+    /// Strides in elements, same rank as `shape`.
+    pub strides: &'a [u64],
+    /// Element type, mapped from the torch name (or the legacy short name).
+    pub dtype: Dtype,
+    /// The partition number (legacy layout only).
+    pub partition: Option<u32>,
+}
+
+impl IndexEntryRef<'_> {
+    /// `offset_bytes + size_bytes` (checked by the parser not to overflow).
+    pub fn end_bytes(&self) -> u64 {
+        self.offset_bytes + self.size_bytes
+    }
+    /// An owned copy.
+    pub fn to_entry(&self) -> IndexEntry {
+        IndexEntry {
+            name: self.name.to_owned(),
+            offset_bytes: self.offset_bytes,
+            size_bytes: self.size_bytes,
+            shape: self.shape.to_vec(),
+            strides: self.strides.to_vec(),
+            dtype: self.dtype,
+            partition: self.partition,
+        }
+    }
+}
+
+/// One entry as an index stores it: its name and dimensions are places in the index's shared
+/// buffers (shape, then strides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    offset_bytes: u64,
+    size_bytes: u64,
+    name_start: u32,
+    name_len: u32,
+    dims_start: u32,
+    rank: u8,
+    dtype: Dtype,
+    partition: Option<u32>,
+}
+
+/// A parsed and validated `tensor_index.json`, entries in file (state-dict) order. Stored
+/// compactly (every name in one string, every dimension in one buffer, 40 bytes per entry);
+/// [`SllmIndex::entries`] hands out borrowed views.
+#[derive(Debug, Clone)]
 pub struct SllmIndex {
     /// Which flavour the entries were written in (all entries share one).
     pub layout: IndexLayout,
+    names: String,
+    dims: Vec<u64>,
+    records: Vec<Record>,
+}
+
+impl PartialEq for SllmIndex {
+    fn eq(&self, other: &SllmIndex) -> bool {
+        self.layout == other.layout && self.entries().eq(other.entries())
+    }
+}
+
+impl Eq for SllmIndex {}
+
+impl SllmIndex {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+    /// Whether the index has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+    /// Entry `i` in index order, if there is one.
+    pub fn entry(&self, i: usize) -> Option<IndexEntryRef<'_>> {
+        self.records.get(i).map(|r| self.view(r))
+    }
     /// The entries, in the index's (state-dict) order.
-    pub entries: Vec<IndexEntry>,
+    pub fn entries(&self) -> impl ExactSizeIterator<Item = IndexEntryRef<'_>> + '_ {
+        self.records.iter().map(|r| self.view(r))
+    }
+    /// Owned copies of the entries (what [`write::index_json`] writes).
+    pub fn to_entries(&self) -> Vec<IndexEntry> {
+        self.entries().map(|e| e.to_entry()).collect()
+    }
+    fn record_name(&self, r: &Record) -> &str {
+        &self.names[r.name_start as usize..(r.name_start + r.name_len) as usize]
+    }
+    fn view(&self, r: &Record) -> IndexEntryRef<'_> {
+        let (start, rank) = (r.dims_start as usize, usize::from(r.rank));
+        IndexEntryRef {
+            name: self.record_name(r),
+            offset_bytes: r.offset_bytes,
+            size_bytes: r.size_bytes,
+            shape: &self.dims[start..start + rank],
+            strides: &self.dims[start + rank..start + 2 * rank],
+            dtype: r.dtype,
+            partition: r.partition,
+        }
+    }
 }
 
 /// Parse and validate the bytes of a `tensor_index.json`, without touching any file.
@@ -99,7 +200,8 @@ pub struct SllmIndex {
 /// let index = br#"{"w": [0, 8, [2], [1], "torch.float32"], "tied": [0, 8, [2], [1], "torch.float32"]}"#;
 /// let parsed = parse_index(index).unwrap();
 /// assert_eq!(parsed.layout, IndexLayout::Upstream);
-/// assert_eq!(parsed.entries.len(), 2);
+/// assert_eq!(parsed.len(), 2);
+/// assert_eq!(parsed.entry(1).unwrap().name, "tied");
 /// assert!(parse_index(br#"{"w": [0, 4, [2], [1], "torch.float32"]}"#).is_err());
 /// ```
 pub fn parse_index(bytes: &[u8]) -> Result<SllmIndex, ErrorKind> {
@@ -279,7 +381,7 @@ pub fn partition_shortfalls(dir: &Path) -> crate::Result<Vec<PartitionShortfall>
         total_bytes = total_bytes.saturating_add(len);
     }
     let mut needed: Vec<u64> = vec![0; lens.len()];
-    for e in &index.entries {
+    for e in index.entries() {
         let (p, local_end) = match e.partition {
             None => {
                 let p = partition_at(&starts, e.offset_bytes);
@@ -340,8 +442,8 @@ pub(crate) fn assemble(
         })?;
     }
 
-    let mut tensors = Vec::with_capacity(index.entries.len());
-    for e in index.entries {
+    let mut tensors = Vec::with_capacity(index.len());
+    for e in index.entries() {
         let located = match e.partition {
             None => locate_global(&starts, &lens, e.offset_bytes, e.size_bytes),
             Some(p) => {
@@ -363,13 +465,13 @@ pub(crate) fn assemble(
             .with_tensor(e.name));
         };
         tensors.push(TensorInfo {
-            name: e.name,
+            name: e.name.to_owned(),
             dtype: e.dtype,
-            shape: e.shape,
+            shape: e.shape.to_vec(),
             file: FileId(p as u32),
             offset_bytes: local,
             len_bytes: e.size_bytes,
-            strides: Some(e.strides),
+            strides: Some(e.strides.to_vec()),
         });
     }
     tensors.sort_by_key(|t| (t.file, t.offset_bytes));
