@@ -171,15 +171,13 @@ mod tests {
         strides: Option<Vec<u64>>,
     ) -> TensorInfo {
         let numel = if strides.is_some() { len_bytes / 2 } else { len_bytes };
-        TensorInfo {
-            name: name.into(),
-            dtype: Dtype::U8,
-            shape: vec![numel],
-            file: FileId(file),
-            offset_bytes,
-            len_bytes,
-            strides,
-        }
+        TensorInfo::owned(
+            name,
+            Dtype::U8,
+            &[numel],
+            strides.as_deref(),
+            (FileId(file), offset_bytes, len_bytes),
+        )
     }
 
     /// Two files, a tied pair in the first, one strided tensor, metadata and a warning.

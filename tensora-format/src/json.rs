@@ -565,34 +565,28 @@ impl<'a> Reader<'a> {
 }
 
 /// The first index at or after `from` of a byte that ends or escapes a string run: `"`, `\` or a
-/// control character (below 0x20); `bytes.len()` if none. Eight bytes at a time.
+/// control character (below 0x20); `bytes.len()` if none. Eight bytes at a time: each test below
+/// sets the high bit of every matching byte and, through borrows, possibly of bytes above a
+/// match but never below one, so the lowest set bit is exactly the first match.
 fn find_special(bytes: &[u8], from: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     let mut at = from;
-    while let Some(chunk) = bytes.get(at..at + 8) {
-        let w = u64::from_le_bytes([
-            chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], chunk[6], chunk[7],
-        ]);
+    while let Some(word) = bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+        let w = u64::from_le_bytes(*word);
         let quote = w ^ (ONES * u64::from(b'"'));
         let backslash = w ^ (ONES * u64::from(b'\\'));
-        // A byte is zero in `quote` or `backslash`, or below 0x20 in `w`: the classic
-        // "has a byte less than n" test, exact for the lowest such byte.
-        let hits = (quote.wrapping_sub(ONES) & !quote)
+        let hits = ((quote.wrapping_sub(ONES) & !quote)
             | (backslash.wrapping_sub(ONES) & !backslash)
-            | (w.wrapping_sub(ONES * 0x20) & !w);
-        if hits & HIGHS != 0 {
-            break;
+            | (w.wrapping_sub(ONES * 0x20) & !w))
+            & HIGHS;
+        if hits != 0 {
+            return at + (hits.trailing_zeros() / 8) as usize;
         }
         at += 8;
     }
-    while let Some(&b) = bytes.get(at) {
-        if b == b'"' || b == b'\\' || b < 0x20 {
-            return at;
-        }
-        at += 1;
-    }
-    bytes.len()
+    let tail = bytes.get(at..).unwrap_or_default();
+    at + tail.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20).unwrap_or(tail.len())
 }
 
 #[cfg(test)]

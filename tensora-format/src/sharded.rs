@@ -12,17 +12,18 @@
 //! assert_eq!(parsed.total_size_bytes(), Some(8));
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
+use crate::open::ordered_parallel;
 use crate::safetensors::{Header, read_header_stamped};
-use crate::{
-    Checkpoint, Error, ErrorKind, FileEntry, FileId, FileStamp, Format, Result, TensorInfo, Warning,
-};
+use crate::{Checkpoint, Error, ErrorKind, FileId, FileStamp, OpenOptions, Result, Shards};
 
 mod index;
+mod merge;
 
 pub use index::{INDEX_BYTES_MAX, INDEX_METADATA_KEYS_MAX, ShardIndex, parse_index};
+pub(crate) use merge::{ShardTensors, assemble_file, assemble_indexed, assemble_unindexed};
 
 /// The most directory entries looked at when listing a checkpoint directory.
 pub const DIR_ENTRIES_MAX: usize = 1_000_000;
@@ -44,27 +45,11 @@ fn read_index_file(path: &Path) -> Result<Vec<u8>> {
     crate::read_capped(path, INDEX_BYTES_MAX)
 }
 
-/// Turn a parsed header into tensor infos for file `file`.
-fn tensors_of(
-    mut header: Header,
-    file: FileId,
-    out: &mut Vec<TensorInfo>,
-) -> Option<BTreeMap<String, String>> {
-    let data_start = header.data_start_bytes();
-    out.reserve(header.len());
-    for t in header.tensors() {
-        let (start, end) = t.data_offsets();
-        out.push(TensorInfo {
-            len_bytes: end - start,
-            offset_bytes: data_start + start,
-            name: t.name().to_string(),
-            dtype: t.dtype(),
-            shape: t.shape().to_vec(),
-            file,
-            strides: None,
-        });
-    }
-    header.take_metadata()
+/// Read and parse the header at `path` and build its tensors as file `file` (looked up in
+/// `index` when there is one): the work of one header thread.
+fn read_shard(path: &Path, file: FileId, index: Option<&ShardIndex>) -> Result<ShardTensors> {
+    let (header, meta) = read_header_stamped(path)?;
+    Ok(ShardTensors::new(path.to_path_buf(), FileStamp::from_metadata(&meta), header, file, index))
 }
 
 /// Open one `.safetensors` file.
@@ -73,182 +58,114 @@ pub(crate) fn open_file(path: &Path) -> Result<Checkpoint> {
     Ok(assemble_file(path.to_path_buf(), FileStamp::from_metadata(&meta), header))
 }
 
-/// One safetensors file from its validated header and its stamp (which the caller checked agree).
-pub(crate) fn assemble_file(path: PathBuf, stamp: FileStamp, header: Header) -> Checkpoint {
-    let entry = FileEntry { path: path.clone(), stamp, data_start_bytes: header.data_start_bytes() };
-    let mut tensors = Vec::new();
-    let metadata = tensors_of(header, FileId(0), &mut tensors).unwrap_or_default();
-    Checkpoint::from_parts(Format::Safetensors, path, vec![entry], tensors, metadata, Vec::new())
-}
-
 /// A shard as handed to the assembly functions: where it is, its stamp and its parsed header.
 pub(crate) type ShardParts = (PathBuf, FileStamp, Header);
 
-/// Merge a shard's `__metadata__` into `into`; keys already present keep their value, and a
-/// different value from another shard is a warning.
-fn merge_metadata(
-    into: &mut BTreeMap<String, String>,
-    from: BTreeMap<String, String>,
-    protected: &BTreeMap<String, String>,
-    shard: &Path,
-    warnings: &mut Vec<Warning>,
-) {
-    for (k, v) in from {
-        if protected.contains_key(&k) {
-            continue;
-        }
-        match into.get(&k) {
-            None => {
-                into.insert(k, v);
-            }
-            Some(existing) if *existing == v => {}
-            Some(existing) => warnings.push(Warning {
-                path: shard.to_path_buf(),
-                message: format!(
-                    "metadata {k:?} is {v:?} here but {existing:?} in an earlier shard; kept the first"
-                ),
-            }),
-        }
-    }
-}
-
-/// Open a sharded checkpoint through its index.
-pub(crate) fn open_indexed(dir: &Path, index_path: &Path) -> Result<Checkpoint> {
+/// Open a sharded checkpoint through its index: every shard, or (lazily) those holding a
+/// selected tensor, read on `options.header_threads` threads and merged in name order.
+pub(crate) fn open_indexed(dir: &Path, index_path: &Path, options: &OpenOptions) -> Result<Checkpoint> {
     let bytes = read_index_file(index_path)?;
     let index = parse_index(&bytes).map_err(|k| Error::new(index_path, k))?;
     drop(bytes);
-    assemble_indexed(dir, index_path, &index, |shard| {
-        let path = dir.join(shard);
-        let (header, meta) = read_header_stamped(&path).map_err(|e| match e.kind() {
-            ErrorKind::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
-                Error::new(index_path, ErrorKind::MissingShard { shard: shard.to_string() })
-            }
-            _ => e,
-        })?;
-        Ok((path, FileStamp::from_metadata(&meta), header))
+    let parse = shards_to_parse(&index, &options.shards);
+    let paths: Vec<PathBuf> = parse.iter().map(|&k| dir.join(index.shard_name(k))).collect();
+    let shared = &index;
+    let work = |k: usize| read_shard(&paths[k], FileId(k as u32), Some(shared));
+    ordered_parallel(paths.len(), options.threads(), work, |next| {
+        assemble_indexed(dir, index_path, &index, &parse, |_, shard| {
+            next()
+                .unwrap_or_else(|| Err(missing_shard(index_path, shard)))
+                .map_err(not_found_as_missing(index_path, shard))
+        })
     })
 }
 
-/// The checks of [`open_indexed`] over shards handed out by `shard_of` (called once per shard
-/// name of the index, in sorted order; an error from it is returned as is).
-pub(crate) fn assemble_indexed(
+/// A strict open of a directory with one index whose `listed` shard files (sorted) start being
+/// read and parsed while this thread parses the index (as far as the lookahead goes: holding
+/// every shard while the index text and its parse are alive too would pass twice the header
+/// bytes); then merged as [`open_indexed`] merges them.
+/// Listed files that the index does not name are read but dropped, errors and all; shards that
+/// are not listed (hidden names) are read afterwards.
+fn open_indexed_listed(
     dir: &Path,
     index_path: &Path,
-    index: &ShardIndex,
-    mut shard_of: impl FnMut(&str) -> Result<ShardParts>,
+    listed: &[PathBuf],
+    options: &OpenOptions,
 ) -> Result<Checkpoint> {
-    /// Not found in any shard yet.
-    const NOWHERE: u32 = u32::MAX;
-    let shard_names: Vec<&str> = index.shard_names().collect();
-    let mut files = Vec::with_capacity(shard_names.len());
-    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(index.len());
-    // Per index entry: the shard (id) whose header holds the tensor.
-    let mut found_in: Vec<u32> = vec![NOWHERE; index.len()];
-    let mut metadata = index.metadata().clone();
-    let mut warnings = Vec::new();
-    for (k, shard) in shard_names.iter().enumerate() {
-        let (path, stamp, header) = shard_of(shard)?;
-        files.push(FileEntry { path: path.clone(), stamp, data_start_bytes: header.data_start_bytes() });
-        let first_new = tensors.len();
-        let shard_meta = tensors_of(header, FileId(k as u32), &mut tensors);
-        for t in &tensors[first_new..] {
-            let Some(entry) = index.entry_of(&t.name) else {
-                return Err(Error::new(&path, ErrorKind::TensorNotInIndex { shard: (*shard).to_string() })
-                    .with_tensor(t.name.clone()));
-            };
-            let prev = std::mem::replace(&mut found_in[entry], k as u32);
-            if prev != NOWHERE {
-                return Err(Error::new(
-                    index_path,
-                    ErrorKind::TensorInTwoShards {
-                        first: shard_names[prev as usize].to_string(),
-                        second: (*shard).to_string(),
-                    },
-                )
-                .with_tensor(t.name.clone()));
+    let index_cell: OnceLock<ShardIndex> = OnceLock::new();
+    let work = |k: usize| read_shard(&listed[k], FileId(k as u32), index_cell.get());
+    ordered_parallel(listed.len(), options.threads(), work, |next| {
+        let bytes = read_index_file(index_path)?;
+        let index = parse_index(&bytes).map_err(|k| Error::new(index_path, k))?;
+        drop(bytes);
+        let index = index_cell.get_or_init(|| index);
+        let all: Vec<u32> = (0..index.shard_names().len() as u32).collect();
+        let mut at = 0; // The next listed file.
+        assemble_indexed(dir, index_path, index, &all, |k, shard| {
+            while let Some(path) = listed.get(at) {
+                let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                if name > shard {
+                    break;
+                }
+                at += 1;
+                let parsed = next().unwrap_or_else(|| Err(missing_shard(index_path, shard)));
+                if name == shard {
+                    let mut parts = parsed.map_err(not_found_as_missing(index_path, shard))?;
+                    parts.place(FileId(k as u32), index);
+                    return Ok(parts);
+                }
             }
-        }
-        if let Some(m) = shard_meta {
-            merge_metadata(&mut metadata, m, index.metadata(), &path, &mut warnings);
-        }
-    }
-    for (entry, &found) in found_in.iter().enumerate() {
-        let (name, shard) = index.entry(entry);
-        if found != shard {
-            let shard = index.shard_name(shard).to_string();
-            return Err(Error::new(index_path, ErrorKind::TensorNotInShard { shard }).with_tensor(name));
-        }
-    }
-    let actual: u64 = tensors.iter().map(|t| t.len_bytes).sum();
-    match index.total_size() {
-        Some(Ok(declared)) if *declared != actual => warnings.push(Warning {
-            path: index_path.to_path_buf(),
-            message: format!("total_size is {declared} but the shards hold {actual} bytes of tensor data"),
-        }),
-        Some(Err(text)) => warnings.push(Warning {
-            path: index_path.to_path_buf(),
-            message: format!("total_size {text} is not a non-negative integer"),
-        }),
-        _ => {}
-    }
-    Ok(Checkpoint::from_parts(
-        Format::SafetensorsSharded,
-        dir.to_path_buf(),
-        files,
-        tensors,
-        metadata,
-        warnings,
-    ))
+            read_shard(&dir.join(shard), FileId(k as u32), Some(index))
+                .map_err(not_found_as_missing(index_path, shard))
+        })
+    })
 }
 
-/// Open a directory of `.safetensors` files with no index (files in name order).
-pub(crate) fn open_unindexed(dir: &Path, shard_paths: &[PathBuf]) -> Result<Checkpoint> {
-    assemble_unindexed(
-        dir,
-        shard_paths.iter().map(|path| {
-            let (header, meta) = read_header_stamped(path)?;
-            Ok((path.clone(), FileStamp::from_metadata(&meta), header))
-        }),
-    )
+fn missing_shard(index_path: &Path, shard: &str) -> Error {
+    Error::new(index_path, ErrorKind::MissingShard { shard: shard.to_string() })
 }
 
-/// The checks of [`open_unindexed`] over shards in the given order (the first error stops).
-pub(crate) fn assemble_unindexed(
+/// A shard that cannot be opened because it does not exist is the index's [`ErrorKind::MissingShard`].
+fn not_found_as_missing<'a>(index_path: &'a Path, shard: &'a str) -> impl FnOnce(Error) -> Error + 'a {
+    move |e| match e.kind() {
+        ErrorKind::Io(io) if io.kind() == std::io::ErrorKind::NotFound => missing_shard(index_path, shard),
+        _ => e,
+    }
+}
+
+/// The ids (sorted) of the shards to parse: all, or those holding a tensor `shards` selects.
+fn shards_to_parse(index: &ShardIndex, shards: &Shards) -> Vec<u32> {
+    let count = index.shard_names().len() as u32;
+    let matcher = match shards {
+        Shards::All => None,
+        Shards::Selected(selection) => selection.matcher().ok(),
+    };
+    let Some(matcher) = matcher else { return (0..count).collect() };
+    let mut wanted = vec![false; count as usize];
+    for i in 0..index.len() {
+        let (name, shard) = index.entry(i);
+        if !wanted[shard as usize] && matcher.matches(name) {
+            wanted[shard as usize] = true;
+        }
+    }
+    (0..count).filter(|&k| wanted[k as usize]).collect()
+}
+
+/// Open a directory of `.safetensors` files with no index (files in name order), headers read on
+/// `options.header_threads` threads.
+pub(crate) fn open_unindexed(
     dir: &Path,
-    shards: impl Iterator<Item = Result<ShardParts>>,
+    shard_paths: &[PathBuf],
+    options: &OpenOptions,
 ) -> Result<Checkpoint> {
-    let mut files: Vec<FileEntry> = Vec::new();
-    let mut tensors: Vec<TensorInfo> = Vec::new();
-    let mut found_in: HashMap<String, usize> = HashMap::new();
-    let mut metadata = BTreeMap::new();
-    let mut warnings = Vec::new();
-    for (k, shard) in shards.enumerate() {
-        let (path, stamp, header) = shard?;
-        files.push(FileEntry { path: path.clone(), stamp, data_start_bytes: header.data_start_bytes() });
-        let path = &path;
-        let first_new = tensors.len();
-        let shard_meta = tensors_of(header, FileId(k as u32), &mut tensors);
-        for t in &tensors[first_new..] {
-            if let Some(prev) = found_in.insert(t.name.clone(), k) {
-                let name_of =
-                    |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                return Err(Error::new(
-                    dir,
-                    ErrorKind::TensorInTwoShards { first: name_of(&files[prev].path), second: name_of(path) },
-                )
-                .with_tensor(t.name.clone()));
-            }
-        }
-        if let Some(m) = shard_meta {
-            merge_metadata(&mut metadata, m, &BTreeMap::new(), path, &mut warnings);
-        }
-    }
-    let format = if files.len() == 1 { Format::Safetensors } else { Format::SafetensorsSharded };
-    Ok(Checkpoint::from_parts(format, dir.to_path_buf(), files, tensors, metadata, warnings))
+    let work = |k: usize| read_shard(&shard_paths[k], FileId(k as u32), None);
+    ordered_parallel(shard_paths.len(), options.threads(), work, |next| {
+        assemble_unindexed(dir, std::iter::from_fn(next))
+    })
 }
 
 /// Open a directory: ServerlessLLM, indexed shards, or a plain directory of `.safetensors` files.
-pub(crate) fn open_dir(dir: &Path) -> Result<Checkpoint> {
+pub(crate) fn open_dir(dir: &Path, options: &OpenOptions) -> Result<Checkpoint> {
     if crate::sllm::looks_like_sllm_dir(dir) {
         return crate::sllm::open_dir(dir);
     }
@@ -280,8 +197,11 @@ pub(crate) fn open_dir(dir: &Path) -> Result<Checkpoint> {
     indexes.sort();
     shards.sort();
     match indexes.len() {
-        1 => open_indexed(dir, &indexes[0]),
-        0 if !shards.is_empty() => open_unindexed(dir, &shards),
+        1 => match options.shards {
+            Shards::All => open_indexed_listed(dir, &indexes[0], &shards, options),
+            Shards::Selected(_) => open_indexed(dir, &indexes[0], options),
+        },
+        0 if !shards.is_empty() => open_unindexed(dir, &shards, options),
         0 => Err(Error::new(
             dir,
             ErrorKind::NotACheckpoint {

@@ -160,3 +160,63 @@ fn an_index_linked_to_dev_zero_allocates_nothing_much() {
     assert!(matches!(err.kind(), ErrorKind::NotRegularFile { .. }), "{err}");
     assert!(peak_bytes < 64 << 10, "peak {peak_bytes} bytes");
 }
+
+/// Issue 20: peak heap while opening a sharded checkpoint (index, 100 shards of MoE-named fp8
+/// tensors over sparse data) stays at most twice the shards' header bytes, with one header
+/// thread and with several.
+#[test]
+fn opening_a_sharded_checkpoint_peaks_below_twice_its_header_bytes() {
+    use std::collections::BTreeMap;
+    use tensora_format::write::{SafetensorsLayout, TensorSpec};
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut weight_map = BTreeMap::new();
+    let mut header_bytes = 0usize;
+    for shard in 0..100 {
+        let file = format!("model-{:05}-of-000100.safetensors", shard + 1);
+        let mut specs = Vec::new();
+        for expert in 0..100 {
+            for proj in ["gate_proj", "up_proj", "down_proj"] {
+                let base = format!("model.layers.{shard}.mlp.experts.{expert}.{proj}");
+                specs.push(TensorSpec {
+                    name: format!("{base}.weight"),
+                    dtype: tensora_format::Dtype::F8E4M3,
+                    shape: vec![2048, 7168],
+                });
+                specs.push(TensorSpec {
+                    name: format!("{base}.weight_scale_inv"),
+                    dtype: tensora_format::Dtype::F32,
+                    shape: vec![16, 56],
+                });
+            }
+        }
+        for s in &specs {
+            weight_map.insert(s.name.clone(), file.clone());
+        }
+        let layout = SafetensorsLayout::new(specs, BTreeMap::new()).unwrap();
+        header_bytes += layout.header_bytes().len();
+        let mut f = std::fs::File::create(dir.path().join(&file)).unwrap();
+        std::io::Write::write_all(&mut f, layout.header_bytes()).unwrap();
+        f.set_len(layout.file_len_bytes()).unwrap(); // Sparse: the data section is a hole.
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        serde_json::to_vec_pretty(&index).unwrap(),
+    )
+    .unwrap();
+    for threads in [1, 2] {
+        let options = tensora_format::OpenOptions { header_threads: threads, ..Default::default() };
+        let (ckpt, peak_bytes) =
+            ALLOC.peak_during(|| tensora_format::open_with(dir.path(), &options).unwrap());
+        let ratio = peak_bytes as f64 / header_bytes as f64;
+        eprintln!(
+            "open, {threads} header threads: {header_bytes} header bytes, peak heap {peak_bytes} bytes ({ratio:.2}x)"
+        );
+        assert_eq!(ckpt.tensors().len(), 100 * 600);
+        assert!(
+            peak_bytes <= 2 * header_bytes,
+            "peak {peak_bytes} bytes for {header_bytes} header bytes ({ratio:.2}x)"
+        );
+    }
+}

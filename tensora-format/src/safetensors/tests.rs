@@ -727,3 +727,11 @@ fn errors_are_the_same_whichever_path_finds_them() {
     let json = format!("{{{}}}{{}}", parts[..10].join(","));
     assert!(matches!(kind(&json, 10), ErrorKind::TrailingBytes { .. }));
 }
+
+proptest! {
+    /// The word-at-a-time control check agrees with the char-wise definition.
+    #[test]
+    fn has_control_is_any_control_char(s in "[a-z.\u{0}-\u{1f}\u{7f}\u{80}-\u{9f}é😀]{0,40}") {
+        prop_assert_eq!(has_control(&s), s.chars().any(char::is_control));
+    }
+}

@@ -2,7 +2,7 @@
 //! of the crate's JSON reader: the first validates the whole document (any depth, any junk in
 //! keys that are not ours, in O(1) memory) and measures the weight map; the second fills buffers
 //! sized from those measures: one string of all tensor names, 12 bytes per tensor, a name table
-//! of 8 bytes per tensor, and each shard name once. No JSON tree or tape is built, nothing grows
+//! of 12 bytes per tensor, and each shard name once. No JSON tree or tape is built, nothing grows
 //! by doubling, and no per-tensor string is allocated: peak memory stays under 4× the index bytes
 //! whatever the index holds (measured in `tests/index_memory.rs`).
 
@@ -189,6 +189,7 @@ fn measure(bytes: &[u8]) -> Result<Sizes, crate::json::JsonError> {
     let text = r.text();
     let mut seen: Vec<(usize, usize)> = Vec::new();
     let mut table = NameTable::with_capacity(0);
+    let mut last: Option<(usize, usize)> = None;
     r.begin_object()?;
     while let Some(key) = r.next_key()? {
         if !(r.str_is(key, "weight_map") && r.peek()? == Kind::Object) {
@@ -204,6 +205,10 @@ fn measure(bytes: &[u8]) -> Result<Sizes, crate::json::JsonError> {
                 continue;
             }
             let shard = r.string()?;
+            if last.is_some_and(|l| text[l.0..l.1] == *r.raw(shard)) {
+                continue; // The same shard as the previous entry (the common case).
+            }
+            last = (!shard.is_escaped()).then(|| shard.range());
             let new = shard.is_escaped() || {
                 let name_of = |i: u32| &text[seen[i as usize].0..seen[i as usize].1];
                 let id = seen.len() as u32;
@@ -310,9 +315,7 @@ impl Builder {
                 return Err(bad_index(format!("weight_map value for {name:?} is not a string")));
             }
             let shard = r.string().map_err(not_json)?;
-            let shard = r.str_of(shard);
-            crate::sharded::check_shard_name(&shard)?;
-            let shard = self.intern(&shard);
+            let shard = self.intern(&r.str_of(shard))?;
             let too_many = || bad_index("index too large to hold");
             let id = u32::try_from(self.entries.len()).map_err(|_| too_many())?;
             let entry = MapEntry {
@@ -336,19 +339,21 @@ impl Builder {
         Ok(())
     }
 
-    /// The id (first-seen order) of `shard`, adding it if new.
-    fn intern(&mut self, shard: &str) -> u32 {
+    /// The id (first-seen order) of `shard`, adding it if new: then it must be a plain file name
+    /// (checked once per distinct shard).
+    fn intern(&mut self, shard: &str) -> std::result::Result<u32, ErrorKind> {
         let (text, spans) = (&self.shard_text, &self.shards);
         let name_of = |i: u32| {
             let (start, len) = spans[i as usize];
             &text[start as usize..(start + len) as usize]
         };
         if let Some(last) = self.last_shard.filter(|&last| name_of(last) == shard) {
-            return last;
+            return Ok(last);
         }
         let id = match self.shard_ids.get(shard, name_of) {
             Some(id) => id,
             None => {
+                crate::sharded::check_shard_name(shard)?;
                 // Both fit u32: the shard text is at most the index's size.
                 let id = self.shards.len() as u32;
                 self.shards.push((self.shard_text.len() as u32, shard.len() as u32));
@@ -362,7 +367,7 @@ impl Builder {
             }
         };
         self.last_shard = Some(id);
-        id
+        Ok(id)
     }
 
     /// Sort the shards by name and renumber the entries' shard ids to match.

@@ -352,3 +352,128 @@ proptest! {
         prop_assert_eq!(result.is_ok(), valid.is_ok());
     }
 }
+
+/// Four shards of three tensors each: `s{k}.safetensors` holds `l{k}.a`, `l{k}.b`, `l{k}.c`.
+fn four_shards_indexed() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut map = Vec::new();
+    for k in 0..4 {
+        let names: Vec<String> = ["a", "b", "c"].iter().map(|t| format!("l{k}.{t}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        write_shard(dir.path(), &format!("s{k}.safetensors"), &refs);
+        map.extend(names.iter().map(|n| format!("\"{n}\": \"s{k}.safetensors\"")));
+    }
+    write_index(
+        dir.path(),
+        &format!(r#"{{"metadata": {{"total_size": 96}}, "weight_map": {{{}}}}}"#, map.join(", ")),
+    );
+    dir
+}
+
+fn lazy(glob: &str) -> crate::OpenOptions {
+    crate::OpenOptions {
+        shards: crate::Shards::Selected(crate::Selection::Glob(vec![glob.into()])),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_lazy_open_parses_only_the_shards_holding_selected_tensors() {
+    let dir = four_shards_indexed();
+    // Shards the selection does not touch are never opened: corrupt ones go unnoticed.
+    std::fs::write(dir.path().join("s0.safetensors"), b"not a safetensors file").unwrap();
+    std::fs::remove_file(dir.path().join("s3.safetensors")).unwrap();
+    let ckpt = crate::open_with(dir.path(), &lazy("l2.*")).unwrap();
+    let names: Vec<&str> = ckpt.tensors().iter().map(|t| t.name()).collect();
+    assert_eq!(names, ["l2.a", "l2.b", "l2.c"]);
+    assert_eq!(ckpt.files().len(), 1);
+    assert!(ckpt.files()[0].path().ends_with("s2.safetensors"));
+    assert_eq!(ckpt.warnings().len(), 1, "{:?}", ckpt.warnings());
+    let message = &ckpt.warnings()[0].message;
+    assert!(
+        message.contains("lazy open: parsed 1 of 4 shards") && message.contains("9 tensors"),
+        "{message}"
+    );
+    // Every tensor of a parsed shard comes, selected or not; two shards when two are touched.
+    let two = crate::open_with(dir.path(), &lazy("l[12].b")).unwrap();
+    assert_eq!(two.tensors().len(), 6);
+    // The strict open of the same directory sees the damage.
+    assert!(matches!(
+        open_err(dir.path()),
+        ErrorKind::HeaderTooLarge { .. } | ErrorKind::HeaderBeyondFile { .. }
+    ));
+}
+
+#[test]
+fn a_lazy_open_keeps_the_rules_for_the_shards_it_parses() {
+    let dir = four_shards_indexed();
+    // s1 also holds l2.a: a tensor in two shards, both parsed for this selection.
+    write_shard(dir.path(), "s1.safetensors", &["l1.a", "l1.b", "l1.c", "l2.a"]);
+    let err = crate::open_with(dir.path(), &lazy("l[12].*")).unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::TensorNotInIndex { .. } | ErrorKind::TensorInTwoShards { .. }),
+        "{err}"
+    );
+    // A parsed shard lacking a tensor the index places there.
+    let dir = four_shards_indexed();
+    write_shard(dir.path(), "s2.safetensors", &["l2.a", "l2.b"]);
+    let err = crate::open_with(dir.path(), &lazy("l2.a")).unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::TensorNotInShard { shard } if shard == "s2.safetensors"),
+        "{err}"
+    );
+    assert_eq!(err.tensor(), Some("l2.c"));
+}
+
+#[test]
+fn lazy_with_nothing_selected_or_a_bad_glob_or_no_index() {
+    let dir = four_shards_indexed();
+    let none = crate::open_with(dir.path(), &lazy("nothing.*")).unwrap();
+    assert!(none.tensors().is_empty() && none.files().is_empty());
+    // A glob that does not compile parses every shard (the load reports the pattern).
+    assert_eq!(crate::open_with(dir.path(), &lazy("[")).unwrap().tensors().len(), 12);
+    // Without an index, lazy is strict.
+    std::fs::remove_file(dir.path().join("model.safetensors.index.json")).unwrap();
+    assert_eq!(crate::open_with(dir.path(), &lazy("l2.*")).unwrap().tensors().len(), 12);
+}
+
+/// Whatever the number of header threads, the same checkpoint or the same first error.
+#[test]
+fn threads_change_nothing_but_speed() {
+    let open = |dir: &Path, threads: usize| {
+        crate::open_with(dir, &crate::OpenOptions { header_threads: threads, ..Default::default() })
+            .map(|c| (c.tensors().to_vec(), c.files().to_vec(), c.metadata().clone(), c.warnings().to_vec()))
+            .map_err(|e| e.to_string())
+    };
+    let good = four_shards_indexed();
+    let broken = four_shards_indexed();
+    write_shard(broken.path(), "s1.safetensors", &["l1.a", "l1.b", "l1.c", "l3.a"]);
+    std::fs::write(broken.path().join("s3.safetensors"), b"short").unwrap();
+    let unindexed = four_shards_indexed();
+    std::fs::remove_file(unindexed.path().join("model.safetensors.index.json")).unwrap();
+    for dir in [good.path(), broken.path(), unindexed.path()] {
+        let one = open(dir, 1);
+        for threads in [2, 3, 8] {
+            assert_eq!(open(dir, threads), one, "{threads} threads on {}", dir.display());
+        }
+    }
+    assert!(open(good.path(), 1).is_ok());
+    assert!(open(broken.path(), 1).unwrap_err().contains("s3.safetensors: file is 5 bytes"));
+}
+
+#[test]
+fn listed_files_the_index_does_not_name_are_ignored_and_hidden_shards_read() {
+    let dir = four_shards_indexed();
+    // A stray file sorted between the shards, which the index does not name: ignored even broken.
+    std::fs::write(dir.path().join("s1x.safetensors"), b"junk").unwrap();
+    // A shard under a hidden name (not listed): read after the listed ones.
+    std::fs::rename(dir.path().join("s3.safetensors"), dir.path().join(".s3.safetensors")).unwrap();
+    let index = std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap();
+    write_index(dir.path(), &index.replace("\"s3.safetensors\"", "\".s3.safetensors\""));
+    let ckpt = crate::open(dir.path()).unwrap();
+    assert_eq!(ckpt.tensors().len(), 12);
+    let files: Vec<_> = ckpt.files().iter().map(|f| f.path().file_name().unwrap().to_owned()).collect();
+    assert_eq!(files, [".s3.safetensors", "s0.safetensors", "s1.safetensors", "s2.safetensors"]);
+    assert_eq!(ckpt.tensor("l3.a").unwrap().file(), crate::FileId(0));
+    assert_eq!(ckpt.tensor("l0.a").unwrap().file(), crate::FileId(1));
+}

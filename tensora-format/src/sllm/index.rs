@@ -3,7 +3,7 @@
 //! serde visitor, reads each entry straight into typed, bounded fields, validates it as soon as it
 //! is read, and stores it compactly in buffers sized exactly by the first pass: one string of all
 //! names, one buffer of all dimensions, 40 bytes per entry. Names and overlaps are then checked
-//! across entries with a name table (8 bytes per entry) and one sort of entry numbers. Nothing
+//! across entries with a name table (12 bytes per entry) and one sort of entry numbers. Nothing
 //! grows by doubling and nothing is allocated per entry, so peak memory stays under 4× the index
 //! bytes (measured in `tests/index_memory.rs`). When the first pass finds the JSON invalid, the
 //! second runs without storing anything, so the error reported is the first in document order.

@@ -15,9 +15,10 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use self::index::{check_extent, parse_index_inner};
-use crate::checkpoint::{FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
+use crate::checkpoint::{FileEntry, FileId, FileStamp, Format, Spans, Strided, Strings, TensorInfo, Warning};
 use crate::{Checkpoint, Dtype, Error, ErrorKind};
 
 mod index;
@@ -442,42 +443,45 @@ pub(crate) fn assemble(
         })?;
     }
 
-    let mut tensors = Vec::with_capacity(index.len());
-    for e in index.entries() {
-        let located = match e.partition {
-            None => locate_global(&starts, &lens, e.offset_bytes, e.size_bytes),
+    let SllmIndex { layout, names, dims, records } = index;
+    let strings = Arc::new(Strings { names, dims });
+    let mut tensors = Vec::with_capacity(records.len());
+    for r in &records {
+        let end_bytes = r.offset_bytes + r.size_bytes;
+        let located = match r.partition {
+            None => locate_global(&starts, &lens, r.offset_bytes, r.size_bytes),
             Some(p) => {
                 let p = p as usize;
-                (p < lens.len() && e.end_bytes() <= lens[p]).then_some((p, e.offset_bytes))
+                (p < lens.len() && end_bytes <= lens[p]).then_some((p, r.offset_bytes))
             }
         };
         let Some((p, local)) = located else {
             // Name the partition the tensor starts in (most often a truncated one); the range is
             // the index's own (global for the upstream layout, local for the legacy one).
-            let p = match e.partition {
-                None => partition_at(&starts, e.offset_bytes) as u32,
+            let p = match r.partition {
+                None => partition_at(&starts, r.offset_bytes) as u32,
                 Some(p) => p,
             };
+            let name = &strings.names[r.name_start as usize..(r.name_start + r.name_len) as usize];
             return Err(Error::new(
                 partition_path(dir, p),
-                ErrorKind::OutsidePartition { offset: e.offset_bytes, end: e.end_bytes() },
+                ErrorKind::OutsidePartition { offset: r.offset_bytes, end: end_bytes },
             )
-            .with_tensor(e.name));
+            .with_tensor(name));
         };
-        tensors.push(TensorInfo {
-            name: e.name.to_owned(),
-            dtype: e.dtype,
-            shape: e.shape.to_vec(),
-            file: FileId(p as u32),
-            offset_bytes: local,
-            len_bytes: e.size_bytes,
-            strides: Some(e.strides.to_vec()),
-        });
+        let spans = Spans {
+            name_start: r.name_start,
+            name_len: r.name_len,
+            dims_start: r.dims_start,
+            rank: r.rank,
+            strided: Strided::Yes,
+        };
+        tensors.push(TensorInfo::new(&strings, spans, r.dtype, FileId(p as u32), local, r.size_bytes));
     }
     tensors.sort_by_key(|t| (t.file, t.offset_bytes));
 
     let mut warnings = Vec::new();
-    if index.layout == IndexLayout::Upstream {
+    if layout == IndexLayout::Upstream {
         // A writer fills each partition from its first byte. A partition whose first stored record
         // starts later suggests offsets that do not follow the file sizes (e.g. partitions rounded
         // up by an O_DIRECT writer), so the mapping deserves a look.
@@ -493,7 +497,7 @@ pub(crate) fn assemble(
             }
         }
     }
-    if index.layout == IndexLayout::Legacy {
+    if layout == IndexLayout::Legacy {
         warnings.push(Warning {
             path: index_path,
             message: "older Tensora 6-field tensor_index.json layout; convert to upgrade".to_owned(),
