@@ -221,9 +221,12 @@ fn memory_and_inspect_cells(
 ) -> Vec<MoeCell> {
     let rss_goal = 2 * fixture.header_bytes + RSS_SLACK_BYTES;
     let mut cells = Vec::new();
-    for what in ["open", "inspect"] {
-        let name = format!("{what} in a fresh process (peak RSS)");
-        cells.push(cell(&name, log, || {
+    for (what, name) in [
+        ("open", "open, strict, in a fresh process (peak RSS)"),
+        ("inspect", "inspect --json as the CLI does it (Inspection::of), fresh process"),
+        ("inspect-stream", "inspect --json streamed (Inspection::write_json), fresh process"),
+    ] {
+        cells.push(cell(name, log, || {
             let mut ms = Vec::new();
             let mut rss = 0u64;
             for _ in 0..runs {
@@ -231,8 +234,8 @@ fn memory_and_inspect_cells(
                 ms.push(seconds * 1e3);
                 rss = rss.max(peak);
             }
-            let mut c = MoeCell::ok(&name, &ms);
-            if what == "inspect" {
+            let mut c = MoeCell::ok(name, &ms);
+            if what != "open" {
                 c = c.goal_ms(INSPECT_MS_GOAL);
             }
             c.peak_rss_bytes = Some(rss);
@@ -342,9 +345,10 @@ fn run_probe(what: &str, dir: &Path) -> Result<(f64, u64)> {
     Ok((seconds, peak))
 }
 
-/// When this process was started as a probe (`tensora-bench --moe-probe open|inspect DIR`), do
-/// that one thing, print `seconds peak_rss_bytes`, and return the exit code; otherwise `None`.
-/// `inspect` does what `tensora inspect DIR --json` does, writing the JSON to a sink.
+/// When this process was started as a probe (`tensora-bench --moe-probe open|inspect|inspect-stream
+/// DIR`), do that one thing, print `seconds peak_rss_bytes`, and return the exit code; otherwise
+/// `None`. `inspect` does what `tensora inspect DIR --json` does today, writing the JSON to a
+/// sink; `inspect-stream` the same through `Inspection::write_json`.
 pub fn probe_main() -> Option<ExitCode> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [flag, what, dir] = args.as_slice() else { return None };
@@ -355,7 +359,14 @@ pub fn probe_main() -> Option<ExitCode> {
     let done = match what.as_str() {
         "open" => tensora_format::open(dir).map(|c| c.tensors().len()).map_err(anyhow::Error::from),
         "inspect" => tensora_format::open(dir).map_err(anyhow::Error::from).and_then(|c| {
-            serde_json::to_writer(std::io::sink(), &tensora_format::Inspection::of(&c))?;
+            serde_json::to_writer(
+                std::io::BufWriter::new(std::io::sink()),
+                &tensora_format::Inspection::of(&c),
+            )?;
+            Ok(c.tensors().len())
+        }),
+        "inspect-stream" => tensora_format::open(dir).map_err(anyhow::Error::from).and_then(|c| {
+            tensora_format::Inspection::write_json(&c, std::io::BufWriter::new(std::io::sink()))?;
             Ok(c.tensors().len())
         }),
         other => Err(anyhow::anyhow!("unknown probe {other:?}")),
