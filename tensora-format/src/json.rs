@@ -590,4 +590,4 @@ fn find_special(bytes: &[u8], from: usize) -> usize {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -113,8 +113,9 @@ fn pull_api_reads_members_and_elements() {
     r.finish().unwrap();
 }
 
-/// Arbitrary JSON values (shallow enough for serde_json's recursion limit).
-fn arb_value() -> impl Strategy<Value = Value> {
+/// Arbitrary JSON values (shallow enough for serde_json's recursion limit); strings hold quotes,
+/// backslashes, control characters and non-ASCII text. Also the index tests' values.
+pub(crate) fn arb_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),

@@ -273,26 +273,6 @@ fn check_index_result(
     Ok(())
 }
 
-/// Arbitrary JSON values (shallow enough for serde_json's recursion limit).
-fn arb_json() -> impl Strategy<Value = serde_json::Value> {
-    use serde_json::Value;
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(Value::from),
-        any::<u64>().prop_map(Value::from),
-        (-4096i32..4096).prop_map(|i| Value::from(f64::from(i) / 8.0)),
-        "[a-z\"\\\\\u{1}é./]{0,6}".prop_map(Value::from),
-    ];
-    leaf.prop_recursive(5, 48, 5, |inner| {
-        prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
-            proptest::collection::btree_map("[a-z_]{0,5}", inner, 0..5)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-        ]
-    })
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
@@ -314,9 +294,9 @@ proptest! {
     /// plain. Most parse; every result is checked.
     #[test]
     fn generated_indexes_are_read_as_serde_json_reads_them(
-        metadata in proptest::collection::btree_map("[a-z_]{1,4}", arb_json(), 0..4),
-        total_size in proptest::option::of(prop_oneof![any::<u64>().prop_map(serde_json::Value::from), arb_json()]),
-        junk in arb_json(),
+        metadata in proptest::collection::btree_map("[a-z_]{1,4}", crate::json::tests::arb_value(), 0..4),
+        total_size in proptest::option::of(prop_oneof![any::<u64>().prop_map(serde_json::Value::from), crate::json::tests::arb_value()]),
+        junk in crate::json::tests::arb_value(),
         entries in proptest::collection::vec(("[a-c.é\"]{1,3}", "[a-c/.]{0,3}\\.safetensors|\\.\\.|\\.|", 0u8..20), 0..12),
         pretty in any::<bool>(),
     ) {
