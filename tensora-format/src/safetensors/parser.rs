@@ -358,9 +358,15 @@ struct TensorFields {
 impl EntryFields {
     /// All three fields, or the first one missing (in the order dtype, shape, data_offsets).
     fn complete(self) -> Result<TensorFields, ErrorKind> {
-        let dtype = self.dtype.ok_or(ErrorKind::MissingField { field: "dtype" })?;
-        let shape = self.shape.ok_or(ErrorKind::MissingField { field: "shape" })?;
-        let offsets = self.offsets.ok_or(ErrorKind::MissingField { field: "data_offsets" })?;
+        let Some(dtype) = self.dtype else {
+            return Err(ErrorKind::MissingField { field: "dtype" });
+        };
+        let Some(shape) = self.shape else {
+            return Err(ErrorKind::MissingField { field: "shape" });
+        };
+        let Some(offsets) = self.offsets else {
+            return Err(ErrorKind::MissingField { field: "data_offsets" });
+        };
         Ok(TensorFields { dtype, shape, offsets })
     }
 }
@@ -401,8 +407,12 @@ fn offsets_of(v: &[Node<'_>]) -> Result<(u64, u64), ErrorKind> {
 /// `data_offsets` must span exactly `numel × bits / 8` bytes, a whole number of bytes, computed
 /// without overflow.
 fn check_size(dtype: Dtype, dims: &[u64], (start, end): (u64, u64)) -> Result<(), ErrorKind> {
-    let numel = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or(ErrorKind::SizeOverflow)?;
-    let bits = numel.checked_mul(u64::from(dtype.bits())).ok_or(ErrorKind::SizeOverflow)?;
+    let Some(numel) = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)) else {
+        return Err(ErrorKind::SizeOverflow);
+    };
+    let Some(bits) = numel.checked_mul(u64::from(dtype.bits())) else {
+        return Err(ErrorKind::SizeOverflow);
+    };
     if !bits.is_multiple_of(8) {
         return Err(ErrorKind::PartialByte { numel, dtype });
     }
