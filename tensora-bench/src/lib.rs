@@ -38,6 +38,7 @@ mod cells;
 mod chart;
 pub mod fixtures;
 pub mod loaders;
+pub mod moe;
 pub mod paired;
 pub mod peers;
 pub mod report;

@@ -45,9 +45,15 @@ struct Args {
     /// Measure nothing: re-render report.md and report.svg from the existing report.json.
     #[arg(long)]
     replot: bool,
+    /// Only the MoE-scale cells (`tensora_bench::moe`); writes moe.json and moe.md.
+    #[arg(long, conflicts_with_all = ["replot", "fixtures_only", "pairs_only"])]
+    moe_only: bool,
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = tensora_bench::moe::probe_main() {
+        return code;
+    }
     let args = Args::parse();
     let out_dir = args.out_dir.clone().unwrap_or_else(|| {
         let target =
@@ -66,6 +72,8 @@ fn main() -> ExitCode {
         replot(&config.out_dir)
     } else if args.pairs_only {
         pairs_only(&config)
+    } else if args.moe_only {
+        moe(&config)
     } else {
         run(&config, args.fixtures_only)
     };
@@ -128,6 +136,21 @@ fn run(config: &BenchConfig, fixtures_only: bool) -> anyhow::Result<()> {
     let paths = bench::write_reports(&report, &report_dir)?;
     println!("{}", report.to_markdown());
     for p in paths {
+        eprintln!("[tensora-bench] wrote {}", p.display());
+    }
+    moe(config)
+}
+
+/// The MoE-scale cells, written beside the main reports.
+fn moe(config: &BenchConfig) -> anyhow::Result<()> {
+    config.validate()?;
+    let started = std::time::Instant::now();
+    let mut log = |line: &str| eprintln!("[tensora-bench +{:.1}s] {line}", started.elapsed().as_secs_f64());
+    let report = tensora_bench::moe::run(config, &mut log)?;
+    let dir = config.report_dir();
+    std::fs::create_dir_all(&dir)?;
+    println!("{}", report.to_markdown());
+    for p in tensora_bench::moe::write_reports(&report, &dir)? {
         eprintln!("[tensora-bench] wrote {}", p.display());
     }
     Ok(())

@@ -32,9 +32,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::safetensors::Header;
-use crate::sharded::ShardIndex;
+use crate::sharded::{ShardIndex, ShardTensors};
 use crate::sllm::{PARTITIONS_MAX, SllmIndex};
-use crate::{Checkpoint, Error, ErrorKind, FileEntry, FileStamp, Result};
+use crate::{Checkpoint, Error, ErrorKind, FileEntry, FileId, FileStamp, Result};
 
 /// One safetensors object: its path (a path or URL, used in errors and as the file's path), its
 /// shard name, its stamp, and its parsed header.
@@ -91,7 +91,11 @@ pub fn unindexed_shards(root: &Path, objects: Vec<SafetensorsObject>) -> Result<
     if objects.is_empty() {
         return Err(Error::new(root, ErrorKind::NotACheckpoint { reason: "no safetensors objects".into() }));
     }
-    crate::sharded::assemble_unindexed(root, objects.into_iter().map(checked))
+    let shards = objects.into_iter().enumerate().map(|(k, object)| {
+        let (path, stamp, header) = checked(object)?;
+        Ok(ShardTensors::new(path, stamp, header, FileId(k as u32), None))
+    });
+    crate::sharded::assemble_unindexed(root, shards)
 }
 
 /// Shards through their HF index (`index_path` names it in errors), as [`crate::open`] builds an
@@ -111,7 +115,7 @@ pub fn indexed_shards(
         let name = object.name.clone();
         let refuse =
             |reason: &str| Error::new(&object.path, ErrorKind::NotACheckpoint { reason: reason.into() });
-        if !index.weight_map().iter().any(|(_, shard)| *shard == name) {
+        if !index.has_shard(&name) {
             return Err(refuse("this object is not a shard named by the index"));
         }
         if by_name.contains_key(&name) {
@@ -119,8 +123,12 @@ pub fn indexed_shards(
         }
         by_name.insert(name, object);
     }
-    crate::sharded::assemble_indexed(root, index_path, index, |shard| match by_name.remove(shard) {
-        Some(object) => checked(object),
+    let all: Vec<u32> = (0..index.shard_names().len() as u32).collect();
+    crate::sharded::assemble_indexed(root, index_path, index, &all, |k, shard| match by_name.remove(shard) {
+        Some(object) => {
+            let (path, stamp, header) = checked(object)?;
+            Ok(ShardTensors::new(path, stamp, header, FileId(k as u32), Some(index)))
+        }
         None => Err(Error::new(index_path, ErrorKind::MissingShard { shard: shard.to_owned() })),
     })
 }

@@ -2,12 +2,14 @@
 //! this crate, so the rest of the workspace never re-checks it: ranges lie inside their files,
 //! sizes agree with dtype and shape, and names are unique.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::Dtype;
+use crate::names::NameTable;
 use crate::select::{Selection, SelectionError};
 
 /// Which on-disk layout a checkpoint came from.
@@ -148,27 +150,134 @@ impl FileEntry {
     }
 }
 
+/// Tensor names and dimensions, back to back, shared by the [`TensorInfo`]s of one header or
+/// index (each names its ranges): a checkpoint holds no string or vector per tensor.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Strings {
+    pub(crate) names: String,
+    pub(crate) dims: Vec<u64>,
+}
+
 /// One tensor: where its bytes live and how to interpret them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct TensorInfo {
-    pub(crate) name: String,
+    /// Holds the name and the dimensions.
+    pub(crate) strings: Arc<Strings>,
+    pub(crate) name_start: u32,
+    pub(crate) name_len: u32,
+    /// The shape is `dims[dims_start..][..rank]`; strides, when recorded, follow it.
+    pub(crate) dims_start: u32,
+    pub(crate) rank: u8,
+    pub(crate) strided: Strided,
     pub(crate) dtype: Dtype,
-    pub(crate) shape: Vec<u64>,
     pub(crate) file: FileId,
     /// Absolute offset of the first byte in `file`.
     pub(crate) offset_bytes: u64,
     /// Bytes of storage to read. Equal to [`TensorInfo::nbytes`] for safetensors; for a
     /// ServerlessLLM tensor it is the recorded storage size, which strides may make larger.
     pub(crate) len_bytes: u64,
-    /// Strides in elements, when the format records them (ServerlessLLM). `None` means
-    /// contiguous row-major.
-    pub(crate) strides: Option<Vec<u64>>,
+}
+
+/// Whether a [`TensorInfo`] records strides (after its shape in the shared dimensions).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Strided {
+    /// Contiguous row-major.
+    No,
+    /// Strides in elements follow the shape.
+    Yes,
+}
+
+impl PartialEq for TensorInfo {
+    fn eq(&self, other: &TensorInfo) -> bool {
+        (self.name(), self.dtype, self.shape(), self.file, self.offset_bytes, self.len_bytes, self.strides())
+            == (
+                other.name(),
+                other.dtype,
+                other.shape(),
+                other.file,
+                other.offset_bytes,
+                other.len_bytes,
+                other.strides(),
+            )
+    }
+}
+
+impl Eq for TensorInfo {}
+
+impl std::fmt::Debug for TensorInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TensorInfo")
+            .field("name", &self.name())
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape())
+            .field("file", &self.file)
+            .field("offset_bytes", &self.offset_bytes)
+            .field("len_bytes", &self.len_bytes)
+            .field("strides", &self.strides())
+            .finish()
+    }
+}
+
+/// Where a tensor's name and dimensions are in its [`Strings`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spans {
+    pub(crate) name_start: u32,
+    pub(crate) name_len: u32,
+    pub(crate) dims_start: u32,
+    pub(crate) rank: u8,
+    pub(crate) strided: Strided,
 }
 
 impl TensorInfo {
+    /// A tensor whose name and dimensions are at `spans` in `strings` (which the caller checked).
+    pub(crate) fn new(
+        strings: &Arc<Strings>,
+        spans: Spans,
+        dtype: Dtype,
+        file: FileId,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> TensorInfo {
+        let Spans { name_start, name_len, dims_start, rank, strided } = spans;
+        TensorInfo {
+            strings: Arc::clone(strings),
+            name_start,
+            name_len,
+            dims_start,
+            rank,
+            strided,
+            dtype,
+            file,
+            offset_bytes,
+            len_bytes,
+        }
+    }
+
+    /// A tensor with its own strings (tests build checkpoints by hand).
+    #[cfg(test)]
+    pub(crate) fn owned(
+        name: &str,
+        dtype: Dtype,
+        shape: &[u64],
+        strides: Option<&[u64]>,
+        (file, offset_bytes, len_bytes): (FileId, u64, u64),
+    ) -> TensorInfo {
+        let mut dims = shape.to_vec();
+        dims.extend_from_slice(strides.unwrap_or(&[]));
+        let strings = Arc::new(Strings { names: name.to_owned(), dims });
+        let spans = Spans {
+            name_start: 0,
+            name_len: name.len() as u32,
+            dims_start: 0,
+            rank: shape.len() as u8,
+            strided: if strides.is_some() { Strided::Yes } else { Strided::No },
+        };
+        TensorInfo::new(&strings, spans, dtype, file, offset_bytes, len_bytes)
+    }
+
     /// The tensor's name, unique in its checkpoint.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.strings.names[self.name_start as usize..(self.name_start + self.name_len) as usize]
     }
     /// Element type.
     pub fn dtype(&self) -> Dtype {
@@ -176,7 +285,8 @@ impl TensorInfo {
     }
     /// Shape; `[]` is a scalar.
     pub fn shape(&self) -> &[u64] {
-        &self.shape
+        let start = self.dims_start as usize;
+        &self.strings.dims[start..start + usize::from(self.rank)]
     }
     /// The file that holds the tensor's bytes.
     pub fn file(&self) -> FileId {
@@ -197,12 +307,16 @@ impl TensorInfo {
     }
     /// Strides in elements, when the format records them; `None` means contiguous row-major.
     pub fn strides(&self) -> Option<&[u64]> {
-        self.strides.as_deref()
+        let start = self.dims_start as usize + usize::from(self.rank);
+        match self.strided {
+            Strided::No => None,
+            Strided::Yes => Some(&self.strings.dims[start..start + usize::from(self.rank)]),
+        }
     }
     /// Number of elements (1 for a scalar, 0 when any dimension is 0).
     pub fn numel(&self) -> u64 {
         // Cannot overflow: the parser checked `numel * bits` fits in u64.
-        self.shape.iter().product()
+        self.shape().iter().product()
     }
     /// `numel × bits / 8`: the bytes of the tensor's data as a dense array. A digest of a tensor
     /// covers exactly these bytes from [`TensorInfo::offset_bytes`].
@@ -229,7 +343,8 @@ pub struct Checkpoint {
     pub(crate) root: PathBuf,
     pub(crate) files: Vec<FileEntry>,
     pub(crate) tensors: Vec<TensorInfo>,
-    pub(crate) by_name: HashMap<String, usize>,
+    /// Name → index in `tensors`, built on the first lookup (a load by selection never needs it).
+    pub(crate) by_name: std::sync::OnceLock<NameTable>,
     pub(crate) metadata: BTreeMap<String, String>,
     pub(crate) warnings: Vec<Warning>,
 }
@@ -245,18 +360,31 @@ impl Checkpoint {
         metadata: BTreeMap<String, String>,
         warnings: Vec<Warning>,
     ) -> Checkpoint {
-        let mut by_name = HashMap::with_capacity(tensors.len());
-        for (i, t) in tensors.iter().enumerate() {
-            let previous = by_name.insert(t.name.clone(), i);
-            debug_assert!(previous.is_none(), "duplicate tensor name {:?}", t.name);
-        }
         debug_assert!(tensors.iter().all(|t| t.file.index() < files.len()));
         debug_assert!(tensors.iter().all(|t| {
             t.offset_bytes
                 .checked_add(t.len_bytes)
                 .is_some_and(|end| end <= files[t.file.index()].stamp.len_bytes)
         }));
-        Checkpoint { format, root, files, tensors, by_name, metadata, warnings }
+        let ckpt =
+            Checkpoint { format, root, files, tensors, by_name: Default::default(), metadata, warnings };
+        #[cfg(debug_assertions)]
+        ckpt.names(); // Checks the names are unique.
+        ckpt
+    }
+
+    /// The name table, built on first use.
+    fn names(&self) -> &NameTable {
+        self.by_name.get_or_init(|| {
+            let tensors = &self.tensors;
+            let mut by_name = NameTable::with_capacity(tensors.len());
+            for (i, t) in tensors.iter().enumerate() {
+                // Fewer than u32::MAX tensors: each takes bytes of a header or index.
+                let previous = by_name.insert(t.name(), i as u32, |k| tensors[k as usize].name());
+                debug_assert!(previous.is_none(), "duplicate tensor name {:?}", t.name());
+            }
+            by_name
+        })
     }
 
     /// The on-disk layout this checkpoint was read from.
@@ -282,13 +410,14 @@ impl Checkpoint {
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.tensors
     }
-    /// O(1) lookup by name.
+    /// O(1) lookup by name (the first lookup builds the name table: O(tensors)).
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.by_name.get(name).map(|&i| &self.tensors[i])
+        self.tensor_index(name).map(|i| &self.tensors[i])
     }
-    /// O(1) lookup of a tensor's index in [`Checkpoint::tensors`].
+    /// O(1) lookup of a tensor's index in [`Checkpoint::tensors`] (the first lookup builds the
+    /// name table: O(tensors)).
     pub fn tensor_index(&self, name: &str) -> Option<usize> {
-        self.by_name.get(name).copied()
+        self.names().get(name, |k| self.tensors[k as usize].name()).map(|i| i as usize)
     }
     /// `__metadata__` (safetensors) or the index's `metadata` (sharded), flattened to strings.
     pub fn metadata(&self) -> &BTreeMap<String, String> {

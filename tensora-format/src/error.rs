@@ -293,6 +293,13 @@ pub enum ErrorKind {
         /// The other shard holding it.
         second: String,
     },
+    /// A path that must be a regular file (a header, index, manifest or partition) is a FIFO,
+    /// a device, a directory, …; refused by [`crate::open_regular`] before anything is read.
+    #[error("not a regular file ({found})")]
+    NotRegularFile {
+        /// What the path is instead.
+        found: crate::NonRegular,
+    },
     /// The path holds no checkpoint this crate recognises, or a file that cannot be one.
     #[error("no checkpoint found: {reason}")]
     NotACheckpoint {

@@ -150,6 +150,100 @@ impl Inspection {
     }
 }
 
+impl Inspection {
+    /// Write `ckpt`'s [`Inspection`] as JSON to `out`, byte for byte what serialising
+    /// [`Inspection::of`] writes, without building it: nothing per tensor is copied, so a
+    /// 90,000-tensor checkpoint is described with no more memory than it already holds.
+    ///
+    /// ```
+    /// use tensora_format::Inspection;
+    /// let ckpt = tensora_format::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny"))?;
+    /// let mut streamed = Vec::new();
+    /// Inspection::write_json(&ckpt, &mut streamed)?;
+    /// assert_eq!(streamed, serde_json::to_vec(&Inspection::of(&ckpt))?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn write_json(ckpt: &Checkpoint, out: impl std::io::Write) -> serde_json::Result<()> {
+        serde_json::to_writer(out, &View(ckpt))
+    }
+}
+
+/// [`Inspection`]'s schema, serialised straight from a checkpoint (field order as declared there).
+struct View<'a>(&'a Checkpoint);
+
+#[derive(Serialize)]
+struct FileView {
+    path: String,
+    len_bytes: u64,
+    tensors: usize,
+}
+
+#[derive(Serialize)]
+struct TensorView<'a> {
+    name: &'a str,
+    dtype: &'static str,
+    shape: &'a [u64],
+    file: u32,
+    offset_bytes: u64,
+    len_bytes: u64,
+    nbytes: u64,
+    strides: Option<&'a [u64]>,
+}
+
+#[derive(Serialize)]
+struct WarningView<'a> {
+    path: String,
+    message: &'a str,
+}
+
+impl Serialize for View<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let ckpt = self.0;
+        let mut per_file = vec![0usize; ckpt.files().len()];
+        for t in ckpt.tensors() {
+            per_file[t.file().index()] += 1;
+        }
+        let files = ckpt.files().iter().zip(per_file).map(|(f, tensors)| FileView {
+            path: f.path().display().to_string(),
+            len_bytes: f.len_bytes(),
+            tensors,
+        });
+        let tensors = ckpt.tensors().iter().map(|t| TensorView {
+            name: t.name(),
+            dtype: t.dtype().as_str(),
+            shape: t.shape(),
+            file: t.file().0,
+            offset_bytes: t.offset_bytes(),
+            len_bytes: t.len_bytes(),
+            nbytes: t.nbytes(),
+            strides: t.strides(),
+        });
+        let warnings = ckpt
+            .warnings()
+            .iter()
+            .map(|w| WarningView { path: w.path.display().to_string(), message: &w.message });
+        let mut s = serializer.serialize_struct("Inspection", 7)?;
+        s.serialize_field("path", &ckpt.root().display().to_string())?;
+        s.serialize_field("format", ckpt.format().as_str())?;
+        s.serialize_field("files", &Seq(std::cell::Cell::new(Some(files))))?;
+        s.serialize_field("metadata", ckpt.metadata())?;
+        s.serialize_field("tensors", &Seq(std::cell::Cell::new(Some(tensors))))?;
+        s.serialize_field("tensor_bytes", &ckpt.total_tensor_bytes())?;
+        s.serialize_field("warnings", &Seq(std::cell::Cell::new(Some(warnings))))?;
+        s.end()
+    }
+}
+
+/// A sequence serialised once from an iterator (taken on first use).
+struct Seq<I>(std::cell::Cell<Option<I>>);
+
+impl<I: Iterator<Item = T>, T: Serialize> Serialize for Seq<I> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.take().into_iter().flatten())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -171,15 +265,13 @@ mod tests {
         strides: Option<Vec<u64>>,
     ) -> TensorInfo {
         let numel = if strides.is_some() { len_bytes / 2 } else { len_bytes };
-        TensorInfo {
-            name: name.into(),
-            dtype: Dtype::U8,
-            shape: vec![numel],
-            file: FileId(file),
-            offset_bytes,
-            len_bytes,
-            strides,
-        }
+        TensorInfo::owned(
+            name,
+            Dtype::U8,
+            &[numel],
+            strides.as_deref(),
+            (FileId(file), offset_bytes, len_bytes),
+        )
     }
 
     /// Two files, a tied pair in the first, one strided tensor, metadata and a warning.
@@ -223,6 +315,28 @@ mod tests {
         let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         keys.sort_unstable();
         keys
+    }
+
+    #[test]
+    fn the_streamed_json_is_the_built_one_byte_for_byte() {
+        let empty = Checkpoint::from_parts(
+            Format::Safetensors,
+            PathBuf::from("/e"),
+            Vec::new(),
+            Vec::new(),
+            BTreeMap::new(),
+            Vec::new(),
+        );
+        let tiny =
+            crate::open(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny")).unwrap();
+        for ckpt in [two_files(), empty, tiny] {
+            let mut streamed = Vec::new();
+            Inspection::write_json(&ckpt, &mut streamed).unwrap();
+            assert_eq!(
+                String::from_utf8(streamed).unwrap(),
+                serde_json::to_string(&Inspection::of(&ckpt)).unwrap()
+            );
+        }
     }
 
     #[test]

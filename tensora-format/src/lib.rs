@@ -41,6 +41,9 @@ mod dtype;
 mod error;
 mod fsutil;
 pub mod inspect;
+mod json;
+mod names;
+mod open;
 pub mod safetensors;
 pub mod select;
 pub mod sharded;
@@ -52,14 +55,17 @@ use std::path::Path;
 pub use checkpoint::{Checkpoint, FileChanged, FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
 pub use dtype::Dtype;
 pub use error::{Error, ErrorKind};
-pub use fsutil::{open_regular, read_capped};
+pub use fsutil::{NonRegular, open_regular, read_capped};
 pub use inspect::Inspection;
+pub use open::{HEADER_THREADS_DEFAULT_MAX, HEADER_THREADS_MAX, LOOKAHEAD_PER_THREAD, OpenOptions, Shards};
 pub use select::{Matcher, Selection, SelectionError};
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Open a checkpoint and validate its headers and indexes (never its tensor data).
+/// Open a checkpoint and validate its headers and indexes (never its tensor data): strictly,
+/// every shard parsed, on up to [`HEADER_THREADS_DEFAULT_MAX`] threads ([`open_with`] and
+/// [`OpenOptions::default`]).
 ///
 /// - a directory with `tensor_index.json`: ServerlessLLM ([`sllm::open_dir`]);
 /// - a directory with one `*.safetensors.index.json`: sharded through the index;
@@ -73,10 +79,16 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// assert!(matches!(err.kind(), tensora_format::ErrorKind::Io(_)));
 /// ```
 pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
+    open_with(path, &OpenOptions::default())
+}
+
+/// [`open`], as `options` say: which shards of an indexed checkpoint to parse ([`Shards`]) and
+/// on how many threads.
+pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Checkpoint> {
     let path = path.as_ref();
     let meta = std::fs::metadata(path).map_err(|e| Error::new(path, ErrorKind::Io(e)))?;
     if meta.is_dir() {
-        return sharded::open_dir(path);
+        return sharded::open_dir(path, options);
     }
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let parent = match path.parent() {
@@ -84,7 +96,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
         _ => Path::new("."),
     };
     if name.ends_with(sharded::INDEX_SUFFIX) {
-        return sharded::open_indexed(parent, path);
+        return sharded::open_indexed(parent, path, options);
     }
     if name == "tensor_index.json" {
         return sllm::open_dir(parent);

@@ -114,7 +114,7 @@ impl Selection {
                     pattern: patterns.join(","),
                     reason: e.to_string(),
                 })?;
-                Kind::Glob { patterns: patterns.clone(), set }
+                Kind::Glob { patterns: patterns.clone(), set, prefixes: literal_prefixes(patterns) }
             }
             Self::Predicate(pred) => Kind::Predicate(Arc::clone(pred)),
         };
@@ -139,6 +139,9 @@ enum Kind {
     Glob {
         patterns: Vec<String>,
         set: GlobSet,
+        /// When every pattern is `literal*` (the usual `model.layers.3.*`): the literals, matched
+        /// with `starts_with` (what the glob means: `*` matches any rest, `.` and `/` included).
+        prefixes: Option<Vec<String>>,
     },
     Predicate(Arc<dyn Fn(&str) -> bool + Send + Sync>),
 }
@@ -149,6 +152,9 @@ impl Matcher {
         match &self.kind {
             Kind::All => true,
             Kind::Names { index, .. } => index.contains_key(name),
+            Kind::Glob { prefixes: Some(prefixes), .. } => {
+                prefixes.iter().any(|p| name.starts_with(p.as_str()))
+            }
             Kind::Glob { set, .. } => set.is_match(name),
             Kind::Predicate(pred) => pred(name),
         }
@@ -178,11 +184,23 @@ impl Matcher {
                     return Err(SelectionError::UnknownNames { names: missing });
                 }
             }
-            Kind::Glob { patterns, set } => {
+            Kind::Glob { patterns, set, prefixes } => {
                 let mut seen = vec![false; patterns.len()];
                 let mut hits = Vec::new();
                 for (i, name) in names.into_iter().enumerate() {
-                    set.matches_into(name, &mut hits);
+                    match prefixes {
+                        Some(prefixes) => {
+                            hits.clear();
+                            hits.extend(
+                                prefixes
+                                    .iter()
+                                    .enumerate()
+                                    .filter(|(_, p)| name.starts_with(p.as_str()))
+                                    .map(|(k, _)| k),
+                            );
+                        }
+                        None => set.matches_into(name, &mut hits),
+                    }
                     if !hits.is_empty() {
                         picked.push(i);
                         for &h in &hits {
@@ -201,6 +219,18 @@ impl Matcher {
         }
         Ok(picked)
     }
+}
+
+/// The literal before the one trailing `*` of each pattern, when every pattern is of that form
+/// (no other glob syntax: `*`, `?`, `[`, `]`, `{`, `}`, `\\`).
+fn literal_prefixes(patterns: &[String]) -> Option<Vec<String>> {
+    patterns
+        .iter()
+        .map(|p| {
+            let literal = p.strip_suffix('*')?;
+            (!literal.contains(['*', '?', '[', ']', '{', '}', '\\'])).then(|| literal.to_owned())
+        })
+        .collect()
 }
 
 /// The entries of `wanted` not marked in `seen` (and not otherwise `found`), deduplicated.
@@ -230,6 +260,37 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    proptest! {
+        /// `literal*` patterns, matched by prefix, select what the compiled glob selects.
+        #[test]
+        fn prefix_patterns_match_as_their_globs(
+            literals in proptest::collection::vec("[a-c./]{0,4}", 1..4),
+            names in proptest::collection::vec("[a-c./]{0,6}", 0..12),
+        ) {
+            let patterns: Vec<String> = literals.iter().map(|l| format!("{l}*")).collect();
+            let fast = Selection::Glob(patterns.clone()).matcher().unwrap();
+            let takes_prefix_path = matches!(&fast.kind, Kind::Glob { prefixes: Some(_), .. });
+            prop_assert!(takes_prefix_path);
+            let mut slow = fast.clone();
+            if let Kind::Glob { prefixes, .. } = &mut slow.kind {
+                *prefixes = None;
+            }
+            for n in &names {
+                prop_assert_eq!(fast.matches(n), slow.matches(n), "{}", n);
+            }
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            prop_assert_eq!(fast.select(refs.iter().copied()), slow.select(refs.iter().copied()));
+        }
+    }
+
+    #[test]
+    fn only_plain_trailing_star_patterns_take_the_prefix_path() {
+        assert_eq!(literal_prefixes(&["a.*".into(), "*".into()]), Some(vec!["a.".into(), String::new()]));
+        for other in ["a.*.b", "a?*", "[ab]*", "a", "{a,b}*", "a\\**"] {
+            assert_eq!(literal_prefixes(&[other.into()]), None, "{other}");
+        }
+    }
 
     const NAMES: [&str; 6] = [
         "model.embed_tokens.weight",

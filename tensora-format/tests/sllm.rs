@@ -7,10 +7,11 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 use sha2::{Digest, Sha256};
 use tensora_format::sllm::write::{SllmLayout, SllmLayoutConfig, SllmTensorSpec, index_json};
-use tensora_format::sllm::{self, IndexLayout, SllmIndex};
-use tensora_format::{Checkpoint, Dtype, Format};
+use tensora_format::sllm::{self, IndexEntry, IndexLayout, SllmIndex};
+use tensora_format::{Checkpoint, Dtype, ErrorKind, Format};
 
 const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 const TINY_EXPECTED: &str =
@@ -151,7 +152,7 @@ fn specs_strategy() -> impl Strategy<Value = Vec<SllmTensorSpec>> {
     })
 }
 
-fn to_legacy(layout: &SllmLayout) -> SllmIndex {
+fn to_legacy(layout: &SllmLayout) -> Vec<IndexEntry> {
     let starts: Vec<u64> = layout
         .partition_lens_bytes()
         .iter()
@@ -161,7 +162,7 @@ fn to_legacy(layout: &SllmLayout) -> SllmIndex {
             Some(s)
         })
         .collect();
-    let entries = layout
+    layout
         .entries()
         .iter()
         .map(|e| {
@@ -171,8 +172,73 @@ fn to_legacy(layout: &SllmLayout) -> SllmIndex {
             l.partition = Some(p as u32);
             l
         })
-        .collect();
-    SllmIndex { layout: IndexLayout::Legacy, entries }
+        .collect()
+}
+
+/// The kinds a `tensor_index.json` parse can fail with.
+fn is_index_rule(kind: &ErrorKind) -> bool {
+    use ErrorKind as K;
+    matches!(
+        kind,
+        K::BadIndex { .. }
+            | K::BadSllmEntry { .. }
+            | K::BadTensorName { .. }
+            | K::UnknownTorchDtype { .. }
+            | K::BadShape { .. }
+            | K::RankTooLarge { .. }
+            | K::BadOffsets { .. }
+            | K::StrideRankMismatch { .. }
+            | K::StrideOutOfBounds { .. }
+            | K::SizeOverflow
+            | K::SizeMismatch { .. }
+            | K::DuplicateTensor
+            | K::SllmOverlap { .. }
+    )
+}
+
+/// What every result of `parse_index(bytes)` must satisfy. An accepted index is what serde_json
+/// reads (one object, as many members as entries), its entries keep the rules (one layout, ranks
+/// equal and bounded, unique names, no untied overlap), and it re-serialises to an index that
+/// parses the same. A refusal is one of the index rules' kinds: `BadIndex` exactly when the text
+/// is not one JSON object, or an entry rule before any JSON error.
+fn check_result(bytes: &[u8], result: &Result<SllmIndex, ErrorKind>) -> Result<(), TestCaseError> {
+    let generic = serde_json::from_slice::<serde_json::Value>(bytes);
+    let Ok(parsed) = result else {
+        let kind = result.as_ref().unwrap_err();
+        prop_assert!(is_index_rule(kind), "not an index rule: {:?}", kind);
+        match &generic {
+            Ok(v) if v.is_object() => prop_assert!(!matches!(kind, ErrorKind::BadIndex { .. }), "{:?}", kind),
+            Ok(_) => prop_assert!(matches!(kind, ErrorKind::BadIndex { .. }), "{:?}", kind),
+            Err(_) => {} // BadIndex, or an entry rule broken before the JSON error.
+        }
+        return Ok(());
+    };
+    let Ok(serde_json::Value::Object(object)) = generic else {
+        return Err(TestCaseError::fail(format!(
+            "accepted what serde_json does not read as an object: {generic:?}"
+        )));
+    };
+    prop_assert_eq!(object.len(), parsed.len());
+    let legacy = parsed.layout == IndexLayout::Legacy;
+    let entries: Vec<_> = parsed.entries().collect();
+    for (i, e) in entries.iter().enumerate() {
+        prop_assert!(object.contains_key(e.name), "{} is not a key", e.name);
+        prop_assert_eq!(e.partition.is_some(), legacy);
+        prop_assert!(e.shape.len() == e.strides.len() && e.shape.len() <= sllm::RANK_MAX);
+        for o in &entries[..i] {
+            prop_assert_ne!(o.name, e.name);
+            let overlap = e.size_bytes > 0
+                && o.size_bytes > 0
+                && o.partition == e.partition
+                && e.offset_bytes < o.end_bytes()
+                && o.offset_bytes < e.end_bytes();
+            let tied = (o.offset_bytes, o.size_bytes) == (e.offset_bytes, e.size_bytes);
+            prop_assert!(!overlap || tied, "{} overlaps {}", e.name, o.name);
+        }
+    }
+    let again = sllm::parse_index(index_json(&parsed.to_entries()).as_bytes());
+    prop_assert_eq!(again.as_ref().ok(), Some(parsed));
+    Ok(())
 }
 
 proptest! {
@@ -184,7 +250,7 @@ proptest! {
         let json = layout.index_json();
         let parsed = sllm::parse_index(json.as_bytes()).unwrap();
         prop_assert_eq!(parsed.layout, IndexLayout::Upstream);
-        prop_assert_eq!(&parsed.entries[..], layout.entries());
+        prop_assert_eq!(&parsed.to_entries()[..], layout.entries());
         // Python-style JSON is also plain JSON.
         let generic: serde_json::Value = serde_json::from_str(&json).unwrap();
         prop_assert_eq!(generic.as_object().unwrap().len(), layout.entries().len());
@@ -201,16 +267,15 @@ proptest! {
     fn legacy_indexes_round_trip(specs in specs_strategy(), cap in 1u64..200) {
         let layout = SllmLayout::new(specs, &SllmLayoutConfig { partition_bytes_max: cap }).unwrap();
         let legacy = to_legacy(&layout);
-        let parsed = sllm::parse_index(index_json(&legacy.entries).as_bytes()).unwrap();
-        if legacy.entries.is_empty() {
-            prop_assert_eq!(parsed.layout, IndexLayout::Upstream);
-        } else {
-            prop_assert_eq!(&parsed, &legacy);
-        }
+        let parsed = sllm::parse_index(index_json(&legacy).as_bytes()).unwrap();
+        let expected_layout = if legacy.is_empty() { IndexLayout::Upstream } else { IndexLayout::Legacy };
+        prop_assert_eq!(parsed.layout, expected_layout);
+        prop_assert_eq!(parsed.to_entries(), legacy);
     }
 
+    /// Insertions, deletions and replacements in a valid index: every result is checked.
     #[test]
-    fn mutated_indexes_never_panic(
+    fn mutated_indexes_give_checked_results(
         specs in specs_strategy(),
         edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..8),
     ) {
@@ -228,16 +293,20 @@ proptest! {
                 _ => bytes.insert(i, byte),
             }
         }
-        // Ok or a typed error; an accepted index must re-serialise to something that parses the same.
-        if let Ok(parsed) = sllm::parse_index(&bytes) {
-            let again = sllm::parse_index(index_json(&parsed.entries).as_bytes()).unwrap();
-            prop_assert_eq!(again.entries, parsed.entries);
-        }
+        check_result(&bytes, &sllm::parse_index(&bytes))?;
     }
 
     #[test]
-    fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
-        let _ = sllm::parse_index(&bytes);
+    fn arbitrary_bytes_give_checked_results(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+        check_result(&bytes, &sllm::parse_index(&bytes))?;
+    }
+
+    /// JSON-like text inside an otherwise valid entry (the stride), and as a whole index.
+    #[test]
+    fn json_like_text_gives_checked_results(text in "[\\[\\]{}\",:0-9a-z .\\-]{0,40}") {
+        let inside = format!(r#"{{"w": [0, 8, [2], {text}, "torch.float32"]}}"#);
+        check_result(inside.as_bytes(), &sllm::parse_index(inside.as_bytes()))?;
+        check_result(text.as_bytes(), &sllm::parse_index(text.as_bytes()))?;
     }
 }
 

@@ -572,7 +572,7 @@ async fn open_indexed(
     let (url, bytes) = fetch_index(location, fetcher, index_path, INDEX_BYTES_MAX).await?;
     let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     let dir = parent(index_path);
-    let names: BTreeSet<&str> = index.weight_map().iter().map(|(_, shard)| shard.as_str()).collect();
+    let names: BTreeSet<&str> = index.shard_names().collect();
     let paths: Vec<(ObjectPath, String)> = names
         .into_iter()
         .map(|n| child_raw(&dir, n).map(|p| (p, n.to_owned())))

@@ -422,9 +422,9 @@ fn read_error(path: &Path, e: tensora_format::Error) -> ManifestError {
         ErrorKind::IndexTooLarge { len_bytes, limit_bytes } => {
             ManifestError::TooLarge { path, len_bytes, limit_bytes }
         }
-        // "not a regular file": a FIFO, a device or a directory is no manifest.
-        ErrorKind::NotACheckpoint { reason } => {
-            ManifestError::Io { path, source: io::Error::new(io::ErrorKind::InvalidInput, reason) }
+        // A FIFO, a device or a directory is no manifest (refused before it is opened for reading).
+        kind @ ErrorKind::NotRegularFile { .. } => {
+            ManifestError::Io { path, source: io::Error::new(io::ErrorKind::InvalidInput, kind.to_string()) }
         }
         other => ManifestError::Io { path, source: io::Error::other(other.to_string()) },
     }
@@ -591,6 +591,26 @@ mod tests {
         match Manifest::read(&fifo) {
             Err(ManifestError::Io { source, .. }) => assert_eq!(source.kind(), io::ErrorKind::InvalidInput),
             other => panic!("expected Io, got {other:?}"),
+        }
+    }
+
+    /// A manifest path that is a symlink to a terminal (whose read would block) or to `/dev/zero`
+    /// (which would stream up to the cap) is refused before it is opened for reading.
+    #[cfg(unix)]
+    #[test]
+    fn read_refuses_links_to_devices_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        for device in ["/dev/tty", "/dev/zero"] {
+            let link = dir.path().join(format!("{}.json", &device[5..]));
+            std::os::unix::fs::symlink(device, &link).unwrap();
+            match Manifest::read(&link) {
+                Err(ManifestError::Io { path, source }) => {
+                    assert_eq!(path, link);
+                    assert_eq!(source.kind(), io::ErrorKind::InvalidInput);
+                    assert_eq!(source.to_string(), "not a regular file (a character device)");
+                }
+                other => panic!("expected Io, got {other:?}"),
+            }
         }
     }
 

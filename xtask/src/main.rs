@@ -31,15 +31,20 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
                        target/tensora-bench/remote/report.{md,json}. Not part of `test`.
   fixtures [--size small|full]
                        only generate (or check) the bench fixtures
-  fuzz [TARGET] [--seconds N]
+  fuzz [TARGET] [--seconds N] [--rss-limit-mb M]
                        run the cargo-fuzz targets in fuzz/ (all, or TARGET) for N seconds each
-                       (default 60), installing cargo-fuzz if missing
+                       (default 60), one after another, each under libFuzzer's -rss_limit_mb=M
+                       (default 1024: a parser that blows up its memory is a finding), installing
+                       cargo-fuzz if missing
 ";
 
 /// Default seconds per fuzz target.
 const FUZZ_SECONDS_DEFAULT: u64 = 60;
 /// Upper bound on `--seconds` (one day).
 const FUZZ_SECONDS_MAX: u64 = 86_400;
+/// Default libFuzzer RSS limit per target, in MiB: the parsers' inputs are at most a few KiB, so
+/// anything near this is a memory blow-up.
+const FUZZ_RSS_LIMIT_MB_DEFAULT: u64 = 1024;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -227,6 +232,7 @@ fn fixtures(args: &[String]) -> Result<()> {
 fn fuzz(args: &[String]) -> Result<()> {
     let mut target: Option<&str> = None;
     let mut seconds = FUZZ_SECONDS_DEFAULT;
+    let mut rss_limit_mb = FUZZ_RSS_LIMIT_MB_DEFAULT;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -235,6 +241,13 @@ fn fuzz(args: &[String]) -> Result<()> {
                 seconds = v.parse().with_context(|| format!("--seconds: {v:?} is not a number"))?;
                 if !(1..=FUZZ_SECONDS_MAX).contains(&seconds) {
                     bail!("--seconds must be in 1..={FUZZ_SECONDS_MAX}");
+                }
+            }
+            "--rss-limit-mb" => {
+                let v = it.next().context("--rss-limit-mb needs a number")?;
+                rss_limit_mb = v.parse().with_context(|| format!("--rss-limit-mb: {v:?} is not a number"))?;
+                if rss_limit_mb == 0 {
+                    bail!("--rss-limit-mb must be at least 1");
                 }
             }
             t if !t.starts_with('-') && target.is_none() => target = Some(t),
@@ -277,10 +290,15 @@ fn fuzz(args: &[String]) -> Result<()> {
         bail!("no fuzz targets in {}", fuzz_dir.display());
     }
     let max_time = format!("-max_total_time={seconds}");
+    let rss_limit = format!("-rss_limit_mb={rss_limit_mb}");
     for t in &targets {
-        run_in(None, &env, &cargo, &["fuzz", "run", t, "--", &max_time])?;
+        run_in(None, &env, &cargo, &["fuzz", "run", t, "--", &max_time, &rss_limit])?;
     }
-    eprintln!("fuzzed {} target(s) for {seconds} s each: {}", targets.len(), targets.join(", "));
+    eprintln!(
+        "fuzzed {} target(s) for {seconds} s each under -rss_limit_mb={rss_limit_mb}: {}",
+        targets.len(),
+        targets.join(", ")
+    );
     Ok(())
 }
 
@@ -340,5 +358,7 @@ mod tests {
         assert!(fuzz(&strings(&["--seconds", "0"])).is_err());
         assert!(fuzz(&strings(&["--seconds", "x"])).is_err());
         assert!(fuzz(&strings(&["a", "b"])).is_err());
+        assert!(fuzz(&strings(&["--rss-limit-mb", "0"])).is_err());
+        assert!(fuzz(&strings(&["--rss-limit-mb", "lots"])).is_err());
     }
 }

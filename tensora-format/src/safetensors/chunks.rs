@@ -26,10 +26,8 @@ pub(super) fn speculative_segments(json: &[u8], open: usize) -> Option<Vec<std::
     let mut start = open + 1;
     loop {
         let from = start + CHUNK_BYTES_TARGET;
-        let split = json
-            .get(from..close)
-            .and_then(|tail| tail.windows(3).position(|w| w == b"},\""))
-            .map(|k| from + k + 1);
+        let split =
+            json.get(from..close).and_then(|tail| memchr::memmem::find(tail, b"},\"")).map(|k| from + k + 1);
         match split {
             Some(comma) => {
                 segments.push(start..comma);

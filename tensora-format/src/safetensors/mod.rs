@@ -29,18 +29,18 @@
 //! ```
 
 mod chunks;
-mod names;
 mod parser;
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
 use simd_json::{Node, StaticNode};
 
 use self::parser::Parser;
-use crate::{Dtype, Error, ErrorKind, Result};
+use crate::checkpoint::{Spans, Strided, Strings};
+use crate::{Dtype, Error, ErrorKind, FileId, Result, TensorInfo};
 
 /// The largest header length `n` accepted, in bytes. Checked before anything is allocated.
 pub const HEADER_LEN_BYTES_MAX: u64 = 100_000_000;
@@ -48,7 +48,7 @@ pub const HEADER_LEN_BYTES_MAX: u64 = 100_000_000;
 pub const RANK_MAX: usize = 64;
 /// Target size of one parse chunk. A chunk holds whole top-level entries, so a single huge entry
 /// makes a chunk as large as that entry (never larger than the header).
-pub const CHUNK_BYTES_TARGET: usize = 64 * 1024;
+pub const CHUNK_BYTES_TARGET: usize = 16 * 1024;
 /// The key that holds the optional string-to-string metadata.
 pub const METADATA_KEY: &str = "__metadata__";
 
@@ -164,6 +164,35 @@ impl Header {
     pub fn tensors(&self) -> impl ExactSizeIterator<Item = HeaderTensor<'_>> + DoubleEndedIterator + '_ {
         self.entries.iter().map(|e| self.view(e))
     }
+    /// The tensors of this header as file `file` of a checkpoint, appended to `out` in
+    /// data-offset order; they share the header's names and shapes (moved, not copied). Returns
+    /// `__metadata__`.
+    pub(crate) fn into_tensors(
+        mut self,
+        file: FileId,
+        out: &mut Vec<TensorInfo>,
+    ) -> Option<BTreeMap<String, String>> {
+        let data_start = self.data_start_bytes();
+        let metadata = self.metadata.take();
+        let mut names = std::mem::take(&mut self.names);
+        names.shrink_to_fit();
+        let mut dims = std::mem::take(&mut self.dims);
+        dims.shrink_to_fit();
+        let strings = Arc::new(Strings { names, dims });
+        out.reserve(self.entries.len());
+        for e in &self.entries {
+            let spans = Spans {
+                name_start: e.name_start,
+                name_len: e.name_len,
+                dims_start: e.dims_start,
+                rank: e.rank,
+                strided: Strided::No,
+            };
+            let len_bytes = e.end_bytes - e.start_bytes;
+            out.push(TensorInfo::new(&strings, spans, e.dtype, file, data_start + e.start_bytes, len_bytes));
+        }
+        metadata
+    }
     fn view<'a>(&'a self, e: &Entry) -> HeaderTensor<'a> {
         let dims_start = e.dims_start as usize;
         HeaderTensor {
@@ -247,12 +276,13 @@ pub fn read_header(path: &Path) -> Result<Header> {
 }
 
 /// [`read_header`], also returning the file's metadata as seen through the same open handle.
+/// Two positional reads: the 8-byte prefix, then exactly the `n` header bytes.
 pub(crate) fn read_header_stamped(path: &Path) -> Result<(Header, std::fs::Metadata)> {
     let io = |e| Error::new(path, ErrorKind::Io(e));
-    let (mut file, meta) = crate::open_regular(path)?;
+    let (file, meta) = crate::open_regular(path)?;
     let file_len_bytes = meta.len();
     let mut prefix = [0u8; 8];
-    let prefix_len = read_up_to(&mut file, &mut prefix).map_err(io)?;
+    let prefix_len = read_at_most(&file, &mut prefix, 0).map_err(io)?;
     let span = header_span_at(path, &prefix[..prefix_len], file_len_bytes)?;
     // `span` <= 8 + HEADER_LEN_BYTES_MAX and <= the file size: a bounded allocation.
     let span_usize = usize::try_from(span).map_err(|_| {
@@ -263,7 +293,7 @@ pub(crate) fn read_header_stamped(path: &Path) -> Result<(Header, std::fs::Metad
     })?;
     let mut bytes = vec![0u8; span_usize];
     bytes[..8].copy_from_slice(&prefix);
-    let got = read_up_to(&mut file, &mut bytes[8..]).map_err(io)?;
+    let got = read_at_most(&file, &mut bytes[8..], 8).map_err(io)?;
     if got != span_usize - 8 {
         // The file shrank under us.
         return Err(Error::new(
@@ -275,11 +305,21 @@ pub(crate) fn read_header_stamped(path: &Path) -> Result<(Header, std::fs::Metad
     Ok((header, meta))
 }
 
-/// Read until `buf` is full or EOF; returns the bytes read. Retries EINTR.
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+/// Read at `offset` until `buf` is full or EOF; returns the bytes read. Retries EINTR.
+fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    #[cfg(unix)]
+    use std::os::unix::fs::FileExt;
     let mut done = 0;
     while done < buf.len() {
-        match file.read(&mut buf[done..]) {
+        #[cfg(unix)]
+        let read = file.read_at(&mut buf[done..], offset + done as u64);
+        #[cfg(not(unix))]
+        let read = {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut f = file;
+            f.seek(SeekFrom::Start(offset + done as u64)).and_then(|_| f.read(&mut buf[done..]))
+        };
+        match read {
             Ok(0) => break,
             Ok(k) => done += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -319,7 +359,17 @@ fn check_tiling(path: &Path, tensors: &mut [Entry], names: &str, data_len_bytes:
 
 /// Whether `s` holds a control character (C0, DEL or C1); bytewise for ASCII.
 pub(crate) fn has_control(s: &str) -> bool {
-    if s.is_ascii() { s.bytes().any(|b| b < 0x20 || b == 0x7f) } else { s.chars().any(char::is_control) }
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // Eight bytes at a time: any byte below 0x20, equal to 0x7f, or not ASCII sends the name to
+    // the exact (char-wise) check; a run of plain ASCII needs no more.
+    let mut words = s.as_bytes().chunks_exact(8);
+    let suspicious = words.any(|w| {
+        let w = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        let del = w ^ (ONES * 0x7f);
+        ((w.wrapping_sub(ONES * 0x20) & !w) | (del.wrapping_sub(ONES) & !del) | w) & HIGHS != 0
+    }) || words.remainder().iter().any(|&b| !(0x20..0x7f).contains(&b));
+    suspicious && s.chars().any(char::is_control)
 }
 
 /// Number of tape nodes taken by the value starting at `at` (1 for scalars).
@@ -391,4 +441,4 @@ pub(crate) fn node_u64(node: &Node<'_>) -> std::result::Result<u64, String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

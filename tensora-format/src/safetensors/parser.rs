@@ -7,8 +7,8 @@ use std::path::Path;
 use simd_json::{Buffers, Node, StaticNode, Tape};
 
 use super::chunks::{is_json_ws, scan_top_level, speculative_segments};
-use super::names::NameSet;
 use super::{CHUNK_BYTES_TARGET, Entry, METADATA_KEY, Members, RANK_MAX, has_control, node_u64};
+use crate::names::NameTable;
 use crate::{Dtype, Error, ErrorKind, Result};
 
 /// The shortest possible tensor entry plus its comma,
@@ -34,7 +34,7 @@ pub(super) struct Parser<'a> {
     pub names: String,
     /// All shapes, back to back.
     pub dims: Vec<u64>,
-    seen: NameSet,
+    seen: NameTable,
 }
 
 impl<'a> Parser<'a> {
@@ -47,7 +47,7 @@ impl<'a> Parser<'a> {
             entries: Vec::new(),
             names: String::new(),
             dims: Vec::new(),
-            seen: NameSet::new(),
+            seen: NameTable::with_capacity(0),
         }
     }
 
@@ -69,13 +69,13 @@ impl<'a> Parser<'a> {
         // Every tensor entry's value is an object, so it holds at least one '}' outside strings:
         // the count of '}' bytes bounds the number of tensors. Preallocating that (capped by what
         // the header could hold at its densest) avoids growth peaks.
-        let braces = json.iter().filter(|&&b| b == b'}').count();
+        let braces = count_byte(json, b'}');
         let capacity = braces.min(json.len() / ENTRY_BYTES_MIN + 1);
         self.entries.reserve_exact(capacity);
-        self.seen.first_by_hash.reserve(capacity);
-        // Names and dims grow if these guesses are short: names are usually under a third of a
+        self.seen = NameTable::with_capacity(capacity);
+        // Names and dims grow if these guesses are short: names are usually under half of a
         // header, and a dimension takes at least two bytes of JSON.
-        self.names.reserve(json.len() / 3);
+        self.names.reserve(json.len() / 2);
         self.dims.reserve((2 * capacity).min(json.len() / 2));
         let mut scratch = Scratch {
             buffers: Buffers::with_max_depth(CHUNK_BYTES_TARGET + 2, json.len() + 2),
@@ -317,7 +317,8 @@ impl<'a> Parser<'a> {
         let name_start = u32::try_from(self.names.len()).map_err(|_| too_many())?;
         let name_len = u32::try_from(name.len()).map_err(|_| too_many())?;
         let dims_start = u32::try_from(dims_start).map_err(|_| too_many())?;
-        if !self.seen.insert(name, index, &self.entries, &self.names) {
+        let (entries, names) = (&self.entries, &self.names);
+        if self.seen.insert(name, index, |i| entries[i as usize].name(names)).is_some() {
             return Err(ErrorKind::DuplicateTensor);
         }
         self.names.push_str(name);
@@ -357,9 +358,15 @@ struct TensorFields {
 impl EntryFields {
     /// All three fields, or the first one missing (in the order dtype, shape, data_offsets).
     fn complete(self) -> Result<TensorFields, ErrorKind> {
-        let dtype = self.dtype.ok_or(ErrorKind::MissingField { field: "dtype" })?;
-        let shape = self.shape.ok_or(ErrorKind::MissingField { field: "shape" })?;
-        let offsets = self.offsets.ok_or(ErrorKind::MissingField { field: "data_offsets" })?;
+        let Some(dtype) = self.dtype else {
+            return Err(ErrorKind::MissingField { field: "dtype" });
+        };
+        let Some(shape) = self.shape else {
+            return Err(ErrorKind::MissingField { field: "shape" });
+        };
+        let Some(offsets) = self.offsets else {
+            return Err(ErrorKind::MissingField { field: "data_offsets" });
+        };
         Ok(TensorFields { dtype, shape, offsets })
     }
 }
@@ -400,8 +407,12 @@ fn offsets_of(v: &[Node<'_>]) -> Result<(u64, u64), ErrorKind> {
 /// `data_offsets` must span exactly `numel × bits / 8` bytes, a whole number of bytes, computed
 /// without overflow.
 fn check_size(dtype: Dtype, dims: &[u64], (start, end): (u64, u64)) -> Result<(), ErrorKind> {
-    let numel = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or(ErrorKind::SizeOverflow)?;
-    let bits = numel.checked_mul(u64::from(dtype.bits())).ok_or(ErrorKind::SizeOverflow)?;
+    let Some(numel) = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)) else {
+        return Err(ErrorKind::SizeOverflow);
+    };
+    let Some(bits) = numel.checked_mul(u64::from(dtype.bits())) else {
+        return Err(ErrorKind::SizeOverflow);
+    };
     if !bits.is_multiple_of(8) {
         return Err(ErrorKind::PartialByte { numel, dtype });
     }
@@ -410,4 +421,10 @@ fn check_size(dtype: Dtype, dims: &[u64], (start, end): (u64, u64)) -> Result<()
         return Err(ErrorKind::SizeMismatch { expected_bytes, actual_bytes: end - start });
     }
     Ok(())
+}
+
+/// How many times `needle` occurs in `bytes`: per run of 255 bytes into a `u8` (which the
+/// compiler vectorises sixteen or more bytes at a time), then summed.
+fn count_byte(bytes: &[u8], needle: u8) -> usize {
+    bytes.chunks(255).map(|run| usize::from(run.iter().fold(0u8, |n, &b| n + u8::from(b == needle)))).sum()
 }

@@ -1,13 +1,21 @@
-//! Parsing `tensor_index.json`: a serde visitor that reads each entry straight into typed,
-//! bounded fields (no JSON tree of the index), validates it as soon as it is read, then checks
-//! names and overlaps across entries.
+//! Parsing `tensor_index.json` in two passes. The first, with the crate's JSON reader, validates
+//! the document and measures it (entries, name bytes, dimensions) in O(1) memory; the second, a
+//! serde visitor, reads each entry straight into typed, bounded fields, validates it as soon as it
+//! is read, and stores it compactly in buffers sized exactly by the first pass: one string of all
+//! names, one buffer of all dimensions, 40 bytes per entry. Names and overlaps are then checked
+//! across entries with a name table (12 bytes per entry) and one sort of entry numbers. Nothing
+//! grows by doubling and nothing is allocated per entry, so peak memory stays under 4× the index
+//! bytes (measured in `tests/index_memory.rs`). When the first pass finds the JSON invalid, the
+//! second runs without storing anything, so the error reported is the first in document order.
 
-use std::fmt;
+mod fields;
 
-use serde::Deserialize;
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 
-use super::{IndexEntry, IndexLayout, RANK_MAX, SllmIndex, dtype_from_short, dtype_from_torch};
+use self::fields::{Dims, EntrySeed, NameSeed, Num, RawEntry};
+use super::{IndexLayout, RANK_MAX, Record, SllmIndex};
+use crate::json::{Kind, Reader};
+use crate::names::NameTable;
 use crate::{Dtype, ErrorKind};
 
 /// A parse failure with the tensor it concerns, if any.
@@ -26,12 +34,62 @@ impl IndexError {
     }
 }
 
+/// What the first pass measures: exactly what the second stores for a valid index.
+#[derive(Debug, Default)]
+struct Sizes {
+    entries: usize,
+    name_bytes: usize,
+    dims: usize,
+}
+
+/// Validate the document and measure it: the number of top-level members, their keys' raw bytes
+/// (an upper bound of the decoded names), and the dimensions of elements 2 and 3 (shape and
+/// stride) of every array value, at most [`RANK_MAX`] each (the most the second pass keeps).
+fn measure(bytes: &[u8]) -> Result<Sizes, crate::json::JsonError> {
+    let mut r = Reader::new(bytes)?;
+    let mut sizes = Sizes::default();
+    if r.peek()? != Kind::Object {
+        r.skip()?;
+        return r.finish().map(|()| sizes);
+    }
+    r.begin_object()?;
+    while let Some(name) = r.next_key()? {
+        sizes.entries += 1;
+        sizes.name_bytes += name.raw_len();
+        if r.peek()? != Kind::Array {
+            r.skip()?;
+            continue;
+        }
+        r.begin_array()?;
+        let mut element = 0;
+        while r.next_element()? {
+            if (element == 2 || element == 3) && r.peek()? == Kind::Array {
+                r.begin_array()?;
+                let mut rank = 0;
+                while r.next_element()? {
+                    r.skip()?;
+                    rank += 1;
+                }
+                sizes.dims += rank.min(RANK_MAX);
+            } else {
+                r.skip()?;
+            }
+            element += 1;
+        }
+    }
+    r.finish().map(|()| sizes)
+}
+
 /// [`super::parse_index`], with the tensor a failure concerns.
 pub(super) fn parse_index_inner(bytes: &[u8]) -> Result<SllmIndex, IndexError> {
-    let mut collect = Collect { entries: Vec::new(), layout: None, failure: None };
+    let measured = measure(bytes);
+    let mut store = match &measured {
+        Ok(sizes) => Store::sized(sizes),
+        Err(_) => Store::validating(),
+    };
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let parsed = (&mut de).deserialize_map(ObjectVisitor { collect: &mut collect }).and_then(|()| de.end());
-    if let Some(failure) = collect.failure.take() {
+    let parsed = (&mut de).deserialize_map(ObjectVisitor { store: &mut store }).and_then(|()| de.end());
+    if let Some(failure) = store.failure.take() {
         return Err(failure);
     }
     parsed.map_err(|e| {
@@ -44,56 +102,94 @@ pub(super) fn parse_index_inner(bytes: &[u8]) -> Result<SllmIndex, IndexError> {
         };
         IndexError::new(kind)
     })?;
-    let Collect { entries, layout, .. } = collect;
-    check_unique_names(&entries)?;
-    check_overlaps(&entries)?;
-    Ok(SllmIndex { layout: layout.unwrap_or(IndexLayout::Upstream), entries })
+    if let Err(e) = measured {
+        // serde_json accepted what the reader refused: strict JSON decides.
+        let message = format!("tensor_index.json is not valid JSON: {e}");
+        return Err(IndexError::new(ErrorKind::BadIndex { message }));
+    }
+    let Store { names, dims, records, layout, .. } = store;
+    let index = SllmIndex { layout: layout.unwrap_or(IndexLayout::Upstream), names, dims, records };
+    check_unique_names(&index)?;
+    check_overlaps(&index)?;
+    Ok(index)
 }
 
-/// Entries validated so far. Each entry is checked as soon as it is read, so only the compact
-/// [`IndexEntry`] values are kept, never a JSON tree of the whole index.
-struct Collect {
-    entries: Vec<IndexEntry>,
+/// Entries validated so far, in the index's buffers (or, when validating only, each entry's
+/// name and dimensions until it is checked).
+struct Store {
+    keep: bool,
+    names: String,
+    dims: Vec<u64>,
+    records: Vec<Record>,
     layout: Option<IndexLayout>,
     /// The typed error that stopped the parse (serde only carries a message).
     failure: Option<IndexError>,
 }
 
-impl Collect {
-    fn add(&mut self, name: String, raw: RawEntry) -> Result<(), IndexError> {
-        if name.is_empty() {
-            return Err(IndexError::at(&name, ErrorKind::BadTensorName { reason: "empty name" }));
+impl Store {
+    fn sized(sizes: &Sizes) -> Store {
+        Store {
+            keep: true,
+            names: String::with_capacity(sizes.name_bytes),
+            dims: Vec::with_capacity(sizes.dims),
+            records: Vec::with_capacity(sizes.entries),
+            layout: None,
+            failure: None,
         }
-        let entry = parse_entry(&name, raw).map_err(|kind| IndexError::at(&name, kind))?;
+    }
+
+    fn validating() -> Store {
+        Store { keep: false, ..Store::sized(&Sizes::default()) }
+    }
+
+    /// Check the entry whose name starts at `name_start` and keep it (or, when validating only,
+    /// forget it).
+    fn add(&mut self, name_start: usize, raw: RawEntry) -> Result<(), IndexError> {
+        let name = &self.names[name_start..];
+        if name.is_empty() {
+            return Err(IndexError::at(name, ErrorKind::BadTensorName { reason: "empty name" }));
+        }
+        let entry = parse_entry(raw, &self.dims).map_err(|kind| IndexError::at(name, kind))?;
         let this_layout = if entry.partition.is_some() { IndexLayout::Legacy } else { IndexLayout::Upstream };
         match self.layout {
             None => self.layout = Some(this_layout),
             Some(l) if l != this_layout => {
                 let message = "index mixes 5-element and 6-element entries".to_owned();
-                return Err(IndexError::at(&name, ErrorKind::BadSllmEntry { message }));
+                return Err(IndexError::at(name, ErrorKind::BadSllmEntry { message }));
             }
             Some(_) => {}
         }
-        self.entries.push(entry);
+        if !self.keep {
+            self.names.clear();
+            self.dims.clear();
+            return Ok(());
+        }
+        let too_large =
+            || IndexError::at(name, ErrorKind::BadSllmEntry { message: "index too large".into() });
+        self.records.push(Record {
+            name_start: u32::try_from(name_start).map_err(|_| too_large())?,
+            name_len: u32::try_from(name.len()).map_err(|_| too_large())?,
+            ..entry
+        });
         Ok(())
     }
 }
 
-/// Reads the top-level object in order, handing each entry to [`Collect::add`].
-struct ObjectVisitor<'c> {
-    collect: &'c mut Collect,
+/// Reads the top-level object in order, handing each entry to [`Store::add`].
+struct ObjectVisitor<'s> {
+    store: &'s mut Store,
 }
 
 impl<'de> Visitor<'de> for ObjectVisitor<'_> {
     type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a JSON object keyed by tensor name")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(name) = map.next_key::<String>()? {
-            let raw: RawEntry = map.next_value()?;
-            if let Err(failure) = self.collect.add(name, raw) {
-                self.collect.failure = Some(failure);
+        while let Some(name_start) = map.next_key_seed(NameSeed { names: &mut self.store.names })? {
+            let raw = map.next_value_seed(EntrySeed { dims: &mut self.store.dims })?;
+            if let Err(failure) = self.store.add(name_start, raw) {
+                self.store.failure = Some(failure);
                 return Err(de::Error::custom("invalid tensor_index.json entry"));
             }
         }
@@ -101,241 +197,13 @@ impl<'de> Visitor<'de> for ObjectVisitor<'_> {
     }
 }
 
-/// Skip the rest of a sequence without building any of it.
-fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
-    while seq.next_element::<IgnoredAny>()?.is_some() {}
-    Ok(())
-}
-
-/// Skip the rest of a map without building any of it.
-fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
-    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-    Ok(())
-}
-
-/// Implements the `visit_*` methods of a visitor for every JSON value other than those it
-/// handles itself, each giving `$other` (arrays and objects are skipped, never built).
-macro_rules! other_json_values {
-    ($other:expr; $($skip:ident),*) => {
-        $(other_json_values!(@one $skip, $other);)*
-    };
-    (@one bool, $other:expr) => {
-        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> { Ok($other) }
-    };
-    (@one number, $other:expr) => {
-        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> { Ok($other) }
-        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> { Ok($other) }
-        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> { Ok($other) }
-    };
-    (@one str, $other:expr) => {
-        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> { Ok($other) }
-    };
-    (@one null, $other:expr) => {
-        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> { Ok($other) }
-        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> { Ok($other) }
-    };
-    (@one seq, $other:expr) => {
-        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            drain_seq(seq)?;
-            Ok($other)
-        }
-    };
-    (@one map, $other:expr) => {
-        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-            drain_map(map)?;
-            Ok($other)
-        }
-    };
-}
-
-/// One integer field of an entry, as read (no JSON tree is built, whatever the value is).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Num {
-    U64(u64),
-    Negative,
-    /// A fraction, or an integer beyond u64 (serde_json reads those as floats).
-    NotU64Integer,
-    /// Not a number at all.
-    NotNumber,
-}
-
-impl Num {
-    /// `Ok(None)` when the value is not a number at all.
-    fn get(self) -> Result<Option<u64>, &'static str> {
-        match self {
-            Num::U64(v) => Ok(Some(v)),
-            Num::Negative => Err("is negative"),
-            Num::NotU64Integer => Err("is not an integer that fits in u64"),
-            Num::NotNumber => Ok(None),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Num {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Num, D::Error> {
-        struct NumVisitor;
-        impl<'de> Visitor<'de> for NumVisitor {
-            type Value = Num;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
-                Ok(Num::U64(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
-                Ok(u64::try_from(v).map_or(Num::Negative, Num::U64))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Num, E> {
-                Ok(Num::NotU64Integer)
-            }
-            other_json_values!(Num::NotNumber; bool, str, null, seq, map);
-        }
-        d.deserialize_any(NumVisitor)
-    }
-}
-
-/// The dtype field: a string, or anything else (skipped).
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum DtypeField {
-    Str(String),
-    NotString,
-}
-
-impl<'de> Deserialize<'de> for DtypeField {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<DtypeField, D::Error> {
-        struct DtypeVisitor;
-        impl<'de> Visitor<'de> for DtypeVisitor {
-            type Value = DtypeField;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<DtypeField, E> {
-                Ok(DtypeField::Str(v.to_owned()))
-            }
-            other_json_values!(DtypeField::NotString; bool, number, null, seq, map);
-        }
-        d.deserialize_any(DtypeVisitor)
-    }
-}
-
-/// Reads a shape or stride array, keeping at most [`RANK_MAX`] dimensions: a longer array is
-/// counted to its end without storing anything, so an index of any size costs O(1) memory per
-/// entry. The outcome is the same as validating a fully built array.
-struct DimsSeed {
-    field: &'static str,
-}
-
-/// A shape or stride field as read.
-#[derive(Debug)]
-enum Dims {
-    Valid(Vec<u64>),
-    Invalid(ErrorKind),
-    /// Not an array at all.
-    NotArray,
-}
-
-impl<'de> DeserializeSeed<'de> for DimsSeed {
-    type Value = Dims;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DimsSeed {
-    type Value = Dims;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let field = self.field;
-        let mut dims: Vec<u64> = Vec::new();
-        let mut first_error: Option<ErrorKind> = None;
-        let mut rank = 0usize;
-        while let Some(n) = seq.next_element::<Num>()? {
-            if rank < RANK_MAX && first_error.is_none() {
-                match n.get() {
-                    Ok(Some(d)) => dims.push(d),
-                    Ok(None) => first_error = Some(bad_entry(format!("{field}[{rank}] must be an integer"))),
-                    Err(why) => {
-                        first_error = Some(ErrorKind::BadShape { reason: format!("{field}[{rank}] {why}") })
-                    }
-                }
-            }
-            rank = rank.saturating_add(1);
-        }
-        Ok(if rank > RANK_MAX {
-            Dims::Invalid(ErrorKind::RankTooLarge { rank, limit: RANK_MAX })
-        } else if let Some(e) = first_error {
-            Dims::Invalid(e)
-        } else {
-            Dims::Valid(dims)
-        })
-    }
-    other_json_values!(Dims::NotArray; bool, number, str, null, map);
-}
-
-/// One entry as read, each field already reduced to what validation needs; the array's length is
-/// counted (elements past the sixth are skipped unread).
-#[derive(Debug, Default)]
-struct RawEntry {
-    /// Number of array elements; `None` when the value is not an array.
-    elements: Option<usize>,
-    offset: Option<Num>,
-    size: Option<Num>,
-    shape: Option<Dims>,
-    stride: Option<Dims>,
-    dtype: Option<DtypeField>,
-    partition: Option<Num>,
-}
-
-impl<'de> Deserialize<'de> for RawEntry {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawEntry, D::Error> {
-        struct EntryVisitor;
-        impl<'de> Visitor<'de> for EntryVisitor {
-            type Value = RawEntry;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawEntry, A::Error> {
-                let mut raw = RawEntry::default();
-                let mut len = 0usize;
-                loop {
-                    let more = match len {
-                        0 => seq.next_element::<Num>()?.map(|v| raw.offset = Some(v)).is_some(),
-                        1 => seq.next_element::<Num>()?.map(|v| raw.size = Some(v)).is_some(),
-                        2 => seq
-                            .next_element_seed(DimsSeed { field: "shape" })?
-                            .map(|v| raw.shape = Some(v))
-                            .is_some(),
-                        3 => seq
-                            .next_element_seed(DimsSeed { field: "stride" })?
-                            .map(|v| raw.stride = Some(v))
-                            .is_some(),
-                        4 => seq.next_element::<DtypeField>()?.map(|v| raw.dtype = Some(v)).is_some(),
-                        5 => seq.next_element::<Num>()?.map(|v| raw.partition = Some(v)).is_some(),
-                        _ => seq.next_element::<IgnoredAny>()?.is_some(),
-                    };
-                    if !more {
-                        break;
-                    }
-                    len = len.saturating_add(1);
-                }
-                raw.elements = Some(len);
-                Ok(raw)
-            }
-            other_json_values!(RawEntry::default(); bool, number, str, null, map);
-        }
-        d.deserialize_any(EntryVisitor)
-    }
-}
-
 /// Names are unique (a JSON object with a repeated key is refused; the later entry is named).
-fn check_unique_names(entries: &[IndexEntry]) -> Result<(), IndexError> {
-    let mut order: Vec<usize> = (0..entries.len()).collect();
-    order.sort_by(|&a, &b| entries[a].name.cmp(&entries[b].name).then(a.cmp(&b)));
-    for pair in order.windows(2) {
-        if entries[pair[0]].name == entries[pair[1]].name {
-            return Err(IndexError::at(&entries[pair[1]].name, ErrorKind::DuplicateTensor));
+fn check_unique_names(index: &SllmIndex) -> Result<(), IndexError> {
+    let mut table = NameTable::with_capacity(index.records.len());
+    for (i, r) in index.records.iter().enumerate() {
+        let name = index.record_name(r);
+        if table.insert(name, i as u32, |k| index.record_name(&index.records[k as usize])).is_some() {
+            return Err(IndexError::at(name, ErrorKind::DuplicateTensor));
         }
     }
     Ok(())
@@ -353,15 +221,18 @@ fn offset_field(value: Option<Num>, field: &str) -> Result<u64, ErrorKind> {
     }
 }
 
-fn dims_field(value: Option<Dims>, field: &str) -> Result<Vec<u64>, ErrorKind> {
+/// `(first index in the dims buffer, rank)` of a shape or stride field.
+fn dims_field(value: Option<Dims>, field: &str) -> Result<(usize, usize), ErrorKind> {
     match value.unwrap_or(Dims::NotArray) {
-        Dims::Valid(dims) => Ok(dims),
+        Dims::Valid(start, rank) => Ok((start, rank)),
         Dims::Invalid(e) => Err(e),
         Dims::NotArray => Err(bad_entry(format!("{field} must be an array of integers"))),
     }
 }
 
-fn parse_entry(name: &str, raw: RawEntry) -> Result<IndexEntry, ErrorKind> {
+/// Validate one entry; the record it gives has no name yet. Its stride must follow its shape in
+/// `dims` (they are read in that order).
+fn parse_entry(raw: RawEntry, dims: &[u64]) -> Result<Record, ErrorKind> {
     let legacy = match raw.elements {
         None => return Err(bad_entry("value must be a 5- or 6-element array")),
         Some(5) => false,
@@ -373,13 +244,9 @@ fn parse_entry(name: &str, raw: RawEntry) -> Result<IndexEntry, ErrorKind> {
     if offset_bytes.checked_add(size_bytes).is_none() {
         return Err(ErrorKind::BadOffsets { reason: "offset + size overflows u64".to_owned() });
     }
-    let shape = dims_field(raw.shape, "shape")?;
-    let strides = dims_field(raw.stride, "stride")?;
-    let Some(DtypeField::Str(dtype_name)) = raw.dtype else {
-        return Err(bad_entry("dtype must be a string"));
-    };
-    let dtype = if legacy { dtype_from_short(&dtype_name) } else { dtype_from_torch(&dtype_name) }
-        .ok_or_else(|| ErrorKind::UnknownTorchDtype { dtype: dtype_name.clone() })?;
+    let (shape_start, shape_rank) = dims_field(raw.shape, "shape")?;
+    let (stride_start, stride_rank) = dims_field(raw.stride, "stride")?;
+    let dtype = raw.dtype.unwrap_or(fields::DtypeField::NotString).resolve(legacy)?;
     let partition = if legacy {
         match raw.partition.unwrap_or(Num::NotNumber).get() {
             Ok(Some(p)) => Some(u32::try_from(p).map_err(|_| ErrorKind::BadOffsets {
@@ -391,11 +258,23 @@ fn parse_entry(name: &str, raw: RawEntry) -> Result<IndexEntry, ErrorKind> {
     } else {
         None
     };
-    if shape.len() != strides.len() {
-        return Err(ErrorKind::StrideRankMismatch { shape_rank: shape.len(), stride_rank: strides.len() });
+    if shape_rank != stride_rank {
+        return Err(ErrorKind::StrideRankMismatch { shape_rank, stride_rank });
     }
-    check_extent(dtype, &shape, &strides, size_bytes)?;
-    Ok(IndexEntry { name: name.to_owned(), offset_bytes, size_bytes, shape, strides, dtype, partition })
+    debug_assert_eq!(stride_start, shape_start + shape_rank);
+    let shape = &dims[shape_start..shape_start + shape_rank];
+    let strides = &dims[stride_start..stride_start + stride_rank];
+    check_extent(dtype, shape, strides, size_bytes)?;
+    Ok(Record {
+        offset_bytes,
+        size_bytes,
+        name_start: 0,
+        name_len: 0,
+        dims_start: u32::try_from(shape_start).map_err(|_| bad_entry("index too large"))?,
+        rank: shape_rank as u8, // <= RANK_MAX (64)
+        dtype,
+        partition,
+    })
 }
 
 /// The highest element reachable through shape and stride must lie inside `size_bytes`, and the
@@ -430,25 +309,31 @@ pub(super) fn check_extent(
 
 /// Entries must not overlap unless exactly tied (same partition, offset and size). Zero-size
 /// entries cover no bytes and never overlap.
-fn check_overlaps(entries: &[IndexEntry]) -> Result<(), IndexError> {
-    let mut order: Vec<usize> = (0..entries.len()).filter(|&i| entries[i].size_bytes > 0).collect();
-    let key = |i: usize| (entries[i].partition, entries[i].offset_bytes, entries[i].size_bytes);
-    order.sort_by_key(|&i| key(i));
+fn check_overlaps(index: &SllmIndex) -> Result<(), IndexError> {
+    let records = &index.records;
+    let mut order: Vec<u32> =
+        (0..records.len() as u32).filter(|&i| records[i as usize].size_bytes > 0).collect();
+    let key = |i: u32| {
+        let r = &records[i as usize];
+        (r.partition, r.offset_bytes, r.size_bytes)
+    };
+    order.sort_unstable_by_key(|&i| (key(i), i));
     // The entry (among those seen so far in this partition) whose range ends last.
-    let mut reach: Option<usize> = None;
+    let mut reach: Option<&Record> = None;
     for &i in &order {
-        let e = &entries[i];
-        if let Some(r) = reach {
-            let prev = &entries[r];
-            if prev.partition == e.partition && e.offset_bytes < prev.end_bytes() {
-                let tied = prev.offset_bytes == e.offset_bytes && prev.size_bytes == e.size_bytes;
-                if !tied {
-                    return Err(IndexError::at(&e.name, ErrorKind::SllmOverlap { other: prev.name.clone() }));
-                }
-                continue;
+        let e = &records[i as usize];
+        if let Some(prev) = reach
+            && prev.partition == e.partition
+            && e.offset_bytes < prev.offset_bytes + prev.size_bytes
+        {
+            let tied = prev.offset_bytes == e.offset_bytes && prev.size_bytes == e.size_bytes;
+            if !tied {
+                let other = index.record_name(prev).to_owned();
+                return Err(IndexError::at(index.record_name(e), ErrorKind::SllmOverlap { other }));
             }
+            continue;
         }
-        reach = Some(i);
+        reach = Some(e);
     }
     Ok(())
 }

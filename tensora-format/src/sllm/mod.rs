@@ -15,9 +15,10 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use self::index::{check_extent, parse_index_inner};
-use crate::checkpoint::{FileEntry, FileId, FileStamp, Format, TensorInfo, Warning};
+use crate::checkpoint::{FileEntry, FileId, FileStamp, Format, Spans, Strided, Strings, TensorInfo, Warning};
 use crate::{Checkpoint, Dtype, Error, ErrorKind};
 
 mod index;
@@ -78,13 +79,114 @@ impl IndexEntry {
     }
 }
 
-/// A parsed and validated `tensor_index.json`, entries in file (state-dict) order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One entry of a parsed [`SllmIndex`], borrowed from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexEntryRef<'a> {
+    /// The tensor's name (the entry's key), unique in the index.
+    pub name: &'a str,
+    /// Global offset ([`IndexLayout::Upstream`]) or offset within `partition` (legacy).
+    pub offset_bytes: u64,
+    /// Byte size of the tensor's storage.
+    pub size_bytes: u64,
+    /// Shape; `[]` is a scalar.
+    pub shape: &'a [u64],
+    /// Strides in elements, same rank as `shape`.
+    pub strides: &'a [u64],
+    /// Element type, mapped from the torch name (or the legacy short name).
+    pub dtype: Dtype,
+    /// The partition number (legacy layout only).
+    pub partition: Option<u32>,
+}
+
+impl IndexEntryRef<'_> {
+    /// `offset_bytes + size_bytes` (checked by the parser not to overflow).
+    pub fn end_bytes(&self) -> u64 {
+        self.offset_bytes + self.size_bytes
+    }
+    /// An owned copy.
+    pub fn to_entry(&self) -> IndexEntry {
+        IndexEntry {
+            name: self.name.to_owned(),
+            offset_bytes: self.offset_bytes,
+            size_bytes: self.size_bytes,
+            shape: self.shape.to_vec(),
+            strides: self.strides.to_vec(),
+            dtype: self.dtype,
+            partition: self.partition,
+        }
+    }
+}
+
+/// One entry as an index stores it: its name and dimensions are places in the index's shared
+/// buffers (shape, then strides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Record {
+    offset_bytes: u64,
+    size_bytes: u64,
+    name_start: u32,
+    name_len: u32,
+    dims_start: u32,
+    rank: u8,
+    dtype: Dtype,
+    partition: Option<u32>,
+}
+
+/// A parsed and validated `tensor_index.json`, entries in file (state-dict) order. Stored
+/// compactly (every name in one string, every dimension in one buffer, 40 bytes per entry);
+/// [`SllmIndex::entries`] hands out borrowed views.
+#[derive(Debug, Clone)]
 pub struct SllmIndex {
     /// Which flavour the entries were written in (all entries share one).
     pub layout: IndexLayout,
+    names: String,
+    dims: Vec<u64>,
+    records: Vec<Record>,
+}
+
+impl PartialEq for SllmIndex {
+    fn eq(&self, other: &SllmIndex) -> bool {
+        self.layout == other.layout && self.entries().eq(other.entries())
+    }
+}
+
+impl Eq for SllmIndex {}
+
+impl SllmIndex {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+    /// Whether the index has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+    /// Entry `i` in index order, if there is one.
+    pub fn entry(&self, i: usize) -> Option<IndexEntryRef<'_>> {
+        self.records.get(i).map(|r| self.view(r))
+    }
     /// The entries, in the index's (state-dict) order.
-    pub entries: Vec<IndexEntry>,
+    pub fn entries(&self) -> impl ExactSizeIterator<Item = IndexEntryRef<'_>> + '_ {
+        self.records.iter().map(|r| self.view(r))
+    }
+    /// Owned copies of the entries (what [`write::index_json`] writes).
+    pub fn to_entries(&self) -> Vec<IndexEntry> {
+        self.entries().map(|e| e.to_entry()).collect()
+    }
+    fn record_name(&self, r: &Record) -> &str {
+        &self.names[r.name_start as usize..(r.name_start + r.name_len) as usize]
+    }
+    fn view(&self, r: &Record) -> IndexEntryRef<'_> {
+        let (start, rank) = (r.dims_start as usize, usize::from(r.rank));
+        IndexEntryRef {
+            name: self.record_name(r),
+            offset_bytes: r.offset_bytes,
+            size_bytes: r.size_bytes,
+            shape: &self.dims[start..start + rank],
+            strides: &self.dims[start + rank..start + 2 * rank],
+            dtype: r.dtype,
+            partition: r.partition,
+        }
+    }
 }
 
 /// Parse and validate the bytes of a `tensor_index.json`, without touching any file.
@@ -99,7 +201,8 @@ pub struct SllmIndex {
 /// let index = br#"{"w": [0, 8, [2], [1], "torch.float32"], "tied": [0, 8, [2], [1], "torch.float32"]}"#;
 /// let parsed = parse_index(index).unwrap();
 /// assert_eq!(parsed.layout, IndexLayout::Upstream);
-/// assert_eq!(parsed.entries.len(), 2);
+/// assert_eq!(parsed.len(), 2);
+/// assert_eq!(parsed.entry(1).unwrap().name, "tied");
 /// assert!(parse_index(br#"{"w": [0, 4, [2], [1], "torch.float32"]}"#).is_err());
 /// ```
 pub fn parse_index(bytes: &[u8]) -> Result<SllmIndex, ErrorKind> {
@@ -167,9 +270,10 @@ pub fn dtype_from_short(name: &str) -> Option<Dtype> {
     Dtype::from_safetensors(&name.to_ascii_uppercase()).filter(|d| d.size_bytes().is_some())
 }
 
-/// `true` when `dir` holds a `tensor_index.json` (cheap; does not validate).
+/// `true` when `dir` holds something named `tensor_index.json` (cheap: one `lstat`; validates
+/// nothing, so a FIFO or a dangling link so named is refused by [`open_dir`], not skipped).
 pub fn looks_like_sllm_dir(dir: &Path) -> bool {
-    dir.join(INDEX_FILE_NAME).is_file()
+    fs::symlink_metadata(dir.join(INDEX_FILE_NAME)).is_ok()
 }
 
 /// Read and parse `dir/tensor_index.json` (at most [`INDEX_LEN_BYTES_MAX`], a regular file);
@@ -203,21 +307,16 @@ fn probe_partitions(dir: &Path) -> crate::Result<Vec<FileEntry>> {
     let mut files = Vec::new();
     for index in 0..=PARTITIONS_MAX {
         let path = partition_path(dir, index);
-        let meta = match fs::metadata(&path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-            Err(e) => return Err(Error::new(path, ErrorKind::Io(e))),
+        // The partition's stamp through the one regular-file open (a FIFO or device is refused).
+        let meta = match crate::open_regular(&path) {
+            Ok((_, meta)) => meta,
+            Err(e) if matches!(e.kind(), ErrorKind::Io(io) if io.kind() == io::ErrorKind::NotFound) => break,
+            Err(e) => return Err(e),
         };
         if index == PARTITIONS_MAX {
             return Err(Error::new(
                 path,
                 ErrorKind::NotACheckpoint { reason: format!("more than {PARTITIONS_MAX} partitions") },
-            ));
-        }
-        if !meta.is_file() {
-            return Err(Error::new(
-                &path,
-                ErrorKind::NotACheckpoint { reason: "partition is not a regular file".to_owned() },
             ));
         }
         files.push(FileEntry { path, stamp: FileStamp::from_metadata(&meta), data_start_bytes: 0 });
@@ -283,7 +382,7 @@ pub fn partition_shortfalls(dir: &Path) -> crate::Result<Vec<PartitionShortfall>
         total_bytes = total_bytes.saturating_add(len);
     }
     let mut needed: Vec<u64> = vec![0; lens.len()];
-    for e in &index.entries {
+    for e in index.entries() {
         let (p, local_end) = match e.partition {
             None => {
                 let p = partition_at(&starts, e.offset_bytes);
@@ -344,42 +443,45 @@ pub(crate) fn assemble(
         })?;
     }
 
-    let mut tensors = Vec::with_capacity(index.entries.len());
-    for e in index.entries {
-        let located = match e.partition {
-            None => locate_global(&starts, &lens, e.offset_bytes, e.size_bytes),
+    let SllmIndex { layout, names, dims, records } = index;
+    let strings = Arc::new(Strings { names, dims });
+    let mut tensors = Vec::with_capacity(records.len());
+    for r in &records {
+        let end_bytes = r.offset_bytes + r.size_bytes;
+        let located = match r.partition {
+            None => locate_global(&starts, &lens, r.offset_bytes, r.size_bytes),
             Some(p) => {
                 let p = p as usize;
-                (p < lens.len() && e.end_bytes() <= lens[p]).then_some((p, e.offset_bytes))
+                (p < lens.len() && end_bytes <= lens[p]).then_some((p, r.offset_bytes))
             }
         };
         let Some((p, local)) = located else {
             // Name the partition the tensor starts in (most often a truncated one); the range is
             // the index's own (global for the upstream layout, local for the legacy one).
-            let p = match e.partition {
-                None => partition_at(&starts, e.offset_bytes) as u32,
+            let p = match r.partition {
+                None => partition_at(&starts, r.offset_bytes) as u32,
                 Some(p) => p,
             };
+            let name = &strings.names[r.name_start as usize..(r.name_start + r.name_len) as usize];
             return Err(Error::new(
                 partition_path(dir, p),
-                ErrorKind::OutsidePartition { offset: e.offset_bytes, end: e.end_bytes() },
+                ErrorKind::OutsidePartition { offset: r.offset_bytes, end: end_bytes },
             )
-            .with_tensor(e.name));
+            .with_tensor(name));
         };
-        tensors.push(TensorInfo {
-            name: e.name,
-            dtype: e.dtype,
-            shape: e.shape,
-            file: FileId(p as u32),
-            offset_bytes: local,
-            len_bytes: e.size_bytes,
-            strides: Some(e.strides),
-        });
+        let spans = Spans {
+            name_start: r.name_start,
+            name_len: r.name_len,
+            dims_start: r.dims_start,
+            rank: r.rank,
+            strided: Strided::Yes,
+        };
+        tensors.push(TensorInfo::new(&strings, spans, r.dtype, FileId(p as u32), local, r.size_bytes));
     }
     tensors.sort_by_key(|t| (t.file, t.offset_bytes));
 
     let mut warnings = Vec::new();
-    if index.layout == IndexLayout::Upstream {
+    if layout == IndexLayout::Upstream {
         // A writer fills each partition from its first byte. A partition whose first stored record
         // starts later suggests offsets that do not follow the file sizes (e.g. partitions rounded
         // up by an O_DIRECT writer), so the mapping deserves a look.
@@ -395,7 +497,7 @@ pub(crate) fn assemble(
             }
         }
     }
-    if index.layout == IndexLayout::Legacy {
+    if layout == IndexLayout::Legacy {
         warnings.push(Warning {
             path: index_path,
             message: "older Tensora 6-field tensor_index.json layout; convert to upgrade".to_owned(),

@@ -13,11 +13,11 @@ fn accepts_upstream_entry_and_keeps_order() {
     let idx = r#"{"b": [0, 8, [2], [1], "torch.float32"], "a": [8, 2, [], [], "torch.bfloat16"]}"#;
     let parsed = parse_index(idx.as_bytes()).unwrap();
     assert_eq!(parsed.layout, IndexLayout::Upstream);
-    let names: Vec<_> = parsed.entries.iter().map(|e| e.name.as_str()).collect();
+    let names: Vec<_> = parsed.entries().map(|e| e.name).collect();
     assert_eq!(names, ["b", "a"]);
-    assert_eq!(parsed.entries[1].dtype, Dtype::BF16);
-    assert_eq!(parsed.entries[1].shape, Vec::<u64>::new());
-    assert_eq!(parsed.entries[0].partition, None);
+    assert_eq!(parsed.entry(1).unwrap().dtype, Dtype::BF16);
+    assert_eq!(parsed.entry(1).unwrap().shape, &[] as &[u64]);
+    assert_eq!(parsed.entry(0).unwrap().partition, None);
 }
 
 #[test]
@@ -25,14 +25,14 @@ fn accepts_legacy_entry() {
     let idx = r#"{"a": [0, 8, [2], [1], "f32", 1], "b": [0, 8, [4], [1], "bf16", 0]}"#;
     let parsed = parse_index(idx.as_bytes()).unwrap();
     assert_eq!(parsed.layout, IndexLayout::Legacy);
-    assert_eq!(parsed.entries[0].partition, Some(1));
-    assert_eq!(parsed.entries[1].dtype, Dtype::BF16);
+    assert_eq!(parsed.entry(0).unwrap().partition, Some(1));
+    assert_eq!(parsed.entry(1).unwrap().dtype, Dtype::BF16);
 }
 
 #[test]
 fn empty_object_is_an_empty_upstream_index() {
     let parsed = parse_index(b"{}").unwrap();
-    assert_eq!(parsed, SllmIndex { layout: IndexLayout::Upstream, entries: vec![] });
+    assert_eq!((parsed.layout, parsed.len()), (IndexLayout::Upstream, 0));
 }
 
 #[test]
@@ -134,7 +134,7 @@ proptest::proptest! {
         let (shape, stride) = if stride_side { (ok.clone(), dims) } else { (dims, ok.clone()) };
         let idx = entry(&format!(r#"[0, 4, [{shape}], [{stride}], "torch.float32"]"#));
         match parse_index(idx.as_bytes()) {
-            Ok(parsed) => proptest::prop_assert!(rank <= RANK_MAX && parsed.entries[0].shape.len() == rank),
+            Ok(parsed) => proptest::prop_assert!(rank <= RANK_MAX && parsed.entry(0).unwrap().shape.len() == rank),
             Err(ErrorKind::RankTooLarge { rank: got, limit }) => {
                 proptest::prop_assert!(rank > RANK_MAX && got == rank && limit == RANK_MAX)
             }
@@ -162,7 +162,7 @@ fn rejects_highest_element_beyond_size() {
 #[test]
 fn accepts_non_contiguous_strides_inside_size() {
     let parsed = parse_index(entry(r#"[0, 48, [4, 3], [1, 4], "torch.float32"]"#).as_bytes()).unwrap();
-    assert_eq!(parsed.entries[0].strides, [1, 4]);
+    assert_eq!(parsed.entry(0).unwrap().strides, [1, 4]);
 }
 
 #[test]
@@ -239,7 +239,7 @@ fn rejects_overlap_but_accepts_exact_ties() {
     assert!(matches!(kind(later), ErrorKind::SllmOverlap { .. }));
     let tied = r#"{"a": [0, 16, [4], [1], "torch.float32"], "b": [0, 16, [4], [1], "torch.float32"],
         "z": [8, 0, [0], [1], "torch.float32"], "c": [16, 8, [2], [1], "torch.float32"]}"#;
-    assert_eq!(parse_index(tied.as_bytes()).unwrap().entries.len(), 4);
+    assert_eq!(parse_index(tied.as_bytes()).unwrap().len(), 4);
     // Legacy: the same local offsets in different partitions do not overlap.
     let legacy = r#"{"a": [0, 16, [4], [1], "f32", 0], "b": [0, 16, [4], [1], "f32", 1]}"#;
     assert!(parse_index(legacy.as_bytes()).is_ok());

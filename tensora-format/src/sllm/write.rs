@@ -449,15 +449,13 @@ mod tests {
     fn reproduces_the_tiny_fixture_index_byte_for_byte() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
         let original = fs::read(Path::new(dir).join(INDEX_FILE_NAME)).unwrap();
-        let parsed = parse_index(&original).unwrap();
+        let parsed = parse_index(&original).unwrap().to_entries();
         // Rebuild the specs in index order; lm_head is tied to embed.
         let mut specs: Vec<SllmTensorSpec> = Vec::new();
-        for e in &parsed.entries {
-            let tied_to = parsed
-                .entries
-                .iter()
-                .position(|o| o.offset_bytes == e.offset_bytes && o.size_bytes == e.size_bytes);
-            let tied_to = tied_to.filter(|&t| parsed.entries[t].name != e.name);
+        for e in &parsed {
+            let tied_to =
+                parsed.iter().position(|o| o.offset_bytes == e.offset_bytes && o.size_bytes == e.size_bytes);
+            let tied_to = tied_to.filter(|&t| parsed[t].name != e.name);
             specs.push(SllmTensorSpec {
                 name: e.name.clone(),
                 dtype: e.dtype,
@@ -471,7 +469,7 @@ mod tests {
         let layout = SllmLayout::new(specs, &SllmLayoutConfig { partition_bytes_max: 40_000 }).unwrap();
         assert_eq!(layout.partition_lens_bytes(), [37376, 33032, 8640]);
         assert_eq!(layout.index_json().as_bytes(), &original[..]);
-        assert_eq!(layout.records().len(), parsed.entries.len() - 1, "tied weight stored once");
+        assert_eq!(layout.records().len(), parsed.len() - 1, "tied weight stored once");
     }
 
     #[test]

@@ -244,8 +244,10 @@ proptest! {
         prop_assert_eq!(hf.len(), specs.len());
     }
 
+    /// Edits of a written file: every result is checked (an `Ok` against serde_json's reading of
+    /// the header, an `Err` for its kind); edits confined to the data section change nothing.
     #[test]
-    fn mutations_of_a_written_file_never_panic(
+    fn mutations_of_a_written_file_give_checked_results(
         specs in arb_specs(),
         edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
     ) {
@@ -254,11 +256,17 @@ proptest! {
         for &i in layout.file_order() {
             fill_pattern(i, specs[i].nbytes().unwrap(), &mut file).unwrap();
         }
-        for (at, b) in edits {
+        let original = file.clone();
+        let data_start = layout.header_bytes().len();
+        for (at, b) in &edits {
             let k = at.index(file.len());
-            file[k] = b;
+            file[k] = *b;
         }
-        let _ = parse_header(&file, file.len() as u64);
+        let result = parse_header(&file, file.len() as u64);
+        crate::safetensors::tests::check_parse_result(&file, file.len() as u64, &result)?;
+        if edits.iter().all(|(at, _)| at.index(file.len()) >= data_start) {
+            prop_assert_eq!(result.unwrap(), parse_header(&original, original.len() as u64).unwrap());
+        }
     }
 }
 

@@ -1,0 +1,224 @@
+//! How a checkpoint is opened: [`OpenOptions`] (strict or lazy shards, header threads) and the
+//! parallel, ordered worker pool the sharded openers share.
+//!
+//! Shard headers are read (positional reads, one open per shard), parsed and turned into tensors
+//! by a bounded pool of threads, and handed to the caller's thread in shard order, which merges
+//! them exactly as a sequential open would: the same checks in the same order, so the same first
+//! error. Workers run at most [`LOOKAHEAD_PER_THREAD`] shards per thread ahead of the merge, so
+//! little work is wasted when the merge stops at an error, and the shards waiting for it (while
+//! it parses the index, say) stay a bounded few.
+
+use std::sync::{Condvar, Mutex, PoisonError};
+
+use crate::{Result, Selection};
+
+/// Upper bound on [`OpenOptions::header_threads`].
+pub const HEADER_THREADS_MAX: usize = 64;
+/// Default header threads: the machine's parallelism, at most this many.
+pub const HEADER_THREADS_DEFAULT_MAX: usize = 8;
+/// Shards a worker may parse ahead of the merge, per thread.
+pub const LOOKAHEAD_PER_THREAD: usize = 2;
+
+/// Which shards of an indexed checkpoint (`*.safetensors.index.json`) are opened and parsed.
+#[derive(Debug, Clone, Default)]
+pub enum Shards {
+    /// Every shard: each header parsed and every tensor checked against the index (strict).
+    #[default]
+    All,
+    /// Only the shards that the index's `weight_map` says hold a tensor `Selection` picks: the
+    /// checkpoint then holds those shards' tensors (every tensor of a parsed shard, selected or
+    /// not) and nothing else. What is skipped: the other shards are never opened (a missing or
+    /// corrupt one goes unnoticed), their tensors are absent, the "every tensor where the index
+    /// says, and only there" checks cover the parsed shards only, and `total_size` is not
+    /// compared. The checkpoint says so in a [`crate::Warning`] on the index. Without an index
+    /// (one file, a directory of shards, ServerlessLLM) every file is parsed, as with
+    /// [`Shards::All`]. A selection that does not compile (a bad glob) also parses every shard;
+    /// the load that uses it reports the pattern.
+    Selected(Selection),
+}
+
+/// How to open a checkpoint ([`crate::open_with`]). Build with `..OpenOptions::default()`.
+///
+/// ```
+/// use tensora_format::{OpenOptions, Selection, Shards};
+/// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+/// let lazy = OpenOptions { shards: Shards::Selected(Selection::Glob(vec!["layers.0.*".into()])), ..OpenOptions::default() };
+/// // No HF index here: every partition is read, exactly as a strict open.
+/// assert_eq!(tensora_format::open_with(dir, &lazy)?.tensors(), tensora_format::open(dir)?.tensors());
+/// # Ok::<(), tensora_format::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Which shards of an indexed checkpoint to parse (all, by default).
+    pub shards: Shards,
+    /// Threads reading and parsing shard headers at once, `1..=HEADER_THREADS_MAX` (clamped).
+    pub header_threads: usize,
+}
+
+impl Default for OpenOptions {
+    fn default() -> OpenOptions {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        OpenOptions { shards: Shards::All, header_threads: cpus.clamp(1, HEADER_THREADS_DEFAULT_MAX) }
+    }
+}
+
+impl OpenOptions {
+    pub(crate) fn threads(&self) -> usize {
+        self.header_threads.clamp(1, HEADER_THREADS_MAX)
+    }
+}
+
+/// What the workers and the merging thread share.
+#[derive(Debug)]
+struct State<T> {
+    /// The next shard a worker will take.
+    next: usize,
+    /// Shards handed to the merge so far.
+    taken: usize,
+    /// Results not yet taken, by shard.
+    ready: Vec<Option<T>>,
+    /// Set when the merge stops early: workers take no more shards.
+    stop: bool,
+}
+
+/// Results of a pool of scoped threads, handed out in order by [`Ordered::next`].
+#[derive(Debug)]
+struct Ordered<T> {
+    state: Mutex<State<T>>,
+    changed: Condvar,
+    lookahead: usize,
+}
+
+impl<T> Ordered<T> {
+    /// A pool's shared state for `count` items, letting workers run `threads ×
+    /// LOOKAHEAD_PER_THREAD` items ahead of the merge.
+    fn new(count: usize, threads: usize) -> Ordered<T> {
+        let ready = std::iter::repeat_with(|| None).take(count).collect();
+        Ordered {
+            state: Mutex::new(State { next: 0, taken: 0, ready, stop: false }),
+            changed: Condvar::new(),
+            lookahead: threads.saturating_mul(LOOKAHEAD_PER_THREAD).max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<T>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn work(&self, work: &impl Fn(usize) -> T) {
+        loop {
+            let k = {
+                let mut s = self.lock();
+                while !s.stop && s.next < s.ready.len() && s.next >= s.taken + self.lookahead {
+                    s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
+                }
+                if s.stop || s.next >= s.ready.len() {
+                    return;
+                }
+                s.next += 1;
+                s.next - 1
+            };
+            let done = work(k);
+            self.lock().ready[k] = Some(done);
+            self.changed.notify_all();
+        }
+    }
+
+    /// The next item's result, in order (blocks until a worker has it); `None` after the last.
+    fn next(&self) -> Option<T> {
+        let mut s = self.lock();
+        let k = s.taken;
+        if k >= s.ready.len() {
+            return None;
+        }
+        let parsed = loop {
+            if let Some(parsed) = s.ready[k].take() {
+                break parsed;
+            }
+            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
+        };
+        s.taken += 1;
+        drop(s);
+        self.changed.notify_all();
+        Some(parsed)
+    }
+
+    /// Take no more items (the merge stopped early); workers finish the one they hold.
+    fn stop(&self) {
+        self.lock().stop = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Run `work(k)` for every `k` in `0..count` on up to `threads` scoped threads, handing each
+/// result to `merge` on this thread, in order; stops the workers as soon as `merge` returns.
+pub(crate) fn ordered_parallel<T: Send, R>(
+    count: usize,
+    threads: usize,
+    work: impl Fn(usize) -> T + Sync,
+    merge: impl FnOnce(&mut dyn FnMut() -> Option<T>) -> Result<R>,
+) -> Result<R> {
+    let pool = Ordered::new(count, threads);
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(count) {
+            scope.spawn(|| pool.work(&work));
+        }
+        let result = merge(&mut || pool.next());
+        pool.stop();
+        result
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Error, ErrorKind};
+
+    #[test]
+    fn results_come_in_order_whatever_the_threads() {
+        for threads in [1, 2, 3, 8, 64] {
+            let out = ordered_parallel(
+                40,
+                threads,
+                |k| {
+                    // Later items finish first, as far as the lookahead lets them.
+                    std::thread::sleep(std::time::Duration::from_micros(((40 - k) * 20) as u64));
+                    k * k
+                },
+                |next| {
+                    let mut out = Vec::new();
+                    while let Some(v) = next() {
+                        out.push(v);
+                    }
+                    Ok(out)
+                },
+            )
+            .unwrap();
+            assert_eq!(out, (0..40).map(|k| k * k).collect::<Vec<_>>(), "{threads} threads");
+        }
+    }
+
+    #[test]
+    fn an_early_stop_ends_the_workers_and_returns_the_merge_error() {
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let err = ordered_parallel(
+            1000,
+            4,
+            |k| {
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if k == 3 { Err(Error::new("/x", ErrorKind::HeaderLenZero)) } else { Ok(k) }
+            },
+            |next| {
+                while let Some(v) = next() {
+                    v?;
+                }
+                Ok(())
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::HeaderLenZero));
+        // Workers stop within the lookahead of the failed item.
+        let ran = done.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(ran <= 4 + 4 * LOOKAHEAD_PER_THREAD + 4, "{ran} items ran");
+    }
+}
