@@ -443,7 +443,7 @@ fn needed_partitions(index: &tensora_format::sllm::SllmIndex, url: &str) -> Resu
     use tensora_format::sllm::{IndexLayout, PARTITIONS_MAX};
     match index.layout {
         IndexLayout::Legacy => {
-            let highest = index.entries.iter().filter_map(|e| e.partition).max().unwrap_or(0);
+            let highest = index.entries().filter_map(|e| e.partition).max().unwrap_or(0);
             if highest >= PARTITIONS_MAX {
                 return Err(RemoteError::NoCheckpoint {
                     url: url.to_owned(),
@@ -453,7 +453,7 @@ fn needed_partitions(index: &tensora_format::sllm::SllmIndex, url: &str) -> Resu
             Ok(Needed::Ids(highest + 1))
         }
         IndexLayout::Upstream => {
-            Ok(Needed::Covering(index.entries.iter().map(|e| e.end_bytes()).max().unwrap_or(0).max(1)))
+            Ok(Needed::Covering(index.entries().map(|e| e.end_bytes()).max().unwrap_or(0).max(1)))
         }
     }
 }
@@ -630,7 +630,7 @@ fn assemble(location: &Location, shards: Vec<Shard>, layout: Layout<'_>) -> Resu
         Layout::Single => ShardLayout::Single,
         Layout::Listed => ShardLayout::Listed,
         Layout::Indexed { url, index } => {
-            ShardLayout::Indexed { url: PathBuf::from(url), index: index.clone() }
+            ShardLayout::Indexed { url: PathBuf::from(url), index: Box::new(index.clone()) }
         }
     };
     Opened::new(Rebuild::Safetensors { root, layout, parts }, objects)

@@ -18,7 +18,7 @@ pub(crate) enum ShardLayout {
     /// Shards found by listing.
     Listed,
     /// Shards named by an HF index (at `url`).
-    Indexed { url: PathBuf, index: ShardIndex },
+    Indexed { url: PathBuf, index: Box<ShardIndex> },
 }
 
 /// The inputs of one assembly.
