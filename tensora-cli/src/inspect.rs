@@ -56,8 +56,9 @@ fn tensors_per_file(ckpt: &Checkpoint) -> Vec<usize> {
     counts
 }
 
+/// Streamed straight from the checkpoint (`Inspection::write_json`): no copy of its names.
 fn write_json(ckpt: &Checkpoint, out: &mut impl Write) -> io::Result<()> {
-    serde_json::to_writer(&mut *out, &Inspection::of(ckpt)).map_err(io::Error::from)?;
+    Inspection::write_json(ckpt, &mut *out).map_err(io::Error::from)?;
     writeln!(out)
 }
 

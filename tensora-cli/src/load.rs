@@ -63,6 +63,12 @@ pub struct Args {
     /// interrupted download).
     #[arg(long)]
     pub allow_sparse: bool,
+    /// With an index and --select: parse only the shards the index says hold a selected tensor
+    /// (a one-expert load of a 163-shard MoE checkpoint reads a handful of headers). Not strict:
+    /// the other shards are never opened, so a missing or corrupt one goes unnoticed; the load
+    /// says so in a warning (stderr, and `warnings` in --json).
+    #[arg(long, requires = "select")]
+    pub lazy_index: bool,
     /// Verify every tensor against this manifest (`tensora hash --write-manifest`) as its bytes
     /// land, inside the load (crc32c manifests digest each piece on the worker that read it). The
     /// first tensor that does not match stops the load: exit 1 with an error naming the tensor,
@@ -92,7 +98,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     let t = Instant::now();
     // The format error names the path already.
-    let ckpt = tensora_format::open(&args.path)?;
+    let ckpt = if args.lazy_index {
+        let shards = tensora_format::Shards::Selected(Selection::Glob(args.select.clone()));
+        tensora_format::open_with(&args.path, &tensora_format::OpenOptions { shards, ..Default::default() })?
+    } else {
+        tensora_format::open(&args.path)?
+    };
     let parse_seconds = t.elapsed().as_secs_f64();
     crate::output::print_warnings(&ckpt);
 
@@ -136,7 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     report.phases.parse = parse_seconds;
     report.finalize();
 
-    crate::output::written(print(&args, &report))?;
+    crate::output::written(print(&args, &report, ckpt.warnings()))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -179,6 +190,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
         (args.buffered, "--buffered"),
         (args.mapped, "--mapped"),
         (args.allow_sparse, "--allow-sparse"),
+        (args.lazy_index, "--lazy-index"),
     ];
     if let Some((_, flag)) = local_only.iter().find(|(set, _)| *set) {
         anyhow::bail!("{flag} does not apply to a remote location ({})", crate::remote::shown(&args.path));
@@ -242,10 +254,19 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     Ok(ExitCode::SUCCESS)
 }
 
-fn print(args: &Args, report: &LoadReport) -> std::io::Result<()> {
+/// The report on stdout; with `--json`, the parser's warnings (already on stderr) in `warnings`.
+fn print(args: &Args, report: &LoadReport, warnings: &[tensora_format::Warning]) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, report)?;
+        let mut value = serde_json::to_value(report)?;
+        if let serde_json::Value::Object(fields) = &mut value {
+            let texts = warnings
+                .iter()
+                .map(|w| serde_json::Value::String(format!("{}: {}", w.path.display(), w.message)))
+                .collect();
+            fields.insert("warnings".into(), serde_json::Value::Array(texts));
+        }
+        serde_json::to_writer_pretty(&mut out, &value)?;
         writeln!(out)?;
     } else {
         write_text(&mut out, report)?;

@@ -243,3 +243,37 @@ fn manifest_verifies_every_tensor_and_names_the_one_that_does_not_match() {
     assert_eq!(out.status.code(), Some(1));
     assert!(assert_one_error_line(&out).contains("is not in the manifest"));
 }
+
+#[test]
+fn lazy_index_parses_only_the_shards_holding_the_selection_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(format!("{REAL}/fracast-0.safetensors"), dir.path().join("a.safetensors")).unwrap();
+    // A second shard that is not a safetensors file at all: a strict open refuses the checkpoint.
+    std::fs::write(dir.path().join("b.safetensors"), b"not a header").unwrap();
+    let listing = tensora(&["inspect", "--json", &format!("{REAL}/fracast-0.safetensors")]);
+    let names: Vec<String> = serde_json::from_slice::<serde_json::Value>(&listing.stdout).unwrap()["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    let mut weight_map = serde_json::Map::new();
+    for n in &names {
+        weight_map.insert(n.clone(), "a.safetensors".into());
+    }
+    weight_map.insert("extra.weight".into(), "b.safetensors".into());
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(dir.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let path = dir.path().to_str().unwrap();
+    let pick = names[0].as_str();
+
+    let strict = tensora_load(&[path, "--select", pick, "--json"]);
+    assert!(assert_one_error_line(&strict).contains("b.safetensors"));
+    let lazy = report(&[path, "--select", pick, "--lazy-index", "--json"]);
+    assert_eq!(lazy["tensors"], 1);
+    let warnings = lazy["warnings"].as_array().unwrap();
+    assert!(warnings.iter().any(|w| w.as_str().unwrap().contains("lazy")), "{warnings:?}");
+    // Without a selection there is nothing to be lazy about: the flag needs --select.
+    let bare = tensora_load(&[path, "--lazy-index"]);
+    assert!(!bare.status.success());
+}

@@ -15,8 +15,10 @@ use crate::{cancelled_by_callback, drive, format_err, load_err, owner};
 #[pyfunction]
 pub(crate) fn inspect_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     let ckpt = py.detach(|| tensora_format::open(&path)).map_err(format_err)?;
-    serde_json::to_string(&tensora_format::Inspection::of(&ckpt))
-        .map_err(|e| crate::exc::TensoraError::new_err(e.to_string()))
+    let mut out = Vec::new();
+    tensora_format::Inspection::write_json(&ckpt, &mut out)
+        .map_err(|e| crate::exc::TensoraError::new_err(e.to_string()))?;
+    String::from_utf8(out).map_err(|e| crate::exc::TensoraError::new_err(e.to_string()))
 }
 
 /// One digest (hex) per tensor, computed inside a load (GIL released); with `write_manifest`,
