@@ -226,7 +226,8 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     let printed = (|| {
         let mut out = std::io::stdout().lock();
         if args.json {
-            serde_json::to_writer_pretty(&mut out, &report)?;
+            let value = with_warnings(serde_json::to_value(&report)?, checkpoint.checkpoint().warnings());
+            serde_json::to_writer_pretty(&mut out, &value)?;
             writeln!(out)?;
         } else {
             writeln!(out, "location     {}", report.url)?;
@@ -258,20 +259,25 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
 fn print(args: &Args, report: &LoadReport, warnings: &[tensora_format::Warning]) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     if args.json {
-        let mut value = serde_json::to_value(report)?;
-        if let serde_json::Value::Object(fields) = &mut value {
-            let texts = warnings
-                .iter()
-                .map(|w| serde_json::Value::String(format!("{}: {}", w.path.display(), w.message)))
-                .collect();
-            fields.insert("warnings".into(), serde_json::Value::Array(texts));
-        }
-        serde_json::to_writer_pretty(&mut out, &value)?;
+        serde_json::to_writer_pretty(&mut out, &with_warnings(serde_json::to_value(report)?, warnings))?;
         writeln!(out)?;
     } else {
         write_text(&mut out, report)?;
     }
     out.flush()
+}
+
+/// A `--json` report object with the parser's warnings (already on stderr) added as `warnings`:
+/// one `"PATH: message"` string each, an empty array when there are none.
+fn with_warnings(mut value: serde_json::Value, warnings: &[tensora_format::Warning]) -> serde_json::Value {
+    if let serde_json::Value::Object(fields) = &mut value {
+        let texts = warnings
+            .iter()
+            .map(|w| serde_json::Value::String(format!("{}: {}", w.path.display(), w.message)))
+            .collect();
+        fields.insert("warnings".into(), serde_json::Value::Array(texts));
+    }
+    value
 }
 
 fn write_text(out: &mut impl Write, r: &LoadReport) -> std::io::Result<()> {
