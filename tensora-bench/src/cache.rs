@@ -19,6 +19,14 @@ pub enum DropMethod {
 }
 
 impl DropMethod {
+    /// The name of the method, as in the JSON (and as the Python peer runner takes it).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DropMethod::ProcDropCaches => "proc-drop-caches",
+            DropMethod::FadviseDontneed => "fadvise-dontneed",
+        }
+    }
+
     /// Human-readable description for the report.
     pub const fn describe(self) -> &'static str {
         match self {
@@ -43,6 +51,11 @@ impl CacheDropper {
         }
         fadvise_dontneed(probe_file).context("neither drop_caches nor posix_fadvise(DONTNEED) works here")?;
         Ok(CacheDropper { method: DropMethod::FadviseDontneed })
+    }
+
+    /// A dropper that uses `method` (a child process uses its parent's choice).
+    pub fn with_method(method: DropMethod) -> CacheDropper {
+        CacheDropper { method }
     }
 
     /// The method in use.

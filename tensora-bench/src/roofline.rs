@@ -182,6 +182,22 @@ pub fn read_through_cache(files: &[PathBuf], buffers: &mut ReadBuffers) -> Resul
     Ok(total)
 }
 
+/// [`read_through_cache`] for the files that a residency sample (`mincore`, see
+/// `tensora_io::auto::probe::residency_sample`) does not find wholly in the page cache. Returns
+/// the bytes read.
+pub fn ensure_cached(files: &[PathBuf], buffers: &mut ReadBuffers) -> Result<u64> {
+    let mut cold = Vec::new();
+    for path in files {
+        let (file, len) = open_len(path)?;
+        let sample = tensora_io::auto::probe::residency_sample(&file, len)
+            .with_context(|| format!("residency of {}", path.display()))?;
+        if sample.resident_pages < sample.sampled_pages {
+            cold.push(path.clone());
+        }
+    }
+    read_through_cache(&cold, buffers)
+}
+
 /// Warm roofline with the arena's cost included: map a fresh arena for all of `files`, then
 /// [`warm_pread`] into it. Returns (seconds, bytes, the arena), so the caller unmaps it untimed.
 pub fn warm_pread_fresh(files: &[PathBuf]) -> Result<(f64, u64, Arena)> {
@@ -268,6 +284,11 @@ mod tests {
         assert_eq!(&fresh.as_slice()[..BLOCK_BYTES * 2 + 12_345], &std::fs::read(&files[0]).unwrap()[..]);
         assert!(cold_buffered(&[dir.path().join("missing")], &mut ReadBuffers::new(1)).is_err());
         assert_eq!(read_through_cache(&files, &mut ReadBuffers::new(1)).unwrap(), expected);
+        // Now cached: nothing left to read (the empty file has no page to sample).
+        assert_eq!(ensure_cached(&files, &mut ReadBuffers::new(1)).unwrap(), 0);
+        tensora_testkit::cache::evict_file_cache(&std::fs::File::open(&files[1]).unwrap()).unwrap();
+        let again = ensure_cached(&files, &mut ReadBuffers::new(1)).unwrap();
+        assert!(again == 0 || again == 100, "reads only what is not cached: {again}");
         assert!(read_through_cache(&files, &mut ReadBuffers::new(0)).is_err());
     }
 }
