@@ -14,20 +14,28 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
                        quick bench, Python binding tests (tensora-py/run-tests.sh)
   selfcheck            fail if a tracked code, script or config file refers to a path outside the
                        repository (see xtask/src/selfcheck.rs for the rules)
-  bench [OPTIONS]      build tensora-bench in release mode and run it; writes
-                       target/tensora-bench/report.{md,json,svg}
+  bench [OPTIONS]      build tensora-bench in release mode and run it (a few minutes): the main
+                       fixture, `auto`, the peers (Python ones in a venv it prepares under
+                       target/tensora-bench/py-venv) and the rooflines, each sample in a fresh
+                       process (a) and as a repeat load (b), then the paired acceptance runs;
+                       writes target/tensora-bench/report.{md,json,svg}. Fails if a cell errors
+                       (a missed performance goal is reported, not an error)
+      --full           the whole matrix: every fixture, backend, scope and mode; reports go to
+                       target/tensora-bench/full/
       --quick          small fixtures, 3 runs, a subset of the cells; reports go to
                        target/tensora-bench/quick/
+      --pairs-only     only the paired acceptance runs (target/tensora-bench/pairs.json)
       --size small|full
-      --runs N         timed runs per cell (default 5)
+      --runs N         timed runs per cell and pairs (default 5)
       --cold|--no-cold run the cold-cache cells or not (default: run them)
   bench --remote [--runs N]
                        tensora-remote against real nginx and s3rver on 127.0.0.1 (needs nginx, curl,
                        node + s3rver, see .ci/run), each beside its curl anchor in the same run
                        (default 3 runs; medians, min/max, ratios, acceptance); writes
                        target/tensora-bench/remote/report.{md,json}. Not part of `test`.
-  fixtures [--size small|full]
-                       only generate (or check) the bench fixtures
+  fixtures [--full] [--size small|full]
+                       only generate (or check) the bench fixtures (the default bench's, or with
+                       --full every fixture)
   fuzz [TARGET] [--seconds N]
                        run the cargo-fuzz targets in fuzz/ (all, or TARGET) for N seconds each
                        (default 60), installing cargo-fuzz if missing
@@ -111,7 +119,9 @@ fn test(args: &[String]) -> Result<()> {
     run(&cargo, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     run(&cargo, &["test", "--workspace", "--all-targets"])?;
     run(&cargo, &["test", "--workspace", "--doc"])?;
-    // The quick bench, so the bench never rots.
+    // The quick bench, so the bench never rots: it fails on a cell that errors (a missed
+    // performance goal is reported, not a failure), and its Python peer runs in the venv it
+    // prepares.
     bench(&["--quick".to_string()])?;
     // The Python bindings: build into a venv under target/ and run pytest.
     let script = workspace_root().join("tensora-py").join("run-tests.sh");
@@ -134,7 +144,8 @@ fn bench_args(args: &[String], what: BenchRun) -> Result<Vec<String>> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--quick" | "--cold" | "--no-cold" if !fixtures_only => out.push(arg.clone()),
+            "--quick" | "--cold" | "--no-cold" | "--pairs-only" if !fixtures_only => out.push(arg.clone()),
+            "--full" => out.push(arg.clone()),
             "--size" => {
                 let v = it.next().context("--size needs small or full")?;
                 if v != "small" && v != "full" {
@@ -303,6 +314,15 @@ mod tests {
             strings(&["--size", "small", "--fixtures-only"])
         );
         assert!(bench_args(&strings(&["--quick"]), BenchRun::FixturesOnly).is_err());
+        assert!(bench_args(&strings(&["--pairs-only"]), BenchRun::FixturesOnly).is_err());
+        assert_eq!(
+            bench_args(&strings(&["--full"]), BenchRun::FixturesOnly).unwrap(),
+            strings(&["--full", "--fixtures-only"])
+        );
+        assert_eq!(
+            bench_args(&strings(&["--full", "--pairs-only"]), BenchRun::Measure).unwrap(),
+            strings(&["--full", "--pairs-only"])
+        );
     }
 
     #[test]
