@@ -25,9 +25,11 @@ use tensora_io::arena::{Arena, ArenaConfig, Prefault};
 pub const WARMUP_RUNS: usize = 1;
 /// Upper bound on timed runs per cell.
 pub const RUNS_MAX: usize = 100;
-/// Default timed runs per cell and pairs (`default` and `full` plans).
-pub const RUNS_DEFAULT: usize = 5;
-/// Timed runs per cell with `--quick`.
+/// Default timed runs per cell (one per round; `default` and `full` plans).
+pub const RUNS_DEFAULT: usize = 3;
+/// Default timed pairs of the paired acceptance runs.
+pub const PAIR_RUNS_DEFAULT: usize = 5;
+/// Timed runs per cell and timed pairs with `--quick`.
 pub const RUNS_QUICK: usize = 3;
 /// In-flight budget of the streaming cells.
 pub const STREAMING_BUDGET_BYTES: u64 = 256 << 20;
@@ -48,8 +50,10 @@ pub struct BenchConfig {
     pub out_dir: PathBuf,
     /// The fixture size to generate and measure.
     pub size: Size,
-    /// Timed runs per cell and timed pairs, `1..=RUNS_MAX`.
+    /// Timed runs per cell, `1..=RUNS_MAX`.
     pub runs: usize,
+    /// Timed pairs of each paired acceptance run, `1..=RUNS_MAX`.
+    pub pair_runs: usize,
     /// Run the cold cells.
     pub cold: bool,
     /// Which cells.
@@ -66,6 +70,9 @@ impl BenchConfig {
     pub fn validate(&self) -> Result<()> {
         if !(1..=RUNS_MAX).contains(&self.runs) {
             bail!("--runs must be in 1..={RUNS_MAX}, got {}", self.runs);
+        }
+        if !(1..=RUNS_MAX).contains(&self.pair_runs) {
+            bail!("--pair-runs must be in 1..={RUNS_MAX}, got {}", self.pair_runs);
         }
         Ok(())
     }
@@ -94,6 +101,7 @@ impl BenchConfig {
             out_dir: PathBuf::from("unused"),
             size: Size::Small,
             runs: 3,
+            pair_runs: 3,
             cold: true,
             plan,
             seed: fixtures::DEFAULT_SEED,
@@ -225,6 +233,7 @@ pub fn build_report(
         run: RunFacts {
             size: config.size.as_str().to_string(),
             runs: config.runs,
+            pair_runs: config.pair_runs,
             cold: config.cold,
             plan: config.plan.as_str().to_owned(),
             seed: config.seed,
@@ -409,12 +418,10 @@ impl<'a> Runner<'a> {
             let specs = plan_cells(config, &f.name, &backends, &keys_python);
             let plan: FixturePlan =
                 specs.into_iter().map(|s| (runner.precheck(f, &s), s)).map(|(skip, s)| (s, skip)).collect();
-            for _ in 0..config.runs {
-                keys.extend(
-                    plan.iter()
-                        .filter(|(_, skip)| skip.is_none())
-                        .map(|(s, _)| format!("{} {}", f.name, s.label())),
-                );
+            for round in 0..config.runs {
+                let order = round_order(plan.len(), config.seed, round);
+                let planned = order.iter().map(|&i| &plan[i]).filter(|(_, skip)| skip.is_none());
+                keys.extend(planned.map(|(s, _)| format!("{} {}", f.name, s.label())));
             }
             runner.plans.push(plan);
         }
@@ -478,8 +485,9 @@ impl<'a> Runner<'a> {
             })
             .collect();
         let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); plan.len()];
-        for _round in 0..self.config.runs {
-            for (i, (spec, skip)) in plan.iter().enumerate() {
+        for round in 0..self.config.runs {
+            for i in round_order(plan.len(), self.config.seed, round) {
+                let (spec, skip) = &plan[i];
                 if skip.is_some() {
                     continue;
                 }
@@ -521,18 +529,22 @@ impl<'a> Runner<'a> {
 
     /// One sample of `spec` on `fixture`.
     pub(crate) fn sample(&mut self, fixture: &Fixture, spec: &CellSpec) -> Result<Measured> {
-        let drop = match spec.cache {
-            Cache::Warm => {
-                // Warm means the files are in the page cache, whatever ran before (a cold cell, or
-                // an O_DIRECT load that bypassed the cache).
-                roofline::ensure_cached(&fixture.data_files, &mut self.bufs)?;
-                None
-            }
-            Cache::Cold => Some(self.dropper.as_ref().context("cold cell without a cache dropper")?.method()),
-        };
+        // Warm means the files are in the page cache, whatever ran before (a cold cell, or an
+        // O_DIRECT load that bypassed the cache). Cold runs start from the same state too: the
+        // files are read into the page cache here and evicted right before the timed load, so the
+        // memory the eviction frees is the same for every subject and run (on a VM that hands free
+        // memory back to its hypervisor, what was freed a moment ago decides how fast fresh huge
+        // pages fault in: docs/design.md).
+        // The device rooflines' memory is ready before the clock starts, so for them the
+        // eviction frees nothing that matters.
         if spec.subject.in_process() {
             return self.device(fixture, &spec.subject);
         }
+        roofline::ensure_cached(&fixture.data_files, &mut self.bufs)?;
+        let drop = match spec.cache {
+            Cache::Warm => None,
+            Cache::Cold => Some(self.dropper.as_ref().context("cold cell without a cache dropper")?.method()),
+        };
         let mut cmd = match &spec.subject {
             Subject::PeerPython(key) => {
                 let python = self.python.python.as_ref().map_err(|u| anyhow::anyhow!("{u}"))?;
@@ -583,6 +595,20 @@ impl<'a> Runner<'a> {
         };
         Ok(Measured { sample: Sample::new(t.elapsed().as_secs_f64(), bytes), details: None })
     }
+}
+
+/// The order in which a round runs `cells` cells: shuffled per round (deterministically, from the
+/// seed), so that no cell always runs right after the same one. On a VM that hands free memory
+/// back to its hypervisor, a process that starts right after another freed its memory faults it
+/// in faster than one that starts after a pause.
+pub fn round_order(cells: usize, seed: u64, round: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..cells).collect();
+    let mut rng = crate::rng::SplitMix64::for_stream(seed, 0x0DE5 + round as u64);
+    for i in (1..cells).rev() {
+        let j = rng.range_inclusive(0, i as u64) as usize;
+        order.swap(i, j);
+    }
+    order
 }
 
 /// Why the O_DIRECT roofline cannot run on `files`, or `None`.
@@ -666,10 +692,19 @@ mod tests {
         assert!(config().validate().is_ok());
         assert!(BenchConfig { runs: 0, ..config() }.validate().is_err());
         assert!(BenchConfig { runs: RUNS_MAX + 1, ..config() }.validate().is_err());
+        assert!(BenchConfig { pair_runs: 0, ..config() }.validate().is_err());
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn every_round_runs_every_cell_once(cells in 0usize..60, seed in any::<u64>(), round in 0usize..10) {
+            let mut order = round_order(cells, seed, round);
+            prop_assert_eq!(&order, &round_order(cells, seed, round));
+            order.sort_unstable();
+            prop_assert_eq!(order, (0..cells).collect::<Vec<_>>());
+        }
 
         #[test]
         fn partial_is_every_tenth(n in 0usize..2000) {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tensora_bench::bench::{self, BenchConfig, PlanKind, RUNS_DEFAULT, RUNS_QUICK};
+use tensora_bench::bench::{self, BenchConfig, PAIR_RUNS_DEFAULT, PlanKind, RUNS_DEFAULT, RUNS_QUICK};
 use tensora_bench::fixtures::{DEFAULT_SEED, Size};
 
 /// Measure Tensora against the machine's rooflines and against peers, in a fresh process (the
@@ -24,9 +24,12 @@ struct Args {
     /// Fixture size (default: full, or small with --quick).
     #[arg(long, value_enum)]
     size: Option<Size>,
-    /// Timed runs per cell and timed pairs (default: 5, or 3 with --quick).
+    /// Timed runs per cell, one per round (default: 3).
     #[arg(long)]
     runs: Option<usize>,
+    /// Timed pairs of each paired acceptance run (default: 5, or 3 with --quick).
+    #[arg(long)]
+    pair_runs: Option<usize>,
     /// Run the cold-cache cells (the default).
     #[arg(long, overrides_with = "no_cold")]
     cold: bool,
@@ -99,6 +102,7 @@ fn config(args: &Args) -> anyhow::Result<BenchConfig> {
         out_dir,
         size: args.size.unwrap_or(if args.quick { Size::Small } else { Size::Full }),
         runs: args.runs.unwrap_or(if args.quick { RUNS_QUICK } else { RUNS_DEFAULT }),
+        pair_runs: args.pair_runs.unwrap_or(if args.quick { RUNS_QUICK } else { PAIR_RUNS_DEFAULT }),
         cold: !args.no_cold,
         plan,
         seed: args.seed,

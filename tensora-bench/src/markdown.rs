@@ -42,8 +42,16 @@ impl Report {
         let r = &self.run;
         let _ = writeln!(
             s,
-            "Run: {} plan, size {}, {} timed runs per cell, seed {:#x}. GB = 10^9 bytes.  ",
-            r.plan, r.size, r.runs, r.seed,
+            "Run: {} plan, size {}, {} timed runs per cell (rounds interleaved), {} timed pairs, seed {:#x}, \
+             {} in all, load average {} at the start and {} at the end. GB = 10^9 bytes.  ",
+            r.plan,
+            r.size,
+            r.runs,
+            r.pair_runs,
+            r.seed,
+            crate::progress::clock(r.seconds),
+            r.load_average[0],
+            r.load_average[1],
         );
         let _ =
             writeln!(s, "Cold cache: {}.  ", r.cache_drop.as_deref().unwrap_or("not measured (--no-cold)"));

@@ -73,7 +73,7 @@ impl Pair {
 
 /// Progress keys of the pairs [`measure_pairs`] runs for `config` (one per pair).
 pub fn step_keys(config: &BenchConfig) -> Vec<String> {
-    let pairs = WARMUP_RUNS + config.runs;
+    let pairs = WARMUP_RUNS + config.pair_runs;
     let mut keys = vec!["pairs warm".to_owned(); pairs];
     if config.cold {
         keys.extend(vec!["pairs cold".to_owned(); pairs]);
@@ -111,7 +111,7 @@ fn warm(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Pair> {
     let anchor = first_load(Subject::RooflineWarm { again: false }, Cache::Warm, Mode::Raw);
     let auto = first_load(Subject::Tensora(AUTO.to_owned()), Cache::Warm, Mode::Owned);
     let mut pair = Pair::new(&fixture.name, Cache::Warm, crate::report::ROOFLINE_WARM.to_owned(), WARM_GOAL);
-    for i in 0..WARMUP_RUNS + runner.config().runs {
+    for i in 0..WARMUP_RUNS + runner.config().pair_runs {
         runner.steps.begin("pairs warm");
         let t = std::time::Instant::now();
         let ((s, ran), a) = if i % 2 == 0 {
@@ -150,7 +150,7 @@ fn cold(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Pair> {
         first_load(Subject::Tensora(AUTO.to_owned()), Cache::Cold, Mode::Owned),
     ];
     let mut pair = Pair::new(&fixture.name, Cache::Cold, anchor, COLD_GOAL);
-    for i in 0..WARMUP_RUNS + runner.config().runs {
+    for i in 0..WARMUP_RUNS + runner.config().pair_runs {
         runner.steps.begin("pairs cold");
         let t = std::time::Instant::now();
         let mut speeds = [0.0f64; 3];

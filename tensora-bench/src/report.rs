@@ -390,8 +390,11 @@ pub struct Rooflines {
 pub struct RunFacts {
     /// Fixture size (`small` or `full`).
     pub size: String,
-    /// Timed runs per cell (one per round, rounds interleaved), and timed pairs.
+    /// Timed runs per cell (one per round, rounds interleaved).
     pub runs: usize,
+    /// Timed pairs of each paired acceptance run.
+    #[serde(default)]
+    pub pair_runs: usize,
     /// Whether the cold cells ran.
     pub cold: bool,
     /// Which plan ran: `quick`, `default` or `full`.

@@ -33,6 +33,7 @@ fn every_cell_runs_on_a_real_checkpoint_and_reports_are_written() {
         out_dir: out.path().to_path_buf(),
         size: Size::Small,
         runs: 1,
+        pair_runs: 1,
         cold: false,
         plan: PlanKind::Full,
         seed: 1,

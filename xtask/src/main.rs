@@ -26,7 +26,8 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
                        target/tensora-bench/quick/
       --pairs-only     only the paired acceptance runs (target/tensora-bench/pairs.json)
       --size small|full
-      --runs N         timed runs per cell and pairs (default 5)
+      --runs N         timed runs per cell (default 3)
+      --pair-runs N    timed pairs of each paired acceptance run (default 5)
       --cold|--no-cold run the cold-cache cells or not (default: run them)
   bench --remote [--runs N]
                        tensora-remote against real nginx and s3rver on 127.0.0.1 (needs nginx, curl,
@@ -153,11 +154,11 @@ fn bench_args(args: &[String], what: BenchRun) -> Result<Vec<String>> {
                 }
                 out.extend([arg.clone(), v.clone()]);
             }
-            "--runs" if !fixtures_only => {
-                let v = it.next().context("--runs needs a number")?;
-                let n: usize = v.parse().with_context(|| format!("--runs: {v:?} is not a number"))?;
+            "--runs" | "--pair-runs" if !fixtures_only => {
+                let v = it.next().with_context(|| format!("{arg} needs a number"))?;
+                let n: usize = v.parse().with_context(|| format!("{arg}: {v:?} is not a number"))?;
                 if n == 0 {
-                    bail!("--runs must be at least 1");
+                    bail!("{arg} must be at least 1");
                 }
                 out.extend([arg.clone(), v.clone()]);
             }
@@ -308,6 +309,11 @@ mod tests {
         assert!(bench_args(&strings(&["--size"]), BenchRun::Measure).is_err());
         assert!(bench_args(&strings(&["--runs", "0"]), BenchRun::Measure).is_err());
         assert!(bench_args(&strings(&["--runs", "x"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--pair-runs", "0"]), BenchRun::Measure).is_err());
+        assert_eq!(
+            bench_args(&strings(&["--pair-runs", "9"]), BenchRun::Measure).unwrap(),
+            strings(&["--pair-runs", "9"])
+        );
         assert!(bench_args(&strings(&["--remote"]), BenchRun::Measure).is_err());
         assert_eq!(
             bench_args(&strings(&["--size", "small"]), BenchRun::FixturesOnly).unwrap(),

@@ -48,6 +48,7 @@ pub(crate) fn example() -> Report {
         run: RunFacts {
             size: "small".into(),
             runs: 3,
+            pair_runs: 3,
             cold: true,
             plan: "quick".into(),
             seed: 1,
