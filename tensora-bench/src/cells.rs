@@ -20,7 +20,7 @@ use crate::bench::{AUTO, BenchConfig, PEER_ST_MMAP, PEER_ST_READ};
 use crate::fixtures;
 use crate::report::{
     Cache, Kind, Mode, ROOFLINE_BUFFERED, ROOFLINE_BUFFERED_AGAIN, ROOFLINE_DIRECT, ROOFLINE_DIRECT_AGAIN,
-    ROOFLINE_WARM, ROOFLINE_WARM_AGAIN, Scope, Situation,
+    ROOFLINE_WARM, ROOFLINE_WARM_AGAIN, ROOFLINE_WARM_BASE, ROOFLINE_WARM_BASE_AGAIN, Scope, Situation,
 };
 
 /// Which cells a run measures.
@@ -52,16 +52,30 @@ impl PlanKind {
     }
 }
 
+/// The pages of a warm roofline's fresh arena. Where fresh huge pages are cheap depends on what
+/// the machine freed a moment ago (`tensora_io::arena`), so the warm roofline is the better of two:
+/// an arena as a load gets it, and one of base pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RooflinePages {
+    /// `Arena::with_len`: huge pages, unless they fault in slowly (the arena's own probe).
+    Arena,
+    /// Base pages throughout (`Arena::use_base_pages` before the first read).
+    Base,
+}
+
 /// Who is measured in a cell.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Subject {
-    /// Warm roofline: `pread` into a hugepage arena (fresh in situation (a), the first pass's in
-    /// situation (b)). The full plan measures the rooflines before (`again: false`) and after
-    /// (`again: true`) the loaders.
+    /// Warm roofline: `pread` with [`crate::roofline::COPY_THREADS`] threads into an arena (fresh
+    /// in situation (a), the first pass's in situation (b)). The full plan measures the rooflines
+    /// before (`again: false`) and after (`again: true`) the loaders.
     RooflineWarm {
         /// The second pass, after the loaders.
         again: bool,
+        /// Which pages the fresh arena gets.
+        pages: RooflinePages,
     },
     /// Cold roofline: `O_DIRECT` reads on one io_uring ring.
     RooflineDirect {
@@ -87,10 +101,12 @@ impl Subject {
     /// Name in reports.
     pub fn name(&self) -> &str {
         match self {
-            Subject::RooflineWarm { again: false } => ROOFLINE_WARM,
+            Subject::RooflineWarm { again: false, pages: RooflinePages::Arena } => ROOFLINE_WARM,
+            Subject::RooflineWarm { again: false, pages: RooflinePages::Base } => ROOFLINE_WARM_BASE,
+            Subject::RooflineWarm { again: true, pages: RooflinePages::Base } => ROOFLINE_WARM_BASE_AGAIN,
             Subject::RooflineDirect { again: false } => ROOFLINE_DIRECT,
             Subject::RooflineBuffered { again: false } => ROOFLINE_BUFFERED,
-            Subject::RooflineWarm { again: true } => ROOFLINE_WARM_AGAIN,
+            Subject::RooflineWarm { again: true, pages: RooflinePages::Arena } => ROOFLINE_WARM_AGAIN,
             Subject::RooflineDirect { again: true } => ROOFLINE_DIRECT_AGAIN,
             Subject::RooflineBuffered { again: true } => ROOFLINE_BUFFERED_AGAIN,
             Subject::Tensora(name) => name,
@@ -174,7 +190,9 @@ pub fn plan_cells(config: &BenchConfig, fixture: &str, backends: &[&str], python
                 .filter(|c| c.situation != Situation::RepeatLoad)
                 .filter_map(|c| {
                     let subject = match c.subject {
-                        Subject::RooflineWarm { again: false } => Subject::RooflineWarm { again: true },
+                        Subject::RooflineWarm { again: false, pages } => {
+                            Subject::RooflineWarm { again: true, pages }
+                        }
                         Subject::RooflineDirect { again: false } => Subject::RooflineDirect { again: true },
                         Subject::RooflineBuffered { again: false } => {
                             Subject::RooflineBuffered { again: true }
@@ -223,6 +241,18 @@ impl Plan<'_> {
         }
     }
 
+    /// The warm rooflines (both pages) at `at`.
+    fn warm_rooflines(at: (Situation, Cache), out: &mut Vec<CellSpec>) {
+        for pages in [RooflinePages::Arena, RooflinePages::Base] {
+            out.push(CellSpec::new(
+                Subject::RooflineWarm { again: false, pages },
+                at,
+                Scope::Full,
+                Mode::Raw,
+            ));
+        }
+    }
+
     /// The device rooflines (cold, measured in the bench's process).
     fn device(&self, out: &mut Vec<CellSpec>) {
         let at = (Situation::Device, Cache::Cold);
@@ -237,7 +267,7 @@ impl Plan<'_> {
         let auto = || Subject::Tensora(AUTO.to_owned());
         let mut out = Vec::new();
         let first_warm = (FirstLoad, Cache::Warm);
-        out.push(CellSpec::new(Subject::RooflineWarm { again: false }, first_warm, Scope::Full, Mode::Raw));
+        Plan::warm_rooflines(first_warm, &mut out);
         out.push(CellSpec::new(auto(), first_warm, Scope::Full, Mode::Owned));
         out.push(CellSpec::new(auto(), first_warm, Scope::Full, Mode::Mapped));
         self.peers(first_warm, &mut out);
@@ -247,7 +277,7 @@ impl Plan<'_> {
             self.peers((FirstLoad, Cache::Cold), &mut out);
         }
         let repeat_warm = (RepeatLoad, Cache::Warm);
-        out.push(CellSpec::new(Subject::RooflineWarm { again: false }, repeat_warm, Scope::Full, Mode::Raw));
+        Plan::warm_rooflines(repeat_warm, &mut out);
         out.push(CellSpec::new(auto(), repeat_warm, Scope::Full, Mode::Owned));
         self.peers(repeat_warm, &mut out);
         out
@@ -261,8 +291,8 @@ impl Plan<'_> {
         use Situation::{FirstLoad, RepeatLoad};
         let tensora = |n: &str| Subject::Tensora(n.to_owned());
         let first_warm = (FirstLoad, Cache::Warm);
-        let mut out =
-            vec![CellSpec::new(Subject::RooflineWarm { again: false }, first_warm, Scope::Full, Mode::Raw)];
+        let mut out = Vec::new();
+        Plan::warm_rooflines(first_warm, &mut out);
         if !self.main() {
             out.push(CellSpec::new(tensora(AUTO), first_warm, Scope::Full, Mode::Owned));
             if self.has_peers() {
@@ -282,7 +312,7 @@ impl Plan<'_> {
             out.push(CellSpec::new(tensora(AUTO), (FirstLoad, Cache::Cold), Scope::Full, Mode::Owned));
         }
         let repeat_warm = (RepeatLoad, Cache::Warm);
-        out.push(CellSpec::new(Subject::RooflineWarm { again: false }, repeat_warm, Scope::Full, Mode::Raw));
+        Plan::warm_rooflines(repeat_warm, &mut out);
         out.push(CellSpec::new(tensora(AUTO), repeat_warm, Scope::Full, Mode::Owned));
         out.push(CellSpec::new(Subject::PeerRead, repeat_warm, Scope::Full, Mode::Owned));
         out
@@ -296,12 +326,7 @@ impl Plan<'_> {
         use Situation::{FirstLoad, RepeatLoad};
         let main = self.main();
         let mut out = Vec::new();
-        out.push(CellSpec::new(
-            Subject::RooflineWarm { again: false },
-            (FirstLoad, Cache::Warm),
-            Scope::Full,
-            Mode::Raw,
-        ));
+        Plan::warm_rooflines((FirstLoad, Cache::Warm), &mut out);
         if self.cold {
             self.device(&mut out);
         }
@@ -335,7 +360,7 @@ impl Plan<'_> {
         }
         if main {
             let warm = (RepeatLoad, Cache::Warm);
-            out.push(CellSpec::new(Subject::RooflineWarm { again: false }, warm, Scope::Full, Mode::Raw));
+            Plan::warm_rooflines(warm, &mut out);
             for &cache in self.caches() {
                 out.push(CellSpec::new(
                     Subject::Tensora(AUTO.to_owned()),

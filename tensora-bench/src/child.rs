@@ -239,7 +239,7 @@ fn load_once(spec: &ChildSpec, selected: Option<&[String]>, previous: Option<Hel
     let files = &spec.data_files;
     let names: Option<HashSet<String>> = selected.map(|s| s.iter().cloned().collect());
     match &spec.subject {
-        Subject::RooflineWarm { .. } => {
+        Subject::RooflineWarm { pages, .. } => {
             let arena = previous.and_then(|p| p.downcast::<tensora_io::arena::Arena>().ok());
             let (seconds, bytes, arena) = match arena {
                 Some(mut reused) => {
@@ -249,7 +249,7 @@ fn load_once(spec: &ChildSpec, selected: Option<&[String]>, previous: Option<Hel
                     std::hint::black_box(crate::peers::touch(&reused.as_mut_slice()[..len]));
                     (t.elapsed().as_secs_f64(), bytes, *reused)
                 }
-                None => crate::roofline::warm_pread_fresh(files)?,
+                None => crate::roofline::warm_pread_fresh(files, *pages)?,
             };
             let details = serde_json::json!({ "huge_pages_advised": arena.huge_pages_advised() });
             Ok((seconds, bytes, Some(details), Box::new(arena)))

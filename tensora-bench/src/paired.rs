@@ -10,8 +10,9 @@
 //!
 //! Both sides run in situation (a), the first load of a fresh process (each run a child process,
 //! [`crate::child`]), the situation the chart and the README show by default:
-//! - warm: `auto` owned full load vs the warm roofline (2-thread `pread` into a fresh hugepage
-//!   arena), both touching one byte per page;
+//! - warm: `auto` owned full load vs the better of the two warm rooflines of the same pair
+//!   (2-thread `pread` into a fresh arena as a load gets it, and into fresh base pages), all
+//!   touching one byte per page;
 //! - cold: `auto` owned full load vs the better of the two device probes of the same pair
 //!   (O_DIRECT QD32 8 MiB on one io_uring ring, and a buffered 2-thread `pread`, both in the
 //!   bench's process with their memory ready), the page cache dropped before every run.
@@ -20,6 +21,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::bench::{AUTO, BenchConfig, CellSpec, Runner, Subject, WARMUP_RUNS};
+use crate::cells::RooflinePages;
 use crate::fixtures::Fixture;
 use crate::report::{Cache, Mode, Scope, Situation};
 use crate::stats::{Summary, ratio};
@@ -105,32 +107,69 @@ fn side(runner: &mut Runner<'_>, fixture: &Fixture, spec: &CellSpec) -> Result<(
     Ok((m.sample.gbps, m.details.as_ref().and_then(auto_subject)))
 }
 
-/// Warm: files in the page cache, fresh memory in a fresh process on both sides; the anchor
-/// first in even pairs, the loader first in odd ones.
+/// Warm: files in the page cache, fresh memory in a fresh process on both sides; each pair is
+/// three runs (the two warm rooflines, the load) rotated so that none always follows the same one,
+/// and the anchor is the better roofline.
 fn warm(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Pair> {
-    let anchor = first_load(Subject::RooflineWarm { again: false }, Cache::Warm, Mode::Raw);
-    let auto = first_load(Subject::Tensora(AUTO.to_owned()), Cache::Warm, Mode::Owned);
-    let mut pair = Pair::new(&fixture.name, Cache::Warm, crate::report::ROOFLINE_WARM.to_owned(), WARM_GOAL);
+    let roofline = |pages| first_load(Subject::RooflineWarm { again: false, pages }, Cache::Warm, Mode::Raw);
+    let specs = [
+        roofline(RooflinePages::Arena),
+        roofline(RooflinePages::Base),
+        first_load(Subject::Tensora(AUTO.to_owned()), Cache::Warm, Mode::Owned),
+    ];
+    let anchor =
+        format!("best of {} and {}", crate::report::ROOFLINE_WARM, crate::report::ROOFLINE_WARM_BASE);
+    let mut pair = Pair::new(&fixture.name, Cache::Warm, anchor, WARM_GOAL);
     for i in 0..WARMUP_RUNS + runner.config().pair_runs {
         runner.steps.begin("pairs warm");
         let t = std::time::Instant::now();
-        let ((s, ran), a) = if i % 2 == 0 {
-            let a = side(runner, fixture, &anchor)?.0;
-            (side(runner, fixture, &auto)?, a)
-        } else {
-            let s = side(runner, fixture, &auto)?;
-            (s, side(runner, fixture, &anchor)?.0)
-        };
+        let (speeds, ran) = three(runner, fixture, &specs, i, First::Runs)?;
         let warmup = i < WARMUP_RUNS;
+        let anchor_gbps = speeds[0].max(speeds[1]);
         if !warmup {
-            pair.push(s, a);
+            pair.push(speeds[2], anchor_gbps);
             pair.subject = ran.unwrap_or(pair.subject);
         }
-        let what =
-            format!("pairs warm {}: {s:.2} vs {a:.2} GB/s{}", i, if warmup { " (warm-up)" } else { "" });
+        let what = format!(
+            "pairs warm {i}: {:.2} vs {anchor_gbps:.2} GB/s (fresh arena {:.2}, base pages {:.2}){}",
+            speeds[2],
+            speeds[0],
+            speeds[1],
+            if warmup { " (warm-up)" } else { "" }
+        );
         runner.steps.done(t.elapsed().as_secs_f64(), &what);
     }
     Ok(pair)
+}
+
+/// Whether the first of a pair's three specs runs (the O_DIRECT probe cannot everywhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    Runs,
+    Skipped,
+}
+
+/// The three runs of pair `i`, rotated: GB/s of each spec (0 for a first spec that is skipped)
+/// and what `auto` ran.
+fn three(
+    runner: &mut Runner<'_>,
+    fixture: &Fixture,
+    specs: &[CellSpec; 3],
+    i: usize,
+    first: First,
+) -> Result<([f64; 3], Option<String>)> {
+    let mut speeds = [0.0f64; 3];
+    let mut ran = None;
+    for k in 0..3 {
+        let which = (i + k) % 3;
+        if which == 0 && first == First::Skipped {
+            continue;
+        }
+        let (speed, subject) = side(runner, fixture, &specs[which])?;
+        speeds[which] = speed;
+        ran = ran.or(subject);
+    }
+    Ok((speeds, ran))
 }
 
 /// Cold: the page cache dropped before every run; each pair is three runs (the direct probe, the
@@ -153,17 +192,8 @@ fn cold(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Pair> {
     for i in 0..WARMUP_RUNS + runner.config().pair_runs {
         runner.steps.begin("pairs cold");
         let t = std::time::Instant::now();
-        let mut speeds = [0.0f64; 3];
-        let mut ran = None;
-        for k in 0..3 {
-            let which = (i + k) % 3;
-            if which == 0 && !direct_ok {
-                continue;
-            }
-            let (speed, subject) = side(runner, fixture, &specs[which])?;
-            speeds[which] = speed;
-            ran = ran.or(subject);
-        }
+        let first = if direct_ok { First::Runs } else { First::Skipped };
+        let (speeds, ran) = three(runner, fixture, &specs, i, first)?;
         let warmup = i < WARMUP_RUNS;
         let anchor_gbps = speeds[0].max(speeds[1]);
         if !warmup {

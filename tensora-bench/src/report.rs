@@ -449,15 +449,20 @@ pub struct Report {
     pub versus: Vec<crate::versus::Versus>,
 }
 
-/// Roofline subject names.
-pub const ROOFLINE_WARM: &str = "roofline: pread 2 threads -> hugepages";
+/// Warm roofline: 2 `pread` threads into a fresh arena, as a load gets it (huge pages unless they
+/// fault in slowly).
+pub const ROOFLINE_WARM: &str = "roofline: pread 2 threads -> fresh arena";
+/// Warm roofline: 2 `pread` threads into fresh base pages.
+pub const ROOFLINE_WARM_BASE: &str = "roofline: pread 2 threads -> base pages";
 /// Cold O_DIRECT roofline.
 pub const ROOFLINE_DIRECT: &str = "roofline: O_DIRECT QD32 8MiB";
 /// Cold buffered roofline.
 pub const ROOFLINE_BUFFERED: &str = "roofline: buffered pread 2 threads";
 /// The same rooflines measured again after the loaders of a fixture (a virtual disk's speed drifts
 /// within a run; the better of the two passes is the roofline).
-pub const ROOFLINE_WARM_AGAIN: &str = "roofline (again): pread 2 threads -> hugepages";
+pub const ROOFLINE_WARM_AGAIN: &str = "roofline (again): pread 2 threads -> fresh arena";
+/// See [`ROOFLINE_WARM_AGAIN`].
+pub const ROOFLINE_WARM_BASE_AGAIN: &str = "roofline (again): pread 2 threads -> base pages";
 /// See [`ROOFLINE_WARM_AGAIN`].
 pub const ROOFLINE_DIRECT_AGAIN: &str = "roofline (again): O_DIRECT QD32 8MiB";
 /// See [`ROOFLINE_WARM_AGAIN`].

@@ -37,13 +37,11 @@ fn the_default_plan_measures_auto_and_every_peer_in_both_situations() {
         }
     }
     for situation in [Situation::FirstLoad, Situation::RepeatLoad] {
-        let roofline = CellSpec::new(
-            Subject::RooflineWarm { again: false },
-            (situation, Cache::Warm),
-            Scope::Full,
-            Mode::Raw,
-        );
-        assert!(cells.contains(&roofline), "{roofline:?}");
+        for pages in [RooflinePages::Arena, RooflinePages::Base] {
+            let subject = Subject::RooflineWarm { again: false, pages };
+            let roofline = CellSpec::new(subject, (situation, Cache::Warm), Scope::Full, Mode::Raw);
+            assert!(cells.contains(&roofline), "{roofline:?}");
+        }
     }
     // Device rooflines are the only cells of the device situation, and run in the bench's process.
     for c in &cells {
@@ -69,12 +67,15 @@ fn the_full_plan_covers_every_axis() {
     let cells = plan(&BenchConfig::for_tests(PlanKind::Full), fixtures::TINYLLAMA);
     no_duplicates(&cells);
     // Rooflines first ...
-    assert_eq!(cells[0].subject, Subject::RooflineWarm { again: false });
-    assert_eq!(cells[1].subject, Subject::RooflineDirect { again: false });
-    assert_eq!(cells[2].subject, Subject::RooflineBuffered { again: false });
+    let warm = |again, pages| Subject::RooflineWarm { again, pages };
+    assert_eq!(cells[0].subject, warm(false, RooflinePages::Arena));
+    assert_eq!(cells[1].subject, warm(false, RooflinePages::Base));
+    assert_eq!(cells[2].subject, Subject::RooflineDirect { again: false });
+    assert_eq!(cells[3].subject, Subject::RooflineBuffered { again: false });
     // ... and last, measured again (situation (a) and device).
     let n = cells.len();
-    assert_eq!(cells[n - 3].subject, Subject::RooflineWarm { again: true });
+    assert_eq!(cells[n - 4].subject, warm(true, RooflinePages::Arena));
+    assert_eq!(cells[n - 3].subject, warm(true, RooflinePages::Base));
     assert_eq!(cells[n - 2].subject, Subject::RooflineDirect { again: true });
     assert_eq!(cells[n - 1].subject, Subject::RooflineBuffered { again: true });
     let first = |c: &&CellSpec| c.situation == Situation::FirstLoad;
@@ -145,7 +146,7 @@ fn quick_plan_is_a_small_subset() {
     }
     assert!(quick.iter().any(|c| c.situation == Situation::RepeatLoad));
     let other = plan(&BenchConfig::for_tests(PlanKind::Quick), fixtures::MANY_SMALL);
-    assert_eq!(other.len(), 3);
+    assert_eq!(other.len(), 4);
     assert!(other.iter().all(|c| c.cache == Cache::Warm));
 }
 
@@ -156,9 +157,9 @@ fn subjects_name_themselves_and_round_trip() {
     let spec =
         CellSpec::new(Subject::PeerRead, (Situation::RepeatLoad, Cache::Cold), Scope::Full, Mode::Owned);
     assert_eq!(spec.label(), format!("{PEER_ST_READ} cold full owned (b)"));
-    for s in
-        [Subject::RooflineWarm { again: true }, Subject::Tensora("x".into()), Subject::PeerPython("k".into())]
-    {
+    let warm = Subject::RooflineWarm { again: true, pages: RooflinePages::Base };
+    assert_eq!(warm.name(), crate::report::ROOFLINE_WARM_BASE_AGAIN);
+    for s in [warm, Subject::Tensora("x".into()), Subject::PeerPython("k".into())] {
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<Subject>(&json).unwrap(), s);
     }
