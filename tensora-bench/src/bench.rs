@@ -15,6 +15,7 @@ use crate::cache::{CacheDropper, DropMethod};
 pub use crate::cells::{CellSpec, PlanKind, Subject, plan_cells};
 use crate::child::{self, ChildSpec, Measured};
 use crate::fixtures::{self, Fixture, Size};
+use crate::memory::{MemoryState, Relay, relay_bytes};
 use crate::progress::{Output, Progress};
 use crate::python::PythonEnv;
 use crate::report::{Cache, Cell, FixtureFacts, Machine, Report, RunFacts, SCHEMA_VERSION, Sample, Status};
@@ -63,6 +64,8 @@ pub struct BenchConfig {
     /// The `tensora-bench` binary that runs each sample in a child process (the running binary,
     /// or, in the crate's tests, the one Cargo built).
     pub child_exe: PathBuf,
+    /// The memory state each child starts in ([`crate::memory`]).
+    pub memory: MemoryState,
 }
 
 impl BenchConfig {
@@ -106,6 +109,7 @@ impl BenchConfig {
             plan,
             seed: fixtures::DEFAULT_SEED,
             child_exe: PathBuf::from("unused"),
+            memory: MemoryState::Relay,
         }
     }
 }
@@ -239,6 +243,7 @@ pub fn build_report(
             seed: config.seed,
             streaming_budget_bytes: STREAMING_BUDGET_BYTES,
             cache_drop: cache_drop.map(|d| d.describe().to_string()),
+            memory: config.memory.describe(),
             seconds: 0.0,
             load_average: [String::new(), String::new()],
         },
@@ -386,6 +391,8 @@ pub(crate) struct Runner<'a> {
     bufs: ReadBuffers,
     /// The device roofline's arena, faulted in once, for the files it was made for.
     direct: Option<(Vec<PathBuf>, Arena)>,
+    /// The memory handed to each child.
+    relay: Relay,
     plans: Vec<FixturePlan>,
     pub(crate) steps: Steps<'a>,
 }
@@ -408,6 +415,7 @@ impl<'a> Runner<'a> {
             dropper,
             bufs: ReadBuffers::new(roofline::COPY_THREADS),
             direct: None,
+            relay: Relay::new(config.memory),
             plans: Vec::new(),
             steps: Steps { progress: Progress::new(Vec::new(), Output::Lines), log },
         };
@@ -567,7 +575,11 @@ impl<'a> Runner<'a> {
                 },
             )?,
         };
-        child::measure_child(&mut cmd)
+        // After the page cache was filled above, so that the read does not take the memory.
+        self.relay.hand_over(relay_bytes(fixture.data_len_bytes))?;
+        let measured = child::measure_child(&mut cmd);
+        self.relay.take_back()?;
+        measured
     }
 
     /// One run of a device roofline in this process, the page cache dropped first.

@@ -43,6 +43,7 @@ pub mod child;
 pub mod fixtures;
 pub mod loaders;
 mod markdown;
+pub mod memory;
 pub mod paired;
 pub mod peers;
 pub mod progress;

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use tensora_bench::bench::{self, BenchConfig, PAIR_RUNS_DEFAULT, PlanKind, RUNS_DEFAULT, RUNS_QUICK};
 use tensora_bench::fixtures::{DEFAULT_SEED, Size};
+use tensora_bench::memory::{IDLE_SECONDS_MAX, MemoryState};
 
 /// Measure Tensora against the machine's rooflines and against peers, in a fresh process (the
 /// first load) and in a process that already loaded once (a repeat load).
@@ -53,6 +54,11 @@ struct Args {
     /// Measure nothing: re-render report.md and report.svg from the existing report.json.
     #[arg(long)]
     replot: bool,
+    /// Start each child process after this many idle seconds, on memory that stayed free (the
+    /// default, 0, starts each on memory the bench freed a moment before: see
+    /// `tensora_bench::memory`).
+    #[arg(long, default_value_t = 0)]
+    idle_seconds: u64,
     /// Internal: run one subject in this process (the bench starts itself this way).
     #[arg(long = "child-spec", hide = true)]
     child_spec: Option<String>,
@@ -107,6 +113,11 @@ fn config(args: &Args) -> anyhow::Result<BenchConfig> {
         plan,
         seed: args.seed,
         child_exe: std::env::current_exe()?,
+        memory: match args.idle_seconds {
+            0 => MemoryState::Relay,
+            seconds if seconds <= IDLE_SECONDS_MAX => MemoryState::Idle { seconds },
+            seconds => anyhow::bail!("--idle-seconds must be at most {IDLE_SECONDS_MAX}, got {seconds}"),
+        },
     })
 }
 

@@ -55,6 +55,7 @@ impl Report {
         );
         let _ =
             writeln!(s, "Cold cache: {}.  ", r.cache_drop.as_deref().unwrap_or("not measured (--no-cold)"));
+        let _ = writeln!(s, "Memory: {}.  ", r.memory);
         let _ = writeln!(
             s,
             "Situations: {} (each run a child process; its start is timed apart, in the `start s` \

@@ -405,6 +405,9 @@ pub struct RunFacts {
     pub streaming_budget_bytes: u64,
     /// How cold runs dropped the page cache (`None` when no cold cell ran).
     pub cache_drop: Option<String>,
+    /// The memory state each child process started in ([`crate::memory`]).
+    #[serde(default)]
+    pub memory: String,
     /// Wall-clock seconds from the start of the run (fixtures, Python environment, cells, pairs)
     /// until the report was built.
     #[serde(default)]

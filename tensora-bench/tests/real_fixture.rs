@@ -38,6 +38,7 @@ fn every_cell_runs_on_a_real_checkpoint_and_reports_are_written() {
         plan: PlanKind::Full,
         seed: 1,
         child_exe: PathBuf::from(env!("CARGO_BIN_EXE_tensora-bench")),
+        memory: tensora_bench::memory::MemoryState::Relay,
     };
     // The Python peers' venv, as the bench prepares it (kept between test runs); CI can reach
     // PyPI, so a peer the bench installs is never allowed to be skipped.

@@ -28,6 +28,8 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
       --size small|full
       --runs N         timed runs per cell (default 3)
       --pair-runs N    timed pairs of each paired acceptance run (default 5)
+      --idle-seconds N start each measured process after N idle seconds, on memory that stayed
+                       free (default 0: on memory the bench freed a moment before)
       --cold|--no-cold run the cold-cache cells or not (default: run them)
   bench --remote [--runs N]
                        tensora-remote against real nginx and s3rver on 127.0.0.1 (needs nginx, curl,
@@ -154,10 +156,10 @@ fn bench_args(args: &[String], what: BenchRun) -> Result<Vec<String>> {
                 }
                 out.extend([arg.clone(), v.clone()]);
             }
-            "--runs" | "--pair-runs" if !fixtures_only => {
+            "--runs" | "--pair-runs" | "--idle-seconds" if !fixtures_only => {
                 let v = it.next().with_context(|| format!("{arg} needs a number"))?;
                 let n: usize = v.parse().with_context(|| format!("{arg}: {v:?} is not a number"))?;
-                if n == 0 {
+                if n == 0 && arg != "--idle-seconds" {
                     bail!("{arg} must be at least 1");
                 }
                 out.extend([arg.clone(), v.clone()]);
@@ -310,6 +312,8 @@ mod tests {
         assert!(bench_args(&strings(&["--runs", "0"]), BenchRun::Measure).is_err());
         assert!(bench_args(&strings(&["--runs", "x"]), BenchRun::Measure).is_err());
         assert!(bench_args(&strings(&["--pair-runs", "0"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--idle-seconds", "0"]), BenchRun::Measure).is_ok());
+        assert!(bench_args(&strings(&["--idle-seconds", "8"]), BenchRun::FixturesOnly).is_err());
         assert_eq!(
             bench_args(&strings(&["--pair-runs", "9"]), BenchRun::Measure).unwrap(),
             strings(&["--pair-runs", "9"])

@@ -54,6 +54,7 @@ pub(crate) fn example() -> Report {
             seed: 1,
             streaming_budget_bytes: 256 << 20,
             cache_drop: Some("test".into()),
+            memory: "relay".into(),
             seconds: 12.0,
             load_average: ["0.10 0.20 0.30".into(), "0.40 0.50 0.60".into()],
         },
