@@ -12,10 +12,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use crate::cache::{CacheDropper, DropMethod};
-pub use crate::cells::{CellSpec, PlanKind, Subject, plan_cells};
+pub use crate::cells::{CellSpec, PlanKind, RooflinePages, Subject, plan_cells};
 use crate::child::{self, ChildSpec, Measured};
 use crate::fixtures::{self, Fixture, Size};
-use crate::memory::{MemoryState, Relay, relay_bytes};
+use crate::memory::{MemoryState, Relay, Wants, relay_bytes};
 use crate::progress::{Output, Progress};
 use crate::python::PythonEnv;
 use crate::report::{Cache, Cell, FixtureFacts, Machine, Report, RunFacts, SCHEMA_VERSION, Sample, Status};
@@ -576,7 +576,13 @@ impl<'a> Runner<'a> {
             )?,
         };
         // After the page cache was filled above, so that the read does not take the memory.
-        self.relay.hand_over(relay_bytes(fixture.data_len_bytes))?;
+        let wants = match spec.subject {
+            Subject::Tensora(_) | Subject::RooflineWarm { pages: RooflinePages::Arena, .. } => {
+                Wants::HugePages
+            }
+            _ => Wants::BasePages,
+        };
+        self.relay.hand_over(relay_bytes(fixture.data_len_bytes), wants)?;
         let measured = child::measure_child(&mut cmd);
         self.relay.take_back()?;
         measured

@@ -5,10 +5,14 @@
 //! ago is still backed by the host, one that stayed free longer was given back and faults in at the
 //! host's pace (docs/design.md has the figures). Left alone, each sample would inherit whatever its
 //! predecessor freed, so the bench fixes the state ([`MemoryState`]):
-//! - [`MemoryState::Relay`] (the default): the bench holds an arena of its own, faulted in, and
-//!   frees it right before each child starts, taking it back (faulting it in again) once the child
-//!   has exited. Every child starts on memory freed a moment ago: the state of a machine that does
-//!   not hand memory back, or of one whose page cache was just evicted, and a reproducible one.
+//! - [`MemoryState::Relay`] (the default): the bench holds an arena of its own, faulted in with
+//!   huge pages, and frees it right before each child that asks for huge pages starts (ours and the
+//!   warm rooflines), taking it back once the child has exited (the child freed the same blocks, so
+//!   that is quick). Every such child starts on 2 MiB blocks freed a moment ago: the state of a
+//!   machine that does not hand memory back, and a reproducible one. The peers' memory comes from
+//!   `malloc`, in base pages, which the allocator takes from smaller free fragments first whatever
+//!   was freed, so the relay stays held while they run (freeing it for them would only make the
+//!   bench fault it in again at the host's pace).
 //! - [`MemoryState::Idle`]: the bench holds nothing and waits before each child, so the child
 //!   starts on memory that stayed free, as a server does that starts on an idle VM.
 
@@ -39,8 +43,8 @@ impl MemoryState {
     pub fn describe(self) -> String {
         match self {
             MemoryState::Relay => {
-                "each child process starts on memory freed a moment ago (the bench frees an arena of the \
-                 fixture's size right before it starts)"
+                "each child process that asks for huge pages starts on 2 MiB blocks freed a moment ago (the \
+                 bench frees a faulted arena a quarter larger than the fixture right before it starts)"
                     .to_owned()
             }
             MemoryState::Idle { seconds } => {
@@ -48,6 +52,15 @@ impl MemoryState {
             }
         }
     }
+}
+
+/// What memory a child asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wants {
+    /// An arena that asks for huge pages (ours, the warm rooflines).
+    HugePages,
+    /// Heap memory in base pages (the peers).
+    BasePages,
 }
 
 /// Bytes of the relay arena for a fixture of `data_len_bytes`: a quarter more than the data, for
@@ -75,25 +88,27 @@ impl Relay {
         self.state
     }
 
-    /// Before a child starts: free the held memory (after faulting in `bytes` of it if it held
-    /// less), or wait.
-    pub fn hand_over(&mut self, bytes: u64) -> Result<()> {
+    /// Before a child that `wants` memory of `bytes` starts: free the held memory for a child that
+    /// asks for huge pages (after faulting in `bytes` of it if it held less), or wait.
+    pub fn hand_over(&mut self, bytes: u64, wants: Wants) -> Result<()> {
         match self.state {
             MemoryState::Relay => {
                 if self.held.is_none() || self.bytes < bytes {
-                    self.bytes = bytes;
+                    self.bytes = self.bytes.max(bytes);
                     self.take_back()?;
                 }
-                drop(self.held.take());
+                if wants == Wants::HugePages {
+                    drop(self.held.take());
+                }
             }
             MemoryState::Idle { seconds } => std::thread::sleep(Duration::from_secs(seconds)),
         }
         Ok(())
     }
 
-    /// After the child exited: take the memory back (fault it in again), in the relay state.
+    /// After the child exited: take the memory back (fault it in again) if it was handed over.
     pub fn take_back(&mut self) -> Result<()> {
-        if self.state == MemoryState::Relay && self.bytes > 0 {
+        if self.state == MemoryState::Relay && self.bytes > 0 && self.held.is_none() {
             let config = ArenaConfig { len_bytes: self.bytes, prefault: Prefault::PopulateWrite };
             self.held = Some(Arena::new(&config).context("map the memory handed to the children")?);
         }
@@ -114,16 +129,22 @@ mod tests {
     fn the_relay_frees_before_each_child_and_takes_back_after() {
         let mut r = Relay::new(MemoryState::Relay);
         assert_eq!(r.held_bytes(), 0);
-        r.hand_over(4 << 20).unwrap();
+        r.hand_over(4 << 20, Wants::HugePages).unwrap();
         assert_eq!(r.held_bytes(), 0, "freed for the child");
         r.take_back().unwrap();
         assert_eq!(r.held_bytes(), 4 << 20);
-        // A larger fixture grows it.
-        r.hand_over(6 << 20).unwrap();
+        // Kept while a child that takes base pages runs.
+        r.hand_over(4 << 20, Wants::BasePages).unwrap();
+        assert_eq!(r.held_bytes(), 4 << 20);
+        r.take_back().unwrap();
+        // A larger fixture grows it, a smaller one does not shrink it.
+        r.hand_over(6 << 20, Wants::HugePages).unwrap();
         r.take_back().unwrap();
         assert_eq!(r.held_bytes(), 6 << 20);
+        r.hand_over(2 << 20, Wants::BasePages).unwrap();
+        assert_eq!(r.held_bytes(), 6 << 20);
         let mut idle = Relay::new(MemoryState::Idle { seconds: 0 });
-        idle.hand_over(4 << 20).unwrap();
+        idle.hand_over(4 << 20, Wants::HugePages).unwrap();
         idle.take_back().unwrap();
         assert_eq!(idle.held_bytes(), 0, "idle holds nothing");
         assert_eq!(idle.state(), MemoryState::Idle { seconds: 0 });
