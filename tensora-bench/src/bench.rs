@@ -645,15 +645,7 @@ fn cell_line(cell: &Cell) -> String {
         Some(g) => format!("{:.2} GB/s median ({:.2}..{:.2})", g.median, g.min, g.max),
         None => format!("{:?}: {}", cell.status, cell.reason.as_deref().unwrap_or("")),
     };
-    format!(
-        "{} | {} | {} {} {} {} | {result}",
-        cell.fixture,
-        cell.subject,
-        cell.situation.as_str(),
-        cell.cache.as_str(),
-        cell.scope.as_str(),
-        cell.mode.as_str()
-    )
+    format!("{} | {result}", cell.key())
 }
 
 /// Write `report.md`, `report.json` and `report.svg` into `dir`; returns their paths.

@@ -130,10 +130,10 @@ impl Report {
                 p.fixture,
                 p.cache.as_str(),
                 p.subject,
-                fmt_summary(Summary::of(&p.subject_gbps)),
+                Summary::text(Summary::of(&p.subject_gbps)),
                 p.anchor,
-                fmt_summary(Summary::of(&p.anchor_gbps)),
-                fmt_summary(Summary::of(&p.ratios)),
+                Summary::text(Summary::of(&p.anchor_gbps)),
+                Summary::text(Summary::of(&p.ratios)),
                 p.goal,
                 p.verdict()
             );
@@ -213,10 +213,6 @@ impl Report {
 
 fn fmt_gbps(v: Option<f64>) -> String {
     v.map_or("not measured".to_string(), |v| format!("{v:.2} GB/s"))
-}
-
-fn fmt_summary(s: Option<Summary>) -> String {
-    s.map_or("-".to_string(), |g| format!("{:.2} ({:.2}..{:.2})", g.median, g.min, g.max))
 }
 
 /// Text made safe for a table cell (no pipes, no line breaks).

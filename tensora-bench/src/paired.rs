@@ -119,11 +119,25 @@ fn warm(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Pair> {
     ];
     let anchor =
         format!("best of {} and {}", crate::report::ROOFLINE_WARM, crate::report::ROOFLINE_WARM_BASE);
-    let mut pair = Pair::new(&fixture.name, Cache::Warm, anchor, WARM_GOAL);
+    let pair = Pair::new(&fixture.name, Cache::Warm, anchor, WARM_GOAL);
+    run_pairs(runner, fixture, pair, &specs, ["fresh arena", "base pages"], First::Runs)
+}
+
+/// The pairs of `pair`: each three runs of `specs` (two anchors, then the load) rotated, the
+/// anchor the better of the two; `names` name the anchors in the progress lines.
+fn run_pairs(
+    runner: &mut Runner<'_>,
+    fixture: &Fixture,
+    mut pair: Pair,
+    specs: &[CellSpec; 3],
+    names: [&str; 2],
+    first: First,
+) -> Result<Pair> {
+    let label = format!("pairs {}", pair.cache.as_str());
     for i in 0..WARMUP_RUNS + runner.config().pair_runs {
-        runner.steps.begin("pairs warm");
+        runner.steps.begin(&label);
         let t = std::time::Instant::now();
-        let (speeds, ran) = three(runner, fixture, &specs, i, First::Runs)?;
+        let (speeds, ran) = three(runner, fixture, specs, i, first)?;
         let warmup = i < WARMUP_RUNS;
         let anchor_gbps = speeds[0].max(speeds[1]);
         if !warmup {
@@ -131,9 +145,11 @@ fn warm(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Pair> {
             pair.subject = ran.unwrap_or(pair.subject);
         }
         let what = format!(
-            "pairs warm {i}: {:.2} vs {anchor_gbps:.2} GB/s (fresh arena {:.2}, base pages {:.2}){}",
+            "{label} {i}: {:.2} vs {anchor_gbps:.2} GB/s ({} {:.2}, {} {:.2}){}",
             speeds[2],
+            names[0],
             speeds[0],
+            names[1],
             speeds[1],
             if warmup { " (warm-up)" } else { "" }
         );
@@ -188,28 +204,9 @@ fn cold(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Pair> {
         device(Subject::RooflineBuffered { again: false }),
         first_load(Subject::Tensora(AUTO.to_owned()), Cache::Cold, Mode::Owned),
     ];
-    let mut pair = Pair::new(&fixture.name, Cache::Cold, anchor, COLD_GOAL);
-    for i in 0..WARMUP_RUNS + runner.config().pair_runs {
-        runner.steps.begin("pairs cold");
-        let t = std::time::Instant::now();
-        let first = if direct_ok { First::Runs } else { First::Skipped };
-        let (speeds, ran) = three(runner, fixture, &specs, i, first)?;
-        let warmup = i < WARMUP_RUNS;
-        let anchor_gbps = speeds[0].max(speeds[1]);
-        if !warmup {
-            pair.push(speeds[2], anchor_gbps);
-            pair.subject = ran.unwrap_or(pair.subject);
-        }
-        let what = format!(
-            "pairs cold {i}: {:.2} vs {anchor_gbps:.2} GB/s (direct {:.2}, buffered {:.2}){}",
-            speeds[2],
-            speeds[0],
-            speeds[1],
-            if warmup { " (warm-up)" } else { "" }
-        );
-        runner.steps.done(t.elapsed().as_secs_f64(), &what);
-    }
-    Ok(pair)
+    let pair = Pair::new(&fixture.name, Cache::Cold, anchor, COLD_GOAL);
+    let first = if direct_ok { First::Runs } else { First::Skipped };
+    run_pairs(runner, fixture, pair, &specs, ["direct", "buffered"], first)
 }
 
 /// What `auto` ran, e.g. `auto (sync buffered)`, from its load report.
@@ -244,9 +241,7 @@ impl Pair {
 
     /// One line for the log and the report.
     pub fn line(&self) -> String {
-        let fmt = |s: Option<Summary>| {
-            s.map_or("-".to_owned(), |s| format!("{:.2} ({:.2}..{:.2})", s.median, s.min, s.max))
-        };
+        let fmt = Summary::text;
         format!(
             "{} {} pairs: {} {} GB/s vs {} {} GB/s; ratio {} (goal {:.2}: {})",
             self.fixture,

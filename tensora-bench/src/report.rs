@@ -259,6 +259,19 @@ impl Cell {
         self.gbps.map(|s| s.median)
     }
 
+    /// `fixture | subject | situation cache scope mode`, the cell's identity in logs.
+    pub fn key(&self) -> String {
+        format!(
+            "{} | {} | {} {} {} {}",
+            self.fixture,
+            self.subject,
+            self.situation.as_str(),
+            self.cache.as_str(),
+            self.scope.as_str(),
+            self.mode.as_str()
+        )
+    }
+
     /// Median process start of the samples (subjects measured in a child process).
     pub fn start_seconds(&self) -> Option<Summary> {
         let starts: Vec<f64> = self.samples.iter().filter_map(|s| s.start_seconds).collect();
@@ -534,18 +547,7 @@ impl Report {
         self.cells
             .iter()
             .filter(|c| c.status == Status::Failed)
-            .map(|c| {
-                format!(
-                    "{} | {} | {} {} {} {}: {}",
-                    c.fixture,
-                    c.subject,
-                    c.situation.as_str(),
-                    c.cache.as_str(),
-                    c.scope.as_str(),
-                    c.mode.as_str(),
-                    c.reason.as_deref().unwrap_or("")
-                )
-            })
+            .map(|c| format!("{}: {}", c.key(), c.reason.as_deref().unwrap_or("")))
             .collect()
     }
 
