@@ -29,7 +29,7 @@ pub const RUNS_MAX: usize = 100;
 /// Default timed runs per cell (one per round; `default` and `full` plans).
 pub const RUNS_DEFAULT: usize = 3;
 /// Default timed pairs of the paired acceptance runs.
-pub const PAIR_RUNS_DEFAULT: usize = 5;
+pub const PAIR_RUNS_DEFAULT: usize = 7;
 /// Timed runs per cell and timed pairs with `--quick`.
 pub const RUNS_QUICK: usize = 3;
 /// In-flight budget of the streaming cells.

@@ -28,7 +28,7 @@ struct Args {
     /// Timed runs per cell, one per round (default: 3).
     #[arg(long)]
     runs: Option<usize>,
-    /// Timed pairs of each paired acceptance run (default: 5, or 3 with --quick).
+    /// Timed pairs of each paired acceptance run (default: 7, or 3 with --quick).
     #[arg(long)]
     pair_runs: Option<usize>,
     /// Run the cold-cache cells (the default).

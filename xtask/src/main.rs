@@ -27,7 +27,7 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
       --pairs-only     only the paired acceptance runs (target/tensora-bench/pairs.json)
       --size small|full
       --runs N         timed runs per cell (default 3)
-      --pair-runs N    timed pairs of each paired acceptance run (default 5)
+      --pair-runs N    timed pairs of each paired acceptance run (default 7)
       --idle-seconds N start each measured process after N idle seconds, on memory that stayed
                        free (default 0: on memory the bench freed a moment before)
       --cold|--no-cold run the cold-cache cells or not (default: run them)
