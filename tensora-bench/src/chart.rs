@@ -1,5 +1,7 @@
 //! The bench report's SVG chart ([`Report::to_svg`]): grouped bars of warm and cold median GB/s
-//! per backend and peer, with the fixture's rooflines as horizontal lines.
+//! per backend and peer in situation (a) (the first load of a fresh process), with the fixture's
+//! rooflines of the same situation as horizontal lines and the paired runs' ratios in the caption,
+//! so the chart and the acceptance pairs of a run are read together.
 
 use anyhow::Result;
 use plotters::coord::Shift;
@@ -7,7 +9,7 @@ use plotters::coord::ranged1d::SegmentedCoord;
 use plotters::coord::types::{RangedCoordf64, RangedCoordu32};
 use plotters::prelude::*;
 
-use crate::report::{Cache, Cell, Kind, Mode, Report, Scope};
+use crate::report::{Cache, Cell, Kind, Mode, Report, Scope, Situation};
 
 /// Warm bars and the warm roofline.
 const WARM_COLOR: RGBColor = RGBColor(232, 120, 40);
@@ -24,15 +26,16 @@ fn plot_error(e: impl std::fmt::Display) -> anyhow::Error {
 }
 
 impl Report {
-    /// Grouped bars (warm and cold median GB/s per backend and peer, full scope, owned mode) for
-    /// `fixture`, with the warm and device rooflines as horizontal lines, as an SVG document.
+    /// Grouped bars (warm and cold median GB/s per backend and peer, full scope, owned mode,
+    /// situation (a)) for `fixture`, with the warm and device rooflines as horizontal lines, as an
+    /// SVG document.
     pub fn to_svg(&self, fixture: &str) -> Result<String> {
         let data = ChartData::of(self, fixture);
         let mut svg = String::new();
         {
             let root = SVGBackend::with_string(&mut svg, (160 * data.slots() + 200, 520)).into_drawing_area();
             root.fill(&WHITE).map_err(plot_error)?;
-            let mut chart = axes(&root, fixture, &data)?;
+            let mut chart = axes(&root, &caption(self, fixture), &data)?;
             draw_bars(&mut chart, &data)?;
             draw_rooflines(&mut chart, &data)?;
             chart
@@ -68,6 +71,7 @@ impl<'a> ChartData<'a> {
             .cells
             .iter()
             .filter(|c| c.fixture == fixture && c.kind != Kind::Roofline)
+            .filter(|c| c.situation == Situation::FirstLoad)
             .filter(|c| c.scope == Scope::Full && c.mode == Mode::Owned && c.median().is_some())
             .collect();
         let mut subjects: Vec<&str> = Vec::new();
@@ -76,7 +80,7 @@ impl<'a> ChartData<'a> {
                 subjects.push(&c.subject);
             }
         }
-        let rooflines = report.rooflines.iter().find(|r| r.fixture == fixture);
+        let rooflines = report.rooflines_of(fixture, Situation::FirstLoad);
         let warm_gbps = rooflines.and_then(|r| r.warm_gbps);
         let device_gbps = rooflines.and_then(|r| r.device_gbps);
         let top_gbps = cells
@@ -99,15 +103,31 @@ impl<'a> ChartData<'a> {
     }
 }
 
+/// The chart's title: the fixture, the situation and the paired ratios of the same run.
+fn caption(report: &Report, fixture: &str) -> String {
+    let pairs: Vec<String> = report
+        .pairs
+        .iter()
+        .filter(|p| p.fixture == fixture)
+        .filter_map(|p| p.ratio().map(|r| format!("{} {:.2}", p.cache.as_str(), r.median)))
+        .collect();
+    let paired = if pairs.is_empty() {
+        String::new()
+    } else {
+        format!("; paired auto/roofline: {}", pairs.join(", "))
+    };
+    format!("{fixture}, full owned load, {} (GB/s){paired}", Situation::FirstLoad.label())
+}
+
 /// The caption, the axes and their labels.
 fn axes<'a, 'b>(
     root: &'a DrawingArea<SVGBackend<'b>, Shift>,
-    fixture: &str,
+    caption: &str,
     data: &ChartData<'_>,
 ) -> Result<Chart<'a, 'b>> {
     let n = data.slots();
     let mut chart = ChartBuilder::on(root)
-        .caption(format!("Tensora bench: {fixture}, full load (GB/s, higher is better)"), ("sans-serif", 20))
+        .caption(caption, ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(60)
         .y_label_area_size(60)

@@ -1,9 +1,13 @@
 //! Benchmark harness for Tensora: generated fixtures, rooflines, peers and reports.
 //!
 //! `cargo xtask bench` builds the `tensora-bench` binary in release mode and runs it. In one run it
-//! generates (or reuses) the fixtures, measures the machine's rooflines on them, measures every
-//! loader and peer on the same files, warm and cold, and writes `report.md`, `report.json` and
-//! `report.svg`.
+//! generates (or reuses) the fixtures, prepares the Python peers' environment (a venv under the
+//! output directory), measures the machine's rooflines, every loader and every peer on the same
+//! files, warm and cold, in two situations ([`report::Situation`]: (a) the first load of a fresh
+//! process, each sample a child process of its own, and (b) a repeat load in a process that
+//! already loaded once), runs the paired acceptance runs, and writes `report.md`, `report.json`
+//! and `report.svg`. The default plan takes a few minutes; `--full` measures the whole matrix
+//! ([`cells`]).
 //!
 //! The pieces are usable on their own: generate a fixture, time a loader on it, summarise.
 //!
@@ -22,7 +26,7 @@
 //! assert_eq!(fixture.tensors, 3 + 9 * 2);
 //!
 //! // One warm-up, then 3 timed runs of the safetensors-rs peer.
-//! let samples = bench::measure(3, None, || Ok(peers::st_read(&fixture.data_files, None)?.bytes))?;
+//! let samples = bench::measure(3, None, || Ok(peers::st_read(&fixture.data_files, None)?.0.bytes))?;
 //! assert!(samples.iter().all(|s| s.bytes == fixture.data_len_bytes));
 //! let gbps = Summary::of(&samples.iter().map(|s| s.gbps).collect::<Vec<_>>()).unwrap();
 //! assert!(gbps.min <= gbps.median && gbps.median <= gbps.max);
@@ -34,15 +38,21 @@
 
 pub mod bench;
 pub mod cache;
-mod cells;
+pub mod cells;
 mod chart;
+pub mod child;
 pub mod fixtures;
 pub mod loaders;
+mod markdown;
+pub mod memory;
 pub mod moe;
 pub mod paired;
 pub mod peers;
+pub mod progress;
+pub mod python;
 pub mod report;
 pub mod rng;
 pub mod roofline;
 pub mod stats;
+pub mod versus;
 pub mod writer;

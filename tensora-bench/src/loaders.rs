@@ -13,11 +13,9 @@ use tensora_format::Selection;
 use tensora_io::map::MappedFiles;
 use tensora_io::{BackendChoice, LoadOptions, Residence, SourceFile};
 
-use crate::bench::{AUTO, Outcome, measure, measure_timed};
-use crate::cache::CacheDropper;
+use crate::bench::AUTO;
 use crate::fixtures::{self, Fixture, GENERATOR_VERSION, Manifest, ManifestFile, Size};
 use crate::peers;
-use crate::report::Sample;
 
 /// Registered backend names.
 pub fn backend_names() -> Vec<&'static str> {
@@ -132,27 +130,22 @@ fn map_fixtures(sources: &[SourceFile]) -> Result<MappedFiles> {
     unsafe { MappedFiles::map(sources) }.context("map fixture files")
 }
 
-/// The candle-style peer: map each file (inside the timed region, as a user's code would), then
-/// `SafeTensors::deserialize` + `to_vec` per selected tensor.
-pub fn peer_mmap(
+/// The candle-style peer, one load: map each file (as a user's code would), then
+/// `SafeTensors::deserialize` + `to_vec` per selected tensor. Returns the copies.
+pub fn peer_mmap_once(
     files: &[PathBuf],
-    runs: crate::bench::Runs,
-    cold: Option<(&CacheDropper, &[PathBuf])>,
     selected: Option<&HashSet<String>>,
-) -> Result<Vec<Sample>> {
-    measure(runs, cold, || {
-        let sources = source_files(files)?;
-        let mapped = map_fixtures(&sources)?;
-        let loaded = peers::st_to_vec(
-            sources.len(),
-            |k| {
-                let len = sources[k].len_bytes;
-                mapped.get(k as u32, 0..len).with_context(|| format!("mapping #{k} is shorter than the file"))
-            },
-            selected,
-        )?;
-        Ok(loaded.bytes)
-    })
+) -> Result<(peers::Loaded, Vec<Vec<u8>>)> {
+    let sources = source_files(files)?;
+    let mapped = map_fixtures(&sources)?;
+    peers::st_to_vec(
+        sources.len(),
+        |k| {
+            let len = sources[k].len_bytes;
+            mapped.get(k as u32, 0..len).with_context(|| format!("mapping #{k} is shorter than the file"))
+        },
+        selected,
+    )
 }
 
 /// One Tensora cell: which backend, which tensors, owned or streaming.
@@ -227,33 +220,13 @@ pub fn run_tensora_once(
     Ok((seconds, bytes, report))
 }
 
-/// Time `runs` loads of a cell. Each timed run opens and parses the checkpoint (as the peers'
-/// runs deserialize their headers), loads, and touches one byte per page of every tensor; the
-/// result is dropped untimed, before the next run. The last run's `LoadReport` becomes the cell's details.
-pub fn measure_tensora(
-    cell: &TensoraCell<'_>,
-    runs: crate::bench::Runs,
-    cold: Option<(&CacheDropper, &[PathBuf])>,
-) -> Result<Outcome> {
-    if cell.backend != AUTO {
-        let Some(backend) = tensora_io::registry::by_name(cell.backend) else {
-            anyhow::bail!("no backend named {:?}", cell.backend);
-        };
-        if let Err(why) = backend.available() {
-            return Ok(Outcome::Skipped(format!("backend unavailable here: {why}")));
-        }
+/// Why `backend` cannot run here (`None`: it can, or it is [`AUTO`]); an unknown name is an error.
+pub fn backend_unavailable(backend: &str) -> Result<Option<String>> {
+    if backend == AUTO {
+        return Ok(None);
     }
-    let opts = cell.options();
-    let mut last_report = None;
-    // The previous run's result is dropped (its arena unmapped) before the clock starts, as the
-    // roofline unmaps its arena untimed.
-    let mut held: Option<tensora_io::Loaded> = None;
-    let samples = measure_timed(runs, cold, || {
-        let (seconds, bytes, report) = run_tensora_once(cell, &opts, &mut held)?;
-        last_report = Some(report);
-        Ok((seconds, bytes))
-    })?;
-    drop(held);
-    let details = last_report.map(serde_json::to_value).transpose()?;
-    Ok(Outcome::Samples(samples, details))
+    let Some(found) = tensora_io::registry::by_name(backend) else {
+        anyhow::bail!("no backend named {backend:?}");
+    };
+    Ok(found.available().err().map(|why| format!("backend unavailable here: {why}")))
 }

@@ -8,24 +8,23 @@
 //! (so neither side always runs on the other's leftovers), and the summary is over per-pair
 //! ratios.
 //!
-//! - warm: `auto` owned full load vs the warm roofline (2-thread `pread` into a fresh hugepage
-//!   arena), both touching one byte per page;
+//! Both sides run in situation (a), the first load of a fresh process (each run a child process,
+//! [`crate::child`]), the situation the chart and the README show by default:
+//! - warm: `auto` owned full load vs the better of the two warm rooflines of the same pair
+//!   (2-thread `pread` into a fresh arena as a load gets it, and into fresh base pages), all
+//!   touching one byte per page;
 //! - cold: `auto` owned full load vs the better of the two device probes of the same pair
-//!   (O_DIRECT QD32 8 MiB on one io_uring ring, and a buffered 2-thread `pread`), the page cache
-//!   dropped before every run.
-
-use std::path::PathBuf;
+//!   (O_DIRECT QD32 8 MiB on one io_uring ring, and a buffered 2-thread `pread`, both in the
+//!   bench's process with their memory ready), the page cache dropped before every run.
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use tensora_io::{LoadOptions, LoadReport};
 
-use crate::bench::{AUTO, WARMUP_RUNS};
-use crate::cache::CacheDropper;
-use crate::loaders::{TensoraCell, run_tensora_once};
-use crate::report::Cache;
-use crate::roofline::{self, ReadBuffers};
-use crate::stats::{Summary, gbps, ratio};
+use crate::bench::{AUTO, BenchConfig, CellSpec, Runner, Subject, WARMUP_RUNS};
+use crate::cells::RooflinePages;
+use crate::fixtures::Fixture;
+use crate::report::{Cache, Mode, Scope, Situation};
+use crate::stats::{Summary, ratio};
 
 /// Goal of the warm pair (issue #5): auto at least this fraction of the warm roofline.
 pub const WARM_GOAL: f64 = 0.85;
@@ -74,146 +73,147 @@ impl Pair {
     }
 }
 
-/// Runs the pairs on one fixture: warm always, cold when `dropper` is given.
-pub fn measure_pairs(
-    fixture: &str,
-    open_path: &std::path::Path,
-    files: &[PathBuf],
-    runs: usize,
-    dropper: Option<&CacheDropper>,
-    log: &mut dyn FnMut(&str),
-) -> Result<Vec<Pair>> {
-    let cell = TensoraCell {
-        open_path,
-        backend: AUTO,
-        selection: None,
-        streaming: false,
-        mapped: false,
-        streaming_budget_bytes: 0,
-    };
-    let mut run = PairRun {
-        fixture,
-        files,
-        runs,
-        opts: cell.options(),
-        cell,
-        bufs: ReadBuffers::new(roofline::COPY_THREADS),
-        held: None,
-    };
+/// Progress keys of the pairs [`measure_pairs`] runs for `config` (one per pair).
+pub fn step_keys(config: &BenchConfig) -> Vec<String> {
+    let pairs = WARMUP_RUNS + config.pair_runs;
+    let mut keys = vec!["pairs warm".to_owned(); pairs];
+    if config.cold {
+        keys.extend(vec!["pairs cold".to_owned(); pairs]);
+    }
+    keys
+}
+
+/// Runs the pairs on `fixture`: warm always, cold when the runner drops caches.
+pub(crate) fn measure_pairs(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Vec<Pair>> {
     let mut out = Vec::new();
-    let warm = run.warm()?;
-    log(&warm.line());
+    let warm = warm(runner, fixture)?;
+    runner.steps.log(&warm.line());
     out.push(warm);
-    let Some(dropper) = dropper else { return Ok(out) };
-    let cold = run.cold(dropper)?;
-    log(&cold.line());
-    out.push(cold);
+    if runner.config().cold {
+        let cold = cold(runner, fixture)?;
+        runner.steps.log(&cold.line());
+        out.push(cold);
+    }
     Ok(out)
 }
 
-/// What the pairs of one fixture share: the files, the `auto` load, the roofline buffers, and the
-/// last load (held until the next run frees it, as the cells do).
-struct PairRun<'a> {
-    fixture: &'a str,
-    files: &'a [PathBuf],
-    runs: usize,
-    cell: TensoraCell<'a>,
-    opts: LoadOptions,
-    bufs: ReadBuffers,
-    held: Option<tensora_io::Loaded>,
+fn first_load(subject: Subject, cache: Cache, mode: Mode) -> CellSpec {
+    CellSpec::new(subject, (Situation::FirstLoad, cache), Scope::Full, mode)
 }
 
-impl PairRun<'_> {
-    /// Warm: files in the page cache, fresh memory on both sides; the anchor first in even pairs,
-    /// the loader first in odd ones.
-    fn warm(&mut self) -> Result<Pair> {
-        roofline::read_through_cache(self.files, &mut self.bufs)?;
-        let mut pair =
-            Pair::new(self.fixture, Cache::Warm, crate::report::ROOFLINE_WARM.to_owned(), WARM_GOAL);
-        for i in 0..WARMUP_RUNS + self.runs {
-            let (a, (s, report)) = if i % 2 == 0 {
-                let a = self.warm_anchor()?;
-                (a, self.auto()?)
-            } else {
-                let s = self.auto()?;
-                (self.warm_anchor()?, s)
-            };
-            if i >= WARMUP_RUNS {
-                pair.push(s, a);
-                pair.subject = auto_subject(&report);
-            }
-        }
-        drop(self.held.take());
-        Ok(pair)
-    }
-
-    /// The warm roofline once, the previous load freed first (untimed): GB/s.
-    fn warm_anchor(&mut self) -> Result<f64> {
-        drop(self.held.take());
-        let (seconds, bytes, arena) = roofline::warm_pread_fresh(self.files)?;
-        drop(arena);
-        Ok(gbps(bytes, seconds))
-    }
-
-    /// One `auto` load: GB/s and its report. The load stays held until the next run.
-    fn auto(&mut self) -> Result<(f64, LoadReport)> {
-        let (seconds, bytes, report) = run_tensora_once(&self.cell, &self.opts, &mut self.held)?;
-        Ok((gbps(bytes, seconds), report))
-    }
-
-    /// Cold: the page cache dropped before every run; each pair is three runs (the direct probe,
-    /// the buffered probe, the load), rotated so that none always follows the same one, and the
-    /// anchor is the better probe.
-    fn cold(&mut self, dropper: &CacheDropper) -> Result<Pair> {
-        let mut direct_arena = roofline::direct_arena(self.files)?;
-        let direct_ok = self.files.iter().all(|f| tensora_io::auto::probe::direct_io_supported(f).is_ok())
-            && tensora_io::backends::uring::probe().is_ok();
-        let anchor = if direct_ok {
-            format!("best of {} and {}", crate::report::ROOFLINE_DIRECT, crate::report::ROOFLINE_BUFFERED)
-        } else {
-            crate::report::ROOFLINE_BUFFERED.to_owned()
-        };
-        let mut pair = Pair::new(self.fixture, Cache::Cold, anchor, COLD_GOAL);
-        for i in 0..WARMUP_RUNS + self.runs {
-            let mut speeds = [0.0f64; 3];
-            let mut report = None;
-            for k in 0..3 {
-                let which = (i + k) % 3;
-                dropper.drop_files(self.files)?;
-                speeds[which] = match which {
-                    0 if direct_ok => {
-                        let t = std::time::Instant::now();
-                        let bytes = roofline::cold_direct(self.files, &mut direct_arena)?;
-                        gbps(bytes, t.elapsed().as_secs_f64())
-                    }
-                    0 => 0.0,
-                    1 => {
-                        let t = std::time::Instant::now();
-                        let bytes = roofline::cold_buffered(self.files, &mut self.bufs)?;
-                        gbps(bytes, t.elapsed().as_secs_f64())
-                    }
-                    _ => {
-                        let (speed, r) = self.auto().context("cold auto load")?;
-                        drop(self.held.take());
-                        report = Some(r);
-                        speed
-                    }
-                };
-            }
-            if i >= WARMUP_RUNS {
-                pair.push(speeds[2], speeds[0].max(speeds[1]));
-                if let Some(r) = report {
-                    pair.subject = auto_subject(&r);
-                }
-            }
-        }
-        Ok(pair)
-    }
+/// One run of a side of a pair: GB/s and, for `auto`, what it ran.
+fn side(runner: &mut Runner<'_>, fixture: &Fixture, spec: &CellSpec) -> Result<(f64, Option<String>)> {
+    let m = runner.sample(fixture, spec).with_context(|| spec.label())?;
+    Ok((m.sample.gbps, m.details.as_ref().and_then(auto_subject)))
 }
 
-/// What `auto` ran, e.g. `auto (sync buffered)`.
-fn auto_subject(report: &LoadReport) -> String {
-    format!("{AUTO} ({} {})", report.backend, report.io_mode)
+/// Warm: files in the page cache, fresh memory in a fresh process on both sides; each pair is
+/// three runs (the two warm rooflines, the load) rotated so that none always follows the same one,
+/// and the anchor is the better roofline.
+fn warm(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Pair> {
+    let roofline = |pages| first_load(Subject::RooflineWarm { again: false, pages }, Cache::Warm, Mode::Raw);
+    let specs = [
+        roofline(RooflinePages::Arena),
+        roofline(RooflinePages::Base),
+        first_load(Subject::Tensora(AUTO.to_owned()), Cache::Warm, Mode::Owned),
+    ];
+    let anchor =
+        format!("best of {} and {}", crate::report::ROOFLINE_WARM, crate::report::ROOFLINE_WARM_BASE);
+    let pair = Pair::new(&fixture.name, Cache::Warm, anchor, WARM_GOAL);
+    run_pairs(runner, fixture, pair, &specs, ["fresh arena", "base pages"], First::Runs)
+}
+
+/// The pairs of `pair`: each three runs of `specs` (two anchors, then the load) rotated, the
+/// anchor the better of the two; `names` name the anchors in the progress lines.
+fn run_pairs(
+    runner: &mut Runner<'_>,
+    fixture: &Fixture,
+    mut pair: Pair,
+    specs: &[CellSpec; 3],
+    names: [&str; 2],
+    first: First,
+) -> Result<Pair> {
+    let label = format!("pairs {}", pair.cache.as_str());
+    for i in 0..WARMUP_RUNS + runner.config().pair_runs {
+        runner.steps.begin(&label);
+        let t = std::time::Instant::now();
+        let (speeds, ran) = three(runner, fixture, specs, i, first)?;
+        let warmup = i < WARMUP_RUNS;
+        let anchor_gbps = speeds[0].max(speeds[1]);
+        if !warmup {
+            pair.push(speeds[2], anchor_gbps);
+            pair.subject = ran.unwrap_or(pair.subject);
+        }
+        let what = format!(
+            "{label} {i}: {:.2} vs {anchor_gbps:.2} GB/s ({} {:.2}, {} {:.2}){}",
+            speeds[2],
+            names[0],
+            speeds[0],
+            names[1],
+            speeds[1],
+            if warmup { " (warm-up)" } else { "" }
+        );
+        runner.steps.done(t.elapsed().as_secs_f64(), &what);
+    }
+    Ok(pair)
+}
+
+/// Whether the first of a pair's three specs runs (the O_DIRECT probe cannot everywhere).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum First {
+    Runs,
+    Skipped,
+}
+
+/// The three runs of pair `i`, rotated: GB/s of each spec (0 for a first spec that is skipped)
+/// and what `auto` ran.
+fn three(
+    runner: &mut Runner<'_>,
+    fixture: &Fixture,
+    specs: &[CellSpec; 3],
+    i: usize,
+    first: First,
+) -> Result<([f64; 3], Option<String>)> {
+    let mut speeds = [0.0f64; 3];
+    let mut ran = None;
+    for k in 0..3 {
+        let which = (i + k) % 3;
+        if which == 0 && first == First::Skipped {
+            continue;
+        }
+        let (speed, subject) = side(runner, fixture, &specs[which])?;
+        speeds[which] = speed;
+        ran = ran.or(subject);
+    }
+    Ok((speeds, ran))
+}
+
+/// Cold: the page cache dropped before every run; each pair is three runs (the direct probe, the
+/// buffered probe, the load), rotated so that none always follows the same one, and the anchor
+/// is the better probe.
+fn cold(runner: &mut Runner<'_>, fixture: &Fixture) -> Result<Pair> {
+    let direct_ok = crate::bench::direct_unavailable(&fixture.data_files).is_none();
+    let anchor = if direct_ok {
+        format!("best of {} and {}", crate::report::ROOFLINE_DIRECT, crate::report::ROOFLINE_BUFFERED)
+    } else {
+        crate::report::ROOFLINE_BUFFERED.to_owned()
+    };
+    let device = |subject| CellSpec::new(subject, (Situation::Device, Cache::Cold), Scope::Full, Mode::Raw);
+    let specs = [
+        device(Subject::RooflineDirect { again: false }),
+        device(Subject::RooflineBuffered { again: false }),
+        first_load(Subject::Tensora(AUTO.to_owned()), Cache::Cold, Mode::Owned),
+    ];
+    let pair = Pair::new(&fixture.name, Cache::Cold, anchor, COLD_GOAL);
+    let first = if direct_ok { First::Runs } else { First::Skipped };
+    run_pairs(runner, fixture, pair, &specs, ["direct", "buffered"], first)
+}
+
+/// What `auto` ran, e.g. `auto (sync buffered)`, from its load report.
+fn auto_subject(report: &serde_json::Value) -> Option<String> {
+    let backend = report.get("backend")?.as_str()?;
+    let io_mode = report.get("io_mode")?.as_str()?;
+    Some(format!("{AUTO} ({backend} {io_mode})"))
 }
 
 impl Pair {
@@ -241,9 +241,7 @@ impl Pair {
 
     /// One line for the log and the report.
     pub fn line(&self) -> String {
-        let fmt = |s: Option<Summary>| {
-            s.map_or("-".to_owned(), |s| format!("{:.2} ({:.2}..{:.2})", s.median, s.min, s.max))
-        };
+        let fmt = Summary::text;
         format!(
             "{} {} pairs: {} {} GB/s vs {} {} GB/s; ratio {} (goal {:.2}: {})",
             self.fixture,

@@ -1,15 +1,14 @@
-//! The bench's results: every sample, the machine it ran on, and three renderings (Markdown table,
-//! JSON, SVG chart).
-
-use std::fmt::Write as _;
+//! The bench's results: every sample, the machine it ran on, and three renderings (Markdown in
+//! [`crate::markdown`], JSON here, the SVG chart in [`crate::chart`]).
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::stats::{Summary, ratio};
 
-/// Bump when the JSON shape changes.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Bump when the JSON shape changes (2: every cell and roofline names its [`Situation`]; samples
+/// carry the process start).
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// What is being measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,18 +100,76 @@ pub enum Status {
     Failed,
 }
 
+/// Which situation a figure describes. Every subject is measured in the same situations, and a
+/// cell is only ever compared with a roofline of its own situation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Situation {
+    /// (a) The first load of a fresh process, as a server or a job starts: the subject runs in a
+    /// child process of its own, and the process start (exec, runtime, imports) is timed apart.
+    FirstLoad,
+    /// (b) A repeat load in a process that already loaded once and dropped the result: what the
+    /// reuse of freed memory buys (Tensora with `ArenaReuse::Recycle`; the peers with whatever
+    /// their allocator kept).
+    RepeatLoad,
+    /// Device rooflines: memory faulted in before the clock starts, so the figure is the disk's
+    /// alone, whatever the process.
+    Device,
+}
+
+impl Situation {
+    /// Lower-case name, as in the JSON.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Situation::FirstLoad => "first-load",
+            Situation::RepeatLoad => "repeat-load",
+            Situation::Device => "device",
+        }
+    }
+
+    /// The label of the situation in tables and charts.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Situation::FirstLoad => "(a) first load in a fresh process",
+            Situation::RepeatLoad => "(b) repeat load in the same process",
+            Situation::Device => "device only (memory ready before the clock starts)",
+        }
+    }
+
+    /// The situation whose roofline a cell of this situation is compared with (device rooflines
+    /// count with the first loads).
+    pub const fn compared_as(self) -> Situation {
+        match self {
+            Situation::RepeatLoad => Situation::RepeatLoad,
+            Situation::FirstLoad | Situation::Device => Situation::FirstLoad,
+        }
+    }
+}
+
 /// One timed run.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
-    /// Wall-clock seconds of the run.
+    /// Wall-clock seconds of the run (the load, from opening the checkpoint to the last page
+    /// touched; never the process start).
     pub seconds: f64,
     /// Bytes of tensor data loaded (rooflines: file bytes read).
     pub bytes: u64,
     /// `bytes` over `seconds`, in GB/s (10^9 bytes).
     pub gbps: f64,
+    /// Seconds from spawning the subject's process until it was ready to load (exec, runtime,
+    /// interpreter and imports), timed apart; `None` for subjects measured in the bench's process.
+    #[serde(default)]
+    pub start_seconds: Option<f64>,
 }
 
-/// Everything measured for one (fixture, subject, cache, scope, mode).
+impl Sample {
+    /// A sample of `bytes` loaded in `seconds`, with no process start.
+    pub fn new(seconds: f64, bytes: u64) -> Sample {
+        Sample { seconds, bytes, gbps: crate::stats::gbps(bytes, seconds), start_seconds: None }
+    }
+}
+
+/// Everything measured for one (fixture, subject, situation, cache, scope, mode).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Cell {
     /// The fixture's name.
@@ -121,6 +178,8 @@ pub struct Cell {
     pub subject: String,
     /// What kind of subject that is.
     pub kind: Kind,
+    /// The situation of every sample of the cell.
+    pub situation: Situation,
     /// Page cache state at the start of each run.
     pub cache: Cache,
     /// Which tensors were loaded.
@@ -135,7 +194,8 @@ pub struct Cell {
     pub samples: Vec<Sample>,
     /// GB/s over `samples`.
     pub gbps: Option<Summary>,
-    /// The roofline this cell is compared with (warm or device), GB/s.
+    /// The roofline this cell is compared with (warm roofline of the same situation, or device),
+    /// GB/s.
     pub roofline_gbps: Option<f64>,
     /// Median GB/s divided by `roofline_gbps`.
     pub ratio: Option<f64>,
@@ -145,11 +205,20 @@ pub struct Cell {
 
 impl Cell {
     /// A cell that has not run yet.
-    pub fn new(fixture: &str, subject: &str, kind: Kind, cache: Cache, scope: Scope, mode: Mode) -> Cell {
+    pub fn new(
+        fixture: &str,
+        subject: &str,
+        kind: Kind,
+        at: (Situation, Cache),
+        scope: Scope,
+        mode: Mode,
+    ) -> Cell {
+        let (situation, cache) = at;
         Cell {
             fixture: fixture.to_string(),
             subject: subject.to_string(),
             kind,
+            situation,
             cache,
             scope,
             mode,
@@ -188,6 +257,25 @@ impl Cell {
     /// Median GB/s of the samples.
     pub(crate) fn median(&self) -> Option<f64> {
         self.gbps.map(|s| s.median)
+    }
+
+    /// `fixture | subject | situation cache scope mode`, the cell's identity in logs.
+    pub fn key(&self) -> String {
+        format!(
+            "{} | {} | {} {} {} {}",
+            self.fixture,
+            self.subject,
+            self.situation.as_str(),
+            self.cache.as_str(),
+            self.scope.as_str(),
+            self.mode.as_str()
+        )
+    }
+
+    /// Median process start of the samples (subjects measured in a child process).
+    pub fn start_seconds(&self) -> Option<Summary> {
+        let starts: Vec<f64> = self.samples.iter().filter_map(|s| s.start_seconds).collect();
+        Summary::of(&starts)
     }
 
     /// For `auto`: the backend and I/O mode its last run chose (from the load report in
@@ -294,12 +382,15 @@ pub struct FixtureFacts {
     pub generate_seconds: f64,
 }
 
-/// The limits of one fixture.
+/// The limits of one fixture in one situation ([`Situation::FirstLoad`] or
+/// [`Situation::RepeatLoad`]; the device figures are the same in both).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rooflines {
     /// The fixture's name.
     pub fixture: String,
-    /// Best median of the warm rooflines (pread into hugepages).
+    /// The situation of the warm roofline, and of the cells compared with these figures.
+    pub situation: Situation,
+    /// Best median of the warm rooflines of this situation (pread into hugepages).
     pub warm_gbps: Option<f64>,
     /// Best median of the cold rooflines.
     pub device_gbps: Option<f64>,
@@ -308,24 +399,45 @@ pub struct Rooflines {
 }
 
 /// How the run was configured.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunFacts {
     /// Fixture size (`small` or `full`).
     pub size: String,
-    /// Timed runs per cell.
+    /// Timed runs per cell (one per round, rounds interleaved).
     pub runs: usize,
-    /// Untimed warm-up runs before them.
-    pub warmup_runs: usize,
+    /// Timed pairs of each paired acceptance run.
+    #[serde(default)]
+    pub pair_runs: usize,
     /// Whether the cold cells ran.
     pub cold: bool,
-    /// Whether only the `--quick` subset ran.
-    pub quick: bool,
+    /// Which plan ran: `quick`, `default` or `full`.
+    pub plan: String,
     /// Seed of the fixture data.
     pub seed: u64,
     /// In-flight budget of the streaming cells.
     pub streaming_budget_bytes: u64,
     /// How cold runs dropped the page cache (`None` when no cold cell ran).
     pub cache_drop: Option<String>,
+    /// The memory state each child process started in ([`crate::memory`]).
+    #[serde(default)]
+    pub memory: String,
+    /// Wall-clock seconds from the start of the run (fixtures, Python environment, cells, pairs)
+    /// until the report was built.
+    #[serde(default)]
+    pub seconds: f64,
+    /// `/proc/loadavg`'s 1, 5 and 15 minute figures when the measuring started and ended (other
+    /// work on the machine disturbs the figures).
+    #[serde(default)]
+    pub load_average: [String; 2],
+}
+
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`), or `unknown`.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
 }
 
 /// The whole result of a bench run.
@@ -348,55 +460,71 @@ pub struct Report {
     /// Paired acceptance runs (see [`crate::paired`]).
     #[serde(default)]
     pub pairs: Vec<crate::paired::Pair>,
+    /// `auto` against the best peer of the same run, situation (a) (see [`crate::versus`]).
+    #[serde(default)]
+    pub versus: Vec<crate::versus::Versus>,
 }
 
-/// Roofline subject names.
-pub const ROOFLINE_WARM: &str = "roofline: pread 2 threads -> hugepages";
+/// Warm roofline: 2 `pread` threads into a fresh arena, as a load gets it (huge pages unless they
+/// fault in slowly).
+pub const ROOFLINE_WARM: &str = "roofline: pread 2 threads -> fresh arena";
+/// Warm roofline: 2 `pread` threads into fresh base pages.
+pub const ROOFLINE_WARM_BASE: &str = "roofline: pread 2 threads -> base pages";
 /// Cold O_DIRECT roofline.
 pub const ROOFLINE_DIRECT: &str = "roofline: O_DIRECT QD32 8MiB";
 /// Cold buffered roofline.
 pub const ROOFLINE_BUFFERED: &str = "roofline: buffered pread 2 threads";
 /// The same rooflines measured again after the loaders of a fixture (a virtual disk's speed drifts
 /// within a run; the better of the two passes is the roofline).
-pub const ROOFLINE_WARM_AGAIN: &str = "roofline (again): pread 2 threads -> hugepages";
+pub const ROOFLINE_WARM_AGAIN: &str = "roofline (again): pread 2 threads -> fresh arena";
+/// See [`ROOFLINE_WARM_AGAIN`].
+pub const ROOFLINE_WARM_BASE_AGAIN: &str = "roofline (again): pread 2 threads -> base pages";
 /// See [`ROOFLINE_WARM_AGAIN`].
 pub const ROOFLINE_DIRECT_AGAIN: &str = "roofline (again): O_DIRECT QD32 8MiB";
 /// See [`ROOFLINE_WARM_AGAIN`].
 pub const ROOFLINE_BUFFERED_AGAIN: &str = "roofline (again): buffered pread 2 threads";
 
 impl Report {
-    /// Compute each fixture's rooflines from its roofline cells (the best median of each cache
-    /// state) and fill every cell's ratio: warm cells against the warm roofline, cold cells
-    /// against the device roofline.
+    /// Compute each fixture's rooflines from its roofline cells (per situation, the best median
+    /// of each cache state) and fill every cell's ratio: warm cells against the warm roofline of
+    /// their own situation, cold cells against the device roofline; then `auto` against the peers.
     pub fn compute_rooflines(&mut self) {
-        let mut names: Vec<String> = Vec::new();
+        let mut keys: Vec<(String, Situation)> = Vec::new();
         for c in &self.cells {
-            if !names.contains(&c.fixture) {
-                names.push(c.fixture.clone());
+            let key = (c.fixture.clone(), c.situation.compared_as());
+            if !keys.contains(&key) {
+                keys.push(key);
             }
         }
-        self.rooflines = names
+        let cells = &self.cells;
+        // The best median among a fixture's roofline cells of a cache state and situation.
+        let best = |f: &str, cache: Cache, situation: Situation| {
+            cells
+                .iter()
+                .filter(|c| c.fixture == f && c.kind == Kind::Roofline && c.cache == cache)
+                .filter(|c| c.situation == situation)
+                .filter_map(|c| c.median().map(|m| (c.subject.as_str(), m)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+        };
+        self.rooflines = keys
             .iter()
-            .map(|f| {
-                // The best median among this fixture's roofline cells of a cache state.
-                let best = |cache: Cache| {
-                    self.cells
-                        .iter()
-                        .filter(|c| &c.fixture == f && c.kind == Kind::Roofline && c.cache == cache)
-                        .filter_map(|c| c.median().map(|m| (c.subject.as_str(), m)))
-                        .max_by(|a, b| a.1.total_cmp(&b.1))
-                };
-                let device = best(Cache::Cold);
+            .map(|(f, situation)| {
+                let device = best(f, Cache::Cold, Situation::Device);
                 Rooflines {
                     fixture: f.clone(),
-                    warm_gbps: best(Cache::Warm).map(|w| w.1),
+                    situation: *situation,
+                    warm_gbps: best(f, Cache::Warm, *situation).map(|w| w.1),
                     device_gbps: device.map(|d| d.1),
                     device_subject: device.map(|d| d.0.to_string()),
                 }
             })
             .collect();
         for c in &mut self.cells {
-            let Some(r) = self.rooflines.iter().find(|r| r.fixture == c.fixture) else { continue };
+            let want = c.situation.compared_as();
+            let Some(r) = self.rooflines.iter().find(|r| r.fixture == c.fixture && r.situation == want)
+            else {
+                continue;
+            };
             c.roofline_gbps = match c.cache {
                 Cache::Warm => r.warm_gbps,
                 Cache::Cold => r.device_gbps,
@@ -406,110 +534,21 @@ impl Report {
                 _ => None,
             };
         }
+        self.versus = crate::versus::compare(&self.cells);
     }
 
-    /// The Markdown report: run facts, then one table per fixture.
-    pub fn to_markdown(&self) -> String {
-        let mut s = String::new();
-        self.markdown_facts(&mut s);
-        if !self.pairs.is_empty() {
-            self.markdown_pairs(&mut s);
-        }
-        for f in &self.fixtures {
-            self.markdown_fixture(f, &mut s);
-        }
-        s
+    /// The rooflines of `fixture` in `situation`.
+    pub fn rooflines_of(&self, fixture: &str, situation: Situation) -> Option<&Rooflines> {
+        self.rooflines.iter().find(|r| r.fixture == fixture && r.situation == situation)
     }
 
-    /// The title, the machine, the run's configuration and the fixtures that were skipped.
-    fn markdown_facts(&self, s: &mut String) {
-        let m = &self.machine;
-        let _ = writeln!(s, "# Tensora bench\n");
-        let _ = writeln!(
-            s,
-            "Machine: {} cores ({}), {:.1} GiB RAM, Linux {}, THP `{}`, fixtures on {}.  ",
-            m.cores,
-            m.cpu_model,
-            m.mem_total_bytes as f64 / f64::from(1u32 << 30),
-            m.kernel,
-            m.transparent_hugepage,
-            m.fixture_filesystem
-        );
-        let r = &self.run;
-        let _ = writeln!(
-            s,
-            "Run: size {}, {} timed runs per cell after {} warm-up, seed {:#x}{}. GB = 10^9 bytes.  ",
-            r.size,
-            r.runs,
-            r.warmup_runs,
-            r.seed,
-            if r.quick { ", quick subset" } else { "" }
-        );
-        let _ =
-            writeln!(s, "Cold cache: {}.\n", r.cache_drop.as_deref().unwrap_or("not measured (--no-cold)"));
-        for (name, why) in &self.fixtures_skipped {
-            let _ = writeln!(s, "Fixture `{name}` skipped: {why}.  ");
-        }
-    }
-
-    /// The acceptance table of the paired runs.
-    fn markdown_pairs(&self, s: &mut String) {
-        s.push_str(
-            "\n## Acceptance, paired runs\n\nThe loader and its roofline alternately, back to back, \
-             order alternating; the ratio is taken per pair, so drift within the run cancels.\n\n",
-        );
-        s.push_str("| fixture | cache | loader | loader GB/s | anchor | anchor GB/s | ratio median (min..max) | goal |\n");
-        s.push_str("|---|---|---|---:|---|---:|---:|---|\n");
-        let fmt = |v: &[f64]| {
-            crate::stats::Summary::of(v)
-                .map_or("-".to_string(), |g| format!("{:.2} ({:.2}..{:.2})", g.median, g.min, g.max))
-        };
-        for p in &self.pairs {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {} | {:.2}: {} |",
-                p.fixture,
-                p.cache.as_str(),
-                p.subject,
-                fmt(&p.subject_gbps),
-                p.anchor,
-                fmt(&p.anchor_gbps),
-                fmt(&p.ratios),
-                p.goal,
-                p.verdict()
-            );
-        }
-    }
-
-    /// One fixture's section: its size, its rooflines and a row per cell (nothing when it has no
-    /// cells).
-    fn markdown_fixture(&self, f: &FixtureFacts, s: &mut String) {
-        let cells: Vec<&Cell> = self.cells.iter().filter(|c| c.fixture == f.name).collect();
-        if cells.is_empty() {
-            return;
-        }
-        let _ = writeln!(
-            s,
-            "\n## {} — {} tensors in {} file(s), {:.3} GB of tensor data\n",
-            f.name,
-            f.tensors,
-            f.files,
-            f.data_len_bytes as f64 / 1e9
-        );
-        if let Some(rl) = self.rooflines.iter().find(|r| r.fixture == f.name) {
-            let _ = writeln!(
-                s,
-                "Warm roofline {}; device roofline {}{}.\n",
-                fmt_gbps(rl.warm_gbps),
-                fmt_gbps(rl.device_gbps),
-                rl.device_subject.as_deref().map(|d| format!(" ({d})")).unwrap_or_default()
-            );
-        }
-        s.push_str("| subject | cache | scope | mode | median GB/s | min | max | vs roofline | note |\n");
-        s.push_str("|---|---|---|---|---:|---:|---:|---:|---|\n");
-        for c in cells {
-            let _ = writeln!(s, "{}", markdown_row(c));
-        }
+    /// Cells that ran and failed (a bug, never a missed goal), as `subject: reason` lines.
+    pub fn failures(&self) -> Vec<String> {
+        self.cells
+            .iter()
+            .filter(|c| c.status == Status::Failed)
+            .map(|c| format!("{}: {}", c.key(), c.reason.as_deref().unwrap_or("")))
+            .collect()
     }
 
     /// Pretty JSON.
@@ -518,184 +557,5 @@ impl Report {
     }
 }
 
-fn fmt_gbps(v: Option<f64>) -> String {
-    v.map_or("not measured".to_string(), |v| format!("{v:.2} GB/s"))
-}
-
-/// A cell's row in its fixture's table (pipes and line breaks in the note made harmless).
-fn markdown_row(c: &Cell) -> String {
-    let (median, min, max) = match c.gbps {
-        Some(g) => (format!("{:.2}", g.median), format!("{:.2}", g.min), format!("{:.2}", g.max)),
-        None => ("-".to_string(), "-".to_string(), "-".to_string()),
-    };
-    let vs = c.ratio.map_or("-".to_string(), |r| format!("{:.0} %", r * 100.0));
-    let note = match c.status {
-        Status::Ok => c.chosen_backend().map(|b| format!("ran {b}")).unwrap_or_default(),
-        Status::Skipped => format!("skipped: {}", c.reason.as_deref().unwrap_or("")),
-        Status::Failed => format!("FAILED: {}", c.reason.as_deref().unwrap_or("")),
-    };
-    format!(
-        "| {} | {} | {} | {} | {median} | {min} | {max} | {vs} | {} |",
-        c.subject,
-        c.cache.as_str(),
-        c.scope.as_str(),
-        c.mode.as_str(),
-        note.replace('|', "/").replace('\n', " ")
-    )
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample(gbps: f64) -> Sample {
-        Sample { seconds: 1.0 / gbps, bytes: 1_000_000_000, gbps }
-    }
-
-    pub(crate) fn example() -> Report {
-        let f = "m";
-        let cells = vec![
-            Cell::new(f, ROOFLINE_WARM, Kind::Roofline, Cache::Warm, Scope::Full, Mode::Raw)
-                .with_samples(vec![sample(10.0), sample(8.0), sample(12.0)]),
-            Cell::new(f, ROOFLINE_DIRECT, Kind::Roofline, Cache::Cold, Scope::Full, Mode::Raw)
-                .with_samples(vec![sample(2.0)]),
-            Cell::new(f, ROOFLINE_BUFFERED, Kind::Roofline, Cache::Cold, Scope::Full, Mode::Raw)
-                .with_samples(vec![sample(1.0)]),
-            Cell::new(f, "sync", Kind::Backend, Cache::Warm, Scope::Full, Mode::Owned)
-                .with_samples(vec![sample(5.0), sample(6.0)]),
-            Cell::new(f, "sync", Kind::Backend, Cache::Cold, Scope::Full, Mode::Owned)
-                .with_samples(vec![sample(1.5)]),
-            Cell::new(f, "hf-python", Kind::Peer, Cache::Warm, Scope::Full, Mode::Owned).skipped("no module"),
-            Cell {
-                details: Some(serde_json::json!({ "backend": "io-uring", "io_mode": "direct" })),
-                ..Cell::new(f, "auto", Kind::Backend, Cache::Cold, Scope::Partial, Mode::Owned)
-                    .with_samples(vec![sample(1.0)])
-            },
-            Cell::new(f, "x", Kind::Peer, Cache::Warm, Scope::Partial, Mode::Streaming)
-                .failed(&anyhow::anyhow!("boom | pipe")),
-            // Measured again later, faster: the device roofline is the better pass.
-            Cell::new(f, ROOFLINE_DIRECT_AGAIN, Kind::Roofline, Cache::Cold, Scope::Full, Mode::Raw)
-                .with_samples(vec![sample(2.5)]),
-        ];
-        let mut r = Report {
-            schema_version: SCHEMA_VERSION,
-            run: RunFacts {
-                size: "small".into(),
-                runs: 3,
-                warmup_runs: 1,
-                cold: true,
-                quick: true,
-                seed: 1,
-                streaming_budget_bytes: 256 << 20,
-                cache_drop: Some("test".into()),
-            },
-            machine: Machine::detect(std::path::Path::new(".")),
-            fixtures: vec![FixtureFacts {
-                name: f.into(),
-                path: "/x".into(),
-                files: 1,
-                tensors: 2,
-                data_len_bytes: 10,
-                files_len_bytes: 20,
-                generated: false,
-                generate_seconds: 0.0,
-            }],
-            fixtures_skipped: vec![("sllm".into(), "converter missing".into())],
-            rooflines: Vec::new(),
-            cells,
-            pairs: vec![crate::paired::Pair {
-                fixture: f.into(),
-                cache: Cache::Warm,
-                subject: "auto (sync buffered)".into(),
-                anchor: ROOFLINE_WARM.into(),
-                subject_gbps: vec![8.0, 9.0],
-                anchor_gbps: vec![10.0, 10.0],
-                ratios: vec![0.8, 0.9],
-                goal: 0.85,
-            }],
-        };
-        r.compute_rooflines();
-        r
-    }
-
-    #[test]
-    fn paired_runs_get_their_own_table() {
-        let md = example().to_markdown();
-        assert!(md.contains("## Acceptance, paired runs"), "{md}");
-        assert!(md.contains("| 0.85 (0.80..0.90) | 0.85: met |"), "{md}");
-    }
-
-    #[test]
-    fn rooflines_and_ratios() {
-        let r = example();
-        assert_eq!(r.rooflines.len(), 1);
-        assert_eq!(r.rooflines[0].warm_gbps, Some(10.0));
-        assert_eq!(r.rooflines[0].device_gbps, Some(2.5));
-        assert_eq!(r.rooflines[0].device_subject.as_deref(), Some(ROOFLINE_DIRECT_AGAIN));
-        let sync_warm = &r.cells[3];
-        assert_eq!(sync_warm.gbps.unwrap().median, 5.5);
-        assert_eq!(sync_warm.ratio, Some(0.55));
-        assert_eq!(r.cells[4].ratio, Some(0.6));
-        assert_eq!(r.cells[2].ratio, Some(0.4));
-        assert_eq!(r.cells[1].ratio, Some(0.8));
-        assert_eq!(r.cells[5].ratio, None);
-    }
-
-    #[test]
-    fn json_has_every_sample_and_round_trips() {
-        let r = example();
-        let json = r.to_json().unwrap();
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-        assert_eq!(v["schema_version"], SCHEMA_VERSION);
-        assert!(v["machine"]["cores"].as_u64().unwrap() >= 1);
-        let cells = v["cells"].as_array().unwrap();
-        assert_eq!(cells.len(), 9);
-        assert_eq!(cells[0]["samples"].as_array().unwrap().len(), 3);
-        assert_eq!(cells[0]["kind"], "roofline");
-        assert_eq!(cells[3]["gbps"]["median"], 5.5);
-        assert_eq!(cells[3]["cache"], "warm");
-        assert_eq!(cells[5]["status"], "skipped");
-        assert_eq!(cells[7]["status"], "failed");
-        assert_eq!(cells[6]["details"]["backend"], "io-uring");
-        assert_eq!(v["rooflines"][0]["device_gbps"], 2.5);
-        let back: Report = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, r);
-    }
-
-    #[test]
-    fn markdown_lists_every_cell_and_escapes_pipes() {
-        let md = example().to_markdown();
-        let rows = |header: &str| {
-            md.lines()
-                .skip_while(|l| !l.starts_with(header))
-                .skip(2)
-                .take_while(|l| l.starts_with("| "))
-                .count()
-        };
-        assert_eq!(rows("| subject"), 9);
-        assert_eq!(rows("| fixture"), 1);
-        assert!(
-            md.contains(
-                "| auto | cold | partial | owned | 1.00 | 1.00 | 1.00 | 40 % | ran io-uring/direct |"
-            )
-        );
-        assert!(md.contains("| sync | warm | full | owned | 5.50 | 5.00 | 6.00 | 55 % |"));
-        assert!(md.contains("skipped: no module"));
-        assert!(md.contains("FAILED: boom / pipe"));
-        assert!(md.contains("Fixture `sllm` skipped: converter missing"));
-    }
-
-    #[test]
-    fn svg_has_bars_and_roofline_lines() {
-        let svg = example().to_svg("m").unwrap();
-        assert!(svg.starts_with("<svg"));
-        assert!(svg.contains("sync"));
-        // A subject with no measurement (skipped) gets no empty slot.
-        assert!(!svg.contains("hf-python"));
-        assert!(svg.contains("warm roofline 10.00 GB/s"));
-        assert!(svg.contains("device roofline 2.50 GB/s"));
-        assert!(svg.matches("<rect").count() >= 3);
-        // A fixture with no cells still renders an (empty) chart.
-        assert!(example().to_svg("none").unwrap().starts_with("<svg"));
-    }
-}
+mod tests;

@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use anyhow::{Context, Result, bail};
 use tensora_io::arena::Arena;
 
+use crate::cells::RooflinePages;
+
 /// Size of one roofline read.
 pub const BLOCK_BYTES: usize = 8 << 20;
 /// Reads in flight for the O_DIRECT roofline.
@@ -182,12 +184,32 @@ pub fn read_through_cache(files: &[PathBuf], buffers: &mut ReadBuffers) -> Resul
     Ok(total)
 }
 
-/// Warm roofline with the arena's cost included: map a fresh arena for all of `files`, then
-/// [`warm_pread`] into it. Returns (seconds, bytes, the arena), so the caller unmaps it untimed.
-pub fn warm_pread_fresh(files: &[PathBuf]) -> Result<(f64, u64, Arena)> {
+/// [`read_through_cache`] for the files that a residency sample (`mincore`, see
+/// `tensora_io::auto::probe::residency_sample`) does not find wholly in the page cache. Returns
+/// the bytes read.
+pub fn ensure_cached(files: &[PathBuf], buffers: &mut ReadBuffers) -> Result<u64> {
+    let mut cold = Vec::new();
+    for path in files {
+        let (file, len) = open_len(path)?;
+        let sample = tensora_io::auto::probe::residency_sample(&file, len)
+            .with_context(|| format!("residency of {}", path.display()))?;
+        if sample.resident_pages < sample.sampled_pages {
+            cold.push(path.clone());
+        }
+    }
+    read_through_cache(&cold, buffers)
+}
+
+/// Warm roofline with the arena's cost included: map a fresh arena for all of `files` (with
+/// `pages`), then [`warm_pread`] into it. Returns (seconds, bytes, the arena), so the caller unmaps
+/// it untimed.
+pub fn warm_pread_fresh(files: &[PathBuf], pages: RooflinePages) -> Result<(f64, u64, Arena)> {
     let total_bytes = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len())).sum::<Result<u64, _>>()?;
     let t = std::time::Instant::now();
     let mut arena = Arena::with_len(total_bytes).context("map the roofline arena")?;
+    if pages == RooflinePages::Base {
+        arena.use_base_pages().context("advise base pages")?;
+    }
     let bytes = warm_pread(files, &mut arena)?;
     // The same one-byte-per-page touch every loader and peer does after loading.
     let len = usize::try_from(bytes).context("arena length")?;
@@ -196,15 +218,19 @@ pub fn warm_pread_fresh(files: &[PathBuf]) -> Result<(f64, u64, Arena)> {
 }
 
 /// Cold direct roofline: `O_DIRECT` reads of [`BLOCK_BYTES`], [`DIRECT_QUEUE_DEPTH`] in flight on
-/// one io_uring ring, into `arena` (sized with `tensora_testkit::roofline::direct_roofline_arena_bytes`).
+/// one io_uring ring, then the one-byte-per-page touch, into `arena` (sized with `tensora_testkit::roofline::direct_roofline_arena_bytes`).
 /// Fails where the filesystem has no O_DIRECT or io_uring is unavailable.
 pub fn cold_direct(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
     let config = tensora_testkit::roofline::DirectRooflineConfig {
         queue_depth: DIRECT_QUEUE_DEPTH as u32,
         block_bytes: BLOCK_BYTES as u64,
     };
-    tensora_testkit::roofline::direct_read_roofline(files, config, arena)
-        .context("O_DIRECT io_uring roofline")
+    let bytes = tensora_testkit::roofline::direct_read_roofline(files, config, arena)
+        .context("O_DIRECT io_uring roofline")?;
+    // The same one-byte-per-page touch every loader and peer does after loading.
+    let len = usize::try_from(bytes).context("arena length")?.min(arena.as_slice().len());
+    std::hint::black_box(crate::peers::touch(&arena.as_mut_slice()[..len]));
+    Ok(bytes)
 }
 
 /// The arena [`cold_direct`] needs for `files`.
@@ -262,12 +288,20 @@ mod tests {
             Ok(n) => assert_eq!(n, expected),
             Err(e) => assert!(format!("{e:#}").contains("O_DIRECT"), "{e:#}"),
         }
-        let (seconds, bytes, mut fresh) = warm_pread_fresh(&files).unwrap();
-        assert!(seconds > 0.0);
-        assert_eq!(bytes, expected);
-        assert_eq!(&fresh.as_slice()[..BLOCK_BYTES * 2 + 12_345], &std::fs::read(&files[0]).unwrap()[..]);
+        for pages in [RooflinePages::Arena, RooflinePages::Base] {
+            let (seconds, bytes, mut fresh) = warm_pread_fresh(&files, pages).unwrap();
+            assert!(seconds > 0.0);
+            assert_eq!(bytes, expected);
+            assert_eq!(&fresh.as_slice()[..BLOCK_BYTES * 2 + 12_345], &std::fs::read(&files[0]).unwrap()[..]);
+            assert!(!(fresh.huge_pages_advised() && pages == RooflinePages::Base), "base pages asked for");
+        }
         assert!(cold_buffered(&[dir.path().join("missing")], &mut ReadBuffers::new(1)).is_err());
         assert_eq!(read_through_cache(&files, &mut ReadBuffers::new(1)).unwrap(), expected);
+        // Now cached: nothing left to read (the empty file has no page to sample).
+        assert_eq!(ensure_cached(&files, &mut ReadBuffers::new(1)).unwrap(), 0);
+        tensora_testkit::cache::evict_file_cache(&std::fs::File::open(&files[1]).unwrap()).unwrap();
+        let again = ensure_cached(&files, &mut ReadBuffers::new(1)).unwrap();
+        assert!(again == 0 || again == 100, "reads only what is not cached: {again}");
         assert!(read_through_cache(&files, &mut ReadBuffers::new(0)).is_err());
     }
 }

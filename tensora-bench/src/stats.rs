@@ -42,6 +42,13 @@ impl Summary {
     }
 }
 
+impl Summary {
+    /// `median (min..max)` with two decimals, or `-` for no summary.
+    pub fn text(summary: Option<Summary>) -> String {
+        summary.map_or("-".to_owned(), |s| format!("{:.2} ({:.2}..{:.2})", s.median, s.min, s.max))
+    }
+}
+
 /// `value / reference`, or `None` when the reference is not a positive number.
 pub fn ratio(value: f64, reference: f64) -> Option<f64> {
     (reference > 0.0 && reference.is_finite()).then(|| value / reference)
@@ -60,6 +67,8 @@ mod tests {
         assert_eq!(Summary::of(&[1.0, 2.0, 3.0, 4.0]).unwrap().median, 2.5);
         assert!(Summary::of(&[]).is_none());
         assert!(Summary::of(&[1.0, f64::NAN]).is_none());
+        assert_eq!(Summary::text(Summary::of(&[1.0, 2.0, 4.0])), "2.00 (1.00..4.00)");
+        assert_eq!(Summary::text(None), "-");
     }
 
     #[test]

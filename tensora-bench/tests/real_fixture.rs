@@ -1,11 +1,12 @@
-//! The whole measuring pipeline on a real checkpoint from the repository fixtures (`fixtures/`): rooflines, every
-//! backend, the peers, and the three report files.
+//! The whole measuring pipeline on a real checkpoint from the repository fixtures (`fixtures/`):
+//! rooflines, every backend, the peers (the Python one in the venv the bench prepares), both
+//! situations, each sample in a child process, and the three report files.
 
 use std::path::{Path, PathBuf};
 
-use tensora_bench::bench::{self, BenchConfig, Prepared};
+use tensora_bench::bench::{self, BenchConfig, PlanKind, Prepared};
 use tensora_bench::fixtures::{Fixture, Size};
-use tensora_bench::report::{Kind, Machine, Status};
+use tensora_bench::report::{Kind, Machine, Scope, Situation, Status};
 
 const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
 
@@ -32,44 +33,75 @@ fn every_cell_runs_on_a_real_checkpoint_and_reports_are_written() {
         out_dir: out.path().to_path_buf(),
         size: Size::Small,
         runs: 1,
+        pair_runs: 1,
         cold: false,
-        quick: false,
+        plan: PlanKind::Full,
         seed: 1,
+        child_exe: PathBuf::from(env!("CARGO_BIN_EXE_tensora-bench")),
+        memory: tensora_bench::memory::MemoryState::Relay,
     };
-    let fixture = real_fixture();
+    // The Python peers' venv, as the bench prepares it (kept between test runs); CI can reach
+    // PyPI, so a peer the bench installs is never allowed to be skipped.
+    let venv_parent = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-python");
     let mut lines = Vec::new();
-    let (cells, drop) =
-        bench::measure_fixtures(&config, std::slice::from_ref(&fixture), &mut |l| lines.push(l.to_string()))
-            .unwrap();
+    let python = tensora_bench::python::prepare(&venv_parent, &mut |l| lines.push(l.to_string())).unwrap();
+    let fixture = real_fixture();
+    let (cells, drop) = bench::measure_fixtures(&config, std::slice::from_ref(&fixture), &python, &mut |l| {
+        lines.push(l.to_string())
+    })
+    .unwrap();
     assert!(drop.is_none());
-    assert_eq!(lines.len(), cells.len());
     for c in &cells {
         match c.status {
             Status::Ok => {
                 assert_eq!(c.samples.len(), 1, "{}", c.subject);
                 let expected = match (c.kind, c.scope) {
                     (Kind::Roofline, _) => fixture.files_len_bytes,
-                    (_, tensora_bench::report::Scope::Full) => fixture.data_len_bytes,
+                    (_, Scope::Full) => fixture.data_len_bytes,
                     _ => c.samples[0].bytes,
                 };
                 assert!(c.samples.iter().all(|s| s.bytes == expected && s.seconds > 0.0), "{c:?}");
+                // Every warm sample ran in a child process, its start timed apart.
+                assert!(c.samples.iter().all(|s| s.start_seconds.is_some_and(|t| t > 0.0)), "{c:?}");
                 assert!(c.gbps.is_some());
             }
-            // Python without safetensors, or a backend this machine lacks, is skipped; nothing fails.
-            Status::Skipped => assert!(c.reason.is_some()),
+            Status::Skipped => {
+                // Only a peer the bench does not install may be skipped, and the skip says how to
+                // enable it; a backend this machine lacks says why.
+                let reason = c.reason.as_deref().unwrap_or("");
+                let installed = tensora_bench::python::PEERS
+                    .iter()
+                    .any(|p| p.installed_by_default && p.name == c.subject);
+                assert!(!installed, "{} skipped, but the bench installs it: {reason}", c.subject);
+                if c.kind == Kind::Peer {
+                    assert!(reason.contains("enable with: `"), "{}: {reason}", c.subject);
+                } else {
+                    assert_eq!(c.kind, Kind::Backend, "{}: {reason}", c.subject);
+                    assert!(reason.starts_with("backend unavailable here"), "{}: {reason}", c.subject);
+                }
+            }
             Status::Failed => panic!("{} failed: {:?}", c.subject, c.reason),
+        }
+    }
+    // Every peer the bench installs was measured, in both situations.
+    for p in tensora_bench::python::PEERS.iter().filter(|p| p.installed_by_default) {
+        for situation in [Situation::FirstLoad, Situation::RepeatLoad] {
+            let measured = cells
+                .iter()
+                .any(|c| c.subject == p.name && c.situation == situation && c.status == Status::Ok);
+            assert!(measured, "{} {situation:?}", p.name);
         }
     }
     // Every registered backend and auto loaded the checkpoint.
     for name in tensora_io::registry::names().iter().chain(&["auto"]) {
         assert!(cells.iter().any(|c| c.subject == *name && c.status != Status::Failed), "{name}");
     }
+    let auto_b = cells.iter().find(|c| c.subject == "auto" && c.situation == Situation::RepeatLoad).unwrap();
+    assert_eq!(auto_b.status, Status::Ok);
     // Partial cells load about a tenth of the bytes.
     let partial = cells
         .iter()
-        .find(|c| {
-            c.subject == "auto" && c.scope == tensora_bench::report::Scope::Partial && c.status == Status::Ok
-        })
+        .find(|c| c.subject == "auto" && c.scope == Scope::Partial && c.status == Status::Ok)
         .unwrap();
     assert!(partial.samples[0].bytes < fixture.data_len_bytes);
 
@@ -79,17 +111,19 @@ fn every_cell_runs_on_a_real_checkpoint_and_reports_are_written() {
         skipped: vec![],
     };
     let report = bench::build_report(&config, Machine::detect(Path::new(REAL)), prepared, cells, drop);
-    assert!(report.rooflines[0].warm_gbps.is_some_and(|g| g > 0.0));
-    assert!(report.rooflines[0].device_gbps.is_none());
+    assert!(report.failures().is_empty());
+    let first = report.rooflines_of("tinyllama", Situation::FirstLoad).unwrap();
+    assert!(first.warm_gbps.is_some_and(|g| g > 0.0));
+    assert!(first.device_gbps.is_none());
+    assert!(report.rooflines_of("tinyllama", Situation::RepeatLoad).unwrap().warm_gbps.is_some());
+    assert!(report.versus.iter().any(|v| v.cache == tensora_bench::report::Cache::Warm));
     let paths = bench::write_reports(&report, out.path()).unwrap();
     assert_eq!(paths.len(), 3);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap()).unwrap();
     assert_eq!(json["cells"].as_array().unwrap().len(), report.cells.len());
-    assert!(
-        std::fs::read_to_string(out.path().join("report.md"))
-            .unwrap()
-            .contains("| auto | warm | full | owned |")
-    );
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(md.contains("| auto | warm | full | owned |"), "{md}");
+    assert!(md.contains("(b) repeat load in the same process"), "{md}");
     assert!(std::fs::read_to_string(out.path().join("report.svg")).unwrap().starts_with("<svg"));
 }

@@ -14,6 +14,23 @@
 //! - [`Prefault::ParallelTouch`]: `threads` threads each write one byte per 4 KiB page of their
 //!   share, after `MADV_HUGEPAGE`.
 //!
+//! # Huge pages only where they come cheap
+//!
+//! On a virtual machine that hands free memory back to its hypervisor (virtio-balloon free page
+//! reporting, as on the 2-core reference VM), free 2 MiB blocks that stayed free for a few seconds
+//! are given back, and a huge page is always such a block: faulting it in makes the host fault
+//! 512 pages, and runs at 0.3-0.7 GB/s per thread against 7-9 GB/s for a block freed a moment ago.
+//! Base pages come from smaller free fragments, which are never handed back, and fault in at
+//! 2-4 GB/s. So a fresh arena ([`Prefault::None`], what loads use) of at least
+//! [`FRESH_PROBE_MIN_BYTES`] advises huge pages, faults its first [`FRESH_PROBE_BYTES`] in and
+//! times that in the thread's CPU time (the host's fault handling counts there, another process's
+//! time slice does not): below [`HUGE_FAULT_BYTES_PER_SECOND_MIN`] the rest of the arena gets base
+//! pages ([`Arena::use_base_pages`]). [`Arena::populate_write_adaptive`] makes the same check as
+//! it goes (the direct-I/O populate helper of an owned load uses it), since a burst of recently
+//! freed blocks can run out in the middle of an arena. Huge pages still matter where they are
+//! cheap: direct reads into them reach the device as 2 MiB requests, into base pages as about
+//! 1 MiB ones (docs/design.md has the measurements).
+//!
 //! # Recycling
 //!
 //! Fresh anonymous memory must be zeroed by the kernel on first touch, which costs about as much as
@@ -39,6 +56,7 @@
 
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::seam::Destination;
 
@@ -141,6 +159,47 @@ pub fn drop_recycled_larger_than(len_bytes: u64) {
     RECYCLED.drop_larger_than(len_bytes);
 }
 
+/// Fresh arenas at least this large time their first huge pages before keeping them (smaller
+/// ones are advised huge pages and left alone: the probe would cost more than it saves).
+pub const FRESH_PROBE_MIN_BYTES: u64 = 64 << 20;
+/// Bytes a fresh arena faults in to time its huge pages (two of them).
+pub const FRESH_PROBE_BYTES: u64 = 4 << 20;
+/// The slowest fault-in rate, in bytes per CPU second of the faulting thread, at which an arena
+/// keeps asking for huge pages. Huge pages the host still backs fault in at 7-9 GB/s, ones the
+/// hypervisor took back at 0.3-0.7 GB/s, and base pages at 2-4 GB/s (see the module docs).
+pub const HUGE_FAULT_BYTES_PER_SECOND_MIN: f64 = 1.5e9;
+/// A range is timed only when it is at least one huge page long (a shorter one says little).
+const ADAPT_MIN_BYTES: u64 = 2 << 20;
+
+/// The pages an arena's memory that is not faulted in yet will get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pages {
+    /// 2 MiB transparent huge pages (`MADV_HUGEPAGE` accepted).
+    Huge,
+    /// 4 KiB base pages (no huge-page advice, or `MADV_NOHUGEPAGE` after a slow probe).
+    Base,
+}
+
+/// CPU seconds the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`); the time a hypervisor
+/// spends on this thread's page faults counts, time slices of other threads do not. `None` if the
+/// clock is unavailable.
+fn thread_cpu_seconds() -> Option<f64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+}
+
+/// Whether huge pages are worth keeping after `bytes` of them faulted in in `cpu_seconds` of the
+/// faulting thread: yes unless at least [`ADAPT_MIN_BYTES`] were timed and ran slower than
+/// [`HUGE_FAULT_BYTES_PER_SECOND_MIN`] (an unknown or zero time keeps them).
+fn huge_pages_pay(bytes: u64, cpu_seconds: Option<f64>) -> bool {
+    match cpu_seconds {
+        Some(s) if s > 0.0 && bytes >= ADAPT_MIN_BYTES => bytes as f64 / s >= HUGE_FAULT_BYTES_PER_SECOND_MIN,
+        _ => true,
+    }
+}
+
 /// Page size used for touching.
 const TOUCH_STRIDE_BYTES: usize = 4096;
 /// Upper bound on prefault threads, whatever the caller asks.
@@ -158,7 +217,9 @@ pub struct Arena {
     len_bytes: usize,
     /// Length of the mapping (a multiple of `ALIGN_BYTES`); 0 for an empty arena (no mapping).
     map_len_bytes: usize,
-    huge_advised: bool,
+    /// Whether pages not yet faulted in get huge pages (`MADV_HUGEPAGE` accepted and not turned
+    /// off by [`Arena::use_base_pages`]).
+    huge_advised: AtomicBool,
 }
 
 // SAFETY: the arena owns its mapping exclusively; the raw pointer is only an address. Concurrent
@@ -225,7 +286,7 @@ impl Arena {
             unsafe { libc::munmap(start.add(map_len_bytes).cast(), tail_bytes) };
         }
         let ptr = NonNull::new(start).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        let mut arena = Arena { ptr, len_bytes, map_len_bytes, huge_advised: false };
+        let mut arena = Arena { ptr, len_bytes, map_len_bytes, huge_advised: AtomicBool::new(false) };
         if populate {
             // SAFETY: MAP_FIXED over exactly the aligned range that this arena owns (our own
             // PROT_NONE reservation), so no other mapping is replaced.
@@ -245,8 +306,13 @@ impl Arena {
         }
         // SAFETY: advising our own mapping; MADV_HUGEPAGE changes no contents.
         let advised = unsafe { libc::madvise(start.cast(), map_len_bytes, libc::MADV_HUGEPAGE) };
-        arena.huge_advised = advised == 0;
+        arena.huge_advised = AtomicBool::new(advised == 0);
         match config.prefault {
+            Prefault::None if map_len_bytes as u64 >= FRESH_PROBE_MIN_BYTES => {
+                // Huge pages only where they come cheap (module docs). A hint: a kernel without
+                // MADV_POPULATE_WRITE keeps the huge-page advice.
+                let _ = arena.populate_write_adaptive(0, FRESH_PROBE_BYTES);
+            }
             Prefault::None | Prefault::MapPopulate => {}
             Prefault::PopulateWrite => {
                 // SAFETY: populating our own writable mapping; contents stay zero.
@@ -282,7 +348,7 @@ impl Arena {
                 .unwrap_or(NonNull::dangling()),
             len_bytes: 0,
             map_len_bytes: 0,
-            huge_advised: false,
+            huge_advised: AtomicBool::new(false),
         }
     }
 
@@ -332,9 +398,53 @@ impl Arena {
         self.len_bytes == 0
     }
 
-    /// Whether `MADV_HUGEPAGE` was accepted (false on kernels without THP).
+    /// Whether pages not faulted in yet get huge pages: `MADV_HUGEPAGE` was accepted (false on
+    /// kernels without THP) and no probe turned it off (see the module docs).
     pub fn huge_pages_advised(&self) -> bool {
-        self.huge_advised
+        self.huge_advised.load(Ordering::Relaxed)
+    }
+
+    /// The pages memory not faulted in yet will get.
+    pub fn pages(&self) -> Pages {
+        if self.huge_pages_advised() { Pages::Huge } else { Pages::Base }
+    }
+
+    /// From now on, fault the arena in with base pages (`MADV_NOHUGEPAGE` over the whole
+    /// mapping). Pages already present keep their size and contents, so this is safe while
+    /// backends write into the arena or DMA lands in it.
+    pub fn use_base_pages(&self) -> io::Result<()> {
+        if self.map_len_bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: advising this arena's own mapping; MADV_NOHUGEPAGE only changes which pages
+        // later faults allocate, never a present page or a byte of memory.
+        let rc =
+            unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.map_len_bytes, libc::MADV_NOHUGEPAGE) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.huge_advised.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// [`Arena::populate_write`], timed in the calling thread's CPU time while the arena asks for
+    /// huge pages: when at least a huge page's worth faulted in slower than
+    /// [`HUGE_FAULT_BYTES_PER_SECOND_MIN`], the rest of the arena gets base pages
+    /// ([`Arena::use_base_pages`]). Returns the pages memory not faulted in yet will get. Errors
+    /// are those of `populate_write` (a hint: kernels before 5.14).
+    pub fn populate_write_adaptive(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<Pages> {
+        if !self.huge_pages_advised() {
+            self.populate_write(offset_bytes, len_bytes)?;
+            return Ok(Pages::Base);
+        }
+        let before = thread_cpu_seconds();
+        self.populate_write(offset_bytes, len_bytes)?;
+        let spent = before.zip(thread_cpu_seconds()).map(|(a, b)| b - a);
+        let bytes = len_bytes.min((self.len_bytes as u64).saturating_sub(offset_bytes));
+        if !huge_pages_pay(bytes, spent) {
+            self.use_base_pages()?;
+        }
+        Ok(self.pages())
     }
 
     /// Base address.
@@ -467,6 +577,47 @@ mod tests {
         let bytes = a.as_slice();
         assert_eq!(bytes[5000], 9, "present pages keep their contents");
         assert_eq!(bytes.iter().map(|&b| u64::from(b)).sum::<u64>(), 9, "everything else is still zero");
+    }
+
+    #[test]
+    fn huge_pages_are_kept_unless_a_huge_page_or_more_faulted_in_slowly() {
+        let mib = 1u64 << 20;
+        // 8 MiB in 1 ms is 8.4 GB/s (host-backed), in 20 ms 0.42 GB/s (handed back).
+        assert!(huge_pages_pay(8 * mib, Some(0.001)));
+        assert!(!huge_pages_pay(8 * mib, Some(0.020)));
+        // At the threshold: kept.
+        assert!(huge_pages_pay(3_000_000_000, Some(2.0)));
+        // Too little timed, or no usable clock: kept.
+        assert!(huge_pages_pay(mib, Some(10.0)));
+        assert!(huge_pages_pay(8 * mib, None));
+        assert!(huge_pages_pay(8 * mib, Some(0.0)));
+    }
+
+    #[test]
+    fn base_pages_keep_contents_and_adaptive_populate_keeps_them_too() {
+        let mut a = Arena::with_len(8 << 20).unwrap();
+        a.as_mut_slice()[3 << 20] = 5;
+        let before = a.pages();
+        assert_eq!(before == Pages::Huge, a.huge_pages_advised());
+        // Whatever the machine decides, populating never changes a byte.
+        match a.populate_write_adaptive(0, 8 << 20) {
+            Ok(pages) => assert_eq!(pages, a.pages()),
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}"),
+        }
+        a.use_base_pages().unwrap();
+        assert_eq!(a.pages(), Pages::Base);
+        assert!(!a.huge_pages_advised());
+        // Base pages stay base pages: nothing to time.
+        assert!(matches!(a.populate_write_adaptive(4 << 20, 4 << 20), Ok(Pages::Base) | Err(_)));
+        let bytes = a.as_slice();
+        assert_eq!(bytes[3 << 20], 5);
+        assert_eq!(bytes.iter().map(|&b| u64::from(b)).sum::<u64>(), 5);
+        Arena::empty().use_base_pages().unwrap();
+        // A fresh arena large enough to be probed is zeroed and writable whatever it chose.
+        let mut big = Arena::with_len(FRESH_PROBE_MIN_BYTES).unwrap();
+        assert!(big.as_slice()[..FRESH_PROBE_BYTES as usize + 4096].iter().all(|&b| b == 0));
+        big.as_mut_slice()[0] = 1;
+        assert_eq!(big.as_slice()[0], 1);
     }
 
     #[test]

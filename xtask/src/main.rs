@@ -14,12 +14,24 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
                        quick bench, Python binding tests (tensora-py/run-tests.sh)
   selfcheck            fail if a tracked code, script or config file refers to a path outside the
                        repository (see xtask/src/selfcheck.rs for the rules)
-  bench [OPTIONS]      build tensora-bench in release mode and run it; writes
-                       target/tensora-bench/report.{md,json,svg}
+  bench [OPTIONS]      build tensora-bench in release mode and run it (a few minutes): the main
+                       fixture, `auto`, the peers (Python ones in a venv it prepares under
+                       target/tensora-bench/py-venv) and the rooflines, each sample in a fresh
+                       process (a) and as a repeat load (b), then the paired acceptance runs;
+                       writes target/tensora-bench/report.{md,json,svg}. Fails if a cell errors
+                       (a missed performance goal is reported, not an error)
+      --full           the whole matrix: every fixture, backend, scope and mode; reports go to
+                       target/tensora-bench/full/
       --quick          small fixtures, 3 runs, a subset of the cells; reports go to
                        target/tensora-bench/quick/
+      --pairs-only     only the paired acceptance runs (target/tensora-bench/pairs.json)
+      --moe-only       only the MoE-scale cells (DeepSeek-V3-shaped sparse checkpoint: open,
+                       parse, plan, one-expert load, HF header reads; target/tensora-bench/moe.*)
       --size small|full
-      --runs N         timed runs per cell (default 5)
+      --runs N         timed runs per cell (default 3)
+      --pair-runs N    timed pairs of each paired acceptance run (default 7)
+      --idle-seconds N start each measured process after N idle seconds, on memory that stayed
+                       free (default 0: on memory the bench freed a moment before)
       --cold|--no-cold run the cold-cache cells or not (default: run them)
   bench --remote [--runs N] [--only GROUP,...]
                        tensora-remote at real size against real nginx and s3rver on 127.0.0.1
@@ -29,8 +41,9 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
                        ratios, acceptance, when each cell ran); groups: tinyllama, shards8, one1g,
                        limited, cache, s3, rss (default all); writes
                        target/tensora-bench/remote/report.{md,json}. Not part of `test`.
-  fixtures [--size small|full]
-                       only generate (or check) the bench fixtures
+  fixtures [--full] [--size small|full]
+                       only generate (or check) the bench fixtures (the default bench's, or with
+                       --full every fixture)
   fuzz [TARGET] [--seconds N] [--rss-limit-mb M]
                        run the cargo-fuzz targets in fuzz/ (all, or TARGET) for N seconds each
                        (default 60), one after another, each under libFuzzer's -rss_limit_mb=M
@@ -119,7 +132,9 @@ fn test(args: &[String]) -> Result<()> {
     run(&cargo, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     run(&cargo, &["test", "--workspace", "--all-targets"])?;
     run(&cargo, &["test", "--workspace", "--doc"])?;
-    // The quick bench, so the bench never rots.
+    // The quick bench, so the bench never rots: it fails on a cell that errors (a missed
+    // performance goal is reported, not a failure), and its Python peer runs in the venv it
+    // prepares.
     bench(&["--quick".to_string()])?;
     // The Python bindings: build into a venv under target/ and run pytest.
     let script = workspace_root().join("tensora-py").join("run-tests.sh");
@@ -142,7 +157,10 @@ fn bench_args(args: &[String], what: BenchRun) -> Result<Vec<String>> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--quick" | "--cold" | "--no-cold" if !fixtures_only => out.push(arg.clone()),
+            "--quick" | "--cold" | "--no-cold" | "--pairs-only" | "--moe-only" if !fixtures_only => {
+                out.push(arg.clone())
+            }
+            "--full" => out.push(arg.clone()),
             "--size" => {
                 let v = it.next().context("--size needs small or full")?;
                 if v != "small" && v != "full" {
@@ -150,11 +168,11 @@ fn bench_args(args: &[String], what: BenchRun) -> Result<Vec<String>> {
                 }
                 out.extend([arg.clone(), v.clone()]);
             }
-            "--runs" if !fixtures_only => {
-                let v = it.next().context("--runs needs a number")?;
-                let n: usize = v.parse().with_context(|| format!("--runs: {v:?} is not a number"))?;
-                if n == 0 {
-                    bail!("--runs must be at least 1");
+            "--runs" | "--pair-runs" | "--idle-seconds" if !fixtures_only => {
+                let v = it.next().with_context(|| format!("{arg} needs a number"))?;
+                let n: usize = v.parse().with_context(|| format!("{arg}: {v:?} is not a number"))?;
+                if n == 0 && arg != "--idle-seconds" {
+                    bail!("{arg} must be at least 1");
                 }
                 out.extend([arg.clone(), v.clone()]);
             }
@@ -322,12 +340,33 @@ mod tests {
         assert!(bench_args(&strings(&["--size"]), BenchRun::Measure).is_err());
         assert!(bench_args(&strings(&["--runs", "0"]), BenchRun::Measure).is_err());
         assert!(bench_args(&strings(&["--runs", "x"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--pair-runs", "0"]), BenchRun::Measure).is_err());
+        assert!(bench_args(&strings(&["--idle-seconds", "0"]), BenchRun::Measure).is_ok());
+        assert!(bench_args(&strings(&["--idle-seconds", "8"]), BenchRun::FixturesOnly).is_err());
+        assert_eq!(
+            bench_args(&strings(&["--pair-runs", "9"]), BenchRun::Measure).unwrap(),
+            strings(&["--pair-runs", "9"])
+        );
         assert!(bench_args(&strings(&["--remote"]), BenchRun::Measure).is_err());
         assert_eq!(
             bench_args(&strings(&["--size", "small"]), BenchRun::FixturesOnly).unwrap(),
             strings(&["--size", "small", "--fixtures-only"])
         );
         assert!(bench_args(&strings(&["--quick"]), BenchRun::FixturesOnly).is_err());
+        assert!(bench_args(&strings(&["--pairs-only"]), BenchRun::FixturesOnly).is_err());
+        assert!(bench_args(&strings(&["--moe-only"]), BenchRun::FixturesOnly).is_err());
+        assert_eq!(
+            bench_args(&strings(&["--moe-only"]), BenchRun::Measure).unwrap(),
+            strings(&["--moe-only"])
+        );
+        assert_eq!(
+            bench_args(&strings(&["--full"]), BenchRun::FixturesOnly).unwrap(),
+            strings(&["--full", "--fixtures-only"])
+        );
+        assert_eq!(
+            bench_args(&strings(&["--full", "--pairs-only"]), BenchRun::Measure).unwrap(),
+            strings(&["--full", "--pairs-only"])
+        );
     }
 
     #[test]

@@ -143,7 +143,13 @@ fn load_one(dir: &Path, how: &OpenOptions, glob: &str) -> Result<(f64, f64, serd
 }
 
 /// Run every MoE cell on the fixture under the configured fixtures root.
-pub fn run(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<MoeReport> {
+/// `python` is the bench's venv interpreter (`crate::python`), or why there is none (the HF cell
+/// is then reported as skipped with that reason).
+pub fn run(
+    config: &BenchConfig,
+    python: Result<&Path, String>,
+    log: &mut dyn FnMut(&str),
+) -> Result<MoeReport> {
     config.validate()?;
     let shape = MoeShape::DEEPSEEK_V3;
     let t = Instant::now();
@@ -206,7 +212,7 @@ pub fn run(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<MoeReport>
     }
     cells.extend(memory_and_inspect_cells(&dir, &fixture, runs, log));
     cells.push(cell("HF safe_open header reads (python, keys of every shard)", log, || {
-        hf_safe_open(config, &fixture, runs)
+        hf_safe_open(config, python, &fixture, runs)
     }));
     add_ratio(&mut cells);
     Ok(MoeReport { fixture, runs, selections: vec![expert, layer], cells })
@@ -298,10 +304,23 @@ for path in sys.argv[1:]:
 print(time.perf_counter() - t, n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 "#;
 
-fn hf_safe_open(config: &BenchConfig, fixture: &MoeFixture, runs: usize) -> Result<MoeCell> {
+fn hf_safe_open(
+    config: &BenchConfig,
+    python: Result<&Path, String>,
+    fixture: &MoeFixture,
+    runs: usize,
+) -> Result<MoeCell> {
     let name = "HF safe_open header reads (python, keys of every shard)";
-    if let Err(why) = crate::peers::python_available() {
-        return Ok(MoeCell::not_run(name, "skipped", format!("python3 cannot import safetensors: {why}")));
+    let python = match python {
+        Ok(p) => p,
+        Err(why) => return Ok(MoeCell::not_run(name, "skipped", why)),
+    };
+    if let Err(why) = crate::python::importable(python, &["safetensors", "numpy"]) {
+        return Ok(MoeCell::not_run(
+            name,
+            "skipped",
+            format!("{} cannot import safetensors: {why}", python.display()),
+        ));
     }
     std::fs::create_dir_all(&config.out_dir)?;
     let script = config.out_dir.join("hf_safe_open_keys.py");
@@ -309,7 +328,7 @@ fn hf_safe_open(config: &BenchConfig, fixture: &MoeFixture, runs: usize) -> Resu
     let mut ms = Vec::new();
     let mut rss = 0u64;
     for i in 0..=runs {
-        let out = Command::new(crate::peers::PYTHON).arg(&script).args(&fixture.files).output()?;
+        let out = Command::new(python).arg(&script).args(&fixture.files).output()?;
         if !out.status.success() {
             bail!("python failed: {}", String::from_utf8_lossy(&out.stderr).trim());
         }

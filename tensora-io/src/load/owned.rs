@@ -11,15 +11,16 @@ use super::mapped::load_mapped;
 use super::run::SubDest;
 use super::session::{Session, Tally, WindowPlan, begin, touched_files};
 use super::{ArenaReuse, LoadOptions, Loaded};
-use crate::arena::Arena;
+use crate::arena::{Arena, Pages};
 use crate::auto::Delivery;
 use crate::error::LoadError;
 use crate::report::{Faults, Phases};
 use crate::seam::{Access, IoStats};
 
-/// Load the selected tensors: into one owned hugepage arena ([`Residence::Owned`], the default),
-/// or as zero-copy views of the files ([`Residence::Mapped`]), or whichever `auto` picks
-/// ([`Residence::Auto`]). See the [module docs](crate::load).
+/// Load the selected tensors: into one owned hugepage arena
+/// ([`Residence::Owned`](super::Residence::Owned), the default), or as zero-copy views of the files
+/// ([`Residence::Mapped`](super::Residence::Mapped)), or whichever `auto` picks
+/// ([`Residence::Auto`](super::Residence::Auto)). See the [module docs](crate::load).
 pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
     let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Owned)?;
     session.load_part(&selected, phases, faults_before)
@@ -126,8 +127,8 @@ impl Session<'_> {
         Ok(Loaded { storage: Storage::Arena(arena), arena_reuse: opts.arena_reuse, entries, by_name, report })
     }
 
-    /// Run every plan into its part of `arena`, one after another. With direct I/O into fresh
-    /// memory a helper thread faults the arena in ahead of the queue.
+    /// Run every plan into its part of `arena`, one after another. Into fresh memory a helper
+    /// thread faults the arena in ahead of the reads (see [`populate_ahead`]).
     fn run_plans(
         &self,
         arena: &Arena,
@@ -136,11 +137,15 @@ impl Session<'_> {
     ) -> Result<Vec<IoStats>, LoadError> {
         let io_done = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            if self.direct && self.opts.arena_reuse == ArenaReuse::Fresh {
-                // Direct reads are DMA into the arena: whoever submits them faults the fresh pages
-                // in first, stalling the queue. Fault them in ahead of the queue on a helper thread
-                // while the device works (I/O bound, so the CPU is idle anyway).
-                scope.spawn(|| populate_ahead(arena, plans, &io_done));
+            let helper = match (self.opts.arena_reuse, self.direct) {
+                (ArenaReuse::Recycle, _) => None,
+                (ArenaReuse::Fresh, true) => Some(Ahead::DirectReads),
+                (ArenaReuse::Fresh, false) if arena.huge_pages_advised() => Some(Ahead::WhileHuge),
+                (ArenaReuse::Fresh, false) => None,
+            };
+            if let Some(ahead) = helper {
+                let io_done = &io_done;
+                scope.spawn(move || populate_ahead(arena, plans, io_done, ahead));
             }
             let mut stats = Vec::with_capacity(plans.len());
             let mut run = || -> Result<(), LoadError> {
@@ -158,11 +163,29 @@ impl Session<'_> {
     }
 }
 
+/// What a populate-ahead helper is for, and so when it stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Ahead {
+    /// Direct reads are DMA into the arena: whoever submits them faults the fresh pages in first,
+    /// stalling the queue. The helper faults every page in ahead of the queue while the device
+    /// works (I/O bound, so a core is idle anyway).
+    DirectReads,
+    /// Buffered reads fault their destination in as they copy, on both cores. The helper faults
+    /// huge pages in ahead of them, which moves the work rather than adding to it, and watches
+    /// their cost: once they fault in slowly (a hypervisor took them back) the arena switches to
+    /// base pages and the helper stops, leaving the copies to fault base pages in themselves (a
+    /// third thread faulting base pages beside two copying ones measured slower).
+    WhileHuge,
+}
+
 /// Faults in the arena's pages in the order the backends will fill them (the reads of every file
-/// queue, round-robin across queues, plan after plan), until `done`. A hint: the first error
-/// (e.g. no `MADV_POPULATE_WRITE` before Linux 5.14) ends it quietly. Bounded by one pass over the
-/// reads.
-pub(super) fn populate_ahead(arena: &Arena, plans: &[(u64, WindowPlan)], done: &AtomicBool) {
+/// queue, round-robin across queues, plan after plan), until `done`, or for [`Ahead::WhileHuge`]
+/// until the arena gets base pages. Each read's range is timed
+/// ([`Arena::populate_write_adaptive`]): when huge pages fault in slower than
+/// [`crate::arena::HUGE_FAULT_BYTES_PER_SECOND_MIN`], the rest of the arena gets base pages. A
+/// hint: the first error (e.g. no `MADV_POPULATE_WRITE` before Linux 5.14) ends it quietly.
+/// Bounded by one pass over the reads.
+pub(super) fn populate_ahead(arena: &Arena, plans: &[(u64, WindowPlan)], done: &AtomicBool, ahead: Ahead) {
     for (base, wp) in plans {
         let plan = &wp.plan;
         let queues: Vec<&[tensora_plan::Read]> = plan.queues().iter().map(|q| plan.queue_reads(q)).collect();
@@ -173,8 +196,10 @@ pub(super) fn populate_ahead(arena: &Arena, plans: &[(u64, WindowPlan)], done: &
                 if done.load(Ordering::Acquire) {
                     return;
                 }
-                if arena.populate_write(base + read.arena_offset_bytes, read.len_bytes).is_err() {
-                    return;
+                match arena.populate_write_adaptive(base + read.arena_offset_bytes, read.len_bytes) {
+                    Err(_) => return,
+                    Ok(Pages::Base) if ahead == Ahead::WhileHuge => return,
+                    Ok(_) => {}
                 }
             }
         }
