@@ -191,14 +191,16 @@ pub fn measure_acceptance_pairs(
         (true, Some(probe)) => Some(CacheDropper::probe(probe)?),
         _ => None,
     };
-    crate::paired::measure_pairs(
+    let mut pairs = crate::paired::measure_pairs(
         &main.name,
         &main.open_path,
         &main.data_files,
         config.runs,
         dropper.as_ref(),
         log,
-    )
+    )?;
+    pairs.extend(crate::save::measure_save_pairs(config, fixtures, log)?);
+    Ok(pairs)
 }
 
 /// Measure every planned cell of every fixture. Returns the cells and, when cold cells ran, how
