@@ -34,6 +34,7 @@ mod export;
 pub mod owner;
 pub mod queue;
 mod safe_open;
+mod save;
 mod share;
 mod stream;
 mod tensor;
@@ -154,5 +155,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tools::call_mappings_live, m)?)?;
     m.add("CALL_MAPPINGS_MAX", owner::CALL_MAPPINGS_MAX)?;
     m.add_function(wrap_pyfunction!(tools::backends, m)?)?;
+    save::register(m)?;
     Ok(())
 }
