@@ -367,12 +367,15 @@ fn python(config: &BenchConfig) -> Result<PathBuf> {
 fn python_pairs(config: &BenchConfig, main: &Fixture, log: &mut dyn FnMut(&str)) -> Result<Vec<Pair>> {
     let python = python(config)?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tensora-py/bench/bench_save.py");
-    let json = config.out_dir.join("save-scratch").join("python-save.json");
+    let scratch = config.out_dir.join("save-scratch");
+    let json = scratch.join("python-save.json");
     let status = Command::new(&python)
         .arg(&script)
         .arg(&main.open_path)
         .args(["--runs", &config.runs.to_string(), "--json"])
         .arg(&json)
+        .arg("--out")
+        .arg(&scratch)
         .stdin(Stdio::null())
         .status()
         .with_context(|| format!("run {}", script.display()))?;
