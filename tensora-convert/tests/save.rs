@@ -284,6 +284,11 @@ fn a_failing_or_cancelled_save_leaves_the_previous_file() {
     let old: Vec<Case> = vec![case(0, 2, 2, false)];
     save::save_safetensors(&path, &source(&old), &BTreeMap::new(), &SaveOptions::default()).unwrap();
     let before = std::fs::read(&path).unwrap();
+    // A replacement keeps the permissions of the file it replaces.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    save::save_safetensors(&path, &source(&old), &BTreeMap::new(), &SaveOptions::default()).unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     let cases: Vec<Case> = (0..4).map(|i| case(i, 64, 64, false)).collect();
     let failing = Failing { inner: source(&cases), ok_reads: 2, reads: AtomicUsize::new(0) };
     let opts = SaveOptions { piece_bytes: 4096, threads: 2, ..SaveOptions::default() };

@@ -69,10 +69,12 @@ impl Staging {
 /// The writer's shared state.
 struct Shared<'a> {
     job: &'a Job<'a>,
-    pieces: Vec<Piece>,
-    next: AtomicUsize,
+    /// Index of each file's first data piece in the one queue of pieces (files in order), and
+    /// the queue's length last: piece `k` is computed when taken, never stored.
+    first_piece: Vec<u64>,
+    next: AtomicU64,
     /// Data pieces not yet written, per file; the worker that takes it to zero finishes the file.
-    remaining: Vec<AtomicUsize>,
+    remaining: Vec<AtomicU64>,
     /// Each file's head (header and the data up to the first aligned boundary) and its length.
     heads: Vec<Mutex<(Staging, usize)>>,
     failed: AtomicBool,
@@ -89,18 +91,21 @@ struct Shared<'a> {
 
 /// Write every file of `job`, each synced; the caller commits them.
 pub(crate) fn run(job: &Job<'_>) -> Result<WriteStats, ConvertError> {
-    let mut pieces = Vec::new();
+    let mut first_piece = Vec::with_capacity(job.plans.len() + 1);
     let mut remaining = Vec::with_capacity(job.plans.len());
-    for (f, plan) in job.plans.iter().enumerate() {
-        let before = pieces.len();
-        pieces.extend(plan.data_pieces(f, job.piece_bytes));
-        remaining.push(AtomicUsize::new(pieces.len() - before));
+    let mut queued = 0u64;
+    for plan in job.plans {
+        let count = plan.data_piece_count(job.piece_bytes);
+        first_piece.push(queued);
+        queued += count;
+        remaining.push(AtomicU64::new(count));
     }
+    first_piece.push(queued);
     let total_bytes = job.plans.iter().map(FilePlan::tensor_bytes).sum();
     let mut shared = Shared {
         job,
-        pieces,
-        next: AtomicUsize::new(0),
+        first_piece,
+        next: AtomicU64::new(0),
         remaining,
         heads: Vec::new(),
         failed: AtomicBool::new(false),
@@ -143,12 +148,23 @@ impl Shared<'_> {
         let mut staging: Option<Staging> = None;
         while !self.failed.load(Ordering::Acquire) {
             let k = self.next.fetch_add(1, Ordering::Relaxed);
-            let Some(piece) = self.pieces.get(k).copied() else { break };
+            let Some(piece) = self.piece_at(k) else { break };
             if let Err(e) = self.piece(piece, &mut staging) {
                 self.fail(e);
                 break;
             }
         }
+    }
+
+    /// Piece `k` of the queue: data piece `k - first_piece[f]` of the file `f` it falls in.
+    fn piece_at(&self, k: u64) -> Option<Piece> {
+        let queued = *self.first_piece.last()?;
+        if k >= queued {
+            return None;
+        }
+        // The last file whose first piece is at or before k (files without pieces share indices).
+        let f = self.first_piece.partition_point(|&first| first <= k) - 1;
+        Some(self.job.plans[f].data_piece(f, k - self.first_piece[f], self.job.piece_bytes))
     }
 
     fn fail(&self, e: ConvertError) {

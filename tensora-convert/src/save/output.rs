@@ -109,6 +109,14 @@ impl Output {
             }
             Placement::Replace | Placement::NoReplace => create_beside(final_path)?,
         };
+        if placement == Placement::Replace
+            && let Ok(meta) = fs::metadata(final_path)
+            && meta.is_file()
+        {
+            // The new file keeps the permissions of the one it replaces, as a rewrite in place would.
+            file.set_permissions(meta.permissions())
+                .map_err(|e| write_err(final_path, "copying permissions", e))?;
+        }
         let mut out = Output {
             final_path: final_path.to_path_buf(),
             len_bytes,

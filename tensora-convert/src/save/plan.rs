@@ -154,15 +154,22 @@ impl FilePlan {
         (self.header.len() as u64).next_multiple_of(ALIGN_BYTES).min(self.len_bytes)
     }
 
-    /// The data pieces after the head, in file order, each at most `piece_bytes` (a multiple of
-    /// [`ALIGN_BYTES`]).
+    /// How many data pieces of at most `piece_bytes` (a multiple of [`ALIGN_BYTES`]) follow the
+    /// head.
+    pub(crate) fn data_piece_count(&self, piece_bytes: u64) -> u64 {
+        (self.len_bytes - self.head_end_bytes()).div_ceil(piece_bytes)
+    }
+
+    /// Data piece `k` of this file (`file` is its index among the outputs).
+    pub(crate) fn data_piece(&self, file: usize, k: u64, piece_bytes: u64) -> Piece {
+        let start_bytes = self.head_end_bytes() + k * piece_bytes;
+        Piece { file, start_bytes, end_bytes: (start_bytes + piece_bytes).min(self.len_bytes) }
+    }
+
+    /// The data pieces after the head, in file order.
+    #[cfg(test)]
     pub(crate) fn data_pieces(&self, file: usize, piece_bytes: u64) -> impl Iterator<Item = Piece> + '_ {
-        let start = self.head_end_bytes();
-        let count = (self.len_bytes - start).div_ceil(piece_bytes);
-        (0..count).map(move |k| {
-            let start_bytes = start + k * piece_bytes;
-            Piece { file, start_bytes, end_bytes: (start_bytes + piece_bytes).min(self.len_bytes) }
-        })
+        (0..self.data_piece_count(piece_bytes)).map(move |k| self.data_piece(file, k, piece_bytes))
     }
 
     /// The regions overlapping `start .. end`, in order.
