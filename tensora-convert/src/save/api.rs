@@ -56,8 +56,14 @@ impl Pending {
     }
 }
 
-/// The piece size and thread count of `opts` for `mode`, within [`STAGING_BYTES_MAX`].
-fn sizing(opts: &SaveOptions, mode: WriteMode, cpus: usize) -> Result<(u64, usize), ConvertError> {
+/// The piece size and thread count of `opts` for `mode`: within [`STAGING_BYTES_MAX`] and no
+/// larger than the largest file's data (a small save allocates small buffers).
+fn sizing(
+    opts: &SaveOptions,
+    mode: WriteMode,
+    cpus: usize,
+    plans: &[FilePlan],
+) -> Result<(u64, usize), ConvertError> {
     let asked = if opts.piece_bytes == 0 { PIECE_BYTES_DEFAULT } else { opts.piece_bytes };
     if !asked.is_multiple_of(ALIGN_BYTES) || asked > PIECE_BYTES_MAX {
         return Err(ConvertError::Config {
@@ -66,7 +72,8 @@ fn sizing(opts: &SaveOptions, mode: WriteMode, cpus: usize) -> Result<(u64, usiz
     }
     let threads = mode::threads(mode, cpus, opts.threads);
     let fit = (STAGING_BYTES_MAX / threads as u64) / ALIGN_BYTES * ALIGN_BYTES;
-    Ok((asked.min(fit).max(ALIGN_BYTES), threads))
+    let data_max = plans.iter().map(|p| p.len_bytes - p.head_end_bytes()).max().unwrap_or(0);
+    Ok((asked.min(fit).min(data_max.next_multiple_of(ALIGN_BYTES)).max(ALIGN_BYTES), threads))
 }
 
 /// Write `plans` from `source`: choose the mode, create the outputs, run the writer, sync every
@@ -97,7 +104,7 @@ pub(crate) fn write_files(
         }
         outputs.push(out);
     }
-    let (piece_bytes, threads) = sizing(opts, mode, facts.cpus)?;
+    let (piece_bytes, threads) = sizing(opts, mode, facts.cpus, plans)?;
     let digests = opts
         .manifest
         .map(|algo| PieceDigests::new(algo, source.tensors().iter().map(|t| (t.name.clone(), t.nbytes()))));
