@@ -5,10 +5,10 @@
 //! (`tensora-py/bench/bench_save.py`: `tensora.save_file` against HF's `save_file` on the same
 //! tensors), when a Python with `tensora`, `safetensors` and `torch` is found.
 //!
-//! Every run writes a new file (the previous one is removed, untimed), times it to durability
-//! (`fsync`; the save also names the file and syncs the directory), and the order of the three
-//! runs of a pair rotates. The sources are warm: the model is in memory for the save, and the
-//! files a conversion reads are read through the page cache before it.
+//! Every run writes a new file (the previous one is removed and the removal synced, untimed),
+//! times it to durability (`fsync`; the save also names the file and syncs the directory), and
+//! the order of the three runs of a pair rotates. The sources are warm: the model is in memory
+//! for the save, and the files a conversion reads are read through the page cache before it.
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -38,8 +38,9 @@ pub const CONVERT_GOAL: f64 = 0.8;
 pub const PYTHON_GOAL: f64 = 3.0;
 /// Bytes of one roofline write.
 pub const ROOFLINE_BLOCK_BYTES: usize = 8 << 20;
-/// Writes in flight for the `O_DIRECT` roofline (threads of `pwrite`).
-pub const ROOFLINE_DIRECT_THREADS: usize = 4;
+/// Writes in flight for the `O_DIRECT` roofline (threads of `pwrite`; as many as a direct save
+/// keeps, each twice the size).
+pub const ROOFLINE_DIRECT_THREADS: usize = 8;
 /// `O_DIRECT` alignment of the roofline's buffers, offsets and lengths.
 const ALIGN_BYTES: usize = 4096;
 /// The anchor of every save pair.
@@ -52,7 +53,7 @@ pub enum WriteProbe {
     /// (`fio --rw=write --bs=8M --end_fsync=1`).
     Buffered,
     /// [`ROOFLINE_DIRECT_THREADS`] threads of `O_DIRECT` `pwrite`s of consecutive blocks
-    /// (`fio --direct=1 --iodepth=4`).
+    /// (`fio --direct=1 --iodepth=8`).
     Direct,
 }
 
@@ -166,6 +167,13 @@ fn reserve(file: &File, len_bytes: u64) -> std::io::Result<()> {
     }
 }
 
+/// Make the removal of the previous run's output durable before the next run starts (untimed):
+/// on a filesystem mounted with `discard`, freeing gigabytes issues discards at the next journal
+/// commit, which the next timed run's `fsync` would otherwise wait for.
+fn settle(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("fsync {}", dir.display()))
+}
+
 /// Runs pairs of one subject against the two roofline probes.
 struct PairRunner<'a> {
     scratch: &'a Path,
@@ -194,10 +202,12 @@ impl PairRunner<'_> {
                             Err(e) => return Err(e),
                         };
                         let _ = fs::remove_file(&probe_path);
+                        settle(self.scratch)?;
                         gbps(len_bytes, seconds)
                     }
                     _ => {
                         let (seconds, bytes) = subject()?;
+                        settle(self.scratch)?;
                         len_bytes = bytes;
                         gbps(bytes, seconds)
                     }

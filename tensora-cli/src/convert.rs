@@ -50,7 +50,7 @@ pub struct Args {
     /// Write through the page cache. Default: chosen from the destination's filesystem and size.
     #[arg(long)]
     pub buffered: bool,
-    /// Writer threads (default: 4 for direct writes, the CPU count for buffered ones).
+    /// Writer threads (default: 8 for direct writes, the CPU count for buffered ones).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Also write the destination's manifest (digests computed while writing, file sizes,

@@ -22,6 +22,10 @@
 //! `stat` on the path, before the output is committed; a source rewritten or replaced during the
 //! conversion fails it with [`ConvertError::SourceChanged`] and leaves no destination.
 
+// `unsafe` only for the syscalls std has no safe form of, on the outputs: `renameat2`
+// (`tempdir::rename_noreplace`), `linkat` (`save::output::link_fd`), `fallocate`
+// (`Output::preallocate`).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod save;

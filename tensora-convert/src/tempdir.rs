@@ -90,6 +90,7 @@ impl Drop for TempDir {
 }
 
 /// `rename(2)` that fails with `AlreadyExists` instead of replacing an existing (empty) directory.
+#[allow(unsafe_code)]
 pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let c = |p: &Path| {
         CString::new(p.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))

@@ -6,7 +6,7 @@ them, so both frameworks save the very same memory). Every run writes a new file
 durability: HF's ``save_file`` is followed by an ``fsync`` of the file and of its directory (what
 ``tensora.save_file`` does inside, before and after naming the file), so both sides stop the clock
 when the bytes are on the disk. HF without the ``fsync`` (the bytes only in the page cache) is
-reported beside them. The file is removed after each run, untimed.
+reported beside them. The file is removed after each run and the removal synced, untimed.
 
     python tensora-py/bench/bench_save.py target/tensora-bench/fixtures/full/tinyllama --runs 5 \\
         --json target/tensora-bench/python/save.json
@@ -55,6 +55,8 @@ def timed(fn, tensors, path):
     seconds = time.perf_counter() - t
     size = os.path.getsize(path)
     os.remove(path)
+    # Untimed: make the removal durable, so the next run's fsync does not wait for its discards.
+    fsync_path(os.path.dirname(path) or ".")
     return size / seconds / 1e9
 
 

@@ -20,8 +20,9 @@ use tensora_io::auto::probe::{self, Filesystem};
 
 /// Below this many bytes a save writes through the page cache.
 pub const DIRECT_MIN_BYTES: u64 = 64 << 20;
-/// Writer threads of a direct save (each keeps one piece in flight: the device's queue depth).
-pub const DIRECT_THREADS_DEFAULT: usize = 4;
+/// Writer threads of a direct save (each keeps one piece in flight: the device's queue depth;
+/// with [`super::STAGING_BYTES_MAX`] they write 4 MiB pieces).
+pub const DIRECT_THREADS_DEFAULT: usize = 8;
 /// Most writer threads a save starts.
 pub const THREADS_MAX: usize = 16;
 

@@ -157,6 +157,7 @@ impl Output {
         }
     }
 
+    #[allow(unsafe_code)]
     fn preallocate(&self) -> Result<(), ConvertError> {
         let len = libc::off_t::try_from(self.len_bytes).map_err(|_| ConvertError::Config {
             reason: format!("{} bytes is past the largest file offset", self.len_bytes),
@@ -256,6 +257,7 @@ fn fd_path(file: &File) -> PathBuf {
 }
 
 /// Give the unnamed file `file` the name `dst` (fails with `AlreadyExists` if taken).
+#[allow(unsafe_code)]
 fn link_fd(file: &File, dst: &Path) -> io::Result<()> {
     let c = |p: &Path| {
         CString::new(p.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
