@@ -181,12 +181,13 @@ pub fn run(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<Report> {
     let load_start = crate::report::load_average();
     let mut runner = Runner::new(config, &python, &prepared.fixtures, Pairs::Measure, log)?;
     let cells = runner.measure_cells(&prepared.fixtures)?;
-    let pairs = match prepared.fixtures.iter().find(|f| f.name == fixtures::TINYLLAMA) {
+    let mut pairs = match prepared.fixtures.iter().find(|f| f.name == fixtures::TINYLLAMA) {
         Some(main) => crate::paired::measure_pairs(&mut runner, main)?,
         None => Vec::new(),
     };
     let cache_drop = runner.drop_method();
     runner.steps.close();
+    pairs.extend(crate::save::measure_save_pairs(config, &prepared.fixtures, log)?);
     let mut report = build_report(config, machine, prepared, cells, cache_drop);
     report.pairs = pairs;
     report.run.seconds = started.elapsed().as_secs_f64();
@@ -204,8 +205,9 @@ pub fn measure_acceptance_pairs(
     let Some(main) = fixtures.iter().find(|f| f.name == fixtures::TINYLLAMA) else { return Ok(Vec::new()) };
     let python = PythonEnv::not_prepared(&config.out_dir, "not needed by the paired runs");
     let mut runner = Runner::new(config, &python, std::slice::from_ref(main), Pairs::Only, log)?;
-    let pairs = crate::paired::measure_pairs(&mut runner, main)?;
+    let mut pairs = crate::paired::measure_pairs(&mut runner, main)?;
     runner.steps.close();
+    pairs.extend(crate::save::measure_save_pairs(config, fixtures, log)?);
     Ok(pairs)
 }
 

@@ -32,7 +32,8 @@
 //! assert!(gbps.min <= gbps.median && gbps.median <= gbps.max);
 //! # Ok::<(), anyhow::Error>(())
 //! ```
-// `unsafe` only where the bench maps its own fixtures (`loaders::fixtures_unchanged`).
+// `unsafe` only where the bench maps its own fixtures (`loaders::fixtures_unchanged`) and
+// reserves the write roofline's file (`save::reserve`).
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -53,6 +54,7 @@ pub mod python;
 pub mod report;
 pub mod rng;
 pub mod roofline;
+pub mod save;
 pub mod stats;
 pub mod versus;
 pub mod writer;

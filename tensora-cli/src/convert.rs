@@ -1,10 +1,14 @@
 //! `tensora convert SRC DST --to serverlessllm|safetensors`: stream a checkpoint into another
-//! layout through a bounded buffer, atomically (a failed conversion leaves no DST).
+//! layout through `tensora_convert`'s save writer, atomically (a failed conversion leaves no
+//! DST), optionally writing the destination's manifest from digests computed while writing.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
+use tensora_convert::save::WriteChoice;
 use tensora_convert::{COPY_BUFFER_BYTES_DEFAULT, ConvertConfig, ConvertReport, TargetFormat};
+use tensora_verify::Algo;
 
 use crate::progress::{Progress, Show};
 use crate::units::parse_bytes;
@@ -36,12 +40,33 @@ pub struct Args {
     /// model.safetensors.index.json.
     #[arg(long, value_parser = parse_bytes)]
     pub shard_bytes: Option<u64>,
-    /// Copy buffer size in bytes (units as above; at most 256 MiB). Default 64 MiB.
+    /// Largest storage of a non-contiguous tensor gathered into row-major order (units as above;
+    /// at most 256 MiB). Default 64 MiB.
     #[arg(long, value_parser = parse_bytes)]
     pub buffer_bytes: Option<u64>,
-    /// Print the conversion report as JSON on stdout.
+    /// Write with O_DIRECT (buffered where the filesystem refuses it; the report says why).
+    #[arg(long, conflicts_with = "buffered")]
+    pub direct: bool,
+    /// Write through the page cache. Default: chosen from the destination's filesystem and size.
+    #[arg(long)]
+    pub buffered: bool,
+    /// Writer threads (default: 8 for direct writes, the CPU count for buffered ones).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Also write the destination's manifest (digests computed while writing, file sizes,
+    /// format) to FILE, atomically: what `tensora verify DST --manifest FILE` checks.
+    #[arg(long, value_name = "FILE")]
+    pub write_manifest: Option<PathBuf>,
+    /// Digest algorithm of --write-manifest: crc32c (default), xxh3 or sha256.
+    #[arg(long, default_value = "crc32c", value_parser = parse_algo, requires = "write_manifest")]
+    pub algo: Algo,
+    /// Print the conversion report as JSON on stdout (seconds, gbps, the write mode and why).
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_algo(s: &str) -> Result<Algo, String> {
+    s.parse::<Algo>().map_err(|e| e.to_string())
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -60,6 +85,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         },
         shard_bytes_max: args.shard_bytes,
         buffer_bytes: COPY_BUFFER_BYTES_DEFAULT,
+        mode: match (args.direct, args.buffered) {
+            (true, _) => WriteChoice::Direct,
+            (_, true) => WriteChoice::Buffered,
+            _ => WriteChoice::Auto,
+        },
+        threads: args.threads.unwrap_or(0),
+        manifest: args.write_manifest.as_ref().map(|_| args.algo),
         ..ConvertConfig::default()
     };
     if let Some(p) = args.partition_bytes {
@@ -73,18 +105,34 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let result = tensora_convert::convert(&src, &args.dst, &cfg);
     progress.finish();
     let report = result?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_summary(&report);
+    // The manifest first: it is a durable result, and must not depend on stdout's reader.
+    if let (Some(path), Some(manifest)) = (&args.write_manifest, &report.manifest) {
+        manifest.write_atomic(path).with_context(|| format!("writing manifest {}", path.display()))?;
     }
+    crate::output::written(print(&args, &report))?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_summary(r: &ConvertReport) {
-    println!(
+fn print(args: &Args, report: &ConvertReport) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let mut doc = serde_json::to_value(report)?;
+        if let Some(path) = &args.write_manifest {
+            doc["manifest"] = serde_json::Value::from(path.display().to_string());
+        }
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "{}", summary(report))?;
+    }
+    out.flush()
+}
+
+fn summary(r: &ConvertReport) -> String {
+    format!(
         "converted {} tensors ({} tied) from {} to {}: {} bytes copied, {} files, {} bytes written, \
-         {:.3} s ({:.2} GB/s), peak RSS {} MiB -> {}",
+         {:.3} s ({:.2} GB/s, {} writes, {} threads), peak RSS {} MiB -> {}",
         r.tensors,
         r.tied_tensors,
         r.from,
@@ -94,7 +142,9 @@ fn print_summary(r: &ConvertReport) {
         r.bytes_written,
         r.seconds,
         r.gbps,
+        r.mode,
+        r.threads,
         r.peak_rss_bytes >> 20,
         r.destination.display()
-    );
+    )
 }

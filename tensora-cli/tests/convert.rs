@@ -178,3 +178,33 @@ fn bad_arguments_are_errors() {
     assert_failed(&convert(&work.path().join("missing"), &dst, &["--to", "serverlessllm"]));
     assert!(entries(work.path()).is_empty());
 }
+
+#[test]
+fn json_reports_the_write_mode_and_why_and_the_manifest_written_verifies() {
+    let work = tempfile::tempdir().unwrap();
+    let tiny = PathBuf::from(format!("{SHARED}/serverlessllm/tiny"));
+    for (flag, dst, algo) in [("--direct", "st", "xxh3"), ("--buffered", "one.safetensors", "sha256")] {
+        let dst = work.path().join(dst);
+        let manifest = work.path().join(format!("{algo}.json"));
+        let args =
+            ["--to", "safetensors", "--json", flag, "--threads", "3", "--algo", algo, "--write-manifest"];
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tensora"));
+        cmd.arg("convert").arg(&tiny).arg(&dst).args(args).arg(&manifest);
+        let report: Value = serde_json::from_str(&ok(&cmd.output().unwrap())).unwrap();
+        assert!(report["seconds"].as_f64().unwrap() > 0.0 && report["gbps"].as_f64().is_some(), "{report}");
+        let (mode, reason) = (report["mode"].as_str().unwrap(), report["reason"].as_str().unwrap());
+        match flag {
+            "--buffered" => {
+                assert!(mode == "buffered" && reason.starts_with("buffered: asked for"), "{reason}")
+            }
+            _ => assert!(mode == "direct" || reason.contains("O_DIRECT open refused"), "{mode}: {reason}"),
+        }
+        assert_eq!((report["threads"].as_u64(), report["digest_algo"].as_str()), (Some(3), Some(algo)));
+        assert_eq!(report["manifest"].as_str(), Some(manifest.to_str().unwrap()));
+        let verified = tensora(&["verify", "--manifest", manifest.to_str().unwrap()], &[&dst]);
+        assert!(ok(&verified).starts_with("OK"), "{}", String::from_utf8_lossy(&verified.stdout));
+    }
+    // --algo needs --write-manifest.
+    let out = convert(&tiny, &work.path().join("x"), &["--to", "safetensors", "--algo", "sha256"]);
+    assert_failed(&out);
+}

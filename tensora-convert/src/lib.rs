@@ -1,26 +1,35 @@
-//! Streaming conversion between checkpoint layouts, with bounded memory.
+//! Conversion between checkpoint layouts, and saving tensors, through one writer.
+//!
+//! [`save`] writes safetensors (one file, or HF-style shards and their index) from tensors in
+//! memory or read on demand, at the speed of the disk: parallel positional writes of large aligned
+//! pieces, `O_DIRECT` where the facts say it helps, the header last, then `fsync`, the final name
+//! and a directory `fsync`; digests for a manifest are computed on the bytes as they are written.
 //!
 //! [`convert`] copies every tensor of a parsed [`Checkpoint`] into a new checkpoint in the
-//! ServerlessLLM layout or as (optionally sharded) safetensors. Data flows through one copy buffer
-//! of at most [`ConvertConfig::buffer_bytes`] (64 MiB by default, capped at
-//! [`COPY_BUFFER_BYTES_MAX`]) using positional reads, so memory stays bounded whatever the model's
-//! size. The output is built in a temporary directory beside the destination, fsynced, and renamed
-//! into place with `RENAME_NOREPLACE`: a failed or interrupted conversion leaves no destination.
+//! ServerlessLLM layout or as (optionally sharded) safetensors through the same writer, reading
+//! the source with positional reads into the writer's staging buffers
+//! ([`sources::CheckpointSource`]), so memory stays bounded whatever the model's size. The output
+//! is built beside the destination (an unnamed file linked in, or a temporary directory renamed
+//! with `RENAME_NOREPLACE`): a failed or interrupted conversion leaves no destination.
 //!
 //! Dtypes are kept as they are (no casts). Tied tensors (several names on one storage, which only
 //! ServerlessLLM can express) are stored once when writing ServerlessLLM and written out per name
 //! for safetensors. Non-contiguous ServerlessLLM tensors are gathered into row-major order for
-//! safetensors (their storage must fit in the copy buffer).
+//! safetensors (their storage must fit [`ConvertConfig::buffer_bytes`]).
 //!
 //! Sources are checked like the load path checks them: each file's full parse-time stamp (size,
 //! mtime, inode) is compared at open, and again after the copy with `fstat` on the descriptor and
 //! `stat` on the path, before the output is committed; a source rewritten or replaced during the
 //! conversion fails it with [`ConvertError::SourceChanged`] and leaves no destination.
 
+// `unsafe` only for the syscalls std has no safe form of, on the outputs: `renameat2`
+// (`tempdir::rename_noreplace`), `linkat` (`save::output::link_fd`), `fallocate`
+// (`Output::preallocate`).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-mod copy;
-mod sources;
+pub mod save;
+pub mod sources;
 mod tempdir;
 #[cfg(test)]
 mod tests;
@@ -35,14 +44,15 @@ use std::time::Instant;
 
 use tensora_format::Checkpoint;
 
-use copy::{Copier, safetensors_copy_len_bytes};
-use sources::{check_sources, open_sources};
+use save::plan::FilePlan;
+use save::{SaveOptions, WriteChoice};
+use sources::CheckpointSource;
 use tempdir::TempDir;
-use write::{dir_len_bytes, safetensors_layout, write_sllm, write_st_dir};
+use write::{safetensors_layout, sllm_plans, st_plans, write_small};
 
-/// Default size of the copy buffer (64 MiB).
+/// Default bound on the storage of a non-contiguous tensor read to be gathered (64 MiB).
 pub const COPY_BUFFER_BYTES_DEFAULT: usize = 64 << 20;
-/// Largest copy buffer accepted (256 MiB), so a conversion stays well under 512 MiB of RSS.
+/// Largest gather bound accepted (256 MiB), so a conversion stays well under 512 MiB of RSS.
 pub const COPY_BUFFER_BYTES_MAX: usize = 256 << 20;
 /// File name of a single-file safetensors output inside the destination directory.
 pub const SAFETENSORS_FILE_NAME: &str = "model.safetensors";
@@ -79,9 +89,17 @@ pub struct ConvertConfig {
     pub partition_bytes_max: u64,
     /// Safetensors shard cap; `None` writes one file.
     pub shard_bytes_max: Option<u64>,
-    /// Size of the one copy buffer, `1..=COPY_BUFFER_BYTES_MAX`.
+    /// Largest storage of a non-contiguous tensor, read whole to be gathered into row-major
+    /// order, `1..=COPY_BUFFER_BYTES_MAX` (the writer's own staging is bounded by
+    /// [`save::STAGING_BYTES_MAX`]).
     pub buffer_bytes: usize,
-    /// Called after every chunk copied.
+    /// Buffered, direct or chosen from the facts ([`save::mode`]).
+    pub mode: WriteChoice,
+    /// Writer threads; 0 chooses.
+    pub threads: usize,
+    /// Digest every tensor as it is written: [`ConvertReport::manifest`].
+    pub manifest: Option<tensora_verify::Algo>,
+    /// Called after every piece written.
     pub progress: Option<ConvertProgress>,
 }
 
@@ -92,6 +110,9 @@ impl Default for ConvertConfig {
             partition_bytes_max: tensora_format::sllm::PARTITION_BYTES_MAX_DEFAULT,
             shard_bytes_max: None,
             buffer_bytes: COPY_BUFFER_BYTES_DEFAULT,
+            mode: WriteChoice::Auto,
+            threads: 0,
+            manifest: None,
             progress: None,
         }
     }
@@ -104,6 +125,9 @@ impl fmt::Debug for ConvertConfig {
             .field("partition_bytes_max", &self.partition_bytes_max)
             .field("shard_bytes_max", &self.shard_bytes_max)
             .field("buffer_bytes", &self.buffer_bytes)
+            .field("mode", &self.mode)
+            .field("threads", &self.threads)
+            .field("manifest", &self.manifest)
             .field("progress", &self.progress.as_ref().map(|_| "<callback>"))
             .finish()
     }
@@ -130,14 +154,31 @@ pub struct ConvertReport {
     pub bytes_copied: u64,
     /// Total size of everything in the destination.
     pub bytes_written: u64,
-    /// The copy buffer used.
+    /// The gather bound ([`ConvertConfig::buffer_bytes`]).
     pub buffer_bytes: u64,
+    /// `"direct"` or `"buffered"`.
+    pub mode: &'static str,
+    /// Why that mode, in one line ([`save::mode::choose`]).
+    pub reason: String,
+    /// Writer threads.
+    pub threads: usize,
+    /// Bytes per piece.
+    pub piece_bytes: u64,
+    /// Staging memory the writers allocated.
+    pub staging_bytes: u64,
     /// Wall-clock seconds of the whole conversion.
     pub seconds: f64,
     /// `bytes_copied / seconds`, in GB/s (10^9 bytes).
     pub gbps: f64,
+    /// Seconds until every file was written and synced.
+    pub write_seconds: f64,
+    /// The digest algorithm of [`ConvertReport::manifest`], when asked for.
+    pub digest_algo: Option<&'static str>,
     /// Peak resident set of the process so far (`VmHWM`), 0 if unknown.
     pub peak_rss_bytes: u64,
+    /// The destination's manifest, digests computed while writing (when asked for).
+    #[serde(skip)]
+    pub manifest: Option<tensora_verify::Manifest>,
 }
 
 /// Why a conversion failed. The destination does not exist after any of these.
@@ -201,10 +242,42 @@ pub enum ConvertError {
     /// The source checkpoint or the written layout is invalid.
     #[error(transparent)]
     Format(#[from] tensora_format::Error),
+    /// The disk (or the quota) is full. Nothing is left behind: the temporary file or directory
+    /// went with the error.
+    #[error("{}: {op}: {source}", path.display())]
+    NoSpace {
+        /// The file or directory being written.
+        path: PathBuf,
+        /// The operation that found no space.
+        op: &'static str,
+        /// `ENOSPC` or `EDQUOT`.
+        #[source]
+        source: io::Error,
+    },
+    /// A tensor handed to a save is inconsistent (storage shorter than its data, elements outside
+    /// it, a size that overflows).
+    #[error("tensor {tensor:?}: {reason}")]
+    InvalidTensor {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The save was cancelled through its cancel flag.
+    #[error("cancelled")]
+    Cancelled,
+    /// The digests computed while writing could not be completed (a manifest was asked for).
+    #[error("digest of the written tensors: {reason}")]
+    Digest {
+        /// Why.
+        reason: String,
+    },
 }
 
+/// An I/O error on the output or a source as a [`ConvertError`]: `ENOSPC` and `EDQUOT` are
+/// [`ConvertError::NoSpace`].
 fn io_err<'p>(path: &'p Path, op: &'static str) -> impl FnOnce(io::Error) -> ConvertError + 'p {
-    move |source| ConvertError::Io { path: path.to_path_buf(), op, source }
+    move |source| save::output::write_err(path, op, source)
 }
 
 /// Convert `src` into a new checkpoint at `dst` (a directory, or a `.safetensors` file when
@@ -227,34 +300,50 @@ pub fn convert(src: &Checkpoint, dst: &Path, cfg: &ConvertConfig) -> Result<Conv
     if fs::symlink_metadata(dst).is_ok() {
         return Err(ConvertError::DestinationExists { path: dst.to_path_buf() });
     }
-    let sources = open_sources(src.files())?;
+    let source = CheckpointSource::open(src)?;
+    let opts = SaveOptions {
+        mode: cfg.mode,
+        threads: cfg.threads,
+        manifest: cfg.manifest,
+        progress: cfg.progress.clone(),
+        gather_bytes_max: cfg.buffer_bytes as u64,
+        ..SaveOptions::default()
+    };
     let single_file = cfg.to == TargetFormat::Safetensors
         && cfg.shard_bytes_max.is_none()
         && dst.extension().is_some_and(|e| e == "safetensors");
-
-    let mut copier = Copier::new(src, &sources, cfg);
-    let (tied_tensors, files_written, bytes_written) = if single_file {
-        let layout = safetensors_layout(src)?;
-        copier.set_total(layout.specs().iter().map(|s| s.nbytes().unwrap_or(0)).sum());
-        copier.prepare_buffer(src.tensors().iter().map(safetensors_copy_len_bytes));
-        // The writer commits `dst` when the last tensor is written: check the sources before that.
-        copier.check_sources_after = src.tensors().len();
-        let result = tensora_format::write::write_safetensors(dst, &layout, |i, out| copier.dense(i, out));
-        copier.finish(result)?;
-        (0, 1, layout.file_len_bytes())
+    let (pending, plans, tied_tensors, extra_bytes) = if single_file {
+        let identity: Vec<usize> = (0..src.tensors().len()).collect();
+        let plans = vec![FilePlan::safetensors(dst.to_path_buf(), &safetensors_layout(src)?, &identity)];
+        let mut pending = save::api::write_files(&source, &plans, save::output::Placement::NoReplace, &opts)?;
+        source.check_unchanged()?;
+        pending.commit()?;
+        (pending, plans, 0, 0)
     } else {
         let temp = TempDir::create_beside(dst)?;
-        let (tied, files) = match cfg.to {
-            TargetFormat::ServerlessLlm => write_sllm(src, temp.path(), cfg, &mut copier)?,
-            TargetFormat::Safetensors => write_st_dir(src, temp.path(), cfg, &mut copier)?,
+        let dir = match cfg.to {
+            TargetFormat::ServerlessLlm => sllm_plans(src, temp.path(), cfg)?,
+            TargetFormat::Safetensors => st_plans(src, temp.path(), cfg)?,
         };
-        check_sources(src.files(), &sources)?;
-        let bytes = dir_len_bytes(temp.path())?;
+        let mut pending =
+            save::api::write_files(&source, &dir.plans, save::output::Placement::InTempDir, &opts)?;
+        for (name, bytes) in &dir.extra_files {
+            write_small(temp.path(), name, bytes)?;
+        }
+        source.check_unchanged()?;
+        pending.commit()?;
         temp.commit(dst)?;
-        (tied, files, bytes)
+        let extra: u64 = dir.extra_files.iter().map(|(_, b)| b.len() as u64).sum();
+        (pending, dir.plans, dir.tied_tensors, extra)
+    };
+    let manifest = match &pending.digests {
+        Some((algo, digests)) => {
+            Some(save::api::manifest_for(&tensora_format::open(dst)?, &source, *algo, digests)?)
+        }
+        None => None,
     };
     let seconds = started.elapsed().as_secs_f64();
-    let bytes_copied = copier.done_bytes;
+    let bytes_copied: u64 = plans.iter().map(FilePlan::tensor_bytes).sum();
     Ok(ConvertReport {
         source: src.root().to_path_buf(),
         destination: dst.to_path_buf(),
@@ -262,13 +351,21 @@ pub fn convert(src: &Checkpoint, dst: &Path, cfg: &ConvertConfig) -> Result<Conv
         to: cfg.to.as_str(),
         tensors: src.tensors().len(),
         tied_tensors,
-        files_written,
+        files_written: plans.len() + usize::from(extra_bytes > 0),
         bytes_copied,
-        bytes_written,
-        buffer_bytes: copier.buf.len() as u64,
+        bytes_written: pending.bytes_written + extra_bytes,
+        buffer_bytes: cfg.buffer_bytes as u64,
+        mode: pending.mode.as_str(),
+        reason: pending.reason.clone(),
+        threads: pending.threads,
+        piece_bytes: pending.piece_bytes,
+        staging_bytes: pending.stats.staging_bytes,
         seconds,
         gbps: if seconds > 0.0 { bytes_copied as f64 / seconds / 1e9 } else { 0.0 },
+        write_seconds: pending.write_seconds,
+        digest_algo: pending.digests.as_ref().map(|(a, _)| a.as_str()),
         peak_rss_bytes: tensora_io::report::peak_rss_bytes(),
+        manifest,
     })
 }
 

@@ -1,10 +1,12 @@
-//! The source files of a conversion: opened once, and checked against their parse-time stamps
-//! at open and again after the copy.
+//! The source files of a conversion: opened once, checked against their parse-time stamps at
+//! open and again after the copy, and read on demand by the writer ([`CheckpointSource`]).
 
 use std::fs::{self, File};
+use std::os::unix::fs::FileExt;
 
-use tensora_format::FileEntry;
+use tensora_format::{Checkpoint, FileEntry};
 
+use crate::save::{SaveSource, SourceTensor};
 use crate::{ConvertError, io_err};
 
 /// Open every source file and check it still looks as it did when parsed.
@@ -37,4 +39,75 @@ pub(crate) fn check_sources(files: &[FileEntry], sources: &[File]) -> Result<(),
 fn compare_source_stamp(f: &FileEntry, meta: &fs::Metadata) -> Result<(), ConvertError> {
     f.check_unchanged(meta)
         .map_err(|change| ConvertError::SourceChanged { path: f.path().to_path_buf(), change })
+}
+
+/// A parsed checkpoint as a [`SaveSource`]: each tensor's storage is read from its file with
+/// positional reads when the writer asks for it, so a save or conversion from it holds only the
+/// writer's staging buffers. Files are opened (and checked against their parse-time stamps) once.
+///
+/// ```
+/// use tensora_convert::save::{SaveOptions, save_safetensors};
+/// use tensora_convert::sources::CheckpointSource;
+///
+/// let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+/// let ckpt = tensora_format::open(tiny)?;
+/// let source = CheckpointSource::open(&ckpt)?;
+/// let dir = tempfile::tempdir()?;
+/// let out = dir.path().join("tiny.safetensors");
+/// save_safetensors(&out, &source, ckpt.metadata(), &SaveOptions::default())?;
+/// source.check_unchanged()?; // the sources did not change while they were read
+/// assert_eq!(tensora_format::open(&out)?.tensors().len(), ckpt.tensors().len());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct CheckpointSource<'a> {
+    ckpt: &'a Checkpoint,
+    files: Vec<File>,
+    tensors: Vec<SourceTensor>,
+}
+
+impl<'a> CheckpointSource<'a> {
+    /// Open `ckpt`'s files, refusing any that changed since it was parsed.
+    pub fn open(ckpt: &'a Checkpoint) -> Result<CheckpointSource<'a>, ConvertError> {
+        let files = open_sources(ckpt.files())?;
+        let tensors = ckpt.tensors().iter().map(SourceTensor::from_info).collect();
+        Ok(CheckpointSource { ckpt, files, tensors })
+    }
+
+    /// Check every file against its parse-time stamp, through its descriptor and its path: a
+    /// source rewritten or replaced while it was read is [`ConvertError::SourceChanged`].
+    pub fn check_unchanged(&self) -> Result<(), ConvertError> {
+        check_sources(self.ckpt.files(), &self.files)
+    }
+
+    /// The checkpoint read.
+    pub fn checkpoint(&self) -> &'a Checkpoint {
+        self.ckpt
+    }
+}
+
+impl SaveSource for CheckpointSource<'_> {
+    fn tensors(&self) -> &[SourceTensor] {
+        &self.tensors
+    }
+
+    fn storage(&self, _i: usize) -> Option<&[u8]> {
+        None
+    }
+
+    fn read_storage(&self, i: usize, offset_bytes: u64, dst: &mut [u8]) -> Result<(), ConvertError> {
+        let t = &self.ckpt.tensors()[i];
+        let end = offset_bytes.checked_add(dst.len() as u64).filter(|&e| e <= t.len_bytes());
+        if end.is_none() {
+            return Err(crate::save::source::out_of_range(&self.tensors, i, offset_bytes, dst.len()));
+        }
+        let at = t.offset_bytes() + offset_bytes;
+        self.files[t.file().index()].read_exact_at(dst, at).map_err(|source| ConvertError::Read {
+            path: self.ckpt.file(t.file()).path().to_path_buf(),
+            offset_bytes: at,
+            len_bytes: dst.len() as u64,
+            tensor: t.name().to_owned(),
+            source,
+        })
+    }
 }

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{ConvertError, io_err};
 
-/// How many temporary directory names are tried before giving up.
-const TEMP_NAME_ATTEMPTS_MAX: u32 = 64;
+/// How many temporary names are tried before giving up.
+pub(crate) const TEMP_NAME_ATTEMPTS_MAX: u32 = 64;
 
 pub(crate) static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -29,26 +29,33 @@ pub(crate) fn parent_of(path: &Path) -> &Path {
     }
 }
 
+/// A fresh temporary name beside `dst`: `.NAME.tmp-PID-N` (hidden, and naming the process that
+/// made it).
+pub(crate) fn temp_name(dst: &Path) -> Result<PathBuf, ConvertError> {
+    let name = dst.file_name().ok_or_else(|| ConvertError::Config {
+        reason: format!("destination {} has no file name", dst.display()),
+    })?;
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut temp_name = OsString::from(".");
+    temp_name.push(name);
+    temp_name.push(format!(".tmp-{}-{n}", std::process::id()));
+    Ok(parent_of(dst).join(temp_name))
+}
+
 impl TempDir {
     pub(crate) fn create_beside(dst: &Path) -> Result<TempDir, ConvertError> {
-        let name = dst.file_name().ok_or_else(|| ConvertError::Config {
-            reason: format!("destination {} has no file name", dst.display()),
-        })?;
-        let parent = parent_of(dst);
         for _ in 0..TEMP_NAME_ATTEMPTS_MAX {
-            let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-            let mut temp_name = OsString::from(".");
-            temp_name.push(name);
-            temp_name.push(format!(".tmp-{}-{n}", std::process::id()));
-            let path = parent.join(temp_name);
+            let path = temp_name(dst)?;
             match fs::create_dir(&path) {
                 Ok(()) => return Ok(TempDir { path, committed: false }),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(io_err(&path, "creating temporary directory")(e)),
+                Err(e) => {
+                    return Err(crate::save::output::write_err(&path, "creating temporary directory", e));
+                }
             }
         }
         Err(ConvertError::Io {
-            path: parent.to_path_buf(),
+            path: parent_of(dst).to_path_buf(),
             op: "creating temporary directory",
             source: io::Error::new(io::ErrorKind::AlreadyExists, "no free temporary name"),
         })
@@ -83,6 +90,7 @@ impl Drop for TempDir {
 }
 
 /// `rename(2)` that fails with `AlreadyExists` instead of replacing an existing (empty) directory.
+#[allow(unsafe_code)]
 pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let c = |p: &Path| {
         CString::new(p.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))

@@ -1,23 +1,33 @@
-//! The two output layouts: ServerlessLLM partitions and (sharded) safetensors, each written
-//! through the copy loop into the temporary directory.
+//! The two output layouts of a conversion as file plans for the writer: ServerlessLLM partitions
+//! (and `tensor_index.json`) and (sharded) safetensors.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self};
+use std::fs;
+use std::io::Write;
 use std::path::Path;
 
 use tensora_format::sllm::write::{SllmLayout, SllmLayoutConfig, SllmTensorSpec};
-use tensora_format::write::{SafetensorsLayout, ShardedLayout, TensorSpec};
-use tensora_format::{Checkpoint, Format, TensorInfo};
+use tensora_format::write::{SHARD_INDEX_FILE_NAME, SafetensorsLayout, ShardedLayout, TensorSpec};
+use tensora_format::{Checkpoint, Format};
 
-use crate::copy::{Copier, safetensors_copy_len_bytes};
-use crate::{ConvertConfig, ConvertError, SAFETENSORS_FILE_NAME, io_err};
+use crate::save::output::write_err;
+use crate::save::plan::FilePlan;
+use crate::{ConvertConfig, ConvertError, SAFETENSORS_FILE_NAME};
 
-pub(crate) fn write_sllm(
+/// The plans of a conversion into directory `dir`, the small files written after them (indexes:
+/// name and bytes), and how many tensors are stored as ties.
+pub(crate) struct DirPlans {
+    pub(crate) plans: Vec<FilePlan>,
+    pub(crate) extra_files: Vec<(&'static str, Vec<u8>)>,
+    pub(crate) tied_tensors: usize,
+}
+
+/// ServerlessLLM: each distinct storage once (ties point at it), partitions under the cap.
+pub(crate) fn sllm_plans(
     src: &Checkpoint,
     dir: &Path,
     cfg: &ConvertConfig,
-    copier: &mut Copier<'_>,
-) -> Result<(usize, usize), ConvertError> {
+) -> Result<DirPlans, ConvertError> {
     let mut storage_of: HashMap<(u32, u64, u64), usize> = HashMap::new();
     let mut specs = Vec::with_capacity(src.tensors().len());
     let mut tied = 0usize;
@@ -39,15 +49,13 @@ pub(crate) fn write_sllm(
         });
     }
     let layout = SllmLayout::new(specs, &SllmLayoutConfig { partition_bytes_max: cfg.partition_bytes_max })?;
-    copier.set_total(layout.records().iter().map(|r| r.size_bytes).sum());
-    copier.prepare_buffer(layout.records().iter().map(|r| r.size_bytes));
-    let result = tensora_format::sllm::write::write_dir(dir, &layout, |r, out| {
-        let spec = layout.records()[r].spec;
-        let t = &src.tensors()[spec];
-        copier.copy_raw(t, t.len_bytes(), out)
-    });
-    copier.finish(result)?;
-    Ok((tied, layout.partition_lens_bytes().len() + 1))
+    let plans = FilePlan::sllm(&layout, |p| tensora_format::sllm::partition_path(dir, p));
+    let index = layout.index_json().into_bytes();
+    Ok(DirPlans {
+        plans,
+        extra_files: vec![(tensora_format::sllm::INDEX_FILE_NAME, index)],
+        tied_tensors: tied,
+    })
 }
 
 pub(crate) fn safetensors_specs(src: &Checkpoint) -> Vec<TensorSpec> {
@@ -71,41 +79,31 @@ pub(crate) fn safetensors_layout(src: &Checkpoint) -> Result<SafetensorsLayout, 
     Ok(SafetensorsLayout::new(safetensors_specs(src), safetensors_metadata(src))?)
 }
 
-pub(crate) fn write_st_dir(
-    src: &Checkpoint,
-    dir: &Path,
-    cfg: &ConvertConfig,
-    copier: &mut Copier<'_>,
-) -> Result<(usize, usize), ConvertError> {
-    copier.set_total(src.tensors().iter().map(TensorInfo::nbytes).sum());
-    copier.prepare_buffer(src.tensors().iter().map(safetensors_copy_len_bytes));
+/// Safetensors into `dir`: `model.safetensors`, or shards and their index under a cap.
+pub(crate) fn st_plans(src: &Checkpoint, dir: &Path, cfg: &ConvertConfig) -> Result<DirPlans, ConvertError> {
+    let identity: Vec<usize> = (0..src.tensors().len()).collect();
     match cfg.shard_bytes_max {
         None => {
             let layout = safetensors_layout(src)?;
-            let path = dir.join(SAFETENSORS_FILE_NAME);
-            let result =
-                tensora_format::write::write_safetensors(&path, &layout, |i, out| copier.dense(i, out));
-            copier.finish(result)?;
-            Ok((0, 1))
+            let plan = FilePlan::safetensors(dir.join(SAFETENSORS_FILE_NAME), &layout, &identity);
+            Ok(DirPlans { plans: vec![plan], extra_files: Vec::new(), tied_tensors: 0 })
         }
         Some(cap) => {
             let layout = ShardedLayout::new(safetensors_specs(src), safetensors_metadata(src), cap)?;
-            let result = tensora_format::write::write_sharded(dir, &layout, |i, out| copier.dense(i, out));
-            copier.finish(result)?;
-            Ok((0, layout.shards().len() + 1))
+            let plans = layout
+                .shards()
+                .iter()
+                .map(|s| FilePlan::safetensors(dir.join(&s.file_name), &s.layout, &s.spec_indices))
+                .collect();
+            let index = layout.index_json().to_vec();
+            Ok(DirPlans { plans, extra_files: vec![(SHARD_INDEX_FILE_NAME, index)], tied_tensors: 0 })
         }
     }
 }
 
-/// Sum of the sizes of the regular files directly inside `dir`.
-pub(crate) fn dir_len_bytes(dir: &Path) -> Result<u64, ConvertError> {
-    let mut total = 0u64;
-    for entry in fs::read_dir(dir).map_err(io_err(dir, "listing output"))? {
-        let entry = entry.map_err(io_err(dir, "listing output"))?;
-        let meta = entry.metadata().map_err(io_err(&entry.path(), "stat of output"))?;
-        if meta.is_file() {
-            total += meta.len();
-        }
-    }
-    Ok(total)
+/// Write a small file (an index) into the temporary directory, synced.
+pub(crate) fn write_small(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), ConvertError> {
+    let path = dir.join(name);
+    let mut f = fs::File::create_new(&path).map_err(|e| write_err(&path, "creating", e))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| write_err(&path, "writing", e))
 }

@@ -35,6 +35,7 @@ pub mod owner;
 pub mod queue;
 mod remote;
 mod safe_open;
+mod save;
 mod share;
 mod stream;
 mod tensor;
@@ -186,5 +187,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tools::call_mappings_live, m)?)?;
     m.add("CALL_MAPPINGS_MAX", owner::CALL_MAPPINGS_MAX)?;
     m.add_function(wrap_pyfunction!(tools::backends, m)?)?;
+    save::register(m)?;
     Ok(())
 }

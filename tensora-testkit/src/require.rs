@@ -1,7 +1,7 @@
 //! What a test may treat as optional. Some machines have no io_uring (seccomp, old kernels) or no
 //! `O_DIRECT` (tmpfs); a test there logs what it skipped. On a machine that has them, their absence
 //! is a failure: `TENSORA_TEST_REQUIRE` lists what must be there (comma-separated: `io-uring`,
-//! `o-direct`; CI sets both), and a required capability that is missing fails the test.
+//! `o-direct`, `mount`; CI sets them), and a required capability that is missing fails the test.
 //!
 //! ```
 //! // Without the variable (or without `io-uring` in it) this only logs when io_uring is missing.
@@ -21,6 +21,8 @@ pub enum Capability {
     IoUring,
     /// `O_DIRECT` reads work on the filesystem a test writes to.
     ODirect,
+    /// A small tmpfs can be mounted (root): the full-disk tests.
+    Mount,
 }
 
 impl Capability {
@@ -29,6 +31,7 @@ impl Capability {
         match self {
             Capability::IoUring => "io-uring",
             Capability::ODirect => "o-direct",
+            Capability::Mount => "mount",
         }
     }
 }
@@ -72,6 +75,52 @@ pub fn io_uring_or_skip(context: &str) -> bool {
 /// Whether `O_DIRECT` reads work on `path` (see [`check`]).
 pub fn direct_io_or_skip(path: &Path, context: &str) -> bool {
     check(Capability::ODirect, tensora_io::auto::probe::direct_io_supported(path), context)
+}
+
+/// A tmpfs of `size_bytes` mounted on a fresh temporary directory, unmounted on drop: a disk that
+/// fills up, for `ENOSPC` tests. `Err` says why it could not be mounted (not root, no `mount`).
+#[derive(Debug)]
+pub struct SmallTmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl SmallTmpfs {
+    /// Mount it.
+    pub fn mount(size_bytes: u64) -> Result<SmallTmpfs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("mount: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        Ok(SmallTmpfs { dir })
+    }
+
+    /// Where it is mounted.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for SmallTmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+/// A [`SmallTmpfs`], or `None` where it cannot be mounted and `mount` is not required (see
+/// [`check`]).
+pub fn small_tmpfs_or_skip(size_bytes: u64, context: &str) -> Option<SmallTmpfs> {
+    match SmallTmpfs::mount(size_bytes) {
+        Ok(fs) => Some(fs),
+        Err(why) => {
+            check(Capability::Mount, Err(why), context);
+            None
+        }
+    }
 }
 
 #[cfg(test)]

@@ -34,19 +34,41 @@ use crate::hash::HashError;
 
 /// The CRC-32C of a run of a tensor's bytes, `offset_bytes .. offset_bytes + len_bytes`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CrcRun {
-    offset_bytes: u64,
-    len_bytes: u64,
-    crc: u32,
+pub(crate) struct CrcRun {
+    pub(crate) offset_bytes: u64,
+    pub(crate) len_bytes: u64,
+    pub(crate) crc: u32,
 }
 
 /// The runs of one tensor digested so far. Runs never overlap (checked on arrival), so their
 /// count is bounded by the tensor's `nbytes`; a run that continues the last one is merged into
 /// it, so pieces arriving in order keep one run.
 #[derive(Debug, Default)]
-struct Runs {
-    runs: Vec<CrcRun>,
-    covered_bytes: u64,
+pub(crate) struct Runs {
+    pub(crate) runs: Vec<CrcRun>,
+    pub(crate) covered_bytes: u64,
+}
+
+impl Runs {
+    /// Add `run` of a tensor of `nbytes` digested bytes, merging it into the last run when it
+    /// continues it. Errors (naming `name`) when the covered bytes would pass `nbytes`, which
+    /// only bytes delivered twice can cause.
+    pub(crate) fn push(&mut self, run: CrcRun, nbytes: u64, name: &str) -> Result<(), BoxError> {
+        if self.covered_bytes + run.len_bytes > nbytes {
+            return Err(
+                format!("tensor {name:?}: bytes at offset {} delivered twice", run.offset_bytes).into()
+            );
+        }
+        self.covered_bytes += run.len_bytes;
+        match self.runs.last_mut() {
+            Some(last) if last.offset_bytes + last.len_bytes == run.offset_bytes => {
+                last.crc = crc32c_combine(last.crc, run.crc, run.len_bytes);
+                last.len_bytes += run.len_bytes;
+            }
+            _ => self.runs.push(run),
+        }
+        Ok(())
+    }
 }
 
 /// How many bytes each hook digested (see [`DigestCollector::stats`]).
@@ -201,20 +223,7 @@ impl DigestCollector {
             return Ok(());
         }
         let run = CrcRun { offset_bytes, len_bytes: take as u64, crc: crc32c::crc32c(&bytes[..take]) };
-        {
-            let mut state = runs.lock().unwrap_or_else(|p| p.into_inner());
-            if state.covered_bytes + run.len_bytes > nbytes {
-                return Err(format!("tensor {name:?}: bytes at offset {offset_bytes} delivered twice").into());
-            }
-            state.covered_bytes += run.len_bytes;
-            match state.runs.last_mut() {
-                Some(last) if last.offset_bytes + last.len_bytes == run.offset_bytes => {
-                    last.crc = crc32c_combine(last.crc, run.crc, run.len_bytes);
-                    last.len_bytes += run.len_bytes;
-                }
-                _ => state.runs.push(run),
-            }
-        }
+        runs.lock().unwrap_or_else(|p| p.into_inner()).push(run, nbytes, name)?;
         self.bytes_on_arrival.fetch_add(run.len_bytes, Ordering::Relaxed);
         Ok(())
     }

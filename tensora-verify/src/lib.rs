@@ -6,6 +6,8 @@
 //!   read, while its bytes are hot in cache (crc32c combines the pieces; no second pass over
 //!   memory), and the cross-backend check.
 //! - [`hash`]: one digest per tensor of a checkpoint, through a fused load.
+//! - [`pieces`]: digests of bytes as a writer hands them out piece by piece (a save's manifest
+//!   in the same pass as its writes).
 //! - [`manifest`]: the JSON manifest (digests, file sizes, format), read with a size limit and
 //!   written atomically.
 //! - [`scan`]: the integrity scan, reading every file once to its end and digesting tensors from
@@ -40,6 +42,7 @@ pub mod fused;
 pub mod hash;
 mod header_fields;
 pub mod manifest;
+pub mod pieces;
 pub mod scan;
 pub mod verified;
 

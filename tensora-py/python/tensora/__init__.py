@@ -35,6 +35,8 @@ from ._native import (
     TensoraError,
     VerifyError,
 )
+from ._save import NoSpaceError, load, save, save_file, save_file_with_report, save_sharded
+from ._save import __all__ as _save_all
 
 __all__ = [
     "safe_open",
@@ -56,6 +58,7 @@ __all__ = [
     "VerifyError",
     "ConvertError",
 ]
+__all__ += _save_all  # save_file, save, load, save_sharded (tensora._save)
 
 PathLike = Union[str, "os.PathLike[str]"]
 Progress = Callable[[int, int], Optional[bool]]

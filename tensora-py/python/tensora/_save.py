@@ -1,0 +1,338 @@
+"""Saving: ``save_file``, ``save``, ``save_sharded`` and ``load`` with Hugging Face safetensors'
+semantics, for numpy arrays and torch tensors (every dtype, bf16 and fp8 included).
+
+The tensors are written from where they are, without a copy (a tensor on another device is
+copied to the CPU first, as HF does; a conjugate or negative view is resolved): the native writer
+gets each tensor's storage extent and strides, so a non-contiguous tensor is written correctly, in
+row-major order. Tensors that share memory are refused with HF's message. The write runs with the
+GIL released, in parallel, at the disk's speed, and is atomic: the file appears complete or not at
+all (the previous file stays until then).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _native
+from ._native import DtypeError, NoSpaceError
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# numpy dtype -> safetensors dtype.
+_NP_TO_ST = {
+    np.dtype(np.bool_): "BOOL",
+    np.dtype(np.uint8): "U8",
+    np.dtype(np.int8): "I8",
+    np.dtype(np.uint16): "U16",
+    np.dtype(np.int16): "I16",
+    np.dtype(np.float16): "F16",
+    np.dtype(np.uint32): "U32",
+    np.dtype(np.int32): "I32",
+    np.dtype(np.float32): "F32",
+    np.dtype(np.uint64): "U64",
+    np.dtype(np.int64): "I64",
+    np.dtype(np.float64): "F64",
+    np.dtype(np.complex64): "C64",
+}
+_ST_TO_NP = {v: k for k, v in _NP_TO_ST.items()}
+
+# torch dtype name -> safetensors dtype (names, so torch is imported only when it is used).
+_TORCH_TO_ST = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+    "bool": "BOOL",
+    "complex64": "C64",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "float8_e8m0fnu": "F8_E8M0",
+    "float4_e2m1fn_x2": "F4",
+}
+_ST_TO_TORCH = {v: k for k, v in _TORCH_TO_ST.items()}
+
+_SHARED = """
+            Some tensors share memory, this will lead to duplicate memory on disk and potential differences when loading them again: {failing}.
+            A potential way to correctly save your model is to use `save_model`.
+            More information at https://huggingface.co/docs/safetensors/torch_shared_tensors
+            """
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _is_torch(v: Any) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(v, torch.Tensor)
+
+
+def _extent(shape, strides, itemsize: int) -> Tuple[int, int]:
+    """Lowest and one-past-highest byte any element touches, relative to the first element."""
+    low = high = 0
+    for d, s in zip(shape, strides):
+        if d > 1:
+            if s < 0:
+                low += s * (d - 1)
+            else:
+                high += s * (d - 1)
+    return low, high + itemsize
+
+
+def _spec_numpy(name: str, a: np.ndarray, keep: List[Any]):
+    if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
+        a = a.byteswap().view(a.dtype.newbyteorder("<"))  # HF writes little-endian
+        keep.append(a)
+    dtype = _NP_TO_ST.get(np.dtype(a.dtype).newbyteorder("="))
+    if dtype is None:
+        raise DtypeError(f"tensor {name!r}: numpy dtype {a.dtype} has no safetensors equivalent")
+    address = a.__array_interface__["data"][0]
+    shape = [int(d) for d in a.shape]
+    contiguous = a.flags.c_contiguous
+    return _spec(name, dtype, shape, address, a.dtype.itemsize, a.nbytes, list(a.strides), contiguous)
+
+
+def _spec_torch(name: str, t, keep: List[Any]):
+    if t.device.type == "meta":
+        raise ValueError(f"tensor {name!r} is on the meta device: it has no data to save")
+    if t.device.type != "cpu":
+        t = t.to("cpu")  # HF moves tensors to the CPU before saving
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    keep.append(t)
+    dname = str(t.dtype).split(".")[-1]
+    dtype = _TORCH_TO_ST.get(dname)
+    if dtype is None:
+        raise DtypeError(f"tensor {name!r}: torch dtype {dname} has no safetensors equivalent")
+    item = t.element_size()
+    shape = [int(d) for d in t.shape]
+    strides = [int(s) * item for s in t.stride()]
+    nbytes = t.numel() * item
+    if dtype == "F4":  # two values per byte: the header counts values, as HF writes it
+        if not t.is_contiguous():
+            raise ValueError(f"tensor {name!r}: a non-contiguous float4_e2m1fn_x2 tensor cannot be saved")
+        shape[-1] *= 2
+        return (name, dtype, shape, t.data_ptr(), nbytes, None, None)
+    return _spec(name, dtype, shape, t.data_ptr(), item, nbytes, strides, t.is_contiguous())
+
+
+def _spec(name, dtype, shape, address, itemsize, nbytes, strides, contiguous):
+    if 0 in shape:
+        return (name, dtype, shape, 0, 0, None, None)
+    if contiguous:
+        return (name, dtype, shape, address, nbytes, None, None)
+    low, high = _extent(shape, strides, itemsize)
+    return (name, dtype, shape, address + low, high - low, -low, strides)
+
+
+def _area(v) -> Optional[Tuple[str, int, int]]:
+    """The memory ``v``'s elements span, ``(address space, low, high)``, taken before any copy to
+    the CPU (as HF does, on the tensor's own device); ``None`` when it has no elements."""
+    if isinstance(v, np.ndarray):
+        if v.size == 0:
+            return None
+        low, high = _extent(v.shape, v.strides, v.dtype.itemsize)
+        address = v.__array_interface__["data"][0]
+        return ("cpu", address + low, address + high)
+    if v.layout != _torch().strided or v.numel() == 0 or v.device.type == "meta":
+        return None
+    item = v.element_size()
+    low, high = _extent(v.shape, [s * item for s in v.stride()], item)
+    space = "cpu" if v.device.type == "cpu" else str(v.device)
+    return (space, v.data_ptr() + low, v.data_ptr() + high)
+
+
+def _shared(areas: List[Tuple[str, int, int, str]]) -> List[set]:
+    """HF's rule: tensors whose memory overlaps share it (one set per group of overlaps)."""
+    failing = []
+    areas = sorted(areas)
+    i = 0
+    while i < len(areas):
+        space, _, stop, name = areas[i]
+        group = {name}
+        i += 1
+        while i < len(areas) and areas[i][0] == space and areas[i][1] < stop:
+            group.add(areas[i][3])
+            stop = max(stop, areas[i][2])
+            i += 1
+        if len(group) > 1:
+            failing.append(group)
+    return failing
+
+
+def _flatten(tensors: Dict[str, Any]) -> Tuple[list, list]:
+    """The native specs of ``tensors`` and the objects that must stay alive while they are
+    written. Raises as HF's ``save_file`` does for a non-dict, a bad value, sparse tensors and
+    tensors that share memory."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
+    areas, sparse = [], []
+    for k, v in tensors.items():
+        if not isinstance(k, str):
+            raise TypeError(f"tensor names must be str, not {type(k).__name__}")
+        if not isinstance(v, np.ndarray) and not _is_torch(v):
+            raise ValueError(
+                f"Key `{k}` is invalid, expected torch.Tensor or numpy.ndarray but received {type(v)}"
+            )
+        if _is_torch(v) and v.layout != _torch().strided:
+            sparse.append(k)
+            continue
+        area = _area(v)
+        if area is not None:
+            areas.append((*area, k))
+    if sparse:
+        raise ValueError(
+            f"You are trying to save a sparse tensors: `{sparse}` which this library does not support."
+            " You can make it a dense tensor before saving with `.to_dense()` but be aware this might"
+            " make a much larger file than needed."
+        )
+    failing = _shared(areas)
+    if failing:
+        raise RuntimeError(_SHARED.format(failing=failing))
+    keep: List[Any] = []
+    specs = []
+    for k, v in tensors.items():
+        keep.append(v)
+        specs.append(_spec_numpy(k, v, keep) if isinstance(v, np.ndarray) else _spec_torch(k, v, keep))
+    return specs, keep
+
+
+def _metadata(metadata: Optional[Dict[str, str]]) -> Optional[Dict[str, str]]:
+    if metadata is None:
+        return None
+    pairs = metadata.items() if isinstance(metadata, dict) else None
+    if pairs is None or not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
+        raise ValueError("metadata must be a dict of str to str")
+    return metadata
+
+
+def save_file_with_report(
+    tensors: Dict[str, Any],
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    progress=None,
+    mode: str = "auto",
+    threads: int = 0,
+) -> Dict[str, Any]:
+    """``save_file``, returning the save report: ``mode`` (``"direct"`` or ``"buffered"``) and the
+    ``reason`` it was chosen, ``threads``, ``seconds``, ``gbps``, ``bytes_written``, ..."""
+    specs, keep = _flatten(tensors)
+    report = _native.save_file(specs, os.fspath(filename), _metadata(metadata), progress, mode, threads)
+    del keep
+    return json.loads(report)
+
+
+def save_file(tensors: Dict[str, Any], filename: PathLike, metadata: Optional[Dict[str, str]] = None) -> None:
+    """Save ``tensors`` (numpy arrays or torch tensors) into ``filename`` in safetensors format,
+    like ``safetensors.torch.save_file`` / ``safetensors.numpy.save_file``.
+
+    Non-contiguous tensors are written in row-major order (HF refuses them); tensors sharing
+    memory are refused with HF's ``RuntimeError``. The file is written beside its destination and
+    renamed into place once complete and synced: an interrupted save leaves the previous file (or
+    nothing), never a torn one. A full disk raises ``tensora.NoSpaceError`` and leaves nothing
+    behind. The GIL is released while writing; Ctrl-C cancels.
+    """
+    save_file_with_report(tensors, filename, metadata)
+
+
+def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The safetensors file of ``tensors`` as ``bytes`` (``safetensors.torch.save``)."""
+    specs, keep = _flatten(tensors)
+    data = _native.save_bytes(specs, _metadata(metadata))
+    del keep
+    return data
+
+
+def load(data: bytes, framework: str = "np") -> Dict[str, Any]:
+    """Tensors of a safetensors file held in ``data`` (``safetensors.numpy.load`` or, with
+    ``framework="pt"``, ``safetensors.torch.load``). The arrays share one writable copy of the
+    data; the header is validated as strictly as a file's."""
+    if framework not in ("np", "numpy", "pt", "torch", "pytorch"):
+        raise ValueError(f"framework must be 'np' or 'pt', not {framework!r}")
+    entries, _, start = _native.parse_bytes(data)
+    buf = bytearray(memoryview(data)[start:])
+    out: Dict[str, Any] = {}
+    if framework in ("np", "numpy"):
+        for name, dtype, shape, a, b in entries:
+            dt = _ST_TO_NP.get(dtype)
+            if dt is None:
+                raise DtypeError(f"tensor {name!r}: numpy has no dtype for {dtype}; use framework=\"pt\"")
+            arr = np.frombuffer(buf, dtype=dt, count=(b - a) // dt.itemsize, offset=a - start)
+            out[name] = arr.reshape(shape)
+        return out
+    import torch
+
+    for name, dtype, shape, a, b in entries:
+        tdt = getattr(torch, _ST_TO_TORCH.get(dtype, ""), None)
+        if tdt is None or dtype == "F4":
+            raise DtypeError(f"tensor {name!r}: torch has no dtype for {dtype}")
+        if b == a:
+            out[name] = torch.empty(shape, dtype=tdt)
+            continue
+        source, offset = buf, a - start
+        if offset % tdt.itemsize:  # a file whose tensors are not aligned: this one gets its own copy
+            source, offset = bytearray(buf[offset : offset + b - a]), 0
+        t = torch.frombuffer(source, dtype=tdt, count=(b - a) // tdt.itemsize, offset=offset)
+        out[name] = t.reshape(shape)
+    return out
+
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _parse_size(size: Union[int, str]) -> int:
+    """``huggingface_hub``'s sizes: an int, or ``"5GB"`` (10^9), ``"5GiB"`` (2^30), ``"500MB"``."""
+    if isinstance(size, int):
+        n = size
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)?\s*", str(size).upper())
+        if m is None:
+            raise ValueError(f"cannot parse the size {size!r} (expected e.g. 5GB, 500MiB or a byte count)")
+        n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2) or ""])
+    if n <= 0:
+        raise ValueError(f"max_shard_size must be positive, got {size!r}")
+    return n
+
+
+def save_sharded(
+    tensors: Dict[str, Any],
+    directory: PathLike,
+    max_shard_size: Union[int, str] = "5GB",
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    progress=None,
+) -> Dict[str, Any]:
+    """Save ``tensors`` as HF-style shards (``model-00001-of-0000N.safetensors``, greedily in
+    order, at most ``max_shard_size`` bytes of tensors each, a larger tensor alone) and
+    ``model.safetensors.index.json`` into ``directory``; a single shard is ``model.safetensors``
+    without an index, as ``huggingface_hub.save_torch_state_dict`` writes them. A new directory
+    appears whole or not at all; in an existing one (its other files are kept) the previous
+    index goes first and the previous save's stale shards last. Returns the save report."""
+    specs, keep = _flatten(tensors)
+    cap = _parse_size(max_shard_size)
+    report = _native.save_sharded(specs, os.fspath(directory), cap, _metadata(metadata), progress)
+    del keep
+    return json.loads(report)
+
+
+__all__ = ["save_file", "save_file_with_report", "save", "load", "save_sharded", "NoSpaceError"]

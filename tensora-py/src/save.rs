@@ -1,0 +1,207 @@
+//! The native side of `tensora.save_file`, `tensora.save`, `tensora.save_sharded` and
+//! `tensora.load` (the Python side is `python/tensora/_save.py`): tensors described by the Python
+//! layer as raw storage extents of live numpy arrays and torch tensors, written by
+//! `tensora_convert::save` with the GIL released.
+//!
+//! A spec is `(name, dtype, shape, address, storage_len_bytes, start_bytes, strides_bytes)`:
+//! the tensor's elements lie in the `storage_len_bytes` bytes at `address`, row-major from the
+//! start when `start_bytes` is `None`, else element `i` at `start_bytes + Σ i[d] × strides[d]`.
+//! The Python layer computes them from the objects it holds for the whole call, which keeps the
+//! memory alive; every spec is checked (elements inside the storage) before anything is written.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use tensora_convert::ConvertError;
+use tensora_convert::save::{self, MemoryTensors, SaveOptions, SourceTensor, StorageLayout};
+use tensora_format::Dtype;
+
+use crate::{cancelled_by_callback, drive, exc};
+
+create_exception!(
+    tensora,
+    NoSpaceError,
+    exc::ConvertError,
+    "The disk (or quota) filled up; nothing was left behind."
+);
+
+/// One tensor as the Python layer describes it (see the module docs).
+type Spec = (String, String, Vec<u64>, usize, u64, Option<u64>, Option<Vec<i64>>);
+
+/// A save error as its Python exception: a full disk is `NoSpaceError`, a cancel
+/// `CancelledError`, a bad tensor `ValueError`, anything else `ConvertError`.
+fn save_err(e: ConvertError) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        ConvertError::NoSpace { .. } => NoSpaceError::new_err(msg),
+        ConvertError::Cancelled => exc::CancelledError::new_err(msg),
+        ConvertError::InvalidTensor { .. } => PyValueError::new_err(msg),
+        _ => exc::ConvertError::new_err(msg),
+    }
+}
+
+/// The specs as a save source over the memory they describe.
+fn tensors(specs: &[Spec]) -> PyResult<MemoryTensors<'_>> {
+    let mut out = MemoryTensors::new();
+    for (name, dtype, shape, address, storage_len, start, strides) in specs {
+        let dtype = Dtype::from_safetensors(dtype)
+            .ok_or_else(|| exc::DtypeError::new_err(format!("tensor {name:?}: unknown dtype {dtype:?}")))?;
+        let layout = match (start, strides) {
+            (None, None) => StorageLayout::Contiguous,
+            (Some(start_bytes), Some(strides_bytes)) => {
+                StorageLayout::Strided { start_bytes: *start_bytes, strides_bytes: strides_bytes.clone() }
+            }
+            _ => {
+                return Err(PyValueError::new_err(format!("tensor {name:?}: start and strides go together")));
+            }
+        };
+        let len = usize::try_from(*storage_len)
+            .map_err(|_| PyValueError::new_err(format!("tensor {name:?}: storage larger than memory")))?;
+        let storage: &[u8] = if len == 0 {
+            &[]
+        } else if *address == 0 {
+            return Err(PyValueError::new_err(format!("tensor {name:?}: no data (a null address)")));
+        } else {
+            // SAFETY: `_save.py` computed `address` and `len` as the extent of the elements of an
+            // array or tensor it holds for this whole call (so the memory stays allocated), from
+            // the object's own data pointer, shape and strides; the slice is only read, and
+            // `MemoryTensors::push` checks that every element lies inside it.
+            unsafe { std::slice::from_raw_parts(*address as *const u8, len) }
+        };
+        let tensor = SourceTensor {
+            name: name.clone(),
+            dtype,
+            shape: shape.clone(),
+            layout,
+            storage_len_bytes: *storage_len,
+        };
+        out.push(tensor, storage).map_err(save_err)?;
+    }
+    Ok(out)
+}
+
+/// Run `work` with the GIL released, Python's progress callback and Ctrl-C driving it.
+fn drive_save(
+    py: Python<'_>,
+    progress: Option<&Py<PyAny>>,
+    opts: SaveOptions,
+    work: impl FnOnce(&SaveOptions) -> Result<save::SaveReport, ConvertError> + Send,
+) -> PyResult<String> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let out = drive::run(py, progress, &cancel, |hook| {
+        let opts = SaveOptions { progress: hook, cancel: Some(Arc::clone(&cancel)), ..opts };
+        work(&opts)
+    });
+    if let Some(e) = out.py_err {
+        return Err(e);
+    }
+    if out.cancelled_by_callback {
+        return Err(cancelled_by_callback());
+    }
+    let report = out.result.map_err(save_err)?;
+    serde_json::to_string(&report).map_err(|e| exc::ConvertError::new_err(e.to_string()))
+}
+
+fn options(mode: &str, threads: usize) -> PyResult<SaveOptions> {
+    let mode = mode.parse().map_err(PyValueError::new_err)?;
+    Ok(SaveOptions { mode, threads, ..SaveOptions::default() })
+}
+
+/// Save one safetensors file; the report as JSON.
+#[pyfunction]
+#[pyo3(signature = (specs, path, metadata=None, progress=None, mode="auto", threads=0))]
+fn save_file(
+    py: Python<'_>,
+    specs: Vec<Spec>,
+    path: PathBuf,
+    metadata: Option<BTreeMap<String, String>>,
+    progress: Option<Py<PyAny>>,
+    mode: &str,
+    threads: usize,
+) -> PyResult<String> {
+    let tensors = tensors(&specs)?;
+    let metadata = metadata.unwrap_or_default();
+    drive_save(py, progress.as_ref(), options(mode, threads)?, |opts| {
+        save::save_safetensors(&path, &tensors, &metadata, opts)
+    })
+}
+
+/// Save HF-style shards of at most `shard_bytes_max` bytes each into `directory`; the report as
+/// JSON.
+#[pyfunction]
+#[pyo3(signature = (specs, directory, shard_bytes_max, metadata=None, progress=None, mode="auto", threads=0))]
+#[allow(clippy::too_many_arguments)] // the Python signature
+fn save_sharded(
+    py: Python<'_>,
+    specs: Vec<Spec>,
+    directory: PathBuf,
+    shard_bytes_max: u64,
+    metadata: Option<BTreeMap<String, String>>,
+    progress: Option<Py<PyAny>>,
+    mode: &str,
+    threads: usize,
+) -> PyResult<String> {
+    let tensors = tensors(&specs)?;
+    let metadata = metadata.unwrap_or_default();
+    drive_save(py, progress.as_ref(), options(mode, threads)?, |opts| {
+        save::save_sharded(&directory, &tensors, &metadata, shard_bytes_max, opts)
+    })
+}
+
+/// The whole safetensors file as `bytes` (filled with the GIL released).
+#[pyfunction]
+#[pyo3(signature = (specs, metadata=None))]
+fn save_bytes<'py>(
+    py: Python<'py>,
+    specs: Vec<Spec>,
+    metadata: Option<BTreeMap<String, String>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let tensors = tensors(&specs)?;
+    let layout = save::safetensors_layout(&tensors, &metadata.unwrap_or_default()).map_err(save_err)?;
+    let len = usize::try_from(layout.file_len_bytes())
+        .map_err(|_| PyValueError::new_err("the file is larger than memory"))?;
+    PyBytes::new_with(py, len, |buf| {
+        py.detach(|| save::serialize_into(&layout, &tensors, buf)).map_err(save_err)
+    })
+}
+
+/// One tensor of a parsed file: name, dtype, shape, and its bytes' start and end in the data.
+type Parsed = (String, String, Vec<u64>, u64, u64);
+
+/// Parse the header of a safetensors file held in `data`: `(tensors, metadata, data_start)` with
+/// one `(name, dtype, shape, start, end)` per tensor, offsets into `data`, in file order.
+#[pyfunction]
+fn parse_bytes<'py>(py: Python<'py>, data: &[u8]) -> PyResult<(Vec<Parsed>, Bound<'py, PyDict>, u64)> {
+    let header =
+        tensora_format::safetensors::parse_header(data, data.len() as u64).map_err(crate::format_err)?;
+    let start = header.data_start_bytes();
+    let mut tensors: Vec<Parsed> = header
+        .tensors()
+        .map(|t| {
+            let (a, b) = t.data_offsets();
+            (t.name().to_owned(), t.dtype().as_str().to_owned(), t.shape().to_vec(), start + a, start + b)
+        })
+        .collect();
+    tensors.sort_by_key(|t| t.3);
+    let metadata = PyDict::new(py);
+    for (k, v) in header.metadata().into_iter().flatten() {
+        metadata.set_item(k, v)?;
+    }
+    Ok((tensors, metadata, start))
+}
+
+/// Register the save functions and `NoSpaceError` on the native module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("NoSpaceError", m.py().get_type::<NoSpaceError>())?;
+    m.add_function(wrap_pyfunction!(save_file, m)?)?;
+    m.add_function(wrap_pyfunction!(save_sharded, m)?)?;
+    m.add_function(wrap_pyfunction!(save_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
+    Ok(())
+}
