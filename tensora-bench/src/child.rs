@@ -85,6 +85,8 @@ pub struct LinesRun {
     pub success: bool,
     /// The exit status in words.
     pub status: String,
+    /// The exit code (`None` when a signal ended it).
+    pub code: Option<i32>,
     /// Its stderr (at most [`CHILD_OUTPUT_BYTES_MAX`] bytes).
     pub stderr: String,
 }
@@ -147,7 +149,7 @@ pub fn run_lines(
         bail!("did not finish within {} s (killed)", timeout.as_secs_f64());
     };
     let stderr = err_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).unwrap_or_default();
-    Ok(LinesRun { success: status.success(), status: status.to_string(), stderr })
+    Ok(LinesRun { success: status.success(), status: status.to_string(), code: status.code(), stderr })
 }
 
 /// Run one child (a `tensora-bench` child or a Python peer) to completion and read its sample: the

@@ -56,5 +56,6 @@ pub mod rng;
 pub mod roofline;
 pub mod save;
 pub mod stats;
+pub mod torch_peers;
 pub mod versus;
 pub mod writer;

@@ -19,6 +19,9 @@ impl Report {
         if !self.versus.is_empty() {
             self.markdown_versus(&mut s);
         }
+        if let Some(p) = &self.python_peers {
+            s.push_str(&p.markdown_section());
+        }
         for f in &self.fixtures {
             self.markdown_fixture(f, &mut s);
         }

@@ -463,6 +463,9 @@ pub struct Report {
     /// `auto` against the best peer of the same run, situation (a) (see [`crate::versus`]).
     #[serde(default)]
     pub versus: Vec<crate::versus::Versus>,
+    /// The bindings' Python peers on the main fixture (see [`crate::torch_peers`]), when run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_peers: Option<crate::torch_peers::TorchPeers>,
 }
 
 /// Warm roofline: 2 `pread` threads into a fresh arena, as a load gets it (huge pages unless they

@@ -83,6 +83,7 @@ pub(crate) fn example() -> Report {
             goal: 0.85,
         }],
         versus: Vec::new(),
+        python_peers: None,
     };
     r.compute_rooflines();
     r

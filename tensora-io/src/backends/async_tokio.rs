@@ -160,6 +160,7 @@ async fn drive(
                 file_len_bytes: file.len_bytes,
                 dest: base,
                 retries_max: job.config.retries_max,
+                #[allow(clippy::clone_on_copy)] // `NoFaults` is `Copy`, the injector's plan is not
                 faults: faults.clone(),
             };
             tasks.spawn_blocking(move || (spec.execute(index), permit));

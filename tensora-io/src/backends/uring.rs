@@ -144,6 +144,7 @@ pub struct UringBackend {
 
 impl UringBackend {
     /// A backend with the given configuration.
+    #[allow(clippy::needless_update)] // the fault-injection feature adds a field
     pub fn new(config: UringConfig) -> Self {
         Self { config, ..Self::default() }
     }

@@ -1,0 +1,160 @@
+//! The Python peers' bench of the bindings, inside `cargo xtask bench`.
+//!
+//! `tensora-py/bench/bench_load.py` measures, interleaved in one run, warm and cold: HF numpy and
+//! torch, Run:ai's streamer, fastsafetensors (CPU), `tensora.load_file` owned and
+//! `residence="auto"`, and `weights_iterator`, all ending with the same touched torch tensors,
+//! beside its own roofline. It needs the bindings' venv (`tensora-py/run-tests.sh` builds it under
+//! `target/py-venv` with torch and every peer); its hook `run_python_peers.sh` runs it there, or
+//! says in one line why it cannot (exit 3). The bench runs the hook on the main fixture and keeps
+//! its JSON and Markdown in the report; a skip is reported with its reason, never as a failure.
+//!
+//! ```text
+//! tensora-py/run-tests.sh          # once: the venv with torch, the peers and tensora
+//! cargo xtask bench                # the peers' table appears under "Python peers"
+//! ```
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::bench::{BenchConfig, PlanKind};
+
+/// Bound on the whole hook run (every subject, warm and cold).
+pub const HOOK_SECONDS_MAX: u64 = 900;
+/// Bound on the hook's output kept (its JSON goes to a file; stdout carries the table).
+const HOOK_OUTPUT_BYTES_MAX: usize = 1 << 20;
+/// The hook's exit status for "skipped" (see `run_python_peers.sh`).
+const HOOK_SKIPPED: i32 = 3;
+
+/// What became of the Python peers in this run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TorchPeers {
+    /// `ran`, `skipped` or `failed`.
+    pub status: String,
+    /// Why it was skipped or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// The bench's own table (`bench_load.py`'s `markdown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub markdown: Option<String>,
+    /// `bench_load.py --json` (schema 2: `temps.{warm,cold}.results.SUBJECT`, `acceptance`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<serde_json::Value>,
+    /// Wall time of the hook.
+    pub seconds: f64,
+}
+
+impl TorchPeers {
+    fn not_run(status: &str, why: String, seconds: f64) -> TorchPeers {
+        TorchPeers { status: status.to_owned(), why: Some(why), markdown: None, results: None, seconds }
+    }
+
+    /// The Markdown section of the report.
+    pub fn markdown_section(&self) -> String {
+        let mut s = String::from("## Python peers (tensora-py/bench/bench_load.py)\n\n");
+        match (&self.markdown, &self.why) {
+            (Some(table), _) => s.push_str(table.trim_end()),
+            (None, Some(why)) => s.push_str(&format!("{}: {why}", self.status)),
+            (None, None) => s.push_str(&self.status),
+        }
+        s.push_str("\n\n");
+        s
+    }
+}
+
+/// The hook's `bench_load.py` options for `plan`, or `None` when the plan leaves the peers out.
+fn hook_options(plan: PlanKind, runs: usize) -> Option<Vec<String>> {
+    match plan {
+        // The quick bench runs in `cargo xtask test`, where tensora-py's own tests run the hook.
+        PlanKind::Quick => None,
+        // One timed load per subject and temperature keeps the default bench short.
+        PlanKind::Default => Some(vec!["--runs".into(), "1".into(), "--warmups".into(), "0".into()]),
+        PlanKind::Full => Some(vec!["--runs".into(), runs.to_string()]),
+    }
+}
+
+/// Run the hook on `fixture` (a checkpoint directory or file) for `config`'s plan.
+pub fn run(config: &BenchConfig, fixture: &Path, log: &mut dyn FnMut(&str)) -> TorchPeers {
+    let started = Instant::now();
+    let Some(options) = hook_options(config.plan, config.runs) else {
+        return TorchPeers::not_run(
+            "skipped",
+            "not in --quick (tensora-py's tests run the hook)".into(),
+            0.0,
+        );
+    };
+    match run_hook(config, fixture, &options, log) {
+        Ok(peers) => peers,
+        Err(e) => TorchPeers::not_run("failed", format!("{e:#}"), started.elapsed().as_secs_f64()),
+    }
+}
+
+fn run_hook(
+    config: &BenchConfig,
+    fixture: &Path,
+    options: &[String],
+    log: &mut dyn FnMut(&str),
+) -> Result<TorchPeers> {
+    let started = Instant::now();
+    let hook = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tensora-py/bench/run_python_peers.sh");
+    let out = config.report_dir().join("python-peers.json");
+    std::fs::create_dir_all(config.report_dir())?;
+    let _ = std::fs::remove_file(&out);
+    log(&format!("python peers: {} {} ...", hook.display(), options.join(" ")));
+    let mut cmd = Command::new("bash");
+    cmd.arg(&hook).arg(fixture).arg(&out).args(options);
+    let mut stdout = String::new();
+    let run = crate::child::run_lines(
+        &mut cmd,
+        Duration::from_secs(HOOK_SECONDS_MAX),
+        HOOK_OUTPUT_BYTES_MAX,
+        &mut |line| {
+            stdout.push_str(line);
+            stdout.push('\n');
+        },
+    )?;
+    let seconds = started.elapsed().as_secs_f64();
+    if !run.success {
+        let skipped = run.code == Some(HOOK_SKIPPED);
+        let why = if skipped { stdout.trim().to_owned() } else { last_lines(&run.stderr, 5) };
+        log(&format!("python peers: {}", why.lines().last().unwrap_or("")));
+        let status = if skipped { "skipped" } else { "failed" };
+        return Ok(TorchPeers::not_run(status, format!("{why} ({})", run.status), seconds));
+    }
+    let text = std::fs::read_to_string(&out).with_context(|| format!("read {}", out.display()))?;
+    let results: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parse {}", out.display()))?;
+    let markdown = results.get("markdown").and_then(|m| m.as_str()).map(str::to_owned);
+    log(&format!("python peers: ran in {seconds:.1} s"));
+    Ok(TorchPeers { status: "ran".into(), why: None, markdown, results: Some(results), seconds })
+}
+
+/// The last `n` lines of `text`, joined.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_leaves_the_peers_out_and_the_others_bound_their_runs() {
+        assert_eq!(hook_options(PlanKind::Quick, 3), None);
+        assert_eq!(hook_options(PlanKind::Default, 3).unwrap(), ["--runs", "1", "--warmups", "0"]);
+        assert_eq!(hook_options(PlanKind::Full, 5).unwrap(), ["--runs", "5"]);
+    }
+
+    #[test]
+    fn a_skip_is_reported_with_its_reason() {
+        let p = TorchPeers::not_run("skipped", "python peers skipped: no venv".into(), 0.1);
+        let md = p.markdown_section();
+        assert!(md.starts_with("## Python peers"), "{md}");
+        assert!(md.contains("skipped: python peers skipped: no venv"), "{md}");
+        assert_eq!(last_lines("a\nb\nc", 2), "b\nc");
+    }
+}
