@@ -54,7 +54,7 @@ impl TorchPeers {
 
     /// The Markdown section of the report.
     pub fn markdown_section(&self) -> String {
-        let mut s = String::from("## Python peers (tensora-py/bench/bench_load.py)\n\n");
+        let mut s = String::from("\n## Python peers (tensora-py/bench/bench_load.py)\n\n");
         match (&self.markdown, &self.why) {
             (Some(table), _) => s.push_str(table.trim_end()),
             (None, Some(why)) => s.push_str(&format!("{}: {why}", self.status)),
@@ -70,8 +70,11 @@ fn hook_options(plan: PlanKind, runs: usize) -> Option<Vec<String>> {
     match plan {
         // The quick bench runs in `cargo xtask test`, where tensora-py's own tests run the hook.
         PlanKind::Quick => None,
-        // One timed load per subject and temperature keeps the default bench short.
-        PlanKind::Default => Some(vec!["--runs".into(), "1".into(), "--warmups".into(), "0".into()]),
+        // One timed warm load per subject keeps the default bench short (cold: `--full`, or
+        // bench_load.py itself).
+        PlanKind::Default => {
+            Some(["--runs", "1", "--warmups", "0", "--temps", "warm"].map(String::from).to_vec())
+        }
         PlanKind::Full => Some(vec!["--runs".into(), runs.to_string()]),
     }
 }
@@ -145,7 +148,10 @@ mod tests {
     #[test]
     fn quick_leaves_the_peers_out_and_the_others_bound_their_runs() {
         assert_eq!(hook_options(PlanKind::Quick, 3), None);
-        assert_eq!(hook_options(PlanKind::Default, 3).unwrap(), ["--runs", "1", "--warmups", "0"]);
+        assert_eq!(
+            hook_options(PlanKind::Default, 3).unwrap(),
+            ["--runs", "1", "--warmups", "0", "--temps", "warm"]
+        );
         assert_eq!(hook_options(PlanKind::Full, 5).unwrap(), ["--runs", "5"]);
     }
 
@@ -153,7 +159,7 @@ mod tests {
     fn a_skip_is_reported_with_its_reason() {
         let p = TorchPeers::not_run("skipped", "python peers skipped: no venv".into(), 0.1);
         let md = p.markdown_section();
-        assert!(md.starts_with("## Python peers"), "{md}");
+        assert!(md.starts_with("\n## Python peers"), "{md}");
         assert!(md.contains("skipped: python peers skipped: no venv"), "{md}");
         assert_eq!(last_lines("a\nb\nc", 2), "b\nc");
     }

@@ -67,17 +67,17 @@ def tensora_save(report_sink):
     return run
 
 
-def pairs(subject, anchor, tensors, path, runs):
-    """One warm-up pair, then ``runs`` pairs, the order alternating: GB/s of each side."""
+def pairs(subject, anchor, tensors, path, runs, warmups):
+    """``warmups`` untimed pairs, then ``runs`` pairs, the order alternating: GB/s of each side."""
     s_gbps, a_gbps = [], []
-    for i in range(1 + runs):
+    for i in range(warmups + runs):
         if i % 2 == 0:
             a = timed(anchor, tensors, path)
             s = timed(subject, tensors, path)
         else:
             s = timed(subject, tensors, path)
             a = timed(anchor, tensors, path)
-        if i > 0:
+        if i >= warmups:
             s_gbps.append(s)
             a_gbps.append(a)
     return s_gbps, a_gbps
@@ -87,8 +87,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path", help="a checkpoint tensora.load_file reads")
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--warmups", type=int, default=1, help="untimed pairs before the timed ones")
     ap.add_argument("--out", help="directory to write into (default: beside --json, or the cwd)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--cases", choices=["all", "durable"], default="all",
+                    help="durable: only the pairs where HF's save is followed by an fsync (what "
+                         "tensora.save_file includes); all: also HF without the fsync")
     args = ap.parse_args()
     out_dir = args.out or (os.path.dirname(os.path.abspath(args.json)) if args.json else os.getcwd())
     os.makedirs(out_dir, exist_ok=True)
@@ -106,10 +110,12 @@ def main() -> int:
         ("tensora.save_file (torch)", "HF safetensors.torch.save_file, no fsync (page cache only)",
          tensora_save(reports), safetensors.torch.save_file, pt_tensors),
     ]
+    if args.cases == "durable":
+        cases = [c for c in cases if c[1].endswith("+ fsync")]
     doc = {"path": args.path, "bytes": nbytes, "runs": args.runs, "pairs": []}
     doc["load_average_before"] = os.getloadavg()
     for subject, anchor, s_fn, a_fn, tensors in cases:
-        s, a = pairs(s_fn, a_fn, tensors, path, args.runs)
+        s, a = pairs(s_fn, a_fn, tensors, path, args.runs, args.warmups)
         ratios = sorted(x / y for x, y in zip(s, a))
         print(f"{subject} {np.median(s):.2f} GB/s vs {anchor} {np.median(a):.2f} GB/s: "
               f"x{np.median(ratios):.2f} ({ratios[0]:.2f}..{ratios[-1]:.2f})", file=sys.stderr)
