@@ -17,7 +17,9 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
   bench [OPTIONS]      build tensora-bench in release mode and run it (a few minutes): the main
                        fixture, `auto`, the peers (Python ones in a venv it prepares under
                        target/tensora-bench/py-venv) and the rooflines, each sample in a fresh
-                       process (a) and as a repeat load (b), then the paired acceptance runs;
+                       process (a) and as a repeat load (b), then the paired acceptance runs,
+                       the save pairs, the bindings' Python peers (when tensora-py/run-tests.sh
+                       built target/py-venv; else the report says why) and the MoE cells;
                        writes target/tensora-bench/report.{md,json,svg}. Fails if a cell errors
                        (a missed performance goal is reported, not an error)
       --full           the whole matrix: every fixture, backend, scope and mode; reports go to
