@@ -160,11 +160,15 @@ pub(crate) fn ordered_parallel<T: Send, R>(
 ) -> Result<R> {
     let pool = Ordered::new(count, threads);
     std::thread::scope(|scope| {
-        for _ in 0..threads.min(count) {
-            scope.spawn(|| pool.work(&work));
-        }
+        let workers: Vec<_> = (0..threads.min(count)).map(|_| scope.spawn(|| pool.work(&work))).collect();
         let result = merge(&mut || pool.next());
         pool.stop();
+        // Joined, not left to the scope, so no header thread outlives the open.
+        for w in workers {
+            if let Err(payload) = w.join() {
+                std::panic::resume_unwind(payload);
+            }
+        }
         result
     })
 }

@@ -368,13 +368,14 @@ impl Arena {
         let pages_per_thread = pages.div_ceil(threads);
         let base = self.ptr.as_ptr() as usize;
         std::thread::scope(|s| {
+            let mut touchers = Vec::with_capacity(threads);
             for t in 0..threads {
                 let first_page = t * pages_per_thread;
                 let end_page = ((t + 1) * pages_per_thread).min(pages);
                 if first_page >= end_page {
                     break;
                 }
-                s.spawn(move || {
+                touchers.push(s.spawn(move || {
                     for page in first_page..end_page {
                         let p = (base + page * TOUCH_STRIDE_BYTES) as *mut u8;
                         // SAFETY: `p` lies inside this arena's writable mapping (page < pages and
@@ -383,7 +384,13 @@ impl Arena {
                         // zero-filled page keeps the contents unchanged.
                         unsafe { std::ptr::write_volatile(p, 0) };
                     }
-                });
+                }));
+            }
+            // Joined, not left to the scope, so no thread outlives the call.
+            for h in touchers {
+                if let Err(payload) = h.join() {
+                    std::panic::resume_unwind(payload);
+                }
             }
         });
     }

@@ -129,10 +129,14 @@ pub(crate) fn run(job: &Job<'_>) -> Result<WriteStats, ConvertError> {
         }
     }
     std::thread::scope(|s| {
-        for _ in 1..job.threads.max(1) {
-            s.spawn(|| shared.worker());
-        }
+        let helpers: Vec<_> = (1..job.threads.max(1)).map(|_| s.spawn(|| shared.worker())).collect();
         shared.worker();
+        // Joined, not left to the scope, so no writer thread outlives the save.
+        for h in helpers {
+            if let Err(payload) = h.join() {
+                std::panic::resume_unwind(payload);
+            }
+        }
     });
     if let Some(e) = shared.error.into_inner().unwrap_or_else(|p| p.into_inner()) {
         return Err(e);

@@ -143,10 +143,10 @@ impl Session<'_> {
                 (ArenaReuse::Fresh, false) if arena.huge_pages_advised() => Some(Ahead::WhileHuge),
                 (ArenaReuse::Fresh, false) => None,
             };
-            if let Some(ahead) = helper {
+            let helper = helper.map(|ahead| {
                 let io_done = &io_done;
-                scope.spawn(move || populate_ahead(arena, plans, io_done, ahead));
-            }
+                scope.spawn(move || populate_ahead(arena, plans, io_done, ahead))
+            });
             let mut stats = Vec::with_capacity(plans.len());
             let mut run = || -> Result<(), LoadError> {
                 for (base, wp) in plans {
@@ -158,6 +158,13 @@ impl Session<'_> {
             };
             let result = run();
             io_done.store(true, Ordering::Release);
+            // Joined, not left to the scope: the scope only waits for the closure to return, and
+            // the load must not return while the helper's thread still exists.
+            if let Some(h) = helper
+                && let Err(payload) = h.join()
+            {
+                std::panic::resume_unwind(payload);
+            }
             result.map(|()| stats)
         })
     }

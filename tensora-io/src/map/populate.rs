@@ -127,12 +127,20 @@ pub unsafe fn populate(spans: &[Span], cfg: &PopulateConfig<'_>) -> Result<Popul
     };
     let threads = cfg.threads.clamp(1, POPULATE_THREADS_MAX).min(pieces.len().max(1));
     std::thread::scope(|s| {
-        for _ in 1..threads {
-            // SAFETY: every piece lies inside a live mapping (this function's contract).
-            s.spawn(|| unsafe { run.work() });
-        }
+        let helpers: Vec<_> = (1..threads)
+            .map(|_| {
+                // SAFETY: every piece lies inside a live mapping (this function's contract).
+                s.spawn(|| unsafe { run.work() })
+            })
+            .collect();
         // SAFETY: as above.
         unsafe { run.work() };
+        // Joined, not left to the scope, so no helper thread outlives the call.
+        for h in helpers {
+            if let Err(payload) = h.join() {
+                std::panic::resume_unwind(payload);
+            }
+        }
     });
     if let Some(e) = run.failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
