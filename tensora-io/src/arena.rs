@@ -22,10 +22,11 @@
 //! 512 pages, and runs at 0.3-0.7 GB/s per thread against 7-9 GB/s for a block freed a moment ago.
 //! Base pages come from smaller free fragments, which are never handed back, and fault in at
 //! 2-4 GB/s. So a fresh arena ([`Prefault::None`], what loads use) of at least
-//! [`FRESH_PROBE_MIN_BYTES`] advises huge pages, faults its first [`FRESH_PROBE_BYTES`] in and
-//! times that in the thread's CPU time (the host's fault handling counts there, another process's
-//! time slice does not): below [`HUGE_FAULT_BYTES_PER_SECOND_MIN`] the rest of the arena gets base
-//! pages ([`Arena::use_base_pages`]). [`Arena::populate_write_adaptive`] makes the same check as
+//! [`FRESH_PROBE_MIN_BYTES`] advises huge pages, faults its first [`FRESH_PROBE_BYTES`] in, one
+//! huge page at a time, and times each in the thread's CPU time (the host's fault handling counts
+//! there, another process's time slice does not): when two in a row ran below
+//! [`HUGE_FAULT_BYTES_PER_SECOND_MIN`] the rest of the arena gets base pages
+//! ([`Arena::use_base_pages`]). [`Arena::populate_write_adaptive`] makes the same check as
 //! it goes (the direct-I/O populate helper of an owned load uses it), since a burst of recently
 //! freed blocks can run out in the middle of an arena. Huge pages still matter where they are
 //! cheap: direct reads into them reach the device as 2 MiB requests, into base pages as about
@@ -56,7 +57,7 @@
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::seam::Destination;
 
@@ -170,6 +171,10 @@ pub const FRESH_PROBE_BYTES: u64 = 4 << 20;
 pub const HUGE_FAULT_BYTES_PER_SECOND_MIN: f64 = 1.5e9;
 /// A range is timed only when it is at least one huge page long (a shorter one says little).
 const ADAPT_MIN_BYTES: u64 = 2 << 20;
+/// Slow samples in a row before an arena gives up huge pages: one slow sample is often a fault
+/// that waited on something else (compaction, a neighbour's burst), and giving up huge pages for
+/// the rest of a multi-GB arena on it cost warm loads up to half their speed in paired runs.
+const SLOW_SAMPLES_TO_SWITCH: u32 = 2;
 
 /// The pages an arena's memory that is not faulted in yet will get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,6 +205,16 @@ fn huge_pages_pay(bytes: u64, cpu_seconds: Option<f64>) -> bool {
     }
 }
 
+/// The slow samples in a row after one more sample (`pays`: it ran fast enough), and whether the
+/// arena should now give up huge pages.
+fn slow_streak(streak: u32, pays: bool) -> (u32, bool) {
+    if pays {
+        return (0, false);
+    }
+    let streak = streak.saturating_add(1);
+    (streak, streak >= SLOW_SAMPLES_TO_SWITCH)
+}
+
 /// Page size used for touching.
 const TOUCH_STRIDE_BYTES: usize = 4096;
 /// Upper bound on prefault threads, whatever the caller asks.
@@ -220,6 +235,8 @@ pub struct Arena {
     /// Whether pages not yet faulted in get huge pages (`MADV_HUGEPAGE` accepted and not turned
     /// off by [`Arena::use_base_pages`]).
     huge_advised: AtomicBool,
+    /// Slow huge-page samples in a row ([`Arena::populate_write_adaptive`]).
+    slow_samples: AtomicU32,
 }
 
 // SAFETY: the arena owns its mapping exclusively; the raw pointer is only an address. Concurrent
@@ -286,7 +303,13 @@ impl Arena {
             unsafe { libc::munmap(start.add(map_len_bytes).cast(), tail_bytes) };
         }
         let ptr = NonNull::new(start).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        let mut arena = Arena { ptr, len_bytes, map_len_bytes, huge_advised: AtomicBool::new(false) };
+        let mut arena = Arena {
+            ptr,
+            len_bytes,
+            map_len_bytes,
+            huge_advised: AtomicBool::new(false),
+            slow_samples: AtomicU32::new(0),
+        };
         if populate {
             // SAFETY: MAP_FIXED over exactly the aligned range that this arena owns (our own
             // PROT_NONE reservation), so no other mapping is replaced.
@@ -311,7 +334,9 @@ impl Arena {
             Prefault::None if map_len_bytes as u64 >= FRESH_PROBE_MIN_BYTES => {
                 // Huge pages only where they come cheap (module docs). A hint: a kernel without
                 // MADV_POPULATE_WRITE keeps the huge-page advice.
-                let _ = arena.populate_write_adaptive(0, FRESH_PROBE_BYTES);
+                for k in 0..FRESH_PROBE_BYTES / ADAPT_MIN_BYTES {
+                    let _ = arena.populate_write_adaptive(k * ADAPT_MIN_BYTES, ADAPT_MIN_BYTES);
+                }
             }
             Prefault::None | Prefault::MapPopulate => {}
             Prefault::PopulateWrite => {
@@ -349,6 +374,7 @@ impl Arena {
             len_bytes: 0,
             map_len_bytes: 0,
             huge_advised: AtomicBool::new(false),
+            slow_samples: AtomicU32::new(0),
         }
     }
 
@@ -435,8 +461,9 @@ impl Arena {
     }
 
     /// [`Arena::populate_write`], timed in the calling thread's CPU time while the arena asks for
-    /// huge pages: when at least a huge page's worth faulted in slower than
-    /// [`HUGE_FAULT_BYTES_PER_SECOND_MIN`], the rest of the arena gets base pages
+    /// huge pages: when [`SLOW_SAMPLES_TO_SWITCH`] timed ranges in a row (each at least a huge
+    /// page) faulted in slower than [`HUGE_FAULT_BYTES_PER_SECOND_MIN`], the rest of the arena
+    /// gets base pages
     /// ([`Arena::use_base_pages`]). Returns the pages memory not faulted in yet will get. Errors
     /// are those of `populate_write` (a hint: kernels before 5.14).
     pub fn populate_write_adaptive(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<Pages> {
@@ -448,7 +475,10 @@ impl Arena {
         self.populate_write(offset_bytes, len_bytes)?;
         let spent = before.zip(thread_cpu_seconds()).map(|(a, b)| b - a);
         let bytes = len_bytes.min((self.len_bytes as u64).saturating_sub(offset_bytes));
-        if !huge_pages_pay(bytes, spent) {
+        let (streak, give_up) =
+            slow_streak(self.slow_samples.load(Ordering::Relaxed), huge_pages_pay(bytes, spent));
+        self.slow_samples.store(streak, Ordering::Relaxed);
+        if give_up {
             self.use_base_pages()?;
         }
         Ok(self.pages())
@@ -672,6 +702,15 @@ mod tests {
         assert!(parking.slot().is_some(), "not larger: kept");
         parking.drop_larger_than(2 << 20);
         assert!(parking.slot().is_none(), "larger: unmapped");
+    }
+
+    #[test]
+    fn one_slow_sample_keeps_huge_pages_two_in_a_row_give_them_up() {
+        assert_eq!(slow_streak(0, true), (0, false));
+        assert_eq!(slow_streak(0, false), (1, false));
+        assert_eq!(slow_streak(1, true), (0, false), "a fast sample ends the streak");
+        assert_eq!(slow_streak(1, false), (2, true));
+        assert_eq!(slow_streak(u32::MAX, false), (u32::MAX, true));
     }
 
     #[test]
