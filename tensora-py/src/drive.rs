@@ -11,6 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBool;
 use tensora_io::ProgressHook;
 
+use crate::queue::{Bounded, Pop};
+
 /// How often the caller wakes to report progress and check signals.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -28,6 +30,34 @@ pub fn noted_signal(py: Python<'_>, e: PyErr, note: &str) -> PyErr {
         let _ = value.call_method1("add_note", (note,));
     }
     e
+}
+
+/// What waiting for an iterator's next item ended with ([`next_or_signal`]).
+#[derive(Debug)]
+pub enum Next<T> {
+    /// The next item.
+    Item(T),
+    /// The producer closed the queue and it is drained.
+    Closed,
+    /// A signal handler raised this while the iterator waited; `note` was added to it.
+    Interrupted(PyErr),
+}
+
+/// The next item of `queue` for a Python iterator: waits with the GIL released, in steps of
+/// [`POLL_INTERVAL`], running signal handlers between steps (so Ctrl-C ends the wait). The caller
+/// closes or finishes its producer on `Closed` and `Interrupted`.
+pub fn next_or_signal<T: Send>(py: Python<'_>, queue: &Bounded<T>, note: &str) -> Next<T> {
+    loop {
+        match py.detach(|| queue.pop_timeout(POLL_INTERVAL)) {
+            Pop::Item(item) => return Next::Item(item),
+            Pop::Closed => return Next::Closed,
+            Pop::Empty => {
+                if let Err(e) = py.check_signals() {
+                    return Next::Interrupted(noted_signal(py, e, note));
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]

@@ -17,10 +17,15 @@ use tensora_format::{Dtype, Selection};
 use tensora_io::{BackendChoice, LoadError, LoadOptions, ShareOf};
 use tensora_remote::{RemoteOptions, open_remote};
 
+use crate::drive::Next;
 use crate::export::ExportMeta;
 use crate::owner::{Owner, Storage, TensorBytes};
-use crate::queue::{Bounded, Pop};
+use crate::queue::Bounded;
 use crate::{TensorData, exc, format_err, load_err};
+
+/// The note added to an exception raised by a signal handler while a collective load waited.
+const SHARE_CLOSED_NOTE: &str =
+    "tensora: a signal handler raised this while a collective load waited; its reads were stopped";
 
 /// One rank's share, loaded: every region's place in the arena, the arena's owner, and the
 /// tensors to export once the regions are exchanged.
@@ -278,24 +283,19 @@ impl ShareStream {
     }
 
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Shared> {
-        loop {
-            let queue = Arc::clone(&self.queue);
-            match py.detach(move || queue.pop_timeout(crate::drive::POLL_INTERVAL)) {
-                Pop::Item(Ok(shared)) => return Ok(shared),
-                Pop::Item(Err(e)) => {
-                    self.finish(py);
-                    return Err(e);
-                }
-                Pop::Closed => {
-                    self.finish(py);
-                    return Err(PyStopIteration::new_err(()));
-                }
-                Pop::Empty => {
-                    if let Err(e) = py.check_signals() {
-                        self.close(py);
-                        return Err(e);
-                    }
-                }
+        match crate::drive::next_or_signal(py, &self.queue, SHARE_CLOSED_NOTE) {
+            Next::Item(Ok(shared)) => Ok(shared),
+            Next::Item(Err(e)) => {
+                self.finish(py);
+                Err(e)
+            }
+            Next::Closed => {
+                self.finish(py);
+                Err(PyStopIteration::new_err(()))
+            }
+            Next::Interrupted(e) => {
+                self.close(py);
+                Err(e)
             }
         }
     }

@@ -20,9 +20,10 @@ use pyo3::types::{PyList, PyTuple};
 use tensora_format::Selection;
 use tensora_io::{BackendChoice, LoadError, LoadOptions, Residence};
 
+use crate::drive::Next;
 use crate::export::ExportMeta;
 use crate::owner::{Owner, Storage};
-use crate::queue::{Bounded, Pop};
+use crate::queue::Bounded;
 use crate::tensor::CopyTally;
 use crate::{TensorData, format_err, load_err};
 
@@ -216,25 +217,19 @@ impl Stream {
     }
 
     fn __next__(&mut self, py: Python<'_>) -> PyResult<(String, TensorData)> {
-        loop {
-            let queue = Arc::clone(&self.queue);
-            match py.detach(move || queue.pop_timeout(crate::drive::POLL_INTERVAL)) {
-                Pop::Item(Msg::Tensor(t)) => return Ok((t.t.name.clone(), t)),
-                Pop::Item(Msg::Failed(e)) => {
-                    self.finish(py);
-                    return Err(e);
-                }
-                Pop::Closed => {
-                    self.finish(py);
-                    return Err(PyStopIteration::new_err(()));
-                }
-                Pop::Empty => {
-                    if let Err(e) = py.check_signals() {
-                        let e = crate::drive::noted_signal(py, e, STREAM_CLOSED_NOTE);
-                        self.close(py);
-                        return Err(e);
-                    }
-                }
+        match crate::drive::next_or_signal(py, &self.queue, STREAM_CLOSED_NOTE) {
+            Next::Item(Msg::Tensor(t)) => Ok((t.t.name.clone(), t)),
+            Next::Item(Msg::Failed(e)) => {
+                self.finish(py);
+                Err(e)
+            }
+            Next::Closed => {
+                self.finish(py);
+                Err(PyStopIteration::new_err(()))
+            }
+            Next::Interrupted(e) => {
+                self.close(py);
+                Err(e)
             }
         }
     }
