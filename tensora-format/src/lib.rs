@@ -42,7 +42,7 @@ mod error;
 mod fsutil;
 pub mod inspect;
 mod json;
-mod names;
+pub mod names;
 mod open;
 pub mod safetensors;
 pub mod select;
@@ -101,5 +101,5 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Checkp
     if name == "tensor_index.json" {
         return sllm::open_dir(parent);
     }
-    sharded::open_file(path)
+    sharded::open_file(path, options)
 }

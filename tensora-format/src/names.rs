@@ -1,7 +1,19 @@
 //! Name lookups without copies of the names: [`NameTable`] holds only ids (`u32`), the names
 //! stay in the caller's shared buffer and are fetched through a closure. The one name → entry map
-//! of the crate: duplicate tensors in a header, an index's weight map and shard names, and a
-//! [`crate::Checkpoint`]'s lookup by name.
+//! of the workspace: duplicate tensors in a header, an index's weight map and shard names, a
+//! [`crate::Checkpoint`]'s lookup by name, and a loaded model's (`tensora_io::Loaded`).
+//!
+//! ```
+//! use tensora_format::names::NameTable;
+//! let names = ["a.weight", "b.weight"];
+//! let mut table = NameTable::with_capacity(names.len());
+//! for (id, name) in names.iter().enumerate() {
+//!     assert_eq!(table.insert(name, id as u32, |i| names[i as usize]), None);
+//! }
+//! assert_eq!(table.insert("a.weight", 9, |i| names[i as usize]), Some(0)); // already present
+//! assert_eq!(table.get("b.weight", |i| names[i as usize]), Some(1));
+//! assert_eq!(table.get("c.weight", |i| names[i as usize]), None);
+//! ```
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -35,7 +47,7 @@ const EMPTY: u64 = u64::MAX;
 /// name only when those bits agree (on a hit, almost always once). Load factor at most 2/3: a
 /// table sized for `n` names takes `12 n` bytes.
 #[derive(Clone)]
-pub(crate) struct NameTable {
+pub struct NameTable {
     seed: u64,
     /// `tag << 32 | id`, or [`EMPTY`].
     slots: Vec<u64>,
@@ -61,15 +73,13 @@ impl NameTable {
     }
 
     /// Number of names held.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }
 
-    /// Forget every name (keeps the slots).
-    pub fn clear(&mut self) {
-        self.slots.fill(EMPTY);
-        self.len = 0;
+    /// Whether no name is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// The name's home slot (multiply-shift of the hash's high bits onto `0..slots`) and its tag

@@ -48,13 +48,14 @@ fn read_index_file(path: &Path) -> Result<Vec<u8>> {
 /// Read and parse the header at `path` and build its tensors as file `file` (looked up in
 /// `index` when there is one): the work of one header thread.
 fn read_shard(path: &Path, file: FileId, index: Option<&ShardIndex>) -> Result<ShardTensors> {
-    let (header, meta) = read_header_stamped(path)?;
+    // One thread per header: the pool already runs headers side by side.
+    let (header, meta) = read_header_stamped(path, 1)?;
     Ok(ShardTensors::new(path.to_path_buf(), FileStamp::from_metadata(&meta), header, file, index))
 }
 
-/// Open one `.safetensors` file.
-pub(crate) fn open_file(path: &Path) -> Result<Checkpoint> {
-    let (header, meta) = read_header_stamped(path)?;
+/// Open one `.safetensors` file, its header parsed on up to `options`' header threads.
+pub(crate) fn open_file(path: &Path, options: &OpenOptions) -> Result<Checkpoint> {
+    let (header, meta) = read_header_stamped(path, options.threads())?;
     Ok(assemble_file(path.to_path_buf(), FileStamp::from_metadata(&meta), header))
 }
 

@@ -1,12 +1,14 @@
 //! The MoE-scale cells (issue 20): a DeepSeek-V3-shaped checkpoint (about 90,000 tensors in 163
 //! shards, [`fixture`]) opened strictly and lazily, planned for one expert and one layer, one
 //! expert loaded from sparse files, `inspect --json`, and Hugging Face's `safe_open` reading the
-//! same headers, all in one run. Written as `moe.json` and `moe.md` beside the main report.
+//! same headers, all in one run; and the 100,000-tensor single file loaded by the CLI beside its
+//! roofline ([`many_small`]). Written as `moe.json` and `moe.md` beside the main report.
 //!
 //! Times are wall-clock medians over the configured runs (after one warm-up, page cache warm).
 //! Peak memory is measured in a fresh process (this binary re-run as a probe), as `VmHWM`.
 
 pub mod fixture;
+pub mod many_small;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -214,6 +216,7 @@ pub fn run(
     cells.push(cell("HF safe_open header reads (python, keys of every shard)", log, || {
         hf_safe_open(config, python, &fixture, runs)
     }));
+    cells.extend(many_small::cells(config, log));
     add_ratio(&mut cells);
     Ok(MoeReport { fixture, runs, selections: vec![expert, layer], cells })
 }
@@ -388,6 +391,7 @@ pub fn probe_main() -> Option<ExitCode> {
             tensora_format::Inspection::write_json(&c, std::io::BufWriter::new(std::io::sink()))?;
             Ok(c.tensors().len())
         }),
+        many_small::READ_PROBE => many_small::read_probe(&PathBuf::from(dir)),
         other => Err(anyhow::anyhow!("unknown probe {other:?}")),
     };
     let seconds = t.elapsed().as_secs_f64();

@@ -253,6 +253,27 @@ pub fn parse_header(bytes: &[u8], file_len_bytes: u64) -> Result<Header> {
 
 /// [`parse_header`], with errors naming `path`.
 pub fn parse_header_with_path(bytes: &[u8], file_len_bytes: u64, path: &Path) -> Result<Header> {
+    parse_header_on(bytes, file_len_bytes, path, 1)
+}
+
+/// [`parse_header_with_path`] on up to `threads` threads (a header of a few MB and up, e.g.
+/// 100,000 tensors in one file, is parsed in parts; the result and every error are the same).
+pub(crate) fn parse_header_on(
+    bytes: &[u8],
+    file_len_bytes: u64,
+    path: &Path,
+    threads: usize,
+) -> Result<Header> {
+    parse_header_split(bytes, file_len_bytes, path, (threads, parser::PART_BYTES_MIN))
+}
+
+/// [`parse_header_on`] with parts of at least `part_bytes_min` bytes.
+fn parse_header_split(
+    bytes: &[u8],
+    file_len_bytes: u64,
+    path: &Path,
+    (threads, part_bytes_min): (usize, usize),
+) -> Result<Header> {
     let span = header_span_at(path, bytes, file_len_bytes)?;
     let Some(json) = usize::try_from(span).ok().and_then(|span| bytes.get(8..span)) else {
         return Err(Error::new(
@@ -263,7 +284,7 @@ pub fn parse_header_with_path(bytes: &[u8], file_len_bytes: u64, path: &Path) ->
     let header_len_bytes = span - 8;
     let data_len_bytes = file_len_bytes - span;
     let mut parser = Parser::new(path, json);
-    parser.run()?;
+    parser.run(threads, part_bytes_min)?;
     let Parser { metadata, mut entries, names, dims, .. } = parser;
     check_tiling(path, &mut entries, &names, data_len_bytes)?;
     Ok(Header { header_len_bytes, file_len_bytes, metadata, names, dims, entries })
@@ -271,13 +292,14 @@ pub fn parse_header_with_path(bytes: &[u8], file_len_bytes: u64, path: &Path) ->
 
 /// Read and validate the header of the safetensors file at `path`. Reads exactly `8 + n` bytes.
 pub fn read_header(path: &Path) -> Result<Header> {
-    let (header, _) = read_header_stamped(path)?;
+    let (header, _) = read_header_stamped(path, 1)?;
     Ok(header)
 }
 
 /// [`read_header`], also returning the file's metadata as seen through the same open handle.
-/// Two positional reads: the 8-byte prefix, then exactly the `n` header bytes.
-pub(crate) fn read_header_stamped(path: &Path) -> Result<(Header, std::fs::Metadata)> {
+/// Two positional reads: the 8-byte prefix, then exactly the `n` header bytes; parsed on up to
+/// `threads` threads.
+pub(crate) fn read_header_stamped(path: &Path, threads: usize) -> Result<(Header, std::fs::Metadata)> {
     let io = |e| Error::new(path, ErrorKind::Io(e));
     let (file, meta) = crate::open_regular(path)?;
     let file_len_bytes = meta.len();
@@ -293,7 +315,7 @@ pub(crate) fn read_header_stamped(path: &Path) -> Result<(Header, std::fs::Metad
     })?;
     let mut bytes = vec![0u8; span_usize];
     bytes[..8].copy_from_slice(&prefix);
-    let got = read_at_most(&file, &mut bytes[8..], 8).map_err(io)?;
+    let got = read_in_parts(&file, &mut bytes[8..], 8, threads).map_err(io)?;
     if got != span_usize - 8 {
         // The file shrank under us.
         return Err(Error::new(
@@ -301,8 +323,36 @@ pub(crate) fn read_header_stamped(path: &Path) -> Result<(Header, std::fs::Metad
             ErrorKind::HeaderBeyondFile { header_len_bytes: span - 8, file_len_bytes: 8 + got as u64 },
         ));
     }
-    let header = parse_header_with_path(&bytes, file_len_bytes, path)?;
+    let header = parse_header_on(&bytes, file_len_bytes, path, threads)?;
     Ok((header, meta))
+}
+
+/// [`read_at_most`] on up to `threads` scoped threads, each filling its own part of `buf` (a
+/// header of several MB is mostly the faults of its fresh buffer, which then run side by side).
+/// Returns the bytes read; short (the file shrank) if any part came back short.
+fn read_in_parts(file: &File, buf: &mut [u8], offset: u64, threads: usize) -> std::io::Result<usize> {
+    let parts = threads.clamp(1, parser::PARSE_THREADS_MAX).min(buf.len() / parser::PART_BYTES_MIN);
+    if parts <= 1 {
+        return read_at_most(file, buf, offset);
+    }
+    let part_len = buf.len().div_ceil(parts);
+    std::thread::scope(|scope| {
+        let mut pieces = buf.chunks_mut(part_len).enumerate();
+        let (_, first) = pieces.next().unwrap_or((0, &mut []));
+        let helpers: Vec<_> = pieces
+            .map(|(k, piece)| scope.spawn(move || read_at_most(file, piece, offset + (k * part_len) as u64)))
+            .collect();
+        let mut done = read_at_most(file, first, offset);
+        // Joined here, not left to the scope, so no read outlives the call.
+        for helper in helpers {
+            let got = helper.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            done = match (done, got) {
+                (Ok(a), Ok(b)) => Ok(a + b),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
+        done
+    })
 }
 
 /// Read at `offset` until `buf` is full or EOF; returns the bytes read. Retries EINTR.
@@ -331,7 +381,11 @@ fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usi
 
 /// Sort by start and check that the ranges tile `[0, data_len)` exactly (rule 9).
 fn check_tiling(path: &Path, tensors: &mut [Entry], names: &str, data_len_bytes: u64) -> Result<()> {
-    tensors.sort_by_key(|t| (t.start_bytes, t.end_bytes));
+    // Writers lay tensors out in offset order, so the common header needs no sort (and no
+    // sort buffer): checking that is one pass.
+    if !tensors.is_sorted_by_key(|t| (t.start_bytes, t.end_bytes)) {
+        tensors.sort_by_key(|t| (t.start_bytes, t.end_bytes));
+    }
     let mut expected = 0u64;
     for t in tensors.iter() {
         if t.start_bytes > expected {

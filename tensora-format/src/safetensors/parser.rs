@@ -15,6 +15,11 @@ use crate::{Dtype, Error, ErrorKind, Result};
 /// `"a":{"dtype":"U8","shape":[],"data_offsets":[0,0]},`, is 50 bytes: a header of `n` bytes holds
 /// at most `n / 49 + 1` entries. Used only to cap preallocation on hostile input.
 const ENTRY_BYTES_MIN: usize = 49;
+/// A header is parsed in parts on several threads only when each part gets at least this many
+/// bytes: below it, starting a thread costs more than the part's parse saves.
+pub(super) const PART_BYTES_MIN: usize = 1 << 20;
+/// At most this many threads parse one header.
+pub(super) const PARSE_THREADS_MAX: usize = 8;
 
 /// Buffers reused across chunks.
 struct Scratch {
@@ -55,8 +60,10 @@ impl<'a> Parser<'a> {
         Error::new(self.path, kind)
     }
 
-    /// Find the object, split it into chunks at top-level commas, and parse each chunk.
-    pub fn run(&mut self) -> Result<()> {
+    /// Find the object, split it into chunks at top-level commas, and parse each chunk: on up to
+    /// `threads` threads when the header is large enough that each gets `part_bytes_min` bytes
+    /// ([`PART_BYTES_MIN`] outside tests).
+    pub fn run(&mut self, threads: usize, part_bytes_min: usize) -> Result<()> {
         let json = self.json;
         let Some(open) = json.iter().position(|&b| !is_json_ws(b)) else {
             return Err(self.err(ErrorKind::HeaderNotJson { message: "header is only whitespace".into() }));
@@ -66,37 +73,25 @@ impl<'a> Parser<'a> {
                 message: format!("first non-whitespace byte is 0x{:02x} at {open}, not '{{'", json[open]),
             }));
         }
-        // Every tensor entry's value is an object, so it holds at least one '}' outside strings:
-        // the count of '}' bytes bounds the number of tensors. Preallocating that (capped by what
-        // the header could hold at its densest) avoids growth peaks.
-        let braces = count_byte(json, b'}');
-        let capacity = braces.min(json.len() / ENTRY_BYTES_MIN + 1);
-        self.entries.reserve_exact(capacity);
-        self.seen = NameTable::with_capacity(capacity);
-        // Names and dims grow if these guesses are short: names are usually under half of a
-        // header, and a dimension takes at least two bytes of JSON.
-        self.names.reserve(json.len() / 2);
-        self.dims.reserve((2 * capacity).min(json.len() / 2));
-        let mut scratch = Scratch {
-            buffers: Buffers::with_max_depth(CHUNK_BYTES_TARGET + 2, json.len() + 2),
-            chunk: Vec::with_capacity(CHUNK_BYTES_TARGET + 2 + simd_json::INPUT_PADDING),
-            tape: Tape::null(),
-        };
 
         // Fast path: split at likely entry boundaries without scanning every byte. Sound whatever
         // the split points: if every chunk is a valid non-empty object, so is the whole header.
         // Any failure (a split inside a string, or a genuine error) reruns the exact path below,
-        // which alone decides which error to report.
+        // on this thread, which alone decides which error to report.
         if let Some(segments) = speculative_segments(json, open) {
-            if self.parse_segments(&segments, &mut scratch).is_ok() {
+            let parts = threads
+                .clamp(1, PARSE_THREADS_MAX)
+                .min(json.len() / part_bytes_min.max(1))
+                .min(segments.len());
+            let parsed = if parts > 1 {
+                self.parse_in_parts(&segments, parts)
+            } else {
+                self.parse_segments(&segments, segments.len() > 1)
+            };
+            if parsed.is_ok() {
                 return Ok(());
             }
-            self.entries.clear();
-            self.names.clear();
-            self.dims.clear();
-            self.seen.clear();
-            self.metadata = None;
-            self.metadata_seen = false;
+            *self = Parser::new(self.path, json);
         }
 
         let scan =
@@ -104,11 +99,36 @@ impl<'a> Parser<'a> {
         if let Some(off) = json[scan.close + 1..].iter().position(|&b| !is_json_ws(b)) {
             return Err(self.err(ErrorKind::TrailingBytes { at: scan.close + 1 + off }));
         }
-        self.parse_segments(&scan.segments, &mut scratch)
+        self.parse_segments(&scan.segments, scan.segments.len() > 1)
     }
 
-    fn parse_segments(&mut self, segments: &[std::ops::Range<usize>], scratch: &mut Scratch) -> Result<()> {
-        let several = segments.len() > 1;
+    /// Reserve for the entries of `json[range]`. Every tensor entry's value is an object, so it
+    /// holds at least one '}' outside strings: the count of '}' bytes bounds the number of
+    /// tensors. Preallocating that (capped by what the bytes could hold at their densest) avoids
+    /// growth peaks.
+    fn reserve_for(&mut self, range: std::ops::Range<usize>) {
+        let bytes = &self.json[range];
+        let capacity = count_byte(bytes, b'}').min(bytes.len() / ENTRY_BYTES_MIN + 1);
+        self.entries.reserve_exact(capacity);
+        self.seen = NameTable::with_capacity(capacity);
+        // Names and dims grow if these guesses are short: names are usually under half of a
+        // header, and a dimension takes at least two bytes of JSON.
+        self.names.reserve(bytes.len() / 2);
+        self.dims.reserve((2 * capacity).min(bytes.len() / 2));
+    }
+
+    /// Parse `segments` (runs of whole members, in header order) on this thread. `several`: the
+    /// header has more than one segment, so none may be empty (an empty one is a stray comma).
+    fn parse_segments(&mut self, segments: &[std::ops::Range<usize>], several: bool) -> Result<()> {
+        let (Some(first), Some(last)) = (segments.first(), segments.last()) else {
+            return Ok(());
+        };
+        self.reserve_for(first.start..last.end);
+        let mut scratch = Scratch {
+            buffers: Buffers::with_max_depth(CHUNK_BYTES_TARGET + 2, self.json.len() + 2),
+            chunk: Vec::with_capacity(CHUNK_BYTES_TARGET + 2 + simd_json::INPUT_PADDING),
+            tape: Tape::null(),
+        };
         for segment in segments {
             self.parse_chunk(
                 segment.start,
@@ -119,6 +139,83 @@ impl<'a> Parser<'a> {
                 several,
             )?;
         }
+        Ok(())
+    }
+
+    /// Parse `segments` as `parts` runs of about equal length, each on its own scoped thread (the
+    /// first on this one), then merge them in header order. A part's error, or what only the
+    /// whole can see (a name in two parts, `__metadata__` in two parts), is an `Err` with no
+    /// message of its own: the caller reruns the exact serial path, which reports it.
+    fn parse_in_parts(&mut self, segments: &[std::ops::Range<usize>], parts: usize) -> Result<()> {
+        let (path, json) = (self.path, self.json);
+        let per_part = segments.len().div_ceil(parts);
+        let mut groups = segments.chunks(per_part);
+        let first = groups.next().unwrap_or(&[]);
+        let parse = |group: &[std::ops::Range<usize>]| {
+            let mut part = Parser::new(path, json);
+            part.parse_segments(group, true).map(|()| part)
+        };
+        let mut parsed = Vec::with_capacity(parts);
+        std::thread::scope(|scope| {
+            let helpers: Vec<_> = groups.map(|group| scope.spawn(move || parse(group))).collect();
+            parsed.push(parse(first));
+            // Joined here, not left to the scope, so no parse thread outlives the parse.
+            for helper in helpers {
+                parsed.push(helper.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)));
+            }
+        });
+        let mut parts: Vec<Parser<'a>> = parsed.into_iter().collect::<Result<_>>()?;
+        let mut rest = parts.split_off(1);
+        *self = parts.pop().unwrap_or_else(|| Parser::new(path, json));
+        // One reservation for the merged buffers, so appending moves nothing.
+        self.names.reserve(rest.iter().map(|p| p.names.len()).sum());
+        self.dims.reserve(rest.iter().map(|p| p.dims.len()).sum());
+        self.entries.reserve(rest.iter().map(|p| p.entries.len()).sum());
+        // Each part's own table, and where its entries start in the merged list: a later part's
+        // names are looked up in every earlier part's table.
+        let mut tables = vec![(std::mem::replace(&mut self.seen, NameTable::with_capacity(0)), 0usize)];
+        for part in rest.drain(..) {
+            self.absorb(part, &mut tables)?;
+        }
+        Ok(())
+    }
+
+    /// Append `part` (parsed from the members right after this parser's) to this one.
+    fn absorb(&mut self, part: Parser<'a>, tables: &mut Vec<(NameTable, usize)>) -> Result<()> {
+        let path = self.path;
+        let conflict =
+            move || Error::new(path, ErrorKind::HeaderNotJson { message: "parts disagree".into() });
+        if part.metadata_seen {
+            if self.metadata_seen {
+                return Err(conflict());
+            }
+            self.metadata_seen = true;
+            self.metadata = part.metadata;
+        }
+        let (entries, names) = (&self.entries, &self.names);
+        for e in &part.entries {
+            let name = e.name(&part.names);
+            for (table, base) in tables.iter() {
+                if table.get(name, |i| entries[base + i as usize].name(names)).is_some() {
+                    return Err(conflict());
+                }
+            }
+        }
+        // All fit u32: the merged header is at most 100 MB, and each name byte and dimension
+        // takes at least one byte of it.
+        let (Ok(name_base), Ok(dims_base)) =
+            (u32::try_from(self.names.len()), u32::try_from(self.dims.len()))
+        else {
+            return Err(conflict());
+        };
+        tables.push((part.seen, self.entries.len()));
+        self.names.push_str(&part.names);
+        self.dims.extend_from_slice(&part.dims);
+        self.entries.extend(part.entries.into_iter().map(|e| Entry {
+            name_start: e.name_start + name_base,
+            dims_start: e.dims_start + dims_base,
+            ..e
+        }));
         Ok(())
     }
 

@@ -1,9 +1,10 @@
 //! The result of an owned or mapped load: [`Loaded`], and [`TensorRef`], one tensor's metadata and
 //! bytes with checked typed views ([`Element`]).
 
-use std::collections::HashMap;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
+use tensora_format::names::NameTable;
 use tensora_format::{Dtype, TensorInfo};
 
 use super::ArenaReuse;
@@ -122,7 +123,9 @@ pub struct Loaded {
     pub(super) storage: Storage,
     pub(super) arena_reuse: ArenaReuse,
     pub(super) entries: Vec<Entry>,
-    pub(super) by_name: HashMap<String, usize>,
+    /// Name → index in `entries`, built on the first lookup by name (a load that is only iterated,
+    /// or reported, never pays for it: 100,000 tensors cost no string copy and no map).
+    pub(super) by_name: OnceLock<NameTable>,
     pub(super) report: LoadReport,
 }
 
@@ -156,9 +159,25 @@ impl Loaded {
         }
     }
 
+    /// The index in `entries` of the tensor called `name` (the first call builds the name table:
+    /// O(tensors); each later one is O(1)).
+    fn index_of(&self, name: &str) -> Option<usize> {
+        let entries = &self.entries;
+        let table = self.by_name.get_or_init(|| {
+            let mut table = NameTable::with_capacity(entries.len());
+            for (i, e) in entries.iter().enumerate() {
+                // Fewer than u32::MAX entries: each is a tensor of a parsed header or index.
+                let previous = table.insert(e.info.name(), i as u32, |k| entries[k as usize].info.name());
+                debug_assert!(previous.is_none(), "tensor {:?} loaded twice", e.info.name());
+            }
+            table
+        });
+        table.get(name, |k| entries[k as usize].info.name()).map(|i| i as usize)
+    }
+
     /// The tensor called `name`, if it was selected.
     pub fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
-        self.by_name.get(name).map(|&i| self.get(i))
+        self.index_of(name).map(|i| self.get(i))
     }
     /// Every loaded tensor, in delivery (priority, then file) order.
     pub fn tensors(&self) -> impl Iterator<Item = TensorRef<'_>> {
@@ -200,7 +219,7 @@ impl Loaded {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn tensor_mut_ptr(&self, name: &str) -> Option<(NonNull<u8>, usize)> {
-        let e = &self.entries[*self.by_name.get(name)?];
+        let e = &self.entries[self.index_of(name)?];
         let len_bytes = e.info.len_bytes();
         let len = usize::try_from(len_bytes).ok().filter(|&l| l > 0)?;
         let end = e.offset_bytes.checked_add(len_bytes)?;
@@ -223,7 +242,7 @@ impl Loaded {
     /// for example) holds it at.
     pub fn arena_offset(&self, name: &str) -> Option<u64> {
         let Storage::Arena(_) = &self.storage else { return None };
-        Some(self.entries[*self.by_name.get(name)?].offset_bytes)
+        Some(self.entries[self.index_of(name)?].offset_bytes)
     }
 
     /// A writable pointer to `range` of an owned load's arena and its length, for bindings that

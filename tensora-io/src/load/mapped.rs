@@ -53,10 +53,14 @@ pub(super) fn load_mapped(
         })
         .collect();
     read_in(session, &entries, &mapped)?;
-    let by_name = entries.iter().enumerate().map(|(i, e)| (e.info.name().to_owned(), i)).collect();
     let storage = Storage::Mapped(mapped);
-    let mut loaded =
-        Loaded { storage, arena_reuse: ArenaReuse::Fresh, entries, by_name, report: LoadReport::default() };
+    let mut loaded = Loaded {
+        storage,
+        arena_reuse: ArenaReuse::Fresh,
+        entries,
+        by_name: Default::default(),
+        report: LoadReport::default(),
+    };
     run_hooks(session, &loaded, part)?;
     phases.io += t.elapsed().as_secs_f64();
     files.bill_open(&mut phases);

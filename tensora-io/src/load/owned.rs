@@ -116,7 +116,6 @@ impl Session<'_> {
                 entries.push(Entry { info, file: 0, offset_bytes });
             }
         }
-        let by_name = entries.iter().enumerate().map(|(i, e)| (e.info.name().to_owned(), i)).collect();
         phases.finish += t.elapsed().as_secs_f64();
         let tally = Tally {
             tensors: entries.len(),
@@ -124,7 +123,13 @@ impl Session<'_> {
             windows: owned.plans.len(),
         };
         let report = self.report(phases, &stats, tally, faults_before);
-        Ok(Loaded { storage: Storage::Arena(arena), arena_reuse: opts.arena_reuse, entries, by_name, report })
+        Ok(Loaded {
+            storage: Storage::Arena(arena),
+            arena_reuse: opts.arena_reuse,
+            entries,
+            by_name: Default::default(),
+            report,
+        })
     }
 
     /// Run every plan into its part of `arena`, one after another. Into fresh memory a helper
