@@ -220,7 +220,9 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
             })
             .with_context(context)?
     } else {
-        checkpoint.load(&opts).with_context(context)?.report().clone()
+        // The model is in memory when `load` returns; a cache's copies are made durable behind
+        // it, and this command waits for that before it reports (and exits).
+        checkpoint.load(&opts).with_context(context)?.wait_cache().clone()
     };
     progress.finish();
     let printed = (|| {
@@ -244,8 +246,8 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
             if let Some(c) = &report.cache {
                 writeln!(
                     out,
-                    "cache        {}: {} bytes read from it, {} written, {} objects completed, {} loaded as local files",
-                    c.dir, c.hit_bytes, c.written_bytes, c.promoted, c.local_objects
+                    "cache        {}: {} bytes read from it, {} written, {} objects completed ({:.3} s making them durable after the load), {} loaded as local files",
+                    c.dir, c.hit_bytes, c.written_bytes, c.promoted, c.sync_seconds, c.local_objects
                 )?;
             }
         }

@@ -118,7 +118,12 @@ pub(crate) fn load<'py>(
         let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
             ckpt.load(&LoadOptions { progress: hook, ..opts })
         });
-        let loaded = crate::finish_with(out, crate::remote::remote_err)?;
+        let mut loaded = crate::finish_with(out, crate::remote::remote_err)?;
+        // The cache's copies are finished before the tensors are handed over, so the report is
+        // final (the Rust API lets a caller go on while they are made durable).
+        py.detach(|| {
+            loaded.wait_cache();
+        });
         let report =
             serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
         return export_all(py, loaded.into_loaded(), report);

@@ -246,7 +246,7 @@ impl<'a> Fetcher<'a> {
         }
         self.fetch_from_store(object, offset_bytes, dest).await?;
         if let Some(cache) = self.cache {
-            cache.write(object, offset_bytes, dest);
+            cache.write(object, offset_bytes, dest).await;
         }
         Ok(())
     }

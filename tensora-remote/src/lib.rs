@@ -43,7 +43,10 @@ mod test_store;
 mod tune;
 
 pub use backend::RemoteBackend;
-pub use cache::{Cache, CacheOptions, CacheReport, CachedObject, LOCK_WAIT_MAX, RangeRecord};
+pub use cache::{
+    Cache, CacheOptions, CacheReport, CacheSync, CachedObject, LOCK_WAIT_MAX, RangeRecord,
+    WRITE_BEHIND_BYTES, WRITER_THREADS,
+};
 pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
 pub use error::RemoteError;
 pub use fetch::{RemoteObject, RetryPolicy, Unversioned};

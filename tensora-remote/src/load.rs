@@ -13,7 +13,7 @@ use tensora_format::Checkpoint;
 use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, ShareLoad, ShareOf, TensorRef};
 
 use crate::backend::RemoteBackend;
-use crate::cache::{CacheOptions, CacheReport, CacheSession, WriteLocks};
+use crate::cache::{CacheOptions, CacheReport, CacheSession, CacheSync, WriteLocks};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::Client;
 use crate::fetch::{RetryPolicy, Unversioned};
@@ -37,7 +37,7 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
 /// | `retry` | [`RetryPolicy::default`] | retries per range and retry time |
-/// | `cache` | none | a verified local cache ([`CacheOptions`]): write-through, resume, offline |
+/// | `cache` | none | a verified local cache ([`CacheOptions`]): written in the same pass, durable behind the load ([`RemoteLoaded::wait_cache`]), resume, offline |
 /// | `open_deadline` | 120 s | the most one open may take, every request and retry included |
 /// | `unversioned` | `Refuse` | objects with neither ETag nor Last-Modified: refused, or `Allow`ed |
 /// | `runtime_threads` | 2 | tokio worker threads driving the connections, and as many threads issuing reads and copying bodies; 0: one event loop on the calling thread does it all (like `curl --parallel`) |
@@ -174,6 +174,8 @@ pub struct RemoteLoaded {
     checkpoint: RemoteCheckpoint,
     loaded: Loaded,
     report: RemoteReport,
+    /// The cache's write-behind, while it runs (joined by [`RemoteLoaded::wait_cache`] or on drop).
+    cache_sync: Option<CacheSync>,
 }
 
 impl RemoteLoaded {
@@ -205,8 +207,20 @@ impl RemoteLoaded {
     pub fn is_empty(&self) -> bool {
         self.loaded.is_empty()
     }
-    /// The `tensora_io::Loaded`, by value.
-    pub fn into_loaded(self) -> Loaded {
+    /// Wait until the copies this load wrote into the cache are durable and promoted (with a
+    /// cache, a load returns as soon as its tensors are in memory: the `fsync`s and renames run
+    /// behind it, see [`CacheSync`]). The report's `cache` then counts them in `promoted`, with
+    /// `sync_seconds`. Returns at once without a cache or once done; dropping this value waits too.
+    pub fn wait_cache(&mut self) -> &RemoteReport {
+        if let (Some(sync), Some(cache)) = (self.cache_sync.take(), self.report.cache.as_mut()) {
+            sync.wait(cache);
+        }
+        &self.report
+    }
+    /// The `tensora_io::Loaded`, by value, once the cache's write-behind is done (see
+    /// [`RemoteLoaded::wait_cache`]).
+    pub fn into_loaded(mut self) -> Loaded {
+        self.wait_cache();
         self.loaded
     }
 }
@@ -371,17 +385,18 @@ impl RemoteCheckpoint {
                 let cache = session.finish();
                 let loaded = loaded?;
                 let report = self.local_report(loaded.report().clone(), cache);
-                return Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report });
+                return Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report, cache_sync: None });
             }
             Route::Remote(session) => session,
         };
         let (opts, backend, cap) = self.load_options(load, session.clone());
         let loaded = tensora_io::load(self.checkpoint(), &opts).map_err(|e| self.error(&backend, e));
-        let cache = session.map(|s| s.finish());
+        // On failure too: copies this load completed before it failed are kept (behind it).
+        let (cache, cache_sync) = session.map(|s| s.finish_behind()).unzip();
         let loaded = loaded?;
         let mut report = self.finish_report(loaded.report().clone(), &backend, cap);
         report.cache = cache;
-        Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report })
+        Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report, cache_sync: cache_sync.flatten() })
     }
 
     /// `tensora_io::load_streaming` from the objects: `f` gets each tensor as soon as its bytes

@@ -55,10 +55,15 @@ fn a_cached_load_is_local_after_one_head_per_object_and_offline_after_none() {
     // Cold: every byte fetched once and written through in the same pass; index and shards
     // promoted.
     let first = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
-    let loaded = first.load(&LoadOptions::default()).unwrap();
+    let mut loaded = first.load(&LoadOptions::default()).unwrap();
     assert_matches_local(&loaded, &dir);
-    let report = loaded.report().cache.clone().expect("a cache report");
-    assert_eq!(report.promoted, 2, "{report:?}");
+    // The tensors are there when the load returns; the copies are finished behind it.
+    let behind = loaded.report().cache.clone().expect("a cache report");
+    assert_eq!(behind.promoted + behind.promoting, 2, "{behind:?}");
+    let report = loaded.wait_cache().cache.clone().expect("a cache report");
+    assert_eq!((report.promoted, report.promoting), (2, 0), "{report:?}");
+    // Every tensor byte, written by the load (headers and index were written by the open).
+    assert_eq!(report.written_bytes, 2 * 3 * (192 << 10), "{report:?}");
     assert!(report.skipped.is_empty(), "{report:?}");
     let open_report = first.open_cache_report().unwrap();
     assert_eq!(open_report.promoted, 1, "the index, fetched whole at open: {open_report:?}");
@@ -102,9 +107,9 @@ fn a_changed_object_is_fetched_anew_and_a_partial_load_stays_partial() {
     // One tensor: its ranges are cached, its object is not complete.
     let name = checkpoint.tensors()[0].name().to_owned();
     let one = LoadOptions { selection: Selection::Names(vec![name.clone()]), ..LoadOptions::default() };
-    let loaded = checkpoint.load(&one).unwrap();
-    let report = loaded.report().cache.clone().unwrap();
-    assert_eq!(report.promoted, 0, "{report:?}");
+    let mut loaded = checkpoint.load(&one).unwrap();
+    let report = loaded.wait_cache().cache.clone().unwrap();
+    assert_eq!((report.promoted, report.promoting), (0, 0), "{report:?}");
     assert!(report.written_bytes >= 192 << 10, "{report:?}");
     // The same tensor again: read from the partial copy, no request.
     let again = checkpoint.load(&one).unwrap();
@@ -126,9 +131,9 @@ fn a_changed_object_is_fetched_anew_and_a_partial_load_stays_partial() {
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(100);
     std::fs::File::options().write(true).open(&shard).unwrap().set_modified(later).unwrap();
     let reopened = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
-    let loaded = reopened.load(&LoadOptions::default()).unwrap();
+    let mut loaded = reopened.load(&LoadOptions::default()).unwrap();
     assert_matches_local(&loaded, &dir);
-    let r = loaded.report().cache.clone().unwrap();
+    let r = loaded.wait_cache().cache.clone().unwrap();
     assert!(r.hit_bytes > 0 && r.written_bytes > 0, "{r:?}");
 }
 
@@ -154,9 +159,33 @@ fn the_size_cap_evicts_what_nobody_holds_and_cached_bytes_are_checked() {
 
     // A cap below one shard: after the next load nothing held remains, and the cache is under it.
     let capped = open_remote(&location, &opts(cache.path(), false, Some(300 << 10))).unwrap();
-    let loaded = capped.load(&LoadOptions::default()).unwrap();
-    let report = loaded.report().cache.clone().unwrap();
+    let mut loaded = capped.load(&LoadOptions::default()).unwrap();
+    let report = loaded.wait_cache().cache.clone().unwrap();
     assert!(report.evicted >= 2, "{report:?}");
     let left: u64 = Cache::open(&cache_opts).unwrap().list().iter().map(|o| o.cached_bytes).sum();
     assert!(left <= 300 << 10, "{left} bytes left");
+}
+
+#[test]
+fn a_dropped_load_leaves_its_copies_complete() {
+    let (_root, dir, nginx) = served();
+    let cache = tempfile::tempdir().unwrap();
+    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
+    let loaded = checkpoint.load(&LoadOptions::default()).unwrap();
+    assert_matches_local(&loaded, &dir);
+    // Dropping the result waits for the write-behind: nothing is left partial or locked.
+    drop(loaded);
+    let listed =
+        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
+            .unwrap()
+            .list();
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    assert!(listed.iter().all(|o| o.complete && o.cached_bytes == o.size_bytes), "{listed:?}");
+    assert!(std::fs::read_dir(cache.path().join("partial")).unwrap().next().is_none());
+    // And the copies hold the objects' bytes (CRC of every range).
+    let handle =
+        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
+            .unwrap();
+    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
 }

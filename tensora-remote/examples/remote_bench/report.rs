@@ -78,7 +78,7 @@ pub fn acceptance(cells: &[Cell]) -> Vec<Check> {
         let warm = find(cells, "cache", "warm");
         let local = find(cells, "cache", "local load");
         checks.push(at_least(
-            "cache: warm / local load of the same files".into(),
+            "cache: warm / local load of the same files (both read from the disk)".into(),
             ratio(warm, local),
             0.9,
             "x",

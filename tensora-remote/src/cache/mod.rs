@@ -20,6 +20,8 @@
 
 mod entry;
 mod session;
+mod sync;
+mod writer;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -30,6 +32,8 @@ use sha2::Digest as _;
 
 pub use entry::{Description, Entry, RangeRecord};
 pub(crate) use session::{CacheSession, WriteLocks, describe_meta};
+pub use sync::CacheSync;
+pub use writer::{WRITE_BEHIND_BYTES, WRITER_THREADS};
 
 use crate::RemoteError;
 
@@ -63,8 +67,15 @@ pub struct CacheReport {
     pub hit_bytes: u64,
     /// Bytes fetched from the network and written into the cache.
     pub written_bytes: u64,
-    /// Objects completed (promoted) by this operation.
+    /// Objects completed (made durable and promoted) by this operation.
     pub promoted: u64,
+    /// Objects this load wrote whose copies are being finished behind it (queued ranges written,
+    /// then made durable and promoted, see [`CacheSync`]); 0 once that is done, when the ones
+    /// completed are counted in `promoted`.
+    pub promoting: u64,
+    /// Seconds the write-behind took after the load returned (queued writes, `fsync` of the
+    /// copies, renames, eviction), once done.
+    pub sync_seconds: f64,
     /// Objects loaded through `tensora_io` from complete local copies.
     pub local_objects: u64,
     /// Time spent waiting for another process's lock.

@@ -10,8 +10,10 @@ use std::time::{Instant, SystemTime};
 use object_store::ObjectMeta;
 use object_store::path::Path as ObjectPath;
 
+use super::writer::Writers;
 use super::{
-    Cache, CacheReport, Description, Entry, LOCK_POLL_INTERVAL, LOCK_WAIT_MAX, LocationRecord, object_key,
+    Cache, CacheReport, CacheSync, Description, Entry, LOCK_POLL_INTERVAL, LOCK_WAIT_MAX, LocationRecord,
+    object_key,
 };
 use crate::fetch::{RemoteObject, Versioning};
 
@@ -34,6 +36,13 @@ pub(crate) struct Held {
     _lock: File,
 }
 
+impl Held {
+    /// The object's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct CacheSession {
     pub cache: Cache,
@@ -46,6 +55,8 @@ pub(crate) struct CacheSession {
     /// What the open's HEADs and listing found, for the location record.
     seen: Mutex<Vec<Description>>,
     report: Mutex<CacheReport>,
+    /// The threads writing landed ranges into the copies.
+    writers: Writers,
 }
 
 /// `object` as the cache describes it.
@@ -103,6 +114,7 @@ impl CacheSession {
             readers: Mutex::new(HashMap::new()),
             seen: Mutex::new(Vec::new()),
             report: Mutex::new(report),
+            writers: Writers::default(),
         }
     }
 
@@ -165,10 +177,18 @@ impl CacheSession {
             .clone()
     }
 
-    /// Write a fetched range into the object's copy (a failure is reported, never fatal).
-    pub fn write(&self, object: &RemoteObject, offset_bytes: u64, bytes: &[u8]) {
+    /// Write a fetched range into the object's copy, through the writer threads (a failure is
+    /// reported, never fatal): returns once the range is copied and queued.
+    pub async fn write(&self, object: &RemoteObject, offset_bytes: u64, bytes: &[u8]) {
+        if let Some(entry) = self.writer_entry(object) {
+            self.writers.queue(entry, &object.url, offset_bytes, bytes).await;
+        }
+    }
+
+    /// The copy of `object` this session writes, if it writes one.
+    fn writer_entry(&self, object: &RemoteObject) -> Option<Arc<Entry>> {
         if object.versioning() == Versioning::None {
-            return;
+            return None;
         }
         let description = describe(object);
         let key = object_key(&description);
@@ -176,19 +196,10 @@ impl CacheSession {
             let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
             held.get(&key).filter(|h| !h.complete).map(|h| Arc::clone(&h.entry))
         };
-        let writer = match (writer, self.write_locks) {
-            (Some(w), _) => w,
-            (None, WriteLocks::HeldOnly) => return,
-            (None, WriteLocks::WhenFree) => match self.take_free(&key, &description) {
-                Some(w) => w,
-                None => return,
-            },
-        };
-        let written = writer.write(offset_bytes, bytes);
-        let mut report = self.report.lock().unwrap_or_else(|p| p.into_inner());
-        match written {
-            Ok(()) => report.written_bytes += bytes.len() as u64,
-            Err(e) => report.skipped.push(format!("{}: writing the cache failed: {e}", object.url)),
+        match (writer, self.write_locks) {
+            (Some(w), _) => Some(w),
+            (None, WriteLocks::HeldOnly) => None,
+            (None, WriteLocks::WhenFree) => self.take_free(&key, &description),
         }
     }
 
@@ -302,21 +313,24 @@ impl CacheSession {
     /// Promote every written object that is now complete, release every lock, and evict down to
     /// the size cap. What the cache did.
     pub fn finish(&self) -> CacheReport {
+        let (mut report, sync) = self.finish_behind();
+        if let Some(sync) = sync {
+            sync.wait(&mut report);
+        }
+        report
+    }
+
+    /// [`CacheSession::finish`], with the objects this load completed made durable and promoted
+    /// behind it ([`CacheSync`]), with the ranges still queued for the writers: the locks travel
+    /// with them.
+    pub fn finish_behind(&self) -> (CacheReport, Option<CacheSync>) {
+        let writers = self.writers.close();
         let held: Vec<Held> =
             self.held.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, h)| h).collect();
         let mut report = self.report.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for h in held {
-            if !h.complete && h.entry.is_complete() {
-                match h.entry.promote(&self.cache.complete_dir(&h.key)) {
-                    Ok(()) => report.promoted += 1,
-                    Err(e) => {
-                        report.skipped.push(format!("{}: promoting failed: {e}", h.entry.description.url))
-                    }
-                }
-            }
-        }
+        report.written_bytes = self.writers.written_bytes();
         self.readers.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        report.evicted = self.cache.evict();
-        report
+        let sync = CacheSync::start(self.cache.clone(), writers, held, &mut report);
+        (report, sync)
     }
 }
