@@ -273,29 +273,30 @@ impl Bench {
         let total: u64 = files.iter().map(|f| f.1).sum();
         let mut curl =
             Cell::new(shape.group, &format!("{}: curl --parallel-max 8, 8 MiB ranges", shape.label));
-        let mut default = Cell::new(shape.group, &format!("{}: tensora, default (self-tuned)", shape.label));
-        let mut fixed: Vec<Cell> = shape
-            .depths
-            .iter()
-            .map(|d| Cell::new(shape.group, &format!("{}: tensora, --queue-depth {d}", shape.label)))
-            .collect();
+        // The default, then each fixed depth.
+        let mut tensora: Vec<(Cell, RemoteOptions)> =
+            vec![(Cell::new(shape.group, &format!("{}: tensora, default (self-tuned)", shape.label)), {
+                RemoteOptions::default()
+            })];
+        tensora.extend(shape.depths.iter().map(|&d| {
+            let cell = Cell::new(shape.group, &format!("{}: tensora, --queue-depth {d}", shape.label));
+            (cell, RemoteOptions { reads_inflight_max: d, tuning: Tuning::Fixed, ..RemoteOptions::default() })
+        }));
         // Warm-up: the page cache holds the files, the servers have their workers.
         peers::curl_run(&cfg)?;
-        for _ in 0..self.runs {
+        for round in 0..self.runs {
             curl.measure(|| peers::curl_run(&cfg).map(|s| (s, total, String::new())));
-            default.measure(|| tensora_load(&url, &RemoteOptions::default()));
-            for (cell, &depth) in fixed.iter_mut().zip(shape.depths) {
-                let opts = RemoteOptions {
-                    reads_inflight_max: depth,
-                    tuning: Tuning::Fixed,
-                    ..RemoteOptions::default()
-                };
-                cell.measure(|| tensora_load(&url, &opts));
+            // Rotated each round: the load right after curl meets memory this VM handed back to
+            // its host (slow to fault in again), the others the memory the load before freed; no
+            // cell always gets the one or the other.
+            let n = tensora.len();
+            for k in 0..n {
+                let (cell, opts) = &mut tensora[(k + round) % n];
+                cell.measure(|| tensora_load(&url, opts));
             }
         }
         self.cells.push(curl);
-        self.cells.push(default);
-        self.cells.extend(fixed);
+        self.cells.extend(tensora.into_iter().map(|(cell, _)| cell));
         Ok(())
     }
 
