@@ -176,16 +176,13 @@ fn a_dropped_load_leaves_its_copies_complete() {
     assert_matches_local(&loaded, &dir);
     // Dropping the result waits for the write-behind: nothing is left partial or locked.
     drop(loaded);
-    let listed =
+    let handle =
         Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
-            .unwrap()
-            .list();
+            .unwrap();
+    let listed = handle.list();
     assert_eq!(listed.len(), 3, "{listed:?}");
     assert!(listed.iter().all(|o| o.complete && o.cached_bytes == o.size_bytes), "{listed:?}");
     assert!(std::fs::read_dir(cache.path().join("partial")).unwrap().next().is_none());
     // And the copies hold the objects' bytes (CRC of every range).
-    let handle =
-        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
-            .unwrap();
     assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
 }
