@@ -5,8 +5,9 @@
 //! by a bounded pool of threads, and handed to the caller's thread in shard order, which merges
 //! them exactly as a sequential open would: the same checks in the same order, so the same first
 //! error. Workers run at most [`LOOKAHEAD_PER_THREAD`] shards per thread ahead of the merge, so
-//! little work is wasted when the merge stops at an error, and the shards waiting for it (while
-//! it parses the index, say) stay a bounded few.
+//! little work is wasted when the merge stops at an error; a strict open of an indexed directory
+//! lets them run further while the merge parses the index, up to a bound in header bytes
+//! (`LISTED_AHEAD_BYTES` in `sharded.rs`).
 
 use std::sync::{Condvar, Mutex, PoisonError};
 
@@ -75,8 +76,10 @@ struct State<T> {
     next: usize,
     /// Shards handed to the merge so far.
     taken: usize,
-    /// Results not yet taken, by shard.
-    ready: Vec<Option<T>>,
+    /// Results not yet taken, by shard, with their weight.
+    ready: Vec<Option<(T, u64)>>,
+    /// Weight of the results waiting in `ready`.
+    held: u64,
     /// Set when the merge stops early: workers take no more shards.
     stop: bool,
 }
@@ -86,18 +89,23 @@ struct State<T> {
 struct Ordered<T> {
     state: Mutex<State<T>>,
     changed: Condvar,
+    /// Items a worker may always be ahead of the merge.
     lookahead: usize,
+    /// Past `lookahead`, a worker takes another item while the waiting results weigh less.
+    ahead_bytes: u64,
 }
 
 impl<T> Ordered<T> {
     /// A pool's shared state for `count` items, letting workers run `threads ×
-    /// LOOKAHEAD_PER_THREAD` items ahead of the merge.
-    fn new(count: usize, threads: usize) -> Ordered<T> {
+    /// LOOKAHEAD_PER_THREAD` items ahead of the merge, and further while the results waiting for
+    /// it weigh under `ahead_bytes`.
+    fn new(count: usize, threads: usize, ahead_bytes: u64) -> Ordered<T> {
         let ready = std::iter::repeat_with(|| None).take(count).collect();
         Ordered {
-            state: Mutex::new(State { next: 0, taken: 0, ready, stop: false }),
+            state: Mutex::new(State { next: 0, taken: 0, ready, held: 0, stop: false }),
             changed: Condvar::new(),
             lookahead: threads.saturating_mul(LOOKAHEAD_PER_THREAD).max(1),
+            ahead_bytes,
         }
     }
 
@@ -105,11 +113,15 @@ impl<T> Ordered<T> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn work(&self, work: &impl Fn(usize) -> T) {
+    fn work(&self, work: &impl Fn(usize) -> T, weight: &impl Fn(&T) -> u64) {
         loop {
             let k = {
                 let mut s = self.lock();
-                while !s.stop && s.next < s.ready.len() && s.next >= s.taken + self.lookahead {
+                while !s.stop
+                    && s.next < s.ready.len()
+                    && s.next >= s.taken + self.lookahead
+                    && s.held >= self.ahead_bytes
+                {
                     s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
                 }
                 if s.stop || s.next >= s.ready.len() {
@@ -119,7 +131,11 @@ impl<T> Ordered<T> {
                 s.next - 1
             };
             let done = work(k);
-            self.lock().ready[k] = Some(done);
+            let w = weight(&done);
+            let mut s = self.lock();
+            s.ready[k] = Some((done, w));
+            s.held = s.held.saturating_add(w);
+            drop(s);
             self.changed.notify_all();
         }
     }
@@ -132,7 +148,8 @@ impl<T> Ordered<T> {
             return None;
         }
         let parsed = loop {
-            if let Some(parsed) = s.ready[k].take() {
+            if let Some((parsed, w)) = s.ready[k].take() {
+                s.held -= w;
                 break parsed;
             }
             s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
@@ -158,9 +175,23 @@ pub(crate) fn ordered_parallel<T: Send, R>(
     work: impl Fn(usize) -> T + Sync,
     merge: impl FnOnce(&mut dyn FnMut() -> Option<T>) -> Result<R>,
 ) -> Result<R> {
-    let pool = Ordered::new(count, threads);
+    ordered_parallel_ahead(count, threads, (0, |_: &T| 0), work, merge)
+}
+
+/// [`ordered_parallel`], whose workers also run past the lookahead while the results waiting for
+/// the merge weigh (by `weight`) under `ahead_bytes`: for a merge that starts late (it parses an
+/// index first), so that the workers keep busy meanwhile with a bounded amount of memory.
+pub(crate) fn ordered_parallel_ahead<T: Send, R>(
+    count: usize,
+    threads: usize,
+    (ahead_bytes, weight): (u64, impl Fn(&T) -> u64 + Sync),
+    work: impl Fn(usize) -> T + Sync,
+    merge: impl FnOnce(&mut dyn FnMut() -> Option<T>) -> Result<R>,
+) -> Result<R> {
+    let pool = Ordered::new(count, threads, ahead_bytes);
     std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads.min(count)).map(|_| scope.spawn(|| pool.work(&work))).collect();
+        let workers: Vec<_> =
+            (0..threads.min(count)).map(|_| scope.spawn(|| pool.work(&work, &weight))).collect();
         let result = merge(&mut || pool.next());
         pool.stop();
         // Joined, not left to the scope, so no header thread outlives the open.
@@ -224,5 +255,39 @@ mod tests {
         // Workers stop within the lookahead of the failed item.
         let ran = done.load(std::sync::atomic::Ordering::Relaxed);
         assert!(ran <= 4 + 4 * LOOKAHEAD_PER_THREAD + 4, "{ran} items ran");
+    }
+
+    #[test]
+    fn workers_run_ahead_of_a_late_merge_up_to_the_weight_bound() {
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let count = |d: &std::sync::atomic::AtomicUsize| d.load(std::sync::atomic::Ordering::SeqCst);
+        let (threads, ahead_bytes, each) = (2, 30u64, 3u64);
+        let out = ordered_parallel_ahead(
+            100,
+            threads,
+            (ahead_bytes, |_: &usize| each),
+            |k| {
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                k
+            },
+            |next| {
+                // A merge that starts late: the workers go past the lookahead (4) while what
+                // waits weighs under 30 (10 items of 3), and stop there.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while count(&done) < 10 && std::time::Instant::now() < deadline {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                let ahead = count(&done);
+                assert!((10..=10 + threads).contains(&ahead), "{ahead} items ran ahead");
+                let mut out = Vec::new();
+                while let Some(v) = next() {
+                    out.push(v);
+                }
+                Ok(out)
+            },
+        )
+        .unwrap();
+        assert_eq!(out, (0..100).collect::<Vec<_>>());
     }
 }

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::open::ordered_parallel;
+use crate::open::{ordered_parallel, ordered_parallel_ahead};
 use crate::safetensors::{Header, read_header_stamped};
 use crate::{Checkpoint, Error, ErrorKind, FileId, FileStamp, OpenOptions, Result, Shards};
 
@@ -81,10 +81,14 @@ pub(crate) fn open_indexed(dir: &Path, index_path: &Path, options: &OpenOptions)
     })
 }
 
+/// Header bytes of shards parsed ahead of the merge while it parses the index (a strict open of
+/// an indexed directory): the workers keep busy meanwhile, and what waits stays bounded (the
+/// parsed tensors of a shard take about its header's bytes).
+pub const LISTED_AHEAD_BYTES: u64 = 16 << 20;
+
 /// A strict open of a directory with one index whose `listed` shard files (sorted) start being
-/// read and parsed while this thread parses the index (as far as the lookahead goes: holding
-/// every shard while the index text and its parse are alive too would pass twice the header
-/// bytes); then merged as [`open_indexed`] merges them.
+/// read and parsed while this thread parses the index (as far as [`LISTED_AHEAD_BYTES`] of
+/// headers goes), then merged as [`open_indexed`] merges them.
 /// Listed files that the index does not name are read but dropped, errors and all; shards that
 /// are not listed (hidden names) are read afterwards.
 fn open_indexed_listed(
@@ -95,7 +99,8 @@ fn open_indexed_listed(
 ) -> Result<Checkpoint> {
     let index_cell: OnceLock<ShardIndex> = OnceLock::new();
     let work = |k: usize| read_shard(&listed[k], FileId(k as u32), index_cell.get());
-    ordered_parallel(listed.len(), options.threads(), work, |next| {
+    let weight = |parsed: &Result<ShardTensors>| parsed.as_ref().map_or(0, |s| s.file.data_start_bytes());
+    ordered_parallel_ahead(listed.len(), options.threads(), (LISTED_AHEAD_BYTES, weight), work, |next| {
         let bytes = read_index_file(index_path)?;
         let index = parse_index(&bytes).map_err(|k| Error::new(index_path, k))?;
         drop(bytes);

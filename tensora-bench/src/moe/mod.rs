@@ -232,7 +232,7 @@ fn memory_and_inspect_cells(
     let mut cells = Vec::new();
     for (what, name) in [
         ("open", "open, strict, in a fresh process (peak RSS)"),
-        ("inspect", "inspect --json as the CLI does it (Inspection::of), fresh process"),
+        ("inspect", "inspect --json built in memory (Inspection::of), fresh process"),
         ("inspect-stream", "inspect --json streamed (Inspection::write_json), fresh process"),
     ] {
         cells.push(cell(name, log, || {
@@ -368,9 +368,10 @@ fn run_probe(what: &str, dir: &Path) -> Result<(f64, u64)> {
 }
 
 /// When this process was started as a probe (`tensora-bench --moe-probe open|inspect|inspect-stream
-/// DIR`), do that one thing, print `seconds peak_rss_bytes`, and return the exit code; otherwise
-/// `None`. `inspect` does what `tensora inspect DIR --json` does today, writing the JSON to a
-/// sink; `inspect-stream` the same through `Inspection::write_json`.
+/// DIR`, or `read FILE`), do that one thing, print `seconds peak_rss_bytes`, and return the exit
+/// code; otherwise `None`. `inspect` builds the whole `Inspection` and writes it as JSON to a
+/// sink; `inspect-stream` writes the same JSON through `Inspection::write_json`, as
+/// `tensora inspect DIR --json` does.
 pub fn probe_main() -> Option<ExitCode> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [flag, what, dir] = args.as_slice() else { return None };
