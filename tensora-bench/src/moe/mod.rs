@@ -296,15 +296,19 @@ fn add_ratio(cells: &mut [MoeCell]) {
 }
 
 /// The HF peer: `safe_open` on every shard, listing its keys, in one Python process per run
-/// (timed inside Python, so interpreter start-up and imports are not counted).
-const HF_SCRIPT: &str = r#"import resource, sys, time
+/// (timed inside Python, so interpreter start-up and imports are not counted). Peak RSS is
+/// `VmHWM`, of the interpreter's own memory map: `ru_maxrss` carries across `exec` the high-water
+/// mark of the bench process it was forked from (6.9 GB after the main cells).
+const HF_SCRIPT: &str = r#"import sys, time
 from safetensors import safe_open
 t = time.perf_counter()
 n = 0
 for path in sys.argv[1:]:
     with safe_open(path, framework="numpy") as f:
         n += len(list(f.keys()))
-print(time.perf_counter() - t, n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+seconds = time.perf_counter() - t
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
+print(seconds, n, int(hwm) * 1024)
 "#;
 
 fn hf_safe_open(
