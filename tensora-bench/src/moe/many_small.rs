@@ -1,9 +1,11 @@
-//! The 100,000-tensor cell of issue 20: `tensora load FILE --json` on the many-small fixture (one
-//! 0.1 GB file of 100,000 small tensors), each run in a fresh process as a user runs it, paired
-//! with its roofline run just before it: one fresh process reading the same file into fresh memory
-//! with one positional read (what any owned load of those bytes must at least do). A fresh
-//! process is what the goal is about, and it is also what makes the roofline fair on this VM: the
-//! first touch of fresh memory dominates both.
+//! The 100,000-tensor cell of issue 20: the load `tensora load FILE --json` does (open, parse, an
+//! owned load with the default options; its phases summed as the CLI sums them) on the
+//! many-small fixture (one 0.1 GB file of 100,000 small tensors), each run in a fresh process as a
+//! user runs it (this binary as a probe, so the cell needs no other build), paired with its
+//! roofline run just before it: one fresh process reading the same file into fresh memory with one
+//! positional read (what any owned load of those bytes must at least do). A fresh process is what
+//! the goal is about, and it is also what makes the roofline fair on this VM: the first touch of
+//! fresh memory dominates both.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,12 +22,14 @@ use crate::stats::{Summary, ratio};
 /// measured before the work).
 pub const GBPS_GOAL: f64 = 1.4;
 /// The cell's name.
-pub const NAME: &str = "many-small: tensora load FILE --json, 100,000 tensors (CLI, fresh process)";
+pub const NAME: &str = "many-small: load FILE as `tensora load --json` does, 100,000 tensors (fresh process)";
 /// The roofline cell's name.
 pub const ROOFLINE_NAME: &str =
     "many-small roofline: one pread of the file into fresh memory (fresh process)";
 /// The probe that reads a file once into fresh memory (see [`read_probe`]).
 pub const READ_PROBE: &str = "read";
+/// The probe that loads a file as `tensora load FILE --json` does (see [`load_probe`]).
+pub const LOAD_PROBE: &str = "load";
 
 /// The many-small load and its roofline, `runs` pairs, alternated (roofline first in each pair).
 pub fn cells(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Vec<MoeCell> {
@@ -36,10 +40,6 @@ pub fn cells(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Vec<MoeCell> {
 }
 
 fn measure(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<[MoeCell; 2]> {
-    let Some(cli) = std::env::current_exe()?.parent().map(|d| d.join("tensora")).filter(|p| p.is_file())
-    else {
-        bail!("no tensora binary beside this one (cargo build --release -p tensora-cli)");
-    };
     let spec = fixtures::specs(config.size, config.seed)
         .into_iter()
         .find(|s| s.name == fixtures::MANY_SMALL)
@@ -57,14 +57,14 @@ fn measure(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<[MoeCell; 
         t.elapsed().as_secs_f64()
     ));
     let file = fixture.open_path.clone();
-    load_json(&cli, &file)?; // warm-up: page cache warm, binary loaded
+    load_in_child(&file)?; // warm-up: page cache warm, binary loaded
     let (mut load_ms, mut load_gbps, mut read_ms, mut read_gbps) = (vec![], vec![], vec![], vec![]);
     let mut phases: Vec<serde_json::Value> = Vec::new();
     for _ in 0..config.runs {
         let seconds = read_probe_in_child(&file)?;
         read_ms.push(seconds * 1e3);
         read_gbps.push(fixture.files_len_bytes as f64 / seconds / 1e9);
-        let report = load_json(&cli, &file)?;
+        let report = load_in_child(&file)?;
         let seconds = report["seconds"].as_f64().context("load --json without seconds")?;
         let gbps = report["gbps"].as_f64().context("load --json without gbps")?;
         load_ms.push(seconds * 1e3);
@@ -96,13 +96,30 @@ fn measure(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<[MoeCell; 
     Ok([cell, roof])
 }
 
-/// `tensora load FILE --json`, parsed.
-fn load_json(cli: &Path, file: &Path) -> Result<serde_json::Value> {
-    let out = Command::new(cli).arg("load").arg(file).arg("--json").output()?;
+/// This binary as the load probe on `file`: the report it printed, parsed.
+fn load_in_child(file: &Path) -> Result<serde_json::Value> {
+    let exe = std::env::current_exe()?;
+    let out = Command::new(exe).arg(super::PROBE_ARG).arg(LOAD_PROBE).arg(file).output()?;
     if !out.status.success() {
-        bail!("{} load failed: {}", cli.display(), String::from_utf8_lossy(&out.stderr).trim());
+        bail!("load probe failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The load probe itself: what `tensora load FILE --json` does (open and parse timed as its
+/// `parse` phase, an owned load with the default options, the phases summed into `seconds` and
+/// `gbps`), its report printed as JSON.
+pub fn load_probe(file: &Path) -> Result<()> {
+    let t = Instant::now();
+    let ckpt = tensora_format::open(file)?;
+    let parse_seconds = t.elapsed().as_secs_f64();
+    let opts = tensora_io::LoadOptions { residence: tensora_io::Residence::Owned, ..Default::default() };
+    let loaded = tensora_io::load(&ckpt, &opts)?;
+    let mut report = loaded.report().clone();
+    report.phases.parse = parse_seconds;
+    report.finalize();
+    println!("{}", serde_json::to_string(&report)?);
+    Ok(())
 }
 
 /// The median of each phase over the runs, in milliseconds.

@@ -372,8 +372,8 @@ fn run_probe(what: &str, dir: &Path) -> Result<(f64, u64)> {
 }
 
 /// When this process was started as a probe (`tensora-bench --moe-probe open|inspect|inspect-stream
-/// DIR`, or `read FILE`), do that one thing, print `seconds peak_rss_bytes`, and return the exit
-/// code; otherwise `None`. `inspect` builds the whole `Inspection` and writes it as JSON to a
+/// DIR`, or `read|load FILE`), do that one thing, print `seconds peak_rss_bytes` (`load`: its
+/// report as JSON), and return the exit code; otherwise `None`. `inspect` builds the whole `Inspection` and writes it as JSON to a
 /// sink; `inspect-stream` writes the same JSON through `Inspection::write_json`, as
 /// `tensora inspect DIR --json` does.
 pub fn probe_main() -> Option<ExitCode> {
@@ -381,6 +381,16 @@ pub fn probe_main() -> Option<ExitCode> {
     let [flag, what, dir] = args.as_slice() else { return None };
     if flag != PROBE_ARG {
         return None;
+    }
+    if what == many_small::LOAD_PROBE {
+        // Prints the load's report (JSON) itself.
+        return Some(match many_small::load_probe(Path::new(dir)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        });
     }
     let t = Instant::now();
     let done = match what.as_str() {
