@@ -381,10 +381,11 @@ fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usi
 
 /// Sort by start and check that the ranges tile `[0, data_len)` exactly (rule 9).
 fn check_tiling(path: &Path, tensors: &mut [Entry], names: &str, data_len_bytes: u64) -> Result<()> {
-    // Writers lay tensors out in offset order, so the common header needs no sort (and no
-    // sort buffer): checking that is one pass.
+    // Headers often list tensors in offset order: then checking that is the one pass. Otherwise an
+    // in-place sort (no buffer) whose last key, the name's place in the header's name buffer,
+    // keeps ties (zero-sized tensors) in header order, as a stable sort would.
     if !tensors.is_sorted_by_key(|t| (t.start_bytes, t.end_bytes)) {
-        tensors.sort_by_key(|t| (t.start_bytes, t.end_bytes));
+        tensors.sort_unstable_by_key(|t| (t.start_bytes, t.end_bytes, t.name_start));
     }
     let mut expected = 0u64;
     for t in tensors.iter() {
