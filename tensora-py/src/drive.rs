@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -32,31 +33,81 @@ pub fn noted_signal(py: Python<'_>, e: PyErr, note: &str) -> PyErr {
     e
 }
 
-/// What waiting for an iterator's next item ended with ([`next_or_signal`]).
-#[derive(Debug)]
-pub enum Next<T> {
-    /// The next item.
-    Item(T),
-    /// The producer closed the queue and it is drained.
-    Closed,
-    /// A signal handler raised this while the iterator waited; `note` was added to it.
-    Interrupted(PyErr),
+/// The consumer's side of a background thread that feeds a Python iterator through a bounded
+/// queue (`weights_iterator`, the collective share stream): the queue, the producer's cancel flag
+/// and its thread. Dropping it cancels the producer and drops what is queued, without joining
+/// (`Drop` has no GIL guarantee): the thread sees the flag or the closed queue and exits.
+pub struct Producer<T> {
+    queue: Arc<Bounded<T>>,
+    cancel: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
 }
 
-/// The next item of `queue` for a Python iterator: waits with the GIL released, in steps of
-/// [`POLL_INTERVAL`], running signal handlers between steps (so Ctrl-C ends the wait). The caller
-/// closes or finishes its producer on `Closed` and `Interrupted`.
-pub fn next_or_signal<T: Send>(py: Python<'_>, queue: &Bounded<T>, note: &str) -> Next<T> {
-    loop {
-        match py.detach(|| queue.pop_timeout(POLL_INTERVAL)) {
-            Pop::Item(item) => return Next::Item(item),
-            Pop::Closed => return Next::Closed,
-            Pop::Empty => {
-                if let Err(e) = py.check_signals() {
-                    return Next::Interrupted(noted_signal(py, e, note));
+impl<T: Send> Producer<T> {
+    /// The consumer's side of `thread`, which pushes into `queue`, watches `cancel`, and closes
+    /// `queue` when it is done.
+    pub fn new(queue: Arc<Bounded<T>>, cancel: Arc<AtomicBool>, thread: JoinHandle<()>) -> Producer<T> {
+        Producer { queue, cancel, thread: Some(thread) }
+    }
+
+    /// The next item: waits with the GIL released, in steps of [`POLL_INTERVAL`], running signal
+    /// handlers between steps (so Ctrl-C ends the wait). `None` once the producer closed its queue
+    /// and it is drained (its thread is then joined). A signal handler's exception stops the
+    /// producer ([`Producer::close`]) and is returned with `note` added.
+    pub fn next(&mut self, py: Python<'_>, note: &str) -> PyResult<Option<T>> {
+        loop {
+            let queue = &self.queue;
+            match py.detach(|| queue.pop_timeout(POLL_INTERVAL)) {
+                Pop::Item(item) => return Ok(Some(item)),
+                Pop::Closed => {
+                    self.finish(py);
+                    return Ok(None);
+                }
+                Pop::Empty => {
+                    if let Err(e) = py.check_signals() {
+                        self.close(py);
+                        return Err(noted_signal(py, e, note));
+                    }
                 }
             }
         }
+    }
+
+    /// Join the producer's thread (with the GIL released), if it has not been joined.
+    pub fn finish(&mut self, py: Python<'_>) {
+        if let Some(t) = self.thread.take() {
+            let _ = py.detach(move || t.join());
+        }
+    }
+
+    /// Cancel the producer, drop what is queued, and join its thread.
+    pub fn close(&mut self, py: Python<'_>) {
+        self.stop();
+        self.finish(py);
+    }
+}
+
+impl<T> Producer<T> {
+    /// `(items, bytes)` waiting in the queue now.
+    pub fn queued(&self) -> (usize, u64) {
+        self.queue.len()
+    }
+
+    fn stop(&self) {
+        self.cancel.store(true, Ordering::Release);
+        self.queue.close_and_clear();
+    }
+}
+
+impl<T> std::fmt::Debug for Producer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Producer").field("queued", &self.queued()).finish()
+    }
+}
+
+impl<T> Drop for Producer<T> {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -8,7 +8,6 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
@@ -17,7 +16,7 @@ use tensora_format::{Dtype, Selection};
 use tensora_io::{BackendChoice, LoadError, LoadOptions, ShareOf};
 use tensora_remote::{RemoteOptions, open_remote};
 
-use crate::drive::Next;
+use crate::drive::Producer;
 use crate::export::ExportMeta;
 use crate::owner::{Owner, Storage, TensorBytes};
 use crate::queue::Bounded;
@@ -153,14 +152,12 @@ fn share_of(rank: usize, world_size: usize) -> PyResult<ShareOf> {
 /// (at most one window ahead of the consumer), handed to Python one window at a time.
 #[pyclass(module = "tensora._native")]
 pub struct ShareStream {
-    queue: Arc<Bounded<PyResult<Shared>>>,
-    cancel: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    producer: Producer<PyResult<Shared>>,
 }
 
 impl std::fmt::Debug for ShareStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShareStream").field("queued", &self.queue.len()).finish()
+        f.debug_struct("ShareStream").field("queued", &self.producer.queued()).finish()
     }
 }
 
@@ -204,7 +201,7 @@ pub(crate) fn open_share_stream(
             q.close();
         })
         .map_err(|e| exc::LoadError::new_err(format!("starting the share thread: {e}")))?;
-    Ok(ShareStream { queue, cancel, thread: Some(thread) })
+    Ok(ShareStream { producer: Producer::new(queue, cancel, thread) })
 }
 
 /// Every window of every file, this rank's share of each, in the order every rank uses. Several
@@ -283,42 +280,18 @@ impl ShareStream {
     }
 
     fn __next__(&mut self, py: Python<'_>) -> PyResult<Shared> {
-        match crate::drive::next_or_signal(py, &self.queue, SHARE_CLOSED_NOTE) {
-            Next::Item(Ok(shared)) => Ok(shared),
-            Next::Item(Err(e)) => {
-                self.finish(py);
+        match self.producer.next(py, SHARE_CLOSED_NOTE)? {
+            Some(Ok(shared)) => Ok(shared),
+            Some(Err(e)) => {
+                self.producer.finish(py);
                 Err(e)
             }
-            Next::Closed => {
-                self.finish(py);
-                Err(PyStopIteration::new_err(()))
-            }
-            Next::Interrupted(e) => {
-                self.close(py);
-                Err(e)
-            }
+            None => Err(PyStopIteration::new_err(())),
         }
     }
 
     /// Stop loading and drop what is queued (also done when the iterator is dropped).
     fn close(&mut self, py: Python<'_>) {
-        self.cancel.store(true, Ordering::Release);
-        self.queue.close_and_clear();
-        self.finish(py);
-    }
-}
-
-impl ShareStream {
-    fn finish(&mut self, py: Python<'_>) {
-        if let Some(t) = self.thread.take() {
-            let _ = py.detach(move || t.join());
-        }
-    }
-}
-
-impl Drop for ShareStream {
-    fn drop(&mut self) {
-        self.cancel.store(true, Ordering::Release);
-        self.queue.close_and_clear();
+        self.producer.close(py);
     }
 }

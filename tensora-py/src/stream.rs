@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::JoinHandle;
 
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
@@ -20,7 +19,7 @@ use pyo3::types::{PyList, PyTuple};
 use tensora_format::Selection;
 use tensora_io::{BackendChoice, LoadError, LoadOptions, Residence};
 
-use crate::drive::Next;
+use crate::drive::Producer;
 use crate::export::ExportMeta;
 use crate::owner::{Owner, Storage};
 use crate::queue::Bounded;
@@ -43,15 +42,13 @@ enum Msg {
 /// The iterator object behind `tensora.weights_iterator`: yields `(name, TensorData)`.
 #[pyclass(module = "tensora._native")]
 pub struct Stream {
-    queue: Arc<Bounded<Msg>>,
-    cancel: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    producer: Producer<Msg>,
     copies: Arc<CopyTally>,
 }
 
 impl std::fmt::Debug for Stream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Stream").field("queued", &self.queue.len()).finish()
+        f.debug_struct("Stream").field("queued", &self.producer.queued()).finish()
     }
 }
 
@@ -85,7 +82,7 @@ impl Stream {
                 q.close();
             })
             .map_err(|e| crate::exc::LoadError::new_err(format!("starting the stream thread: {e}")))?;
-        Ok(Stream { queue, cancel, thread: Some(thread), copies })
+        Ok(Stream { producer: Producer::new(queue, cancel, thread), copies })
     }
 }
 
@@ -217,55 +214,29 @@ impl Stream {
     }
 
     fn __next__(&mut self, py: Python<'_>) -> PyResult<(String, TensorData)> {
-        match crate::drive::next_or_signal(py, &self.queue, STREAM_CLOSED_NOTE) {
-            Next::Item(Msg::Tensor(t)) => Ok((t.t.name.clone(), t)),
-            Next::Item(Msg::Failed(e)) => {
-                self.finish(py);
+        match self.producer.next(py, STREAM_CLOSED_NOTE)? {
+            Some(Msg::Tensor(t)) => Ok((t.t.name.clone(), t)),
+            Some(Msg::Failed(e)) => {
+                self.producer.finish(py);
                 Err(e)
             }
-            Next::Closed => {
-                self.finish(py);
-                Err(PyStopIteration::new_err(()))
-            }
-            Next::Interrupted(e) => {
-                self.close(py);
-                Err(e)
-            }
+            None => Err(PyStopIteration::new_err(())),
         }
     }
 
     /// Stop the load and free what is queued (also done when the iterator is dropped).
     fn close(&mut self, py: Python<'_>) {
-        self.cancel.store(true, Ordering::Release);
-        self.queue.close_and_clear();
-        self.finish(py);
+        self.producer.close(py);
     }
 
     /// `(tensors, bytes)` waiting in the queue now.
     fn queued(&self) -> (usize, u64) {
-        self.queue.len()
+        self.producer.queued()
     }
 
     /// `(tensors, bytes)` handed out so far as aligned copies (their file offset was not a
     /// multiple of their element size).
     fn aligned_copies(&self) -> (u64, u64) {
         self.copies.get()
-    }
-}
-
-impl Stream {
-    fn finish(&mut self, py: Python<'_>) {
-        if let Some(t) = self.thread.take() {
-            let _ = py.detach(move || t.join());
-        }
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        // Without the GIL guarantee here, do not join: the thread sees the cancel flag or the
-        // closed queue at its next tensor and exits on its own.
-        self.cancel.store(true, Ordering::Release);
-        self.queue.close_and_clear();
     }
 }
