@@ -3,7 +3,8 @@
 //! Bounded twice: at most `items_max` entries and at most `bytes_max` queued bytes (one entry
 //! larger than `bytes_max` is still admitted when the queue is empty, so a huge tensor cannot
 //! deadlock). Closing wakes both sides: the producer's `push` fails, the consumer drains what is
-//! left and then sees the end.
+//! left and then sees the end. [`Bounded::hand_off`] and [`Bounded::wait_taken`] also wait until
+//! an item is taken, for a producer that must not load more while the consumer has not moved on.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -27,7 +28,18 @@ struct State<T> {
     closed: bool,
     /// Producers blocked in `push`, waiting for room.
     producers_waiting: usize,
+    /// Items ever enqueued and ever taken (a hand-off waits for its item's number to be taken).
+    pushed_total: u64,
+    popped_total: u64,
 }
+
+/// The queue was closed before the item was taken.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Closed;
+
+/// The place of a pushed item in the order of every push (see [`Bounded::wait_taken`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket(u64);
 
 /// The queue. Share it in an `Arc`.
 #[derive(Debug)]
@@ -47,6 +59,8 @@ impl<T> Bounded<T> {
                 bytes_queued: 0,
                 closed: false,
                 producers_waiting: 0,
+                pushed_total: 0,
+                popped_total: 0,
             }),
             changed: Condvar::new(),
             items_max: items_max.max(1),
@@ -60,6 +74,11 @@ impl<T> Bounded<T> {
 
     /// Block until there is room, then enqueue. Returns the item back if the queue was closed.
     pub fn push(&self, item: T, len_bytes: u64) -> Result<(), T> {
+        self.push_ticket(item, len_bytes).map(|_| ())
+    }
+
+    /// [`Bounded::push`], returning the item's [`Ticket`] for [`Bounded::wait_taken`].
+    pub fn push_ticket(&self, item: T, len_bytes: u64) -> Result<Ticket, T> {
         let mut s = self.lock();
         loop {
             if s.closed {
@@ -79,8 +98,31 @@ impl<T> Bounded<T> {
         }
         s.bytes_queued += len_bytes;
         s.items.push_back((item, len_bytes));
+        s.pushed_total += 1;
         self.changed.notify_all();
+        Ok(Ticket(s.pushed_total))
+    }
+
+    /// Block until the consumer has taken the item of `ticket` (and so every item before it).
+    /// `Err(Closed)` when the queue was closed before that (the item was then dropped, or is
+    /// still there to drain).
+    pub fn wait_taken(&self, ticket: Ticket) -> Result<(), Closed> {
+        let mut s = self.lock();
+        while s.popped_total < ticket.0 {
+            if s.closed {
+                return Err(Closed);
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
         Ok(())
+    }
+
+    /// [`Bounded::push`], then block until the consumer has taken the item: a producer that
+    /// hands off this way holds at most one item the consumer has not taken, and starts on the
+    /// next only when the consumer has moved past the previous one.
+    pub fn hand_off(&self, item: T, len_bytes: u64) -> Result<(), Closed> {
+        let ticket = self.push_ticket(item, len_bytes).map_err(|_| Closed)?;
+        self.wait_taken(ticket)
     }
 
     /// Take the oldest entry, waiting at most `timeout`.
@@ -92,6 +134,7 @@ impl<T> Bounded<T> {
         match s.items.pop_front() {
             Some((item, len)) => {
                 s.bytes_queued -= len;
+                s.popped_total += 1;
                 self.changed.notify_all();
                 Pop::Item(item)
             }
@@ -209,6 +252,30 @@ mod tests {
         assert_eq!(q.pop_timeout(WAIT), Pop::Item(1));
         assert_eq!(woken.recv_timeout(WAIT), Ok(Ok(())), "the pop did not wake the producer");
         assert_eq!(q.pop_timeout(WAIT), Pop::Item(2));
+    }
+
+    #[test]
+    fn a_hand_off_returns_once_taken_and_a_close_ends_it() {
+        let q = Arc::new(Bounded::new(1, 100));
+        let (tx, rx) = mpsc::channel();
+        let q2 = Arc::clone(&q);
+        std::thread::spawn(move || {
+            let _ = tx.send(q2.hand_off(3, 1));
+            let _ = tx.send(q2.hand_off(4, 1));
+        });
+        // Queued but not taken: the hand-off has not returned.
+        assert_eq!(rx.recv_timeout(Duration::from_millis(50)), Err(mpsc::RecvTimeoutError::Timeout));
+        assert_eq!(q.pop_timeout(WAIT), Pop::Item(3));
+        assert_eq!(rx.recv_timeout(WAIT), Ok(Ok(())), "taking the item did not end the hand-off");
+        // The second item is queued (waited for, at most `WAIT`) and never taken: closing ends
+        // its hand-off.
+        let deadline = std::time::Instant::now() + WAIT;
+        while q.len().0 == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(q.len().0, 1, "the second item was never queued");
+        q.close_and_clear();
+        assert_eq!(rx.recv_timeout(WAIT), Ok(Err(Closed)), "closing did not end the hand-off");
     }
 
     #[test]

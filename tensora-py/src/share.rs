@@ -149,7 +149,9 @@ fn share_of(rank: usize, world_size: usize) -> PyResult<ShareOf> {
 }
 
 /// A collective `weights_iterator`: a thread loads this rank's share of each window of each file
-/// (at most one window ahead of the consumer), handed to Python one window at a time.
+/// and hands it to Python, one window at a time; it loads the next window while the consumer
+/// works on the one it took, and waits until that one is taken before it loads another: two
+/// windows at most, the consumer's and the next.
 #[pyclass(module = "tensora._native")]
 pub struct ShareStream {
     producer: Producer<PyResult<Shared>>,
@@ -160,9 +162,6 @@ impl std::fmt::Debug for ShareStream {
         f.debug_struct("ShareStream").field("queued", &self.producer.queued()).finish()
     }
 }
-
-/// Windows of shares waiting for the consumer: one loaded ahead.
-const SHARE_WINDOWS_AHEAD: usize = 1;
 
 /// Stream rank `rank`'s shares of `paths` (local, or URLs of a store reached with `remote`, a
 /// dict of `tensora.RemoteOptions`' fields without a cache) window by window; see
@@ -189,7 +188,7 @@ pub(crate) fn open_share_stream(
         share: share_of(rank, world_size)?,
         remote: crate::remote::options(remote)?,
     };
-    let queue = Arc::new(Bounded::new(SHARE_WINDOWS_AHEAD, u64::MAX));
+    let queue = Arc::new(Bounded::new(1, u64::MAX));
     let cancel = Arc::new(AtomicBool::new(false));
     let (q, c) = (Arc::clone(&queue), Arc::clone(&cancel));
     let thread = std::thread::Builder::new()
@@ -237,7 +236,7 @@ fn produce(
             // The other ranks' regions are faulted in here, while the consumer exchanges the
             // previous window, not during this window's exchange.
             share.populate_regions();
-            match queue.push(local_share(share), 1) {
+            match queue.hand_off(local_share(share), 1) {
                 Ok(()) => ControlFlow::Continue(()),
                 Err(_) => ControlFlow::Break(()),
             }

@@ -1,12 +1,16 @@
 //! `weights_iterator`: a background thread loads the checkpoint as owned runs of consecutive
-//! tensors of at most `budget` bytes each (`tensora_io::load_runs`, which also decides where each
-//! run lives) and hands each tensor, zero copy, over a [`Bounded`] queue. The Python side waits
-//! with the GIL released.
+//! tensors of at most half the `budget` each (`tensora_io::load_runs`, which also decides where
+//! each run lives) and hands each tensor, zero copy, over a [`Bounded`] queue. The Python side
+//! waits with the GIL released.
 //!
-//! Memory: the run being loaded (at most `max(budget, largest tensor)` plus alignment slack) plus
-//! at most `budget` bytes (and [`QUEUE_TENSORS_MAX`] tensors) waiting in the queue, plus what the
-//! consumer keeps: a run's arena (or mapping) is freed when the last tensor of it is gone. Mapped
-//! runs hold page-cache pages, which the kernel can reclaim, not anonymous memory.
+//! Memory: the thread loads a run while the consumer works through the one before, and starts on
+//! the next only once the consumer has taken the first tensor of the run it queued (so it has
+//! taken every tensor before it): the run being loaded, the run being consumed (both at most
+//! `max(budget / 2, largest tensor)` plus alignment slack) and the run a tensor the caller still
+//! holds belongs to, so about `1.5 x budget` besides what the consumer keeps otherwise. The
+//! queue holds at most `budget` bytes and [`QUEUE_TENSORS_MAX`] tensors. A run's arena (or
+//! mapping) is freed when the last tensor of it is gone. Mapped runs hold page-cache pages,
+//! which the kernel can reclaim, not anonymous memory.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -145,7 +149,7 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>, copies: &C
         let mut opts = LoadOptions {
             backend: job.backend.clone(),
             selection,
-            budget_bytes: job.budget_bytes,
+            budget_bytes: run_bytes(job.budget_bytes),
             residence: job.residence,
             cancel: Some(Arc::clone(cancel)),
             ..LoadOptions::default()
@@ -181,8 +185,16 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>, copies: &C
     Ok(())
 }
 
+/// The most bytes of one run: half the budget, so the run the consumer is on, the next one
+/// (queued) and the window a tensor the caller still holds pins fit it with room to spare.
+fn run_bytes(budget_bytes: u64) -> u64 {
+    (budget_bytes / 2).max(1)
+}
+
 /// Queue every tensor of one run (recording its name in `seen`, counting aligned copies in
-/// `copies`); `false` when the iterator was closed meanwhile.
+/// `copies`), then wait until the consumer has taken its first tensor (it has then taken every
+/// tensor of the runs before): the next run is loaded while the consumer works through this one,
+/// never while it is still on the one before. `false` when the iterator was closed meanwhile.
 fn queue_run(
     loaded: tensora_io::Loaded,
     mut seen: Option<&mut BTreeSet<String>>,
@@ -193,6 +205,7 @@ fn queue_run(
     let Storage::Loaded(loaded) = owner.storage() else {
         return Err(crate::exc::LoadError::new_err("internal: load produced no owned storage"));
     };
+    let mut first = None;
     for m in ExportMeta::all(loaded) {
         if let Some(seen) = seen.as_deref_mut() {
             seen.insert(m.name().to_owned());
@@ -200,11 +213,12 @@ fn queue_run(
         let data = m.export(&owner, loaded)?;
         copies.note(&data);
         let len = data.t.len_bytes as u64;
-        if queue.push(Msg::Tensor(data), len).is_err() {
-            return Ok(false);
+        match queue.push_ticket(Msg::Tensor(data), len) {
+            Ok(ticket) => first = first.or(Some(ticket)),
+            Err(_) => return Ok(false),
         }
     }
-    Ok(true)
+    Ok(first.is_none_or(|ticket| queue.wait_taken(ticket).is_ok()))
 }
 
 #[pymethods]

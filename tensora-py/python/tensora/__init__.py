@@ -346,10 +346,13 @@ def weights_iterator(
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
 
-    A background thread loads runs of consecutive tensors of at most ``budget`` bytes each
-    (default 256 MiB; a larger tensor is a run of its own) and yields them zero copy; at most
-    ``budget`` bytes of tensors wait for the consumer. A run's memory is freed when its last
-    tensor is gone. Waiting releases the GIL. Breaking out of the loop stops the load.
+    A background thread loads runs of consecutive tensors of at most ``budget / 2`` bytes each
+    (the budget is 256 MiB by default; a larger tensor is a run of its own) and yields them zero
+    copy. It loads the next run while you work through one, and the one after only once you have
+    moved on, so the iterator holds about ``budget`` bytes, ``1.5 x budget`` while you still hold
+    a tensor of the run before (a tensor is a view of its run's memory), besides what you keep.
+    A run's memory is freed when its last tensor is gone. Waiting releases the GIL. Breaking out
+    of the loop stops the load.
     ``residence`` is as in ``load_file`` (default: ``"auto"`` for torch, ``"owned"`` for numpy):
     ``"owned"`` gives each run an owned buffer; ``"auto"`` decides per file (warm local files:
     mapped views, each run's pages read in before it is yielded, with the same ``SIGBUS``

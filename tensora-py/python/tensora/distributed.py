@@ -212,12 +212,13 @@ def _window(g: _Group, outcome, fw):
     return tensors, json.loads(shared.report()), received, exchange_s
 
 
-def _windows(paths, g: _Group, fw, budget, select, backend, remote):
+def _windows(paths, g: _Group, fw, window_bytes, select, backend, remote):
     """Every window of `paths` on every rank, as ``(tensors, report, bytes received, read
     seconds, exchange seconds)``. A thread reads this rank's share of the next window while this
-    one is exchanged, so reading and exchanging overlap; at most about ``2 x budget`` is held
-    besides what the caller keeps."""
-    stream = _native.open_share_stream(paths, g.rank, g.world, budget, select, backend, remote)
+    one is exchanged and consumed, and starts on the one after only when this one's successor is
+    taken: two windows of ``window_bytes`` at most, besides what the caller keeps. Nothing here
+    holds a window once the caller has moved past it."""
+    stream = _native.open_share_stream(paths, g.rank, g.world, window_bytes, select, backend, remote)
     try:
         while True:
             t = time.perf_counter()
@@ -232,7 +233,9 @@ def _windows(paths, g: _Group, fw, budget, select, backend, remote):
             if done:
                 return
             tensors, report, received, exchange_s = _window(g, outcome, fw)
+            outcome = None  # the share: its memory is the window's
             yield tensors, report, received, read_s, exchange_s
+            del tensors
     finally:
         stream.close()
 
@@ -324,13 +327,21 @@ def weights_iterator(
     backend: str = "auto",
     remote: Optional[RemoteOptions] = None,
 ) -> Iterator[Tuple[str, Any]]:
-    """Yield ``(name, tensor)`` on every rank, one window of at most ``budget`` bytes (default
-    256 MiB) at a time: each rank reads its share of the window, the ranks exchange, the window's
-    tensors are yielded. One more window is read while the consumer works, so a rank holds at most
-    about ``2 x budget`` besides what the caller keeps. Paths may be URLs (``remote`` as in
-    :func:`load_file`)."""
+    """Yield ``(name, tensor)`` on every rank, one window of at most ``budget / 2`` bytes (the
+    budget is 256 MiB by default) at a time: each rank reads its share of the window, the ranks
+    exchange, the window's tensors are yielded. The next window is read while the consumer works,
+    and the one after only once the consumer has moved on, so a rank holds at most about
+    ``2 x budget`` besides what the caller keeps: two windows, and the window a tensor the caller
+    still holds belongs to (a tensor is a view of its window's memory). Paths may be URLs
+    (``remote`` as in :func:`load_file`)."""
     fw = _check_framework(framework)
     g = _Group(group)
     budget = BUDGET_DEFAULT_BYTES if budget is None else budget
-    for window, *_ in _windows(_paths(path_or_files), g, fw, budget, select, backend, _remote_dict(remote, None)):
-        yield from window.items()
+    if budget < 1:
+        raise ValueError("budget must be at least 1 byte")
+    windows = _windows(_paths(path_or_files), g, fw, max(1, budget // 2), select, backend, _remote_dict(remote, None))
+    for window, *_ in windows:
+        # Handed out of the dict one by one: once the caller has the last one, nothing here
+        # pins the window while the next is exchanged.
+        for name in list(window):
+            yield name, window.pop(name)

@@ -42,12 +42,12 @@ def run(a, rank: int, path: str) -> dict:
             os._exit(3)
         path = path + ".missing" if a.mode == "missing" and rank == 1 else path
         if a.mode == "stream":
-            # Keeps nothing: each tensor is hashed and dropped, so the peak is the iterator's own.
+            # Keeps no tensor past the next step, like a caller copying each into its model: the
+            # last one stays bound to `t` while the iterator fetches the next window.
             rss_before = rss_kib("VmRSS")
             got = {}
             for name, t in td.weights_iterator(path, budget=a.budget):
                 got[name] = [digest(t), list(t.shape)]
-                del t
             out["rss_before_kib"] = rss_before
             out["rss_peak_kib"] = rss_kib("VmHWM")
             out["tensors"] = got
