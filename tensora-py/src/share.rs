@@ -236,9 +236,12 @@ fn produce(
             // The other ranks' regions are faulted in here, while the consumer exchanges the
             // previous window, not during this window's exchange.
             share.populate_regions();
-            match queue.hand_off(local_share(share), 1) {
-                Ok(()) => ControlFlow::Continue(()),
-                Err(_) => ControlFlow::Break(()),
+            // A window that could not be handed over is the last one: the consumer raises it.
+            let shared = local_share(share);
+            let failed = shared.is_err();
+            match queue.hand_off(shared, 1) {
+                Ok(()) if !failed => ControlFlow::Continue(()),
+                _ => ControlFlow::Break(()),
             }
         };
         if let Some(location) = crate::remote::location(path)? {
@@ -282,7 +285,8 @@ impl ShareStream {
         match self.producer.next(py, SHARE_CLOSED_NOTE)? {
             Some(Ok(shared)) => Ok(shared),
             Some(Err(e)) => {
-                self.producer.finish(py);
+                // The error is the last item: stop the producer (whatever it does next) and join.
+                self.producer.close(py);
                 Err(e)
             }
             None => Err(PyStopIteration::new_err(())),

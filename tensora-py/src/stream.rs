@@ -186,7 +186,7 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>, copies: &C
 }
 
 /// The most bytes of one run: half the budget, so the run the consumer is on, the next one
-/// (queued) and the window a tensor the caller still holds pins fit it with room to spare.
+/// (queued) and the run a tensor the caller still holds pins fit it with room to spare.
 fn run_bytes(budget_bytes: u64) -> u64 {
     (budget_bytes / 2).max(1)
 }
@@ -231,7 +231,8 @@ impl Stream {
         match self.producer.next(py, STREAM_CLOSED_NOTE)? {
             Some(Msg::Tensor(t)) => Ok((t.t.name.clone(), t)),
             Some(Msg::Failed(e)) => {
-                self.producer.finish(py);
+                // The error is the last item: stop the producer (whatever it does next) and join.
+                self.producer.close(py);
                 Err(e)
             }
             None => Err(PyStopIteration::new_err(())),

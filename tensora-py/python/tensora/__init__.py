@@ -349,8 +349,9 @@ def weights_iterator(
     A background thread loads runs of consecutive tensors of at most ``budget / 2`` bytes each
     (the budget is 256 MiB by default; a larger tensor is a run of its own) and yields them zero
     copy. It loads the next run while you work through one, and the one after only once you have
-    moved on, so the iterator holds about ``budget`` bytes, ``1.5 x budget`` while you still hold
-    a tensor of the run before (a tensor is a view of its run's memory), besides what you keep.
+    moved on, so it holds at most about ``1.5 x budget`` (the run you are on, the next, and the
+    run before while you still hold a tensor of it: a tensor is a view of its run's memory; with
+    tensors larger than ``budget / 2``, three times the largest) besides what you keep.
     A run's memory is freed when its last tensor is gone. Waiting releases the GIL. Breaking out
     of the loop stops the load.
     ``residence`` is as in ``load_file`` (default: ``"auto"`` for torch, ``"owned"`` for numpy):
