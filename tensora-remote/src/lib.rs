@@ -17,11 +17,13 @@
 //!   bodies are resumed where they stopped, under a bounded [`RetryPolicy`].
 //!
 //! ```
-//! use tensora_remote::{Location, RemoteOptions};
+//! use tensora_remote::{Landing, Location, RemoteOptions};
 //! let loc = Location::parse("s3://weights/llama-3-8b/")?;
 //! assert!(loc.is_remote() && loc.is_dir());
 //! let opts = RemoteOptions::default();
-//! assert_eq!(opts.inflight_bytes_max(), Some(32 * (8 << 20)));
+//! // 64 ranges of 8 MiB for a whole load; a streamed one holds at most 256 MiB in flight.
+//! assert_eq!(opts.inflight_bytes_max(Landing::Whole), Some(64 * (8 << 20)));
+//! assert_eq!(opts.inflight_bytes_max(Landing::Window), Some(256 << 20));
 //! # Ok::<(), tensora_remote::RemoteError>(())
 //! ```
 #![forbid(unsafe_code)]
@@ -51,8 +53,8 @@ pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_IND
 pub use error::RemoteError;
 pub use fetch::{RemoteObject, RetryPolicy, Unversioned};
 pub use load::{
-    READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport, load_remote,
-    open_remote,
+    Landing, READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport,
+    load_remote, open_remote,
 };
 pub use location::{Location, StoreConfig};
 pub use redact::redact;

@@ -31,8 +31,9 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | field | default | meaning |
 /// |---|---|---|
 /// | `chunk_bytes` | 8 MiB | size of one ranged GET |
-/// | `reads_inflight_max` | 32 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` |
-/// | `tuning` | `Auto` | the depth probes upward from 16 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
+/// | `reads_inflight_max` | 64 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` ([`Landing`]) |
+/// | `streamed_bytes_max` | 256 MiB | most bytes in flight in a load that streams through a reused window (its memory) |
+/// | `tuning` | `Auto` | the depth probes upward from 32 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
 /// | `rate_min_bytes_per_s` | 2 MB/s | the slowest healthy rate: one attempt may take `request_overhead + remaining / rate` |
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
@@ -50,6 +51,11 @@ pub struct RemoteOptions {
     /// Ranges in flight at once, one connection each; 1..=[`READS_INFLIGHT_LIMIT`]. With
     /// [`Tuning::Auto`] the most the controller may go to, with [`Tuning::Fixed`] the depth.
     pub reads_inflight_max: usize,
+    /// The most bytes in flight in a load whose ranges land in a reused window
+    /// ([`Landing::Window`]: `load_streaming`, a collective load's windows): there the bytes in
+    /// flight are the load's memory. A whole load's ranges land in an arena that holds the whole
+    /// selection anyway, so only `reads_inflight_max` bounds it.
+    pub streamed_bytes_max: u64,
     /// Whether the depth tunes itself (the default) or stays at `reads_inflight_max`.
     pub tuning: Tuning,
     /// The slowest rate a healthy connection sustains: one attempt may take
@@ -79,7 +85,8 @@ impl Default for RemoteOptions {
         RemoteOptions {
             store: StoreConfig::default(),
             chunk_bytes: 8 << 20,
-            reads_inflight_max: 32,
+            reads_inflight_max: 64,
+            streamed_bytes_max: 256 << 20,
             tuning: Tuning::Auto,
             rate_min_bytes_per_s: 2_000_000,
             request_overhead: Duration::from_secs(5),
@@ -91,6 +98,18 @@ impl Default for RemoteOptions {
             cache: None,
         }
     }
+}
+
+/// Where a load's ranges land, which decides what bounds the bytes in flight
+/// ([`RemoteOptions::inflight_bytes_max`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Landing {
+    /// In an arena that holds the whole selection (`load`, `load_share`): a range in flight
+    /// costs no memory of its own.
+    Whole,
+    /// In a window reused from window to window (`load_streaming`, `load_share_runs`): the
+    /// bytes in flight are the load's memory.
+    Window,
 }
 
 impl RemoteOptions {
@@ -112,15 +131,32 @@ impl RemoteOptions {
         if self.rate_min_bytes_per_s == 0 {
             return bad("rate_min_bytes_per_s", "must be at least 1".into());
         }
-        if self.inflight_bytes_max().is_none() {
+        if self.streamed_bytes_max == 0 {
+            return bad("streamed_bytes_max", "must be at least 1".into());
+        }
+        if self.inflight_bytes_max(Landing::Whole).is_none() {
             return bad("chunk_bytes", "chunk_bytes × reads_inflight_max overflows".into());
         }
         Ok(())
     }
 
-    /// The in-flight byte cap: `chunk_bytes × reads_inflight_max`.
-    pub fn inflight_bytes_max(&self) -> Option<u64> {
-        self.chunk_bytes.checked_mul(self.reads_inflight_max as u64)
+    /// The in-flight byte cap of a load whose ranges land as `landing` says:
+    /// `chunk_bytes × reads_inflight_max`, and at most `streamed_bytes_max` for a window.
+    ///
+    /// ```
+    /// use tensora_remote::{Landing, RemoteError, RemoteOptions};
+    /// let opts = RemoteOptions { reads_inflight_max: 8, streamed_bytes_max: 40 << 20, ..RemoteOptions::default() };
+    /// assert_eq!(opts.inflight_bytes_max(Landing::Whole), Some(8 * (8 << 20)));
+    /// assert_eq!(opts.inflight_bytes_max(Landing::Window), Some(40 << 20));
+    /// let zero = RemoteOptions { streamed_bytes_max: 0, ..opts };
+    /// assert!(matches!(zero.validate(), Err(RemoteError::Options { field: "streamed_bytes_max", .. })));
+    /// ```
+    pub fn inflight_bytes_max(&self, landing: Landing) -> Option<u64> {
+        let ranges = self.chunk_bytes.checked_mul(self.reads_inflight_max as u64)?;
+        Some(match landing {
+            Landing::Whole => ranges,
+            Landing::Window => ranges.min(self.streamed_bytes_max),
+        })
     }
 
     pub(crate) fn timeouts(&self) -> ClientTimeouts {
@@ -290,15 +326,16 @@ impl RemoteCheckpoint {
 
     /// `load` with a [`RemoteBackend`] of this checkpoint; chunk size and in-flight cap from the
     /// [`RemoteOptions`] it was opened with (the budget is the smaller of `load.budget_bytes`
-    /// and `chunk_bytes × reads_inflight_max`).
+    /// and [`RemoteOptions::inflight_bytes_max`] for `landing`).
     fn load_options(
         &self,
         load: &LoadOptions,
         cache: Option<Arc<CacheSession>>,
+        landing: Landing,
     ) -> (LoadOptions, Arc<RemoteBackend>, u64) {
         let backend = Arc::new(RemoteBackend::new(self).with_cache(cache));
         let remote = &self.client().opts;
-        let cap = remote.inflight_bytes_max().unwrap_or(u64::MAX).min(load.budget_bytes);
+        let cap = remote.inflight_bytes_max(landing).unwrap_or(u64::MAX).min(load.budget_bytes);
         let opts = LoadOptions {
             backend: BackendChoice::Custom(backend.clone()),
             chunk_bytes: remote.chunk_bytes,
@@ -389,7 +426,7 @@ impl RemoteCheckpoint {
             }
             Route::Remote(session) => session,
         };
-        let (opts, backend, cap) = self.load_options(load, session.clone());
+        let (opts, backend, cap) = self.load_options(load, session.clone(), Landing::Whole);
         let loaded = tensora_io::load(self.checkpoint(), &opts).map_err(|e| self.error(&backend, e));
         // On failure too: copies this load completed before it failed are kept (behind it).
         let (cache, cache_sync) = session.map(|s| s.finish_behind()).unzip();
@@ -418,7 +455,7 @@ impl RemoteCheckpoint {
             }
             Route::Remote(session) => session,
         };
-        let (opts, backend, cap) = self.load_options(load, session.clone());
+        let (opts, backend, cap) = self.load_options(load, session.clone(), Landing::Window);
         let streamed =
             tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(|e| self.error(&backend, e));
         let cache = session.map(|s| s.finish());
@@ -445,7 +482,7 @@ impl RemoteCheckpoint {
                         .to_owned(),
             }));
         }
-        let (opts, backend, cap) = self.load_options(load, None);
+        let (opts, backend, cap) = self.load_options(load, None, Landing::Whole);
         let loaded =
             tensora_io::load_share(self.checkpoint(), &opts, share).map_err(|e| self.error(&backend, e))?;
         let report = self.finish_report(loaded.report().clone(), &backend, cap);
@@ -463,7 +500,7 @@ impl RemoteCheckpoint {
         mut f: impl FnMut(ShareLoad) -> ControlFlow<()>,
     ) -> Result<(), RemoteError> {
         self.refuse_shared_cache()?;
-        let (opts, backend, _) = self.load_options(load, None);
+        let (opts, backend, _) = self.load_options(load, None, Landing::Window);
         let runs = tensora_io::load_share_runs(self.checkpoint(), &opts, share)
             .map_err(|e| self.error(&backend, e))?;
         for window in runs {
