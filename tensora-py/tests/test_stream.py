@@ -7,6 +7,7 @@ from safetensors.numpy import load_file as hf_load_file, save_file
 import tensora
 from tensora import _native
 from conftest import REAL, collect
+from procstat import rss_kib
 
 
 @pytest.mark.parametrize("residence", ["auto", "owned", "mapped"])
@@ -96,14 +97,6 @@ def test_streamed_writes_stay_private(every_dtype_file, residence):
     assert file_sha256(every_dtype_file) == before
 
 
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise AssertionError(f"{field} not in /proc/self/status")
-
-
 @pytest.fixture(scope="module")
 def file_384mib(tmp_path_factory):
     rng = np.random.default_rng(11)
@@ -122,12 +115,12 @@ def test_peak_memory_stays_near_one_and_a_half_budgets(file_384mib, residence):
     collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS (Linux): the peak below is this test's own
-    before_kib = _rss_kib("VmRSS")
-    assert _rss_kib("VmHWM") <= before_kib + (4 << 10), "writing 5 to clear_refs did not reset VmHWM"
+    before_kib = rss_kib("VmRSS")
+    assert rss_kib("VmHWM") <= before_kib + (4 << 10), "writing 5 to clear_refs did not reset VmHWM"
     seen = 0
     for _name, arr in tensora.weights_iterator(file_384mib, framework="np", budget=budget, residence=residence):
         seen += int(arr[0, 0] >= 0)
-    grown_bytes = (_rss_kib("VmHWM") - before_kib) << 10
+    grown_bytes = (rss_kib("VmHWM") - before_kib) << 10
     print(f"{residence}: peak RSS grew by {grown_bytes >> 20} MiB (budget {budget >> 20} MiB)")
     assert seen == 32
     assert grown_bytes <= budget * 3 // 2 + (16 << 20), f"peak grew by {grown_bytes >> 20} MiB"

@@ -21,18 +21,12 @@ import torch.distributed as dist
 import tensora
 import tensora.distributed as td
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from procstat import rss_kib  # noqa: E402  (tests/procstat.py)
+
 
 def digest(t) -> str:
     return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-
-
-def rss_kib(field: str) -> int:
-    """`VmRSS` (now) or `VmHWM` (the peak so far) of this process, in KiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def run(a, rank: int, path: str) -> dict:
