@@ -474,14 +474,7 @@ impl RemoteCheckpoint {
         load: &LoadOptions,
         share: ShareOf,
     ) -> Result<(ShareLoad, RemoteReport), RemoteError> {
-        if self.cache().is_some() {
-            return Err(RemoteError::Load(tensora_io::LoadError::Unsupported {
-                what:
-                    "a collective load through a cache (every rank would wait on the others' object locks); \
-                       open the checkpoint without a cache"
-                        .to_owned(),
-            }));
-        }
+        self.refuse_shared_cache()?;
         let (opts, backend, cap) = self.load_options(load, None, Landing::Whole);
         let loaded =
             tensora_io::load_share(self.checkpoint(), &opts, share).map_err(|e| self.error(&backend, e))?;

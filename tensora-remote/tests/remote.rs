@@ -170,6 +170,11 @@ fn shares_of_an_http_checkpoint_rebuild_it_and_read_it_once() {
     let err =
         cached.load_share(&LoadOptions::default(), tensora_io::ShareOf::new(0, 2).unwrap()).unwrap_err();
     assert!(err.to_string().contains("cache"), "{err}");
+    let share = tensora_io::ShareOf::new(0, 2).unwrap();
+    let err = cached
+        .load_share_runs(&LoadOptions::default(), share, |_| std::ops::ControlFlow::Continue(()))
+        .unwrap_err();
+    assert!(err.to_string().contains("cache"), "{err}");
 }
 
 #[test]
