@@ -206,6 +206,10 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     if let Some(n) = args.threads {
         remote_opts.runtime_threads = usize::try_from(n).context("--threads")?;
     }
+    if let Some(b) = args.budget {
+        // A budget given is the stream's window, whatever the default for remote streams.
+        remote_opts.streamed_bytes_max = b;
+    }
     let checkpoint = crate::remote::open(location, &remote_opts)?;
     let mut opts = LoadOptions::default();
     verify_against_manifest(args, checkpoint.checkpoint(), &mut opts)?;

@@ -74,6 +74,10 @@ fn inspect_and_load_a_url_report_what_local_paths_do() {
     let streamed = ok_json(&["load", &url, "--json", "--stream", "--budget", "128KiB", "--chunk", "64KiB"]);
     assert_eq!(streamed["tensors"], 9);
     assert!(streamed["windows"].as_u64().unwrap() > 1, "{streamed}");
+    assert_eq!(streamed["inflight_bytes_max"], 128 << 10, "{streamed}");
+    // A budget given is the stream's window, above the 256 MiB default of remote streams too.
+    let wide = ok_json(&["load", &url, "--json", "--stream", "--budget", "300MiB"]);
+    assert_eq!(wide["inflight_bytes_max"], 300 << 20, "{wide}");
     let text = tensora(&["load", &url]);
     assert!(text.status.success());
     assert!(String::from_utf8_lossy(&text.stdout).contains("requests"));

@@ -186,7 +186,8 @@ pub(crate) fn open_share_stream(
         backend: crate::backend(backend)?,
         budget_bytes,
         share: share_of(rank, world_size)?,
-        remote: crate::remote::options(remote)?,
+        // The window is the budget the caller gave, for URLs too.
+        remote: RemoteOptions { streamed_bytes_max: budget_bytes, ..crate::remote::options(remote)? },
     };
     let queue = Arc::new(Bounded::new(1, u64::MAX));
     let cancel = Arc::new(AtomicBool::new(false));
