@@ -154,7 +154,12 @@ impl<'a> Reader<'a> {
     pub fn new(bytes: &'a [u8]) -> Result<Reader<'a>> {
         let text =
             std::str::from_utf8(bytes).map_err(|e| JsonError { what: "not UTF-8", at: e.valid_up_to() })?;
-        Ok(Reader { text, at: 0, first: false, stack: Vec::new(), depth: 0 })
+        Ok(Reader::over(text))
+    }
+
+    /// A reader over text already known to be UTF-8 (another reader's [`Reader::text`]).
+    pub fn over(text: &'a str) -> Reader<'a> {
+        Reader { text, at: 0, first: false, stack: Vec::new(), depth: 0 }
     }
 
     /// The whole input.

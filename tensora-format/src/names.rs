@@ -42,6 +42,9 @@ pub(crate) fn name_hash(seed: u64, bytes: &[u8]) -> u64 {
 /// A slot without an id.
 const EMPTY: u64 = u64::MAX;
 
+/// What [`NameTable::get_many`] gives for a name not held (no id is this: see [`NameTable::insert`]).
+pub const NOT_FOUND: u32 = u32::MAX;
+
 /// An open-addressing (linear probing) set of ids keyed by the names they stand for. At most one
 /// id per name. Each slot keeps 32 bits of its name's hash beside the id, so a probe compares a
 /// name only when those bits agree (on a hit, almost always once). Load factor at most 2/3: a
@@ -107,6 +110,46 @@ impl NameTable {
         }
     }
 
+    /// [`NameTable::get`] for each of `names`, in order, appended to `out`, with [`NOT_FOUND`]
+    /// for a name not held. Faster than one `get` after another on a table larger than the CPU's
+    /// caches: a batch's home slots are fetched side by side, then the names they point to, so
+    /// their cache misses overlap instead of following one another.
+    pub fn get_many<'n>(&self, names: &[&str], name_of: impl Fn(u32) -> &'n str, out: &mut Vec<u32>) {
+        /// Names looked up side by side: enough misses in flight to cover a memory latency.
+        const BATCH: usize = 16;
+        out.reserve(names.len());
+        for batch in names.chunks(BATCH) {
+            let mut places = [(0usize, 0u64); BATCH];
+            for (place, name) in places.iter_mut().zip(batch) {
+                *place = self.place(name);
+            }
+            let mut homes = [EMPTY; BATCH];
+            for (home, &(at, _)) in homes.iter_mut().zip(&places) {
+                *home = self.slots[at];
+            }
+            // A home slot with the name's tag almost always holds the name: fetch those names
+            // (touching a byte of each starts its load) before comparing any.
+            let tagged = |j: usize| homes[j] != EMPTY && homes[j] & !0xffff_ffff == places[j].1;
+            let mut candidates = [""; BATCH];
+            let mut touched = 0u8;
+            for (j, candidate) in candidates.iter_mut().enumerate().take(batch.len()) {
+                if tagged(j) {
+                    *candidate = name_of(homes[j] as u32);
+                    touched ^= candidate.as_bytes().first().copied().unwrap_or(0);
+                }
+            }
+            std::hint::black_box(touched);
+            for (j, &name) in batch.iter().enumerate() {
+                let id = match homes[j] {
+                    EMPTY => None,
+                    home if tagged(j) && candidates[j] == name => Some(home as u32),
+                    _ => self.get(name, &name_of), // Probes on from the home slot (now cached).
+                };
+                out.push(id.unwrap_or(NOT_FOUND));
+            }
+        }
+    }
+
     /// Store `id` for `name` unless the name is already present: then its id is returned and the
     /// table is unchanged. `id` must not be `u32::MAX`. Grows (doubling) past 2/3 full.
     pub fn insert<'n>(&mut self, name: &str, id: u32, name_of: impl Fn(u32) -> &'n str) -> Option<u32> {
@@ -114,7 +157,54 @@ impl NameTable {
         if (self.len + 1).saturating_mul(3) > self.slots.len().saturating_mul(2) {
             self.grow(&name_of);
         }
-        let (mut at, tag) = self.place(name);
+        let place = self.place(name);
+        self.insert_at(place, name, id, &name_of)
+    }
+
+    /// [`NameTable::insert`] of each id of `ids` for the name `name_of` gives it, in order, up to
+    /// the first whose name is already present: then `(that id, the present id)`. Faster than
+    /// one `insert` after another on a table larger than the CPU's caches (the home slots of a
+    /// batch are fetched side by side before any is written).
+    pub fn insert_many<'n>(
+        &mut self,
+        ids: std::ops::Range<u32>,
+        name_of: impl Fn(u32) -> &'n str,
+    ) -> Option<(u32, u32)> {
+        /// Slots fetched side by side.
+        const BATCH: u32 = 16;
+        debug_assert!(ids.end < u32::MAX || ids.is_empty());
+        let mut start = ids.start;
+        while start < ids.end {
+            let end = ids.end.min(start.saturating_add(BATCH));
+            let count = (end - start) as usize;
+            while (self.len + count).saturating_mul(3) > self.slots.len().saturating_mul(2) {
+                self.grow(&name_of);
+            }
+            let mut places = [(0usize, 0u64); BATCH as usize];
+            let mut touched = 0u64;
+            for (place, id) in places.iter_mut().zip(start..end) {
+                *place = self.place(name_of(id));
+                touched ^= self.slots[place.0];
+            }
+            std::hint::black_box(touched);
+            for (&place, id) in places.iter().zip(start..end) {
+                if let Some(present) = self.insert_at(place, name_of(id), id, &name_of) {
+                    return Some((id, present));
+                }
+            }
+            start = end;
+        }
+        None
+    }
+
+    /// Insert `id` for `name` from its place (the table has room).
+    fn insert_at<'n>(
+        &mut self,
+        (mut at, tag): (usize, u64),
+        name: &str,
+        id: u32,
+        name_of: &impl Fn(u32) -> &'n str,
+    ) -> Option<u32> {
         loop {
             match self.slots[at] {
                 EMPTY => {
@@ -164,6 +254,28 @@ mod tests {
                 prop_assert_eq!(table.get(name, |i| names[i as usize].as_str()), Some(id));
             }
             prop_assert_eq!(table.get("abcab", |i| names[i as usize].as_str()), None);
+            // Looked up all at once (held names, then names not held), as one at a time.
+            let mut queries: Vec<&str> = names.iter().map(String::as_str).collect();
+            queries.extend(["abcab", "", "ba", "bbbbb"]);
+            let mut many = Vec::new();
+            table.get_many(&queries, |i| names[i as usize].as_str(), &mut many);
+            let one_by_one: Vec<u32> = queries
+                .iter()
+                .map(|q| table.get(q, |i| names[i as usize].as_str()).unwrap_or(NOT_FOUND))
+                .collect();
+            prop_assert_eq!(many, one_by_one);
+            // Inserted in batches, from the same starting size: the same first duplicate, and
+            // the same table up to it.
+            let mut batched = NameTable::with_capacity(sized);
+            let first_duplicate = names.iter().enumerate().find_map(|(id, name)| {
+                names[..id].iter().position(|n| n == name).map(|first| (id as u32, first as u32))
+            });
+            let name_of = |i: u32| names[i as usize].as_str();
+            prop_assert_eq!(batched.insert_many(0..names.len() as u32, name_of), first_duplicate);
+            let stored = first_duplicate.map_or(names.len(), |(id, _)| id as usize);
+            for (id, name) in names.iter().enumerate().take(stored) {
+                prop_assert_eq!(batched.get(name, name_of), Some(id as u32));
+            }
         }
     }
 

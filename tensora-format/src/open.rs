@@ -7,7 +7,8 @@
 //! error. Workers run at most [`LOOKAHEAD_PER_THREAD`] shards per thread ahead of the merge, so
 //! little work is wasted when the merge stops at an error; a strict open of an indexed directory
 //! lets them run further while the merge parses the index, up to a bound in header bytes
-//! (`LISTED_AHEAD_BYTES` in `sharded.rs`).
+//! (`LISTED_AHEAD_BYTES` in `sharded.rs`). Until the merge first asks for a result, one worker
+//! fewer runs: the merging thread is busy (parsing that index) and keeps a core for it.
 
 use std::sync::{Condvar, Mutex, PoisonError};
 
@@ -82,6 +83,16 @@ struct State<T> {
     held: u64,
     /// Set when the merge stops early: workers take no more shards.
     stop: bool,
+    /// Set when the merge first asks for a result. Before that it is busy with work of its own
+    /// (parsing an index), and the last worker waits, so that the merge keeps a core.
+    merging: bool,
+}
+
+/// Which worker of a pool: the last of several starts only once the merge does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Any,
+    Last,
 }
 
 /// Results of a pool of scoped threads, handed out in order by [`Ordered::next`].
@@ -102,7 +113,7 @@ impl<T> Ordered<T> {
     fn new(count: usize, threads: usize, ahead_bytes: u64) -> Ordered<T> {
         let ready = std::iter::repeat_with(|| None).take(count).collect();
         Ordered {
-            state: Mutex::new(State { next: 0, taken: 0, ready, held: 0, stop: false }),
+            state: Mutex::new(State { next: 0, taken: 0, ready, held: 0, stop: false, merging: false }),
             changed: Condvar::new(),
             lookahead: threads.saturating_mul(LOOKAHEAD_PER_THREAD).max(1),
             ahead_bytes,
@@ -113,14 +124,15 @@ impl<T> Ordered<T> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn work(&self, work: &impl Fn(usize) -> T, weight: &impl Fn(&T) -> u64) {
+    /// Worker `role`'s loop: take the next item while the bounds allow, until none is left.
+    fn work(&self, role: Role, work: &impl Fn(usize) -> T, weight: &impl Fn(&T) -> u64) {
         loop {
             let k = {
                 let mut s = self.lock();
                 while !s.stop
                     && s.next < s.ready.len()
-                    && s.next >= s.taken + self.lookahead
-                    && s.held >= self.ahead_bytes
+                    && ((s.next >= s.taken + self.lookahead && s.held >= self.ahead_bytes)
+                        || (role == Role::Last && !s.merging))
                 {
                     s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
                 }
@@ -143,6 +155,10 @@ impl<T> Ordered<T> {
     /// The next item's result, in order (blocks until a worker has it); `None` after the last.
     fn next(&self) -> Option<T> {
         let mut s = self.lock();
+        if !s.merging {
+            s.merging = true;
+            self.changed.notify_all(); // The last worker may start.
+        }
         let k = s.taken;
         if k >= s.ready.len() {
             return None;
@@ -190,8 +206,14 @@ pub(crate) fn ordered_parallel_ahead<T: Send, R>(
 ) -> Result<R> {
     let pool = Ordered::new(count, threads, ahead_bytes);
     std::thread::scope(|scope| {
-        let workers: Vec<_> =
-            (0..threads.min(count)).map(|_| scope.spawn(|| pool.work(&work, &weight))).collect();
+        let spawned = threads.min(count);
+        let workers: Vec<_> = (0..spawned)
+            .map(|w| {
+                let role = if w > 0 && w + 1 == spawned { Role::Last } else { Role::Any };
+                let (pool, work, weight) = (&pool, &work, &weight);
+                scope.spawn(move || pool.work(role, work, weight))
+            })
+            .collect();
         let result = merge(&mut || pool.next());
         pool.stop();
         // Joined, not left to the scope, so no header thread outlives the open.
@@ -289,5 +311,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, (0..100).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_busy_merge_keeps_a_core_until_it_first_asks() {
+        let ran_on = Mutex::new(std::collections::HashSet::new());
+        let done = std::sync::atomic::AtomicUsize::new(0);
+        let items = 20;
+        let out = ordered_parallel_ahead(
+            items,
+            2,
+            (u64::MAX, |_: &usize| 1),
+            |k| {
+                ran_on.lock().unwrap().insert(std::thread::current().id());
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                k
+            },
+            |next| {
+                // Busy (as with an index) until every item has run: on one worker only.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while done.load(std::sync::atomic::Ordering::SeqCst) < items
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                assert_eq!(ran_on.lock().unwrap().len(), 1, "both workers ran before the merge asked");
+                Ok(std::iter::from_fn(next).collect::<Vec<_>>())
+            },
+        )
+        .unwrap();
+        assert_eq!(out, (0..items).collect::<Vec<_>>());
     }
 }

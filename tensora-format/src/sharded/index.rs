@@ -106,6 +106,11 @@ impl ShardIndex {
     pub(crate) fn entry_of(&self, tensor: &str) -> Option<usize> {
         self.by_name.get(tensor, |i| self.entry_name(&self.entries[i as usize])).map(|i| i as usize)
     }
+    /// The entry of each of `tensors`, in order, appended to `out`:
+    /// [`crate::names::NOT_FOUND`] for a tensor the index does not map.
+    pub(crate) fn entries_of(&self, tensors: &[&str], out: &mut Vec<u32>) {
+        self.by_name.get_many(tensors, |i| self.entry_name(&self.entries[i as usize]), out);
+    }
     /// Entry `i`: the tensor's name and its shard id.
     pub(crate) fn entry(&self, i: usize) -> (&str, u32) {
         let e = &self.entries[i];
@@ -131,8 +136,9 @@ pub fn parse_index(bytes: &[u8]) -> std::result::Result<ShardIndex, ErrorKind> {
         return Err(ErrorKind::IndexTooLarge { len_bytes: bytes.len() as u64, limit_bytes: INDEX_BYTES_MAX });
     }
     let not_json = |e: crate::json::JsonError| bad_index(format!("not valid JSON: {e}"));
-    let sizes = measure(bytes).map_err(not_json)?;
-    let mut r = Reader::new(bytes).map_err(not_json)?;
+    let text = Reader::new(bytes).map_err(not_json)?.text(); // UTF-8 checked once, here.
+    let sizes = measure(text).map_err(not_json)?;
+    let mut r = Reader::over(text);
     if r.peek().map_err(not_json)? != Kind::Object {
         return Err(bad_index("not a JSON object"));
     }
@@ -178,8 +184,8 @@ struct Sizes {
 /// `weight_map` object: an upper bound when the key repeats, which the second pass refuses).
 /// Distinct shard names are counted with a table of their places in `bytes`; it is dropped
 /// before the second pass allocates.
-fn measure(bytes: &[u8]) -> Result<Sizes, crate::json::JsonError> {
-    let mut r = Reader::new(bytes)?;
+fn measure(text: &str) -> Result<Sizes, crate::json::JsonError> {
+    let mut r = Reader::over(text);
     let mut sizes = Sizes::default();
     if r.peek()? != Kind::Object {
         r.skip()?;
@@ -300,43 +306,66 @@ impl Builder {
         }
     }
 
-    /// The `weight_map` object: each tensor's name into `names`, its shard interned.
+    /// The `weight_map` object: each tensor's name into `names`, its shard interned. Names go
+    /// into the name table in batches ([`NameTable::insert_many`]), every batch inserted before
+    /// any other error is returned, so the first error in document order is the one reported.
     fn weight_map(&mut self, r: &mut Reader<'_>) -> std::result::Result<(), ErrorKind> {
+        /// Entries parsed before their names are inserted, at most.
+        const PENDING_MAX: usize = 64;
         let not_json = |e: crate::json::JsonError| bad_index(format!("not valid JSON: {e}"));
         if r.peek().map_err(not_json)? != Kind::Object {
             return Err(bad_index("\"weight_map\" is not an object"));
         }
         r.begin_object().map_err(not_json)?;
-        while let Some(key) = r.next_key().map_err(not_json)? {
-            let name_start = self.names.len();
-            r.decode_into(key, &mut self.names);
-            let name = &self.names[name_start..];
-            if r.peek().map_err(not_json)? != Kind::String {
-                return Err(bad_index(format!("weight_map value for {name:?} is not a string")));
-            }
-            let shard = r.string().map_err(not_json)?;
-            let shard = self.intern(&r.str_of(shard))?;
-            let too_many = || bad_index("index too large to hold");
-            let id = u32::try_from(self.entries.len()).map_err(|_| too_many())?;
-            let entry = MapEntry {
-                name_start: u32::try_from(name_start).map_err(|_| too_many())?,
-                name_len: u32::try_from(self.names.len() - name_start).map_err(|_| too_many())?,
-                shard,
+        let mut inserted = self.entries.len();
+        loop {
+            let member = match r.next_key().map_err(not_json) {
+                Ok(Some(key)) => self.member(r, key),
+                Ok(None) => break,
+                Err(e) => Err(e),
             };
-            let (names, entries) = (&self.names, &self.entries);
-            let name_of = |i: u32| {
-                let e: &MapEntry = &entries[i as usize];
-                &names[e.name_start as usize..(e.name_start + e.name_len) as usize]
-            };
-            if self.by_name.insert(&names[name_start..], id, name_of).is_some() {
-                return Err(bad_index(format!(
-                    "tensor {:?} appears twice in weight_map",
-                    &names[name_start..]
-                )));
+            if member.is_err() || self.entries.len() - inserted == PENDING_MAX {
+                self.insert_names(inserted)?;
+                inserted = self.entries.len();
             }
-            self.entries.push(entry);
+            member?;
         }
+        self.insert_names(inserted)
+    }
+
+    /// One `weight_map` member, its key read: its name and entry stored (not yet in the table).
+    fn member(&mut self, r: &mut Reader<'_>, key: crate::json::RawStr) -> std::result::Result<(), ErrorKind> {
+        let not_json = |e: crate::json::JsonError| bad_index(format!("not valid JSON: {e}"));
+        let name_start = self.names.len();
+        r.decode_into(key, &mut self.names);
+        let name = &self.names[name_start..];
+        if r.peek().map_err(not_json)? != Kind::String {
+            return Err(bad_index(format!("weight_map value for {name:?} is not a string")));
+        }
+        let shard = r.string().map_err(not_json)?;
+        let shard = self.intern(&r.str_of(shard))?;
+        let too_many = || bad_index("index too large to hold");
+        u32::try_from(self.entries.len()).ok().filter(|&id| id < u32::MAX).ok_or_else(too_many)?;
+        self.entries.push(MapEntry {
+            name_start: u32::try_from(name_start).map_err(|_| too_many())?,
+            name_len: u32::try_from(self.names.len() - name_start).map_err(|_| too_many())?,
+            shard,
+        });
         Ok(())
+    }
+
+    /// Insert the names of entries `from..` into the name table: a name already there is an error.
+    fn insert_names(&mut self, from: usize) -> std::result::Result<(), ErrorKind> {
+        let (names, entries) = (&self.names, &self.entries);
+        let name_of = |i: u32| {
+            let e: &MapEntry = &entries[i as usize];
+            &names[e.name_start as usize..(e.name_start + e.name_len) as usize]
+        };
+        // Entry ids fit u32 below u32::MAX (checked as each was stored).
+        match self.by_name.insert_many(from as u32..entries.len() as u32, name_of) {
+            None => Ok(()),
+            Some((id, _)) => Err(bad_index(format!("tensor {:?} appears twice in weight_map", name_of(id)))),
+        }
     }
 
     /// The id (first-seen order) of `shard`, adding it if new: then it must be a plain file name

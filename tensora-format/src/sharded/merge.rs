@@ -14,7 +14,7 @@ use crate::{
 };
 
 /// The entry of a tensor that the index does not map (or of any tensor, without an index).
-const UNMAPPED: u32 = u32::MAX;
+const UNMAPPED: u32 = crate::names::NOT_FOUND;
 
 /// One shard, ready to merge: its file entry, its tensors (as file `file` of the checkpoint), its
 /// `__metadata__`, and, with an index, each tensor's entry in it.
@@ -40,13 +40,11 @@ impl ShardTensors {
         let entry = FileEntry { path, stamp, data_start_bytes: header.data_start_bytes() };
         let mut tensors = Vec::new();
         let metadata = header.into_tensors(file, &mut tensors);
-        let entries = match index {
-            Some(index) => {
-                tensors.iter().map(|t| index.entry_of(t.name()).map_or(UNMAPPED, |e| e as u32)).collect()
-            }
-            None => Vec::new(),
-        };
-        ShardTensors { file: entry, tensors, metadata, entries }
+        let mut shard = ShardTensors { file: entry, tensors, metadata, entries: Vec::new() };
+        if let Some(index) = index {
+            shard.look_up(index);
+        }
+        shard
     }
 
     /// Make it file `file` of the checkpoint, and look its tensors up in `index` unless that was
@@ -58,12 +56,15 @@ impl ShardTensors {
             }
         }
         if self.entries.len() != self.tensors.len() {
-            self.entries = self
-                .tensors
-                .iter()
-                .map(|t| index.entry_of(t.name()).map_or(UNMAPPED, |e| e as u32))
-                .collect();
+            self.look_up(index);
         }
+    }
+
+    /// Each tensor's entry in `index`, all looked up at once.
+    fn look_up(&mut self, index: &ShardIndex) {
+        let names: Vec<&str> = self.tensors.iter().map(TensorInfo::name).collect();
+        self.entries.clear();
+        index.entries_of(&names, &mut self.entries);
     }
 }
 
