@@ -7,7 +7,7 @@
 //!
 //! ```
 //! let index = br#"{"metadata": {"total_size": 8}, "weight_map": {"w": "a.safetensors"}}"#;
-//! let parsed = tensora_format::sharded::parse_index(index).unwrap();
+//! let parsed = tensora_format::sharded::parse_index(index.to_vec()).unwrap();
 //! assert_eq!(parsed.weight_map().collect::<Vec<_>>(), [("w", "a.safetensors")]);
 //! assert_eq!(parsed.total_size_bytes(), Some(8));
 //! ```
@@ -66,8 +66,7 @@ pub(crate) type ShardParts = (PathBuf, FileStamp, Header);
 /// selected tensor, read on `options.header_threads` threads and merged in name order.
 pub(crate) fn open_indexed(dir: &Path, index_path: &Path, options: &OpenOptions) -> Result<Checkpoint> {
     let bytes = read_index_file(index_path)?;
-    let index = parse_index(&bytes).map_err(|k| Error::new(index_path, k))?;
-    drop(bytes);
+    let index = parse_index(bytes).map_err(|k| Error::new(index_path, k))?;
     let parse = shards_to_parse(&index, &options.shards);
     let paths: Vec<PathBuf> = parse.iter().map(|&k| dir.join(index.shard_name(k))).collect();
     let shared = &index;
@@ -82,15 +81,17 @@ pub(crate) fn open_indexed(dir: &Path, index_path: &Path, options: &OpenOptions)
 }
 
 /// At most this many header bytes of shards are parsed ahead of the merge while it parses the
-/// index (a strict open of an indexed directory), and at most half the index's length: the
-/// workers keep busy meanwhile, and the open's peak memory stays under twice the header bytes
-/// (`tests/index_memory.rs`: 1.66x with none ahead, 1.91x at 4 MiB, 2.03x at 8 MiB on 7.5 MB of
-/// headers behind a 4.8 MB index).
-pub const LISTED_AHEAD_BYTES: u64 = 4 << 20;
+/// index (a strict open of an indexed directory), and at most the index's length: the workers
+/// keep busy meanwhile, and the open's peak heap stays under twice the header bytes (the index
+/// parser reuses the index text for the names, so the text is all the index costs beyond 24
+/// bytes per tensor). Measured: `tests/index_memory.rs` (7.5 MB of headers behind a 4.8 MB index)
+/// 1.62-1.75x; the bench's DeepSeek-shaped checkpoint (11.3 MB of headers, 8.7 MB index)
+/// 1.63-1.76x at 6 MiB, 1.76-1.90x at 8 MiB.
+pub const LISTED_AHEAD_BYTES: u64 = 6 << 20;
 
 /// A strict open of a directory with one index whose `listed` shard files (sorted) start being
 /// read and parsed while this thread parses the index (as far as [`LISTED_AHEAD_BYTES`] of
-/// headers goes, or half the index's length), then merged as [`open_indexed`] merges them.
+/// headers goes, or the index's length), then merged as [`open_indexed`] merges them.
 /// Listed files that the index does not name are read but dropped, errors and all; shards that
 /// are not listed (hidden names) are read afterwards.
 fn open_indexed_listed(
@@ -103,11 +104,10 @@ fn open_indexed_listed(
     let work = |k: usize| read_shard(&listed[k], FileId(k as u32), index_cell.get());
     let weight = |parsed: &Result<ShardTensors>| parsed.as_ref().map_or(0, |s| s.file.data_start_bytes());
     let index_len_bytes = std::fs::metadata(index_path).map_or(0, |m| m.len());
-    let ahead_bytes = (index_len_bytes / 2).min(LISTED_AHEAD_BYTES);
+    let ahead_bytes = index_len_bytes.min(LISTED_AHEAD_BYTES);
     ordered_parallel_ahead(listed.len(), options.threads(), (ahead_bytes, weight), work, |next| {
         let bytes = read_index_file(index_path)?;
-        let index = parse_index(&bytes).map_err(|k| Error::new(index_path, k))?;
-        drop(bytes);
+        let index = parse_index(bytes).map_err(|k| Error::new(index_path, k))?;
         let index = index_cell.get_or_init(|| index);
         let all: Vec<u32> = (0..index.shard_names().len() as u32).collect();
         let mut at = 0; // The next listed file.

@@ -25,15 +25,16 @@ const PEAK_PER_INDEX_BYTE_MAX: usize = 4;
 /// Target size of each adversarial index: large enough that constants vanish.
 const INDEX_BYTES: usize = 8 << 20;
 
-/// Run `parse` on `bytes`, print and check its peak heap, and hand back its result.
-fn measured<T>(what: &str, bytes: &[u8], parse: impl FnOnce(&[u8]) -> T) -> T {
+/// Run `parse` on `bytes` (handed over: allocated before the measure), print and check its peak
+/// heap, and hand back its result.
+fn measured<T>(what: &str, bytes: Vec<u8>, parse: impl FnOnce(Vec<u8>) -> T) -> T {
+    let len = bytes.len();
     let (out, peak_bytes) = ALLOC.peak_during(|| parse(bytes));
-    let ratio = peak_bytes as f64 / bytes.len() as f64;
-    eprintln!("{what}: {} index bytes, peak heap {peak_bytes} bytes ({ratio:.2}x)", bytes.len());
+    let ratio = peak_bytes as f64 / len as f64;
+    eprintln!("{what}: {len} index bytes, peak heap {peak_bytes} bytes ({ratio:.2}x)");
     assert!(
-        peak_bytes <= PEAK_PER_INDEX_BYTE_MAX * bytes.len(),
-        "{what}: peak {peak_bytes} bytes for a {}-byte index ({ratio:.2}x)",
-        bytes.len()
+        peak_bytes <= PEAK_PER_INDEX_BYTE_MAX * len,
+        "{what}: peak {peak_bytes} bytes for a {len}-byte index ({ratio:.2}x)"
     );
     out
 }
@@ -76,7 +77,7 @@ fn hf_index_with_deep_junk() {
         "[".repeat(depth),
         "]".repeat(depth)
     );
-    let index = measured("hf deep junk", text.as_bytes(), sharded::parse_index).unwrap();
+    let index = measured("hf deep junk", text.into_bytes(), sharded::parse_index).unwrap();
     assert_eq!(index.len(), 1);
 }
 
@@ -85,7 +86,7 @@ fn hf_index_with_wide_junk_and_padded_metadata() {
     let _serial = serial();
     let zeros = vec!["0"; INDEX_BYTES / 4].join(",");
     let text = format!(r#"{{"junk": [{zeros}], "metadata": {{"pad": [{zeros}]}}, "weight_map": {{}}}}"#);
-    let index = measured("hf wide junk + padded metadata", text.as_bytes(), sharded::parse_index).unwrap();
+    let index = measured("hf wide junk + padded metadata", text.into_bytes(), sharded::parse_index).unwrap();
     assert_eq!(index.metadata()["pad"].len(), zeros.len() + 2);
 }
 
@@ -93,10 +94,10 @@ fn hf_index_with_wide_junk_and_padded_metadata() {
 fn hf_index_with_millions_of_tiny_entries() {
     let _serial = serial();
     let text = repeated(r#"{"weight_map":{"#, |i| format!(r#""{}":"s""#, short_name(i)), ",", "}}");
-    let index = measured("hf tiny entries, one shard", &text, sharded::parse_index).unwrap();
+    let index = measured("hf tiny entries, one shard", text, sharded::parse_index).unwrap();
     assert!(index.len() > 500_000, "{}", index.len());
     let text = repeated(r#"{"weight_map":{"#, |i| format!(r#""{0}":"{0}""#, short_name(i)), ",", "}}");
-    let index = measured("hf tiny entries, a shard each", &text, sharded::parse_index).unwrap();
+    let index = measured("hf tiny entries, a shard each", text, sharded::parse_index).unwrap();
     assert_eq!(index.shard_names().len(), index.len());
 }
 
@@ -105,7 +106,7 @@ fn hf_index_that_fails_late_stays_bounded() {
     let _serial = serial();
     let mut text = repeated(r#"{"weight_map":{"#, |i| format!(r#""{}":"s""#, short_name(i)), ",", "}}");
     text.extend_from_slice(b"x");
-    let err = measured("hf tiny entries + trailing byte", &text, sharded::parse_index).unwrap_err();
+    let err = measured("hf tiny entries + trailing byte", text, sharded::parse_index).unwrap_err();
     assert!(matches!(err, ErrorKind::BadIndex { .. }), "{err:?}");
 }
 
@@ -113,10 +114,10 @@ fn hf_index_that_fails_late_stays_bounded() {
 fn sllm_index_with_millions_of_tiny_entries() {
     let _serial = serial();
     let text = repeated("{", |i| format!(r#""{}":[0,1,[],[],"u8",0]"#, short_name(i)), ",", "}");
-    let index = measured("sllm tiny legacy entries", &text, sllm::parse_index).unwrap();
+    let index = measured("sllm tiny legacy entries", text, |b| sllm::parse_index(&b)).unwrap();
     assert!(index.len() > 300_000, "{}", index.len());
     let text = repeated("{", |i| format!(r#""{}":[{i},1,[],[],"torch.int8"]"#, short_name(i)), ",", "}");
-    let index = measured("sllm tiny upstream entries", &text, sllm::parse_index).unwrap();
+    let index = measured("sllm tiny upstream entries", text, |b| sllm::parse_index(&b)).unwrap();
     assert!(index.len() > 200_000, "{}", index.len());
 }
 
@@ -126,7 +127,7 @@ fn sllm_index_with_maximal_ranks() {
     let zeros = vec!["0"; sllm::RANK_MAX].join(",");
     let text =
         repeated("{", |i| format!(r#""{}":[0,0,[{zeros}],[{zeros}],"u8",0]"#, short_name(i)), ",", "}");
-    let index = measured("sllm rank-64 entries", &text, sllm::parse_index).unwrap();
+    let index = measured("sllm rank-64 entries", text, |b| sllm::parse_index(&b)).unwrap();
     assert_eq!(index.entry(0).unwrap().shape.len(), sllm::RANK_MAX);
 }
 
@@ -135,15 +136,15 @@ fn sllm_index_with_junk_fails_bounded() {
     let _serial = serial();
     let zeros = vec!["0"; INDEX_BYTES / 2].join(",");
     let text = format!(r#"{{"w": [{zeros}]}}"#);
-    let err = measured("sllm wide junk entry", text.as_bytes(), sllm::parse_index).unwrap_err();
+    let err = measured("sllm wide junk entry", text.into_bytes(), |b| sllm::parse_index(&b)).unwrap_err();
     assert!(matches!(err, ErrorKind::BadSllmEntry { .. }), "{err:?}");
     let depth = INDEX_BYTES / 2;
     let text = format!(r#"{{"w": {}{}}}"#, "[".repeat(depth), "]".repeat(depth));
-    let err = measured("sllm deep junk entry", text.as_bytes(), sllm::parse_index).unwrap_err();
+    let err = measured("sllm deep junk entry", text.into_bytes(), |b| sllm::parse_index(&b)).unwrap_err();
     assert!(matches!(err, ErrorKind::BadIndex { .. } | ErrorKind::BadSllmEntry { .. }), "{err:?}");
     let mut text = repeated("{", |i| format!(r#""{}":[0,1,[],[],"u8",0]"#, short_name(i)), ",", "}");
     text.extend_from_slice(b",");
-    let err = measured("sllm tiny entries + trailing comma", &text, sllm::parse_index).unwrap_err();
+    let err = measured("sllm tiny entries + trailing comma", text, |b| sllm::parse_index(&b)).unwrap_err();
     assert!(matches!(err, ErrorKind::BadIndex { .. }), "{err:?}");
 }
 

@@ -570,7 +570,7 @@ async fn open_indexed(
     index_path: &ObjectPath,
 ) -> Result<Opened, RemoteError> {
     let (url, bytes) = fetch_index(location, fetcher, index_path, INDEX_BYTES_MAX).await?;
-    let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
+    let index = parse_index(bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     let dir = parent(index_path);
     let names: BTreeSet<&str> = index.shard_names().collect();
     let paths: Vec<(ObjectPath, String)> = names

@@ -103,8 +103,14 @@ unsafe impl GlobalAlloc for CountingAlloc {
         // SAFETY: `ptr`/`layout` came from this allocator; the caller upholds `realloc`'s contract.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
-            self.added(new_size);
-            self.removed(layout.size());
+            if new_size <= layout.size() {
+                // Shrinking needs no new block (the allocator trims in place or remaps).
+                self.removed(layout.size() - new_size);
+            } else {
+                // Growing may copy into a new block: both count until the old one is freed.
+                self.added(new_size);
+                self.removed(layout.size());
+            }
         }
         p
     }

@@ -94,10 +94,13 @@ pub struct MoeReport {
 }
 
 /// Warm-up once, then time `f` `runs` times; milliseconds and the last result.
+/// `runs` timed calls of `f` after one untimed (warm-up) call; the previous result is dropped
+/// before each timed call, so its teardown is not timed and its memory is free for the next.
 fn time_ms<T>(runs: usize, mut f: impl FnMut() -> Result<T>) -> Result<(Vec<f64>, T)> {
     let mut last = f()?;
     let mut samples = Vec::with_capacity(runs);
     for _ in 0..runs {
+        drop(last);
         let t = Instant::now();
         last = f()?;
         samples.push(t.elapsed().as_secs_f64() * 1e3);

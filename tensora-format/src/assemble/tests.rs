@@ -64,7 +64,7 @@ fn shard_objects(dir: &Path) -> Vec<SafetensorsObject> {
 
 fn parse_hf_index(dir: &Path) -> (std::path::PathBuf, ShardIndex) {
     let path = dir.join(crate::write::SHARD_INDEX_FILE_NAME);
-    let index = crate::sharded::parse_index(&std::fs::read(&path).unwrap()).unwrap();
+    let index = crate::sharded::parse_index(std::fs::read(&path).unwrap()).unwrap();
     (path, index)
 }
 

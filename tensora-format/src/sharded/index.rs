@@ -1,9 +1,11 @@
 //! The HF index, `{"metadata": {...}, "weight_map": {tensor: shard file}}`, read in two passes
 //! of the crate's JSON reader: the first validates the whole document (any depth, any junk in
 //! keys that are not ours, in O(1) memory) and measures the weight map; the second fills buffers
-//! sized from those measures: one string of all tensor names, 12 bytes per tensor, a name table
-//! of 12 bytes per tensor, and each shard name once. No JSON tree or tape is built, nothing grows
-//! by doubling, and no per-tensor string is allocated: peak memory stays under 4× the index bytes
+//! sized from those measures: 12 bytes per tensor, a name table of 12 bytes per tensor, and each
+//! shard name once. Tensor names stay where they are in the text (those with escapes are
+//! decoded aside) and are then moved to its front, which becomes the names' buffer: no second
+//! copy of the names lives beside the text. No JSON tree or tape is built, nothing grows by
+//! doubling, and no per-tensor string is allocated: peak memory stays under 4× the index bytes
 //! whatever the index holds (measured in `tests/index_memory.rs`).
 
 use std::collections::BTreeMap;
@@ -128,13 +130,23 @@ fn bad_index(message: impl Into<String>) -> ErrorKind {
     ErrorKind::BadIndex { message: message.into() }
 }
 
-/// Parse an index from bytes. The whole text must be strict JSON (checked first, so a JSON error
-/// is reported before any other); then duplicate top-level keys, duplicate metadata keys and
-/// duplicate tensors in `weight_map` are errors, as are shard names that are not plain file names.
-pub fn parse_index(bytes: &[u8]) -> std::result::Result<ShardIndex, ErrorKind> {
+/// Parse an index from its bytes, which it takes: the tensor names are moved to the front of
+/// them (their own buffer, without a second copy of the names beside the text). The whole text
+/// must be strict JSON (checked first, so a JSON error is reported before any other); then
+/// duplicate top-level keys, duplicate metadata keys and duplicate tensors in `weight_map` are
+/// errors, as are shard names that are not plain file names.
+pub fn parse_index(bytes: Vec<u8>) -> std::result::Result<ShardIndex, ErrorKind> {
     if bytes.len() as u64 > INDEX_BYTES_MAX {
         return Err(ErrorKind::IndexTooLarge { len_bytes: bytes.len() as u64, limit_bytes: INDEX_BYTES_MAX });
     }
+    let (builder, metadata) = read_index(&bytes)?;
+    let (metadata, total_size) = metadata.unwrap_or_default();
+    builder.finish(bytes, metadata, total_size)
+}
+
+/// Both passes over the text: the built weight map (names still in place in `bytes`) and
+/// `metadata` if present.
+fn read_index(bytes: &[u8]) -> std::result::Result<(Builder, Option<Metadata>), ErrorKind> {
     let not_json = |e: crate::json::JsonError| bad_index(format!("not valid JSON: {e}"));
     let text = Reader::new(bytes).map_err(not_json)?.text(); // UTF-8 checked once, here.
     let sizes = measure(text).map_err(not_json)?;
@@ -165,15 +177,15 @@ pub fn parse_index(bytes: &[u8]) -> std::result::Result<ShardIndex, ErrorKind> {
     if !weight_map_seen {
         return Err(bad_index("missing \"weight_map\""));
     }
-    let (metadata, total_size) = metadata.unwrap_or_default();
-    Ok(builder.finish(metadata, total_size))
+    Ok((builder, metadata))
 }
 
 /// What the first pass measures: upper bounds of what the second pass stores.
 #[derive(Debug, Default)]
 struct Sizes {
     entries: usize,
-    name_bytes: usize,
+    /// Raw bytes of the tensor names that hold escapes (decoded aside while building).
+    escaped_name_bytes: usize,
     /// Distinct shard names (each escaped one counted as new).
     shards: usize,
     /// Bytes of the distinct shard names.
@@ -205,7 +217,9 @@ fn measure(text: &str) -> Result<Sizes, crate::json::JsonError> {
         r.begin_object()?;
         while let Some(name) = r.next_key()? {
             sizes.entries += 1;
-            sizes.name_bytes += name.raw_len();
+            if name.is_escaped() {
+                sizes.escaped_name_bytes += name.raw_len();
+            }
             if r.peek()? != Kind::String {
                 r.skip()?;
                 continue;
@@ -280,9 +294,21 @@ fn read_metadata(r: &mut Reader<'_>) -> std::result::Result<Metadata, ErrorKind>
     Ok((map, total_size))
 }
 
-/// The second pass's buffers, sized by [`measure`].
+/// Marks a [`MapEntry::name_start`] (while building) as a place in [`Builder::escaped`] rather
+/// than in the index text. Places are under [`INDEX_BYTES_MAX`], far below this bit.
+const ESCAPED: u32 = 1 << 31;
+
+/// An entry's name while building: in `text` (the index) or decoded in `escaped`.
+fn building_name<'t>(text: &'t str, escaped: &'t str, e: &MapEntry) -> &'t str {
+    let (start, len) = ((e.name_start & !ESCAPED) as usize, e.name_len as usize);
+    if e.name_start & ESCAPED == 0 { &text[start..start + len] } else { &escaped[start..start + len] }
+}
+
+/// The second pass's buffers, sized by [`measure`]. An entry's name is where it is in the index
+/// text, or, when it holds escapes, decoded in `escaped`; [`Builder::finish`] moves every name
+/// to the front of the text.
 struct Builder {
-    names: String,
+    escaped: String,
     entries: Vec<MapEntry>,
     by_name: NameTable,
     shard_text: String,
@@ -296,7 +322,7 @@ struct Builder {
 impl Builder {
     fn new(sizes: &Sizes) -> Builder {
         Builder {
-            names: String::with_capacity(sizes.name_bytes),
+            escaped: String::with_capacity(sizes.escaped_name_bytes),
             entries: Vec::with_capacity(sizes.entries),
             by_name: NameTable::with_capacity(sizes.entries),
             shard_text: String::with_capacity(sizes.shard_bytes),
@@ -306,9 +332,9 @@ impl Builder {
         }
     }
 
-    /// The `weight_map` object: each tensor's name into `names`, its shard interned. Names go
-    /// into the name table in batches ([`NameTable::insert_many`]), every batch inserted before
-    /// any other error is returned, so the first error in document order is the one reported.
+    /// The `weight_map` object: each tensor's place and its shard interned. Names go into the
+    /// name table in batches ([`NameTable::insert_many`]), every batch inserted before any other
+    /// error is returned, so the first error in document order is the one reported.
     fn weight_map(&mut self, r: &mut Reader<'_>) -> std::result::Result<(), ErrorKind> {
         /// Entries parsed before their names are inserted, at most.
         const PENDING_MAX: usize = 64;
@@ -325,44 +351,44 @@ impl Builder {
                 Err(e) => Err(e),
             };
             if member.is_err() || self.entries.len() - inserted == PENDING_MAX {
-                self.insert_names(inserted)?;
+                self.insert_names(r.text(), inserted)?;
                 inserted = self.entries.len();
             }
             member?;
         }
-        self.insert_names(inserted)
+        self.insert_names(r.text(), inserted)
     }
 
-    /// One `weight_map` member, its key read: its name and entry stored (not yet in the table).
+    /// One `weight_map` member, its key read: its entry stored (its name not yet in the table).
     fn member(&mut self, r: &mut Reader<'_>, key: crate::json::RawStr) -> std::result::Result<(), ErrorKind> {
         let not_json = |e: crate::json::JsonError| bad_index(format!("not valid JSON: {e}"));
-        let name_start = self.names.len();
-        r.decode_into(key, &mut self.names);
-        let name = &self.names[name_start..];
+        let too_many = || bad_index("index too large to hold");
+        // Both places are under INDEX_BYTES_MAX, so below ESCAPED.
+        let (name_start, name_len) = if key.is_escaped() {
+            let start = self.escaped.len();
+            r.decode_into(key, &mut self.escaped);
+            (start as u32 | ESCAPED, (self.escaped.len() - start) as u32)
+        } else {
+            let (start, end) = key.range();
+            (start as u32, (end - start) as u32)
+        };
         if r.peek().map_err(not_json)? != Kind::String {
+            let name = building_name(r.text(), &self.escaped, &MapEntry { name_start, name_len, shard: 0 });
             return Err(bad_index(format!("weight_map value for {name:?} is not a string")));
         }
         let shard = r.string().map_err(not_json)?;
         let shard = self.intern(&r.str_of(shard))?;
-        let too_many = || bad_index("index too large to hold");
         u32::try_from(self.entries.len()).ok().filter(|&id| id < u32::MAX).ok_or_else(too_many)?;
-        self.entries.push(MapEntry {
-            name_start: u32::try_from(name_start).map_err(|_| too_many())?,
-            name_len: u32::try_from(self.names.len() - name_start).map_err(|_| too_many())?,
-            shard,
-        });
+        self.entries.push(MapEntry { name_start, name_len, shard });
         Ok(())
     }
 
     /// Insert the names of entries `from..` into the name table: a name already there is an error.
-    fn insert_names(&mut self, from: usize) -> std::result::Result<(), ErrorKind> {
-        let (names, entries) = (&self.names, &self.entries);
-        let name_of = |i: u32| {
-            let e: &MapEntry = &entries[i as usize];
-            &names[e.name_start as usize..(e.name_start + e.name_len) as usize]
-        };
+    fn insert_names(&mut self, text: &str, from: usize) -> std::result::Result<(), ErrorKind> {
+        let Builder { entries, by_name, escaped, .. } = self;
+        let name_of = |i: u32| building_name(text, escaped, &entries[i as usize]);
         // Entry ids fit u32 below u32::MAX (checked as each was stored).
-        match self.by_name.insert_many(from as u32..entries.len() as u32, name_of) {
+        match by_name.insert_many(from as u32..entries.len() as u32, name_of) {
             None => Ok(()),
             Some((id, _)) => Err(bad_index(format!("tensor {:?} appears twice in weight_map", name_of(id)))),
         }
@@ -399,14 +425,33 @@ impl Builder {
         Ok(id)
     }
 
-    /// Sort the shards by name and renumber the entries' shard ids to match.
+    /// Move every tensor name, in entry order, to the front of `bytes` (the index text: a name
+    /// never lands past where its key was, so no later key is overwritten) and keep them there;
+    /// sort the shards by name and renumber the entries' shard ids to match.
     fn finish(
         self,
+        mut bytes: Vec<u8>,
         metadata: BTreeMap<String, String>,
         total_size: Option<Result<u64, String>>,
-    ) -> ShardIndex {
-        let Builder { names, mut entries, by_name, mut shard_text, shards, shard_ids, .. } = self;
+    ) -> std::result::Result<ShardIndex, ErrorKind> {
+        let Builder { escaped, mut entries, by_name, mut shard_text, shards, shard_ids, .. } = self;
         drop(shard_ids);
+        let mut names_len = 0usize;
+        for e in &mut entries {
+            let (start, len) = ((e.name_start & !ESCAPED) as usize, e.name_len as usize);
+            if e.name_start & ESCAPED == 0 {
+                bytes.copy_within(start..start + len, names_len);
+            } else {
+                bytes[names_len..names_len + len].copy_from_slice(&escaped.as_bytes()[start..start + len]);
+            }
+            e.name_start = names_len as u32; // At most the key's place, below INDEX_BYTES_MAX.
+            names_len += len;
+        }
+        drop(escaped);
+        bytes.truncate(names_len);
+        bytes.shrink_to_fit();
+        // Whole names, each a `str`, back to back: never refused.
+        let names = String::from_utf8(bytes).map_err(|_| bad_index("tensor names are not UTF-8"))?;
         let name = |(start, len): (u32, u32)| &shard_text[start as usize..(start + len) as usize];
         let mut order: Vec<u32> = (0..shards.len() as u32).collect();
         order.sort_unstable_by(|&a, &b| name(shards[a as usize]).cmp(name(shards[b as usize])));
@@ -421,6 +466,6 @@ impl Builder {
         let sorted: Vec<(u32, u32)> = order.iter().map(|&old| shards[old as usize]).collect();
         drop((order, shards));
         shard_text.shrink_to_fit(); // Escaped names were counted at their raw length.
-        ShardIndex { metadata, total_size, names, entries, shard_text, shards: sorted, by_name }
+        Ok(ShardIndex { metadata, total_size, names, entries, shard_text, shards: sorted, by_name })
     }
 }

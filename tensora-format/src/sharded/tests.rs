@@ -168,10 +168,13 @@ fn index_parse_errors() {
         r#"{"weight_map": {}} x"#,
     ];
     for text in cases {
-        assert!(matches!(parse_index(text.as_bytes()), Err(ErrorKind::BadIndex { .. })), "{text}");
+        assert!(matches!(parse_index(text.as_bytes().to_vec()), Err(ErrorKind::BadIndex { .. })), "{text}");
     }
-    assert!(matches!(parse_index(br#"{"weight_map": {"x": "../a"}}"#), Err(ErrorKind::BadShardName { .. })));
-    let ok = parse_index(br#"{"metadata": null, "weight_map": {}, "other": [1]}"#).unwrap();
+    assert!(matches!(
+        parse_index(br#"{"weight_map": {"x": "../a"}}"#.to_vec()),
+        Err(ErrorKind::BadShardName { .. })
+    ));
+    let ok = parse_index(br#"{"metadata": null, "weight_map": {}, "other": [1]}"#.to_vec()).unwrap();
     assert!(ok.is_empty() && ok.metadata().is_empty() && ok.total_size_bytes().is_none());
 }
 
@@ -189,7 +192,7 @@ fn tape_to_json_handles_deep_and_mixed_values() {
     let text = format!(
         r#"{{"metadata": {{"d": {deep}, "m": {{"a": {{}}, "b": [[], {{"c": -1.5}}], "e": true}}}}, "weight_map": {{}}}}"#
     );
-    let idx = parse_index(text.as_bytes()).unwrap();
+    let idx = parse_index(text.as_bytes().to_vec()).unwrap();
     assert_eq!(idx.metadata()["d"], deep);
     assert_eq!(idx.metadata()["m"], r#"{"a":{},"b":[[],{"c":-1.5}],"e":true}"#);
 }
@@ -260,7 +263,7 @@ fn check_index_result(
     let map: serde_json::Map<String, serde_json::Value> =
         index.weight_map().map(|(t, s)| (t.to_owned(), serde_json::Value::from(s))).collect();
     let text = serde_json::json!({"metadata": meta, "weight_map": map}).to_string();
-    let again = parse_index(text.as_bytes()).unwrap();
+    let again = parse_index(text.as_bytes().to_vec()).unwrap();
     // serde_json's map reorders the members: compare as sets.
     let sorted = |i: &ShardIndex| {
         let mut pairs: Vec<(String, String)> =
@@ -286,7 +289,7 @@ proptest! {
             let k = at.index(bytes.len());
             bytes[k] = b;
         }
-        check_index_result(&bytes, &parse_index(&bytes))?;
+        check_index_result(&bytes, &parse_index(bytes.clone()))?;
     }
 
     /// Generated indexes, valid JSON by construction, with any values in the metadata, in an
@@ -317,7 +320,7 @@ proptest! {
         } else {
             text
         };
-        check_index_result(text.as_bytes(), &parse_index(text.as_bytes()))?;
+        check_index_result(text.as_bytes(), &parse_index(text.as_bytes().to_vec()))?;
     }
 
     /// JSON-like text as a metadata value: parsed exactly when it is JSON, flattened to
@@ -325,7 +328,7 @@ proptest! {
     #[test]
     fn metadata_values_are_flattened_to_equivalent_json(v in "[\\[\\]{}0-9,:\" a.eE\\-]{0,40}") {
         let text = format!(r#"{{"metadata": {{"k": {v}}}, "weight_map": {{}}}}"#);
-        let result = parse_index(text.as_bytes());
+        let result = parse_index(text.as_bytes().to_vec());
         check_index_result(text.as_bytes(), &result)?;
         let valid = serde_json::from_str::<serde_json::Value>(&v);
         prop_assume!(!valid.as_ref().is_err_and(|e| e.to_string().contains("number out of range")));
