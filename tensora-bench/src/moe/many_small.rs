@@ -5,7 +5,10 @@
 //! roofline run just before it: one fresh process reading the same file into fresh memory with one
 //! positional read (what any owned load of those bytes must at least do). A fresh process is what
 //! the goal is about, and it is also what makes the roofline fair on this VM: the first touch of
-//! fresh memory dominates both.
+//! fresh memory dominates both. Both children start in the bench's memory state
+//! ([`crate::memory`]: by default on blocks freed a moment ago, as every other cell's children
+//! do); left alone, each would inherit whatever the cell before it freed, and the same load
+//! measured 0.83-1.11 GB/s from an idle VM against 1.57 right after the default run's loads.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,6 +19,7 @@ use anyhow::{Context, Result, bail};
 use super::MoeCell;
 use crate::bench::BenchConfig;
 use crate::fixtures::{self, Size};
+use crate::memory::{Relay, Wants, relay_bytes};
 use crate::stats::{Summary, ratio};
 
 /// Goal: the full-size fixture loads at this many GB/s or more (twice the 0.7 GB/s the issue
@@ -60,11 +64,22 @@ fn measure(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<[MoeCell; 
     load_in_child(&file)?; // warm-up: page cache warm, binary loaded
     let (mut load_ms, mut load_gbps, mut read_ms, mut read_gbps) = (vec![], vec![], vec![], vec![]);
     let mut phases: Vec<serde_json::Value> = Vec::new();
+    let mut relay = Relay::new(config.memory);
+    let relayed = relay_bytes(fixture.files_len_bytes);
+    let mut in_child = |child: &dyn Fn() -> Result<serde_json::Value>| -> Result<serde_json::Value> {
+        // Both children take fresh memory, so both get what was freed a moment ago.
+        relay.hand_over(relayed, Wants::HugePages)?;
+        let out = child();
+        relay.take_back()?;
+        out
+    };
     for _ in 0..config.runs {
-        let seconds = read_probe_in_child(&file)?;
+        let seconds = in_child(&|| Ok(serde_json::json!(read_probe_in_child(&file)?)))?
+            .as_f64()
+            .context("read probe without seconds")?;
         read_ms.push(seconds * 1e3);
         read_gbps.push(fixture.files_len_bytes as f64 / seconds / 1e9);
-        let report = load_in_child(&file)?;
+        let report = in_child(&|| load_in_child(&file))?;
         let seconds = report["seconds"].as_f64().context("load --json without seconds")?;
         let gbps = report["gbps"].as_f64().context("load --json without gbps")?;
         load_ms.push(seconds * 1e3);
