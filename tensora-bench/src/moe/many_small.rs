@@ -73,7 +73,7 @@ fn measure(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<[MoeCell; 
         relay.take_back()?;
         out
     };
-    for _ in 0..config.runs {
+    for _ in 0..super::runs_of(config) {
         let seconds = in_child(&|| Ok(serde_json::json!(read_probe_in_child(&file)?)))?
             .as_f64()
             .context("read probe without seconds")?;

@@ -4,7 +4,7 @@
 //! same headers, all in one run; and the 100,000-tensor single file loaded by the CLI beside its
 //! roofline ([`many_small`]). Written as `moe.json` and `moe.md` beside the main report.
 //!
-//! Times are wall-clock medians over the configured runs (after one warm-up, page cache warm).
+//! Times are wall-clock medians over the configured runs, at least [`RUNS_MIN`] (after one warm-up, page cache warm).
 //! Peak memory is measured in a fresh process (this binary re-run as a probe), as `VmHWM`.
 
 pub mod fixture;
@@ -93,7 +93,16 @@ pub struct MoeReport {
     pub cells: Vec<MoeCell>,
 }
 
-/// Warm-up once, then time `f` `runs` times; milliseconds and the last result.
+/// Timed runs of each MoE cell, at least this many whatever `--runs` says: a cell takes tens of
+/// milliseconds (HF's, a fresh interpreter: half a second), and with three samples one slow one
+/// moved a median by a tenth.
+pub const RUNS_MIN: usize = 7;
+
+/// Timed runs of each MoE cell: the configured runs, at least [`RUNS_MIN`].
+pub fn runs_of(config: &BenchConfig) -> usize {
+    config.runs.max(RUNS_MIN)
+}
+
 /// `runs` timed calls of `f` after one untimed (warm-up) call; the previous result is dropped
 /// before each timed call, so its teardown is not timed and its memory is free for the next.
 fn time_ms<T>(runs: usize, mut f: impl FnMut() -> Result<T>) -> Result<(Vec<f64>, T)> {
@@ -170,7 +179,7 @@ pub fn run(
         fixture.files_len_bytes as f64 / 1e9,
         t.elapsed().as_secs_f64()
     ));
-    let runs = config.runs;
+    let runs = runs_of(config);
     let dir = fixture.dir.clone();
     let (expert, layer) = (shape.one_expert_glob(), shape.one_layer_glob());
     let mut cells = Vec::new();
