@@ -205,7 +205,8 @@ fn measure(text: &str) -> Result<Sizes, crate::json::JsonError> {
         return Ok(sizes);
     }
     let text = r.text();
-    let mut seen: Vec<(usize, usize)> = Vec::new();
+    // Places in the text (under INDEX_BYTES_MAX, so u32): half the memory of usize pairs.
+    let mut seen: Vec<(u32, u32)> = Vec::new();
     let mut table = NameTable::with_capacity(0);
     let mut last: Option<(usize, usize)> = None;
     r.begin_object()?;
@@ -230,12 +231,14 @@ fn measure(text: &str) -> Result<Sizes, crate::json::JsonError> {
             }
             last = (!shard.is_escaped()).then(|| shard.range());
             let new = shard.is_escaped() || {
-                let name_of = |i: u32| &text[seen[i as usize].0..seen[i as usize].1];
+                let span = |(start, end): (u32, u32)| &text[start as usize..end as usize];
+                let name_of = |i: u32| span(seen[i as usize]);
                 let id = seen.len() as u32;
                 let raw = r.raw(shard);
                 table.get(raw, name_of).is_none() && {
-                    seen.push(shard.range());
-                    let name_of = |i: u32| &text[seen[i as usize].0..seen[i as usize].1];
+                    let (start, end) = shard.range();
+                    seen.push((start as u32, end as u32));
+                    let name_of = |i: u32| span(seen[i as usize]);
                     table.insert(raw, id, name_of);
                     true
                 }
