@@ -180,15 +180,17 @@ impl NameTable {
             while (self.len + count).saturating_mul(3) > self.slots.len().saturating_mul(2) {
                 self.grow(&name_of);
             }
+            let mut names = [""; BATCH as usize];
             let mut places = [(0usize, 0u64); BATCH as usize];
             let mut touched = 0u64;
-            for (place, id) in places.iter_mut().zip(start..end) {
-                *place = self.place(name_of(id));
+            for ((name, place), id) in names.iter_mut().zip(&mut places).zip(start..end) {
+                *name = name_of(id);
+                *place = self.place(name);
                 touched ^= self.slots[place.0];
             }
             std::hint::black_box(touched);
-            for (&place, id) in places.iter().zip(start..end) {
-                if let Some(present) = self.insert_at(place, name_of(id), id, &name_of) {
+            for ((&name, &place), id) in names.iter().zip(&places).zip(start..end) {
+                if let Some(present) = self.insert_at(place, name, id, &name_of) {
                     return Some((id, present));
                 }
             }

@@ -130,6 +130,11 @@ fn bad_index(message: impl Into<String>) -> ErrorKind {
     ErrorKind::BadIndex { message: message.into() }
 }
 
+/// A JSON error as the index's error.
+fn not_json(e: crate::json::JsonError) -> ErrorKind {
+    bad_index(format!("not valid JSON: {e}"))
+}
+
 /// Parse an index from its bytes, which it takes: the tensor names are moved to the front of
 /// them (their own buffer, without a second copy of the names beside the text). The whole text
 /// must be strict JSON (checked first, so a JSON error is reported before any other); then
@@ -147,7 +152,6 @@ pub fn parse_index(bytes: Vec<u8>) -> std::result::Result<ShardIndex, ErrorKind>
 /// Both passes over the text: the built weight map (names still in place in `bytes`) and
 /// `metadata` if present.
 fn read_index(bytes: &[u8]) -> std::result::Result<(Builder, Option<Metadata>), ErrorKind> {
-    let not_json = |e: crate::json::JsonError| bad_index(format!("not valid JSON: {e}"));
     let text = Reader::new(bytes).map_err(not_json)?.text(); // UTF-8 checked once, here.
     let sizes = measure(text).map_err(not_json)?;
     let mut r = Reader::over(text);
@@ -258,7 +262,6 @@ type Metadata = (BTreeMap<String, String>, Option<std::result::Result<u64, Strin
 /// `metadata`: `null`, or an object whose values are kept as strings (a string as it is, any
 /// other value as compact JSON text), `total_size` also read as an integer when it is one.
 fn read_metadata(r: &mut Reader<'_>) -> std::result::Result<Metadata, ErrorKind> {
-    let not_json = |e: crate::json::JsonError| bad_index(format!("not valid JSON: {e}"));
     match r.peek().map_err(not_json)? {
         Kind::Null => {
             r.skip().map_err(not_json)?;
@@ -341,7 +344,6 @@ impl Builder {
     fn weight_map(&mut self, r: &mut Reader<'_>) -> std::result::Result<(), ErrorKind> {
         /// Entries parsed before their names are inserted, at most.
         const PENDING_MAX: usize = 64;
-        let not_json = |e: crate::json::JsonError| bad_index(format!("not valid JSON: {e}"));
         if r.peek().map_err(not_json)? != Kind::Object {
             return Err(bad_index("\"weight_map\" is not an object"));
         }
@@ -364,7 +366,6 @@ impl Builder {
 
     /// One `weight_map` member, its key read: its entry stored (its name not yet in the table).
     fn member(&mut self, r: &mut Reader<'_>, key: crate::json::RawStr) -> std::result::Result<(), ErrorKind> {
-        let not_json = |e: crate::json::JsonError| bad_index(format!("not valid JSON: {e}"));
         let too_many = || bad_index("index too large to hold");
         // Both places are under INDEX_BYTES_MAX, so below ESCAPED.
         let (name_start, name_len) = if key.is_escaped() {
