@@ -114,7 +114,7 @@ pub fn write_roofline(
         options.custom_flags(libc::O_DIRECT);
     }
     let file = options.open(path).with_context(|| format!("create {} ({probe:?})", path.display()))?;
-    reserve(&file, len_bytes).with_context(|| format!("fallocate {}", path.display()))?;
+    tensora_io::fs::preallocate(&file, len_bytes).with_context(|| format!("fallocate {}", path.display()))?;
     let started = Instant::now();
     let blocks_total = len_bytes.div_ceil(ROOFLINE_BLOCK_BYTES as u64);
     let next = AtomicU64::new(0);
@@ -153,20 +153,6 @@ pub fn write_roofline(
     file.sync_all().with_context(|| format!("fsync {}", path.display()))?;
     drop(file);
     Ok(started.elapsed().as_secs_f64())
-}
-
-/// `fallocate` the whole file, where the filesystem can (ignored where it cannot).
-#[allow(unsafe_code)]
-fn reserve(file: &File, len_bytes: u64) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let len = libc::off_t::try_from(len_bytes).map_err(std::io::Error::other)?;
-    // SAFETY: a plain syscall on a descriptor this function borrows; no memory is passed.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
-    let e = std::io::Error::last_os_error();
-    match (rc, e.raw_os_error()) {
-        (0, _) | (_, Some(libc::EOPNOTSUPP | libc::ENOSYS)) => Ok(()),
-        _ => Err(e),
-    }
 }
 
 /// Make the removal of the previous run's output durable before the next run starts (untimed):

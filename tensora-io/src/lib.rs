@@ -38,6 +38,7 @@ pub mod backends;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+pub mod fs;
 pub mod load;
 pub mod map;
 pub mod report;

@@ -157,22 +157,9 @@ impl Output {
         }
     }
 
-    #[allow(unsafe_code)]
     fn preallocate(&self) -> Result<(), ConvertError> {
-        let len = libc::off_t::try_from(self.len_bytes).map_err(|_| ConvertError::Config {
-            reason: format!("{} bytes is past the largest file offset", self.len_bytes),
-        })?;
-        // SAFETY: a plain syscall on a descriptor this output owns; no memory is passed.
-        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            // Filesystems without it: the writes allocate.
-            Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) => Ok(()),
-            _ => Err(write_err(self.path_now(), "reserving space", e)),
-        }
+        tensora_io::fs::preallocate(&self.file, self.len_bytes)
+            .map_err(|e| write_err(self.path_now(), "reserving space", e))
     }
 
     /// Cut the file to its length (direct writes round the last piece up) and make it durable.
