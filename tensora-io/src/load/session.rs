@@ -173,11 +173,14 @@ impl<'c> Session<'c> {
     }
 
     pub(super) fn plan_config(&self) -> PlanConfig {
+        let wanted = self.backend.read_align_bytes();
+        let backend_align =
+            if wanted.is_power_of_two() && aligned_plannable(self.opts, wanted) { wanted } else { 1 };
         PlanConfig {
             align_bytes: if self.direct || self.layout == Layout::SameOnEveryRank {
-                crate::backends::DIRECT_BLOCK_BYTES
+                crate::backends::DIRECT_BLOCK_BYTES.max(backend_align)
             } else {
-                1
+                backend_align
             },
             chunk_bytes: self.opts.chunk_bytes.max(1),
             budget_bytes: self.opts.budget_bytes,
@@ -333,8 +336,12 @@ pub(super) fn by_name(name: &str) -> Result<Arc<dyn IoBackend>, LoadError> {
 /// `PlanConfig::validate` refuses a budget or chunk below the alignment. `auto` stays buffered
 /// when this is false (an explicit [`IoMode::Direct`] still gets the planner's typed error).
 pub(super) fn direct_plannable(opts: &LoadOptions) -> bool {
-    let block = crate::backends::DIRECT_BLOCK_BYTES;
-    opts.budget_bytes >= block && opts.chunk_bytes.max(1) >= block
+    aligned_plannable(opts, crate::backends::DIRECT_BLOCK_BYTES)
+}
+
+/// Whether reads aligned to `align_bytes` can be planned under `opts`.
+fn aligned_plannable(opts: &LoadOptions, align_bytes: u64) -> bool {
+    opts.budget_bytes >= align_bytes && opts.chunk_bytes.max(1) >= align_bytes
 }
 
 #[cfg(test)]

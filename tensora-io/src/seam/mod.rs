@@ -55,6 +55,14 @@ pub trait IoBackend: Send + Sync {
     fn reads_local_files(&self) -> bool {
         true
     }
+    /// The alignment this backend asks of every read's file offset, length (but at a file's
+    /// end) and destination offset: 1 (the default) for none. A backend that passes the bytes it
+    /// read on to a disk with `O_DIRECT` (the remote cache's copies) asks for the block size, so
+    /// that they go from where they landed. A power of two; honoured when the budget and chunk
+    /// are at least as large (as for direct reads), ignored otherwise.
+    fn read_align_bytes(&self) -> u64 {
+        1
+    }
     /// Execute every read of `job.plan` into `job.dest`, calling `sink.read_done` once per read
     /// after its bytes have landed and `dest.on_landed` was called. On error, nothing is in
     /// flight when this returns.
