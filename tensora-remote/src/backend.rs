@@ -13,16 +13,17 @@
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::time::Duration;
 
 use futures::StreamExt;
 use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, ReadTarget};
 
 use crate::RemoteError;
-use crate::cache::CacheSession;
+use crate::cache::{CacheSession, LANE_THREADS, LaneWrite};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
-use crate::fetch::{Counters, Fetcher, RemoteObject};
+use crate::fetch::{Counters, Fetcher, RemoteObject, Source};
 use crate::tune::{TuneReport, Tuner};
 
 /// Reads the pager claims (and touches) ahead of the issuing threads.
@@ -132,6 +133,12 @@ impl IoBackend for RemoteBackend {
         false
     }
 
+    /// With a cache, reads on whole blocks: each fetched range then goes into its copy with
+    /// `O_DIRECT` from where it landed (`cache::lane`).
+    fn read_align_bytes(&self) -> u64 {
+        if self.cache.is_some() { crate::cache::DIRECT_ALIGN_BYTES as u64 } else { 1 }
+    }
+
     fn execute(&self, job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
         let order: Vec<u32> = job.plan.queues().iter().flat_map(|q| q.reads.clone()).collect();
         let opts = &self.client.opts;
@@ -153,6 +160,7 @@ impl IoBackend for RemoteBackend {
             fetcher: self.client.fetcher(&self.counters).with_cache(self.cache.as_deref()),
             tuner,
             issuers,
+            lane_failure: Mutex::new(None),
         };
         let results = run.issue_on_threads(paged);
         *self.tune.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.tuner.report());
@@ -204,6 +212,8 @@ struct Run<'r, 'j> {
     fetcher: Fetcher<'r>,
     tuner: Tuner,
     issuers: usize,
+    /// The first range the cache's lane could not land (it then stops the run too).
+    lane_failure: Mutex<Option<ReadError>>,
 }
 
 impl<'r> Run<'r, '_> {
@@ -239,8 +249,15 @@ impl<'r> Run<'r, '_> {
     }
 
     /// Read `index` of the plan into its claimed `target`: wait for budget, fetch the range into
-    /// it (racing a cancel or another range's failure), and land it. The bytes it read.
-    async fn fetch_one(&self, index: u32, mut target: ReadTarget<'r>) -> Result<u64, Fail> {
+    /// it (racing a cancel or another range's failure), and land it, or hand it to `lane` when
+    /// it came from the store and the cache writes its object (the lane lands it once written).
+    /// The bytes it read.
+    async fn fetch_one(
+        &self,
+        index: u32,
+        mut target: ReadTarget<'r>,
+        lane: Option<&Sender<LaneWrite<'r>>>,
+    ) -> Result<u64, Fail> {
         let job = self.job;
         let read = &job.plan.reads()[index as usize];
         let fail_with = |kind| {
@@ -261,21 +278,42 @@ impl<'r> Run<'r, '_> {
                 format!("read {index} names plan file {} that maps to no object", read.file),
             ))));
         };
-        let _permit = job.budget.acquire_async(read.len_bytes).await;
+        let permit = job.budget.acquire_async(read.len_bytes).await;
         // Race the fetch (its retries and backoff sleeps included) against a cancel or another
         // range's failure.
         let raced = {
-            let fetch = std::pin::pin!(self.fetcher.fetch(object, read.offset_bytes, target.buf()));
+            let fetch = std::pin::pin!(self.fetcher.fetch_unwritten(object, read.offset_bytes, target.buf()));
             let halt = std::pin::pin!(stopped(job.cancel, &self.stop));
             match futures::future::select(fetch, halt).await {
                 futures::future::Either::Left((fetched, _)) => Some(fetched),
                 futures::future::Either::Right(((), _)) => None,
             }
         };
-        match raced {
-            Some(Ok(())) => {}
+        let source = match raced {
+            Some(Ok(source)) => source,
             Some(Err(error)) => return Err(Fail::Remote { read: index, error }),
             None => return Err(fail_with(ReadErrorKind::Cancelled)),
+        };
+        if let (Source::Store { crc32c: Some(crc32c) }, Some(cache)) = (source, self.backend.cache.as_deref())
+        {
+            match lane {
+                Some(lane) => {
+                    if let Some(entry) = cache.writer_entry(object) {
+                        // The lane writes the range, then lands it; this fetch is done. Its
+                        // receiver outlives every issuer, so a send fails only if it is gone.
+                        let write =
+                            LaneWrite { entry, offset_bytes: read.offset_bytes, crc32c, target, permit };
+                        lane.send(write).map_err(|_| {
+                            fail_with(ReadErrorKind::Io(std::io::Error::other(
+                                "the cache's writing threads are gone",
+                            )))
+                        })?;
+                        return Ok(read.len_bytes);
+                    }
+                }
+                // No lane thread could start: the copying writers take the range.
+                None => cache.write(object, read.offset_bytes, target.buf()).await,
+            }
         }
         target.land(self.sink).map_err(Fail::Read)?;
         Ok(read.len_bytes)
@@ -290,7 +328,7 @@ impl<'r> Run<'r, '_> {
     /// One issuing loop: take claimed reads from the pager and keep this issuer's share of the
     /// tuner's depth in flight on the client's runtime, until the queue is empty or a read fails
     /// (which stops the run). Each landed range is reported to the tuner.
-    fn issue(&self, issuer: usize) -> Result<IoStats, Fail> {
+    fn issue(&self, issuer: usize, lane: Option<&Sender<LaneWrite<'r>>>) -> Result<IoStats, Fail> {
         let mut stats = IoStats::default();
         let result = self.backend.client.runtime().block_on(async {
             let mut inflight = futures::stream::FuturesUnordered::new();
@@ -299,7 +337,7 @@ impl<'r> Run<'r, '_> {
                 let wants = !source_done && inflight.len() < self.share(issuer);
                 let landed = if wants && inflight.is_empty() {
                     match self.next_read().await {
-                        Some(Ok((i, target))) => inflight.push(self.fetch_one(i, target)),
+                        Some(Ok((i, target))) => inflight.push(self.fetch_one(i, target, lane)),
                         Some(Err(e)) => return Err(Fail::Read(e)),
                         None => source_done = true,
                     }
@@ -308,7 +346,7 @@ impl<'r> Run<'r, '_> {
                     let next = std::pin::pin!(self.next_read());
                     match futures::future::select(next, inflight.next()).await {
                         futures::future::Either::Left((Some(Ok((i, target))), _)) => {
-                            inflight.push(self.fetch_one(i, target));
+                            inflight.push(self.fetch_one(i, target, lane));
                             continue;
                         }
                         futures::future::Either::Left((Some(Err(e)), _)) => return Err(Fail::Read(e)),
@@ -339,15 +377,26 @@ impl<'r> Run<'r, '_> {
         result.map(|()| stats)
     }
 
-    /// The pager on a thread of its own, and one issuing loop per issuer, the first on this
-    /// thread. Blocking on the client's runtime panics inside another runtime: then they all run
-    /// on plain threads. The pager's channel closes when the issuers are done.
+    /// The pager on a thread of its own, one issuing loop per issuer (the first on this
+    /// thread) and, with a cache, the lane's threads writing fetched ranges into it and landing
+    /// them. Blocking on the client's runtime panics inside another runtime: then they all run
+    /// on plain threads. The pager's channel closes when the issuers are done, and the lane's
+    /// when their senders are gone: its threads land what is queued, then end with the scope.
     fn issue_on_threads(&self, paged: tokio::sync::mpsc::Sender<Paged<'r>>) -> Vec<Result<IoStats, Fail>> {
-        off_runtime(|| {
+        let (lane, writes) = std::sync::mpsc::channel::<LaneWrite<'r>>();
+        let writes = Mutex::new(writes);
+        let mut results = off_runtime(|| {
             std::thread::scope(|s| {
+                let lane = self.start_lane(s, &writes).then_some(lane);
                 let pager = s.spawn(move || self.page_ahead(paged));
-                let handles: Vec<_> = (1..self.issuers).map(|i| s.spawn(move || self.issue(i))).collect();
-                let mut results = vec![self.issue(0)];
+                let handles: Vec<_> = (1..self.issuers)
+                    .map(|i| {
+                        let lane = lane.clone();
+                        s.spawn(move || self.issue(i, lane.as_ref()))
+                    })
+                    .collect();
+                let mut results = vec![self.issue(0, lane.as_ref())];
+                drop(lane);
                 for h in handles {
                     results.push(h.join().unwrap_or_else(|_| {
                         Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
@@ -361,7 +410,43 @@ impl<'r> Run<'r, '_> {
                 let _ = pager.join();
                 results
             })
-        })
+        });
+        if let Some(e) = self.lane_failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            results.push(Err(Fail::Read(e)));
+        }
+        results
+    }
+
+    /// With a cache, start the lane's threads (at most [`LANE_THREADS`]) in `scope`, taking
+    /// writes from `writes`: whether at least one runs (else nothing may be sent to it).
+    fn start_lane<'s>(
+        &'s self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        writes: &'s Mutex<Receiver<LaneWrite<'r>>>,
+    ) -> bool {
+        let Some(cache) = self.backend.cache.as_deref() else { return false };
+        let mut started = 0;
+        for k in 0..LANE_THREADS {
+            let thread = std::thread::Builder::new().name(format!("tensora-cache-lane-{k}"));
+            started += usize::from(thread.spawn_scoped(scope, move || self.lane_loop(writes, cache)).is_ok());
+        }
+        started > 0
+    }
+
+    /// One lane thread: write each range into its copy, then land it. The first range that
+    /// cannot land is kept and stops the run. Returns once every sender is gone and the queue is
+    /// empty.
+    fn lane_loop(&self, writes: &Mutex<Receiver<LaneWrite<'r>>>, cache: &CacheSession) {
+        loop {
+            let write = writes.lock().unwrap_or_else(|p| p.into_inner()).recv();
+            let Ok(write) = write else { return };
+            let (target, permit) = write.write(cache);
+            if let Err(e) = target.land(self.sink) {
+                self.stop.store(true, Ordering::Relaxed);
+                self.lane_failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            }
+            drop(permit);
+        }
     }
 }
 

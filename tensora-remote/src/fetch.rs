@@ -139,6 +139,16 @@ impl Counters {
     }
 }
 
+/// Where a fetched range's bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// A cached copy (or nothing to fetch).
+    Cache,
+    /// The store: not in the cache yet. With a cache, the bytes' CRC-32C, computed chunk by
+    /// chunk as they were copied in (while each chunk was still in the CPU's caches).
+    Store { crc32c: Option<u32> },
+}
+
 /// What each fetch needs: the store, the bounds and the counters.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Fetcher<'a> {
@@ -223,19 +233,36 @@ impl<'a> Fetcher<'a> {
 
     /// Fill `dest` with the object's bytes from `offset_bytes`, conditional on the version in
     /// `object`. The body is copied chunk by chunk as it arrives; after a failure the next
-    /// attempt asks only for the bytes that have not landed.
+    /// attempt asks only for the bytes that have not landed. A range fetched from the store is
+    /// written through to the cache (copied into its writers' buffers).
     pub async fn fetch(
         &self,
         object: &RemoteObject,
         offset_bytes: u64,
         dest: &mut [u8],
     ) -> Result<(), RemoteError> {
+        if matches!(self.fetch_unwritten(object, offset_bytes, dest).await?, Source::Store { .. })
+            && let Some(cache) = self.cache
+        {
+            cache.write(object, offset_bytes, dest).await;
+        }
+        Ok(())
+    }
+
+    /// [`Fetcher::fetch`] without the write-through: where the bytes came from, for a caller that
+    /// writes them into the cache itself (a load, from where they landed: `cache::lane`).
+    pub async fn fetch_unwritten(
+        &self,
+        object: &RemoteObject,
+        offset_bytes: u64,
+        dest: &mut [u8],
+    ) -> Result<Source, RemoteError> {
         if dest.is_empty() {
-            return Ok(());
+            return Ok(Source::Cache);
         }
         if let Some(cache) = self.cache {
             if cache.read(object, offset_bytes, dest) {
-                return Ok(());
+                return Ok(Source::Cache);
             }
             if self.offline() {
                 return Err(RemoteError::NotCached {
@@ -244,19 +271,18 @@ impl<'a> Fetcher<'a> {
                 });
             }
         }
-        self.fetch_from_store(object, offset_bytes, dest).await?;
-        if let Some(cache) = self.cache {
-            cache.write(object, offset_bytes, dest).await;
-        }
-        Ok(())
+        let mut crc32c = self.cache.map(|_| 0u32);
+        self.fetch_from_store(object, offset_bytes, dest, crc32c.as_mut()).await?;
+        Ok(Source::Store { crc32c })
     }
 
-    /// [`Fetcher::fetch`] from the store.
+    /// [`Fetcher::fetch`] from the store, extending `crc32c` (if given) over the bytes as they land.
     async fn fetch_from_store(
         &self,
         object: &RemoteObject,
         offset_bytes: u64,
         dest: &mut [u8],
+        mut crc32c: Option<&mut u32>,
     ) -> Result<(), RemoteError> {
         let len_bytes = dest.len() as u64;
         let mut landed = 0usize;
@@ -272,7 +298,11 @@ impl<'a> Fetcher<'a> {
             let tail = &mut dest[landed..];
             let mut got = 0usize;
             let timeout = self.attempt_timeout(tail.len() as u64);
-            let attempt = tokio::time::timeout(timeout, self.attempt(object, start, tail, &mut got)).await;
+            let attempt = tokio::time::timeout(
+                timeout,
+                self.attempt(object, start, tail, &mut got, crc32c.as_deref_mut()),
+            )
+            .await;
             landed += got;
             self.counters.bytes.fetch_add(got as u64, Ordering::Relaxed);
             let failure = match attempt {
@@ -347,13 +377,15 @@ impl<'a> Fetcher<'a> {
     }
 
     /// One request for `tail.len()` bytes from `start`; `got` counts the bytes that landed, so a
-    /// timed-out attempt still reports its progress.
+    /// timed-out attempt still reports its progress, and `crc32c` (if given) is extended over
+    /// exactly those bytes.
     async fn attempt(
         &self,
         object: &RemoteObject,
         start: u64,
         tail: &mut [u8],
         got: &mut usize,
+        mut crc32c: Option<&mut u32>,
     ) -> Result<(), Failure> {
         let end = start + tail.len() as u64;
         let planned = &object.meta;
@@ -401,6 +433,9 @@ impl<'a> Fetcher<'a> {
                 }));
             };
             slot.copy_from_slice(&chunk);
+            if let Some(crc) = crc32c.as_deref_mut() {
+                *crc = crc32c::crc32c_append(*crc, &chunk);
+            }
             *got += chunk.len();
         }
         if *got < tail.len() {

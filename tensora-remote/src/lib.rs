@@ -46,7 +46,7 @@ mod tune;
 
 pub use backend::RemoteBackend;
 pub use cache::{
-    Cache, CacheOptions, CacheReport, CacheSync, CachedObject, LOCK_WAIT_MAX, RangeRecord,
+    Cache, CacheOptions, CacheReport, CacheSync, CachedObject, LANE_THREADS, LOCK_WAIT_MAX, RangeRecord,
     WRITE_BEHIND_BYTES, WRITER_THREADS,
 };
 pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};

@@ -19,6 +19,7 @@
 //! objects that nobody holds.
 
 mod entry;
+mod lane;
 mod session;
 mod sync;
 mod writer;
@@ -30,7 +31,9 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
-pub use entry::{Description, Entry, RangeRecord};
+pub use entry::{DIRECT_ALIGN_BYTES, Description, Entry, RangeRecord};
+pub use lane::LANE_THREADS;
+pub(crate) use lane::LaneWrite;
 pub(crate) use session::{CacheSession, WriteLocks, describe_meta};
 pub use sync::CacheSync;
 pub use writer::{WRITE_BEHIND_BYTES, WRITER_THREADS};

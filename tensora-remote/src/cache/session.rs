@@ -55,8 +55,8 @@ pub(crate) struct CacheSession {
     /// What the open's HEADs and listing found, for the location record.
     seen: Mutex<Vec<Description>>,
     report: Mutex<CacheReport>,
-    /// The threads writing landed ranges into the copies.
-    writers: Writers,
+    /// The threads writing landed ranges into the copies (and the tally of the in-place lane's).
+    pub(crate) writers: Writers,
 }
 
 /// `object` as the cache describes it.
@@ -186,7 +186,7 @@ impl CacheSession {
     }
 
     /// The copy of `object` this session writes, if it writes one.
-    fn writer_entry(&self, object: &RemoteObject) -> Option<Arc<Entry>> {
+    pub(crate) fn writer_entry(&self, object: &RemoteObject) -> Option<Arc<Entry>> {
         if object.versioning() == Versioning::None {
             return None;
         }

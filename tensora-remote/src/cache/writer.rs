@@ -1,10 +1,11 @@
-//! The cache's writers: a landed range is copied into a buffer of a bounded pool and written into
-//! its object's copy by one of [`WRITER_THREADS`] threads, so that the threads driving the
-//! connections never wait for the disk (a write into the page cache of a fresh file costs about
-//! what receiving the bytes did). At most [`WRITE_BEHIND_BYTES`] of copies are queued or being
-//! written at once; a range that would pass that waits (asynchronously) for room, so a disk slower
-//! than the network slows the load rather than growing memory. The threads keep draining after
-//! the load has returned its tensors ([`super::CacheSync`] joins them, then promotes).
+//! The cache's copying writers, for the ranges an open fetches (headers, indexes) and a load's
+//! ranges when no lane thread could start (a load's ranges take the lane, `lane.rs`, which needs
+//! no copy): a range is copied into a buffer of a bounded pool and written into its object's copy
+//! by one of [`WRITER_THREADS`] threads, so that the threads driving the connections never wait
+//! for the disk. At most [`WRITE_BEHIND_BYTES`] of copies are queued or being written at once; a
+//! range that would pass that waits (asynchronously) for room, so a disk slower than the network
+//! slows the fetches rather than growing memory. The threads keep draining after the operation
+//! has returned ([`super::CacheSync`] joins them, then promotes).
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -101,19 +102,22 @@ impl Default for Writers {
     }
 }
 
+/// Count one range's write in `tally`.
+fn count(tally: &Mutex<Tally>, url: &str, len: usize, written: std::io::Result<()>) {
+    let mut tally = tally.lock().unwrap_or_else(|p| p.into_inner());
+    match written {
+        Ok(()) => tally.written_bytes += len as u64,
+        Err(e) if tally.failed.len() < FAILED_LINES_MAX => {
+            tally.failed.push(format!("{url}: writing the cache failed: {e}"));
+        }
+        Err(_) => {}
+    }
+}
+
 impl Job {
     fn run(self, tally: &Mutex<Tally>, spare: &Mutex<Vec<Vec<u8>>>) {
         let written = self.entry.write(self.offset_bytes, &self.buf[self.start..self.start + self.len]);
-        {
-            let mut tally = tally.lock().unwrap_or_else(|p| p.into_inner());
-            match written {
-                Ok(()) => tally.written_bytes += self.len as u64,
-                Err(e) if tally.failed.len() < FAILED_LINES_MAX => {
-                    tally.failed.push(format!("{}: writing the cache failed: {e}", self.url));
-                }
-                Err(_) => {}
-            }
-        }
+        count(tally, &self.url, self.len, written);
         let mut spare = spare.lock().unwrap_or_else(|p| p.into_inner());
         let kept_bytes: usize = spare.iter().map(Vec::capacity).sum();
         if kept_bytes + self.buf.capacity() <= WRITE_BEHIND_BYTES {
@@ -191,6 +195,11 @@ impl Writers {
         // Dropping the sender ends each thread's loop once the queue is empty.
         let threads = running.map(|r| r.threads).unwrap_or_default();
         Closed { threads, tally: Arc::clone(&self.tally) }
+    }
+
+    /// Count a range written elsewhere (the in-place lane) in what these writers report.
+    pub fn record(&self, url: &str, len: usize, written: std::io::Result<()>) {
+        count(&self.tally, url, len, written);
     }
 
     /// Bytes written so far.
