@@ -153,6 +153,77 @@ fn tensora_load(url: &str, opts: &RemoteOptions) -> Result<(f64, u64, String), S
     Ok((seconds, r.load.bytes_selected, notes.join(" ")))
 }
 
+/// Fault in `bytes` of huge-page memory and free it, so that the load timed next starts on 2 MiB
+/// blocks freed a moment ago, as every child of `cargo xtask bench` does (tensora-bench's
+/// relay). On a VM that hands free memory back to its host, a load's first-touch cost otherwise
+/// depends on what the cell before it freed: the warm-cache load measured 0.54 s right after the
+/// local load had freed its arena and 0.73-0.78 s after a remote cell, the local load 0.50-0.54 s
+/// right after dropping the 1 GB of page cache it then read.
+fn relay(bytes: u64) -> Result<(), String> {
+    use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+    let len_bytes = bytes.next_multiple_of(Arena::ALIGN_BYTES);
+    let config = ArenaConfig { len_bytes, prefault: Prefault::PopulateWrite };
+    Arena::new(&config).map(drop).map_err(|e| format!("relay memory: {e}"))
+}
+
+/// The disk's write roofline beside the cold-cache cell: `bytes` written with `O_DIRECT` in 8 MiB
+/// pieces, each from its own place in one faulted-in buffer of that size (as the cache's lane
+/// writes each range from where it landed in the arena), into eight new preallocated files in
+/// `dir` (a cold cache's copies are 8 × 128 MiB, preallocated), by as many threads as the lane
+/// has. No `fsync`, as the cold cell makes its copies durable behind the load.
+fn write_roofline(dir: &Path, bytes: u64) -> Result<(f64, u64, String), String> {
+    use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+    use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+    const PIECE_BYTES: u64 = 8 << 20;
+    const FILES: u64 = 8;
+    let err = |e: std::io::Error| format!("write roofline in {}: {e}", dir.display());
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let file_bytes = bytes.div_ceil(FILES).next_multiple_of(PIECE_BYTES);
+    let mut buf =
+        Arena::new(&ArenaConfig { len_bytes: file_bytes * FILES, prefault: Prefault::PopulateWrite })
+            .map_err(|e| format!("write roofline buffer: {e}"))?;
+    buf.as_mut_slice().fill(0x5a);
+    let files = (0..FILES)
+        .map(|i| {
+            let file = std::fs::File::options()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(dir.join(format!("f{i}")))?;
+            tensora_io::fs::preallocate(&file, file_bytes)?;
+            Ok(file)
+        })
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(err)?;
+    let pieces: Vec<(usize, u64)> = (0..FILES as usize)
+        .flat_map(|f| (0..file_bytes / PIECE_BYTES).map(move |k| (f, k * PIECE_BYTES)))
+        .collect();
+    let (buf, threads): (&[u8], usize) = (buf.as_slice(), tensora_remote::LANE_THREADS);
+    let t = Instant::now();
+    let written: std::io::Result<()> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|k| {
+                let (files, pieces) = (&files, &pieces);
+                s.spawn(move || {
+                    pieces.iter().skip(k).step_by(threads).try_for_each(|&(f, at)| {
+                        let from = (f as u64 * file_bytes + at) as usize;
+                        files[f].write_all_at(&buf[from..from + PIECE_BYTES as usize], at)
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked"))))
+    });
+    let seconds = t.elapsed().as_secs_f64();
+    written.map_err(err)?;
+    drop(files);
+    let _ = std::fs::remove_dir_all(dir);
+    Ok((seconds, pieces.len() as u64 * PIECE_BYTES, String::new()))
+}
+
 /// What [`page_cache`] does to a tree of files.
 #[derive(Clone, Copy)]
 enum Page {
@@ -288,12 +359,12 @@ impl Bench {
         peers::curl_run(&cfg)?;
         for round in 0..self.runs {
             curl.measure(|| peers::curl_run(&cfg).map(|s| (s, total, String::new())));
-            // Rotated each round: the load right after curl meets memory this VM handed back to
-            // its host (slow to fault in again), the others the memory the load before freed; no
-            // cell always gets the one or the other.
+            // Each load starts on memory freed a moment ago (`relay`), in an order rotated each
+            // round (no cell always follows curl or the same other cell).
             let n = tensora.len();
             for k in 0..n {
                 let (cell, opts) = &mut tensora[(k + round) % n];
+                relay(total)?;
                 cell.measure(|| tensora_load(&url, opts));
             }
         }
@@ -322,13 +393,18 @@ impl Bench {
             "8 × 128 MiB: warm cache, page cache dropped (one HEAD per object, local files)",
         );
         let mut local = Cell::new("cache", "8 × 128 MiB: local load of the same files, page cache dropped");
+        let mut write = Cell::new(
+            "cache",
+            "8 × 128 MiB: the disk's write roofline (the same bytes, O_DIRECT, 8 MiB pieces, into new preallocated files)",
+        );
         let _ = std::fs::remove_dir_all(&cache_dir);
-        tensora_load(&url, &with_cache(&cache_dir))?;
+        let (_, bytes, _) = tensora_load(&url, &with_cache(&cache_dir))?;
         for round in 0..self.runs {
             // No cache and a cold cache, in alternating order (the first load of a round meets
             // memory the VM handed back to its host).
             for k in 0..2 {
                 if (k + round) % 2 == 0 {
+                    relay(bytes)?;
                     none.measure(|| tensora_load(&url, &RemoteOptions::default()));
                 } else {
                     // A new directory each round (up to COLD_DIRS, then reused), all removed
@@ -336,25 +412,39 @@ impl Bench {
                     // discarding it during the run.
                     let dir = cold_dir.join((round % COLD_DIRS).to_string());
                     let _ = std::fs::remove_dir_all(&dir);
+                    relay(bytes)?;
                     cold.measure(|| tensora_load(&url, &with_cache(&dir)));
                 }
             }
+            let roofline_dir = cold_dir.join("roofline");
+            let _ = std::fs::remove_dir_all(&roofline_dir);
+            write.measure(|| write_roofline(&roofline_dir, bytes));
             // The cache writes its copies straight to the disk (no page cache), so its copies and
-            // the local files are both read from the disk here: the same state on both sides.
-            page_cache(&cache_dir.join("objects"), Page::Drop)?;
-            warm.measure(|| tensora_load(&url, &with_cache(&cache_dir)));
-            page_cache(&dir, Page::Drop)?;
-            local.measure(|| {
-                let t = Instant::now();
-                let loaded =
-                    tensora_io::load_path(&dir, &LoadOptions::default()).map_err(|e| e.to_string())?;
-                Ok((t.elapsed().as_secs_f64(), loaded.report().bytes_selected, String::new()))
-            });
+            // the local files are both read from the disk here: the same state on both sides. In
+            // alternating order too: the disk of a VM can still be absorbing the cold cells'
+            // writes when the first of the two reads, and the first paid for it (warm / local
+            // 0.58 with the warm cell always first, 0.9-1.0 for the same two loads a minute apart).
+            for k in 0..2 {
+                if (k + round) % 2 == 0 {
+                    page_cache(&cache_dir.join("objects"), Page::Drop)?;
+                    relay(bytes)?;
+                    warm.measure(|| tensora_load(&url, &with_cache(&cache_dir)));
+                } else {
+                    page_cache(&dir, Page::Drop)?;
+                    relay(bytes)?;
+                    local.measure(|| {
+                        let t = Instant::now();
+                        let loaded = tensora_io::load_path(&dir, &LoadOptions::default())
+                            .map_err(|e| e.to_string())?;
+                        Ok((t.elapsed().as_secs_f64(), loaded.report().bytes_selected, String::new()))
+                    });
+                }
+            }
             // nginx serves these files to the next round's cells from the page cache.
             page_cache(&dir, Page::Fill)?;
         }
         let _ = std::fs::remove_dir_all(&cold_dir);
-        self.cells.extend([none, cold, warm, local]);
+        self.cells.extend([none, cold, write, warm, local]);
         Ok(())
     }
 

@@ -91,6 +91,16 @@ pub fn acceptance(cells: &[Cell]) -> Vec<Check> {
             1.0 / 1.1,
             "x",
         ));
+        // A cold cache writes every byte it loads: where the disk writes slower than the
+        // network delivers, the disk sets the pace, whatever the loader does.
+        let write = find(cells, "cache", "write roofline");
+        let pace = [none, write].into_iter().flatten().min_by(|a, b| a.gbps().total_cmp(&b.gbps()));
+        checks.push(at_least(
+            "cache: cold / the slower of no cache and the disk's write roofline".into(),
+            ratio(cold, pace),
+            1.0 / 1.1,
+            "x",
+        ));
     }
     if cells.iter().any(|c| c.group == "s3") {
         let tensora = find(cells, "s3", "tensora");
