@@ -190,3 +190,68 @@ fn a_dropped_load_leaves_its_copies_complete() {
     // And the copies hold the objects' bytes (CRC of every range).
     assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
 }
+
+#[test]
+fn a_streamed_load_writes_its_copies_from_a_recycled_window() {
+    let (_root, dir, nginx) = served();
+    let cache = tempfile::tempdir().unwrap();
+    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
+    // A budget of two ranges: every window is recycled while the lane writes the ranges that
+    // landed in it; each range is written before it lands, so before its window is reused.
+    let small = LoadOptions { budget_bytes: 512 << 10, ..LoadOptions::default() };
+    let mut seen = std::collections::BTreeMap::new();
+    let report = checkpoint
+        .load_streaming(&small, |t| {
+            seen.insert(t.name().to_owned(), Sha256::digest(t.bytes()).to_vec());
+            Ok(())
+        })
+        .unwrap();
+    let written = report.cache.as_ref().map(|c| (c.written_bytes, c.hit_bytes, c.promoted));
+    assert!(report.load.windows > 1, "{report:?}");
+    assert_eq!(written, Some((report.load.bytes_read, 0, 2)), "{report:?}");
+    let local = tensora_io::load_path(&dir, &LoadOptions::default()).unwrap();
+    assert_eq!(seen.len(), local.len());
+    for t in local.tensors() {
+        assert_eq!(seen[t.name()], Sha256::digest(t.bytes()).to_vec(), "{}", t.name());
+    }
+    // Every copy complete, its ranges' CRCs right, and its bytes the served file's.
+    let handle =
+        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
+            .unwrap();
+    let listed = handle.list();
+    assert!(listed.len() == 3 && listed.iter().all(|o| o.complete), "{listed:?}");
+    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    for name in ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"] {
+        let want = std::fs::read(dir.join(name)).unwrap();
+        let copy = listed.iter().find(|o| o.url.ends_with(name)).unwrap();
+        let data = cache.path().join("objects").join(&copy.key).join("data");
+        assert!(std::fs::read(data).unwrap() == want, "{name}");
+    }
+}
+
+#[test]
+fn a_consumer_that_stops_a_streamed_load_stops_it_while_the_lane_writes() {
+    let (_root, _dir, nginx) = served();
+    let cache = tempfile::tempdir().unwrap();
+    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
+    let small = LoadOptions { budget_bytes: 512 << 10, ..LoadOptions::default() };
+    let mut handed = 0;
+    let err = checkpoint
+        .load_streaming(&small, |_| {
+            handed += 1;
+            if handed == 2 { Err("enough".into()) } else { Ok(()) }
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("enough"), "{err}");
+    assert_eq!(handed, 2);
+    // The stop came before the last shard was fetched: its copy stays partial (no rename), and
+    // every range written is right.
+    let handle =
+        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
+            .unwrap();
+    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    let shards: Vec<_> = handle.list().into_iter().filter(|o| o.url.ends_with(".safetensors")).collect();
+    assert!(shards.iter().any(|o| !o.complete && o.cached_bytes < o.size_bytes), "{shards:?}");
+}
