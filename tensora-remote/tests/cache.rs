@@ -35,21 +35,39 @@ fn assert_matches_local(remote: &RemoteLoaded, dir: &Path) {
     }
 }
 
-/// Two shards of three 192 KiB tensors and their index, served by nginx.
-fn served() -> (tempfile::TempDir, std::path::PathBuf, Nginx) {
+/// The cache in `dir`, to list and verify.
+fn handle(dir: &Path) -> Cache {
+    Cache::open(&CacheOptions { dir: dir.to_path_buf(), size_max_bytes: None, offline: false }).unwrap()
+}
+
+/// A load whose budget holds two of the tests' 256 KiB ranges: a streamed one recycles its
+/// window while the lane still writes what landed in it.
+fn two_ranges() -> LoadOptions {
+    LoadOptions { budget_bytes: 512 << 10, ..LoadOptions::default() }
+}
+
+/// Two shards of three 192 KiB tensors and their index, served by nginx, and an empty cache.
+struct Served {
+    _root: tempfile::TempDir,
+    dir: std::path::PathBuf,
+    nginx: Nginx,
+    cache: tempfile::TempDir,
+    location: Location,
+}
+
+fn served() -> Served {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("ckpt");
     std::fs::create_dir(&dir).unwrap();
     write_checkpoint(&dir, 2, 3, 192 << 10);
     let nginx = started(Nginx::start(root.path(), "50m"));
-    (root, dir, nginx)
+    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    Served { _root: root, dir, nginx, cache: tempfile::tempdir().unwrap(), location }
 }
 
 #[test]
 fn a_cached_load_is_local_after_one_head_per_object_and_offline_after_none() {
-    let (_root, dir, mut nginx) = served();
-    let cache = tempfile::tempdir().unwrap();
-    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let Served { _root, dir, mut nginx, cache, location } = served();
     let total: u64 = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
 
     // Cold: every byte fetched once and written through in the same pass; index and shards
@@ -71,10 +89,7 @@ fn a_cached_load_is_local_after_one_head_per_object_and_offline_after_none() {
     assert!(report.skipped.is_empty(), "{report:?}");
     let open_report = first.open_cache_report().unwrap();
     assert_eq!(open_report.promoted, 1, "the index, fetched whole at open: {open_report:?}");
-    let listed =
-        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
-            .unwrap()
-            .list();
+    let listed = handle(cache.path()).list();
     assert_eq!(listed.len(), 3);
     assert!(listed.iter().all(|o| o.complete && o.cached_bytes == o.size_bytes), "{listed:?}");
     assert_eq!(listed.iter().map(|o| o.size_bytes).sum::<u64>(), total);
@@ -104,9 +119,7 @@ fn a_cached_load_is_local_after_one_head_per_object_and_offline_after_none() {
 
 #[test]
 fn a_changed_object_is_fetched_anew_and_a_partial_load_stays_partial() {
-    let (_root, dir, nginx) = served();
-    let cache = tempfile::tempdir().unwrap();
-    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let Served { _root, dir, nginx: _nginx, cache, location } = served();
     let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
     // One tensor: its ranges are cached, its object is not complete.
     let name = checkpoint.tensors()[0].name().to_owned();
@@ -143,9 +156,7 @@ fn a_changed_object_is_fetched_anew_and_a_partial_load_stays_partial() {
 
 #[test]
 fn the_size_cap_evicts_what_nobody_holds_and_cached_bytes_are_checked() {
-    let (_root, dir, nginx) = served();
-    let cache = tempfile::tempdir().unwrap();
-    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let Served { _root, dir, nginx: _nginx, cache, location } = served();
     let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
     assert_matches_local(&checkpoint.load(&LoadOptions::default()).unwrap(), &dir);
     let cache_opts = CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false };
@@ -172,17 +183,13 @@ fn the_size_cap_evicts_what_nobody_holds_and_cached_bytes_are_checked() {
 
 #[test]
 fn a_dropped_load_leaves_its_copies_complete() {
-    let (_root, dir, nginx) = served();
-    let cache = tempfile::tempdir().unwrap();
-    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let Served { _root, dir, nginx: _nginx, cache, location } = served();
     let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
     let loaded = checkpoint.load(&LoadOptions::default()).unwrap();
     assert_matches_local(&loaded, &dir);
     // Dropping the result waits for the write-behind: nothing is left partial or locked.
     drop(loaded);
-    let handle =
-        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
-            .unwrap();
+    let handle = handle(cache.path());
     let listed = handle.list();
     assert_eq!(listed.len(), 3, "{listed:?}");
     assert!(listed.iter().all(|o| o.complete && o.cached_bytes == o.size_bytes), "{listed:?}");
@@ -193,16 +200,12 @@ fn a_dropped_load_leaves_its_copies_complete() {
 
 #[test]
 fn a_streamed_load_writes_its_copies_from_a_recycled_window() {
-    let (_root, dir, nginx) = served();
-    let cache = tempfile::tempdir().unwrap();
-    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let Served { _root, dir, nginx: _nginx, cache, location } = served();
     let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
-    // A budget of two ranges: every window is recycled while the lane writes the ranges that
-    // landed in it; each range is written before it lands, so before its window is reused.
-    let small = LoadOptions { budget_bytes: 512 << 10, ..LoadOptions::default() };
+    // Each range is written before it lands, so before its window is reused.
     let mut seen = std::collections::BTreeMap::new();
     let report = checkpoint
-        .load_streaming(&small, |t| {
+        .load_streaming(&two_ranges(), |t| {
             seen.insert(t.name().to_owned(), Sha256::digest(t.bytes()).to_vec());
             Ok(())
         })
@@ -216,9 +219,7 @@ fn a_streamed_load_writes_its_copies_from_a_recycled_window() {
         assert_eq!(seen[t.name()], Sha256::digest(t.bytes()).to_vec(), "{}", t.name());
     }
     // Every copy complete, its ranges' CRCs right, and its bytes the served file's.
-    let handle =
-        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
-            .unwrap();
+    let handle = handle(cache.path());
     let listed = handle.list();
     assert!(listed.len() == 3 && listed.iter().all(|o| o.complete), "{listed:?}");
     assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
@@ -232,14 +233,11 @@ fn a_streamed_load_writes_its_copies_from_a_recycled_window() {
 
 #[test]
 fn a_consumer_that_stops_a_streamed_load_stops_it_while_the_lane_writes() {
-    let (_root, _dir, nginx) = served();
-    let cache = tempfile::tempdir().unwrap();
-    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let Served { _root, dir: _, nginx: _nginx, cache, location } = served();
     let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
-    let small = LoadOptions { budget_bytes: 512 << 10, ..LoadOptions::default() };
     let mut handed = 0;
     let err = checkpoint
-        .load_streaming(&small, |_| {
+        .load_streaming(&two_ranges(), |_| {
             handed += 1;
             if handed == 2 { Err("enough".into()) } else { Ok(()) }
         })
@@ -248,9 +246,7 @@ fn a_consumer_that_stops_a_streamed_load_stops_it_while_the_lane_writes() {
     assert_eq!(handed, 2);
     // The stop came before the last shard was fetched: its copy stays partial (no rename), and
     // every range written is right.
-    let handle =
-        Cache::open(&CacheOptions { dir: cache.path().to_path_buf(), size_max_bytes: None, offline: false })
-            .unwrap();
+    let handle = handle(cache.path());
     assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
     let shards: Vec<_> = handle.list().into_iter().filter(|o| o.url.ends_with(".safetensors")).collect();
     assert!(shards.iter().any(|o| !o.complete && o.cached_bytes < o.size_bytes), "{shards:?}");
