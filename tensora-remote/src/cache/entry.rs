@@ -208,7 +208,11 @@ impl Entry {
             let _ = std::fs::remove_dir_all(dir);
             std::fs::create_dir_all(dir)?;
             let data = File::create(dir.join("data"))?;
-            allocate(&data, description.size_bytes)?;
+            if let Err(e) = allocate(&data, description.size_bytes) {
+                // No room for the copy: leave nothing of it behind.
+                let _ = std::fs::remove_dir_all(dir);
+                return Err(e);
+            }
             description.write(dir)?;
         }
         let data = File::options().read(true).write(true).open(dir.join("data"))?;
