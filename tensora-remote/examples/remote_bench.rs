@@ -12,7 +12,10 @@
 //! - `rss`: the peak RSS of a streamed load in a fresh process, against its in-flight cap.
 //!
 //! Every tensora load is a fresh `open_remote` + `load` with default `LoadOptions` (a fresh arena,
-//! as `tensora load URL` has): the first-touch cost of the arena is part of every cell.
+//! as `tensora load URL` has): the first-touch cost of the arena is part of every cell, on memory
+//! freed a moment before (`relay`, the state `cargo xtask bench` gives its children; on a VM that
+//! hands free memory back to its host, an idle machine's first touch costs several times more:
+//! a fresh `tensora load` of the 2.2 GB checkpoint spent 70 % of its CPU zeroing pages there).
 //!
 //! Run: `cargo xtask bench --remote [--runs N] [--only GROUP,...]`, or `cargo run --release -p
 //! tensora-remote --example remote_bench -- [--runs 3] [--only tinyllama,limited] [--out DIR]`,
