@@ -6,7 +6,8 @@
 //!   settings, and tensora at fixed depths, so that the default is compared with the best fixed one;
 //! - `limited`: 8 × 128 MiB at 50 MB/s per connection (nginx `limit_rate`), the same cells;
 //! - `cache`: 8 × 128 MiB without a cache, into a cold cache, from a warm cache, and a local load
-//!   of the same files;
+//!   of the same files; the disk's write roofline for the same bytes, alone and beside the
+//!   no-cache load (what a cold cache must do at least: load and write at once);
 //! - `s3`: s3rver (8 × 32 MiB: s3rver holds PUT bodies in memory): curl `--aws-sigv4`, tensora, and
 //!   Run:ai's model streamer (every tensor an owned buffer on both sides);
 //! - `rss`: the peak RSS of a streamed load in a fresh process, against its in-flight cap.
@@ -25,12 +26,15 @@
 
 #[path = "remote_bench/peers.rs"]
 mod peers;
+#[path = "remote_bench/roofline.rs"]
+mod roofline;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use roofline::WriteRoofline;
 use tensora_io::LoadOptions;
 use tensora_remote::{CacheOptions, Location, RemoteOptions, Tuning, open_remote};
 
@@ -167,64 +171,6 @@ fn relay(bytes: u64) -> Result<(), String> {
     let len_bytes = bytes.next_multiple_of(Arena::ALIGN_BYTES);
     let config = ArenaConfig { len_bytes, prefault: Prefault::PopulateWrite };
     Arena::new(&config).map(drop).map_err(|e| format!("relay memory: {e}"))
-}
-
-/// The disk's write roofline beside the cold-cache cell: `bytes` written with `O_DIRECT` in 8 MiB
-/// pieces, each from its own place in one faulted-in buffer of that size (as the cache's lane
-/// writes each range from where it landed in the arena), into eight new preallocated files in
-/// `dir` (a cold cache's copies are 8 × 128 MiB, preallocated), by as many threads as the lane
-/// has. No `fsync`, as the cold cell makes its copies durable behind the load.
-fn write_roofline(dir: &Path, bytes: u64) -> Result<(f64, u64, String), String> {
-    use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
-    use tensora_io::arena::{Arena, ArenaConfig, Prefault};
-    const PIECE_BYTES: u64 = 8 << 20;
-    const FILES: u64 = 8;
-    let err = |e: std::io::Error| format!("write roofline in {}: {e}", dir.display());
-    std::fs::create_dir_all(dir).map_err(err)?;
-    let file_bytes = bytes.div_ceil(FILES).next_multiple_of(PIECE_BYTES);
-    let mut buf =
-        Arena::new(&ArenaConfig { len_bytes: file_bytes * FILES, prefault: Prefault::PopulateWrite })
-            .map_err(|e| format!("write roofline buffer: {e}"))?;
-    buf.as_mut_slice().fill(0x5a);
-    let files = (0..FILES)
-        .map(|i| {
-            let file = std::fs::File::options()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(dir.join(format!("f{i}")))?;
-            tensora_io::fs::preallocate(&file, file_bytes)?;
-            Ok(file)
-        })
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(err)?;
-    let pieces: Vec<(usize, u64)> = (0..FILES as usize)
-        .flat_map(|f| (0..file_bytes / PIECE_BYTES).map(move |k| (f, k * PIECE_BYTES)))
-        .collect();
-    let (buf, threads): (&[u8], usize) = (buf.as_slice(), tensora_remote::LANE_THREADS);
-    let t = Instant::now();
-    let written: std::io::Result<()> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|k| {
-                let (files, pieces) = (&files, &pieces);
-                s.spawn(move || {
-                    pieces.iter().skip(k).step_by(threads).try_for_each(|&(f, at)| {
-                        let from = (f as u64 * file_bytes + at) as usize;
-                        files[f].write_all_at(&buf[from..from + PIECE_BYTES as usize], at)
-                    })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked"))))
-    });
-    let seconds = t.elapsed().as_secs_f64();
-    written.map_err(err)?;
-    drop(files);
-    let _ = std::fs::remove_dir_all(dir);
-    Ok((seconds, pieces.len() as u64 * PIECE_BYTES, String::new()))
 }
 
 /// What [`page_cache`] does to a tree of files.
@@ -400,6 +346,10 @@ impl Bench {
             "cache",
             "8 × 128 MiB: the disk's write roofline (the same bytes, O_DIRECT, 8 MiB pieces, into new preallocated files)",
         );
+        let mut both = Cell::new(
+            "cache",
+            "8 × 128 MiB: no cache and the write roofline side by side (until both are done)",
+        );
         let _ = std::fs::remove_dir_all(&cache_dir);
         let (_, bytes, _) = tensora_load(&url, &with_cache(&cache_dir))?;
         for round in 0..self.runs {
@@ -420,8 +370,24 @@ impl Bench {
                 }
             }
             let roofline_dir = cold_dir.join("roofline");
-            let _ = std::fs::remove_dir_all(&roofline_dir);
-            write.measure(|| write_roofline(&roofline_dir, bytes));
+            write.measure(|| {
+                let mut writes = WriteRoofline::prepare(&roofline_dir, bytes)?;
+                Ok((writes.run()?, writes.bytes(), String::new()))
+            });
+            // What a cold cache must do at least: the same load and the same writes at once.
+            both.measure(|| {
+                let mut writes = WriteRoofline::prepare(&roofline_dir, bytes)?;
+                relay(bytes)?;
+                let t = Instant::now();
+                let (loaded, written) = std::thread::scope(|s| {
+                    let written = s.spawn(|| writes.run());
+                    let loaded = tensora_load(&url, &RemoteOptions::default());
+                    (loaded, written.join().unwrap_or_else(|_| Err("the writing thread panicked".into())))
+                });
+                let seconds = t.elapsed().as_secs_f64();
+                let ((load_s, _, _), write_s) = (loaded?, written?);
+                Ok((seconds, bytes, format!("load {load_s:.3} s, writes {write_s:.3} s")))
+            });
             // The cache writes its copies straight to the disk (no page cache), so its copies and
             // the local files are both read from the disk here: the same state on both sides. In
             // alternating order too: the disk of a VM can still be absorbing the cold cells'
@@ -447,7 +413,7 @@ impl Bench {
             page_cache(&dir, Page::Fill)?;
         }
         let _ = std::fs::remove_dir_all(&cold_dir);
-        self.cells.extend([none, cold, write, warm, local]);
+        self.cells.extend([none, cold, write, both, warm, local]);
         Ok(())
     }
 

@@ -91,13 +91,13 @@ pub fn acceptance(cells: &[Cell]) -> Vec<Check> {
             1.0 / 1.1,
             "x",
         ));
-        // A cold cache writes every byte it loads: where the disk writes slower than the
-        // network delivers, the disk sets the pace, whatever the loader does.
-        let write = find(cells, "cache", "write roofline");
-        let pace = [none, write].into_iter().flatten().min_by(|a, b| a.gbps().total_cmp(&b.gbps()));
+        // A cold cache writes every byte it loads, while it loads: the disk and the network
+        // share the machine, so the least a cold-cache load can take is the same load and the
+        // same writes run side by side.
+        let both = find(cells, "cache", "side by side");
         checks.push(at_least(
-            "cache: cold / the slower of no cache and the disk's write roofline".into(),
-            ratio(cold, pace),
+            "cache: cold / no cache and the write roofline side by side".into(),
+            ratio(cold, both),
             1.0 / 1.1,
             "x",
         ));
