@@ -191,6 +191,13 @@ fn run_bytes(budget_bytes: u64) -> u64 {
     (budget_bytes / 2).max(1)
 }
 
+/// The most bytes of one window of an iterator given `budget_bytes` ([`run_bytes`]): what
+/// `tensora.distributed.weights_iterator` asks for its windows, so the rule has one home.
+#[pyfunction]
+pub(crate) fn iterator_window_bytes(budget_bytes: u64) -> u64 {
+    run_bytes(budget_bytes)
+}
+
 /// Queue every tensor of one run (recording its name in `seen`, counting aligned copies in
 /// `copies`), then wait until the consumer has taken its first tensor (it has then taken every
 /// tensor of the runs before): the next run is loaded while the consumer works through this one,
