@@ -312,7 +312,7 @@ impl<'r> Run<'r, '_> {
                     }
                 }
                 // No lane thread could start: the copying writers take the range.
-                None => cache.write(object, read.offset_bytes, target.buf()).await,
+                None => cache.write(object, read.offset_bytes, target.buf(), crc32c).await,
             }
         }
         target.land(self.sink).map_err(Fail::Read)?;

@@ -241,10 +241,10 @@ impl<'a> Fetcher<'a> {
         offset_bytes: u64,
         dest: &mut [u8],
     ) -> Result<(), RemoteError> {
-        if matches!(self.fetch_unwritten(object, offset_bytes, dest).await?, Source::Store { .. })
-            && let Some(cache) = self.cache
+        if let (Source::Store { crc32c: Some(crc32c) }, Some(cache)) =
+            (self.fetch_unwritten(object, offset_bytes, dest).await?, self.cache)
         {
-            cache.write(object, offset_bytes, dest).await;
+            cache.write(object, offset_bytes, dest, crc32c).await;
         }
         Ok(())
     }

@@ -247,14 +247,9 @@ impl Entry {
         Ok(true)
     }
 
-    /// Write a landed range, then record it. Only an entry opened with [`Entry::create`] writes.
-    pub fn write(&self, offset_bytes: u64, bytes: &[u8]) -> std::io::Result<()> {
-        self.write_summed(offset_bytes, bytes, crc32c::crc32c(bytes))
-    }
-
-    /// [`Entry::write`] of bytes whose CRC-32C the caller computed as they arrived (`crc32c`,
-    /// recorded in the range log as is).
-    pub fn write_summed(&self, offset_bytes: u64, bytes: &[u8], crc32c: u32) -> std::io::Result<()> {
+    /// Write a landed range, then record it with `crc32c`, its CRC-32C as the caller computed it
+    /// when the bytes arrived (recorded as is). Only an entry opened with [`Entry::create`] writes.
+    pub fn write(&self, offset_bytes: u64, bytes: &[u8], crc32c: u32) -> std::io::Result<()> {
         debug_assert_eq!(crc32c, crc32c::crc32c(bytes), "the caller's CRC-32C of the range");
         if offset_bytes.saturating_add(bytes.len() as u64) > self.description.size_bytes {
             return Err(std::io::Error::other("a range beyond the object's end"));
@@ -385,8 +380,8 @@ mod tests {
             last_modified_ns: 0,
         };
         let entry = Entry::create(dir.path(), &description).unwrap();
-        entry.write(10, &[7u8; 20]).unwrap();
-        entry.write(0, &[1u8; 10]).unwrap();
+        entry.write(10, &[7u8; 20], crc32c::crc32c(&[7u8; 20])).unwrap();
+        entry.write(0, &[1u8; 10], crc32c::crc32c(&[1u8; 10])).unwrap();
         drop(entry);
         let mut log = File::options().append(true).open(dir.path().join("ranges")).unwrap();
         log.write_all(&[9u8; 5]).unwrap();
@@ -442,7 +437,7 @@ mod tests {
             ranges.rotate_left(k);
             for (start, end) in ranges {
                 let (buf, at) = placed(&object[start as usize..end as usize], start, congruent);
-                entry.write(start, &buf[at..]).unwrap();
+                entry.write(start, &buf[at..], crc32c::crc32c(&buf[at..])).unwrap();
             }
             prop_assert!(entry.is_complete());
             let mut back = vec![0u8; size_bytes as usize];

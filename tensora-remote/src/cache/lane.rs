@@ -37,7 +37,7 @@ impl<'j> LaneWrite<'j> {
     pub fn write(self, session: &CacheSession) -> (ReadTarget<'j>, Permit) {
         let LaneWrite { entry, offset_bytes, crc32c, mut target, permit } = self;
         let bytes = target.buf();
-        let written = entry.write_summed(offset_bytes, bytes, crc32c);
+        let written = entry.write(offset_bytes, bytes, crc32c);
         session.writers.record(&entry.description.url, bytes.len(), written);
         (target, permit)
     }

@@ -177,11 +177,12 @@ impl CacheSession {
             .clone()
     }
 
-    /// Write a fetched range into the object's copy, through the writer threads (a failure is
-    /// reported, never fatal): returns once the range is copied and queued.
-    pub async fn write(&self, object: &RemoteObject, offset_bytes: u64, bytes: &[u8]) {
+    /// Write a fetched range (`crc32c` its CRC-32C, computed as it was fetched) into the object's
+    /// copy, through the writer threads (a failure is reported, never fatal): returns once the
+    /// range is copied and queued.
+    pub async fn write(&self, object: &RemoteObject, offset_bytes: u64, bytes: &[u8], crc32c: u32) {
         if let Some(entry) = self.writer_entry(object) {
-            self.writers.queue(entry, &object.url, offset_bytes, bytes).await;
+            self.writers.queue(entry, &object.url, offset_bytes, bytes, crc32c).await;
         }
     }
 

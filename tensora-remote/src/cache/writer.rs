@@ -43,6 +43,8 @@ struct Job {
     entry: Arc<Entry>,
     url: String,
     offset_bytes: u64,
+    /// The range's CRC-32C, computed as it was fetched.
+    crc32c: u32,
     /// The range is `buf[start..start + len]`, placed so that its address has the same offset
     /// within a page as `offset_bytes` (see [`place`]).
     buf: Vec<u8>,
@@ -116,7 +118,8 @@ fn count(tally: &Mutex<Tally>, url: &str, len: usize, written: std::io::Result<(
 
 impl Job {
     fn run(self, tally: &Mutex<Tally>, spare: &Mutex<Vec<Vec<u8>>>) {
-        let written = self.entry.write(self.offset_bytes, &self.buf[self.start..self.start + self.len]);
+        let bytes = &self.buf[self.start..self.start + self.len];
+        let written = self.entry.write(self.offset_bytes, bytes, self.crc32c);
         count(tally, &self.url, self.len, written);
         let mut spare = spare.lock().unwrap_or_else(|p| p.into_inner());
         let kept_bytes: usize = spare.iter().map(Vec::capacity).sum();
@@ -141,7 +144,7 @@ impl Writers {
     /// Copy `bytes` (the range of `entry`'s object at `offset_bytes`) and queue it for a writer,
     /// waiting for room in the budget first. Once the session is closed the range is not
     /// written.
-    pub async fn queue(&self, entry: Arc<Entry>, url: &str, offset_bytes: u64, bytes: &[u8]) {
+    pub async fn queue(&self, entry: Arc<Entry>, url: &str, offset_bytes: u64, bytes: &[u8], crc32c: u32) {
         let units = bytes.len().div_ceil(UNIT_BYTES).clamp(1, BUDGET_UNITS) as u32;
         let Ok(permit) = Arc::clone(&self.budget).acquire_many_owned(units).await else { return };
         let mut copy = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
@@ -150,6 +153,7 @@ impl Writers {
             entry,
             url: url.to_owned(),
             offset_bytes,
+            crc32c,
             buf: copy,
             start,
             len: bytes.len(),
