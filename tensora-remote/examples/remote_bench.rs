@@ -353,8 +353,8 @@ impl Bench {
         let _ = std::fs::remove_dir_all(&cache_dir);
         let (_, bytes, _) = tensora_load(&url, &with_cache(&cache_dir))?;
         for round in 0..self.runs {
-            // No cache and a cold cache, in alternating order (the first load of a round meets
-            // memory the VM handed back to its host).
+            // No cache and a cold cache, in alternating order, each on memory freed a moment ago
+            // (`relay`): neither always follows the other's disk writes or page-cache fills.
             for k in 0..2 {
                 if (k + round) % 2 == 0 {
                     relay(bytes)?;
@@ -389,10 +389,11 @@ impl Bench {
                 Ok((seconds, bytes, format!("load {load_s:.3} s, writes {write_s:.3} s")))
             });
             // The cache writes its copies straight to the disk (no page cache), so its copies and
-            // the local files are both read from the disk here: the same state on both sides. In
-            // alternating order too: the disk of a VM can still be absorbing the cold cells'
-            // writes when the first of the two reads, and the first paid for it (warm / local
-            // 0.58 with the warm cell always first, 0.9-1.0 for the same two loads a minute apart).
+            // the local files are both read from the disk here: the same state on both sides, in
+            // alternating order and each on memory freed a moment ago. Without the relay the warm
+            // cell, always right after a remote cell, faulted its arena into memory the VM had
+            // handed back (warm / local 0.58), while the local cell came right after dropping the
+            // 1 GB of page cache it then read.
             for k in 0..2 {
                 if (k + round) % 2 == 0 {
                     page_cache(&cache_dir.join("objects"), Page::Drop)?;
