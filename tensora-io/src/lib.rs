@@ -55,8 +55,8 @@ pub use load::{
 };
 pub use report::{LoadReport, Phases};
 pub use seam::{
-    Access, Budget, CompletionSink, Destination, IoBackend, IoStats, Job, JobConfig, Landed, LandedPrefix,
-    Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile, StopReason,
+    Access, Budget, CompletionSink, Destination, Filled, IoBackend, IoStats, Job, JobConfig, Landed,
+    LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile, StopReason,
 };
 
 /// The README's Rust examples, compiled as doctests so they cannot rot.

@@ -67,6 +67,84 @@ fn claim_hands_out_each_read_once_and_checks_the_index() {
     }
 }
 
+/// Hand a claimed read's front out in pieces of `lens` (cut where they run past the read), fill
+/// each before it goes, read the pieces on another thread while the rest is filled, and land:
+/// the pieces and the rest tile the read, in order, and the arena holds what was written.
+fn hand_out_in_pieces(lens: &[usize]) {
+    let (plan, arena, budget, cancel) = small_job_parts();
+    // SAFETY: nothing else touches `arena` while the job lives.
+    let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, CONFIG) };
+    let sink = CountSink(AtomicUsize::new(0));
+    let mut target = job.claim(0).unwrap();
+    let len = target.buf().len();
+    let expected = pattern_bytes(len);
+    let mut seen = Vec::new();
+    std::thread::scope(|s| {
+        let (to, pieces) = std::sync::mpsc::channel::<tensora_io::Filled<'_>>();
+        let reader = s.spawn(move || pieces.iter().map(|p| (p.offset_bytes(), p.bytes().to_vec())).collect());
+        for &want in lens {
+            let n = want.min(target.buf().len());
+            let at = target.handed_out_bytes();
+            target.buf()[..n].copy_from_slice(&expected[at..at + n]);
+            let piece = target.hand_out(n).unwrap();
+            assert_eq!((piece.offset_bytes(), piece.bytes().len()), (at, n));
+            to.send(piece).unwrap();
+        }
+        let left = target.buf().len();
+        assert!(target.hand_out(left + 1).is_none(), "more than is left");
+        drop(to);
+        seen = reader.join().unwrap();
+    });
+    let at = target.handed_out_bytes();
+    assert_eq!(at + target.buf().len(), len, "the pieces and the rest tile the read");
+    target.buf().copy_from_slice(&expected[at..]);
+    target.land(&sink).unwrap();
+    let mut next = 0;
+    for (offset, bytes) in &seen {
+        assert_eq!(*offset, next, "pieces come front to back");
+        assert_eq!(bytes[..], expected[next..next + bytes.len()]);
+        next += bytes.len();
+    }
+    drop(job);
+    let mut arena = arena;
+    let start = plan.reads()[0].arena_offset_bytes as usize;
+    assert_eq!(arena.as_mut_slice()[start..start + len], expected[..]);
+}
+
+#[test]
+fn handed_out_pieces_are_read_while_the_rest_fills() {
+    hand_out_in_pieces(&[1000, 1, 0, 2000]);
+    hand_out_in_pieces(&[]);
+    hand_out_in_pieces(&[usize::MAX]);
+}
+
+#[test]
+fn a_read_does_not_land_while_a_piece_of_it_is_held() {
+    let (plan, arena, budget, cancel) = small_job_parts();
+    // SAFETY: nothing else touches `arena` while the job lives.
+    let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, CONFIG) };
+    let sink = CountSink(AtomicUsize::new(0));
+    let mut target = job.claim(0).unwrap();
+    let held = target.hand_out(10).unwrap();
+    let e = target.land(&sink).unwrap_err();
+    assert!(e.to_string().contains("still held"), "{e}");
+    assert_eq!(held.bytes().len(), 10);
+    assert_eq!(sink.0.load(Ordering::Relaxed), 0, "nothing was reported");
+    // Dropped pieces let it land.
+    let mut target = job.claim(1).unwrap();
+    drop(target.hand_out(10).unwrap());
+    target.land(&sink).unwrap();
+    assert_eq!(sink.0.load(Ordering::Relaxed), 1);
+}
+
+proptest::proptest! {
+    /// Any cut of a read into handed-out pieces tiles it with the rest, in order.
+    #[test]
+    fn any_cut_into_pieces_tiles_the_read(lens in proptest::collection::vec(0usize..6000, 0..8)) {
+        hand_out_in_pieces(&lens);
+    }
+}
+
 #[test]
 fn a_destination_too_small_for_a_read_is_refused_by_claim() {
     let (plan, _arena, budget, cancel) = small_job_parts();

@@ -20,10 +20,13 @@ use futures::StreamExt;
 use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, ReadTarget};
 
 use crate::RemoteError;
-use crate::cache::{CacheSession, LANE_THREADS, LaneWrite};
+use crate::cache::{CacheSession, LANE_THREADS, LaneFill, LaneWork};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject, Source};
+
+/// The lane threads' queues (one per thread: a range's pieces and landing go to one, in order).
+type Lanes<'j> = [Sender<LaneWork<'j>>];
 use crate::tune::{TuneReport, Tuner};
 
 /// Reads the pager claims (and touches) ahead of the issuing threads.
@@ -249,14 +252,15 @@ impl<'r> Run<'r, '_> {
     }
 
     /// Read `index` of the plan into its claimed `target`: wait for budget, fetch the range into
-    /// it (racing a cancel or another range's failure), and land it, or hand it to `lane` when
-    /// it came from the store and the cache writes its object (the lane lands it once written).
-    /// The bytes it read.
+    /// it (racing a cancel or another range's failure), and land it. A range that comes from the
+    /// store while the cache writes its object goes to one of the `lanes` piece by piece as it
+    /// arrives, then itself: that lane thread lands it once its pieces are written. The bytes it
+    /// read.
     async fn fetch_one(
         &self,
         index: u32,
         mut target: ReadTarget<'r>,
-        lane: Option<&Sender<LaneWrite<'r>>>,
+        lanes: Option<&Lanes<'r>>,
     ) -> Result<u64, Fail> {
         let job = self.job;
         let read = &job.plan.reads()[index as usize];
@@ -279,44 +283,69 @@ impl<'r> Run<'r, '_> {
             ))));
         };
         let permit = job.budget.acquire_async(read.len_bytes).await;
+        let cache = self.backend.cache.as_deref();
+        let lane = lanes.filter(|l| !l.is_empty()).map(|l| &l[index as usize % l.len()]);
+        let lane_entry = match (cache, lane) {
+            (Some(cache), Some(lane)) => {
+                match self.fetcher.read_cached(object, read.offset_bytes, target.buf()) {
+                    Ok(true) => {
+                        target.land(self.sink).map_err(Fail::Read)?;
+                        return Ok(read.len_bytes);
+                    }
+                    Ok(false) => cache.writer_entry(object).map(|entry| (entry, lane)),
+                    Err(error) => return Err(Fail::Remote { read: index, error }),
+                }
+            }
+            _ => None,
+        };
         // Race the fetch (its retries and backoff sleeps included) against a cancel or another
         // range's failure.
         let raced = {
-            let fetch = std::pin::pin!(self.fetcher.fetch_unwritten(object, read.offset_bytes, target.buf()));
+            let fetch = async {
+                match lane_entry {
+                    Some((entry, lane)) => {
+                        let mut fill = LaneFill::new(&mut target, entry, read.offset_bytes, lane);
+                        self.fetcher.fetch_filling(object, read.offset_bytes, &mut fill).await?;
+                        Ok(Some(lane))
+                    }
+                    None => {
+                        let source =
+                            self.fetcher.fetch_unwritten(object, read.offset_bytes, target.buf()).await?;
+                        // No lane thread could start: the copying writers take the range.
+                        if let (Source::Store { crc32c: Some(crc32c) }, Some(cache)) = (source, cache)
+                            && lane.is_none()
+                        {
+                            cache.write(object, read.offset_bytes, target.buf(), crc32c).await;
+                        }
+                        Ok(None)
+                    }
+                }
+            };
+            let fetch = std::pin::pin!(fetch);
             let halt = std::pin::pin!(stopped(job.cancel, &self.stop));
             match futures::future::select(fetch, halt).await {
                 futures::future::Either::Left((fetched, _)) => Some(fetched),
                 futures::future::Either::Right(((), _)) => None,
             }
         };
-        let source = match raced {
-            Some(Ok(source)) => source,
-            Some(Err(error)) => return Err(Fail::Remote { read: index, error }),
-            None => return Err(fail_with(ReadErrorKind::Cancelled)),
-        };
-        if let (Source::Store { crc32c: Some(crc32c) }, Some(cache)) = (source, self.backend.cache.as_deref())
-        {
-            match lane {
-                Some(lane) => {
-                    if let Some(entry) = cache.writer_entry(object) {
-                        // The lane writes the range, then lands it; this fetch is done. Its
-                        // receiver outlives every issuer, so a send fails only if it is gone.
-                        let write =
-                            LaneWrite { entry, offset_bytes: read.offset_bytes, crc32c, target, permit };
-                        lane.send(write).map_err(|_| {
-                            fail_with(ReadErrorKind::Io(std::io::Error::other(
-                                "the cache's writing threads are gone",
-                            )))
-                        })?;
-                        return Ok(read.len_bytes);
-                    }
-                }
-                // No lane thread could start: the copying writers take the range.
-                None => cache.write(object, read.offset_bytes, target.buf(), crc32c).await,
+        match raced {
+            Some(Ok(Some(lane))) => {
+                // The lane lands the range after its pieces; this fetch is done. Its receiver
+                // outlives every issuer, so a send fails only if its thread is gone.
+                lane.send(LaneWork::Land { target, permit }).map_err(|_| {
+                    fail_with(ReadErrorKind::Io(std::io::Error::other(
+                        "the cache's writing threads are gone",
+                    )))
+                })?;
+                Ok(read.len_bytes)
             }
+            Some(Ok(None)) => {
+                target.land(self.sink).map_err(Fail::Read)?;
+                Ok(read.len_bytes)
+            }
+            Some(Err(error)) => Err(Fail::Remote { read: index, error }),
+            None => Err(fail_with(ReadErrorKind::Cancelled)),
         }
-        target.land(self.sink).map_err(Fail::Read)?;
-        Ok(read.len_bytes)
     }
 
     /// This issuer's share of the tuner's depth (at least one range).
@@ -328,7 +357,7 @@ impl<'r> Run<'r, '_> {
     /// One issuing loop: take claimed reads from the pager and keep this issuer's share of the
     /// tuner's depth in flight on the client's runtime, until the queue is empty or a read fails
     /// (which stops the run). Each landed range is reported to the tuner.
-    fn issue(&self, issuer: usize, lane: Option<&Sender<LaneWrite<'r>>>) -> Result<IoStats, Fail> {
+    fn issue(&self, issuer: usize, lanes: Option<&Lanes<'r>>) -> Result<IoStats, Fail> {
         let mut stats = IoStats::default();
         let result = self.backend.client.runtime().block_on(async {
             let mut inflight = futures::stream::FuturesUnordered::new();
@@ -337,7 +366,7 @@ impl<'r> Run<'r, '_> {
                 let wants = !source_done && inflight.len() < self.share(issuer);
                 let landed = if wants && inflight.is_empty() {
                     match self.next_read().await {
-                        Some(Ok((i, target))) => inflight.push(self.fetch_one(i, target, lane)),
+                        Some(Ok((i, target))) => inflight.push(self.fetch_one(i, target, lanes)),
                         Some(Err(e)) => return Err(Fail::Read(e)),
                         None => source_done = true,
                     }
@@ -346,7 +375,7 @@ impl<'r> Run<'r, '_> {
                     let next = std::pin::pin!(self.next_read());
                     match futures::future::select(next, inflight.next()).await {
                         futures::future::Either::Left((Some(Ok((i, target))), _)) => {
-                            inflight.push(self.fetch_one(i, target, lane));
+                            inflight.push(self.fetch_one(i, target, lanes));
                             continue;
                         }
                         futures::future::Either::Left((Some(Err(e)), _)) => return Err(Fail::Read(e)),
@@ -380,23 +409,23 @@ impl<'r> Run<'r, '_> {
     /// The pager on a thread of its own, one issuing loop per issuer (the first on this
     /// thread) and, with a cache, the lane's threads writing fetched ranges into it and landing
     /// them. Blocking on the client's runtime panics inside another runtime: then they all run
-    /// on plain threads. The pager's channel closes when the issuers are done, and the lane's
-    /// when their senders are gone: its threads land what is queued, then end with the scope.
+    /// on plain threads. The pager's channel closes when the issuers are done, and each lane
+    /// thread's when its senders are gone: the lane threads land what is queued, then end with
+    /// the scope.
     fn issue_on_threads(&self, paged: tokio::sync::mpsc::Sender<Paged<'r>>) -> Vec<Result<IoStats, Fail>> {
-        let (lane, writes) = std::sync::mpsc::channel::<LaneWrite<'r>>();
-        let writes = Mutex::new(writes);
         let mut results = off_runtime(|| {
             std::thread::scope(|s| {
-                let lane = self.start_lane(s, &writes).then_some(lane);
+                let lanes = self.start_lanes(s);
+                let lanes = (!lanes.is_empty()).then_some(lanes);
                 let pager = s.spawn(move || self.page_ahead(paged));
                 let handles: Vec<_> = (1..self.issuers)
                     .map(|i| {
-                        let lane = lane.clone();
-                        s.spawn(move || self.issue(i, lane.as_ref()))
+                        let lanes = lanes.clone();
+                        s.spawn(move || self.issue(i, lanes.as_deref()))
                     })
                     .collect();
-                let mut results = vec![self.issue(0, lane.as_ref())];
-                drop(lane);
+                let mut results = vec![self.issue(0, lanes.as_deref())];
+                drop(lanes);
                 for h in handles {
                     results.push(h.join().unwrap_or_else(|_| {
                         Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
@@ -417,30 +446,27 @@ impl<'r> Run<'r, '_> {
         results
     }
 
-    /// With a cache, start the lane's threads (at most [`LANE_THREADS`]) in `scope`, taking
-    /// writes from `writes`: whether at least one runs (else nothing may be sent to it).
-    fn start_lane<'s>(
-        &'s self,
-        scope: &'s std::thread::Scope<'s, '_>,
-        writes: &'s Mutex<Receiver<LaneWrite<'r>>>,
-    ) -> bool {
-        let Some(cache) = self.backend.cache.as_deref() else { return false };
-        let mut started = 0;
+    /// With a cache, start the lane's threads (at most [`LANE_THREADS`]) in `scope`: the
+    /// queues of those that started (none without a cache).
+    fn start_lanes<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>) -> Vec<Sender<LaneWork<'r>>> {
+        let Some(cache) = self.backend.cache.as_deref() else { return Vec::new() };
+        let mut lanes = Vec::with_capacity(LANE_THREADS);
         for k in 0..LANE_THREADS {
+            let (lane, work) = std::sync::mpsc::channel::<LaneWork<'r>>();
             let thread = std::thread::Builder::new().name(format!("tensora-cache-lane-{k}"));
-            started += usize::from(thread.spawn_scoped(scope, move || self.lane_loop(writes, cache)).is_ok());
+            if thread.spawn_scoped(scope, move || self.lane_loop(work, cache)).is_ok() {
+                lanes.push(lane);
+            }
         }
-        started > 0
+        lanes
     }
 
-    /// One lane thread: write each range into its copy, then land it. The first range that
-    /// cannot land is kept and stops the run. Returns once every sender is gone and the queue is
-    /// empty.
-    fn lane_loop(&self, writes: &Mutex<Receiver<LaneWrite<'r>>>, cache: &CacheSession) {
-        loop {
-            let write = writes.lock().unwrap_or_else(|p| p.into_inner()).recv();
-            let Ok(write) = write else { return };
-            let (target, permit) = write.write(cache);
+    /// One lane thread: write each piece into its copy, and land each range (after its pieces,
+    /// which came first). The first range that cannot land is kept and stops the run. Returns
+    /// once every sender is gone and the queue is empty.
+    fn lane_loop(&self, work: Receiver<LaneWork<'r>>, cache: &CacheSession) {
+        for item in work {
+            let Some((target, permit)) = item.run(cache) else { continue };
             if let Err(e) = target.land(self.sink) {
                 self.stop.store(true, Ordering::Relaxed);
                 self.lane_failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);

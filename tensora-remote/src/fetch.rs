@@ -250,41 +250,55 @@ impl<'a> Fetcher<'a> {
     }
 
     /// [`Fetcher::fetch`] without the write-through: where the bytes came from, for a caller that
-    /// writes them into the cache itself (a load, from where they landed: `cache::lane`).
+    /// writes them into the cache itself.
     pub async fn fetch_unwritten(
         &self,
         object: &RemoteObject,
         offset_bytes: u64,
         dest: &mut [u8],
     ) -> Result<Source, RemoteError> {
-        if dest.is_empty() {
+        if self.read_cached(object, offset_bytes, dest)? {
             return Ok(Source::Cache);
         }
-        if let Some(cache) = self.cache {
-            if cache.read(object, offset_bytes, dest) {
-                return Ok(Source::Cache);
-            }
-            if self.offline() {
-                return Err(RemoteError::NotCached {
-                    url: object.url.clone(),
-                    what: "a range of it is not cached",
-                });
-            }
-        }
-        let mut crc32c = self.cache.map(|_| 0u32);
-        self.fetch_from_store(object, offset_bytes, dest, crc32c.as_mut()).await?;
-        Ok(Source::Store { crc32c })
+        let mut fill = SliceFill { dest, crc32c: self.cache.map(|_| 0u32) };
+        self.fetch_filling(object, offset_bytes, &mut fill).await?;
+        Ok(Source::Store { crc32c: fill.crc32c })
     }
 
-    /// [`Fetcher::fetch`] from the store, extending `crc32c` (if given) over the bytes as they land.
-    async fn fetch_from_store(
+    /// Whether `dest` (the object's bytes from `offset_bytes`) was filled from the cache: `true`
+    /// for an empty range too; `false` if the store must be asked, an error if it may not be
+    /// (offline).
+    pub fn read_cached(
         &self,
         object: &RemoteObject,
         offset_bytes: u64,
         dest: &mut [u8],
-        mut crc32c: Option<&mut u32>,
+    ) -> Result<bool, RemoteError> {
+        if dest.is_empty() {
+            return Ok(true);
+        }
+        let Some(cache) = self.cache else { return Ok(false) };
+        if cache.read(object, offset_bytes, dest) {
+            return Ok(true);
+        }
+        if self.offline() {
+            return Err(RemoteError::NotCached {
+                url: object.url.clone(),
+                what: "a range of it is not cached",
+            });
+        }
+        Ok(false)
+    }
+
+    /// Fill `fill` (the object's bytes from `offset_bytes`) from the store, chunk by chunk as
+    /// the body arrives; after a failure the next attempt asks only for what has not landed.
+    pub async fn fetch_filling<F: Fill>(
+        &self,
+        object: &RemoteObject,
+        offset_bytes: u64,
+        fill: &mut F,
     ) -> Result<(), RemoteError> {
-        let len_bytes = dest.len() as u64;
+        let len_bytes = fill.len_bytes() as u64;
         let mut landed = 0usize;
         let mut retries = 0u32;
         let mut first_failure: Option<Instant> = None;
@@ -295,14 +309,10 @@ impl<'a> Fetcher<'a> {
             }
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             let start = offset_bytes + landed as u64;
-            let tail = &mut dest[landed..];
             let mut got = 0usize;
-            let timeout = self.attempt_timeout(tail.len() as u64);
-            let attempt = tokio::time::timeout(
-                timeout,
-                self.attempt(object, start, tail, &mut got, crc32c.as_deref_mut()),
-            )
-            .await;
+            let timeout = self.attempt_timeout(len_bytes - landed as u64);
+            let attempt =
+                tokio::time::timeout(timeout, self.attempt(object, start, fill, landed, &mut got)).await;
             landed += got;
             self.counters.bytes.fetch_add(got as u64, Ordering::Relaxed);
             let failure = match attempt {
@@ -376,18 +386,18 @@ impl<'a> Fetcher<'a> {
         Ok(())
     }
 
-    /// One request for `tail.len()` bytes from `start`; `got` counts the bytes that landed, so a
-    /// timed-out attempt still reports its progress, and `crc32c` (if given) is extended over
-    /// exactly those bytes.
-    async fn attempt(
+    /// One request for the bytes of `fill` from `from` on (the object's from `start`); `got`
+    /// counts the bytes that landed, so a timed-out attempt still reports its progress.
+    async fn attempt<F: Fill>(
         &self,
         object: &RemoteObject,
         start: u64,
-        tail: &mut [u8],
+        fill: &mut F,
+        from: usize,
         got: &mut usize,
-        mut crc32c: Option<&mut u32>,
     ) -> Result<(), Failure> {
-        let end = start + tail.len() as u64;
+        let want = fill.len_bytes() - from;
+        let end = start + want as u64;
         let planned = &object.meta;
         let options = GetOptions {
             range: Some(GetRange::Bounded(start..end)),
@@ -417,31 +427,58 @@ impl<'a> Fetcher<'a> {
             return Err(Failure::Fatal(RemoteError::BadResponse {
                 url: object.url.clone(),
                 offset_bytes: start,
-                len_bytes: tail.len() as u64,
+                len_bytes: want as u64,
                 what: format!("got bytes {}..{}", result.range.start, result.range.end),
             }));
         }
         let mut body = result.into_stream();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| Failure::Transient(redact(&format!("body: {e}"))))?;
-            let Some(slot) = got.checked_add(chunk.len()).and_then(|e| tail.get_mut(*got..e)) else {
+            if got.checked_add(chunk.len()).is_none_or(|e| e > want) {
                 return Err(Failure::Fatal(RemoteError::BadResponse {
                     url: object.url.clone(),
                     offset_bytes: start,
-                    len_bytes: tail.len() as u64,
+                    len_bytes: want as u64,
                     what: "the body is longer than the range".to_owned(),
                 }));
-            };
-            slot.copy_from_slice(&chunk);
-            if let Some(crc) = crc32c.as_deref_mut() {
-                *crc = crc32c::crc32c_append(*crc, &chunk);
             }
+            fill.put(from + *got, &chunk);
             *got += chunk.len();
         }
-        if *got < tail.len() {
-            return Err(Failure::Transient(format!("body ended after {} of {} bytes", *got, tail.len())));
+        if *got < want {
+            return Err(Failure::Transient(format!("body ended after {} of {} bytes", *got, want)));
         }
         Ok(())
+    }
+}
+
+/// Where a fetched range's body goes, chunk by chunk, front to back. A resumed body continues
+/// where the last one stopped: the bytes put before are final.
+pub(crate) trait Fill {
+    /// The range's length.
+    fn len_bytes(&self) -> usize;
+    /// Put `chunk` at `at` within the range (`at + chunk.len() <= len_bytes()`; each call
+    /// starts where the last ended).
+    fn put(&mut self, at: usize, chunk: &[u8]);
+}
+
+/// A range filled into a slice, with the CRC-32C of its bytes if asked (chunk by chunk, while
+/// each is still in the CPU's caches).
+struct SliceFill<'a> {
+    dest: &'a mut [u8],
+    crc32c: Option<u32>,
+}
+
+impl Fill for SliceFill<'_> {
+    fn len_bytes(&self) -> usize {
+        self.dest.len()
+    }
+
+    fn put(&mut self, at: usize, chunk: &[u8]) {
+        self.dest[at..at + chunk.len()].copy_from_slice(chunk);
+        if let Some(crc) = self.crc32c.as_mut() {
+            *crc = crc32c::crc32c_append(*crc, chunk);
+        }
     }
 }
 

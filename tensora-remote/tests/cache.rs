@@ -181,6 +181,51 @@ fn the_size_cap_evicts_what_nobody_holds_and_cached_bytes_are_checked() {
     assert!(left <= 300 << 10, "{left} bytes left");
 }
 
+/// The range log of the cached object whose URL ends with `name`: (offset, length) of each
+/// record (24 bytes each: offset, length, CRC-32C, little-endian).
+fn recorded_ranges(cache: &Path, name: &str) -> Vec<(u64, u64)> {
+    let object = handle(cache).list().into_iter().find(|o| o.url.ends_with(name)).unwrap();
+    let dir = if object.complete { "objects" } else { "partial" };
+    let log = std::fs::read(cache.join(dir).join(&object.key).join("ranges")).unwrap();
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
+    log.chunks_exact(24).map(|r| (word(&r[..8]), word(&r[8..16]))).collect()
+}
+
+#[test]
+fn a_range_longer_than_a_piece_is_written_and_recorded_piece_by_piece() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    // One shard of two 1.5 MiB tensors, fetched in one 4 MiB range.
+    write_checkpoint(&dir, 1, 2, 3 << 19);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let options = RemoteOptions { chunk_bytes: 4 << 20, ..opts(cache.path(), false, None) };
+    let checkpoint = open_remote(&location, &options).unwrap();
+    let mut loaded = checkpoint.load(&LoadOptions::default()).unwrap();
+    assert_matches_local(&loaded, &dir);
+    assert_eq!(loaded.report().requests, 1, "one range: {:?}", loaded.report());
+    let report = loaded.wait_cache().cache.clone().unwrap();
+    assert_eq!(report.written_bytes, loaded.report().load.bytes_read, "{report:?}");
+    // The range went to the disk in whole pieces (the last one shorter), each recorded.
+    let name = "model-00001-of-00001.safetensors";
+    let load_records: Vec<_> =
+        recorded_ranges(cache.path(), name).into_iter().filter(|&(_, len)| len > 64 << 10).collect();
+    assert!(load_records.len() >= 3, "{load_records:?}");
+    assert!(
+        load_records.iter().all(|&(_, len)| len <= tensora_remote::PIECE_BYTES as u64),
+        "{load_records:?}"
+    );
+    assert!(load_records.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0), "contiguous: {load_records:?}");
+    let handle = handle(cache.path());
+    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    let copy = handle.list().into_iter().find(|o| o.url.ends_with(name)).unwrap();
+    assert!(copy.complete, "{copy:?}");
+    let data = std::fs::read(cache.path().join("objects").join(&copy.key).join("data")).unwrap();
+    assert!(data == std::fs::read(dir.join(name)).unwrap());
+}
+
 #[test]
 fn a_dropped_load_leaves_its_copies_complete() {
     let Served { _root, dir, nginx: _nginx, cache, location } = served();

@@ -3,8 +3,8 @@
 
 use std::io;
 use std::ptr::NonNull;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tensora_plan::{Plan, Read};
 
@@ -208,6 +208,8 @@ impl<'a> Job<'a> {
             index,
             ptr,
             len: read.len_bytes as usize,
+            handed_out_bytes: 0,
+            pieces_out: None,
             _bytes: std::marker::PhantomData,
         })
     }
@@ -310,6 +312,9 @@ fn invalid_read(read: &Read, why: String) -> ReadError {
 /// One read's destination range, handed out once by [`Job::claim`]. Fill [`ReadTarget::buf`],
 /// then report it with [`ReadTarget::land`]. Dropping it without landing leaves the read
 /// incomplete (the load then fails naming the tensor), never half-reported.
+///
+/// A filled front part can go on before the read lands ([`ReadTarget::hand_out`]): a backend
+/// that writes what it fetched elsewhere (a cache) starts on each piece while the rest arrives.
 pub struct ReadTarget<'j> {
     job: &'j Job<'j>,
     index: u32,
@@ -318,6 +323,11 @@ pub struct ReadTarget<'j> {
     /// alive while [`ReadTarget::land`] hands them to the sink for reading.
     ptr: NonNull<u8>,
     len: usize,
+    /// The front bytes handed out read-only as [`Filled`] pieces; `buf` covers the rest.
+    handed_out_bytes: usize,
+    /// Held by every handed-out piece (`None` before the first): the read lands only once this
+    /// is the last holder.
+    pieces_out: Option<Arc<()>>,
     _bytes: std::marker::PhantomData<&'j mut [u8]>,
 }
 
@@ -326,7 +336,7 @@ pub struct ReadTarget<'j> {
 // `Sync`.
 unsafe impl Send for ReadTarget<'_> {}
 
-impl ReadTarget<'_> {
+impl<'j> ReadTarget<'j> {
     /// The read's index in [`Plan::reads`].
     pub fn index(&self) -> u32 {
         self.index
@@ -337,19 +347,52 @@ impl ReadTarget<'_> {
         &self.job.plan.reads()[self.index as usize]
     }
 
-    /// The destination bytes of this read, exactly `read().len_bytes` long.
+    /// The destination bytes of this read not handed out yet: all `read().len_bytes` of them
+    /// until the first [`ReadTarget::hand_out`], then those after the pieces.
     pub fn buf(&mut self) -> &mut [u8] {
         // SAFETY: `ptr..ptr + len` lies inside the destination (checked by `Job::claim`), whose
         // contract makes it initialised, valid and writable while the job lives ('j); `Job::new`'s
         // contract says nobody outside the job touches it during the run; plan reads never
         // overlap; and the claim bit, set once, makes this target the range's only hand-out. The
-        // `&mut self` borrow keeps the slice unique within the target.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        // handed-out front (`..handed_out_bytes`) is left out, so no piece's bytes are in this
+        // slice; the `&mut self` borrow keeps the slice unique within the target.
+        unsafe {
+            let start = self.ptr.as_ptr().add(self.handed_out_bytes);
+            std::slice::from_raw_parts_mut(start, self.len - self.handed_out_bytes)
+        }
+    }
+
+    /// The bytes handed out so far (the front of the read, in pieces).
+    pub fn handed_out_bytes(&self) -> usize {
+        self.handed_out_bytes
+    }
+
+    /// Hand out the next `len_bytes` of the read (the front of [`ReadTarget::buf`], which must
+    /// be filled: they are final) as a read-only piece another thread may read while the rest is
+    /// filled. `None` if fewer bytes are left. The read lands only once every piece is dropped.
+    pub fn hand_out(&mut self, len_bytes: usize) -> Option<Filled<'j>> {
+        if len_bytes > self.len - self.handed_out_bytes {
+            return None;
+        }
+        let out = Arc::clone(self.pieces_out.get_or_insert_with(|| Arc::new(())));
+        // SAFETY: `handed_out_bytes + len_bytes <= len`, inside the claimed range.
+        let ptr = unsafe { self.ptr.add(self.handed_out_bytes) };
+        let offset_bytes = self.handed_out_bytes;
+        self.handed_out_bytes += len_bytes;
+        Some(Filled { ptr, len: len_bytes, offset_bytes, _out: out, _bytes: std::marker::PhantomData })
     }
 
     /// Every byte of the read has been written: calls [`Destination::on_landed`], then
     /// [`CompletionSink::read_done`] (an error from the sink becomes [`ReadErrorKind::Stopped`]).
-    pub fn land(self, sink: &dyn CompletionSink) -> Result<(), ReadError> {
+    /// Refused (`InvalidInput`) while a piece from [`ReadTarget::hand_out`] is still held: the
+    /// sink may hand the bytes to a consumer that reuses them.
+    pub fn land(mut self, sink: &dyn CompletionSink) -> Result<(), ReadError> {
+        // `get_mut` sees every other holder's drop (acquire): the pieces' reads are done.
+        if let Some(out) = self.pieces_out.as_mut()
+            && Arc::get_mut(out).is_none()
+        {
+            return Err(invalid_read(self.read(), "landed while a piece of it is still held".to_owned()));
+        }
         let read = self.read();
         let fail = |kind| ReadError {
             file: read.file,
@@ -362,6 +405,44 @@ impl ReadTarget<'_> {
             .on_landed(read.arena_offset_bytes, read.len_bytes)
             .map_err(|e| fail(ReadErrorKind::Io(e)))?;
         sink.read_done(Landed::new(self.job, self.index)).map_err(|_| fail(ReadErrorKind::Stopped))
+    }
+}
+
+/// A filled front piece of a claimed read ([`ReadTarget::hand_out`]): its bytes, read-only, on
+/// any thread, until it is dropped (the read cannot land before).
+pub struct Filled<'j> {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Where the piece starts within its read.
+    offset_bytes: usize,
+    _out: Arc<()>,
+    _bytes: std::marker::PhantomData<&'j [u8]>,
+}
+
+// SAFETY: a piece is a shared view of bytes no one writes while it lives (its target's `buf` no
+// longer covers them, and the read, whose landing would pass them on, waits for every piece), so
+// it is what a `&[u8]` is: sendable and shareable.
+unsafe impl Send for Filled<'_> {}
+// SAFETY: as for `Send`: shared reads of bytes no one writes while the piece lives.
+unsafe impl Sync for Filled<'_> {}
+
+impl Filled<'_> {
+    /// The piece's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: inside the claimed range (`hand_out` checked), valid for 'j, written by no one
+        // while the piece lives (see the `Send` impl).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Where the piece starts within its read, in bytes.
+    pub fn offset_bytes(&self) -> usize {
+        self.offset_bytes
+    }
+}
+
+impl std::fmt::Debug for Filled<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Filled").field("offset_bytes", &self.offset_bytes).field("len", &self.len).finish()
     }
 }
 

@@ -17,7 +17,7 @@ mod source;
 pub use budget::{Budget, Permit};
 pub use dest::{CallerBuffer, Destination};
 pub use error::{ReadError, ReadErrorKind};
-pub use job::{Job, JobConfig, ReadTarget};
+pub use job::{Filled, Job, JobConfig, ReadTarget};
 pub use sink::{CompletionSink, Landed, LandedPrefix, StopReason};
 #[cfg(test)]
 pub(crate) use source::temp_source;

@@ -1,44 +1,241 @@
 //! The cache's in-place lane, what a load's fetched ranges take into the copies: a range is
-//! written from where it landed in the load's destination (the arena) by one of
-//! [`LANE_THREADS`] threads scoped to the load's run, and lands (is handed to the load) only once
-//! written. No copy of the bytes is made; with reads planned on 4 KiB blocks
-//! (`RemoteBackend::read_align_bytes`) the whole range goes to the disk with `O_DIRECT`, so
-//! neither a buffer nor the page cache holds a second copy of what is loaded.
+//! written from where it lands in the load's destination (the arena), piece by piece as its body
+//! arrives, by one of [`LANE_THREADS`] threads scoped to the load's run, and lands (is handed to
+//! the load) only once every piece is written. No copy of the bytes is made; with reads planned
+//! on 4 KiB blocks (`RemoteBackend::read_align_bytes`) each piece goes to the disk with
+//! `O_DIRECT`, so neither a buffer nor the page cache holds a second copy of what is loaded.
 //!
-//! The fetch that handed a range over is done: its connection takes the next range while the
-//! disk writes this one. Bounds: a range waits here holding its budget permit (given back when it
-//! lands), so the ranges fetched and not yet landed never pass the load's in-flight budget; a
-//! disk slower than the network slows the fetches to its pace once the budget is taken, with no
-//! memory of its own.
+//! Pieces keep the disk busy while the ranges are still arriving: written only at each range's
+//! end, the last ranges in flight (up to the whole in-flight budget) would all be written after
+//! the network is done. A range's pieces and its landing go to one thread, in order, so it lands
+//! after its pieces are on disk. Each piece is recorded on its own (its CRC-32C computed as its
+//! bytes were copied in), so an interrupted load keeps every piece written.
+//!
+//! Bounds: a range's pieces and its landing wait here while it holds its budget permit (given
+//! back when it lands), so what waits never passes the load's in-flight budget; a disk slower
+//! than the network slows the fetches to its pace once the budget is taken, with no memory of its
+//! own.
 
 use std::sync::Arc;
+use std::sync::mpsc::Sender;
 
-use tensora_io::{Permit, ReadTarget};
+use tensora_io::{Filled, Permit, ReadTarget};
 
 use super::{CacheSession, Entry};
+use crate::fetch::Fill;
 
 /// Threads writing a load's ranges into the copies.
 pub const LANE_THREADS: usize = 4;
+/// A fetched range goes to the disk in pieces of this many bytes (a multiple of the direct-write
+/// block), each as soon as its bytes have arrived.
+pub const PIECE_BYTES: usize = 1 << 20;
 
-/// A fetched range on its way into its object's copy: the claimed read itself, and its budget.
-pub(crate) struct LaneWrite<'j> {
-    pub entry: Arc<Entry>,
-    pub offset_bytes: u64,
-    /// The CRC-32C of the range's bytes, computed as they landed.
-    pub crc32c: u32,
-    pub target: ReadTarget<'j>,
-    /// The range's share of the load's in-flight budget, held until it lands.
-    pub permit: Permit,
+/// What a lane thread is given, in order for each range: its pieces, then the range itself.
+pub(crate) enum LaneWork<'j> {
+    /// A filled piece of a range: write it into the copy at `offset_bytes` and record it.
+    Piece { entry: Arc<Entry>, offset_bytes: u64, crc32c: u32, bytes: Filled<'j> },
+    /// The whole range, every piece sent before it: land it, then give back its budget.
+    Land { target: ReadTarget<'j>, permit: Permit },
 }
 
-impl<'j> LaneWrite<'j> {
-    /// Write the range into its copy (a failure is counted in `session`'s tally, never fatal: the
-    /// copy stays partial); the read to land, and its permit.
-    pub fn write(self, session: &CacheSession) -> (ReadTarget<'j>, Permit) {
-        let LaneWrite { entry, offset_bytes, crc32c, mut target, permit } = self;
-        let bytes = target.buf();
-        let written = entry.write(offset_bytes, bytes, crc32c);
-        session.writers.record(&entry.description.url, bytes.len(), written);
-        (target, permit)
+impl<'j> LaneWork<'j> {
+    /// Do the work: write a piece (a failure is counted in `session`'s tally, never fatal: the
+    /// copy stays partial), or hand back the range to land and its permit.
+    pub fn run(self, session: &CacheSession) -> Option<(ReadTarget<'j>, Permit)> {
+        match self {
+            LaneWork::Piece { entry, offset_bytes, crc32c, bytes } => {
+                let written = entry.write(offset_bytes, bytes.bytes(), crc32c);
+                session.writers.record(&entry.description.url, bytes.bytes().len(), written);
+                None
+            }
+            LaneWork::Land { target, permit } => Some((target, permit)),
+        }
+    }
+}
+
+/// A range's body filled into its claimed read, each [`PIECE_BYTES`] sent to the lane thread
+/// `to` as soon as they are in.
+pub(crate) struct LaneFill<'t, 'j> {
+    target: &'t mut ReadTarget<'j>,
+    entry: Arc<Entry>,
+    /// The object offset of the range's first byte.
+    offset_bytes: u64,
+    to: &'t Sender<LaneWork<'j>>,
+    /// The CRC-32C of the piece being filled (the bytes from `target.handed_out_bytes()` on).
+    crc32c: u32,
+}
+
+impl<'t, 'j> LaneFill<'t, 'j> {
+    pub fn new(
+        target: &'t mut ReadTarget<'j>,
+        entry: Arc<Entry>,
+        offset_bytes: u64,
+        to: &'t Sender<LaneWork<'j>>,
+    ) -> LaneFill<'t, 'j> {
+        debug_assert_eq!(target.handed_out_bytes(), 0, "a range is filled from its start");
+        LaneFill { target, entry, offset_bytes, to, crc32c: 0 }
+    }
+
+    /// Send the filled bytes not sent yet (`len_bytes` of them) as one piece. A lane thread that
+    /// is gone leaves the piece out of the copy (the landing, sent later, then fails the load).
+    fn send_piece(&mut self, len_bytes: usize) {
+        let offset_bytes = self.offset_bytes + self.target.handed_out_bytes() as u64;
+        let Some(bytes) = self.target.hand_out(len_bytes) else { return };
+        let crc32c = std::mem::take(&mut self.crc32c);
+        let _ = self.to.send(LaneWork::Piece { entry: Arc::clone(&self.entry), offset_bytes, crc32c, bytes });
+    }
+}
+
+impl Fill for LaneFill<'_, '_> {
+    fn len_bytes(&self) -> usize {
+        self.target.read().len_bytes as usize
+    }
+
+    fn put(&mut self, at: usize, chunk: &[u8]) {
+        let sent = self.target.handed_out_bytes();
+        self.target.buf()[at - sent..at - sent + chunk.len()].copy_from_slice(chunk);
+        // Extend the piece's CRC over the chunk, sending each piece that fills (the last one,
+        // shorter, when the range is complete).
+        let len_bytes = self.len_bytes();
+        let (mut pos, mut rest) = (at, chunk);
+        while !rest.is_empty() {
+            let piece_start = self.target.handed_out_bytes();
+            let piece_end = (piece_start + PIECE_BYTES).min(len_bytes);
+            let take = rest.len().min(piece_end - pos);
+            self.crc32c = crc32c::crc32c_append(self.crc32c, &rest[..take]);
+            (pos, rest) = (pos + take, &rest[take..]);
+            if pos == piece_end {
+                self.send_piece(piece_end - piece_start);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::FileExt;
+    use std::sync::Mutex;
+
+    use proptest::prelude::*;
+    use tensora_io::{BackendChoice, CompletionSink, IoBackend, IoStats, Job, LoadOptions, ReadError};
+
+    use super::*;
+    use crate::cache::entry::Description;
+
+    /// A backend that fills each read through a [`LaneFill`], the file's bytes put in chunks of
+    /// `cuts` (cycled), and checks what the lane is sent: pieces that tile the range front to
+    /// back, each [`PIECE_BYTES`] but the last, each with its bytes' CRC-32C and object offset.
+    struct Chunked {
+        cuts: Vec<usize>,
+        dir: tempfile::TempDir,
+        /// Pieces seen, over all reads.
+        pieces: Mutex<usize>,
+    }
+
+    impl IoBackend for Chunked {
+        fn name(&self) -> &'static str {
+            "chunked"
+        }
+
+        fn execute(&self, job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
+            let file = &job.files[0];
+            let description = Description {
+                url: "http://h/x".into(),
+                path: "x".into(),
+                size_bytes: file.len_bytes,
+                etag: Some("e".into()),
+                last_modified_ns: 0,
+            };
+            let entry = Arc::new(Entry::create(self.dir.path(), &description).unwrap());
+            let mut stats = IoStats::default();
+            for index in 0..job.plan.reads().len() as u32 {
+                let mut target = job.claim(index)?;
+                let read = target.read().clone();
+                let mut body = vec![0u8; read.len_bytes as usize];
+                file.buffered.read_exact_at(&mut body, read.offset_bytes).unwrap();
+                let (to, work) = std::sync::mpsc::channel();
+                let mut fill = LaneFill::new(&mut target, Arc::clone(&entry), read.offset_bytes, &to);
+                assert_eq!(fill.len_bytes(), body.len());
+                let (mut at, mut k) = (0, 0);
+                while at < body.len() {
+                    let n = self.cuts[k % self.cuts.len()].clamp(1, body.len() - at);
+                    fill.put(at, &body[at..at + n]);
+                    (at, k) = (at + n, k + 1);
+                }
+                drop(to);
+                let mut next = 0usize;
+                for item in work {
+                    let LaneWork::Piece { offset_bytes, crc32c, bytes, .. } = item else {
+                        panic!("a fill sends pieces only")
+                    };
+                    let piece = bytes.bytes();
+                    assert_eq!(offset_bytes, read.offset_bytes + next as u64);
+                    assert_eq!(piece, &body[next..next + piece.len()]);
+                    assert_eq!(crc32c, crc32c::crc32c(piece), "piece at {next}");
+                    assert!(
+                        piece.len() == PIECE_BYTES || next + piece.len() == body.len(),
+                        "{}",
+                        piece.len()
+                    );
+                    next += piece.len();
+                    *self.pieces.lock().unwrap() += 1;
+                }
+                assert_eq!(next, body.len(), "the pieces tile the range");
+                target.land(sink)?;
+                stats.reads += 1;
+                stats.bytes_read += read.len_bytes;
+            }
+            Ok(stats)
+        }
+    }
+
+    /// Load a one-tensor file of `len` bytes through [`Chunked`]: the tensor holds the file's
+    /// bytes, and the number of pieces sent.
+    fn load_in_chunks(len: usize, cuts: &[usize]) -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let mut header = format!(r#"{{"t":{{"dtype":"U8","shape":[{len}],"data_offsets":[0,{len}]}}}}"#);
+        while header.len() % 8 != 0 {
+            header.push(' ');
+        }
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        file.extend_from_slice(&data);
+        std::fs::write(&path, file).unwrap();
+        let backend = Arc::new(Chunked {
+            cuts: cuts.to_vec(),
+            dir: tempfile::tempdir().unwrap(),
+            pieces: Mutex::new(0),
+        });
+        let opts = LoadOptions {
+            backend: BackendChoice::Custom(Arc::clone(&backend) as Arc<dyn IoBackend>),
+            chunk_bytes: 4 * PIECE_BYTES as u64,
+            ..LoadOptions::default()
+        };
+        let loaded = tensora_io::load_path(&path, &opts).unwrap();
+        assert!(loaded.tensor("t").unwrap().bytes() == &data[..]);
+        *backend.pieces.lock().unwrap()
+    }
+
+    #[test]
+    fn a_range_goes_out_in_whole_pieces_and_a_last_short_one() {
+        assert_eq!(load_in_chunks(PIECE_BYTES * 2 + 5000, &[65536]), 3);
+        assert_eq!(load_in_chunks(PIECE_BYTES, &[PIECE_BYTES]), 1);
+        assert_eq!(load_in_chunks(100, &[1]), 1);
+        // A chunk that spans several pieces.
+        assert_eq!(load_in_chunks(PIECE_BYTES * 3 + 1, &[PIECE_BYTES * 3]), 4);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// However the body is cut into chunks, the pieces tile each range and carry their CRCs.
+        #[test]
+        fn any_chunking_sends_whole_pieces(
+            len in 1usize..(PIECE_BYTES * 5 / 2),
+            cuts in proptest::collection::vec(1usize..(PIECE_BYTES / 2), 1..6),
+        ) {
+            prop_assert!(load_in_chunks(len, &cuts) >= len.div_ceil(PIECE_BYTES));
+        }
     }
 }

@@ -32,8 +32,8 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 pub use entry::{DIRECT_ALIGN_BYTES, Description, Entry, RangeRecord};
-pub use lane::LANE_THREADS;
-pub(crate) use lane::LaneWrite;
+pub use lane::{LANE_THREADS, PIECE_BYTES};
+pub(crate) use lane::{LaneFill, LaneWork};
 pub(crate) use session::{CacheSession, WriteLocks, describe_meta};
 pub use sync::CacheSync;
 pub use writer::{WRITE_BEHIND_BYTES, WRITER_THREADS};
