@@ -46,7 +46,7 @@ fn two_ranges() -> LoadOptions {
     LoadOptions { budget_bytes: 512 << 10, ..LoadOptions::default() }
 }
 
-/// Two shards of three 192 KiB tensors and their index, served by nginx, and an empty cache.
+/// A checkpoint and its index served by nginx, and an empty cache.
 struct Served {
     _root: tempfile::TempDir,
     dir: std::path::PathBuf,
@@ -55,11 +55,18 @@ struct Served {
     location: Location,
 }
 
+/// Two shards of three 192 KiB tensors.
 fn served() -> Served {
+    served_checkpoint(2, 3, 192 << 10)
+}
+
+/// `shards` shards of `tensors_per_shard` tensors of `tensor_bytes`, served by nginx, and an
+/// empty cache.
+fn served_checkpoint(shards: usize, tensors_per_shard: usize, tensor_bytes: u64) -> Served {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("ckpt");
     std::fs::create_dir(&dir).unwrap();
-    write_checkpoint(&dir, 2, 3, 192 << 10);
+    write_checkpoint(&dir, shards, tensors_per_shard, tensor_bytes);
     let nginx = started(Nginx::start(root.path(), "50m"));
     let location = Location::parse(&nginx.url("ckpt/")).unwrap();
     Served { _root: root, dir, nginx, cache: tempfile::tempdir().unwrap(), location }
@@ -193,14 +200,8 @@ fn recorded_ranges(cache: &Path, name: &str) -> Vec<(u64, u64)> {
 
 #[test]
 fn a_range_longer_than_a_piece_is_written_and_recorded_piece_by_piece() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("ckpt");
-    std::fs::create_dir(&dir).unwrap();
     // One shard of two 1.5 MiB tensors, fetched in one 4 MiB range.
-    write_checkpoint(&dir, 1, 2, 3 << 19);
-    let nginx = started(Nginx::start(root.path(), "50m"));
-    let location = Location::parse(&nginx.url("ckpt/")).unwrap();
-    let cache = tempfile::tempdir().unwrap();
+    let Served { _root, dir, nginx: _nginx, cache, location } = served_checkpoint(1, 2, 3 << 19);
     let options = RemoteOptions { chunk_bytes: 4 << 20, ..opts(cache.path(), false, None) };
     let checkpoint = open_remote(&location, &options).unwrap();
     let mut loaded = checkpoint.load(&LoadOptions::default()).unwrap();
