@@ -324,3 +324,29 @@ fn an_object_with_no_version_is_refused_unless_allowed() {
         assert_eq!(loaded.tensor(t.name()).unwrap().bytes(), t.bytes(), "{}", t.name());
     }
 }
+
+/// A cold-cache load whose range breaks twice mid-body (inside its second piece, then inside its
+/// third): each retry resumes where the body stopped, the pieces go on with the bytes that did
+/// land, and every recorded piece's CRC-32C matches the copy.
+#[test]
+fn a_broken_body_resumes_into_the_pieces_of_a_cached_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = tempfile::tempdir().unwrap();
+    // One 3 MiB tensor, read as one range.
+    let store = stored(dir.path(), &[3 << 18], 8 << 20, &rt());
+    let cache =
+        crate::CacheOptions { dir: cache_dir.path().to_path_buf(), size_max_bytes: None, offline: false };
+    let opts = RemoteOptions { chunk_bytes: 4 << 20, cache: Some(cache.clone()), ..RemoteOptions::default() };
+    let remote = open(Arc::clone(&store) as Arc<dyn ObjectStore>, &opts);
+    store.breaks.lock().unwrap().extend([1_500_000, 700_000]);
+    let mut loaded = remote.load(&LoadOptions::default()).unwrap();
+    let local = tensora_io::load_path(dir.path(), &LoadOptions::default()).unwrap();
+    assert_eq!(loaded.tensor("t0").unwrap().bytes(), local.tensor("t0").unwrap().bytes());
+    assert_eq!(loaded.report().load.retries, 2, "{:?}", loaded.report());
+    let report = loaded.wait_cache().cache.clone().unwrap();
+    assert_eq!(report.written_bytes, loaded.report().load.bytes_read, "{report:?}");
+    let handle = crate::Cache::open(&cache).unwrap();
+    let verified = handle.verify();
+    assert!(!verified.is_empty() && verified.iter().all(|(_, bad)| bad.is_empty()), "{verified:?}");
+    assert!(handle.list().iter().all(|o| o.complete), "{:?}", handle.list());
+}
