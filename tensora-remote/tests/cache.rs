@@ -228,6 +228,39 @@ fn a_range_longer_than_a_piece_is_written_and_recorded_piece_by_piece() {
 }
 
 #[test]
+fn a_streamed_load_writes_multi_piece_ranges_before_their_window_is_reused() {
+    // Two shards of two 1.5 MiB tensors: two 4 MiB ranges, each in a window of its own.
+    let Served { _root, dir, nginx: _nginx, cache, location } = served_checkpoint(2, 2, 3 << 19);
+    let options = RemoteOptions { chunk_bytes: 4 << 20, ..opts(cache.path(), false, None) };
+    let checkpoint = open_remote(&location, &options).unwrap();
+    let local = tensora_io::load_path(&dir, &LoadOptions::default()).unwrap();
+    let mut seen = 0;
+    let one_window = LoadOptions { budget_bytes: 5 << 20, ..LoadOptions::default() };
+    let report = checkpoint
+        .load_streaming(&one_window, |t| {
+            let want = local.tensor(t.name()).ok_or("not a local tensor")?;
+            if Sha256::digest(t.bytes()) != Sha256::digest(want.bytes()) {
+                return Err(format!("{} differs", t.name()).into());
+            }
+            seen += 1;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(seen, 4);
+    assert!(report.load.windows > 1, "{report:?}");
+    let handle = handle(cache.path());
+    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    for name in ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"] {
+        let pieces =
+            recorded_ranges(cache.path(), name).into_iter().filter(|&(_, len)| len > 64 << 10).count();
+        assert!(pieces >= 3, "{name}: {pieces} pieces");
+        let copy = handle.list().into_iter().find(|o| o.url.ends_with(name)).unwrap();
+        let data = cache.path().join("objects").join(&copy.key).join("data");
+        assert!(copy.complete && std::fs::read(data).unwrap() == std::fs::read(dir.join(name)).unwrap());
+    }
+}
+
+#[test]
 fn a_dropped_load_leaves_its_copies_complete() {
     let Served { _root, dir, nginx: _nginx, cache, location } = served();
     let checkpoint = open_remote(&location, &opts(cache.path(), false, None)).unwrap();
