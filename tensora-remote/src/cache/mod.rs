@@ -1,7 +1,8 @@
 //! The verified local cache (`--cache DIR`, [`CacheOptions`]).
 //!
 //! A remote load writes every range it fetches into a local copy of its object in the same pass
-//! (no second download) and records the range (with its CRC-32C) in the object's range log; a
+//! (no second download) and records what it wrote (each range, or each 1 MiB piece of a load's
+//! ranges, with its CRC-32C) in the object's range log; a
 //! load that finds ranges already there reads them from the copy. A copy whose ranges cover the
 //! whole object is promoted atomically (one rename) and keyed by URL + version (ETag, else
 //! Last-Modified) + size, so a changed object is a new key and never mixes with the old one. An
