@@ -13,9 +13,10 @@ every 4 KiB page read inside the timed region, so lazy paths are not flattered):
 - owned: `tensora.load_file(framework="pt")` (the default residence, an owned snapshot);
 - auto: `tensora.load_file(framework="pt", residence="auto")` (mapped views when warm);
 - stream: `tensora.weights_iterator(framework="pt")` (256 MiB runs, owned), every tensor kept;
-- roofline: two threads of `preadv` into one fresh anonymous buffer of the checkpoint's size
-  (warm), or the better of that and the same with `O_DIRECT` (cold): what reading every byte
-  into fresh memory costs here. Ratios "x roofline" divide a subject's median GB/s by it.
+- roofline: 8 MiB `preadv`s into one fresh anonymous buffer of the checkpoint's size, by two
+  threads through the page cache (warm), or by eight threads with `O_DIRECT` (cold): what
+  reading every byte into fresh memory costs here. Ratios "x roofline" divide a subject's median
+  GB/s by it.
 
 Every measurement is a fresh process (`--child`), as a server's start is: it imports torch and the
 subject's package first, untimed, then times the load and the touch. Rounds are interleaved: each
@@ -43,6 +44,9 @@ import threading
 import time
 
 PAGE_BYTES = 4096
+# Threads (reads in flight) of the cold roofline: direct reads need depth to reach the device's
+# rate (2 threads reached 1.3-1.4 GB/s here, 8 and 16 1.6-1.7).
+DIRECT_THREADS = 8
 SUBJECTS = {
     "hf_numpy": "HF safetensors.numpy.load_file + torch.from_numpy",
     "hf_torch": "HF safetensors.torch.load_file",
@@ -51,7 +55,7 @@ SUBJECTS = {
     "owned": "tensora.load_file (owned)",
     "auto": "tensora.load_file (residence=auto)",
     "stream": "tensora.weights_iterator (owned)",
-    "roofline": "roofline: 2-thread preadv into fresh memory",
+    "roofline": "roofline: preadv into fresh memory (2 threads; cold 8, O_DIRECT)",
 }
 OURS = ("owned", "auto", "stream")
 
@@ -136,9 +140,9 @@ def prepare(subject):
 
 
 def roofline(path):
-    """Read every tensor byte of every file into one fresh anonymous buffer with two threads of
-    8 MiB `preadv`s (buffered, and with `O_DIRECT` when the cache is cold: `TENSORA_BENCH_DIRECT=1`),
-    then expose it as one uint8 tensor per file."""
+    """Read every tensor byte of every file into one fresh anonymous buffer with 8 MiB `preadv`s:
+    two threads through the page cache, or (the cache cold: `TENSORA_BENCH_DIRECT=1`)
+    `DIRECT_THREADS` threads with `O_DIRECT`; then expose it as one uint8 tensor per file."""
     import mmap
 
     import torch
@@ -181,7 +185,7 @@ def roofline(path):
             for fd in fds.values():
                 os.close(fd)
 
-    threads = [threading.Thread(target=worker) for _ in range(2)]
+    threads = [threading.Thread(target=worker) for _ in range(DIRECT_THREADS if direct else 2)]
     for t in threads:
         t.start()
     for t in threads:
