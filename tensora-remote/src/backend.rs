@@ -24,10 +24,10 @@ use crate::cache::{CacheSession, LANE_THREADS, LaneFill, LaneWork};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject, Source};
+use crate::tune::{TuneReport, Tuner};
 
 /// The lane threads' queues (one per thread: a range's pieces and landing go to one, in order).
 type Lanes<'j> = [Sender<LaneWork<'j>>];
-use crate::tune::{TuneReport, Tuner};
 
 /// Reads the pager claims (and touches) ahead of the issuing threads.
 pub const PAGE_AHEAD_READS: usize = 16;
