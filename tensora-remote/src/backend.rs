@@ -20,7 +20,7 @@ use futures::StreamExt;
 use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, ReadTarget};
 
 use crate::RemoteError;
-use crate::cache::{CacheSession, LANE_THREADS, LaneFill, LaneWork};
+use crate::cache::{CacheSession, Entry, LANE_THREADS, LaneFill, LaneWork};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject, Source};
@@ -112,6 +112,17 @@ fn inflight_shares(reads_inflight_max: usize, threads: usize) -> Vec<usize> {
     let max = reads_inflight_max.max(1);
     let threads = threads.clamp(1, max);
     (0..threads).map(|i| max / threads + usize::from(i < max % threads)).collect()
+}
+
+/// Where a fetched range goes besides its destination.
+enum Way<'l, 'r> {
+    /// Nowhere: no cache, or one that does not write this object (another process does, or it
+    /// has no version).
+    Load,
+    /// Into the object's copy, piece by piece through this lane thread, which then lands it.
+    Lane(Arc<Entry>, &'l Sender<LaneWork<'r>>),
+    /// Into the object's copy through the copying writers (no lane thread could start).
+    Copy,
 }
 
 /// Why one read did not land.
@@ -284,42 +295,44 @@ impl<'r> Run<'r, '_> {
         };
         let permit = job.budget.acquire_async(read.len_bytes).await;
         let cache = self.backend.cache.as_deref();
-        let lane = lanes.filter(|l| !l.is_empty()).map(|l| &l[index as usize % l.len()]);
-        let lane_entry = match (cache, lane) {
-            (Some(cache), Some(lane)) => {
+        let way = match (cache, lanes.filter(|l| !l.is_empty())) {
+            (None, _) => Way::Load,
+            // No lane thread could start: the copying writers take the range.
+            (Some(_), None) => Way::Copy,
+            (Some(cache), Some(lanes)) => {
                 match self.fetcher.read_cached(object, read.offset_bytes, target.buf()) {
                     Ok(true) => {
                         target.land(self.sink).map_err(Fail::Read)?;
                         return Ok(read.len_bytes);
                     }
-                    Ok(false) => cache.writer_entry(object).map(|entry| (entry, lane)),
+                    Ok(false) => match cache.writer_entry(object) {
+                        Some(entry) => Way::Lane(entry, &lanes[index as usize % lanes.len()]),
+                        None => Way::Load,
+                    },
                     Err(error) => return Err(Fail::Remote { read: index, error }),
                 }
             }
-            _ => None,
         };
         // Race the fetch (its retries and backoff sleeps included) against a cancel or another
         // range's failure.
         let raced = {
             let fetch = async {
-                match lane_entry {
-                    Some((entry, lane)) => {
+                match way {
+                    Way::Load => self.fetcher.fetch_store(object, read.offset_bytes, target.buf()).await?,
+                    Way::Lane(entry, lane) => {
                         let mut fill = LaneFill::new(&mut target, entry, read.offset_bytes, lane);
                         self.fetcher.fetch_filling(object, read.offset_bytes, &mut fill).await?;
-                        Ok(Some(lane))
+                        return Ok(Some(lane));
                     }
-                    None => {
+                    Way::Copy => {
                         let source =
                             self.fetcher.fetch_unwritten(object, read.offset_bytes, target.buf()).await?;
-                        // No lane thread could start: the copying writers take the range.
-                        if let (Source::Store { crc32c: Some(crc32c) }, Some(cache)) = (source, cache)
-                            && lane.is_none()
-                        {
+                        if let (Source::Store { crc32c: Some(crc32c) }, Some(cache)) = (source, cache) {
                             cache.write(object, read.offset_bytes, target.buf(), crc32c).await;
                         }
-                        Ok(None)
                     }
                 }
+                Ok(None)
             };
             let fetch = std::pin::pin!(fetch);
             let halt = std::pin::pin!(stopped(job.cancel, &self.stop));

@@ -265,6 +265,20 @@ impl<'a> Fetcher<'a> {
         Ok(Source::Store { crc32c: fill.crc32c })
     }
 
+    /// Fill `dest` with the object's bytes from `offset_bytes`, from the store only: neither read
+    /// from nor written to the cache, no CRC.
+    pub async fn fetch_store(
+        &self,
+        object: &RemoteObject,
+        offset_bytes: u64,
+        dest: &mut [u8],
+    ) -> Result<(), RemoteError> {
+        if dest.is_empty() {
+            return Ok(());
+        }
+        self.fetch_filling(object, offset_bytes, &mut SliceFill { dest, crc32c: None }).await
+    }
+
     /// Whether `dest` (the object's bytes from `offset_bytes`) was filled from the cache: `true`
     /// for an empty range too; `false` if the store must be asked, an error if it may not be
     /// (offline).
