@@ -350,3 +350,27 @@ fn a_broken_body_resumes_into_the_pieces_of_a_cached_range() {
     assert!(!verified.is_empty() && verified.iter().all(|(_, bad)| bad.is_empty()), "{verified:?}");
     assert!(handle.list().iter().all(|o| o.complete), "{:?}", handle.list());
 }
+
+/// An object with no version, loaded (opted in) with a cache: the cache never writes it (two
+/// requests could have read two versions), and the load fetches every range from the store.
+#[test]
+fn a_cache_writes_nothing_of_an_object_with_no_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = tempfile::tempdir().unwrap();
+    let (store, opts) = versionless(dir.path(), true);
+    let cache =
+        crate::CacheOptions { dir: cache_dir.path().to_path_buf(), size_max_bytes: None, offline: false };
+    let opts = RemoteOptions { unversioned: crate::Unversioned::Allow, cache: Some(cache.clone()), ..opts };
+    let remote = open(store as Arc<dyn ObjectStore>, &opts);
+    let local = tensora_io::load_path(dir.path(), &LoadOptions::default()).unwrap();
+    for _ in 0..2 {
+        let mut loaded = remote.load(&LoadOptions::default()).unwrap();
+        for t in local.tensors() {
+            assert_eq!(loaded.tensor(t.name()).unwrap().bytes(), t.bytes(), "{}", t.name());
+        }
+        assert!(loaded.report().requests > 0, "from the store: {:?}", loaded.report());
+        let report = loaded.wait_cache().cache.clone().unwrap();
+        assert_eq!((report.written_bytes, report.hit_bytes, report.promoted), (0, 0, 0), "{report:?}");
+    }
+    assert!(crate::Cache::open(&cache).unwrap().list().iter().all(|o| o.cached_bytes == 0));
+}
