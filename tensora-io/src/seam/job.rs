@@ -370,6 +370,38 @@ impl<'j> ReadTarget<'j> {
     /// Hand out the next `len_bytes` of the read (the front of [`ReadTarget::buf`], which must
     /// be filled: they are final) as a read-only piece another thread may read while the rest is
     /// filled. `None` if fewer bytes are left. The read lands only once every piece is dropped.
+    ///
+    /// ```
+    /// # use std::sync::atomic::AtomicBool;
+    /// # use tensora_io::{Job, JobConfig, CompletionSink, StopReason};
+    /// # use tensora_io::Budget;
+    /// use tensora_plan::{Extent, Order, Plan, PlanConfig};
+    /// # struct Sink;
+    /// # impl CompletionSink for Sink {
+    /// #     fn read_done(&self, _landed: tensora_io::Landed<'_>) -> Result<(), StopReason> { Ok(()) }
+    /// # }
+    /// let extents = [Extent { file: 0, offset_bytes: 0, len_bytes: 100, tag: 0 }];
+    /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
+    /// let arena = tensora_io::arena::Arena::with_len(plan.arena_len_bytes())?;
+    /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
+    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// // SAFETY: nothing else touches `arena` while the job runs.
+    /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
+    /// let mut target = job.claim(0)?;
+    /// target.buf()[..60].fill(1);
+    /// let front = target.hand_out(60).expect("60 of 100 bytes");
+    /// // Another thread reads the front while the rest is filled.
+    /// let sum = std::thread::scope(|s| {
+    ///     let reader = s.spawn(|| front.bytes().iter().map(|&b| u32::from(b)).sum::<u32>());
+    ///     target.buf().fill(2);
+    ///     reader.join().unwrap()
+    /// });
+    /// assert_eq!((sum, target.buf().len()), (60, 40));
+    /// assert!(target.hand_out(41).is_none(), "only 40 bytes are left");
+    /// drop(front); // the read lands only once its pieces are gone
+    /// target.land(&Sink)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn hand_out(&mut self, len_bytes: usize) -> Option<Filled<'j>> {
         if len_bytes > self.len - self.handed_out_bytes {
             return None;
