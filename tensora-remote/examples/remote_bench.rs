@@ -7,7 +7,8 @@
 //! - `limited`: 8 × 128 MiB at 50 MB/s per connection (nginx `limit_rate`), the same cells;
 //! - `cache`: 8 × 128 MiB without a cache, into a cold cache, from a warm cache, and a local load
 //!   of the same files; the disk's write roofline for the same bytes, alone and beside the
-//!   no-cache load (what a cold cache must do at least: load and write at once);
+//!   no-cache load (what a cold cache must do at least: load and write at once); and the
+//!   no-cache / cold-cache pair again from the `limited` server, where the network bounds the load;
 //! - `s3`: s3rver (8 × 32 MiB: s3rver holds PUT bodies in memory): curl `--aws-sigv4`, tensora, and
 //!   Run:ai's model streamer (every tensor an owned buffer on both sides);
 //! - `rss`: the peak RSS of a streamed load in a fresh process, against its in-flight cap.
@@ -337,6 +338,11 @@ impl Bench {
         let mut none = Cell::new("cache", "8 × 128 MiB: no cache");
         let mut cold =
             Cell::new("cache", "8 × 128 MiB: cold cache (written in the same pass, durable behind the load)");
+        // The same pair where the network, not the CPU, bounds the load (the `limited` shape's
+        // server): what a cold cache costs on a link slower than the disk.
+        let slow_url = self.nginx.slow_url(&format!("{name}/"));
+        let mut slow_none = Cell::new("cache", "8 × 128 MiB, 50 MB/s per connection: no cache");
+        let mut slow_cold = Cell::new("cache", "8 × 128 MiB, 50 MB/s per connection: cold cache");
         let mut warm = Cell::new(
             "cache",
             "8 × 128 MiB: warm cache, page cache dropped (one HEAD per object, local files)",
@@ -353,20 +359,30 @@ impl Bench {
         let _ = std::fs::remove_dir_all(&cache_dir);
         let (_, bytes, _) = tensora_load(&url, &with_cache(&cache_dir))?;
         for round in 0..self.runs {
+            // A new cold directory each time (up to COLD_DIRS, then reused), all removed after
+            // the group: removing a 1 GB copy right before a run had the disk discarding it
+            // during the run.
+            let fresh = |k: usize| {
+                let dir = cold_dir.join(((2 * round + k) % COLD_DIRS).to_string());
+                let _ = std::fs::remove_dir_all(&dir);
+                dir
+            };
             // No cache and a cold cache, in alternating order, each on memory freed a moment ago
             // (`relay`): neither always follows the other's disk writes or page-cache fills.
-            for k in 0..2 {
-                if (k + round) % 2 == 0 {
-                    relay(bytes)?;
-                    none.measure(|| tensora_load(&url, &RemoteOptions::default()));
-                } else {
-                    // A new directory each round (up to COLD_DIRS, then reused), all removed
-                    // after the group: removing a 1 GB copy right before a run had the disk
-                    // discarding it during the run.
-                    let dir = cold_dir.join((round % COLD_DIRS).to_string());
-                    let _ = std::fs::remove_dir_all(&dir);
-                    relay(bytes)?;
-                    cold.measure(|| tensora_load(&url, &with_cache(&dir)));
+            for (k, (u, none, cold)) in
+                [(&url, &mut none, &mut cold), (&slow_url, &mut slow_none, &mut slow_cold)]
+                    .into_iter()
+                    .enumerate()
+            {
+                for order in 0..2 {
+                    if (order + round) % 2 == 0 {
+                        relay(bytes)?;
+                        none.measure(|| tensora_load(u, &RemoteOptions::default()));
+                    } else {
+                        let dir = fresh(k);
+                        relay(bytes)?;
+                        cold.measure(|| tensora_load(u, &with_cache(&dir)));
+                    }
                 }
             }
             let roofline_dir = cold_dir.join("roofline");
@@ -414,7 +430,7 @@ impl Bench {
             page_cache(&dir, Page::Fill)?;
         }
         let _ = std::fs::remove_dir_all(&cold_dir);
-        self.cells.extend([none, cold, write, both, warm, local]);
+        self.cells.extend([none, cold, write, both, slow_none, slow_cold, warm, local]);
         Ok(())
     }
 

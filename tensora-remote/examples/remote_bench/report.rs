@@ -83,8 +83,8 @@ pub fn acceptance(cells: &[Cell]) -> Vec<Check> {
             0.9,
             "x",
         ));
-        let cold = find(cells, "cache", "cold");
-        let none = find(cells, "cache", "no cache");
+        let cold = find(cells, "cache", "MiB: cold");
+        let none = find(cells, "cache", "MiB: no cache");
         checks.push(at_least(
             "cache: cold / no cache (at most 10 % slower)".into(),
             ratio(cold, none),
@@ -98,6 +98,14 @@ pub fn acceptance(cells: &[Cell]) -> Vec<Check> {
         checks.push(at_least(
             "cache: cold / no cache and the write roofline side by side".into(),
             ratio(cold, both),
+            1.0 / 1.1,
+            "x",
+        ));
+        let (slow_cold, slow_none) =
+            (find(cells, "cache", "connection: cold"), find(cells, "cache", "connection: no cache"));
+        checks.push(at_least(
+            "cache, 50 MB/s per connection: cold / no cache (network-bound)".into(),
+            ratio(slow_cold, slow_none),
             1.0 / 1.1,
             "x",
         ));
