@@ -359,9 +359,10 @@ impl Bench {
         let _ = std::fs::remove_dir_all(&cache_dir);
         let (_, bytes, _) = tensora_load(&url, &with_cache(&cache_dir))?;
         for round in 0..self.runs {
-            // A new cold directory each time (up to COLD_DIRS, then reused), all removed after
-            // the group: removing a 1 GB copy right before a run had the disk discarding it
-            // during the run.
+            // Each cold load writes into a directory of a ring of COLD_DIRS (about 1 GB each on a
+            // nearly full disk), emptied right before it is used again and all removed after the
+            // group. Two cold loads a round: from the third round on, each follows the removal of
+            // a 1 GB copy, whose discards the disk may still run during the load.
             let fresh = |k: usize| {
                 let dir = cold_dir.join(((2 * round + k) % COLD_DIRS).to_string());
                 let _ = std::fs::remove_dir_all(&dir);
