@@ -250,8 +250,14 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
             if let Some(c) = &report.cache {
                 writeln!(
                     out,
-                    "cache        {}: {} bytes read from it, {} written, {} objects completed ({:.3} s making them durable after the load), {} loaded as local files",
-                    c.dir, c.hit_bytes, c.written_bytes, c.promoted, c.sync_seconds, c.local_objects
+                    "cache        {}: {} bytes read from it, {} written ({:.3} s of the load waiting for the disk after the last range), {} objects completed ({:.3} s making them durable after the load), {} loaded as local files",
+                    c.dir,
+                    c.hit_bytes,
+                    c.written_bytes,
+                    c.disk_tail_seconds,
+                    c.promoted,
+                    c.sync_seconds,
+                    c.local_objects
                 )?;
             }
         }

@@ -12,9 +12,9 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, ReadTarget};
@@ -59,6 +59,8 @@ pub struct RemoteBackend {
     cache: Option<Arc<CacheSession>>,
     /// What the concurrency controller did in the last run.
     tune: Mutex<Option<TuneReport>>,
+    /// Nanoseconds the runs' lane threads wrote after the last range had arrived, summed.
+    disk_tail_nanos: AtomicU64,
 }
 
 impl RemoteBackend {
@@ -72,12 +74,19 @@ impl RemoteBackend {
             counters: Counters::default(),
             cache: None,
             tune: Mutex::new(None),
+            disk_tail_nanos: AtomicU64::new(0),
         }
     }
 
     /// What the concurrency controller did in the last run (`None` before one).
     pub fn tune_report(&self) -> Option<TuneReport> {
         self.tune.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Seconds its runs waited for the cache's lane threads after their last range had arrived
+    /// (summed over the runs; 0 without a cache).
+    pub(crate) fn disk_tail_seconds(&self) -> f64 {
+        self.disk_tail_nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
 
     /// This backend reading ranges from `cache` first and writing fetched ones through to it.
@@ -405,7 +414,7 @@ impl<'r> Run<'r, '_> {
                     Some(Ok(n)) => {
                         stats.reads += 1;
                         stats.bytes_read += n;
-                        self.tuner.landed(n, std::time::Instant::now());
+                        self.tuner.landed(n, Instant::now());
                     }
                     Some(Err(f)) => {
                         // Every other in-flight range stops within STOP_POLL_INTERVAL.
@@ -424,12 +433,13 @@ impl<'r> Run<'r, '_> {
     /// them. Blocking on the client's runtime panics inside another runtime: then they all run
     /// on plain threads. The pager's channel closes when the issuers are done, and each lane
     /// thread's when its senders are gone: the lane threads land what is queued, then end with
-    /// the scope.
+    /// the scope; how long that took after the last range arrived is added to the disk tail.
     fn issue_on_threads(&self, paged: tokio::sync::mpsc::Sender<Paged<'r>>) -> Vec<Result<IoStats, Fail>> {
-        let mut results = off_runtime(|| {
+        let (mut results, arrived) = off_runtime(|| {
             std::thread::scope(|s| {
                 let lanes = self.start_lanes(s);
-                let lanes = (!lanes.is_empty()).then_some(lanes);
+                let lanes_started = !lanes.is_empty();
+                let lanes = lanes_started.then_some(lanes);
                 let pager = s.spawn(move || self.page_ahead(paged));
                 let handles: Vec<_> = (1..self.issuers)
                     .map(|i| {
@@ -450,9 +460,14 @@ impl<'r> Run<'r, '_> {
                 self.stop.store(true, Ordering::Relaxed);
                 self.pages.blocking_lock().close();
                 let _ = pager.join();
-                results
+                // Every range has arrived; the scope still waits for the lane threads.
+                (results, lanes_started.then(Instant::now))
             })
         });
+        if let Some(arrived) = arrived {
+            let tail_nanos = u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            self.backend.disk_tail_nanos.fetch_add(tail_nanos, Ordering::Relaxed);
+        }
         if let Some(e) = self.lane_failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
             results.push(Err(Fail::Read(e)));
         }

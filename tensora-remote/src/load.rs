@@ -345,7 +345,14 @@ impl RemoteCheckpoint {
         (opts, backend, cap)
     }
 
-    fn finish_report(&self, mut load: LoadReport, backend: &RemoteBackend, cap: u64) -> RemoteReport {
+    /// The report of a load through `backend`, with `cache`'s report (the disk tail filled in).
+    fn finish_report(
+        &self,
+        mut load: LoadReport,
+        backend: &RemoteBackend,
+        cap: u64,
+        cache: Option<CacheReport>,
+    ) -> RemoteReport {
         let counts = backend.counts();
         load.retries = counts.retries;
         let remote = &self.client().opts;
@@ -361,6 +368,7 @@ impl RemoteCheckpoint {
         report.requests = counts.requests;
         report.retry_seconds = counts.retry_nanos as f64 / 1e9;
         report.concurrency = tune;
+        report.cache = cache.map(|c| CacheReport { disk_tail_seconds: backend.disk_tail_seconds(), ..c });
         report
     }
 
@@ -431,8 +439,7 @@ impl RemoteCheckpoint {
         // On failure too: copies this load completed before it failed are kept (behind it).
         let (cache, cache_sync) = session.map(|s| s.finish_behind()).unzip();
         let loaded = loaded?;
-        let mut report = self.finish_report(loaded.report().clone(), &backend, cap);
-        report.cache = cache;
+        let report = self.finish_report(loaded.report().clone(), &backend, cap, cache);
         Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report, cache_sync: cache_sync.flatten() })
     }
 
@@ -459,9 +466,7 @@ impl RemoteCheckpoint {
         let streamed =
             tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(|e| self.error(&backend, e));
         let cache = session.map(|s| s.finish());
-        let mut report = self.finish_report(streamed?, &backend, cap);
-        report.cache = cache;
-        Ok(report)
+        Ok(self.finish_report(streamed?, &backend, cap, cache))
     }
 
     /// Rank `share`'s share of a collective load from the objects (`tensora_io::load_share` with a
@@ -478,7 +483,7 @@ impl RemoteCheckpoint {
         let (opts, backend, cap) = self.load_options(load, None, Landing::Whole);
         let loaded =
             tensora_io::load_share(self.checkpoint(), &opts, share).map_err(|e| self.error(&backend, e))?;
-        let report = self.finish_report(loaded.report().clone(), &backend, cap);
+        let report = self.finish_report(loaded.report().clone(), &backend, cap, None);
         Ok((loaded, report))
     }
 

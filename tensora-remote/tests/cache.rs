@@ -85,6 +85,9 @@ fn a_cached_load_is_local_after_one_head_per_object_and_offline_after_none() {
     // The tensors are there when the load returns; the copies are finished behind it.
     let behind = loaded.report().cache.clone().expect("a cache report");
     assert_eq!(behind.promoted + behind.promoting, 2, "{behind:?}");
+    // What the load waited for the disk after its last range is part of the load's time.
+    let load_seconds = loaded.report().load.seconds;
+    assert!(0.0 < behind.disk_tail_seconds && behind.disk_tail_seconds < load_seconds, "{behind:?}");
     let report = loaded.wait_cache().cache.clone().expect("a cache report");
     assert_eq!((report.promoted, report.promoting), (2, 0), "{report:?}");
     // Every byte the load read, written from where it landed: every tensor byte, on whole 4 KiB
@@ -108,6 +111,7 @@ fn a_cached_load_is_local_after_one_head_per_object_and_offline_after_none() {
     assert_matches_local(&loaded, &dir);
     let r = loaded.report();
     assert_eq!(r.requests, 0, "{r:?}");
+    assert_eq!(r.cache.as_ref().map(|c| c.disk_tail_seconds), Some(0.0), "local files: {r:?}");
     assert_eq!(r.cache.as_ref().unwrap().local_objects, 2, "{r:?}");
     let streamed = second.load_streaming(&LoadOptions::default(), |_| Ok(())).unwrap();
     assert_eq!(streamed.requests, 0);

@@ -80,6 +80,10 @@ pub struct CacheReport {
     /// Seconds the write-behind took after the load returned (queued writes, `fsync` of the
     /// copies, renames, eviction), once done.
     pub sync_seconds: f64,
+    /// Seconds the load still waited for the disk after its last range had arrived (the lane
+    /// threads writing the pieces queued behind the network), summed over its runs: part of the
+    /// load's time that a load without a cache does not have.
+    pub disk_tail_seconds: f64,
     /// Objects loaded through `tensora_io` from complete local copies.
     pub local_objects: u64,
     /// Time spent waiting for another process's lock.
