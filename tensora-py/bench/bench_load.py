@@ -20,8 +20,8 @@ every 4 KiB page read inside the timed region, so lazy paths are not flattered):
 
 Every measurement is a fresh process (`--child`), as a server's start is: it imports torch and the
 subject's package first, untimed, then times the load and the touch. Rounds are interleaved: each
-round runs every subject once, the order rotating by one per round, so the machine's drift spreads
-over all of them. Warm: one untimed run of each subject first (which also fills the page cache).
+round runs every subject once, in an order shuffled per round (seeded by the round number), so the
+machine's drift, and what the subject run just before leaves behind, spread over all of them. Warm: one untimed run of each subject first (which also fills the page cache).
 Cold: the page cache is dropped before every run (`echo 3 > /proc/sys/vm/drop_caches`, as root;
 otherwise `POSIX_FADV_DONTNEED` on each file, said in the output). GB = 1e9 bytes of tensor data.
 A subject that fails or is not installed gets a cell saying why; it is never dropped silently.
@@ -37,6 +37,7 @@ import glob
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -264,6 +265,16 @@ def summary(total, samples):
     }
 
 
+def round_order(subjects, r):
+    """Round `r`'s order: the subjects shuffled, seeded by `r` (the same orders every run), so
+    neither a place in the round nor the subject run just before is always the same one: in a
+    rotation, where each subject always followed the same one, a cold cell moved by up to 1.3x with
+    what that one left behind (freed memory, a busy disk)."""
+    order = list(subjects)
+    random.Random(r).shuffle(order)
+    return order
+
+
 def run_temperature(args, temp, subjects, total, tensors, files):
     samples = {s: [] for s in subjects}
     errors = {}
@@ -274,7 +285,7 @@ def run_temperature(args, temp, subjects, total, tensors, files):
             if "error" in first:
                 errors[s] = first["error"]
     for r in range(args.runs):
-        order = subjects[r % len(subjects):] + subjects[: r % len(subjects)]
+        order = round_order(subjects, r)
         for s in order:
             if s in errors:
                 continue
