@@ -229,9 +229,8 @@ impl Stride {
 
 /// Faults in the arena's pages in the order the backends will fill them (the reads of every file
 /// queue, round-robin across queues, plan after plan), the reads `stride` gives this helper,
-/// until `done`, or for [`Ahead::WhileHuge`]
-/// until the arena gets base pages. Each read's range is timed
-/// ([`Arena::populate_write_adaptive`]): when huge pages fault in slower than
+/// until `done`, or for [`Ahead::WhileHuge`] until the arena gets base pages. Each read's range
+/// is timed ([`Arena::populate_write_adaptive`]): when huge pages fault in slower than
 /// [`crate::arena::HUGE_FAULT_BYTES_PER_SECOND_MIN`], the rest of the arena gets base pages. A
 /// hint: the first error (e.g. no `MADV_POPULATE_WRITE` before Linux 5.14) ends it quietly.
 /// Bounded by one pass over the reads.
@@ -242,16 +241,17 @@ pub(super) fn populate_ahead(
     ahead: Ahead,
     stride: Stride,
 ) {
+    // Position of each read in the fill order, over every plan.
     let mut position = 0usize;
     for (base, wp) in plans {
         let plan = &wp.plan;
         let queues: Vec<&[tensora_plan::Read]> = plan.queues().iter().map(|q| plan.queue_reads(q)).collect();
         let longest = queues.iter().map(|q| q.len()).max().unwrap_or(0);
         for k in 0..longest {
-            for q in &queues {
-                let Some(read) = q.get(k) else { continue };
+            for read in queues.iter().filter_map(|q| q.get(k)) {
+                let mine = stride.takes(position);
                 position += 1;
-                if !stride.takes(position - 1) {
+                if !mine {
                     continue;
                 }
                 if done.load(Ordering::Acquire) {
