@@ -140,13 +140,37 @@ impl Session<'_> {
         plans: &[(u64, WindowPlan)],
         files: &mut FileSet,
     ) -> Result<Vec<IoStats>, LoadError> {
+        let memory = match self.opts.arena_reuse {
+            ArenaReuse::Recycle => Memory::Recycled,
+            ArenaReuse::Fresh => Memory::Fresh,
+        };
+        self.populating_ahead(arena, plans, memory, || {
+            let mut stats = Vec::with_capacity(plans.len());
+            for (base, wp) in plans {
+                let dest = SubDest::new(arena, *base, wp.plan.arena_len_bytes());
+                let no_stream = |_: u32| Ok(());
+                stats.push(self.run_window(files, wp, &dest, &no_stream)?);
+            }
+            Ok(stats)
+        })
+    }
+
+    /// Run `io`, which fills `plans` into `arena`, with the helper threads that fault `Fresh`
+    /// memory in ahead of its reads (see [`populate_ahead`]); they are joined before this returns.
+    pub(super) fn populating_ahead<T>(
+        &self,
+        arena: &Arena,
+        plans: &[(u64, WindowPlan)],
+        memory: Memory,
+        io: impl FnOnce() -> Result<T, LoadError>,
+    ) -> Result<T, LoadError> {
         let io_done = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let helper = match (self.opts.arena_reuse, self.direct) {
-                (ArenaReuse::Recycle, _) => None,
-                (ArenaReuse::Fresh, true) => Some(Ahead::DirectReads),
-                (ArenaReuse::Fresh, false) if arena.huge_pages_advised() => Some(Ahead::WhileHuge),
-                (ArenaReuse::Fresh, false) => None,
+            let helper = match (memory, self.direct) {
+                (Memory::Recycled, _) => None,
+                (Memory::Fresh, true) => Some(Ahead::DirectReads),
+                (Memory::Fresh, false) if arena.huge_pages_advised() => Some(Ahead::WhileHuge),
+                (Memory::Fresh, false) => None,
             };
             let helpers: Vec<_> = helper
                 .into_iter()
@@ -159,16 +183,7 @@ impl Session<'_> {
                     scope.spawn(move || populate_ahead(arena, plans, io_done, ahead, stride))
                 })
                 .collect();
-            let mut stats = Vec::with_capacity(plans.len());
-            let mut run = || -> Result<(), LoadError> {
-                for (base, wp) in plans {
-                    let dest = SubDest::new(arena, *base, wp.plan.arena_len_bytes());
-                    let no_stream = |_: u32| Ok(());
-                    stats.push(self.run_window(files, wp, &dest, &no_stream)?);
-                }
-                Ok(())
-            };
-            let result = run();
+            let result = io();
             io_done.store(true, Ordering::Release);
             // Joined, not left to the scope: the scope only waits for the closure to return, and
             // the load must not return while a helper's thread still exists.
@@ -177,9 +192,17 @@ impl Session<'_> {
                     std::panic::resume_unwind(payload);
                 }
             }
-            result.map(|()| stats)
+            result
         })
     }
+}
+
+/// Whether an arena's pages were faulted in by an earlier load (a recycled arena, a streaming
+/// window after the first) or are fresh: only fresh memory gets populate-ahead helpers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Memory {
+    Fresh,
+    Recycled,
 }
 
 /// What a populate-ahead helper is for, and so when it stops.
