@@ -5,7 +5,7 @@ mod support;
 use proptest::prelude::*;
 use support::{files_unchanged, fixture, generate_mixed};
 use tensora_format::Selection;
-use tensora_io::{LoadError, LoadOptions, Residence, load, load_runs};
+use tensora_io::{IoMode, LoadError, LoadOptions, Residence, load, load_runs};
 
 /// `(name, bytes)` of every tensor of every run, in delivery order, and the runs' tensor counts.
 fn collect(ckpt: &tensora_format::Checkpoint, opts: &LoadOptions) -> (Vec<(String, Vec<u8>)>, Vec<usize>) {
@@ -120,5 +120,22 @@ proptest! {
         let (got, _) = collect(&ckpt, &opts);
         let names: Vec<String> = got.into_iter().map(|(n, _)| n).collect();
         prop_assert_eq!(names, picked);
+    }
+}
+
+#[test]
+fn runs_into_memory_faulted_in_ahead_hold_the_bytes_buffered_and_direct() {
+    let g = generate_mixed(24);
+    let ckpt = g.open();
+    for io_mode in [IoMode::Buffered, IoMode::Direct] {
+        // Small runs: every run after the first lands in an arena faulted in while the one
+        // before loaded.
+        let opts = LoadOptions { budget_bytes: 48 << 10, io_mode, ..LoadOptions::default() };
+        let (got, sizes) = collect(&ckpt, &opts);
+        assert!(sizes.len() > 3, "{io_mode:?}: {sizes:?}");
+        assert_eq!(got.len(), ckpt.tensors().len(), "{io_mode:?}");
+        for (name, bytes) in &got {
+            assert_eq!(bytes, &g.data[name], "{io_mode:?} {name}");
+        }
     }
 }

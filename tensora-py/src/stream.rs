@@ -1,13 +1,14 @@
 //! `weights_iterator`: a background thread loads the checkpoint as owned runs of consecutive
-//! tensors of at most half the `budget` each (`tensora_io::load_runs`, which also decides where
-//! each run lives) and hands each tensor, zero copy, over a [`Bounded`] queue. The Python side
+//! tensors of at most a third of the `budget` each (`tensora_io::load_runs`, which also decides
+//! where each run lives, and faults the next run's memory in while one loads) and hands each tensor, zero copy, over a [`Bounded`] queue. The Python side
 //! waits with the GIL released.
 //!
 //! Memory: the thread loads a run while the consumer works through the one before, and starts on
 //! the next only once the consumer has taken the first tensor of the run it queued (so it has
-//! taken every tensor before it): the run being loaded, the run being consumed (both at most
-//! `max(budget / 2, largest tensor)` plus alignment slack) and the run a tensor the caller still
-//! holds belongs to, so about `1.5 x budget` besides what the consumer keeps otherwise. The
+//! taken every tensor before it): the run being loaded, the next run's memory being faulted in
+//! meanwhile, the run being consumed (each at most `max(budget / 3, largest tensor)` plus
+//! alignment slack) and the run a tensor the caller still holds belongs to, so about
+//! `1.33 x budget` besides what the consumer keeps otherwise. The
 //! queue holds at most `budget` bytes and [`QUEUE_TENSORS_MAX`] tensors. A run's arena (or
 //! mapping) is freed when the last tensor of it is gone. Mapped runs hold page-cache pages,
 //! which the kernel can reclaim, not anonymous memory.
@@ -185,17 +186,19 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>, copies: &C
     Ok(())
 }
 
-/// The most bytes of one run: half the budget, so the run the consumer is on, the next one
-/// (queued) and the run a tensor the caller still holds pins fit it with room to spare.
+/// The most bytes of one run: a third of the budget, so the run the consumer is on, the one
+/// queued, the next one's memory faulted in meanwhile and the run a tensor the caller still holds
+/// pins fit it with room to spare.
 fn run_bytes(budget_bytes: u64) -> u64 {
-    (budget_bytes / 2).max(1)
+    (budget_bytes / 3).max(1)
 }
 
-/// The most bytes of one window of an iterator given `budget_bytes` ([`run_bytes`]): what
-/// `tensora.distributed.weights_iterator` asks for its windows, so the rule has one home.
+/// The most bytes of one window of `tensora.distributed.weights_iterator` given `budget_bytes`:
+/// half of it (two windows and the one a tensor the caller holds pins; its windows are not
+/// faulted in ahead as [`run_bytes`]' runs are).
 #[pyfunction]
 pub(crate) fn iterator_window_bytes(budget_bytes: u64) -> u64 {
-    run_bytes(budget_bytes)
+    (budget_bytes / 2).max(1)
 }
 
 /// Queue every tensor of one run (recording its name in `seen`, counting aligned copies in

@@ -108,8 +108,9 @@ def file_384mib(tmp_path_factory):
 @pytest.mark.parametrize("residence", ["owned", "mapped"])
 def test_peak_memory_stays_near_one_and_a_half_budgets(file_384mib, residence):
     """384 MiB through a 48 MiB budget, the caller keeping each tensor until the next arrives:
-    the process's peak RSS grows by at most 1.5 x budget + 16 MiB (runs of half the budget: the
-    one consumed, the next, and the one the caller's last tensor pins). A thread that loaded the
+    the process's peak RSS grows by at most 1.5 x budget + 16 MiB (runs of a third of the budget:
+    the one consumed, the next, the one after it, faulted in meanwhile, and the one the caller's
+    last tensor pins). A thread that loaded the
     next run while the consumer was still on the one before grew by about 2 x budget."""
     budget = 48 << 20
     collect()

@@ -77,11 +77,13 @@ impl Session<'_> {
         phases: Phases,
         faults_before: Faults,
     ) -> Result<Loaded, LoadError> {
-        self.load_owned_running(owned, &owned.plans, part, phases, faults_before)
+        self.load_owned_running(owned, &owned.plans, part, phases, faults_before, None)
     }
 
     /// Lay out the arena of `owned` and its tensors, but run only the plans `run` (parts of
-    /// `owned`'s plans, at the same bases: a collective load's own share).
+    /// `owned`'s plans, at the same bases: a collective load's own share). Into `faulted_in`, an
+    /// arena of exactly `owned.arena_len_bytes` whose pages are faulted in already, if given
+    /// (see [`super::runs`]); otherwise into one from [`LoadOptions::arena_reuse`].
     pub(super) fn load_owned_running(
         &self,
         owned: &OwnedPlan,
@@ -89,16 +91,26 @@ impl Session<'_> {
         part: &[usize],
         mut phases: Phases,
         faults_before: Faults,
+        faulted_in: Option<Arena>,
     ) -> Result<Loaded, LoadError> {
         let opts = self.opts;
         let t = Instant::now();
         let len_bytes = owned.arena_len_bytes;
-        let arena = opts
-            .arena_reuse
-            .arena(len_bytes, Access::direct_if(self.direct))
-            .map_err(|source| LoadError::Arena { len_bytes, source })?;
+        let (arena, memory) = match faulted_in {
+            Some(arena) => {
+                debug_assert_eq!(arena.len_bytes(), len_bytes);
+                (arena, Memory::Recycled)
+            }
+            None => {
+                let arena = opts
+                    .arena_reuse
+                    .arena(len_bytes, Access::direct_if(self.direct))
+                    .map_err(|source| LoadError::Arena { len_bytes, source })?;
+                (arena, Memory::of(opts.arena_reuse))
+            }
+        };
         let mut files = FileSet::new(opts.files_open_max);
-        let stats = self.run_plans(&arena, run, &mut files)?;
+        let stats = self.run_plans(&arena, memory, run, &mut files)?;
         phases.io += t.elapsed().as_secs_f64();
         files.bill_open(&mut phases);
 
@@ -137,13 +149,10 @@ impl Session<'_> {
     fn run_plans(
         &self,
         arena: &Arena,
+        memory: Memory,
         plans: &[(u64, WindowPlan)],
         files: &mut FileSet,
     ) -> Result<Vec<IoStats>, LoadError> {
-        let memory = match self.opts.arena_reuse {
-            ArenaReuse::Recycle => Memory::Recycled,
-            ArenaReuse::Fresh => Memory::Fresh,
-        };
         self.populating_ahead(arena, plans, memory, || {
             let mut stats = Vec::with_capacity(plans.len());
             for (base, wp) in plans {
@@ -203,6 +212,17 @@ impl Session<'_> {
 pub(super) enum Memory {
     Fresh,
     Recycled,
+}
+
+impl Memory {
+    /// The memory of an arena from `reuse` (a recycled one may be fresh when nothing was parked;
+    /// it gets no helpers then, as before they existed).
+    pub(super) fn of(reuse: ArenaReuse) -> Memory {
+        match reuse {
+            ArenaReuse::Fresh => Memory::Fresh,
+            ArenaReuse::Recycle => Memory::Recycled,
+        }
+    }
 }
 
 /// What a populate-ahead helper is for, and so when it stops.

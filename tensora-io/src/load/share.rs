@@ -240,7 +240,7 @@ impl Session<'_> {
         let regions = cuts.iter().map(|c| region(&runs, c.clone())).collect();
         let mine = restrict(&owned, &runs, cuts[share.rank].clone());
         phases.plan += t.elapsed().as_secs_f64();
-        let loaded = self.load_owned_running(&owned, &mine, part, phases, faults_before)?;
+        let loaded = self.load_owned_running(&owned, &mine, part, phases, faults_before, None)?;
         Ok(ShareLoad { loaded, share, regions })
     }
 }

@@ -156,10 +156,7 @@ pub fn load_streaming(
 /// GB/s without them to 1.68-1.99 with them, six alternating runs each; the same (2.13-2.24)
 /// with memory freed a moment ago.
 fn window_memory(new_arena: bool, reuse: ArenaReuse) -> Memory {
-    match (new_arena, reuse) {
-        (true, ArenaReuse::Fresh) => Memory::Fresh,
-        (true, ArenaReuse::Recycle) | (false, _) => Memory::Recycled,
-    }
+    if new_arena { Memory::of(reuse) } else { Memory::Recycled }
 }
 
 /// Streaming windows: consecutive tensors (in selection order) whose bytes plus per-tensor slack fit

@@ -346,12 +346,13 @@ def weights_iterator(
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
 
-    A background thread loads runs of consecutive tensors of at most ``budget / 2`` bytes each
+    A background thread loads runs of consecutive tensors of at most ``budget / 3`` bytes each
     (the budget is 256 MiB by default; a larger tensor is a run of its own) and yields them zero
-    copy. It loads the next run while you work through one, and the one after only once you have
-    moved on, so it holds at most about ``1.5 x budget`` (the run you are on, the next, and the
-    run before while you still hold a tensor of it: a tensor is a view of its run's memory; with
-    tensors larger than ``budget / 2``, three times the largest) besides what you keep.
+    copy. It loads the next run while you work through one (faulting in the memory of the one
+    after it meanwhile), and loads that one only once you have moved on, so it holds at most about
+    ``1.33 x budget`` (the run you are on, the next, the one after it, and the run before while
+    you still hold a tensor of it: a tensor is a view of its run's memory; with tensors larger
+    than ``budget / 3``, four times the largest) besides what you keep.
     A run's memory is freed when its last tensor is gone. Waiting releases the GIL. Breaking out
     of the loop stops the load.
     ``residence`` is as in ``load_file`` (default: ``"auto"`` for torch, ``"owned"`` for numpy):

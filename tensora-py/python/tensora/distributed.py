@@ -339,7 +339,7 @@ def weights_iterator(
     budget = BUDGET_DEFAULT_BYTES if budget is None else budget
     if budget < 1:
         raise ValueError("budget must be at least 1 byte")
-    window_bytes = _native.iterator_window_bytes(budget)  # half the budget, as weights_iterator's runs
+    window_bytes = _native.iterator_window_bytes(budget)  # half the budget
     windows = _windows(_paths(path_or_files), g, fw, window_bytes, select, backend, _remote_dict(remote, None))
     for window, *_ in windows:
         # Handed out of the dict one by one: once the caller has the last one, nothing here
