@@ -1,7 +1,7 @@
 //! `weights_iterator`: a background thread loads the checkpoint as owned runs of consecutive
 //! tensors of at most a third of the `budget` each (`tensora_io::load_runs`, which also decides
-//! where each run lives, and faults the next run's memory in while one loads) and hands each tensor, zero copy, over a [`Bounded`] queue. The Python side
-//! waits with the GIL released.
+//! where each run lives, and faults the next run's memory in while one loads) and hands each
+//! tensor, zero copy, over a [`Bounded`] queue. The Python side waits with the GIL released.
 //!
 //! Memory: the thread loads a run while the consumer works through the one before, and starts on
 //! the next only once the consumer has taken the first tensor of the run it queued (so it has

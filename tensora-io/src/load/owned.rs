@@ -206,11 +206,15 @@ impl Session<'_> {
     }
 }
 
-/// Whether an arena's pages were faulted in by an earlier load (a recycled arena, a streaming
-/// window after the first) or are fresh: only fresh memory gets populate-ahead helpers.
+/// Whether an arena's pages still need faulting in when a load starts: only fresh memory gets
+/// populate-ahead helpers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Memory {
+    /// Mapped for this load, nothing faulted in.
     Fresh,
+    /// Faulted in before this load's reads: a recycled arena, a streaming window after the first,
+    /// `load_runs`' next run. (Also an `ArenaReuse::Recycle` arena when nothing was parked, whose
+    /// pages the reads fault in themselves, as before the helpers existed.)
     Recycled,
 }
 

@@ -22,8 +22,8 @@ use crate::report::{Faults, Phases};
 /// to free its memory, keep it as long as you like. A run is loaded only when the iterator is
 /// advanced. While it loads, the next run's arena is mapped and faulted in on a thread of its own
 /// (a short run's reads, all in flight at once, otherwise fault its fresh memory in themselves: a
-/// cold 2.2 GB load in 85 MiB runs, every run kept, read 1.03-1.52 GB/s so and 1.81-2.00 with
-/// this, five alternating runs each), so memory is what the caller keeps plus two runs.
+/// cold 2.2 GB load in 85 MiB runs, every run kept, read 1.03-1.52 GB/s that way and 1.81-2.00
+/// with this, five alternating runs each), so memory is what the caller keeps plus two runs.
 ///
 /// The residence, backend and I/O mode are decided once, for the whole selection
 /// ([`Residence::Auto`] may map warm local files: then each run is views of the files). After an
