@@ -124,12 +124,12 @@ proptest! {
 }
 
 #[test]
-fn runs_into_memory_faulted_in_ahead_hold_the_bytes_buffered_and_direct() {
+fn runs_hold_the_bytes_buffered_and_direct_into_memory_faulted_in_ahead() {
     let g = generate_mixed(24);
     let ckpt = g.open();
     for io_mode in [IoMode::Buffered, IoMode::Direct] {
-        // Small runs: every run after the first lands in an arena faulted in while the one
-        // before loaded.
+        // Small runs: with direct reads every run after the first lands in an arena faulted in
+        // while the one before loaded; buffered runs map their own.
         let opts = LoadOptions { budget_bytes: 48 << 10, io_mode, ..LoadOptions::default() };
         let (got, sizes) = collect(&ckpt, &opts);
         assert!(sizes.len() > 3, "{io_mode:?}: {sizes:?}");
