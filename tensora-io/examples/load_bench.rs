@@ -5,6 +5,7 @@
 //! cargo run --release -p tensora-io --example load_bench -- warm /tmp/tl     # each backend vs the pread roofline
 //! cargo run --release -p tensora-io --example load_bench -- cold /tmp/tl     # same, caches dropped before each (root)
 //! cargo run --release -p tensora-io --example load_bench -- stream /tmp/tl 256MiB
+//! cargo run --release -p tensora-io --example load_bench -- runs /tmp/tl 85MiB  # load_runs, every run kept
 //! ```
 
 use std::collections::BTreeMap;
@@ -16,7 +17,7 @@ use std::time::Instant;
 use tensora_format::Dtype;
 use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
 use tensora_io::arena::Arena;
-use tensora_io::{BackendChoice, IoMode, LoadOptions, load, load_streaming};
+use tensora_io::{BackendChoice, IoMode, LoadOptions, load, load_runs, load_streaming};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -224,9 +225,32 @@ fn parse_bytes(s: &str) -> Res<u64> {
     Ok(n.parse::<u64>()? * mult)
 }
 
+/// `load_runs` with runs of at most `budget_bytes`, every run kept (as `weights_iterator`'s caller
+/// keeping every tensor does): its rate and what the runs' reports add up to.
+fn runs(dir: &Path, budget_bytes: u64) -> Res<()> {
+    let ckpt = tensora_format::open(dir)?;
+    let opts = LoadOptions { budget_bytes, ..LoadOptions::default() };
+    let t = Instant::now();
+    let mut kept = Vec::new();
+    for run in load_runs(&ckpt, &opts)? {
+        kept.push(run?);
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    let bytes: u64 = kept.iter().map(|r| r.report().bytes_selected).sum();
+    let io_seconds: f64 = kept.iter().map(|r| r.report().phases.io).sum();
+    let faults: u64 = kept.iter().map(|r| r.report().minor_faults).sum();
+    let mode = kept.first().map_or("-", |r| r.report().io_mode.as_str());
+    println!(
+        "runs budget {budget_bytes}: {} runs, {:.2} GB/s, io {io_seconds:.3} s, {faults} minor faults, {mode}",
+        kept.len(),
+        bytes as f64 / seconds / 1e9
+    );
+    Ok(())
+}
+
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: load_bench gen|warm|cold|stream DIR [BUDGET]";
+    let usage = "usage: load_bench gen|warm|cold|stream|runs DIR [BUDGET]";
     let (cmd, dir) = match (args.get(1), args.get(2)) {
         (Some(c), Some(d)) => (c.as_str(), Path::new(d)),
         _ => return Err(usage.into()),
@@ -236,6 +260,7 @@ fn main() -> Res<()> {
         "warm" => compare(dir, false),
         "cold" => compare(dir, true),
         "stream" => stream(dir, parse_bytes(args.get(3).map_or("256MiB", String::as_str))?),
+        "runs" => runs(dir, parse_bytes(args.get(3).map_or("85MiB", String::as_str))?),
         _ => Err(usage.into()),
     }
 }

@@ -21,7 +21,8 @@ every 4 KiB page read inside the timed region, so lazy paths are not flattered):
 Every measurement is a fresh process (`--child`), as a server's start is: it imports torch and the
 subject's package first, untimed, then times the load and the touch. Rounds are interleaved: each
 round runs every subject once, in an order shuffled per round (seeded by the round number), so the
-machine's drift, and what the subject run just before leaves behind, spread over all of them. Warm: one untimed run of each subject first (which also fills the page cache).
+machine's drift, and what the subject run just before leaves behind, spread over all of them.
+Warm: one untimed run of each subject first (which also fills the page cache).
 Cold: the page cache is dropped before every run (`echo 3 > /proc/sys/vm/drop_caches`, as root;
 otherwise `POSIX_FADV_DONTNEED` on each file, said in the output). GB = 1e9 bytes of tensor data.
 A subject that fails or is not installed gets a cell saying why; it is never dropped silently.
