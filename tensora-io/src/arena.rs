@@ -354,10 +354,16 @@ impl Arena {
     /// An arena of `len_bytes` whose contents are unspecified: the parked arena (see the module
     /// docs) when it fits, otherwise a fresh one with no prefault.
     pub fn recycled(len_bytes: u64) -> io::Result<Arena> {
-        match RECYCLED.take_fitting(len_bytes) {
+        match Arena::take_recycled(len_bytes) {
             Some(a) => Ok(a),
-            None => Arena::new(&ArenaConfig { len_bytes, prefault: Prefault::None }),
+            None => Arena::with_len(len_bytes),
         }
+    }
+
+    /// The parked arena (see the module docs) if it fits `len_bytes`, its pages faulted in by the
+    /// load that parked it; `None` otherwise.
+    pub(crate) fn take_recycled(len_bytes: u64) -> Option<Arena> {
+        RECYCLED.take_fitting(len_bytes)
     }
 
     /// Release this arena for reuse: `MADV_FREE` its pages and park it, replacing (and unmapping)

@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicBool;
 use tensora_format::{Selection, TensorInfo};
 
 use super::TensorRef;
+use super::owned::Memory;
 use crate::arena::Arena;
 use crate::error::BoxError;
 use crate::seam::{Access, IoBackend};
@@ -277,15 +278,19 @@ pub enum ArenaReuse {
 }
 
 impl ArenaReuse {
-    /// An arena of `len_bytes` for reads through `access`. A recycled arena's pages were released
-    /// with `MADV_FREE`; before Linux 5.18 the kernel may drop such a page after an `O_DIRECT` read
-    /// filled it (the DMA does not mark the page dirty), leaving zeros where the bytes landed. So a
-    /// direct load on those kernels gets fresh memory even under [`ArenaReuse::Recycle`].
-    pub(super) fn arena(self, len_bytes: u64, access: Access) -> std::io::Result<Arena> {
-        match self.effective(access, crate::auto::probe::kernel_version()) {
-            ArenaReuse::Fresh => Arena::with_len(len_bytes),
-            ArenaReuse::Recycle => Arena::recycled(len_bytes),
-        }
+    /// An arena of `len_bytes` for reads through `access`, and which memory it is: the parked
+    /// arena under [`ArenaReuse::Recycle`] when one fits, otherwise fresh memory (also under
+    /// `Recycle` when nothing fitting is parked, so that load gets the populate-ahead helpers).
+    /// A recycled arena's pages were released with `MADV_FREE`; before Linux 5.18 the kernel may
+    /// drop such a page after an `O_DIRECT` read filled it (the DMA does not mark the page dirty),
+    /// leaving zeros where the bytes landed. So a direct load on those kernels gets fresh memory
+    /// even under [`ArenaReuse::Recycle`].
+    pub(super) fn arena(self, len_bytes: u64, access: Access) -> std::io::Result<(Arena, Memory)> {
+        let parked = match self.effective(access, crate::auto::probe::kernel_version()) {
+            ArenaReuse::Fresh => None,
+            ArenaReuse::Recycle => Arena::take_recycled(len_bytes),
+        };
+        parked_or_fresh(parked, len_bytes)
     }
 
     /// `self`, unless recycling is unsafe for `access` on a kernel of version `kernel` (`None`:
@@ -303,6 +308,14 @@ impl ArenaReuse {
             ArenaReuse::Fresh => drop(arena),
             ArenaReuse::Recycle => arena.recycle(),
         }
+    }
+}
+
+/// `parked` as recycled memory, or a fresh arena of `len_bytes` when there is none.
+fn parked_or_fresh(parked: Option<Arena>, len_bytes: u64) -> std::io::Result<(Arena, Memory)> {
+    match parked {
+        Some(arena) => Ok((arena, Memory::Recycled)),
+        None => Ok((Arena::with_len(len_bytes)?, Memory::Fresh)),
     }
 }
 
@@ -369,6 +382,19 @@ mod tests {
             (Fresh, Access::Direct, Some((6, 1)), Fresh),
         ] {
             assert_eq!(reuse.effective(access, kernel), want, "{reuse:?} {access:?} {kernel:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_parked_arena_counts_as_recycled_memory() {
+        let (arena, memory) = parked_or_fresh(None, 3 << 12).unwrap();
+        assert_eq!((arena.len_bytes(), memory), (3 << 12, Memory::Fresh));
+        let (arena, memory) = parked_or_fresh(Some(arena), 3 << 12).unwrap();
+        assert_eq!((arena.len_bytes(), memory), (3 << 12, Memory::Recycled));
+        // `Fresh` never takes what is parked, whatever other tests have parked meanwhile.
+        for access in [Access::Buffered, Access::Direct] {
+            let (arena, memory) = ArenaReuse::Fresh.arena(5 << 12, access).unwrap();
+            assert_eq!((arena.len_bytes(), memory), (5 << 12, Memory::Fresh));
         }
     }
 

@@ -10,7 +10,7 @@ use super::loaded::{Entry, Storage};
 use super::mapped::load_mapped;
 use super::run::SubDest;
 use super::session::{Session, Tally, WindowPlan, begin, touched_files};
-use super::{ArenaReuse, LoadOptions, Loaded};
+use super::{LoadOptions, Loaded};
 use crate::arena::{Arena, Pages};
 use crate::auto::Delivery;
 use crate::error::LoadError;
@@ -101,13 +101,10 @@ impl Session<'_> {
                 debug_assert_eq!(arena.len_bytes(), len_bytes);
                 (arena, Memory::Recycled)
             }
-            None => {
-                let arena = opts
-                    .arena_reuse
-                    .arena(len_bytes, Access::direct_if(self.direct))
-                    .map_err(|source| LoadError::Arena { len_bytes, source })?;
-                (arena, Memory::of(opts.arena_reuse))
-            }
+            None => opts
+                .arena_reuse
+                .arena(len_bytes, Access::direct_if(self.direct))
+                .map_err(|source| LoadError::Arena { len_bytes, source })?,
         };
         let mut files = FileSet::new(opts.files_open_max);
         let stats = self.run_plans(&arena, memory, run, &mut files)?;
@@ -210,23 +207,12 @@ impl Session<'_> {
 /// populate-ahead helpers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Memory {
-    /// Mapped for this load, nothing faulted in.
+    /// Mapped for this load, nothing faulted in (under `ArenaReuse::Recycle` too when nothing
+    /// fitting was parked).
     Fresh,
     /// Faulted in before this load's reads: a recycled arena, a streaming window after the first,
-    /// `load_runs`' next run. (Also an `ArenaReuse::Recycle` arena when nothing was parked, whose
-    /// pages the reads fault in themselves, as before the helpers existed.)
+    /// `load_runs`' next run.
     Recycled,
-}
-
-impl Memory {
-    /// The memory of an arena from `reuse` (a recycled one may be fresh when nothing was parked;
-    /// it gets no helpers then, as before they existed).
-    pub(super) fn of(reuse: ArenaReuse) -> Memory {
-        match reuse {
-            ArenaReuse::Fresh => Memory::Fresh,
-            ArenaReuse::Recycle => Memory::Recycled,
-        }
-    }
 }
 
 /// What a populate-ahead helper is for, and so when it stops.

@@ -1,6 +1,8 @@
 //! The streaming load: each tensor handed to a callback as soon as it lands, one arena of at most
-//! the budget reused window after window. The first window lands in fresh memory, faulted in
-//! ahead of its reads as an owned load's arena is ([`window_memory`]).
+//! the budget reused window after window. The first window (or one that outgrew the arena) lands
+//! in fresh memory, faulted in ahead of its reads as an owned load's arena is; after the VM had
+//! handed its free memory back (12 s idle), that took a cold 2.2 GB `tensora load --stream` (1 GiB
+//! windows) from 1.04-1.34 GB/s to 1.68-1.99, six alternating runs each.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -14,7 +16,7 @@ use super::mapped::load_mapped;
 use super::owned::Memory;
 use super::run::SubDest;
 use super::session::{Tally, begin};
-use super::{ArenaReuse, LoadOptions, TensorRef};
+use super::{LoadOptions, TensorRef};
 use crate::arena::Arena;
 use crate::auto::Delivery;
 use crate::error::{BoxError, LoadError};
@@ -83,21 +85,23 @@ pub fn load_streaming(
 
         let t = Instant::now();
         let need = wp.plan.arena_len_bytes();
-        let new_arena = arena.as_ref().is_none_or(|a| a.len_bytes() < need);
-        if new_arena {
+        // A window lands in fresh memory only in an arena mapped for it (the first window, or
+        // one that outgrew the arena); later windows reuse pages the ones before faulted in.
+        let mut memory = Memory::Recycled;
+        if arena.as_ref().is_none_or(|a| a.len_bytes() < need) {
             // Free the old arena before mapping a bigger one, so the peak stays at one arena.
             drop(arena.take());
             let len_bytes = need.max(opts.budget_bytes.min(session.bytes_selected.max(need)));
-            arena = Some(
-                opts.arena_reuse
-                    .arena(len_bytes, Access::direct_if(session.direct))
-                    .map_err(|source| LoadError::Arena { len_bytes, source })?,
-            );
+            let (new, new_memory) = opts
+                .arena_reuse
+                .arena(len_bytes, Access::direct_if(session.direct))
+                .map_err(|source| LoadError::Arena { len_bytes, source })?;
+            arena = Some(new);
+            memory = new_memory;
         }
         let Some(arena_ref) = arena.as_ref() else { continue };
         let planned = (0, wp);
         let wp = &planned.1;
-        let memory = window_memory(new_arena, opts.arena_reuse);
         let dest = SubDest::new(arena_ref, 0, need);
         let stopped = AtomicBool::new(false);
         let callback_error: Mutex<Option<LoadError>> = Mutex::new(None);
@@ -149,16 +153,6 @@ pub fn load_streaming(
     Ok(session.report(phases, &stats, tally, faults_before))
 }
 
-/// The memory a window lands in: fresh only in an arena mapped for it under [`ArenaReuse::Fresh`]
-/// (the first window, or one that outgrew the arena); later windows reuse pages the ones before
-/// faulted in. Fresh memory gets populate-ahead helpers: after the VM had handed its free memory
-/// back (12 s idle), a cold 2.2 GB `tensora load --stream` (1 GiB windows) went from 1.04-1.34
-/// GB/s without them to 1.68-1.99 with them, six alternating runs each; the same (2.13-2.24)
-/// with memory freed a moment ago.
-fn window_memory(new_arena: bool, reuse: ArenaReuse) -> Memory {
-    if new_arena { Memory::of(reuse) } else { Memory::Recycled }
-}
-
 /// Streaming windows: consecutive tensors (in selection order) whose bytes plus per-tensor slack fit
 /// the budget and that touch at most `files_open_max` files; an oversized tensor stands alone.
 pub(super) fn stream_windows(ckpt: &Checkpoint, selected: &[usize], opts: &LoadOptions) -> Vec<Vec<usize>> {
@@ -201,14 +195,6 @@ pub(super) fn stream_windows(ckpt: &Checkpoint, selected: &[usize], opts: &LoadO
 mod tests {
     use super::*;
     use std::path::Path;
-
-    #[test]
-    fn only_a_window_in_a_newly_mapped_fresh_arena_lands_in_fresh_memory() {
-        assert_eq!(window_memory(true, ArenaReuse::Fresh), Memory::Fresh);
-        assert_eq!(window_memory(false, ArenaReuse::Fresh), Memory::Recycled);
-        assert_eq!(window_memory(true, ArenaReuse::Recycle), Memory::Recycled);
-        assert_eq!(window_memory(false, ArenaReuse::Recycle), Memory::Recycled);
-    }
 
     #[test]
     fn stream_windows_split_on_files_and_bytes() {
