@@ -73,7 +73,7 @@ impl Pair {
     }
 }
 
-/// Progress keys of the pairs [`measure_pairs`] runs for `config` (one per pair).
+/// Progress keys of the pairs `measure_pairs` runs for `config` (one per pair).
 pub fn step_keys(config: &BenchConfig) -> Vec<String> {
     let pairs = WARMUP_RUNS + config.pair_runs;
     let mut keys = vec!["pairs warm".to_owned(); pairs];

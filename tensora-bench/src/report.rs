@@ -1,5 +1,5 @@
 //! The bench's results: every sample, the machine it ran on, and three renderings (Markdown in
-//! [`crate::markdown`], JSON here, the SVG chart in [`crate::chart`]).
+//! `markdown`, JSON here, the SVG chart in `chart`).
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};

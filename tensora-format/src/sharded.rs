@@ -11,6 +11,8 @@
 //! assert_eq!(parsed.weight_map().collect::<Vec<_>>(), [("w", "a.safetensors")]);
 //! assert_eq!(parsed.total_size_bytes(), Some(8));
 //! ```
+//!
+//! [`Warning`]: crate::Warning
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -467,7 +467,7 @@ impl Arena {
     }
 
     /// [`Arena::populate_write`], timed in the calling thread's CPU time while the arena asks for
-    /// huge pages: when [`SLOW_SAMPLES_TO_SWITCH`] timed ranges in a row (each at least a huge
+    /// huge pages: when `SLOW_SAMPLES_TO_SWITCH` timed ranges in a row (each at least a huge
     /// page) faulted in slower than [`HUGE_FAULT_BYTES_PER_SECOND_MIN`], the rest of the arena
     /// gets base pages
     /// ([`Arena::use_base_pages`]). Returns the pages memory not faulted in yet will get. Errors

@@ -28,8 +28,8 @@
 //! ```
 //!
 //! Cargo features: `async` (default) adds the tokio-driven `async` backend and [`load_async`];
-//! without it tensora-io does not depend on tokio. `fault-injection` adds [`fault`], test support
-//! that injects I/O faults below a backend.
+//! without it tensora-io does not depend on tokio. `fault-injection` adds the `fault` module,
+//! test support that injects I/O faults below a backend.
 #![warn(missing_docs)]
 
 pub mod arena;

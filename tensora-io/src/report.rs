@@ -5,7 +5,7 @@ use serde::Serialize;
 /// Seconds spent in each phase of a load.
 ///
 /// - `open`: opening files, `fstat`, sparse checks and the facts `auto` reads;
-/// - `parse`: reading headers (0 for [`crate::load`], which is given a parsed checkpoint;
+/// - `parse`: reading headers (0 for [`crate::load()`], which is given a parsed checkpoint;
 ///   [`crate::load_path`] fills it);
 /// - `plan`: resolving the selection and building the plan(s);
 /// - `io`: allocating the arena and running the backend (including `on_tensor` hooks and, when

@@ -3,7 +3,7 @@
 //! here into numpy arrays (buffer protocol) or torch tensors (DLPack), zero copy.
 //!
 //! Every buffer handed to Python holds an `Arc` of its [`owner::Owner`]: a load (an owned arena
-//! by default, or zero-copy views of private copy-on-write mappings, see [`place`]), a
+//! by default, or zero-copy views of private copy-on-write mappings, see `residence`), a
 //! `safe_open` file's shared copy-on-write mapping, a repeated `get_tensor`'s own mapping, or one
 //! heap copy. Memory is freed when the last array goes.
 //!

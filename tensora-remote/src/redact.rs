@@ -1,7 +1,7 @@
 //! The one place secrets are taken out of text: passwords in URLs (`http://user:password@host/`)
 //! and every query-string value (`X-Amz-Signature`, `sig`, `token`, presigned URLs: a query value
 //! is treated as a secret whatever its name). Every URL this crate prints goes through
-//! [`redact_url`], and every message that comes from elsewhere (the HTTP client's errors, the
+//! `redact_url`, and every message that comes from elsewhere (the HTTP client's errors, the
 //! input of a bad location) through [`redact`], so no error, report, `Debug` output or finding
 //! carries a credential.
 
@@ -16,7 +16,7 @@ pub fn redact_url(url: &Url) -> String {
     redact(url.as_str())
 }
 
-/// `text` with every URL in it redacted as [`redact_url`] does. A URL is found by its `://` and
+/// `text` with every URL in it redacted as `redact_url` does. A URL is found by its `://` and
 /// ends at whitespace or a quote; text without `://` comes back unchanged.
 pub fn redact(text: &str) -> String {
     let mut out = String::with_capacity(text.len());

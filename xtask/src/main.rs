@@ -11,7 +11,7 @@ mod selfcheck;
 const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [options]
 
   test                 selfcheck, fmt check, clippy -D warnings, every test (unit, integration, doc),
-                       quick bench, Python binding tests (tensora-py/run-tests.sh)
+                       rustdoc -D warnings, quick bench, Python binding tests (tensora-py/run-tests.sh)
   selfcheck            fail if a tracked code, script or config file refers to a path outside the
                        repository (see xtask/src/selfcheck.rs for the rules)
   bench [OPTIONS]      build tensora-bench in release mode and run it (a few minutes): the main
@@ -134,6 +134,8 @@ fn test(args: &[String]) -> Result<()> {
     run(&cargo, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
     run(&cargo, &["test", "--workspace", "--all-targets"])?;
     run(&cargo, &["test", "--workspace", "--doc"])?;
+    // The API docs as docs.rs builds them: a broken intra-doc link is an error, like a lint.
+    run_in(None, &[("RUSTDOCFLAGS", "-D warnings")], &cargo, &["doc", "--workspace", "--no-deps", "--lib"])?;
     // The quick bench, so the bench never rots: it fails on a cell that errors (a missed
     // performance goal is reported, not a failure), and its Python peer runs in the venv it
     // prepares.

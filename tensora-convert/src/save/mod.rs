@@ -15,7 +15,7 @@
 //! last, then the file is `fsync`ed and only then given its name (`output`: `O_TMPFILE` linked in,
 //! or a temporary name renamed; then the directory is `fsync`ed). A process killed at any point
 //! leaves the previous file (or nothing) at the destination, never a torn one; a full disk is
-//! [`ConvertError::NoSpace`], and the temporary file goes with it.
+//! [`ConvertError::NoSpace`](crate::ConvertError::NoSpace), and the temporary file goes with it.
 //!
 //! ```
 //! use std::collections::BTreeMap;

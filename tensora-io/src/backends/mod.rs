@@ -1,6 +1,6 @@
 //! The built-in [`IoBackend`](crate::IoBackend)s, one file each, and the [`registry`] that names
 //! them. Every backend runs on the shared worker runtime (`runtime.rs`: the job check, one work
-//! cursor per file queue, scoped workers) and the shared per-read rules ([`read_progress`]); no
+//! cursor per file queue, scoped workers) and the shared per-read rules (`read_progress`); no
 //! backend imports another.
 //!
 //! | backend | file | how it reads |

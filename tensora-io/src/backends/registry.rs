@@ -1,5 +1,5 @@
 //! Every built-in backend, by name. Adding a backend is one file implementing
-//! [`IoBackend`](crate::IoBackend) plus one line in [`REGISTRY`]; a backend defined outside this
+//! [`IoBackend`] plus one line in `REGISTRY`; a backend defined outside this
 //! crate is passed as [`BackendChoice::Custom`](crate::BackendChoice::Custom) instead (see
 //! `examples/custom_backend.rs`).
 //!

@@ -5,10 +5,10 @@
 //! (queue 0, the most urgent, under a priority order) and, when that queue runs dry, moves on to the
 //! next queue with work, so several files stay busy at once and a single file is shared by all
 //! workers (each read is positional, so there is no shared cursor). Before a read is issued its
-//! bytes are acquired from the job's [`Budget`](tensora_plan::Budget); the permit is released
+//! bytes are acquired from the job's [`Budget`](crate::Budget); the permit is released
 //! once the read has landed.
 //!
-//! Every read follows the rules of [`super::read_progress`], shared with the `io-uring` and
+//! Every read follows the rules of `read_progress`, shared with the `io-uring` and
 //! `async` backends: short reads resubmit the remainder (counted in [`IoStats::retries`] but not
 //! against the bound), zero-progress events (`EINTR`, `EAGAIN`) are retried at most
 //! `job.config.retries_max` times per read, `EAGAIN` backs off for [`EAGAIN_BACKOFF_MAX`] at most, and a
@@ -21,7 +21,7 @@
 //! [`IoBackend::execute`] returns.
 //!
 //! All reads go through a [`ReadAt`] layer ([`Pread`] by default) so that tests can inject faults
-//! ([`crate::fault::FaultySource`]).
+//! (`fault::FaultySource`, with the `fault-injection` feature).
 
 use std::fmt::Debug;
 use std::io;
@@ -94,7 +94,7 @@ impl Default for SyncBackend {
 }
 
 impl SyncBackend {
-    /// A sync backend whose reads go through `reader` (e.g. a [`crate::fault::FaultySource`]).
+    /// A sync backend whose reads go through `reader` (e.g. a `fault::FaultySource`).
     pub fn with_reader(reader: Arc<dyn ReadAt>) -> SyncBackend {
         SyncBackend { reader }
     }

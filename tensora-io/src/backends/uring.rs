@@ -17,8 +17,8 @@
 //!
 //! `EINTR` and `EAGAIN` completions and short reads resubmit only the remainder of *that* read
 //! (the slot is free again once its completion has arrived, so nothing in flight is ever
-//! resubmitted). The rules are those of [`super::read_progress`], shared with the `sync` and
-//! `async` backends: only zero-progress completions count against [`Job::retries_max`], a read
+//! resubmitted). The rules are those of `read_progress`, shared with the `sync` and `async`
+//! backends: only zero-progress completions count against [`JobConfig::retries_max`], a read
 //! returning 0 before the file's known end is [`ReadErrorKind::UnexpectedEof`], and `EINVAL` on an
 //! `O_DIRECT` read marks that file as buffered-only and resubmits the remainder buffered. Errors
 //! name the first byte that did not land. A ring that cannot be created leaves its share of the
@@ -35,6 +35,8 @@
 //! // The availability check is probed (ring creation), not guessed.
 //! assert_eq!(backend.available().is_ok(), uring::probe().is_ok());
 //! ```
+//!
+//! [`JobConfig::retries_max`]: crate::JobConfig::retries_max
 
 use std::io;
 use std::os::fd::AsRawFd;

@@ -117,7 +117,7 @@ pub(super) struct Entry {
     pub(super) offset_bytes: u64,
 }
 
-/// The result of [`load`]: every selected tensor, complete. `Send + Sync`.
+/// The result of [`load`](crate::load()): every selected tensor, complete. `Send + Sync`.
 #[derive(Debug)]
 pub struct Loaded {
     pub(super) storage: Storage,
@@ -218,6 +218,8 @@ impl Loaded {
     /// assert_eq!(loaded.tensor(&name).unwrap().bytes()[0], 42);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// [`Residence::Mapped`]: crate::Residence::Mapped
     pub fn tensor_mut_ptr(&self, name: &str) -> Option<(NonNull<u8>, usize)> {
         let e = &self.entries[self.index_of(name)?];
         let len_bytes = e.info.len_bytes();

@@ -179,7 +179,7 @@ pub type TensorHook = Arc<dyn Fn(&TensorRef<'_>) -> Result<(), BoxError> + Send 
 /// Pieces of one tensor may arrive in any order and on different threads; every piece of a tensor
 /// is reported before its [`LoadOptions::on_tensor`] hook runs. With [`Residence::Mapped`] it is called once
 /// per tensor, with the whole tensor at offset 0. An error stops the load like an `on_tensor`
-/// error ([`LoadError::Callback`], naming the tensor).
+/// error ([`LoadError::Callback`](crate::LoadError::Callback), naming the tensor).
 pub type ReadHook = Arc<dyn Fn(&PieceRef<'_>) -> Result<(), BoxError> + Send + Sync>;
 
 /// Part of one tensor's bytes, landed by one read (see [`ReadHook`]).
@@ -226,7 +226,7 @@ pub struct LoadOptions {
     /// Tensor names to deliver first, most urgent first; the rest follow in file order.
     pub priority: Option<Vec<String>>,
     /// Bytes in flight at once; when streaming, also the bound on arena memory (see
-    /// [`load_streaming`]).
+    /// [`load_streaming`](crate::load_streaming)).
     pub budget_bytes: u64,
     /// Target size of one read.
     pub chunk_bytes: u64,
@@ -252,6 +252,8 @@ pub struct LoadOptions {
     /// Bound on checkpoint files open at once.
     pub files_open_max: usize,
     /// Set to stop the load early; it fails with [`LoadError::Cancelled`].
+    ///
+    /// [`LoadError::Cancelled`]: crate::LoadError::Cancelled
     pub cancel: Option<Arc<AtomicBool>>,
     /// Whether the destination arena is fresh memory (the default: what a cold start pays) or the
     /// arena parked by an earlier load in this process (see [`crate::arena`], "Recycling").

@@ -44,6 +44,8 @@ use crate::report::{Faults, Phases};
 /// assert_eq!(tensors, ckpt.tensors().len());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// [`Residence::Auto`]: crate::Residence::Auto
 pub fn load_runs<'c>(ckpt: &'c Checkpoint, opts: &'c LoadOptions) -> Result<Runs<'c>, LoadError> {
     let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
     let pending = stream_windows(ckpt, &selected, opts).into();

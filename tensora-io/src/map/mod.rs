@@ -1,6 +1,7 @@
 //! Memory-mapped checkpoint files: private read-only mappings with access advice, prewarm,
-//! `mlock` of a hot set and a page-cache residency report, plus [`MmapBackend`], which copies plan
-//! reads out of the mappings into a destination with worker threads (the owned mode). The
+//! `mlock` of a hot set and a page-cache residency report, plus
+//! [`MmapBackend`](crate::backends::mmap::MmapBackend), which copies plan reads out of the
+//! mappings into a destination with worker threads (the owned mode). The
 //! zero-copy mode keeps a [`MappedFiles`] alive and hands out views into it.
 //!
 //! # SIGBUS on truncation

@@ -41,7 +41,7 @@ pub enum ReadErrorKind {
         /// Bytes the read should have.
         expected_bytes: u64,
     },
-    /// The run was cancelled through [`Job::cancel`].
+    /// The run was cancelled through [`Job::cancel`](crate::Job::cancel).
     #[error("cancelled")]
     Cancelled,
     /// The completion sink asked to stop.

@@ -20,7 +20,7 @@ pub struct JobConfig {
     /// Use the `O_DIRECT` descriptor where one is open. Backends fall back to buffered on `EINVAL`.
     pub direct: bool,
     /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read (see
-    /// [`crate::backends::read_progress`]).
+    /// `read_progress`).
     pub retries_max: u32,
 }
 
@@ -92,6 +92,8 @@ impl<'a> Job<'a> {
     /// assert_eq!(job.config.threads, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    ///
+    /// [`IoBackend::execute`]: crate::IoBackend::execute
     pub unsafe fn new(
         plan: &'a Plan,
         files: &'a [SourceFile],
@@ -117,7 +119,8 @@ impl<'a> Job<'a> {
     }
 
     /// Records which checkpoint file each plan file is (`file_ids[plan_file]`), for backends
-    /// that do not read through [`Job::files`] (see [`IoBackend::reads_local_files`]).
+    /// that do not read through [`Job::files`] (see
+    /// [`IoBackend::reads_local_files`](crate::IoBackend::reads_local_files)).
     pub fn with_file_ids(mut self, file_ids: &'a [u32]) -> Job<'a> {
         self.file_ids = Some(file_ids);
         self

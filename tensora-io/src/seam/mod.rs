@@ -6,6 +6,8 @@
 //!
 //! Adding a backend is one file that implements [`IoBackend`] plus one line in
 //! [`crate::registry`]. The [`Budget`] bounds the bytes in flight across every backend worker..
+//!
+//! [`Plan`]: tensora_plan::Plan
 
 mod budget;
 mod dest;

@@ -50,6 +50,8 @@ type JobBrand<'j> = PhantomData<fn(&'j ()) -> &'j ()>;
 ///     }
 /// }
 /// ```
+///
+/// [`ReadTarget::land`]: crate::ReadTarget::land
 #[derive(Debug, PartialEq, Eq)]
 pub struct Landed<'j> {
     read: u32,
@@ -60,11 +62,13 @@ impl<'j> Landed<'j> {
     /// Made only where the read's bytes are known to have landed (a built-in backend's run, or
     /// [`ReadTarget::land`] consuming the read's only `&mut` hand-out), for the job borrowed as
     /// `'j`.
+    ///
+    /// [`ReadTarget::land`]: crate::ReadTarget::land
     pub(crate) fn new(_job: &'j Job<'_>, read: u32) -> Landed<'j> {
         Landed { read, _job: PhantomData }
     }
 
-    /// The read's index in [`Plan::reads`].
+    /// The read's index in [`Plan::reads`](tensora_plan::Plan::reads).
     pub fn read(&self) -> u32 {
         self.read
     }
@@ -86,7 +90,7 @@ impl<'j> LandedPrefix<'j> {
         LandedPrefix { read, len_bytes, _job: PhantomData }
     }
 
-    /// The read's index in [`Plan::reads`].
+    /// The read's index in [`Plan::reads`](tensora_plan::Plan::reads).
     pub fn read(&self) -> u32 {
         self.read
     }
@@ -101,6 +105,9 @@ impl<'j> LandedPrefix<'j> {
 pub trait CompletionSink: Sync {
     /// `landed` names a read of [`Plan::reads`] whose bytes have all landed. Returning an error
     /// stops the run: the backend drains what is in flight and returns [`ReadErrorKind::Stopped`].
+    ///
+    /// [`Plan::reads`]: tensora_plan::Plan::reads
+    /// [`ReadErrorKind::Stopped`]: crate::ReadErrorKind::Stopped
     fn read_done(&self, landed: Landed<'_>) -> Result<(), StopReason>;
 
     /// The first bytes of a read have landed, while the rest is still being read (only when the
