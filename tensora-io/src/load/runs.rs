@@ -11,7 +11,7 @@ use tensora_format::Checkpoint;
 use super::session::{Session, begin};
 use super::streaming::stream_windows;
 use super::{ArenaReuse, LoadOptions, Loaded};
-use crate::arena::Arena;
+use crate::arena::{Arena, Pages};
 use crate::auto::Delivery;
 use crate::error::LoadError;
 use crate::report::{Faults, Phases};
@@ -49,12 +49,55 @@ use crate::report::{Faults, Phases};
 pub fn load_runs<'c>(ckpt: &'c Checkpoint, opts: &'c LoadOptions) -> Result<Runs<'c>, LoadError> {
     let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
     let pending = stream_windows(ckpt, &selected, opts).into();
-    Ok(Runs { session, pending, first: Some((phases, faults_before)), next_arena: None })
+    Ok(Runs {
+        session,
+        pending,
+        first: Some((phases, faults_before)),
+        next_arena: None,
+        pages: PagesAhead::default(),
+    })
 }
 
 /// The most bytes one step of faulting in the next run's arena covers: each step is timed, so the
 /// arena gives up huge pages that fault in slowly ([`Arena::populate_write_adaptive`]).
 const FAULT_STEP_BYTES: u64 = 8 << 20;
+
+/// Arenas in a row that start on base pages, after one that gave up huge pages, before one asks
+/// for huge pages again.
+const BASE_ARENAS_BEFORE_PROBE: u32 = 3;
+
+/// Which pages the next arena faulted in ahead starts with. While this VM hands free memory back,
+/// each arena that asks for huge pages pays [`Arena::populate_write_adaptive`]'s two slow samples
+/// (16 MiB at 0.3-0.7 GB/s) before it gives them up: with short runs that thread fell behind the
+/// reads (cold 2.2 GB in 43 MiB runs: 0.53-0.74 GB/s against 1.00-1.14 starting on base pages,
+/// three alternating rounds). So after an arena gave huge pages up, the next
+/// [`BASE_ARENAS_BEFORE_PROBE`] start on base pages; then one probes again, since memory freed
+/// a moment ago (runs the caller dropped) faults in fast as huge pages.
+#[derive(Debug, Default)]
+struct PagesAhead {
+    /// The last arena faulted in ahead ended on base pages.
+    last_base: bool,
+    /// Arenas started on base pages since the last probe.
+    base_in_a_row: u32,
+}
+
+impl PagesAhead {
+    /// The pages the next arena starts with.
+    fn next(&mut self) -> Pages {
+        if self.last_base && self.base_in_a_row < BASE_ARENAS_BEFORE_PROBE {
+            self.base_in_a_row += 1;
+            Pages::Base
+        } else {
+            self.base_in_a_row = 0;
+            Pages::Huge
+        }
+    }
+
+    /// An arena faulted in ahead ended with `pages`.
+    fn ended_with(&mut self, pages: Pages) {
+        self.last_base = pages == Pages::Base;
+    }
+}
 
 /// The next run's arena, being mapped and faulted in on a thread of its own.
 struct NextArena {
@@ -64,8 +107,11 @@ struct NextArena {
 
 /// Map an arena of `len_bytes` and fault every page in. Bounded: `len_bytes / FAULT_STEP_BYTES`
 /// steps. (Two threads sharing the steps measured the same as one.)
-fn faulted_in_arena(len_bytes: u64) -> std::io::Result<Arena> {
+fn faulted_in_arena(len_bytes: u64, pages: Pages) -> std::io::Result<Arena> {
     let arena = Arena::with_len(len_bytes)?;
+    if pages == Pages::Base {
+        arena.use_base_pages()?;
+    }
     let mut at = 0;
     while at < len_bytes {
         arena.populate_write_adaptive(at, FAULT_STEP_BYTES)?;
@@ -83,6 +129,8 @@ pub struct Runs<'c> {
     first: Option<(Phases, Faults)>,
     /// The arena of `pending`'s first run, faulted in while the run before it loads.
     next_arena: Option<NextArena>,
+    /// What the next arena to fault in starts with (see [`PagesAhead`]).
+    pages: PagesAhead,
 }
 
 impl Drop for Runs<'_> {
@@ -138,6 +186,7 @@ impl Runs<'_> {
             Ok(arena) => arena.ok()?,
             Err(panic) => std::panic::resume_unwind(panic),
         };
+        self.pages.ended_with(arena.pages());
         (next.len_bytes == len_bytes).then_some(arena)
     }
 
@@ -159,9 +208,10 @@ impl Runs<'_> {
         if len_bytes == 0 || (len_bytes > session.opts.budget_bytes && next.len() > 1) {
             return;
         }
+        let pages = self.pages.next();
         let spawned = std::thread::Builder::new()
             .name("tensora-next-run".into())
-            .spawn(move || faulted_in_arena(len_bytes));
+            .spawn(move || faulted_in_arena(len_bytes, pages));
         if let Ok(thread) = spawned {
             self.next_arena = Some(NextArena { len_bytes, thread });
         }
@@ -193,9 +243,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn after_an_arena_gave_up_huge_pages_the_next_three_start_on_base_pages_then_one_probes() {
+        let mut ahead = PagesAhead::default();
+        assert_eq!(ahead.next(), Pages::Huge);
+        ahead.ended_with(Pages::Huge);
+        assert_eq!(ahead.next(), Pages::Huge);
+        ahead.ended_with(Pages::Base);
+        for _ in 0..BASE_ARENAS_BEFORE_PROBE {
+            assert_eq!(ahead.next(), Pages::Base);
+            ahead.ended_with(Pages::Base);
+        }
+        assert_eq!(ahead.next(), Pages::Huge, "the probe");
+        ahead.ended_with(Pages::Huge);
+        assert_eq!(ahead.next(), Pages::Huge);
+        ahead.ended_with(Pages::Base);
+        assert_eq!(ahead.next(), Pages::Base, "a new streak after a probe that gave up");
+    }
+
+    #[test]
+    fn an_arena_started_on_base_pages_stays_on_them() {
+        let arena = faulted_in_arena(FAULT_STEP_BYTES + 5, Pages::Base).unwrap();
+        assert_eq!(arena.pages(), Pages::Base);
+    }
+
+    #[test]
     fn an_arena_faulted_in_ahead_has_the_length_asked_and_only_zeros() {
         for len_bytes in [1, FAULT_STEP_BYTES - 1, FAULT_STEP_BYTES + (3 << 20) + 5] {
-            let mut arena = faulted_in_arena(len_bytes).unwrap();
+            let mut arena = faulted_in_arena(len_bytes, Pages::Huge).unwrap();
             assert_eq!(arena.len_bytes(), len_bytes);
             assert!(arena.as_slice().iter().all(|&b| b == 0), "{len_bytes}");
         }
