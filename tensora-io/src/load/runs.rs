@@ -69,8 +69,9 @@ const BASE_ARENAS_BEFORE_PROBE: u32 = 3;
 /// Which pages the next arena faulted in ahead starts with. While this VM hands free memory back,
 /// each arena that asks for huge pages pays [`Arena::populate_write_adaptive`]'s two slow samples
 /// (16 MiB at 0.3-0.7 GB/s) before it gives them up: with short runs that thread fell behind the
-/// reads (cold 2.2 GB in 43 MiB runs: 0.53-0.74 GB/s against 1.00-1.14 starting on base pages,
-/// three alternating rounds). So after an arena gave huge pages up, the next
+/// reads (cold 2.2 GB in 43 MiB runs, three alternating rounds each: 0.52-0.82 GB/s probing every
+/// arena against 0.97-1.04 with this while the disk read 1.2; 0.72-1.21 against 1.59-1.68 while
+/// it read 1.9). So after an arena gave huge pages up, the next
 /// [`BASE_ARENAS_BEFORE_PROBE`] start on base pages; then one probes again, since memory freed
 /// a moment ago (runs the caller dropped) faults in fast as huge pages.
 #[derive(Debug, Default)]
