@@ -63,29 +63,44 @@ pub fn load_runs<'c>(ckpt: &'c Checkpoint, opts: &'c LoadOptions) -> Result<Runs
 const FAULT_STEP_BYTES: u64 = 8 << 20;
 
 /// Arenas in a row that start on base pages, after one that gave up huge pages, before one asks
-/// for huge pages again.
+/// for huge pages again; doubled after each probe that gives them up, up to
+/// [`BASE_ARENAS_MAX`].
 const BASE_ARENAS_BEFORE_PROBE: u32 = 3;
+/// The longest streak of arenas started on base pages between two probes.
+const BASE_ARENAS_MAX: u32 = 48;
 
 /// Which pages the next arena faulted in ahead starts with. While this VM hands free memory back,
 /// each arena that asks for huge pages pays [`Arena::populate_write_adaptive`]'s two slow samples
-/// (16 MiB at 0.3-0.7 GB/s) before it gives them up: with short runs that thread fell behind the
-/// reads (cold 2.2 GB in 43 MiB runs, three alternating rounds each: 0.52-0.82 GB/s probing every
-/// arena against 0.97-1.04 with this while the disk read 1.2; 0.72-1.21 against 1.59-1.68 while
-/// it read 1.9). So after an arena gave huge pages up, the next
-/// [`BASE_ARENAS_BEFORE_PROBE`] start on base pages; then one probes again, since memory freed
-/// a moment ago (runs the caller dropped) faults in fast as huge pages.
-#[derive(Debug, Default)]
+/// (16 MiB at 0.3-0.7 GB/s, the host faulting 512 pages for each, which stalls the reads on that
+/// core too) before it gives them up: with short runs that thread fell behind the reads (cold 2.2
+/// GB in 43 MiB runs, three alternating rounds each: 0.52-0.82 GB/s probing every arena against
+/// 0.97-1.04 with a probe every fourth, while the disk read 1.2; 0.72-1.21 against 1.59-1.68 while
+/// it read 1.9), and each probe still cost its run 35-45 ms. So after an arena gave huge pages
+/// up, the next ones start on base pages, [`BASE_ARENAS_BEFORE_PROBE`] of them and twice as many
+/// after each probe that gives them up again (after 12 s idle, five alternating rounds: 0.94-1.26
+/// GB/s, median 1.10, probing every fourth arena; 1.20-1.28, median 1.25, doubling); an arena
+/// that keeps huge pages resets the streak, since memory freed a moment ago (runs the caller
+/// dropped) faults in fast as huge pages.
+#[derive(Debug)]
 struct PagesAhead {
     /// The last arena faulted in ahead ended on base pages.
     last_base: bool,
     /// Arenas started on base pages since the last probe.
     base_in_a_row: u32,
+    /// Arenas to start on base pages before the next probe.
+    streak: u32,
+}
+
+impl Default for PagesAhead {
+    fn default() -> PagesAhead {
+        PagesAhead { last_base: false, base_in_a_row: 0, streak: BASE_ARENAS_BEFORE_PROBE }
+    }
 }
 
 impl PagesAhead {
     /// The pages the next arena starts with.
     fn next(&mut self) -> Pages {
-        if self.last_base && self.base_in_a_row < BASE_ARENAS_BEFORE_PROBE {
+        if self.last_base && self.base_in_a_row < self.streak {
             self.base_in_a_row += 1;
             Pages::Base
         } else {
@@ -94,8 +109,16 @@ impl PagesAhead {
         }
     }
 
-    /// An arena faulted in ahead ended with `pages`.
+    /// The arena [`PagesAhead::next`] last answered for ended with `pages`.
     fn ended_with(&mut self, pages: Pages) {
+        match pages {
+            Pages::Huge => self.streak = BASE_ARENAS_BEFORE_PROBE,
+            // A probe (an arena that asked for huge pages after base ones) that gave them up.
+            Pages::Base if self.last_base && self.base_in_a_row == 0 => {
+                self.streak = (self.streak * 2).min(BASE_ARENAS_MAX);
+            }
+            Pages::Base => {}
+        }
         self.last_base = pages == Pages::Base;
     }
 }
@@ -243,22 +266,38 @@ impl Iterator for Runs<'_> {
 mod tests {
     use super::*;
 
+    /// Drive `ahead` through arenas that all end on `ended`; the pages each started with.
+    fn starts(ahead: &mut PagesAhead, arenas: usize, ended: Pages) -> Vec<Pages> {
+        (0..arenas)
+            .map(|_| {
+                let started = ahead.next();
+                ahead.ended_with(ended);
+                started
+            })
+            .collect()
+    }
+
     #[test]
-    fn after_an_arena_gave_up_huge_pages_the_next_three_start_on_base_pages_then_one_probes() {
+    fn base_page_streaks_double_after_each_probe_that_gives_huge_pages_up() {
+        use Pages::{Base, Huge};
         let mut ahead = PagesAhead::default();
-        assert_eq!(ahead.next(), Pages::Huge);
-        ahead.ended_with(Pages::Huge);
-        assert_eq!(ahead.next(), Pages::Huge);
-        ahead.ended_with(Pages::Base);
-        for _ in 0..BASE_ARENAS_BEFORE_PROBE {
-            assert_eq!(ahead.next(), Pages::Base);
-            ahead.ended_with(Pages::Base);
+        assert_eq!(starts(&mut ahead, 2, Huge), [Huge, Huge]);
+        // Gave up: 3 on base pages, a probe, then 6, a probe, 12, a probe...
+        let s = starts(&mut ahead, 1 + 3 + 1 + 6 + 1 + 12 + 1, Base);
+        let probes: Vec<usize> = (0..s.len()).filter(|&i| s[i] == Huge).collect();
+        assert_eq!(probes, [0, 4, 11, 24]);
+        // ... up to BASE_ARENAS_MAX between probes, never more.
+        let s = starts(&mut ahead, 400, Base);
+        let probes: Vec<usize> = (0..s.len()).filter(|&i| s[i] == Huge).collect();
+        assert!(probes.windows(2).all(|w| w[1] - w[0] <= BASE_ARENAS_MAX as usize + 1), "{probes:?}");
+        assert!(probes.windows(2).any(|w| w[1] - w[0] == BASE_ARENAS_MAX as usize + 1), "{probes:?}");
+        // A probe that keeps huge pages resets the streak.
+        while ahead.next() == Base {
+            ahead.ended_with(Base);
         }
-        assert_eq!(ahead.next(), Pages::Huge, "the probe");
-        ahead.ended_with(Pages::Huge);
-        assert_eq!(ahead.next(), Pages::Huge);
-        ahead.ended_with(Pages::Base);
-        assert_eq!(ahead.next(), Pages::Base, "a new streak after a probe that gave up");
+        ahead.ended_with(Huge);
+        assert_eq!(starts(&mut ahead, 1, Base), [Huge]);
+        assert_eq!(starts(&mut ahead, 4, Base), [Base, Base, Base, Huge]);
     }
 
     #[test]
