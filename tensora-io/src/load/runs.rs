@@ -71,15 +71,15 @@ const BASE_ARENAS_MAX: u32 = 48;
 
 /// Which pages the next arena faulted in ahead starts with. While this VM hands free memory back,
 /// each arena that asks for huge pages pays [`Arena::populate_write_adaptive`]'s two slow samples
-/// (16 MiB at 0.3-0.7 GB/s, the host faulting 512 pages for each, which stalls the reads on that
-/// core too) before it gives them up: with short runs that thread fell behind the reads (cold 2.2
-/// GB in 43 MiB runs, three alternating rounds each: 0.52-0.82 GB/s probing every arena against
-/// 0.97-1.04 with a probe every fourth, while the disk read 1.2; 0.72-1.21 against 1.59-1.68 while
-/// it read 1.9), and each probe still cost its run 35-45 ms. So after an arena gave huge pages
-/// up, the next ones start on base pages, [`BASE_ARENAS_BEFORE_PROBE`] of them and twice as many
-/// after each probe that gives them up again (after 12 s idle, five alternating rounds: 0.94-1.26
-/// GB/s, median 1.10, probing every fourth arena; 1.20-1.28, median 1.25, doubling); an arena
-/// that keeps huge pages resets the streak, since memory freed a moment ago (runs the caller
+/// (16 MiB at 0.3-0.7 GB/s, the host faulting 512 pages for each) before it gives them up: with
+/// short runs that thread fell behind the reads (cold 2.2 GB in 43 MiB runs, three alternating
+/// rounds each: 0.52-0.82 GB/s probing every arena against 0.97-1.04 with a probe every fourth,
+/// while the disk read 1.2; 0.72-1.21 against 1.59-1.68 while it read 1.9), and the runs during
+/// which one probed still took 45-72 ms, the others a median of 22. So after an arena gave huge
+/// pages up, the next ones start on base pages, [`BASE_ARENAS_BEFORE_PROBE`] of them and twice as
+/// many after each probe that gives them up again (after 12 s idle, five alternating rounds:
+/// 0.94-1.26 GB/s, median 1.10, probing every fourth arena; 1.20-1.28, median 1.25, doubling); an
+/// arena that keeps huge pages resets the streak, since memory freed a moment ago (runs the caller
 /// dropped) faults in fast as huge pages.
 #[derive(Debug)]
 struct PagesAhead {
