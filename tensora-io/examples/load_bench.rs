@@ -6,6 +6,7 @@
 //! cargo run --release -p tensora-io --example load_bench -- cold /tmp/tl     # same, caches dropped before each (root)
 //! cargo run --release -p tensora-io --example load_bench -- stream /tmp/tl 256MiB
 //! cargo run --release -p tensora-io --example load_bench -- runs /tmp/tl 85MiB  # load_runs, every run kept
+//! cargo run --release -p tensora-io --example load_bench -- once /tmp/tl recycle # one load, ArenaReuse::Recycle
 //! ```
 
 use std::collections::BTreeMap;
@@ -17,7 +18,7 @@ use std::time::Instant;
 use tensora_format::Dtype;
 use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
 use tensora_io::arena::Arena;
-use tensora_io::{BackendChoice, IoMode, LoadOptions, load, load_runs, load_streaming};
+use tensora_io::{ArenaReuse, BackendChoice, IoMode, LoadOptions, load, load_runs, load_streaming};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -248,9 +249,24 @@ fn runs(dir: &Path, budget_bytes: u64) -> Res<()> {
     Ok(())
 }
 
+/// One default load in this process, with fresh (`fresh`) or recycled (`recycle`) arena memory:
+/// a process's first load, as a cold start pays it.
+fn once(dir: &Path, reuse: &str) -> Res<()> {
+    let arena_reuse = match reuse {
+        "fresh" => ArenaReuse::Fresh,
+        "recycle" => ArenaReuse::Recycle,
+        other => return Err(format!("once: arena reuse must be fresh or recycle, got {other:?}").into()),
+    };
+    let ckpt = tensora_format::open(dir)?;
+    let loaded = load(&ckpt, &LoadOptions { arena_reuse, ..LoadOptions::default() })?;
+    let r = loaded.report();
+    println!("once {reuse}: {:.2} GB/s, {} minor faults, {}", r.gbps, r.minor_faults, r.io_mode);
+    Ok(())
+}
+
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: load_bench gen|warm|cold|stream|runs DIR [BUDGET]";
+    let usage = "usage: load_bench gen|warm|cold|stream|runs|once DIR [BUDGET | fresh|recycle]";
     let (cmd, dir) = match (args.get(1), args.get(2)) {
         (Some(c), Some(d)) => (c.as_str(), Path::new(d)),
         _ => return Err(usage.into()),
@@ -261,6 +277,7 @@ fn main() -> Res<()> {
         "cold" => compare(dir, true),
         "stream" => stream(dir, parse_bytes(args.get(3).map_or("256MiB", String::as_str))?),
         "runs" => runs(dir, parse_bytes(args.get(3).map_or("85MiB", String::as_str))?),
+        "once" => once(dir, args.get(3).map_or("fresh", String::as_str)),
         _ => Err(usage.into()),
     }
 }

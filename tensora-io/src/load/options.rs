@@ -316,7 +316,7 @@ impl ArenaReuse {
 /// `parked` as recycled memory, or a fresh arena of `len_bytes` when there is none.
 fn parked_or_fresh(parked: Option<Arena>, len_bytes: u64) -> std::io::Result<(Arena, Memory)> {
     match parked {
-        Some(arena) => Ok((arena, Memory::Recycled)),
+        Some(arena) => Ok((arena, Memory::FaultedIn)),
         None => Ok((Arena::with_len(len_bytes)?, Memory::Fresh)),
     }
 }
@@ -392,7 +392,7 @@ mod tests {
         let (arena, memory) = parked_or_fresh(None, 3 << 12).unwrap();
         assert_eq!((arena.len_bytes(), memory), (3 << 12, Memory::Fresh));
         let (arena, memory) = parked_or_fresh(Some(arena), 3 << 12).unwrap();
-        assert_eq!((arena.len_bytes(), memory), (3 << 12, Memory::Recycled));
+        assert_eq!((arena.len_bytes(), memory), (3 << 12, Memory::FaultedIn));
         // `Fresh` never takes what is parked, whatever other tests have parked meanwhile.
         for access in [Access::Buffered, Access::Direct] {
             let (arena, memory) = ArenaReuse::Fresh.arena(5 << 12, access).unwrap();

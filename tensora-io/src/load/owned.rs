@@ -99,7 +99,7 @@ impl Session<'_> {
         let (arena, memory) = match faulted_in {
             Some(arena) => {
                 debug_assert_eq!(arena.len_bytes(), len_bytes);
-                (arena, Memory::Recycled)
+                (arena, Memory::FaultedIn)
             }
             None => opts
                 .arena_reuse
@@ -173,7 +173,7 @@ impl Session<'_> {
         let io_done = AtomicBool::new(false);
         std::thread::scope(|scope| {
             let helper = match (memory, self.direct) {
-                (Memory::Recycled, _) => None,
+                (Memory::FaultedIn, _) => None,
                 (Memory::Fresh, true) => Some(Ahead::DirectReads),
                 (Memory::Fresh, false) if arena.huge_pages_advised() => Some(Ahead::WhileHuge),
                 (Memory::Fresh, false) => None,
@@ -212,7 +212,7 @@ pub(super) enum Memory {
     Fresh,
     /// Faulted in before this load's reads: a recycled arena, a streaming window after the first,
     /// `load_runs`' next run.
-    Recycled,
+    FaultedIn,
 }
 
 /// What a populate-ahead helper is for, and so when it stops.

@@ -87,7 +87,7 @@ pub fn load_streaming(
         let need = wp.plan.arena_len_bytes();
         // A window lands in fresh memory only in an arena mapped for it (the first window, or
         // one that outgrew the arena); later windows reuse pages the ones before faulted in.
-        let mut memory = Memory::Recycled;
+        let mut memory = Memory::FaultedIn;
         if arena.as_ref().is_none_or(|a| a.len_bytes() < need) {
             // Free the old arena before mapping a bigger one, so the peak stays at one arena.
             drop(arena.take());
