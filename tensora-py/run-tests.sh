@@ -37,4 +37,6 @@ echo "tensora-py: building and installing (maturin develop --release)"
 maturin develop --release --quiet -m "$crate_dir/Cargo.toml"
 
 cd "$crate_dir"
-python -m pytest -q -rs -p no:cacheprovider tests "$@"
+# The tests' files go under target/ (on the checkout's disk, emptied by pytest when a run starts,
+# so at most one run's files are ever left), not into the machine's /tmp.
+python -m pytest -q -rs -p no:cacheprovider --basetemp "$target_dir/pytest-tmp" tests "$@"
