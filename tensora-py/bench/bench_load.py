@@ -16,7 +16,11 @@ every 4 KiB page read inside the timed region, so lazy paths are not flattered):
 - roofline: 8 MiB `preadv`s into one fresh anonymous buffer of the checkpoint's size, by two
   threads through the page cache (warm), or by eight threads with `O_DIRECT` (cold): what
   reading every byte into fresh memory costs here. Ratios "x roofline" divide a subject's median
-  GB/s by it.
+  GB/s by it;
+- device: the same reads into a buffer faulted in before the timer starts: what the page cache
+  (warm) or the disk (cold) gives with no memory to fault in. On a VM that hands freed memory back
+  to its host, first touches of fresh memory can cost more than the reads (the roofline then reads
+  well below this line, and a loader that faults its memory in beside its reads beats it).
 
 Every measurement is a fresh process (`--child`), as a server's start is: it imports torch and the
 subject's package first, untimed, then times the load and the touch. Rounds are interleaved: each
@@ -58,7 +62,10 @@ SUBJECTS = {
     "auto": "tensora.load_file (residence=auto)",
     "stream": "tensora.weights_iterator (owned)",
     "roofline": "roofline: preadv into fresh memory (2 threads; cold 8, O_DIRECT)",
+    "device": "device: the same reads into memory faulted in before the timer",
 }
+# Subjects that read raw bytes (one uint8 tensor per file), not the checkpoint's tensors.
+RAW = ("roofline", "device")
 OURS = ("owned", "auto", "stream")
 
 
@@ -81,9 +88,10 @@ def touch(tensors) -> int:
     return s
 
 
-def prepare(subject):
-    """Import what the subject needs (untimed) and return its load function: path -> (dict of
-    torch tensors, tensora report or None)."""
+def prepare(subject, path):
+    """Import what the subject needs and set up what it reads into (untimed, for the checkpoint at
+    `path`), and return its load function: path -> (dict of torch tensors, tensora report or
+    None)."""
     import torch
 
     if subject == "hf_numpy":
@@ -135,28 +143,46 @@ def prepare(subject):
             return dict(tensora.weights_iterator(path, framework="pt", residence="owned")), None
 
     elif subject == "roofline":
-        run = roofline
+
+        def run(path):
+            return read_into(path, fresh_buffer(path))
+
+    elif subject == "device":
+        buf = fresh_buffer(path)
+        view = memoryview(buf)
+        for at in range(0, len(buf), PAGE_BYTES):  # every page faulted in, untimed
+            view[at] = 0
+
+        def run(path):
+            return read_into(path, buf)
+
     else:
         raise SystemExit(f"unknown subject {subject!r}")
     return run
 
 
-def roofline(path):
-    """Read every tensor byte of every file into one fresh anonymous buffer with 8 MiB `preadv`s:
-    two threads through the page cache, or (the cache cold: `TENSORA_BENCH_DIRECT=1`)
-    `DIRECT_THREADS` threads with `O_DIRECT`; then expose it as one uint8 tensor per file."""
+def fresh_buffer(path):
+    """One fresh anonymous buffer (huge pages advised) that holds every file of `path`, each
+    starting on a page."""
     import mmap
 
+    total = sum(-(-os.path.getsize(f) // PAGE_BYTES) * PAGE_BYTES for f in files_of(path))
+    buf = mmap.mmap(-1, max(total, PAGE_BYTES))
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return buf
+
+
+def read_into(path, buf):
+    """Read every byte of every file of `path` into `buf` (see `fresh_buffer`) with 8 MiB
+    `preadv`s: two threads through the page cache, or (the cache cold: `TENSORA_BENCH_DIRECT=1`)
+    `DIRECT_THREADS` threads with `O_DIRECT`; then expose it as one uint8 tensor per file."""
     import torch
 
     direct = os.environ.get("TENSORA_BENCH_DIRECT") == "1"
     chunk = 8 << 20
     files = files_of(path)
     sizes = [os.path.getsize(f) for f in files]
-    total = sum(-(-s // PAGE_BYTES) * PAGE_BYTES for s in sizes)
-    buf = mmap.mmap(-1, max(total, PAGE_BYTES))
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
     view = memoryview(buf)
     jobs, base = [], 0
     for f, size in zip(files, sizes):
@@ -202,7 +228,7 @@ def roofline(path):
 
 
 def child(subject, path):
-    run = prepare(subject)
+    run = prepare(subject, path)
     gc.collect()
     t = time.perf_counter()
     tensors, report = run(path)
@@ -239,7 +265,7 @@ def drop_caches(files):
 
 def measure(subject, path, temp, timeout_s):
     env = dict(os.environ)
-    if subject == "roofline" and temp == "cold":
+    if subject in RAW and temp == "cold":
         env["TENSORA_BENCH_DIRECT"] = "1"
     try:
         r = subprocess.run(
@@ -295,7 +321,7 @@ def run_temperature(args, temp, subjects, total, tensors, files):
             m = measure(s, args.path, temp, args.timeout)
             if "error" in m:
                 errors[s] = m["error"]
-            elif s != "roofline" and (m["bytes"] != total or m["tensors"] != tensors):
+            elif s not in RAW and (m["bytes"] != total or m["tensors"] != tensors):
                 errors[s] = f"delivered {m['tensors']} tensors, {m['bytes']} bytes; expected {tensors}, {total}"
             else:
                 samples[s].append(m)

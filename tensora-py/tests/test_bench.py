@@ -9,7 +9,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench_load.py"
 HOOK = BENCH.parent / "run_python_peers.sh"  # what `cargo xtask bench` calls
-SUBJECTS = ["hf_numpy", "hf_torch", "runai", "fastsafetensors", "owned", "auto", "stream", "roofline"]
+SUBJECTS = ["hf_numpy", "hf_torch", "runai", "fastsafetensors", "owned", "auto", "stream", "roofline", "device"]
 
 
 def test_every_subject_runs_and_the_report_is_complete(tmp_path, big_file):
