@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -178,7 +178,7 @@ pub struct Entry {
     /// `data` opened again with `O_DIRECT` for writing whole aligned pages from the writers'
     /// buffers without the page cache (`None` when reading, or where the file system refuses it;
     /// cleared after a refused write, which is then redone through `data`).
-    direct: Mutex<Option<File>>,
+    direct: Mutex<Option<Arc<File>>>,
     /// The range log, appended under this lock; the ranges read or written so far.
     log: Mutex<(Option<File>, Ranges)>,
 }
@@ -218,7 +218,12 @@ impl Entry {
         let data = File::options().read(true).write(true).open(dir.join("data"))?;
         let ranges = Ranges::read(&dir.join("ranges"))?;
         let log = File::options().create(true).append(true).open(dir.join("ranges"))?;
-        let direct = File::options().write(true).custom_flags(libc::O_DIRECT).open(dir.join("data")).ok();
+        let direct = File::options()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(dir.join("data"))
+            .ok()
+            .map(Arc::new);
         Ok(Entry {
             dir: dir.to_path_buf(),
             description: description.clone(),
@@ -281,9 +286,10 @@ impl Entry {
         let (head, rest) = bytes.split_at((first - offset_bytes) as usize);
         let (middle, tail) = rest.split_at((last - first) as usize);
         self.data.write_all_at(head, offset_bytes)?;
-        let direct = self.direct.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(File::try_clone);
+        // A shared handle, not a duplicated descriptor: no `dup` and `close` per piece.
+        let direct = self.direct.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let wrote_direct = match direct {
-            Some(Ok(file)) => match file.write_all_at(middle, first) {
+            Some(file) => match file.write_all_at(middle, first) {
                 Ok(()) => true,
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     *self.direct.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -291,7 +297,7 @@ impl Entry {
                 }
                 Err(e) => return Err(e),
             },
-            _ => false,
+            None => false,
         };
         if !wrote_direct {
             self.data.write_all_at(middle, first)?;
