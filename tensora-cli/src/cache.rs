@@ -48,7 +48,12 @@ fn open(dir: &std::path::Path) -> anyhow::Result<Cache> {
     if !dir.is_dir() {
         anyhow::bail!("{} is not a cache directory", dir.display());
     }
-    Ok(Cache::open(&CacheOptions { dir: dir.to_path_buf(), size_max_bytes: None, offline: true })?)
+    Ok(Cache::open(&CacheOptions {
+        dir: dir.to_path_buf(),
+        size_max_bytes: None,
+        offline: true,
+        writes: tensora_remote::CacheWrites::default(),
+    })?)
 }
 
 /// Run the subcommand. Exit code 0 on success, 1 when `verify` finds a damaged range.

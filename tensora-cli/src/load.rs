@@ -259,6 +259,13 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
                     c.sync_seconds,
                     c.local_objects
                 )?;
+                if c.changed_bytes > 0 {
+                    writeln!(
+                        out,
+                        "cache        {} bytes changed in memory before they reached the disk: left out of the copy, fetched again next time",
+                        c.changed_bytes
+                    )?;
+                }
             }
         }
         out.flush()

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use tensora_io::{LoadOptions, ProgressHook};
 use tensora_remote::{
-    CacheOptions, Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, StoreConfig,
-    Unversioned, open_remote,
+    CacheOptions, CacheWrites, Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport,
+    StoreConfig, Unversioned, open_remote,
 };
 use tensora_verify::check::{FindingKind, Report};
 use tensora_verify::fused::DigestCollector;
@@ -35,9 +35,10 @@ pub struct RemoteArgs {
     /// seconds (default 120).
     #[arg(long, value_name = "SECONDS", value_parser = parse_seconds)]
     pub open_timeout: Option<std::time::Duration>,
-    /// Keep a verified local copy of every object loaded in DIR: written in the same pass as the
-    /// load, resumed after an interruption, confirmed by one HEAD per object on the next load
-    /// (which then reads local files). `tensora cache ls|rm|verify DIR` inspects it.
+    /// Keep a verified local copy of every object loaded in DIR: written from where each range
+    /// landed (no second download), resumed after an interruption, confirmed by one HEAD per
+    /// object on the next load (which then reads local files). `tensora cache ls|rm|verify DIR`
+    /// inspects it.
     #[arg(long, value_name = "DIR")]
     pub cache: Option<std::path::PathBuf>,
     /// With --cache: send no request at all; load from the cache only.
@@ -47,6 +48,21 @@ pub struct RemoteArgs {
     /// many bytes (units as for --budget).
     #[arg(long, value_name = "SIZE", requires = "cache", value_parser = crate::units::parse_bytes)]
     pub cache_max: Option<u64>,
+    /// With --cache: write the copies behind the load (the load returns at the network's pace,
+    /// the copies are finished after; `tensora load` waits for them before it reports) or before
+    /// each range lands (every range is on disk when the load returns).
+    #[arg(long, value_enum, value_name = "WHEN", requires = "cache", default_value = "behind")]
+    pub cache_writes: CacheWritesArg,
+}
+
+/// `--cache-writes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum CacheWritesArg {
+    /// Behind the load.
+    #[default]
+    Behind,
+    /// Before each range lands.
+    Before,
 }
 
 /// A positive number of seconds (fractions allowed).
@@ -75,6 +91,10 @@ impl RemoteArgs {
                 dir: dir.clone(),
                 size_max_bytes: self.cache_max,
                 offline: self.offline,
+                writes: match self.cache_writes {
+                    CacheWritesArg::Behind => CacheWrites::Behind,
+                    CacheWritesArg::Before => CacheWrites::BeforeLanding,
+                },
             }),
             ..RemoteOptions::default()
         }
@@ -269,6 +289,7 @@ mod tests {
             cache: Some("/c".into()),
             offline: true,
             cache_max: Some(10),
+            cache_writes: CacheWritesArg::Before,
         };
         let opts = args.options();
         assert_eq!(opts.store.endpoint.as_deref(), Some("http://127.0.0.1:1"));
@@ -277,7 +298,12 @@ mod tests {
         assert_eq!(opts.open_deadline, std::time::Duration::from_millis(1500));
         assert_eq!(
             opts.cache,
-            Some(CacheOptions { dir: "/c".into(), size_max_bytes: Some(10), offline: true })
+            Some(CacheOptions {
+                dir: "/c".into(),
+                size_max_bytes: Some(10),
+                offline: true,
+                writes: CacheWrites::BeforeLanding
+            })
         );
         assert_eq!(RemoteArgs::default().options(), RemoteOptions::default());
         assert_eq!(parse_seconds("2.5"), Ok(std::time::Duration::from_millis(2500)));

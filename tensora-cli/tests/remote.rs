@@ -216,7 +216,12 @@ fn served_for_cache() -> (tempfile::TempDir, std::path::PathBuf, Nginx) {
 }
 
 fn cache_objects(dir: &std::path::Path) -> Vec<tensora_remote::CachedObject> {
-    let opts = tensora_remote::CacheOptions { dir: dir.to_path_buf(), size_max_bytes: None, offline: true };
+    let opts = tensora_remote::CacheOptions {
+        dir: dir.to_path_buf(),
+        size_max_bytes: None,
+        offline: true,
+        writes: tensora_remote::CacheWrites::default(),
+    };
     tensora_remote::Cache::open(&opts).map(|c| c.list()).unwrap_or_default()
 }
 

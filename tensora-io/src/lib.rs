@@ -42,6 +42,7 @@ pub mod fs;
 pub mod load;
 pub mod map;
 pub mod report;
+pub mod sched;
 pub mod seam;
 
 pub use backends::registry;
@@ -55,8 +56,8 @@ pub use load::{
 };
 pub use report::{LoadReport, Phases};
 pub use seam::{
-    Access, Budget, CompletionSink, Destination, Filled, IoBackend, IoStats, Job, JobConfig, Landed,
-    LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile, StopReason,
+    Access, Budget, CompletionSink, Destination, Filled, HeldPiece, IoBackend, IoStats, Job, JobConfig,
+    KeepMapped, Landed, LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile, StopReason,
 };
 
 /// The README's Rust examples, compiled as doctests so they cannot rot.

@@ -119,11 +119,20 @@ pub(crate) fn load<'py>(
             ckpt.load(&LoadOptions { progress: hook, ..opts })
         });
         let mut loaded = crate::finish_with(out, crate::remote::remote_err)?;
-        // The cache's copies are finished before the tensors are handed over, so the report is
-        // final (the Rust API lets a caller go on while they are made durable).
-        py.detach(|| {
-            loaded.wait_cache();
-        });
+        let behind = ropts.cache.as_ref().is_some_and(|c| c.writes == tensora_remote::CacheWrites::Behind);
+        if behind {
+            // The tensors go to the caller at once; the copies are written and promoted behind
+            // them (`tensora.wait_cache()`, or at interpreter exit, waits for them).
+            if let Some(sync) = loaded.take_cache_sync() {
+                crate::remote::behind(sync);
+            }
+        } else {
+            // Every range is on disk: the fsyncs and renames are done before the tensors are
+            // handed over, so the report is final.
+            py.detach(|| {
+                loaded.wait_cache();
+            });
+        }
         let report =
             serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
         return export_all(py, loaded.into_loaded(), report);

@@ -9,14 +9,14 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensora_remote::{
-    CacheOptions, Location, RemoteCheckpoint, RemoteError, RemoteOptions, StoreConfig, Unversioned,
-    open_remote,
+    CacheOptions, CacheSync, CacheWrites, Location, RemoteCheckpoint, RemoteError, RemoteOptions,
+    StoreConfig, Unversioned, open_remote,
 };
 
 use crate::{exc, load_err};
 
 /// The keys `remote=` takes, as `tensora.RemoteOptions` names them.
-const KEYS: [&str; 9] = [
+const KEYS: [&str; 10] = [
     "endpoint",
     "allow_http",
     "anonymous",
@@ -26,7 +26,54 @@ const KEYS: [&str; 9] = [
     "cache",
     "cache_max",
     "offline",
+    "cache_writes",
 ];
+
+/// `cache_writes=`: when a load's ranges go into the cache's copies. The binding's default is
+/// `"before"`: the tensors are handed to Python, which may rewrite them in place at once, with
+/// every range already on disk (a piece rewritten before it is written behind is left out of
+/// the cache, so a caller that always does that would never find it complete).
+fn cache_writes(value: Option<String>) -> PyResult<CacheWrites> {
+    match value.as_deref() {
+        None | Some("before") => Ok(CacheWrites::BeforeLanding),
+        Some("behind") => Ok(CacheWrites::Behind),
+        Some(other) => Err(PyValueError::new_err(format!(
+            "remote: cache_writes must be \"before\" or \"behind\", not {other:?}"
+        ))),
+    }
+}
+
+/// The caches' write-behinds of this process's remote loads, not yet waited for (see
+/// [`wait_cache_writes`]), each with the id of the process that started it. Finished ones are
+/// dropped at each new one, so it holds at most one per load whose copies are still being
+/// written.
+static BEHIND: std::sync::Mutex<Vec<(u32, CacheSync)>> = std::sync::Mutex::new(Vec::new());
+
+/// Keep `sync` until [`wait_cache_writes`]: the tensors go to the caller at once, the cache's
+/// copies are finished behind them.
+pub(crate) fn behind(sync: CacheSync) {
+    let mut behind = BEHIND.lock().unwrap_or_else(|p| p.into_inner());
+    // A finished one joins at once.
+    behind.retain(|(_, s)| !s.is_finished());
+    behind.push((std::process::id(), sync));
+}
+
+/// Wait until the cache copies of every earlier remote load are written, durable and promoted
+/// (`tensora.wait_cache()`, and at interpreter exit); the number of loads waited for. In a
+/// forked child the parent's write-behinds are not there (only the thread that forked is): they
+/// are forgotten, never joined (a join would wait forever).
+#[pyfunction]
+pub(crate) fn wait_cache_writes(py: Python<'_>) -> usize {
+    let taken = std::mem::take(&mut *BEHIND.lock().unwrap_or_else(|p| p.into_inner()));
+    let me = std::process::id();
+    let (mine, inherited): (Vec<_>, Vec<_>) = taken.into_iter().partition(|(pid, _)| *pid == me);
+    for (_, sync) in inherited {
+        std::mem::forget(sync);
+    }
+    let n = mine.len();
+    py.detach(move || drop(mine));
+    n
+}
 
 /// The remote location `path` names, or `None` for a local path (no scheme, or `file://`).
 pub(crate) fn location(path: &std::path::Path) -> PyResult<Option<Location>> {
@@ -95,8 +142,14 @@ pub(crate) fn options(remote: Option<&Bound<'_, PyDict>>) -> PyResult<RemoteOpti
         })?,
     };
     let cache = get::<std::path::PathBuf>(d, "cache")?;
-    if cache.is_none() && (get::<u64>(d, "cache_max")?.is_some() || flag("offline")?) {
-        return Err(PyValueError::new_err("remote: cache_max and offline need cache (a directory)"));
+    if cache.is_none()
+        && (get::<u64>(d, "cache_max")?.is_some()
+            || flag("offline")?
+            || get::<String>(d, "cache_writes")?.is_some())
+    {
+        return Err(PyValueError::new_err(
+            "remote: cache_max, offline and cache_writes need cache (a directory)",
+        ));
     }
     let opts = RemoteOptions {
         store: StoreConfig {
@@ -110,7 +163,12 @@ pub(crate) fn options(remote: Option<&Bound<'_, PyDict>>) -> PyResult<RemoteOpti
         open_deadline: open_timeout,
         cache: cache
             .map(|dir| -> PyResult<CacheOptions> {
-                Ok(CacheOptions { dir, size_max_bytes: get(d, "cache_max")?, offline: flag("offline")? })
+                Ok(CacheOptions {
+                    dir,
+                    size_max_bytes: get(d, "cache_max")?,
+                    offline: flag("offline")?,
+                    writes: cache_writes(get(d, "cache_writes")?)?,
+                })
             })
             .transpose()?,
         ..defaults

@@ -3,6 +3,7 @@ the verified cache is written then read back, secrets in URLs never reach a mess
 options say what is wrong with them."""
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -63,12 +64,39 @@ def test_the_cache_is_written_then_read_back_and_works_offline(served, tmp_path)
     url = nginx.url("model/")
     cold, r1 = tensora.load_file_with_report(url, cache=tmp_path / "cache")
     assert_same(cold, want)
+    # By default every range is on disk before the tensors are handed over.
     assert r1["cache"]["written_bytes"] >= r1["bytes_selected"], r1["cache"]
+    assert r1["cache"]["promoted"] == 2, r1["cache"]
     warm, r2 = tensora.load_file_with_report(url, cache=tmp_path / "cache")
     assert_same(warm, want)
     assert r2["cache"]["local_objects"] == 2 and r2["requests"] == 0, r2
     offline = tensora.RemoteOptions(cache=tmp_path / "cache", offline=True)
     assert_same(tensora.load_file(url, remote=offline), want)
+
+
+def test_copies_written_behind_are_finished_at_exit_and_never_hold_rewritten_bytes(served, tmp_path):
+    nginx, d = served
+    url = nginx.url("model/")
+    want = tensora.load_file(d)
+    # A process that exits right after a load written behind: the copies are finished at exit.
+    run = "import sys, tensora\nt = tensora.load_file(sys.argv[1], remote=tensora.RemoteOptions(cache=sys.argv[2], cache_writes='behind'))\n"
+    subprocess.run([sys.executable, "-c", run, url, str(tmp_path / "a")], check=True, timeout=120)
+    offline = tensora.RemoteOptions(cache=tmp_path / "a", offline=True)
+    assert_same(tensora.load_file(url, remote=offline), want)
+    # Arrays rewritten in place at once: what the cache keeps is still what the server sent
+    # (pieces rewritten first are left out, and the next load fetches them again).
+    behind = tensora.RemoteOptions(cache=tmp_path / "b", cache_writes="behind")
+    got, r = tensora.load_file_with_report(url, remote=behind)
+    assert r["cache"]["promoting"] == 2, r["cache"]
+    for a in got.values():
+        a.fill(7)
+    assert tensora.wait_cache() >= 1
+    assert tensora.wait_cache() == 0
+    assert_same(tensora.load_file(url, remote=behind), want)
+    tensora.wait_cache()
+    assert_same(tensora.load_file(url, remote=tensora.RemoteOptions(cache=tmp_path / "b", offline=True)), want)
+    with pytest.raises(ValueError, match="cache_writes"):
+        tensora.load_file(url, remote=tensora.RemoteOptions(cache=tmp_path / "b", cache_writes="later"))
 
 
 def test_secrets_in_urls_never_reach_a_message(served):

@@ -20,7 +20,7 @@ use futures::StreamExt;
 use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, ReadTarget};
 
 use crate::RemoteError;
-use crate::cache::{CacheSession, Entry, LANE_THREADS, LaneFill, LaneWork};
+use crate::cache::{CacheSession, CacheWrites, Entry, LANE_THREADS, LaneFill, LaneWork, PiecesTo};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject, Source};
@@ -57,6 +57,8 @@ pub struct RemoteBackend {
     counters: Counters,
     /// The cache its ranges are read from and written through, if any.
     cache: Option<Arc<CacheSession>>,
+    /// When an owned load's ranges go into the cache.
+    writes: CacheWrites,
     /// What the concurrency controller did in the last run.
     tune: Mutex<Option<TuneReport>>,
     /// Nanoseconds the runs' lane threads wrote after the last range had arrived, summed.
@@ -73,6 +75,7 @@ impl RemoteBackend {
             first_error: Mutex::new(None),
             counters: Counters::default(),
             cache: None,
+            writes: checkpoint.client().opts.cache.as_ref().map_or(CacheWrites::Behind, |c| c.writes),
             tune: Mutex::new(None),
             disk_tail_nanos: AtomicU64::new(0),
         }
@@ -130,6 +133,9 @@ enum Way<'l, 'r> {
     Load,
     /// Into the object's copy, piece by piece through this lane thread, which then lands it.
     Lane(Arc<Entry>, &'l Sender<LaneWork<'r>>),
+    /// Into the object's copy behind the load: held pieces to the session's writers, and the
+    /// range lands at once (the job's memory is kept mapped past the load).
+    Behind(&'l CacheSession, Arc<Entry>),
     /// Into the object's copy through the copying writers (no lane thread could start).
     Copy,
 }
@@ -273,9 +279,10 @@ impl<'r> Run<'r, '_> {
 
     /// Read `index` of the plan into its claimed `target`: wait for budget, fetch the range into
     /// it (racing a cancel or another range's failure), and land it. A range that comes from the
-    /// store while the cache writes its object goes to one of the `lanes` piece by piece as it
-    /// arrives, then itself: that lane thread lands it once its pieces are written. The bytes it
-    /// read.
+    /// store while the cache writes its object goes to the cache piece by piece as it arrives:
+    /// when the job's memory outlives the load, to the session's writers as held pieces, and the
+    /// range lands at once; otherwise to one of the `lanes`, then itself, and that lane thread
+    /// lands it once its pieces are written. The bytes it read.
     async fn fetch_one(
         &self,
         index: u32,
@@ -304,19 +311,24 @@ impl<'r> Run<'r, '_> {
         };
         let permit = job.budget.acquire_async(read.len_bytes).await;
         let cache = self.backend.cache.as_deref();
-        let way = match (cache, lanes.filter(|l| !l.is_empty())) {
-            (None, _) => Way::Load,
+        let lanes = lanes.filter(|l| !l.is_empty());
+        let behind = job.keeps_mapping() && self.backend.writes == CacheWrites::Behind;
+        let way = match (cache, behind, lanes) {
+            (None, _, _) => Way::Load,
             // No lane thread could start: the copying writers take the range.
-            (Some(_), None) => Way::Copy,
-            (Some(cache), Some(lanes)) => {
+            (Some(_), false, None) => Way::Copy,
+            (Some(cache), behind, lanes) => {
                 match self.fetcher.read_cached(object, read.offset_bytes, target.buf()) {
                     Ok(true) => {
                         target.land(self.sink).map_err(Fail::Read)?;
                         return Ok(read.len_bytes);
                     }
-                    Ok(false) => match cache.writer_entry(object) {
-                        Some(entry) => Way::Lane(entry, &lanes[index as usize % lanes.len()]),
-                        None => Way::Load,
+                    Ok(false) => match (cache.writer_entry(object), behind, lanes) {
+                        (Some(entry), true, _) => Way::Behind(cache, entry),
+                        (Some(entry), false, Some(lanes)) => {
+                            Way::Lane(entry, &lanes[index as usize % lanes.len()])
+                        }
+                        _ => Way::Load,
                     },
                     Err(error) => return Err(Fail::Remote { read: index, error }),
                 }
@@ -329,9 +341,15 @@ impl<'r> Run<'r, '_> {
                 match way {
                     Way::Load => self.fetcher.fetch_store(object, read.offset_bytes, target.buf()).await?,
                     Way::Lane(entry, lane) => {
-                        let mut fill = LaneFill::new(&mut target, entry, read.offset_bytes, lane);
+                        let mut fill =
+                            LaneFill::new(&mut target, entry, read.offset_bytes, PiecesTo::Lane(lane));
                         self.fetcher.fetch_filling(object, read.offset_bytes, &mut fill).await?;
                         return Ok(Some(lane));
+                    }
+                    Way::Behind(cache, entry) => {
+                        let to = PiecesTo::Behind(cache);
+                        let mut fill = LaneFill::new(&mut target, entry, read.offset_bytes, to);
+                        self.fetcher.fetch_filling(object, read.offset_bytes, &mut fill).await?;
                     }
                     Way::Copy => {
                         let source =
@@ -475,9 +493,13 @@ impl<'r> Run<'r, '_> {
     }
 
     /// With a cache, start the lane's threads (at most [`LANE_THREADS`]) in `scope`: the
-    /// queues of those that started (none without a cache).
+    /// queues of those that started (none without a cache, or when the job's memory outlives the
+    /// load: its ranges are written behind it, `Way::Behind`).
     fn start_lanes<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>) -> Vec<Sender<LaneWork<'r>>> {
         let Some(cache) = self.backend.cache.as_deref() else { return Vec::new() };
+        if self.job.keeps_mapping() && self.backend.writes == CacheWrites::Behind {
+            return Vec::new();
+        }
         let mut lanes = Vec::with_capacity(LANE_THREADS);
         for k in 0..LANE_THREADS {
             let (lane, work) = std::sync::mpsc::channel::<LaneWork<'r>>();

@@ -46,8 +46,8 @@ mod tune;
 
 pub use backend::RemoteBackend;
 pub use cache::{
-    Cache, CacheOptions, CacheReport, CacheSync, CachedObject, LANE_THREADS, LOCK_WAIT_MAX, PIECE_BYTES,
-    RangeRecord, WRITE_BEHIND_BYTES, WRITER_THREADS,
+    Cache, CacheOptions, CacheReport, CacheSync, CacheWrites, CachedObject, LANE_THREADS, LOCK_WAIT_MAX,
+    PIECE_BYTES, RangeRecord, WRITE_BEHIND_BYTES, WRITER_THREADS,
 };
 pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
 pub use error::RemoteError;

@@ -253,6 +253,13 @@ impl RemoteLoaded {
         }
         &self.report
     }
+    /// The cache's write-behind, taken from this value, for a caller that waits for it elsewhere
+    /// (the Python bindings wait for every one at interpreter exit): neither dropping this value
+    /// nor [`RemoteLoaded::into_loaded`] waits for it then, and the report's `cache` stays as
+    /// the load left it (`promoting` copies, the bytes written so far). `None` without one.
+    pub fn take_cache_sync(&mut self) -> Option<CacheSync> {
+        self.cache_sync.take()
+    }
     /// The `tensora_io::Loaded`, by value, once the cache's write-behind is done (see
     /// [`RemoteLoaded::wait_cache`]).
     pub fn into_loaded(mut self) -> Loaded {

@@ -163,6 +163,7 @@ fn shares_of_an_http_checkpoint_rebuild_it_and_read_it_once() {
             dir: cache.path().to_owned(),
             size_max_bytes: None,
             offline: false,
+            writes: tensora_remote::CacheWrites::default(),
         }),
         ..small_opts()
     };

@@ -8,7 +8,7 @@ use tensora_format::Checkpoint;
 use super::files::FileSet;
 use super::loaded::{Entry, Storage};
 use super::mapped::load_mapped;
-use super::run::SubDest;
+use super::run::{Outlives, SubDest};
 use super::session::{Session, Tally, WindowPlan, begin, touched_files};
 use super::{LoadOptions, Loaded};
 use crate::arena::{Arena, Pages};
@@ -153,7 +153,7 @@ impl Session<'_> {
         self.populating_ahead(arena, plans, memory, || {
             let mut stats = Vec::with_capacity(plans.len());
             for (base, wp) in plans {
-                let dest = SubDest::new(arena, *base, wp.plan.arena_len_bytes());
+                let dest = SubDest::new(arena, *base, wp.plan.arena_len_bytes(), Outlives::Load);
                 let no_stream = |_: u32| Ok(());
                 stats.push(self.run_window(files, wp, &dest, &no_stream)?);
             }

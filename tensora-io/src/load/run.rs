@@ -90,6 +90,10 @@ impl Session<'_> {
             )
         }
         .with_file_ids(&wp.files);
+        let job = match &dest.kept {
+            Some(kept) => job.with_kept_mapping(kept.clone()),
+            None => job,
+        };
         // Hand pieces to `on_read` while they are still in the landing core's cache.
         let job = if self.opts.on_read.is_some() { job.with_landed_step(ON_READ_STEP_BYTES) } else { job };
         let stats = if plan.reads().is_empty() {
@@ -293,14 +297,27 @@ pub(super) struct SubDest<'a> {
     pub(super) parent: &'a Arena,
     pub(super) base_bytes: u64,
     pub(super) len_bytes: u64,
+    /// The arena's keep-alive when it outlives the run as the loaded model (an owned load),
+    /// handed to the job ([`crate::Job::with_kept_mapping`]); `None` for a streaming window.
+    pub(super) kept: Option<crate::KeepMapped>,
+}
+
+/// Whether a sub-destination's arena outlives its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outlives {
+    /// Reused once the run's tensors are consumed (a streaming window).
+    RunOnly,
+    /// Becomes the loaded model (an owned load): backends may keep its pieces past the load.
+    Load,
 }
 
 impl<'a> SubDest<'a> {
-    pub(super) fn new(parent: &'a Arena, base_bytes: u64, len_bytes: u64) -> SubDest<'a> {
+    pub(super) fn new(parent: &'a Arena, base_bytes: u64, len_bytes: u64, outlives: Outlives) -> SubDest<'a> {
         // Callers pass ranges inside the arena (the arena was sized from these plans).
         let base_bytes = base_bytes.min(parent.len_bytes());
         let len_bytes = len_bytes.min(parent.len_bytes() - base_bytes);
-        SubDest { parent, base_bytes, len_bytes }
+        let kept = (outlives == Outlives::Load).then(|| parent.keep_mapped());
+        SubDest { parent, base_bytes, len_bytes, kept }
     }
 
     /// `len_bytes` at `offset_bytes` of this sub-destination, for a read that has landed.

@@ -14,7 +14,7 @@ use tensora_format::Checkpoint;
 use super::files::FileSet;
 use super::mapped::load_mapped;
 use super::owned::Memory;
-use super::run::SubDest;
+use super::run::{Outlives, SubDest};
 use super::session::{Tally, begin};
 use super::{LoadOptions, TensorRef};
 use crate::arena::Arena;
@@ -102,7 +102,7 @@ pub fn load_streaming(
         let Some(arena_ref) = arena.as_ref() else { continue };
         let planned = (0, wp);
         let wp = &planned.1;
-        let dest = SubDest::new(arena_ref, 0, need);
+        let dest = SubDest::new(arena_ref, 0, need, Outlives::RunOnly);
         let stopped = AtomicBool::new(false);
         let callback_error: Mutex<Option<LoadError>> = Mutex::new(None);
         let (tx, rx) = std::sync::mpsc::sync_channel::<u32>(wp.tensors.len().max(1));

@@ -8,7 +8,9 @@ use std::sync::{Arc, OnceLock};
 
 use tensora_plan::{Plan, Read};
 
-use super::{Budget, CompletionSink, Destination, Landed, ReadError, ReadErrorKind, SourceFile};
+use super::{
+    Budget, CompletionSink, Destination, HeldPiece, KeepMapped, Landed, ReadError, ReadErrorKind, SourceFile,
+};
 
 /// The knobs of one run, for [`Job::new`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +50,8 @@ pub struct Job<'a> {
     /// Report landed prefixes of each read every this many bytes (see
     /// [`CompletionSink::prefix_landed`]); `None`: whole reads only.
     landed_step_bytes: Option<u64>,
+    /// Keeps the destination mapped after the job ([`Job::with_kept_mapping`]).
+    kept: Option<KeepMapped>,
     /// One bit per plan read: set once its destination range has been handed out
     /// ([`Job::claim`]) or taken by a built-in backend. A range is never handed out twice.
     claims: Box<[AtomicU64]>,
@@ -112,6 +116,7 @@ impl<'a> Job<'a> {
             config,
             file_ids: None,
             landed_step_bytes: None,
+            kept: None,
             claims: (0..words).map(|_| AtomicU64::new(0)).collect(),
             disjoint: OnceLock::new(),
             _sealed: Sealed,
@@ -131,6 +136,22 @@ impl<'a> Job<'a> {
     pub fn with_landed_step(mut self, step_bytes: u64) -> Job<'a> {
         self.landed_step_bytes = Some(step_bytes.max(4096).next_multiple_of(4096));
         self
+    }
+
+    /// Says that `dest` stays mapped after the job for as long as `kept` lives (an owned load's
+    /// arena, which becomes the loaded model: not a streaming window, which the next batch
+    /// reuses), so that backends can hand out [`HeldPiece`]s of its reads
+    /// ([`ReadTarget::hand_out_held`]). Ignored unless `kept` covers the whole destination.
+    pub fn with_kept_mapping(mut self, kept: KeepMapped) -> Job<'a> {
+        if kept.covers(self.dest.host_ptr(), self.dest.len_bytes() as usize) {
+            self.kept = Some(kept);
+        }
+        self
+    }
+
+    /// Whether the destination stays mapped after the job ([`Job::with_kept_mapping`]).
+    pub fn keeps_mapping(&self) -> bool {
+        self.kept.is_some()
     }
 
     /// The step asked for with [`Job::with_landed_step`].
@@ -417,6 +438,23 @@ impl<'j> ReadTarget<'j> {
         Some(Filled { ptr, len: len_bytes, offset_bytes, _out: out, _bytes: std::marker::PhantomData })
     }
 
+    /// Hand out the next `len_bytes` of the read (filled: they are final) as a [`HeldPiece`],
+    /// which stays mapped after the job and the load (it does not hold the read back from
+    /// landing, nor the memory from the load's caller, who may change it once the load returns:
+    /// see [`HeldPiece`]). `None` if fewer bytes are left, or if the job's destination is not kept
+    /// mapped ([`Job::with_kept_mapping`]); the bytes are then not handed out.
+    pub fn hand_out_held(&mut self, len_bytes: usize) -> Option<HeldPiece> {
+        if len_bytes > self.len - self.handed_out_bytes {
+            return None;
+        }
+        let kept = self.job.kept.clone()?;
+        // SAFETY: `handed_out_bytes + len_bytes <= len`, inside the claimed range, which lies
+        // inside the destination that `kept` covers (checked by `Job::with_kept_mapping`).
+        let ptr = unsafe { self.ptr.add(self.handed_out_bytes) };
+        self.handed_out_bytes += len_bytes;
+        Some(HeldPiece::new(kept, ptr, len_bytes))
+    }
+
     /// Every byte of the read has been written: calls [`Destination::on_landed`], then
     /// [`CompletionSink::read_done`] (an error from the sink becomes [`ReadErrorKind::Stopped`]).
     /// Refused (`InvalidInput`) while a piece from [`ReadTarget::hand_out`] is still held: the
@@ -502,6 +540,47 @@ impl std::fmt::Debug for Job<'_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn held_pieces_come_only_from_a_job_whose_memory_is_kept_mapped() {
+        use tensora_plan::{Extent, Order, PlanConfig};
+        let extents = [Extent { file: 0, offset_bytes: 0, len_bytes: 8192, tag: 0 }];
+        let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File).unwrap();
+        let arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
+        let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
+        let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+        // SAFETY: nothing else touches `arena` while the jobs run, one after the other.
+        let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
+        assert!(!job.keeps_mapping());
+        assert!(job.claim(0).unwrap().hand_out_held(4096).is_none());
+        // SAFETY: as above.
+        let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
+        // A keep-alive that does not cover the destination is ignored.
+        let small = crate::arena::Arena::with_len(4096).unwrap();
+        let job = job.with_kept_mapping(small.keep_mapped());
+        assert!(!job.keeps_mapping());
+        let job = job.with_kept_mapping(arena.keep_mapped());
+        assert!(job.keeps_mapping());
+        let mut target = job.claim(0).unwrap();
+        target.buf().fill(3);
+        let piece = target.hand_out_held(4096).unwrap();
+        assert_eq!((piece.addr(), piece.len_bytes()), (arena.as_ptr() as usize, 4096));
+        assert!(target.hand_out_held(4097).is_none(), "4096 bytes are left");
+        assert_eq!(target.buf().len(), 4096);
+        // A held piece does not hold the read back from landing.
+        struct Sink;
+        impl CompletionSink for Sink {
+            fn read_done(&self, _landed: Landed<'_>) -> Result<(), super::super::StopReason> {
+                Ok(())
+            }
+        }
+        target.land(&Sink).unwrap();
+        drop(job);
+        drop(arena);
+        let file = tempfile::tempfile().unwrap();
+        piece.write_at(&file, 0..4096, 0).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 4096);
+    }
 
     fn read(arena_offset_bytes: u64, len_bytes: u64) -> Read {
         Read { file: 0, offset_bytes: arena_offset_bytes, len_bytes, arena_offset_bytes, pieces: 0..0 }

@@ -12,6 +12,7 @@
 mod budget;
 mod dest;
 mod error;
+mod held;
 mod job;
 mod sink;
 mod source;
@@ -19,6 +20,7 @@ mod source;
 pub use budget::{Budget, Permit};
 pub use dest::{CallerBuffer, Destination};
 pub use error::{ReadError, ReadErrorKind};
+pub use held::{HeldPiece, KeepMapped};
 pub use job::{Filled, Job, JobConfig, ReadTarget};
 pub use sink::{CompletionSink, Landed, LandedPrefix, StopReason};
 #[cfg(test)]

@@ -17,6 +17,7 @@ goes. Writing into them never changes the file.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -48,6 +49,7 @@ __all__ = [
     "verify",
     "convert",
     "backends",
+    "wait_cache",
     "RemoteOptions",
     "TensoraError",
     "FormatError",
@@ -122,9 +124,13 @@ class RemoteOptions:
     (plain-HTTP endpoints), ``anonymous`` (unsigned requests), ``region``, ``allow_unversioned``
     (load objects whose server sends neither ETag nor Last-Modified), ``open_timeout`` (seconds
     for opening: every request and retry; 120 by default), ``cache`` (a directory: a verified
-    local cache, written through as the ranges land, resumed after an interruption, read back at
-    disk speed next time), ``cache_max`` (bytes; least recently used objects go first) and
-    ``offline`` (load from the cache only). Credentials come from the environment (``AWS_*``,
+    local cache, written from where the ranges landed, resumed after an
+    interruption, read back at disk speed next time), ``cache_max`` (bytes; least recently used
+    objects go first), ``offline`` (load from the cache only) and ``cache_writes``: ``"before"``
+    (the default: every range is on disk before the tensors are handed over, whatever is done
+    with them next) or ``"behind"`` (the tensors come back as soon as they have arrived and the
+    copies are written behind them, see :func:`wait_cache`; a tensor rewritten in place before
+    its pieces are written leaves them out of the cache). Credentials come from the environment (``AWS_*``,
     ``AZURE_*``, ``GOOGLE_*``), never from here."""
 
     endpoint: Optional[str] = None
@@ -136,6 +142,7 @@ class RemoteOptions:
     cache: Optional[PathLike] = None
     cache_max: Optional[int] = None
     offline: bool = False
+    cache_writes: Optional[str] = None
 
 
 def _remote_dict(remote: Optional[RemoteOptions], cache: Optional[PathLike]) -> Optional[Dict[str, Any]]:
@@ -181,7 +188,9 @@ def load_file(
     object's version seen at open (a replaced object fails the load, never mixes); ``remote``
     (a :class:`RemoteOptions`) says how to reach the store, and ``cache=DIR`` (a shortcut for
     ``RemoteOptions(cache=DIR)``) keeps a verified local copy: the next load of the same URL
-    reads it at disk speed after one request per object.
+    reads it at disk speed after one request per object (with
+    ``RemoteOptions(cache_writes="behind")`` the copies are written behind the load: see
+    :func:`wait_cache`).
 
     ``residence`` says where the tensors live; by default it follows the HF function this
     replaces: ``"owned"`` for ``framework="np"`` (HF's numpy ``load_file`` returns owned
@@ -407,6 +416,25 @@ def convert(src: PathLike, dst: PathLike, to: str, shard_bytes_max: Optional[int
     """Convert a checkpoint to ``"safetensors"`` or ``"serverlessllm"`` at ``dst`` (created
     atomically; it must not exist)."""
     return json.loads(_native.convert_json(os.fspath(src), os.fspath(dst), to, shard_bytes_max))
+
+
+def wait_cache() -> int:
+    """Wait until the cache copies of every earlier remote load with
+    ``RemoteOptions(cache=..., cache_writes="behind")`` are written, durable and promoted (such a
+    load returns its tensors first and finishes its copies behind them: each piece is read back
+    and kept only if the disk holds what arrived, so a tensor rewritten before it is written is
+    left out and fetched again next time); the number of loads waited for. Registered with :mod:`atexit`, so a process that
+    exits right after a load still leaves its copies complete (one killed first leaves them
+    partial, and the next load fetches only what is missing).
+
+    >>> import tensora
+    >>> tensora.wait_cache()
+    0
+    """
+    return int(_native.wait_cache_writes())
+
+
+atexit.register(wait_cache)
 
 
 def backends() -> List[str]:

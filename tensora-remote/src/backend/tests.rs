@@ -334,8 +334,12 @@ fn a_broken_body_resumes_into_the_pieces_of_a_cached_range() {
     let cache_dir = tempfile::tempdir().unwrap();
     // One 3 MiB tensor, read as one range.
     let store = stored(dir.path(), &[3 << 18], 8 << 20, &rt());
-    let cache =
-        crate::CacheOptions { dir: cache_dir.path().to_path_buf(), size_max_bytes: None, offline: false };
+    let cache = crate::CacheOptions {
+        dir: cache_dir.path().to_path_buf(),
+        size_max_bytes: None,
+        offline: false,
+        writes: crate::CacheWrites::default(),
+    };
     let opts = RemoteOptions { chunk_bytes: 4 << 20, cache: Some(cache.clone()), ..RemoteOptions::default() };
     let remote = open(Arc::clone(&store) as Arc<dyn ObjectStore>, &opts);
     store.breaks.lock().unwrap().extend([1_500_000, 700_000]);
@@ -358,8 +362,12 @@ fn a_cache_writes_nothing_of_an_object_with_no_version() {
     let dir = tempfile::tempdir().unwrap();
     let cache_dir = tempfile::tempdir().unwrap();
     let (store, opts) = versionless(dir.path(), true);
-    let cache =
-        crate::CacheOptions { dir: cache_dir.path().to_path_buf(), size_max_bytes: None, offline: false };
+    let cache = crate::CacheOptions {
+        dir: cache_dir.path().to_path_buf(),
+        size_max_bytes: None,
+        offline: false,
+        writes: crate::CacheWrites::default(),
+    };
     let opts = RemoteOptions { unversioned: crate::Unversioned::Allow, cache: Some(cache.clone()), ..opts };
     let remote = open(store as Arc<dyn ObjectStore>, &opts);
     let local = tensora_io::load_path(dir.path(), &LoadOptions::default()).unwrap();

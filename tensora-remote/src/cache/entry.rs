@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use tensora_io::HeldPiece;
 
 /// Bytes of one record of the range log: offset (u64), length (u64), CRC-32C (u32), 4 zero bytes,
 /// little-endian.
@@ -169,6 +170,70 @@ fn allocate(data: &File, len_bytes: u64) -> std::io::Result<()> {
     data.set_len(len_bytes)
 }
 
+/// What [`Entry::write_held`] found on the disk after writing a piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// The bytes that arrived: recorded.
+    Recorded,
+    /// Other bytes (the load's caller changed them in memory before they were written): not
+    /// recorded, so the next load fetches the range again.
+    Changed,
+}
+
+/// Where the bytes of a write come from.
+#[derive(Clone, Copy)]
+enum Bytes<'b> {
+    /// Memory no one changes during the write (a writer's copy, a piece of a running load).
+    Slice(&'b [u8]),
+    /// A piece of an arena after its load returned (see [`HeldPiece`]).
+    Held(&'b HeldPiece),
+}
+
+impl Bytes<'_> {
+    fn len_bytes(&self) -> usize {
+        match self {
+            Bytes::Slice(s) => s.len(),
+            Bytes::Held(p) => p.len_bytes(),
+        }
+    }
+
+    fn addr(&self) -> usize {
+        match self {
+            Bytes::Slice(s) => s.as_ptr() as usize,
+            Bytes::Held(p) => p.addr(),
+        }
+    }
+
+    /// Write `range` of the bytes at `offset_bytes` of `file`.
+    fn write_at(&self, file: &File, range: std::ops::Range<usize>, offset_bytes: u64) -> std::io::Result<()> {
+        match self {
+            Bytes::Slice(s) => file.write_all_at(&s[range], offset_bytes),
+            Bytes::Held(p) => p.write_at(file, range, offset_bytes),
+        }
+    }
+}
+
+/// Reads interrupted by a signal that [`read_up_to`] retries before it gives up.
+const INTERRUPTED_RETRIES_MAX: u32 = 64;
+
+/// Read into `buf` at `offset_bytes` of `file` until it is full or the file ends: the bytes read.
+fn read_up_to(file: &File, buf: &mut [u8], offset_bytes: u64) -> std::io::Result<usize> {
+    let (mut done, mut interrupted) = (0, 0);
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset_bytes + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::Interrupted && interrupted < INTERRUPTED_RETRIES_MAX =>
+            {
+                interrupted += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
 /// An entry open for reading or writing by this process.
 #[derive(Debug)]
 pub struct Entry {
@@ -219,6 +284,7 @@ impl Entry {
         let ranges = Ranges::read(&dir.join("ranges"))?;
         let log = File::options().create(true).append(true).open(dir.join("ranges"))?;
         let direct = File::options()
+            .read(true)
             .write(true)
             .custom_flags(libc::O_DIRECT)
             .open(dir.join("data"))
@@ -256,11 +322,40 @@ impl Entry {
     /// when the bytes arrived (recorded as is). Only an entry opened with [`Entry::create`] writes.
     pub fn write(&self, offset_bytes: u64, bytes: &[u8], crc32c: u32) -> std::io::Result<()> {
         debug_assert_eq!(crc32c, crc32c::crc32c(bytes), "the caller's CRC-32C of the range");
-        if offset_bytes.saturating_add(bytes.len() as u64) > self.description.size_bytes {
+        self.check_bounds(offset_bytes, bytes.len())?;
+        self.write_data(offset_bytes, Bytes::Slice(bytes))?;
+        self.record(RangeRecord { offset_bytes, len_bytes: bytes.len() as u64, crc32c })
+    }
+
+    /// Write a piece of a load's arena after the load returned (its caller may have changed the
+    /// bytes since they arrived), read it back from the disk, and record it only if what the
+    /// disk holds has `crc32c`, the CRC-32C taken as the bytes arrived. `scratch` is the
+    /// read-back buffer, reused across calls.
+    pub fn write_held(
+        &self,
+        offset_bytes: u64,
+        piece: &HeldPiece,
+        crc32c: u32,
+        scratch: &mut Vec<u8>,
+    ) -> std::io::Result<Checked> {
+        self.check_bounds(offset_bytes, piece.len_bytes())?;
+        self.write_data(offset_bytes, Bytes::Held(piece))?;
+        if self.crc32c_on_disk(offset_bytes, piece.len_bytes(), scratch)? != crc32c {
+            return Ok(Checked::Changed);
+        }
+        self.record(RangeRecord { offset_bytes, len_bytes: piece.len_bytes() as u64, crc32c })?;
+        Ok(Checked::Recorded)
+    }
+
+    fn check_bounds(&self, offset_bytes: u64, len_bytes: usize) -> std::io::Result<()> {
+        if offset_bytes.saturating_add(len_bytes as u64) > self.description.size_bytes {
             return Err(std::io::Error::other("a range beyond the object's end"));
         }
-        self.write_data(offset_bytes, bytes)?;
-        let record = RangeRecord { offset_bytes, len_bytes: bytes.len() as u64, crc32c };
+        Ok(())
+    }
+
+    /// Append `record` to the range log (its bytes are written).
+    fn record(&self, record: RangeRecord) -> std::io::Result<()> {
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let (file, ranges) = &mut *log;
         let file = file.as_mut().ok_or_else(|| std::io::Error::other("the entry is open for reading"))?;
@@ -270,26 +365,25 @@ impl Entry {
     }
 
     /// Write `bytes` at `offset_bytes` of `data`. When the bytes sit in memory at the same offset
-    /// within a page as they go in the file (the writers arrange it), the whole pages in the
-    /// middle go straight to the disk (`O_DIRECT`: no page-cache copy, no fresh page-cache
-    /// memory), and only the partial pages at the ends through the page cache. Pages written
-    /// directly are never written through the page cache: a partial page belongs to one range's
-    /// ends only, and ranges do not overlap.
-    fn write_data(&self, offset_bytes: u64, bytes: &[u8]) -> std::io::Result<()> {
+    /// within a page as they go in the file (the writers and the arena's 4 KiB-aligned reads
+    /// arrange it), the whole pages in the middle go straight to the disk (`O_DIRECT`: no
+    /// page-cache copy, no fresh page-cache memory), and only the partial pages at the ends
+    /// through the page cache. Pages written directly are never written through the page cache:
+    /// a partial page belongs to one range's ends only, and ranges do not overlap.
+    fn write_data(&self, offset_bytes: u64, bytes: Bytes<'_>) -> std::io::Result<()> {
         let page = DIRECT_ALIGN_BYTES as u64;
-        let congruent = (bytes.as_ptr() as u64) % page == offset_bytes % page;
-        let end_bytes = offset_bytes + bytes.len() as u64;
+        let congruent = (bytes.addr() as u64) % page == offset_bytes % page;
+        let end_bytes = offset_bytes + bytes.len_bytes() as u64;
         let (first, last) = (offset_bytes.next_multiple_of(page), end_bytes / page * page);
         if !congruent || first >= last {
-            return self.data.write_all_at(bytes, offset_bytes);
+            return bytes.write_at(&self.data, 0..bytes.len_bytes(), offset_bytes);
         }
-        let (head, rest) = bytes.split_at((first - offset_bytes) as usize);
-        let (middle, tail) = rest.split_at((last - first) as usize);
-        self.data.write_all_at(head, offset_bytes)?;
+        let (head, middle) = ((first - offset_bytes) as usize, (last - offset_bytes) as usize);
+        bytes.write_at(&self.data, 0..head, offset_bytes)?;
         // A shared handle, not a duplicated descriptor: no `dup` and `close` per piece.
         let direct = self.direct.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let wrote_direct = match direct {
-            Some(file) => match file.write_all_at(middle, first) {
+            Some(file) => match bytes.write_at(&file, head..middle, first) {
                 Ok(()) => true,
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                     *self.direct.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -300,9 +394,45 @@ impl Entry {
             None => false,
         };
         if !wrote_direct {
-            self.data.write_all_at(middle, first)?;
+            bytes.write_at(&self.data, head..middle, first)?;
         }
-        self.data.write_all_at(tail, last)
+        bytes.write_at(&self.data, middle..bytes.len_bytes(), last)
+    }
+
+    /// The CRC-32C of `len_bytes` at `offset_bytes` as the disk holds them: read with `O_DIRECT`
+    /// (whole pages around the range, into an aligned part of `scratch`), so the page cache
+    /// neither answers nor keeps them; through the page cache where direct reads are refused.
+    fn crc32c_on_disk(
+        &self,
+        offset_bytes: u64,
+        len_bytes: usize,
+        scratch: &mut Vec<u8>,
+    ) -> std::io::Result<u32> {
+        let page = DIRECT_ALIGN_BYTES as u64;
+        let start = offset_bytes / page * page;
+        let end = (offset_bytes + len_bytes as u64).next_multiple_of(page);
+        let span = (end - start) as usize;
+        // Grown once and reused: its old bytes are overwritten by the read.
+        if scratch.len() < span + DIRECT_ALIGN_BYTES {
+            scratch.resize(span + DIRECT_ALIGN_BYTES, 0);
+        }
+        let at = (DIRECT_ALIGN_BYTES - scratch.as_ptr() as usize % DIRECT_ALIGN_BYTES) % DIRECT_ALIGN_BYTES;
+        let buf = &mut scratch[at..at + span];
+        let head = (offset_bytes - start) as usize;
+        let direct = self.direct.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(file) = direct {
+            match read_up_to(&file, buf, start) {
+                Ok(n) if n >= head + len_bytes => return Ok(crc32c::crc32c(&buf[head..head + len_bytes])),
+                Ok(_) => {
+                    return Err(std::io::Error::other("the copy is shorter than a range written into it"));
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let range = &mut buf[head..head + len_bytes];
+        self.data.read_exact_at(range, offset_bytes)?;
+        Ok(crc32c::crc32c(range))
     }
 
     /// Make a complete entry durable and move it to `to` (one rename of its directory).
@@ -372,6 +502,50 @@ mod tests {
             let want = (o..(o + l).min(240)).all(|b| bytes[b as usize]) && o + l <= 240;
             prop_assert_eq!(set.covers(o, l), want);
             prop_assert_eq!(set.covered_bytes(), bytes.iter().filter(|&&b| b).count() as u64);
+        }
+    }
+
+    /// A piece of an arena written behind its load is recorded when the disk holds what arrived,
+    /// and left out when the memory changed first; direct or buffered, aligned or not.
+    #[test]
+    fn a_held_piece_is_recorded_only_if_the_disk_holds_what_arrived() {
+        for (direct, offset) in [(true, 0u64), (true, 4096 + 100), (false, 8192)] {
+            let dir = tempfile::tempdir().unwrap();
+            let size_bytes = 64 << 10;
+            let description = Description {
+                url: "http://h/x".into(),
+                path: "x".into(),
+                size_bytes,
+                etag: Some("e".into()),
+                last_modified_ns: 0,
+            };
+            let entry = Entry::create(dir.path(), &description).unwrap();
+            if !direct {
+                *entry.direct.lock().unwrap() = None;
+            }
+            let mut arena = tensora_io::arena::Arena::with_len(2 << 20).unwrap();
+            let at = (offset % 4096) as usize;
+            let arrived: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+            arena.as_mut_slice()[at..at + arrived.len()].copy_from_slice(&arrived);
+            let keep = arena.keep_mapped();
+            let crc = crc32c::crc32c(&arrived);
+            let mut scratch = Vec::new();
+            let piece = keep.piece(at, arrived.len()).unwrap();
+            assert_eq!(entry.write_held(offset, &piece, crc, &mut scratch).unwrap(), Checked::Recorded);
+            let mut back = vec![0u8; arrived.len()];
+            assert!(entry.read(offset, &mut back).unwrap());
+            assert!(back == arrived);
+            // The caller changes one byte of the next range before it is written.
+            let next = offset + 30_000;
+            arena.as_mut_slice()[at..at + arrived.len()].copy_from_slice(&arrived);
+            arena.as_mut_slice()[at + 7] ^= 0x40;
+            let piece = keep.piece(at, arrived.len()).unwrap();
+            assert_eq!(entry.write_held(next, &piece, crc, &mut scratch).unwrap(), Checked::Changed);
+            assert!(!entry.read(next, &mut back).unwrap(), "a changed piece is not recorded");
+            assert_eq!(entry.covered_bytes(), arrived.len() as u64);
+            assert!(entry.verify().unwrap().is_empty());
+            // Past the object's end: refused before anything is written.
+            assert!(entry.write_held(size_bytes - 10, &piece, crc, &mut scratch).is_err());
         }
     }
 

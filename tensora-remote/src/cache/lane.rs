@@ -1,20 +1,25 @@
-//! The cache's in-place lane, what a load's fetched ranges take into the copies: a range is
-//! written from where it lands in the load's destination (the arena), piece by piece as its body
-//! arrives, by one of [`LANE_THREADS`] threads scoped to the load's run, and lands (is handed to
-//! the load) only once every piece is written. No copy of the bytes is made; with reads planned
-//! on 4 KiB blocks (`RemoteBackend::read_align_bytes`) each piece goes to the disk with
-//! `O_DIRECT`, so neither a buffer nor the page cache holds a second copy of what is loaded.
+//! How a load's fetched ranges go into the copies: written from where they land in the load's
+//! destination, in [`PIECE_BYTES`] pieces as each body arrives, each piece with the CRC-32C of
+//! its bytes taken as they were copied in (while still in the CPU's caches). No copy of the bytes
+//! is made; with reads planned on 4 KiB blocks (`RemoteBackend::read_align_bytes`) each piece
+//! goes to the disk with `O_DIRECT`, so neither a buffer nor the page cache holds a second copy.
+//! Where the pieces go ([`PiecesTo`]) depends on whether the destination outlives the load:
 //!
-//! Pieces keep the disk busy while the ranges are still arriving: written only at each range's
-//! end, the last ranges in flight (up to the whole in-flight budget) would all be written after
-//! the network is done. A range's pieces and its landing go to one thread, in order, so it lands
-//! after its pieces are on disk. Each piece is recorded on its own (its CRC-32C computed as its
-//! bytes were copied in), so an interrupted load keeps every piece written.
+//! - **Behind the load** (an owned load: its arena becomes the model and is kept mapped, see
+//!   `tensora_io::KeepMapped`): each piece goes to the session's writers as a
+//!   `tensora_io::HeldPiece` and the range lands as soon as it has arrived, so the load waits for
+//!   no disk. A writer writes the piece, reads it back and records it only if the disk holds what
+//!   arrived (`Entry::write_held`): once the load has returned, its caller may rewrite the
+//!   tensors at any time.
+//! - **In the lane** (a streamed load, whose window is reused for the next batch once the
+//!   consumer has it): the pieces and then the range go to one of [`LANE_THREADS`] threads
+//!   scoped to the load's run, in order, and the range lands (is handed to the consumer) only
+//!   once every piece is written and recorded. Bounds: a range's pieces and its landing wait
+//!   here while it holds its budget permit (given back when it lands), so what waits never
+//!   passes the load's in-flight budget, and a disk slower than the network slows the fetches to
+//!   its pace with no memory of its own.
 //!
-//! Bounds: a range's pieces and its landing wait here while it holds its budget permit (given
-//! back when it lands), so what waits never passes the load's in-flight budget; a disk slower
-//! than the network slows the fetches to its pace once the budget is taken, with no memory of its
-//! own.
+//! Either way each piece is recorded on its own, so an interrupted load keeps every piece written.
 
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
@@ -53,14 +58,25 @@ impl<'j> LaneWork<'j> {
     }
 }
 
-/// A range's body filled into its claimed read, each [`PIECE_BYTES`] sent to the lane thread
-/// `to` as soon as they are in.
+/// Where a range's pieces go as they fill.
+#[derive(Clone, Copy)]
+pub(crate) enum PiecesTo<'t, 'j> {
+    /// A lane thread of the run, which writes each piece and then lands the range (the load's
+    /// memory does not outlive the run: a streaming window).
+    Lane(&'t Sender<LaneWork<'j>>),
+    /// The session's writers, as held pieces written behind the load (an owned load's arena,
+    /// kept mapped): the range lands as soon as it has arrived.
+    Behind(&'t CacheSession),
+}
+
+/// A range's body filled into its claimed read, each [`PIECE_BYTES`] sent on (`to`) as soon as
+/// they are in, with the CRC-32C of its bytes as they arrived.
 pub(crate) struct LaneFill<'t, 'j> {
     target: &'t mut ReadTarget<'j>,
     entry: Arc<Entry>,
     /// The object offset of the range's first byte.
     offset_bytes: u64,
-    to: &'t Sender<LaneWork<'j>>,
+    to: PiecesTo<'t, 'j>,
     /// The CRC-32C of the piece being filled (the bytes from `target.handed_out_bytes()` on).
     crc32c: u32,
 }
@@ -70,19 +86,29 @@ impl<'t, 'j> LaneFill<'t, 'j> {
         target: &'t mut ReadTarget<'j>,
         entry: Arc<Entry>,
         offset_bytes: u64,
-        to: &'t Sender<LaneWork<'j>>,
+        to: PiecesTo<'t, 'j>,
     ) -> LaneFill<'t, 'j> {
         debug_assert_eq!(target.handed_out_bytes(), 0, "a range is filled from its start");
         LaneFill { target, entry, offset_bytes, to, crc32c: 0 }
     }
 
     /// Send the filled bytes not sent yet (`len_bytes` of them) as one piece. A lane thread that
-    /// is gone leaves the piece out of the copy (the landing, sent later, then fails the load).
+    /// is gone leaves the piece out of the copy (the landing, sent later, then fails the load);
+    /// a job whose memory is not kept mapped sends no held piece (the copy stays partial).
     fn send_piece(&mut self, len_bytes: usize) {
         let offset_bytes = self.offset_bytes + self.target.handed_out_bytes() as u64;
-        let Some(bytes) = self.target.hand_out(len_bytes) else { return };
         let crc32c = std::mem::take(&mut self.crc32c);
-        let _ = self.to.send(LaneWork::Piece { entry: Arc::clone(&self.entry), offset_bytes, crc32c, bytes });
+        let entry = Arc::clone(&self.entry);
+        match self.to {
+            PiecesTo::Lane(to) => {
+                let Some(bytes) = self.target.hand_out(len_bytes) else { return };
+                let _ = to.send(LaneWork::Piece { entry, offset_bytes, crc32c, bytes });
+            }
+            PiecesTo::Behind(session) => {
+                let Some(piece) = self.target.hand_out_held(len_bytes) else { return };
+                session.writers.queue_held(entry, offset_bytes, crc32c, piece);
+            }
+        }
     }
 }
 
@@ -154,7 +180,8 @@ mod tests {
                 let mut body = vec![0u8; read.len_bytes as usize];
                 file.buffered.read_exact_at(&mut body, read.offset_bytes).unwrap();
                 let (to, work) = std::sync::mpsc::channel();
-                let mut fill = LaneFill::new(&mut target, Arc::clone(&entry), read.offset_bytes, &to);
+                let mut fill =
+                    LaneFill::new(&mut target, Arc::clone(&entry), read.offset_bytes, PiecesTo::Lane(&to));
                 assert_eq!(fill.len_bytes(), body.len());
                 let (mut at, mut k) = (0, 0);
                 while at < body.len() {

@@ -1,9 +1,10 @@
 //! The verified local cache (`--cache DIR`, [`CacheOptions`]).
 //!
-//! A remote load writes every range it fetches into a local copy of its object in the same pass
-//! (no second download) and records what it wrote (each range, or each 1 MiB piece of a load's
-//! ranges, with its CRC-32C) in the object's range log; a
-//! load that finds ranges already there reads them from the copy. A copy whose ranges cover the
+//! A remote load writes every range it fetches into a local copy of its object from where it
+//! landed (no second download; an owned load's pieces behind it, read back and checked against
+//! the CRC-32C taken as they arrived, see `lane.rs`) and records what it wrote (each range, or
+//! each 1 MiB piece of a load's ranges, with its CRC-32C) in the object's range log; a load that
+//! finds ranges already there reads them from the copy. A copy whose ranges cover the
 //! whole object is promoted atomically (one rename) and keyed by URL + version (ETag, else
 //! Last-Modified) + size, so a changed object is a new key and never mixes with the old one. An
 //! open records which objects a location resolved to (`locations/`); the next open of that URL
@@ -34,7 +35,7 @@ use sha2::Digest as _;
 
 pub use entry::{DIRECT_ALIGN_BYTES, Description, Entry, RangeRecord};
 pub use lane::{LANE_THREADS, PIECE_BYTES};
-pub(crate) use lane::{LaneFill, LaneWork};
+pub(crate) use lane::{LaneFill, LaneWork, PiecesTo};
 pub(crate) use session::{CacheSession, WriteLocks, describe_meta};
 pub use sync::CacheSync;
 pub use writer::{WRITE_BEHIND_BYTES, WRITER_THREADS};
@@ -60,6 +61,25 @@ pub struct CacheOptions {
     /// Send no request at all: open and load from the cache only (a location never opened
     /// with this cache, or an object not complete in it, is [`RemoteError::NotCached`]).
     pub offline: bool,
+    /// When an owned load's ranges are written into the copies.
+    pub writes: CacheWrites,
+}
+
+/// When an owned load's fetched ranges are written into the cache's copies (a streamed load,
+/// whose window is reused, always writes each range before it lands).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheWrites {
+    /// Behind the load: each range lands as soon as it has arrived and its pieces are written
+    /// after (or while) the load returns, read back, and kept only if the disk holds what
+    /// arrived. The fastest load; a caller that rewrites the tensors in place before the copies
+    /// are written ([`crate::RemoteLoaded::wait_cache`]) leaves those pieces out of the cache,
+    /// and the next load fetches them again.
+    #[default]
+    Behind,
+    /// Before each range lands: the load returns with every range on disk (only the `fsync`s
+    /// and renames run behind it), whatever the caller does with the tensors next. About a
+    /// quarter slower than no cache where the CPU bounds the load (docs/design.md).
+    BeforeLanding,
 }
 
 /// What the cache did for one open or load.
@@ -71,6 +91,10 @@ pub struct CacheReport {
     pub hit_bytes: u64,
     /// Bytes fetched from the network and written into the cache.
     pub written_bytes: u64,
+    /// Bytes written behind the load that the disk, read back, did not hold as they arrived:
+    /// the caller changed them in memory first (an engine rewriting weights in place). They are
+    /// left out of the copy, and the next load fetches them again.
+    pub changed_bytes: u64,
     /// Objects completed (made durable and promoted) by this operation.
     pub promoted: u64,
     /// Objects this load wrote whose copies are being finished behind it (queued ranges written,
@@ -82,7 +106,8 @@ pub struct CacheReport {
     pub sync_seconds: f64,
     /// Seconds the load still waited for the disk after its last range had arrived (the lane
     /// threads writing the pieces queued behind the network), summed over its runs: part of the
-    /// load's time that a load without a cache does not have.
+    /// load's time that a load without a cache does not have. 0 for an owned load, whose ranges
+    /// are written behind it.
     pub disk_tail_seconds: f64,
     /// Objects loaded through `tensora_io` from complete local copies.
     pub local_objects: u64,

@@ -96,6 +96,11 @@ impl CacheSync {
         }
     }
 
+    /// Whether the work is done (waiting for it then returns at once).
+    pub fn is_finished(&self) -> bool {
+        self.handle.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+
     fn join(&mut self) -> Option<Synced> {
         let handle = self.handle.take()?;
         Some(handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
@@ -112,6 +117,7 @@ impl Drop for CacheSync {
 fn merge(report: &mut CacheReport, synced: Synced) {
     report.promoting = 0;
     report.written_bytes = synced.tally.written_bytes;
+    report.changed_bytes = synced.tally.changed_bytes;
     report.skipped.extend(synced.tally.failed);
     report.promoted += synced.promoted;
     report.skipped.extend(synced.skipped);

@@ -1,11 +1,21 @@
-//! The cache's copying writers, for the ranges an open fetches (headers, indexes) and a load's
-//! ranges when no lane thread could start (a load's ranges take the lane, `lane.rs`, which needs
-//! no copy): a range is copied into a buffer of a bounded pool and written into its object's copy
-//! by one of [`WRITER_THREADS`] threads, so that the threads driving the connections never wait
-//! for the disk. At most [`WRITE_BEHIND_BYTES`] of copies are queued or being written at once; a
-//! range that would pass that waits (asynchronously) for room, so a disk slower than the network
-//! slows the fetches rather than growing memory. The threads keep draining after the operation
-//! has returned ([`super::CacheSync`] joins them, then promotes).
+//! The cache's writers: [`WRITER_THREADS`] threads, at idle priority, that write into the
+//! copies what the threads driving the connections hand them, so that those never wait for the
+//! disk. Two kinds of work:
+//!
+//! - a copied range: the ranges an open fetches (headers, indexes), and a load's ranges when
+//!   neither of the other ways applies, are copied into a buffer of a bounded pool: at most
+//!   [`WRITE_BEHIND_BYTES`] of copies are queued or being written at once, and a range that
+//!   would pass that waits (asynchronously) for room, so a disk slower than the network slows the
+//!   fetches rather than growing memory;
+//! - a held piece ([`tensora_io::HeldPiece`]): a piece of an owned load's arena, which the load
+//!   landed at once and which is written after (or while) the load returns, read back and
+//!   recorded only if the disk holds what arrived (the load's caller may change the bytes once it
+//!   has them). No copy and no budget: the queue holds at most one item per
+//!   [`super::PIECE_BYTES`] of the load's arena, which the pieces keep mapped until written.
+//!
+//! The threads run at `SCHED_IDLE` (where the system allows it): while the load's threads or the
+//! caller's keep the cores busy, the writes wait. They keep draining after the operation has
+//! returned ([`super::CacheSync`] joins them, then promotes).
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -13,11 +23,14 @@ use std::thread::JoinHandle;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::Entry;
-use super::entry::DIRECT_ALIGN_BYTES;
+use tensora_io::HeldPiece;
 
-/// Threads writing ranges into the cache.
-pub const WRITER_THREADS: usize = 2;
+use super::Entry;
+use super::entry::{Checked, DIRECT_ALIGN_BYTES};
+
+/// Threads writing ranges into the cache (each with one write or read-back on the disk at a
+/// time).
+pub const WRITER_THREADS: usize = 4;
 /// Bytes of copied ranges queued or being written at once, at most.
 pub const WRITE_BEHIND_BYTES: usize = 128 << 20;
 /// The budget's unit: a range holds its length rounded up to this (a range longer than the whole
@@ -30,6 +43,9 @@ const BUDGET_UNITS: usize = WRITE_BEHIND_BYTES / UNIT_BYTES;
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
     pub written_bytes: u64,
+    /// Bytes of held pieces that the disk did not hold as they arrived once written (the load's
+    /// caller changed them first): left out of the copy.
+    pub changed_bytes: u64,
     /// One line per range that could not be written (the copy then stays partial).
     pub failed: Vec<String>,
 }
@@ -37,9 +53,40 @@ pub(crate) struct Tally {
 /// Lines of [`Tally::failed`] kept, at most (a failing disk fails every range).
 const FAILED_LINES_MAX: usize = 16;
 
+/// What a writer thread is given.
+enum Work {
+    Copied(Copied),
+    Held(Held),
+}
+
+/// A held piece on its way to the disk.
+struct Held {
+    entry: Arc<Entry>,
+    offset_bytes: u64,
+    /// The piece's CRC-32C, computed as it arrived.
+    crc32c: u32,
+    piece: HeldPiece,
+}
+
+impl Held {
+    /// Write, read back and (if the disk holds what arrived) record the piece; `scratch` is the
+    /// thread's read-back buffer.
+    fn run(self, tally: &Mutex<Tally>, scratch: &mut Vec<u8>) {
+        let len = self.piece.len_bytes();
+        let url = &self.entry.description.url;
+        match self.entry.write_held(self.offset_bytes, &self.piece, self.crc32c, scratch) {
+            Ok(Checked::Recorded) => count(tally, url, len, Ok(())),
+            Ok(Checked::Changed) => {
+                tally.lock().unwrap_or_else(|p| p.into_inner()).changed_bytes += len as u64;
+            }
+            Err(e) => count(tally, url, len, Err(e)),
+        }
+    }
+}
+
 /// One copied range on its way to the disk; its permit returns its room to the budget once
 /// written.
-struct Job {
+struct Copied {
     entry: Arc<Entry>,
     url: String,
     offset_bytes: u64,
@@ -72,7 +119,7 @@ fn place(buf: &mut Vec<u8>, offset_bytes: u64, bytes: &[u8]) -> usize {
 
 /// The writer threads and their channel, once started.
 struct Running {
-    jobs: Sender<Job>,
+    jobs: Sender<Work>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -116,7 +163,7 @@ fn count(tally: &Mutex<Tally>, url: &str, len: usize, written: std::io::Result<(
     }
 }
 
-impl Job {
+impl Copied {
     fn run(self, tally: &Mutex<Tally>, spare: &Mutex<Vec<Vec<u8>>>) {
         let bytes = &self.buf[self.start..self.start + self.len];
         let written = self.entry.write(self.offset_bytes, bytes, self.crc32c);
@@ -129,11 +176,24 @@ impl Job {
     }
 }
 
-fn writer_loop(jobs: &Mutex<Receiver<Job>>, tally: &Mutex<Tally>, spare: &Mutex<Vec<Vec<u8>>>) {
+impl Work {
+    fn run(self, tally: &Mutex<Tally>, spare: &Mutex<Vec<Vec<u8>>>, scratch: &mut Vec<u8>) {
+        match self {
+            Work::Copied(c) => c.run(tally, spare),
+            Work::Held(h) => h.run(tally, scratch),
+        }
+    }
+}
+
+fn writer_loop(jobs: &Mutex<Receiver<Work>>, tally: &Mutex<Tally>, spare: &Mutex<Vec<Vec<u8>>>) {
+    // Refused (by a sandbox, say): the thread writes at normal priority.
+    let _ = tensora_io::sched::idle_priority();
+    // The read-back buffer of held pieces, reused (a piece and two pages, at most).
+    let mut scratch = Vec::new();
     loop {
         let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
         match job {
-            Ok(job) => job.run(tally, spare),
+            Ok(work) => work.run(tally, spare, &mut scratch),
             // Every sender is gone: the session closed, and the queue is drained.
             Err(_) => return,
         }
@@ -149,7 +209,7 @@ impl Writers {
         let Ok(permit) = Arc::clone(&self.budget).acquire_many_owned(units).await else { return };
         let mut copy = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default();
         let start = place(&mut copy, offset_bytes, bytes);
-        let job = Job {
+        let job = Copied {
             entry,
             url: url.to_owned(),
             offset_bytes,
@@ -159,25 +219,42 @@ impl Writers {
             len: bytes.len(),
             _permit: permit,
         };
+        self.send(Work::Copied(job));
+    }
+
+    /// Queue a held piece of `entry`'s object at `offset_bytes` (`crc32c` its CRC-32C as it
+    /// arrived) for a writer. Once the session is closed the piece is not written.
+    pub fn queue_held(&self, entry: Arc<Entry>, offset_bytes: u64, crc32c: u32, piece: HeldPiece) {
+        self.send(Work::Held(Held { entry, offset_bytes, crc32c, piece }));
+    }
+
+    /// Hand `work` to the threads, starting them first if needed; when none can start, do it on
+    /// this thread. After [`Writers::close`], `work` is dropped: the threads it could go to are
+    /// being joined, and the session's locks go with them.
+    fn send(&self, work: Work) {
         let refused = {
             let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            // `close` closes the budget before it takes the threads under this lock.
+            if self.budget.is_closed() {
+                return;
+            }
             if running.is_none() {
                 *running = self.start();
             }
             match running.as_ref() {
-                Some(r) => r.jobs.send(job).err().map(|e| e.0),
-                None => Some(job),
+                Some(r) => r.jobs.send(work).err().map(|e| e.0),
+                None => Some(work),
             }
         };
         // No thread could be started (or they are gone): write on this one.
-        if let Some(job) = refused {
-            job.run(&self.tally, &self.spare);
+        if let Some(work) = refused {
+            work.run(&self.tally, &self.spare, &mut Vec::new());
         }
     }
 
     /// The threads and their channel; `None` if not even one thread starts.
     fn start(&self) -> Option<Running> {
-        let (jobs, receiver) = std::sync::mpsc::channel::<Job>();
+        let (jobs, receiver) = std::sync::mpsc::channel::<Work>();
         let receiver = Arc::new(Mutex::new(receiver));
         let threads: Vec<JoinHandle<()>> = (0..WRITER_THREADS)
             .filter_map(|k| {

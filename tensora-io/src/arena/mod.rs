@@ -57,9 +57,14 @@
 
 use std::io;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use crate::seam::Destination;
+use crate::seam::{Destination, KeepMapped};
+
+mod parking;
+use parking::RECYCLED;
+pub use parking::{RECYCLE_BYTES_MAX, drop_recycled, drop_recycled_larger_than};
 
 /// How an [`Arena`]'s pages are faulted in before use. See the module docs for measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -85,79 +90,6 @@ pub struct ArenaConfig {
     pub len_bytes: u64,
     /// How the pages are faulted in before use.
     pub prefault: Prefault,
-}
-
-/// Largest arena [`Arena::recycle`] parks; larger ones are unmapped.
-pub const RECYCLE_BYTES_MAX: u64 = 64 << 30;
-/// A parked arena is reused only for requests of at least `1 / RECYCLE_FIT_RATIO` of its length, so
-/// a huge parked arena is not pinned by a small load.
-const RECYCLE_FIT_RATIO: u64 = 4;
-
-/// A slot holding at most one released arena (see the module docs).
-#[derive(Debug)]
-struct Parking(std::sync::Mutex<Option<Arena>>);
-
-impl Parking {
-    const fn new() -> Parking {
-        Parking(std::sync::Mutex::new(None))
-    }
-
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arena>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The parked arena, resized to `len_bytes`, if its mapping fits the request.
-    fn take_fitting(&self, len_bytes: u64) -> Option<Arena> {
-        let mut slot = self.slot();
-        let cap = slot.as_ref()?.map_len_bytes as u64;
-        if len_bytes == 0 || len_bytes > cap || len_bytes.saturating_mul(RECYCLE_FIT_RATIO) < cap {
-            return None;
-        }
-        let mut a = slot.take()?;
-        a.len_bytes = len_bytes as usize;
-        Some(a)
-    }
-
-    /// Unmap the parked arena if its mapping is larger than `len_bytes`.
-    fn drop_larger_than(&self, len_bytes: u64) {
-        let mut slot = self.slot();
-        if slot.as_ref().is_some_and(|a| a.map_len_bytes as u64 > len_bytes) {
-            let parked = slot.take();
-            drop(slot);
-            drop(parked);
-        }
-    }
-
-    /// `MADV_FREE` and park `arena`, unmapping the one parked before. Arenas that are empty, over
-    /// [`RECYCLE_BYTES_MAX`], or whose advice fails are unmapped instead.
-    fn park(&self, arena: Arena) {
-        if arena.map_len_bytes == 0 || arena.map_len_bytes as u64 > RECYCLE_BYTES_MAX {
-            return;
-        }
-        // SAFETY: advising the arena's own private anonymous mapping, which nothing else references
-        // (`arena` is owned); MADV_FREE only lets the kernel drop the contents.
-        let rc = unsafe { libc::madvise(arena.ptr.as_ptr().cast(), arena.map_len_bytes, libc::MADV_FREE) };
-        if rc != 0 {
-            return; // Unsupported (kernel < 4.5): just unmap.
-        }
-        let previous = self.slot().replace(arena);
-        drop(previous);
-    }
-}
-
-/// The process-wide parking slot.
-static RECYCLED: Parking = Parking::new();
-
-/// Unmap the parked arena, if any, returning its memory to the system now.
-pub fn drop_recycled() {
-    let parked = RECYCLED.slot().take();
-    drop(parked);
-}
-
-/// Unmap the parked arena if its mapping is larger than `len_bytes` (a streaming load calls this
-/// with its budget, so lazily freed pages of an earlier owned load do not linger in its RSS).
-pub fn drop_recycled_larger_than(len_bytes: u64) {
-    RECYCLED.drop_larger_than(len_bytes);
 }
 
 /// Fresh arenas at least this large time their first huge pages before keeping them (smaller
@@ -220,8 +152,35 @@ const TOUCH_STRIDE_BYTES: usize = 4096;
 /// Upper bound on prefault threads, whatever the caller asks.
 const TOUCH_THREADS_MAX: usize = 64;
 
+/// The mapping of an arena, unmapped when its last owner goes: the arena, or a
+/// [`KeepMapped`] that a load handed out with the arena's pieces (so that they can be written
+/// elsewhere after the load returned, see [`crate::seam::HeldPiece`]).
+#[derive(Debug)]
+struct Mapping {
+    ptr: NonNull<u8>,
+    /// 0 for an empty arena (nothing to unmap).
+    map_len_bytes: usize,
+}
+
+// SAFETY: the mapping is an address range this value alone unmaps; moving or sharing it shares
+// only the address.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` exposes nothing.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if self.map_len_bytes > 0 {
+            // SAFETY: unmapping exactly the mapping this value owns, once its last owner (the
+            // arena or a keep-alive) is gone: no borrow of it and no held piece outlives them.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len_bytes) };
+        }
+    }
+}
+
 /// An owned, zero-initialised, 2 MiB aligned anonymous mapping advised with `MADV_HUGEPAGE`.
-/// Freed with `munmap` on drop.
+/// Freed with `munmap` on drop (or, when a [`KeepMapped`] from [`Arena::keep_mapped`] still
+/// lives, once the last one goes).
 ///
 /// `Arena` implements [`Destination`]: while a backend runs, it writes through
 /// [`Destination::host_ptr`] from several threads. Safe reads therefore take `&mut self`
@@ -237,6 +196,8 @@ pub struct Arena {
     huge_advised: AtomicBool,
     /// Slow huge-page samples in a row ([`Arena::populate_write_adaptive`]).
     slow_samples: AtomicU32,
+    /// Unmaps the memory when the arena and every keep-alive are gone.
+    mapping: Arc<Mapping>,
 }
 
 // SAFETY: the arena owns its mapping exclusively; the raw pointer is only an address. Concurrent
@@ -309,6 +270,7 @@ impl Arena {
             map_len_bytes,
             huge_advised: AtomicBool::new(false),
             slow_samples: AtomicU32::new(0),
+            mapping: Arc::new(Mapping { ptr, map_len_bytes }),
         };
         if populate {
             // SAFETY: MAP_FIXED over exactly the aligned range that this arena owns (our own
@@ -374,14 +336,43 @@ impl Arena {
 
     /// An arena with no memory (no mapping).
     pub fn empty() -> Arena {
+        let ptr = NonNull::new(std::ptr::without_provenance_mut::<u8>(Self::ALIGN_BYTES as usize))
+            .unwrap_or(NonNull::dangling());
         Arena {
-            ptr: NonNull::new(std::ptr::without_provenance_mut::<u8>(Self::ALIGN_BYTES as usize))
-                .unwrap_or(NonNull::dangling()),
+            ptr,
             len_bytes: 0,
             map_len_bytes: 0,
             huge_advised: AtomicBool::new(false),
             slow_samples: AtomicU32::new(0),
+            mapping: Arc::new(Mapping { ptr, map_len_bytes: 0 }),
         }
+    }
+
+    /// Keep this arena's memory mapped for as long as the returned value (or a piece handed out
+    /// under it) lives, even after the arena is dropped; an arena with a keep-alive out is never
+    /// parked for reuse ([`Arena::recycle`] unmaps it once the last one goes). What a load gives a
+    /// backend that writes its pieces elsewhere after the load returned
+    /// ([`crate::Job::with_kept_mapping`]).
+    ///
+    /// ```
+    /// use tensora_io::arena::Arena;
+    ///
+    /// let arena = Arena::with_len(4096)?;
+    /// let keep = arena.keep_mapped();
+    /// drop(arena); // still mapped: `keep` holds it
+    /// drop(keep); // unmapped now
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn keep_mapped(&self) -> KeepMapped {
+        let owner: Arc<dyn Send + Sync> = Arc::clone(&self.mapping) as Arc<dyn Send + Sync>;
+        // SAFETY: `ptr..ptr + len_bytes` lies inside the mapping, which `Mapping` unmaps only
+        // when its last `Arc` (the one in `owner` among them) is dropped.
+        unsafe { KeepMapped::new(owner, self.ptr, self.len_bytes) }
+    }
+
+    /// Whether a keep-alive from [`Arena::keep_mapped`] still holds this arena's memory.
+    pub fn is_kept_mapped(&self) -> bool {
+        Arc::strong_count(&self.mapping) > 1
     }
 
     /// A zero-length-or-larger arena with no prefault. Shorthand for [`Arena::new`].
@@ -561,16 +552,6 @@ impl Arena {
     }
 }
 
-impl Drop for Arena {
-    fn drop(&mut self) {
-        if self.map_len_bytes > 0 {
-            // SAFETY: unmapping exactly the mapping this arena owns; no borrow of it can outlive
-            // `self`.
-            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len_bytes) };
-        }
-    }
-}
-
 // SAFETY: `ptr` is valid for `len_bytes` writable bytes for the arena's whole life and never moves;
 // writes to disjoint ranges from several threads touch disjoint memory.
 unsafe impl Destination for Arena {
@@ -675,39 +656,6 @@ mod tests {
             assert_eq!(a.as_slice()[n - 1], 0xAB);
             assert_eq!(Destination::align_bytes(&a), Arena::ALIGN_BYTES);
         }
-    }
-
-    #[test]
-    fn parked_arenas_are_reused_only_when_they_fit() {
-        let parking = Parking::new(); // private slot: no other test can race with it
-        let mut a = Arena::with_len(4 << 20).unwrap();
-        a.as_mut_slice().fill(7);
-        let addr = a.as_ptr() as usize;
-        parking.park(a);
-        assert!(parking.take_fitting(4096).is_none(), "a small request does not pin a big arena");
-        assert!(parking.take_fitting(5 << 20).is_none(), "too big");
-        assert!(parking.take_fitting(0).is_none());
-        let mut b = parking.take_fitting(3 << 20).unwrap();
-        assert_eq!(b.as_ptr() as usize, addr);
-        assert_eq!(b.len_bytes(), 3 << 20);
-        assert!(b.as_slice().iter().all(|&x| x == 7 || x == 0), "old contents or zeros");
-        assert!(parking.take_fitting(3 << 20).is_none(), "taken");
-        parking.park(b);
-        parking.park(Arena::with_len(1 << 20).unwrap()); // replaces (unmaps) the first
-        assert!(parking.take_fitting(3 << 20).is_none());
-        assert!(parking.take_fitting(1 << 20).is_some());
-        parking.park(Arena::empty());
-        assert!(parking.slot().is_none(), "empty arenas are not parked");
-        // The global slot works the same way through the public API.
-        Arena::with_len(2 << 20).unwrap().recycle();
-        assert_eq!(Arena::recycled(2 << 20).unwrap().len_bytes(), 2 << 20);
-        drop_recycled();
-        let parking = Parking::new();
-        parking.park(Arena::with_len(4 << 20).unwrap());
-        parking.drop_larger_than(4 << 20);
-        assert!(parking.slot().is_some(), "not larger: kept");
-        parking.drop_larger_than(2 << 20);
-        assert!(parking.slot().is_none(), "larger: unmapped");
     }
 
     #[test]
