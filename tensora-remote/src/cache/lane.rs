@@ -77,8 +77,11 @@ pub(crate) struct LaneFill<'t, 'j> {
     /// The object offset of the range's first byte.
     offset_bytes: u64,
     to: PiecesTo<'t, 'j>,
-    /// The CRC-32C of the piece being filled (the bytes from `target.handed_out_bytes()` on).
-    crc32c: u32,
+    /// The CRC-32C of the piece being filled (the bytes from `target.handed_out_bytes()` on),
+    /// by `crc-fast` (folding with carry-less multiplies, 30 GB/s on one core of the 2-core VM
+    /// against 14 GB/s for the `crc32c` crate's SSE4.2 loop: the checksum is the cache's largest
+    /// cost inside the load).
+    crc: crc_fast::Digest,
 }
 
 impl<'t, 'j> LaneFill<'t, 'j> {
@@ -89,7 +92,13 @@ impl<'t, 'j> LaneFill<'t, 'j> {
         to: PiecesTo<'t, 'j>,
     ) -> LaneFill<'t, 'j> {
         debug_assert_eq!(target.handed_out_bytes(), 0, "a range is filled from its start");
-        LaneFill { target, entry, offset_bytes, to, crc32c: 0 }
+        LaneFill {
+            target,
+            entry,
+            offset_bytes,
+            to,
+            crc: crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi),
+        }
     }
 
     /// Send the filled bytes not sent yet (`len_bytes` of them) as one piece. A lane thread that
@@ -97,7 +106,9 @@ impl<'t, 'j> LaneFill<'t, 'j> {
     /// a job whose memory is not kept mapped sends no held piece (the copy stays partial).
     fn send_piece(&mut self, len_bytes: usize) {
         let offset_bytes = self.offset_bytes + self.target.handed_out_bytes() as u64;
-        let crc32c = std::mem::take(&mut self.crc32c);
+        // A CRC-32C is 32 bits wide: the digest's u64 holds it in its low half.
+        let crc32c = self.crc.finalize() as u32;
+        self.crc.reset();
         let entry = Arc::clone(&self.entry);
         match self.to {
             PiecesTo::Lane(to) => {
@@ -128,7 +139,7 @@ impl Fill for LaneFill<'_, '_> {
             let piece_start = self.target.handed_out_bytes();
             let piece_end = (piece_start + PIECE_BYTES).min(len_bytes);
             let take = rest.len().min(piece_end - pos);
-            self.crc32c = crc32c::crc32c_append(self.crc32c, &rest[..take]);
+            self.crc.update(&rest[..take]);
             (pos, rest) = (pos + take, &rest[take..]);
             if pos == piece_end {
                 self.send_piece(piece_end - piece_start);
