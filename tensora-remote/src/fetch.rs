@@ -9,7 +9,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
 use crate::RemoteError;
-use crate::cache::CacheSession;
+use crate::cache::{CacheSession, Crc32c};
 use crate::redact::redact;
 
 /// Bounds on retrying one range. A range that fails more often, or keeps failing for longer,
@@ -260,9 +260,9 @@ impl<'a> Fetcher<'a> {
         if self.read_cached(object, offset_bytes, dest)? {
             return Ok(Source::Cache);
         }
-        let mut fill = SliceFill { dest, crc32c: self.cache.map(|_| 0u32) };
+        let mut fill = SliceFill { dest, crc32c: self.cache.map(|_| Crc32c::new()) };
         self.fetch_filling(object, offset_bytes, &mut fill).await?;
-        Ok(Source::Store { crc32c: fill.crc32c })
+        Ok(Source::Store { crc32c: fill.crc32c.map(|c| c.value()) })
     }
 
     /// Fill `dest` with the object's bytes from `offset_bytes`, from the store only: neither read
@@ -480,7 +480,7 @@ pub(crate) trait Fill {
 /// each is still in the CPU's caches).
 struct SliceFill<'a> {
     dest: &'a mut [u8],
-    crc32c: Option<u32>,
+    crc32c: Option<Crc32c>,
 }
 
 impl Fill for SliceFill<'_> {
@@ -491,7 +491,7 @@ impl Fill for SliceFill<'_> {
     fn put(&mut self, at: usize, chunk: &[u8]) {
         self.dest[at..at + chunk.len()].copy_from_slice(chunk);
         if let Some(crc) = self.crc32c.as_mut() {
-            *crc = crc32c::crc32c_append(*crc, chunk);
+            crc.append(chunk);
         }
     }
 }

@@ -321,7 +321,7 @@ impl Entry {
     /// Write a landed range, then record it with `crc32c`, its CRC-32C as the caller computed it
     /// when the bytes arrived (recorded as is). Only an entry opened with [`Entry::create`] writes.
     pub fn write(&self, offset_bytes: u64, bytes: &[u8], crc32c: u32) -> std::io::Result<()> {
-        debug_assert_eq!(crc32c, crc32c::crc32c(bytes), "the caller's CRC-32C of the range");
+        debug_assert_eq!(crc32c, super::crc::crc32c(bytes), "the caller's CRC-32C of the range");
         self.check_bounds(offset_bytes, bytes.len())?;
         self.write_data(offset_bytes, Bytes::Slice(bytes))?;
         self.record(RangeRecord { offset_bytes, len_bytes: bytes.len() as u64, crc32c })
@@ -422,7 +422,9 @@ impl Entry {
         let direct = self.direct.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(file) = direct {
             match read_up_to(&file, buf, start) {
-                Ok(n) if n >= head + len_bytes => return Ok(crc32c::crc32c(&buf[head..head + len_bytes])),
+                Ok(n) if n >= head + len_bytes => {
+                    return Ok(super::crc::crc32c(&buf[head..head + len_bytes]));
+                }
                 Ok(_) => {
                     return Err(std::io::Error::other("the copy is shorter than a range written into it"));
                 }
@@ -432,7 +434,7 @@ impl Entry {
         }
         let range = &mut buf[head..head + len_bytes];
         self.data.read_exact_at(range, offset_bytes)?;
-        Ok(crc32c::crc32c(range))
+        Ok(super::crc::crc32c(range))
     }
 
     /// Make a complete entry durable and move it to `to` (one rename of its directory).
@@ -455,15 +457,15 @@ impl Entry {
         let mut bad = Vec::new();
         let mut buf = vec![0u8; VERIFY_BUFFER_BYTES];
         for r in records {
-            let mut crc = 0u32;
+            let mut crc = super::Crc32c::new();
             let mut at = r.offset_bytes;
             while at < r.end_bytes() {
                 let n = ((r.end_bytes() - at) as usize).min(buf.len());
                 self.data.read_exact_at(&mut buf[..n], at)?;
-                crc = crc32c::crc32c_append(crc, &buf[..n]);
+                crc.append(&buf[..n]);
                 at += n as u64;
             }
-            if crc != r.crc32c {
+            if crc.value() != r.crc32c {
                 bad.push(r);
             }
         }

@@ -20,6 +20,7 @@
 //! from the network without writing it. A size cap evicts the least recently used complete
 //! objects that nobody holds.
 
+mod crc;
 mod entry;
 mod lane;
 mod session;
@@ -33,6 +34,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
+pub(crate) use crc::Crc32c;
 pub use entry::{DIRECT_ALIGN_BYTES, Description, Entry, RangeRecord};
 pub use lane::{LANE_THREADS, PIECE_BYTES};
 pub(crate) use lane::{LaneFill, LaneWork, PiecesTo};
