@@ -123,7 +123,8 @@ pub(crate) fn load<'py>(
         if behind {
             // The tensors go to the caller at once; the copies are written and promoted behind
             // them (`tensora.wait_cache()`, or at interpreter exit, waits for them).
-            if let Some(sync) = loaded.take_cache_sync() {
+            // Taking it seals the pieces not written yet (their CRC, before the arrays exist).
+            if let Some(sync) = py.detach(|| loaded.take_cache_sync()) {
                 crate::remote::behind(sync);
             }
         } else {

@@ -223,9 +223,20 @@ impl RemoteLoaded {
     pub fn report(&self) -> &RemoteReport {
         &self.report
     }
-    /// The loaded tensors, as from a local load.
+    /// The loaded tensors, as from a local load. Its `Loaded` hands out writable pointers
+    /// (`tensor_mut_ptr`), so while the cache's copies are still being written behind the load,
+    /// this first seals the pieces not written yet (see [`RemoteLoaded::take_cache_sync`]): a
+    /// tensor changed through them is then left out of the cache, never recorded.
     pub fn loaded(&self) -> &Loaded {
+        self.seal_unwritten();
         &self.loaded
+    }
+    /// Take the CRC-32C of every piece the write-behind has not written yet, from this load's
+    /// memory, before the caller can change it.
+    fn seal_unwritten(&self) {
+        if let Some(sync) = self.cache_sync.as_ref() {
+            sync.seal(|range| self.loaded.arena_bytes(range));
+        }
     }
     /// The tensor called `name`, if it was selected.
     pub fn tensor(&self, name: &str) -> Option<TensorRef<'_>> {
@@ -257,8 +268,18 @@ impl RemoteLoaded {
     /// (the Python bindings wait for every one at interpreter exit): neither dropping this value
     /// nor [`RemoteLoaded::into_loaded`] waits for it then, and the report's `cache` stays as
     /// the load left it (`promoting` copies, the bytes written so far). `None` without one.
+    ///
+    /// The tensors may then change before their copies are written, so this first takes the
+    /// CRC-32C of every piece not written yet (on this thread, about 30 GB/s), and a piece is
+    /// recorded only if the disk holds those bytes (`cache.sealed_bytes` counts them, and
+    /// `changed_bytes` what was left out).
     pub fn take_cache_sync(&mut self) -> Option<CacheSync> {
-        self.cache_sync.take()
+        self.seal_unwritten();
+        let sync = self.cache_sync.take()?;
+        if let Some(cache) = self.report.cache.as_mut() {
+            cache.sealed_bytes = sync.sealed_bytes();
+        }
+        Some(sync)
     }
     /// The `tensora_io::Loaded`, by value, once the cache's write-behind is done (see
     /// [`RemoteLoaded::wait_cache`]).

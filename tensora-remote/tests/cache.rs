@@ -280,8 +280,10 @@ fn a_model_rewritten_as_soon_as_it_is_loaded_leaves_its_copies_as_they_arrived()
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0xEE, len) };
     }
     let report = loaded.wait_cache().cache.clone().unwrap();
-    // Every piece is either recorded as it arrived or left out as changed.
+    // Every piece is either recorded as it arrived or left out as changed, and only a piece
+    // sealed before it was written (by `loaded()`, the way to the writable pointers) can be.
     assert_eq!(report.written_bytes + report.changed_bytes, read_bytes, "{report:?}");
+    assert!(report.changed_bytes <= report.sealed_bytes, "{report:?}");
     assert!(loaded.tensors().all(|t| t.bytes().iter().all(|&b| b == 0xEE)));
     let handle = handle(cache.path());
     assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
@@ -294,6 +296,47 @@ fn a_model_rewritten_as_soon_as_it_is_loaded_leaves_its_copies_as_they_arrived()
         assert_eq!(r.changed_bytes, 0, "{r:?}");
     }
     assert!(handle.list().iter().all(|o| o.complete), "{:?}", handle.list());
+}
+
+#[test]
+fn pieces_sealed_before_they_are_written_are_recorded_when_unchanged() {
+    // Sealed right after the load returns, unchanged: each sealed piece's CRC, taken from the
+    // load's memory at the piece's arena offset, must equal what the disk holds once written.
+    // Which pieces are still unwritten then depends on the writers, so up to
+    // SEAL_ATTEMPTS_MAX fresh caches are tried until one seals some.
+    const SEAL_ATTEMPTS_MAX: usize = 5;
+    let Served { _root, dir, nginx: _nginx, cache: _unused, location } = served_checkpoint(2, 3, 3 << 19);
+    let mut sealed_any = false;
+    for _ in 0..SEAL_ATTEMPTS_MAX {
+        let cache = tempfile::tempdir().unwrap();
+        let options = RemoteOptions { chunk_bytes: 1 << 20, ..opts(cache.path(), false, None) };
+        let mut loaded = open_remote(&location, &options).unwrap().load(&LoadOptions::default()).unwrap();
+        let read_bytes = loaded.report().load.bytes_read;
+        let _ = loaded.loaded();
+        let r = loaded.wait_cache().cache.clone().unwrap();
+        assert_eq!((r.written_bytes, r.changed_bytes, r.promoted), (read_bytes, 0, 2), "{r:?}");
+        assert!(r.sealed_bytes <= read_bytes, "{r:?}");
+        assert!(handle(cache.path()).verify().iter().all(|(_, bad)| bad.is_empty()));
+        let offline = opts(cache.path(), true, None);
+        let again = open_remote(&location, &offline).unwrap().load(&LoadOptions::default()).unwrap();
+        assert_matches_local(&again, &dir);
+        sealed_any |= r.sealed_bytes > 0;
+        if sealed_any {
+            break;
+        }
+    }
+    assert!(sealed_any, "no attempt sealed a piece before it was written");
+}
+
+#[test]
+fn a_load_nobody_writes_to_seals_nothing() {
+    let Served { _root, dir, nginx: _nginx, cache, location } = served_checkpoint(2, 3, 3 << 19);
+    let options = RemoteOptions { chunk_bytes: 1 << 20, ..opts(cache.path(), false, None) };
+    let mut loaded = open_remote(&location, &options).unwrap().load(&LoadOptions::default()).unwrap();
+    assert_matches_local(&loaded, &dir);
+    let read_bytes = loaded.report().load.bytes_read;
+    let r = loaded.wait_cache().cache.clone().unwrap();
+    assert_eq!((r.written_bytes, r.changed_bytes, r.sealed_bytes), (read_bytes, 0, 0), "{r:?}");
 }
 
 #[test]

@@ -247,6 +247,33 @@ impl Loaded {
         Some(self.entries[self.index_of(name)?].offset_bytes)
     }
 
+    /// `range` of an owned load's arena (tensors, and the bytes a coalesced read brought in
+    /// between them), for a backend that checks what it handed out to be written behind the load
+    /// ([`HeldPiece::offset_bytes`](crate::HeldPiece::offset_bytes)). `None` for a mapped load or
+    /// a range outside the arena.
+    ///
+    /// ```
+    /// use tensora_io::{load, LoadOptions};
+    /// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+    /// let ckpt = tensora_format::sllm::open_dir(std::path::Path::new(dir))?;
+    /// let loaded = load(&ckpt, &LoadOptions::default())?;
+    /// let t = loaded.tensors().find(|t| !t.bytes().is_empty()).unwrap();
+    /// let at = loaded.arena_offset(t.name()).unwrap();
+    /// let bytes = loaded.arena_bytes(at..at + t.bytes().len() as u64).unwrap();
+    /// assert_eq!(bytes, t.bytes());
+    /// assert!(loaded.arena_bytes(0..u64::MAX).is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn arena_bytes(&self, range: std::ops::Range<u64>) -> Option<&[u8]> {
+        let Storage::Arena(a) = &self.storage else { return None };
+        if range.start > range.end || range.end > a.len_bytes() {
+            return None;
+        }
+        // SAFETY: the load finished, so no backend writes into the arena any more and `Loaded`
+        // never writes to it; `range` lies inside the arena (checked above).
+        Some(unsafe { a.slice_unchecked(range.start, range.end - range.start) })
+    }
+
     /// A writable pointer to `range` of an owned load's arena and its length, for bindings that
     /// hand a collective load's regions to a transport (see [`ShareLoad`](crate::ShareLoad)). It
     /// derives from the arena's own base, never from a shared slice; writing through it is sound

@@ -7,8 +7,9 @@
 //! returned, the bytes belong to the caller, who may change them at any time (an inference
 //! engine rewrites weights in place after loading them), so a held piece never gives out a
 //! reference to them: it only asks the kernel to write them to a file ([`HeldPiece::write_at`]),
-//! and what was written must be checked against what arrived (read back and compared with a
-//! checksum taken as the bytes arrived) before anyone relies on it.
+//! and what was written must be checked before anyone relies on it (read back, and compared with
+//! a checksum of the bytes taken before the caller could change them: the owner of the loaded
+//! memory finds them at [`HeldPiece::offset_bytes`] until then).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -126,6 +127,13 @@ impl HeldPiece {
         self.ptr.as_ptr() as usize
     }
 
+    /// Where the piece starts in its kept memory: for the pieces of an owned load, its offset in
+    /// the load's arena, where [`Loaded::arena_bytes`](crate::Loaded::arena_bytes) finds the same
+    /// bytes while the caller cannot yet change them.
+    pub fn offset_bytes(&self) -> usize {
+        self.addr() - self._keep.base.as_ptr() as usize
+    }
+
     /// Write the piece's bytes `range` (relative to the piece) at `offset_bytes` of `file`, as they
     /// are when the kernel copies them: if the load's caller changes them meanwhile, the file gets
     /// the changed bytes, so check what was written before relying on it. A signal interrupting
@@ -213,6 +221,7 @@ mod tests {
             if let Some(h) = held {
                 prop_assert_eq!(h.len_bytes(), piece);
                 prop_assert_eq!(h.addr(), arena.as_ptr() as usize + offset);
+                prop_assert_eq!(h.offset_bytes(), offset);
             }
         }
     }

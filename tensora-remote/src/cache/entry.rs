@@ -25,7 +25,8 @@ pub const DIRECT_ALIGN_BYTES: usize = 4096;
 /// Bytes of `object.json` read back; a larger one is refused as damaged.
 pub const DESCRIPTION_BYTES_MAX: u64 = 64 << 10;
 
-/// One landed range: where it is in the object, and the CRC-32C of its bytes as they arrived.
+/// One landed range: where it is in the object, and the CRC-32C of its bytes (as they arrived,
+/// or as read back from the disk before the load's memory could change).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RangeRecord {
     /// First byte in the object.
@@ -327,20 +328,21 @@ impl Entry {
         self.record(RangeRecord { offset_bytes, len_bytes: bytes.len() as u64, crc32c })
     }
 
-    /// Write a piece of a load's arena after the load returned (its caller may have changed the
-    /// bytes since they arrived), read it back from the disk, and record it only if what the
-    /// disk holds has `crc32c`, the CRC-32C taken as the bytes arrived. `scratch` is the
-    /// read-back buffer, reused across calls.
+    /// Write a piece of a load's arena behind the load, read it back from the disk, and record it
+    /// (with the CRC-32C of what the disk holds) only if `accept` takes that CRC: the load's caller
+    /// may change the bytes once it owns them (see `super::seal`). `scratch` is the read-back
+    /// buffer, reused across calls.
     pub fn write_held(
         &self,
         offset_bytes: u64,
         piece: &HeldPiece,
-        crc32c: u32,
         scratch: &mut Vec<u8>,
+        accept: impl FnOnce(u32) -> bool,
     ) -> std::io::Result<Checked> {
         self.check_bounds(offset_bytes, piece.len_bytes())?;
         self.write_data(offset_bytes, Bytes::Held(piece))?;
-        if self.crc32c_on_disk(offset_bytes, piece.len_bytes(), scratch)? != crc32c {
+        let crc32c = self.crc32c_on_disk(offset_bytes, piece.len_bytes(), scratch)?;
+        if !accept(crc32c) {
             return Ok(Checked::Changed);
         }
         self.record(RangeRecord { offset_bytes, len_bytes: piece.len_bytes() as u64, crc32c })?;
@@ -507,8 +509,9 @@ mod tests {
         }
     }
 
-    /// A piece of an arena written behind its load is recorded when the disk holds what arrived,
-    /// and left out when the memory changed first; direct or buffered, aligned or not.
+    /// A piece of an arena written behind its load is recorded (with the CRC of what the disk
+    /// holds) when the check accepts what was read back, and left out when the memory changed
+    /// first; direct or buffered, aligned or not.
     #[test]
     fn a_held_piece_is_recorded_only_if_the_disk_holds_what_arrived() {
         for (direct, offset) in [(true, 0u64), (true, 4096 + 100), (false, 8192)] {
@@ -533,7 +536,8 @@ mod tests {
             let crc = crc32c::crc32c(&arrived);
             let mut scratch = Vec::new();
             let piece = keep.piece(at, arrived.len()).unwrap();
-            assert_eq!(entry.write_held(offset, &piece, crc, &mut scratch).unwrap(), Checked::Recorded);
+            let accepted = entry.write_held(offset, &piece, &mut scratch, |on_disk| on_disk == crc);
+            assert_eq!(accepted.unwrap(), Checked::Recorded);
             let mut back = vec![0u8; arrived.len()];
             assert!(entry.read(offset, &mut back).unwrap());
             assert!(back == arrived);
@@ -542,12 +546,20 @@ mod tests {
             arena.as_mut_slice()[at..at + arrived.len()].copy_from_slice(&arrived);
             arena.as_mut_slice()[at + 7] ^= 0x40;
             let piece = keep.piece(at, arrived.len()).unwrap();
-            assert_eq!(entry.write_held(next, &piece, crc, &mut scratch).unwrap(), Checked::Changed);
+            let mut seen = None;
+            let changed = entry.write_held(next, &piece, &mut scratch, |on_disk| {
+                seen = Some(on_disk);
+                on_disk == crc
+            });
+            assert_eq!(changed.unwrap(), Checked::Changed);
+            let mut on_disk = arrived.clone();
+            on_disk[7] ^= 0x40;
+            assert_eq!(seen, Some(crc32c::crc32c(&on_disk)), "the check is given what the disk holds");
             assert!(!entry.read(next, &mut back).unwrap(), "a changed piece is not recorded");
             assert_eq!(entry.covered_bytes(), arrived.len() as u64);
             assert!(entry.verify().unwrap().is_empty());
             // Past the object's end: refused before anything is written.
-            assert!(entry.write_held(size_bytes - 10, &piece, crc, &mut scratch).is_err());
+            assert!(entry.write_held(size_bytes - 10, &piece, &mut scratch, |_| true).is_err());
         }
     }
 

@@ -1,6 +1,5 @@
 //! How a load's fetched ranges go into the copies: written from where they land in the load's
-//! destination, in [`PIECE_BYTES`] pieces as each body arrives, each piece with the CRC-32C of
-//! its bytes taken as they were copied in (while still in the CPU's caches). No copy of the bytes
+//! destination, in [`PIECE_BYTES`] pieces as each body arrives. No copy of the bytes
 //! is made; with reads planned on 4 KiB blocks (`RemoteBackend::read_align_bytes`) each piece
 //! goes to the disk with `O_DIRECT`, so neither a buffer nor the page cache holds a second copy.
 //! Where the pieces go ([`PiecesTo`]) depends on whether the destination outlives the load:
@@ -8,16 +7,18 @@
 //! - **Behind the load** (an owned load: its arena becomes the model and is kept mapped, see
 //!   `tensora_io::KeepMapped`): each piece goes to the session's writers as a
 //!   `tensora_io::HeldPiece` and the range lands as soon as it has arrived, so the load waits for
-//!   no disk. A writer writes the piece, reads it back and records it only if the disk holds what
-//!   arrived (`Entry::write_held`): once the load has returned, its caller may rewrite the
-//!   tensors at any time.
+//!   no disk and takes no checksum. A writer writes the piece, reads it back and records it with
+//!   the CRC-32C of what the disk holds (`Entry::write_held`), unless the piece was sealed
+//!   before and the disk holds other bytes: the caller may rewrite the tensors once it owns them
+//!   for writing, and every piece not written by then is sealed first ([`super::seal`]).
 //! - **In the lane** (a streamed load, whose window is reused for the next batch once the
 //!   consumer has it): the pieces and then the range go to one of [`LANE_THREADS`] threads
 //!   scoped to the load's run, in order, and the range lands (is handed to the consumer) only
 //!   once every piece is written and recorded. Bounds: a range's pieces and its landing wait
 //!   here while it holds its budget permit (given back when it lands), so what waits never
 //!   passes the load's in-flight budget, and a disk slower than the network slows the fetches to
-//!   its pace with no memory of its own.
+//!   its pace with no memory of its own. Each piece carries the CRC-32C of its bytes, taken as
+//!   they were copied in (while still in the CPU's caches).
 //!
 //! Either way each piece is recorded on its own, so an interrupted load keeps every piece written.
 
@@ -70,15 +71,16 @@ pub(crate) enum PiecesTo<'t, 'j> {
 }
 
 /// A range's body filled into its claimed read, each [`PIECE_BYTES`] sent on (`to`) as soon as
-/// they are in, with the CRC-32C of its bytes as they arrived.
+/// they are in (to the lane with the CRC-32C of its bytes as they arrived).
 pub(crate) struct LaneFill<'t, 'j> {
     target: &'t mut ReadTarget<'j>,
     entry: Arc<Entry>,
     /// The object offset of the range's first byte.
     offset_bytes: u64,
     to: PiecesTo<'t, 'j>,
-    /// The CRC-32C of the piece being filled (the bytes from `target.handed_out_bytes()` on).
-    crc: Crc32c,
+    /// In the lane: the CRC-32C of the piece being filled (the bytes from
+    /// `target.handed_out_bytes()` on). `None` behind the load (see [`super::seal`]).
+    crc: Option<Crc32c>,
 }
 
 impl<'t, 'j> LaneFill<'t, 'j> {
@@ -89,7 +91,8 @@ impl<'t, 'j> LaneFill<'t, 'j> {
         to: PiecesTo<'t, 'j>,
     ) -> LaneFill<'t, 'j> {
         debug_assert_eq!(target.handed_out_bytes(), 0, "a range is filled from its start");
-        LaneFill { target, entry, offset_bytes, to, crc: Crc32c::new() }
+        let crc = matches!(to, PiecesTo::Lane(_)).then(Crc32c::new);
+        LaneFill { target, entry, offset_bytes, to, crc }
     }
 
     /// Send the filled bytes not sent yet (`len_bytes` of them) as one piece. A lane thread that
@@ -97,16 +100,16 @@ impl<'t, 'j> LaneFill<'t, 'j> {
     /// a job whose memory is not kept mapped sends no held piece (the copy stays partial).
     fn send_piece(&mut self, len_bytes: usize) {
         let offset_bytes = self.offset_bytes + self.target.handed_out_bytes() as u64;
-        let crc32c = self.crc.take();
         let entry = Arc::clone(&self.entry);
         match self.to {
             PiecesTo::Lane(to) => {
+                let crc32c = self.crc.as_mut().map_or(0, Crc32c::take);
                 let Some(bytes) = self.target.hand_out(len_bytes) else { return };
                 let _ = to.send(LaneWork::Piece { entry, offset_bytes, crc32c, bytes });
             }
             PiecesTo::Behind(session) => {
                 let Some(piece) = self.target.hand_out_held(len_bytes) else { return };
-                session.writers.queue_held(entry, offset_bytes, crc32c, piece);
+                session.writers.queue_held(entry, offset_bytes, piece);
             }
         }
     }
@@ -128,7 +131,9 @@ impl Fill for LaneFill<'_, '_> {
             let piece_start = self.target.handed_out_bytes();
             let piece_end = (piece_start + PIECE_BYTES).min(len_bytes);
             let take = rest.len().min(piece_end - pos);
-            self.crc.append(&rest[..take]);
+            if let Some(crc) = self.crc.as_mut() {
+                crc.append(&rest[..take]);
+            }
             (pos, rest) = (pos + take, &rest[take..]);
             if pos == piece_end {
                 self.send_piece(piece_end - piece_start);

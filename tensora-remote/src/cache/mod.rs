@@ -1,9 +1,10 @@
 //! The verified local cache (`--cache DIR`, [`CacheOptions`]).
 //!
 //! A remote load writes every range it fetches into a local copy of its object from where it
-//! landed (no second download; an owned load's pieces behind it, read back and checked against
-//! the CRC-32C taken as they arrived, see `lane.rs`) and records what it wrote (each range, or
-//! each 1 MiB piece of a load's ranges, with its CRC-32C) in the object's range log; a load that
+//! landed (no second download; an owned load's pieces behind it, each read back and recorded with
+//! the CRC-32C of what the disk holds, see `lane.rs` and `seal.rs`) and records what it wrote
+//! (each range, or each 1 MiB piece of a load's ranges, with its CRC-32C) in the object's range
+//! log; a load that
 //! finds ranges already there reads them from the copy. A copy whose ranges cover the
 //! whole object is promoted atomically (one rename) and keyed by URL + version (ETag, else
 //! Last-Modified) + size, so a changed object is a new key and never mixes with the old one. An
@@ -23,6 +24,7 @@
 mod crc;
 mod entry;
 mod lane;
+mod seal;
 mod session;
 mod sync;
 mod writer;
@@ -97,6 +99,12 @@ pub struct CacheReport {
     /// the caller changed them in memory first (an engine rewriting weights in place). They are
     /// left out of the copy, and the next load fetches them again.
     pub changed_bytes: u64,
+    /// Bytes written behind the load that were not written yet when the caller took the tensors
+    /// for writing before the copies were done (`RemoteLoaded::take_cache_sync`, the Python
+    /// binding's `cache_writes="behind"`): their CRC-32C was taken from memory then, and each
+    /// piece is recorded only if the disk holds those bytes. 0 otherwise: the bytes cannot change
+    /// before they are written, and a piece is recorded with the CRC of what the disk holds.
+    pub sealed_bytes: u64,
     /// Objects completed (made durable and promoted) by this operation.
     pub promoted: u64,
     /// Objects this load wrote whose copies are being finished behind it (queued ranges written,

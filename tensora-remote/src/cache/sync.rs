@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use super::seal::{Sealed, Seals};
 use super::session::Held;
 use super::writer::{Closed, Tally};
 use super::{Cache, CacheReport};
@@ -28,6 +29,8 @@ pub(crate) struct Synced {
 #[derive(Debug)]
 pub struct CacheSync {
     handle: Option<JoinHandle<Synced>>,
+    /// The seals of the held pieces still being written.
+    seals: Arc<Seals>,
 }
 
 /// The work behind a load: wait for the writers, promote every held copy that is now complete
@@ -66,6 +69,7 @@ impl CacheSync {
             report.evicted = cache.evict();
             return None;
         }
+        let seals = writers.seals();
         // The thread takes the work from this slot; if it cannot be started, this one does.
         let slot = Arc::new(Mutex::new(Some((writers, held))));
         let theirs = Arc::clone(&slot);
@@ -77,7 +81,7 @@ impl CacheSync {
         match spawned {
             Ok(handle) => {
                 report.promoting = completing;
-                Some(CacheSync { handle: Some(handle) })
+                Some(CacheSync { handle: Some(handle), seals })
             }
             Err(_) => {
                 if let Some((writers, held)) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -91,9 +95,22 @@ impl CacheSync {
     /// Wait for the queued ranges to be written and the completed copies to be durable and
     /// promoted, and add what was done to `report`.
     pub fn wait(mut self, report: &mut CacheReport) {
+        report.sealed_bytes = self.seals.sealed_bytes();
         if let Some(synced) = self.join() {
             merge(report, synced);
         }
+    }
+
+    /// Seal every held piece not written yet with the CRC-32C of its bytes in the load's memory
+    /// (`bytes_of` an arena range), before the caller can change them: a piece is then recorded
+    /// only if the disk holds those bytes (see `super::seal`).
+    pub(crate) fn seal<'m>(&self, bytes_of: impl Fn(std::ops::Range<u64>) -> Option<&'m [u8]>) -> Sealed {
+        self.seals.seal(bytes_of)
+    }
+
+    /// Bytes sealed before they were written, in all.
+    pub(crate) fn sealed_bytes(&self) -> u64 {
+        self.seals.sealed_bytes()
     }
 
     /// Whether the work is done (waiting for it then returns at once).

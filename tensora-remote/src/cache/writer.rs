@@ -9,9 +9,10 @@
 //!   fetches rather than growing memory;
 //! - a held piece ([`tensora_io::HeldPiece`]): a piece of an owned load's arena, which the load
 //!   landed at once and which is written after (or while) the load returns, read back and
-//!   recorded only if the disk holds what arrived (the load's caller may change the bytes once it
-//!   has them). No copy and no budget: the queue holds at most one item per
-//!   [`super::PIECE_BYTES`] of the load's arena, which the pieces keep mapped until written.
+//!   recorded with the CRC-32C of what the disk holds, unless its seal says the bytes changed
+//!   first (the load's caller may change them once it owns them, see [`super::seal`]). No copy
+//!   and no budget: the queue holds at most one item per [`super::PIECE_BYTES`] of the load's
+//!   arena, which the pieces keep mapped until written.
 //!
 //! The threads run at `SCHED_IDLE` (where the system allows it): while the load's threads or the
 //! caller's keep the cores busy, the writes wait. They keep draining after the operation has
@@ -27,6 +28,7 @@ use tensora_io::HeldPiece;
 
 use super::Entry;
 use super::entry::{Checked, DIRECT_ALIGN_BYTES};
+use super::seal::{Seal, Seals};
 
 /// Threads writing ranges into the cache (each with one write or read-back on the disk at a
 /// time).
@@ -43,7 +45,7 @@ const BUDGET_UNITS: usize = WRITE_BEHIND_BYTES / UNIT_BYTES;
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
     pub written_bytes: u64,
-    /// Bytes of held pieces that the disk did not hold as they arrived once written (the load's
+    /// Bytes of sealed held pieces that the disk did not hold as sealed once written (the load's
     /// caller changed them first): left out of the copy.
     pub changed_bytes: u64,
     /// One line per range that could not be written (the copy then stays partial).
@@ -63,8 +65,8 @@ enum Work {
 struct Held {
     entry: Arc<Entry>,
     offset_bytes: u64,
-    /// The piece's CRC-32C, computed as it arrived.
-    crc32c: u32,
+    /// Whether what is read back may be recorded.
+    seal: Arc<Seal>,
     piece: HeldPiece,
 }
 
@@ -74,7 +76,7 @@ impl Held {
     fn run(self, tally: &Mutex<Tally>, scratch: &mut Vec<u8>) {
         let len = self.piece.len_bytes();
         let url = &self.entry.description.url;
-        match self.entry.write_held(self.offset_bytes, &self.piece, self.crc32c, scratch) {
+        match self.entry.write_held(self.offset_bytes, &self.piece, scratch, |crc| self.seal.accept(crc)) {
             Ok(Checked::Recorded) => count(tally, url, len, Ok(())),
             Ok(Checked::Changed) => {
                 tally.lock().unwrap_or_else(|p| p.into_inner()).changed_bytes += len as u64;
@@ -132,6 +134,8 @@ pub(crate) struct Writers {
     /// [`WRITE_BEHIND_BYTES`] of them.
     spare: Arc<Mutex<Vec<Vec<u8>>>>,
     tally: Arc<Mutex<Tally>>,
+    /// The seals of the held pieces queued.
+    seals: Arc<Seals>,
 }
 
 impl std::fmt::Debug for Running {
@@ -147,6 +151,7 @@ impl Default for Writers {
             budget: Arc::new(Semaphore::new(BUDGET_UNITS)),
             spare: Arc::new(Mutex::new(Vec::new())),
             tally: Arc::new(Mutex::new(Tally::default())),
+            seals: Arc::new(Seals::default()),
         }
     }
 }
@@ -222,10 +227,12 @@ impl Writers {
         self.send(Work::Copied(job));
     }
 
-    /// Queue a held piece of `entry`'s object at `offset_bytes` (`crc32c` its CRC-32C as it
-    /// arrived) for a writer. Once the session is closed the piece is not written.
-    pub fn queue_held(&self, entry: Arc<Entry>, offset_bytes: u64, crc32c: u32, piece: HeldPiece) {
-        self.send(Work::Held(Held { entry, offset_bytes, crc32c, piece }));
+    /// Queue a held piece of `entry`'s object at `offset_bytes` for a writer, with its seal (see
+    /// [`Closed::seals`]). Once the session is closed the piece is not written.
+    pub fn queue_held(&self, entry: Arc<Entry>, offset_bytes: u64, piece: HeldPiece) {
+        let at = piece.offset_bytes() as u64;
+        let seal = self.seals.add(at..at + piece.len_bytes() as u64);
+        self.send(Work::Held(Held { entry, offset_bytes, seal, piece }));
     }
 
     /// Hand `work` to the threads, starting them first if needed; when none can start, do it on
@@ -275,7 +282,7 @@ impl Writers {
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner()).take();
         // Dropping the sender ends each thread's loop once the queue is empty.
         let threads = running.map(|r| r.threads).unwrap_or_default();
-        Closed { threads, tally: Arc::clone(&self.tally) }
+        Closed { threads, tally: Arc::clone(&self.tally), seals: Arc::clone(&self.seals) }
     }
 
     /// Count a range written elsewhere (the in-place lane) in what these writers report.
@@ -293,9 +300,15 @@ impl Writers {
 pub(crate) struct Closed {
     threads: Vec<JoinHandle<()>>,
     tally: Arc<Mutex<Tally>>,
+    seals: Arc<Seals>,
 }
 
 impl Closed {
+    /// The seals of the held pieces: taken before the load's memory can change.
+    pub fn seals(&self) -> Arc<Seals> {
+        Arc::clone(&self.seals)
+    }
+
     /// Whether nothing is left to wait for.
     pub fn is_idle(&self) -> bool {
         self.threads.is_empty()
