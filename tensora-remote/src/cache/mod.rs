@@ -95,15 +95,16 @@ pub struct CacheReport {
     pub hit_bytes: u64,
     /// Bytes fetched from the network and written into the cache.
     pub written_bytes: u64,
-    /// Bytes written behind the load that the disk, read back, did not hold as they arrived:
-    /// the caller changed them in memory first (an engine rewriting weights in place). They are
-    /// left out of the copy, and the next load fetches them again.
+    /// Bytes written behind the load that the disk, read back, did not hold as they were sealed
+    /// (see `sealed_bytes`): the caller changed them in memory first (an engine rewriting weights
+    /// in place). They are left out of the copy, and the next load fetches them again.
     pub changed_bytes: u64,
-    /// Bytes written behind the load that were not written yet when the caller took the tensors
-    /// for writing before the copies were done (`RemoteLoaded::take_cache_sync`, the Python
-    /// binding's `cache_writes="behind"`): their CRC-32C was taken from memory then, and each
-    /// piece is recorded only if the disk holds those bytes. 0 otherwise: the bytes cannot change
-    /// before they are written, and a piece is recorded with the CRC of what the disk holds.
+    /// Bytes written behind the load that were not written yet when the caller reached the
+    /// tensors for writing before the copies were done (`RemoteLoaded::loaded`,
+    /// `RemoteLoaded::take_cache_sync`, the Python binding's `cache_writes="behind"`): their
+    /// CRC-32C was taken from memory then, and each piece is recorded only if the disk holds
+    /// those bytes. 0 otherwise: the bytes cannot change before they are written, and a piece is
+    /// recorded with the CRC of what the disk holds.
     pub sealed_bytes: u64,
     /// Objects completed (made durable and promoted) by this operation.
     pub promoted: u64,
