@@ -165,9 +165,15 @@ impl Ranges {
 /// under a shared inode lock (a write into a hole takes it exclusively), and the copy lies in a
 /// few extents (2-4 per 128 MiB copy here, against 16 for the 8 MiB ranges written into a sparse
 /// file in landing order). It also claims the space up front: a disk too full for the copy fails
-/// here, and the object is loaded without being cached, not mid-load.
+/// here, and the object is loaded without being cached, not mid-load. A copy on tmpfs or ramfs
+/// (`tensora_io::fs::in_memory`) is only grown to its length: reserving there zeroes the whole
+/// copy in memory first, inside the open (0.29 s of a cold 1 GiB load here, against 0.009 s
+/// without), for pages the writes fill anyway; a full tmpfs then fails the writes, and the
+/// copy stays partial.
 fn allocate(data: &File, len_bytes: u64) -> std::io::Result<()> {
-    tensora_io::fs::preallocate(data, len_bytes)?;
+    if !tensora_io::fs::in_memory(data)? {
+        tensora_io::fs::preallocate(data, len_bytes)?;
+    }
     data.set_len(len_bytes)
 }
 
@@ -506,6 +512,34 @@ mod tests {
             let want = (o..(o + l).min(240)).all(|b| bytes[b as usize]) && o + l <= 240;
             prop_assert_eq!(set.covers(o, l), want);
             prop_assert_eq!(set.covered_bytes(), bytes.iter().filter(|&&b| b).count() as u64);
+        }
+    }
+
+    /// A copy on a disk is preallocated; one on tmpfs (`/dev/shm` on Linux) only grown to its
+    /// length, with no page committed before the writes.
+    #[test]
+    fn a_copy_in_memory_is_not_preallocated() {
+        use std::os::unix::fs::MetadataExt as _;
+        let disk = tempfile::tempdir().unwrap();
+        let shm = tempfile::tempdir_in("/dev/shm").ok();
+        let places = std::iter::once(disk.path()).chain(shm.as_ref().map(|d| d.path()));
+        for place in places {
+            let description = Description {
+                url: "http://h/x".into(),
+                path: "x".into(),
+                size_bytes: 8 << 20,
+                etag: Some("e".into()),
+                last_modified_ns: 0,
+            };
+            let entry = Entry::create(&place.join("entry"), &description).unwrap();
+            let meta = entry.data.metadata().unwrap();
+            assert_eq!(meta.len(), 8 << 20);
+            let in_memory = tensora_io::fs::in_memory(&entry.data).unwrap();
+            if in_memory {
+                assert_eq!(meta.blocks(), 0, "{}: nothing committed", place.display());
+            }
+            let name = tensora_io::auto::probe::filesystem(place).unwrap().name;
+            assert_eq!(in_memory, name == "tmpfs", "{}: {name}", place.display());
         }
     }
 
