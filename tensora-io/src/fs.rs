@@ -39,12 +39,6 @@ pub fn preallocate(file: &File, len_bytes: u64) -> std::io::Result<()> {
     }
 }
 
-/// `statfs` magic numbers of the file systems that keep files in memory.
-const IN_MEMORY_MAGICS: [i64; 2] = [
-    0x0102_1994, // tmpfs
-    0x8584_58F6, // ramfs
-];
-
 /// Whether `file` lies on a file system that keeps files in memory (tmpfs, ramfs).
 ///
 /// ```
@@ -64,7 +58,7 @@ pub fn in_memory(file: &File) -> std::io::Result<bool> {
     let st = unsafe { st.assume_init() };
     #[allow(clippy::unnecessary_cast)] // f_type's width differs across targets.
     let magic = st.f_type as i64;
-    Ok(IN_MEMORY_MAGICS.contains(&magic))
+    Ok(matches!(crate::auto::probe::classify_filesystem(magic).name.as_str(), "tmpfs" | "ramfs"))
 }
 
 #[cfg(test)]

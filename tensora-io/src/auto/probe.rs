@@ -56,8 +56,8 @@ pub fn direct_io_supported(path: &Path) -> Result<(), String> {
 pub struct Filesystem {
     /// `f_type` magic.
     pub magic: i64,
-    /// A short name: "ext4", "xfs", "btrfs", "tmpfs", "overlay", "nfs", "fuse", "cifs", ... or
-    /// "unknown(0x...)".
+    /// A short name: "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "overlay", "nfs", "fuse", "cifs",
+    /// ... or "unknown(0x...)".
     pub name: String,
     /// Network or userspace filesystems where lazy mmap faults are slow and SIGBUS-prone.
     pub remote: bool,
@@ -88,6 +88,7 @@ pub fn classify_filesystem(magic: i64) -> Filesystem {
         0x5846_5342 => ("xfs", false),
         0x9123_683E => ("btrfs", false),
         0x0102_1994 => ("tmpfs", false),
+        0x8584_58F6 => ("ramfs", false),
         0x794C_7630 => ("overlay", false),
         0x2FC1_2FC1 => ("zfs", false),
         0xF2F5_2010 => ("f2fs", false),
