@@ -156,7 +156,7 @@ fn tensora_load(url: &str, opts: &RemoteOptions) -> Result<(f64, u64, String), S
         notes.push(format!("depth {}", c.depth));
     }
     if let Some(c) = r.cache.as_ref().filter(|c| c.promoted > 0) {
-        notes.push(format!("+{:.2} s written, read back and durable behind", c.sync_seconds));
+        notes.push(format!("+{:.2} s written and durable behind", c.sync_seconds));
     }
     Ok((seconds, r.load.bytes_selected, notes.join(" ")))
 }

@@ -5,11 +5,13 @@
 //! A backend that copies what it read elsewhere (the remote cache's copies on disk) can then
 //! land a read at once and write its pieces after the load has returned. Once the load has
 //! returned, the bytes belong to the caller, who may change them at any time (an inference
-//! engine rewrites weights in place after loading them), so a held piece never gives out a
-//! reference to them: it only asks the kernel to write them to a file ([`HeldPiece::write_at`]),
-//! and what was written must be checked before anyone relies on it (read back, and compared with
-//! a checksum of the bytes taken before the caller could change them: the owner of the loaded
-//! memory finds them at [`HeldPiece::offset_bytes`] until then).
+//! engine rewrites weights in place after loading them), so a held piece gives out a reference to
+//! them only to a holder that promises nobody writes them meanwhile
+//! ([`HeldPiece::read_unchanged`], `unsafe`: only the owner of the loaded memory can know);
+//! otherwise it only asks the kernel to write them to a file ([`HeldPiece::write_at`]), and what
+//! was written must be checked before anyone relies on it (compared with a checksum of the bytes
+//! taken before the caller could change them: the owner of the loaded memory finds them at
+//! [`HeldPiece::offset_bytes`] until then).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -91,7 +93,8 @@ impl std::fmt::Debug for KeepMapped {
 const INTERRUPTED_RETRIES_MAX: u32 = 64;
 
 /// A filled piece of a read that stays mapped after its load (see the module docs): its bytes
-/// can be written to a file, never read as a slice, since its load's caller may be changing them.
+/// can be written to a file, and read as a slice only under the promise that nobody changes them
+/// meanwhile, since its load's caller may be changing them.
 pub struct HeldPiece {
     _keep: KeepMapped,
     ptr: NonNull<u8>,
@@ -132,6 +135,34 @@ impl HeldPiece {
     /// bytes while the caller cannot yet change them.
     pub fn offset_bytes(&self) -> usize {
         self.addr() - self._keep.base.as_ptr() as usize
+    }
+
+    /// Call `f` with the piece's bytes.
+    ///
+    /// ```
+    /// use tensora_io::arena::Arena;
+    ///
+    /// let mut arena = Arena::with_len(4096)?;
+    /// arena.as_mut_slice()[..3].copy_from_slice(b"abc");
+    /// let piece = arena.keep_mapped().piece(1, 2).expect("inside the arena");
+    /// // SAFETY: nothing writes the arena until `f` returns (this thread holds it and waits).
+    /// let copy = unsafe { piece.read_unchanged(<[u8]>::to_vec) };
+    /// assert_eq!(copy, b"bc");
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    ///
+    /// # Safety
+    ///
+    /// Nothing writes the piece's bytes until `f` returns: neither the load's caller (who owns
+    /// them once the load has returned) nor anyone else. A piece is handed out only once its
+    /// bytes are filled, and its backend never writes them again; the caller's writes are what
+    /// the one calling this must rule out (the remote cache holds a lock that the caller's way to
+    /// writable memory takes first).
+    pub unsafe fn read_unchanged<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        // SAFETY: `ptr..ptr + len_bytes` lies inside the memory `_keep` keeps mapped (checked when
+        // the piece was made), and nothing writes it while the slice lives (the caller's promise).
+        let bytes = unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len_bytes) };
+        f(bytes)
     }
 
     /// Write the piece's bytes `range` (relative to the piece) at `offset_bytes` of `file`, as they
@@ -208,6 +239,21 @@ mod tests {
         assert_eq!((back[99], back[100], back[101]), (1, 9, 1));
         let err = piece.write_at(&file, 10..4097, 0).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn a_piece_reads_its_own_bytes_after_its_arena_is_dropped() {
+        let mut arena = Arena::with_len(3 << 20).unwrap();
+        let filled: Vec<u8> = (0..10_000u32).map(|i| (i % 253) as u8).collect();
+        arena.as_mut_slice()[5000..15_000].copy_from_slice(&filled);
+        let keep = arena.keep_mapped();
+        let (piece, empty) = (keep.piece(5000, 10_000).unwrap(), keep.piece(3 << 20, 0).unwrap());
+        drop((arena, keep));
+        // SAFETY: the arena is dropped: nothing but the pieces reaches the memory.
+        let (bytes, none) =
+            unsafe { (piece.read_unchanged(<[u8]>::to_vec), empty.read_unchanged(<[u8]>::len)) };
+        assert!(bytes == filled, "the piece's bytes, not its neighbours'");
+        assert_eq!(none, 0);
     }
 
     proptest! {

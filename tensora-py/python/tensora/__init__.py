@@ -421,9 +421,9 @@ def convert(src: PathLike, dst: PathLike, to: str, shard_bytes_max: Optional[int
 def wait_cache() -> int:
     """Wait until the cache copies of every earlier remote load with
     ``RemoteOptions(cache=..., cache_writes="behind")`` are written, durable and promoted (such a
-    load returns its tensors first and finishes its copies behind them: each piece is read back
-    and kept only if the disk holds what arrived, so a tensor rewritten before it is written is
-    left out and fetched again next time); the number of loads waited for. Registered with :mod:`atexit`, so a process that
+    load returns its tensors first and finishes its copies behind them: a piece not written yet
+    when the tensors can be changed is read back and kept only if the disk holds what arrived,
+    so a tensor rewritten before it is written is left out and fetched again next time); the number of loads waited for. Registered with :mod:`atexit`, so a process that
     exits right after a load still leaves its copies complete (one killed first leaves them
     partial, and the next load fetches only what is missing).
 

@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use tensora_io::HeldPiece;
 
+use super::seal::AfterWrite;
+
 /// Bytes of one record of the range log: offset (u64), length (u64), CRC-32C (u32), 4 zero bytes,
 /// little-endian.
 pub const RECORD_BYTES: usize = 24;
@@ -25,8 +27,9 @@ pub const DIRECT_ALIGN_BYTES: usize = 4096;
 /// Bytes of `object.json` read back; a larger one is refused as damaged.
 pub const DESCRIPTION_BYTES_MAX: u64 = 64 << 10;
 
-/// One landed range: where it is in the object, and the CRC-32C of its bytes (as they arrived,
-/// or as read back from the disk before the load's memory could change).
+/// One landed range: where it is in the object, and the CRC-32C of its bytes (as they arrived:
+/// taken from the load's memory before it could change, or read back from the disk and compared
+/// with such a CRC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RangeRecord {
     /// First byte in the object.
@@ -182,8 +185,8 @@ fn allocate(data: &File, len_bytes: u64) -> std::io::Result<()> {
 pub enum Checked {
     /// The bytes that arrived: recorded.
     Recorded,
-    /// Other bytes (the load's caller changed them in memory before they were written): not
-    /// recorded, so the next load fetches the range again.
+    /// Other bytes (the load's caller changed them in memory before they were written), or
+    /// bytes nothing vouches for: not recorded, so the next load fetches the range again.
     Changed,
 }
 
@@ -334,23 +337,32 @@ impl Entry {
         self.record(RangeRecord { offset_bytes, len_bytes: bytes.len() as u64, crc32c })
     }
 
-    /// Write a piece of a load's arena behind the load, read it back from the disk, and record it
-    /// (with the CRC-32C of what the disk holds) only if `accept` takes that CRC: the load's caller
-    /// may change the bytes once it owns them (see `super::seal`). `scratch` is the read-back
-    /// buffer, reused across calls.
+    /// Write a piece of a load's arena behind the load, then do what `after_write` says (asked
+    /// once the write has ended): record it with the CRC-32C its writer took from the memory
+    /// before the write, or read it back and record it (with the CRC-32C of what the disk holds)
+    /// only if that matches the piece's seal, or leave it out. The load's caller may change the
+    /// bytes once it owns them (see `super::seal`). `scratch` is the read-back buffer, reused
+    /// across calls.
     pub fn write_held(
         &self,
         offset_bytes: u64,
         piece: &HeldPiece,
         scratch: &mut Vec<u8>,
-        accept: impl FnOnce(u32) -> bool,
+        after_write: impl FnOnce() -> AfterWrite,
     ) -> std::io::Result<Checked> {
         self.check_bounds(offset_bytes, piece.len_bytes())?;
         self.write_data(offset_bytes, Bytes::Held(piece))?;
-        let crc32c = self.crc32c_on_disk(offset_bytes, piece.len_bytes(), scratch)?;
-        if !accept(crc32c) {
-            return Ok(Checked::Changed);
-        }
+        let crc32c = match after_write() {
+            AfterWrite::Record(crc32c) => crc32c,
+            AfterWrite::Compare(sealed) => {
+                let on_disk = self.crc32c_on_disk(offset_bytes, piece.len_bytes(), scratch)?;
+                if on_disk != sealed {
+                    return Ok(Checked::Changed);
+                }
+                on_disk
+            }
+            AfterWrite::Drop => return Ok(Checked::Changed),
+        };
         self.record(RangeRecord { offset_bytes, len_bytes: piece.len_bytes() as u64, crc32c })?;
         Ok(Checked::Recorded)
     }
@@ -543,14 +555,14 @@ mod tests {
         }
     }
 
-    /// A piece of an arena written behind its load is recorded (with the CRC of what the disk
-    /// holds) when the check accepts what was read back, and left out when the memory changed
-    /// first; direct or buffered, aligned or not.
+    /// A piece of an arena written behind its load is recorded with its writer's CRC without a
+    /// read-back; a sealed one is read back and recorded only if the disk holds what arrived, and
+    /// left out when the memory changed first; direct or buffered, aligned or not.
     #[test]
     fn a_held_piece_is_recorded_only_if_the_disk_holds_what_arrived() {
         for (direct, offset) in [(true, 0u64), (true, 4096 + 100), (false, 8192)] {
             let dir = tempfile::tempdir().unwrap();
-            let size_bytes = 64 << 10;
+            let size_bytes = 128 << 10;
             let description = Description {
                 url: "http://h/x".into(),
                 path: "x".into(),
@@ -570,30 +582,30 @@ mod tests {
             let crc = crc32c::crc32c(&arrived);
             let mut scratch = Vec::new();
             let piece = keep.piece(at, arrived.len()).unwrap();
-            let accepted = entry.write_held(offset, &piece, &mut scratch, |on_disk| on_disk == crc);
-            assert_eq!(accepted.unwrap(), Checked::Recorded);
             let mut back = vec![0u8; arrived.len()];
+            // Unsealed: recorded with the writer's CRC, as given (no read-back to check it).
+            let recorded = entry.write_held(offset, &piece, &mut scratch, || AfterWrite::Record(crc));
+            assert_eq!(recorded.unwrap(), Checked::Recorded);
             assert!(entry.read(offset, &mut back).unwrap());
             assert!(back == arrived);
-            // The caller changes one byte of the next range before it is written.
-            let next = offset + 30_000;
-            arena.as_mut_slice()[at..at + arrived.len()].copy_from_slice(&arrived);
+            // Sealed with what arrived, and unchanged: the disk's CRC matches.
+            let sealed = offset + 30_000;
+            let compared = entry.write_held(sealed, &piece, &mut scratch, || AfterWrite::Compare(crc));
+            assert_eq!(compared.unwrap(), Checked::Recorded);
+            assert!(entry.read(sealed, &mut back).unwrap());
+            // Sealed, then the caller changes one byte before the write: left out.
             arena.as_mut_slice()[at + 7] ^= 0x40;
-            let piece = keep.piece(at, arrived.len()).unwrap();
-            let mut seen = None;
-            let changed = entry.write_held(next, &piece, &mut scratch, |on_disk| {
-                seen = Some(on_disk);
-                on_disk == crc
-            });
+            let next = offset + 60_000;
+            let changed = entry.write_held(next, &piece, &mut scratch, || AfterWrite::Compare(crc));
             assert_eq!(changed.unwrap(), Checked::Changed);
-            let mut on_disk = arrived.clone();
-            on_disk[7] ^= 0x40;
-            assert_eq!(seen, Some(crc32c::crc32c(&on_disk)), "the check is given what the disk holds");
             assert!(!entry.read(next, &mut back).unwrap(), "a changed piece is not recorded");
-            assert_eq!(entry.covered_bytes(), arrived.len() as u64);
+            let dropped = entry.write_held(next, &piece, &mut scratch, || AfterWrite::Drop);
+            assert_eq!(dropped.unwrap(), Checked::Changed);
+            assert_eq!(entry.covered_bytes(), 2 * arrived.len() as u64);
             assert!(entry.verify().unwrap().is_empty());
             // Past the object's end: refused before anything is written.
-            assert!(entry.write_held(size_bytes - 10, &piece, &mut scratch, |_| true).is_err());
+            let past = entry.write_held(size_bytes - 10, &piece, &mut scratch, || AfterWrite::Record(crc));
+            assert!(past.is_err());
         }
     }
 

@@ -1,8 +1,9 @@
 //! The verified local cache (`--cache DIR`, [`CacheOptions`]).
 //!
 //! A remote load writes every range it fetches into a local copy of its object from where it
-//! landed (no second download; an owned load's pieces behind it, each read back and recorded with
-//! the CRC-32C of what the disk holds, see `lane.rs` and `seal.rs`) and records what it wrote
+//! landed (no second download; an owned load's pieces behind it, each recorded with the CRC-32C
+//! its writer took from the memory before the caller could change it, see `lane.rs` and
+//! `seal.rs`) and records what it wrote
 //! (each range, or each 1 MiB piece of a load's ranges, with its CRC-32C) in the object's range
 //! log; a load that
 //! finds ranges already there reads them from the copy. A copy whose ranges cover the
@@ -74,8 +75,9 @@ pub struct CacheOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CacheWrites {
     /// Behind the load: each range lands as soon as it has arrived and its pieces are written
-    /// after (or while) the load returns, read back, and kept only if the disk holds what
-    /// arrived. The fastest load; a caller that rewrites the tensors in place before the copies
+    /// after (or while) the load returns, each with the CRC-32C taken from the memory while the
+    /// caller could not change it yet (a piece sealed first is read back and kept only if the
+    /// disk holds what arrived). The fastest load; a caller that rewrites the tensors in place before the copies
     /// are written ([`crate::RemoteLoaded::wait_cache`]) leaves those pieces out of the cache,
     /// and the next load fetches them again.
     #[default]

@@ -8,11 +8,12 @@
 //!   would pass that waits (asynchronously) for room, so a disk slower than the network slows the
 //!   fetches rather than growing memory;
 //! - a held piece ([`tensora_io::HeldPiece`]): a piece of an owned load's arena, which the load
-//!   landed at once and which is written after (or while) the load returns, read back and
-//!   recorded with the CRC-32C of what the disk holds, unless its seal says the bytes changed
-//!   first (the load's caller may change them once it owns them, see [`super::seal`]). No copy
-//!   and no budget: the queue holds at most one item per [`super::PIECE_BYTES`] of the load's
-//!   arena, which the pieces keep mapped until written.
+//!   landed at once and which is written after (or while) the load returns, and recorded with
+//!   the CRC-32C the writer took from the memory just before, while the load's caller could not
+//!   change it; a piece sealed before its write ended is read back instead, and recorded only if
+//!   the disk holds what arrived (the caller may change the bytes once it owns them, see
+//!   [`super::seal`]). No copy and no budget: the queue holds at most one item per
+//!   [`super::PIECE_BYTES`] of the load's arena, which the pieces keep mapped until written.
 //!
 //! The threads run at `SCHED_IDLE` (where the system allows it): while the load's threads or the
 //! caller's keep the cores busy, the writes wait. They keep draining after the operation has
@@ -30,8 +31,8 @@ use super::Entry;
 use super::entry::{Checked, DIRECT_ALIGN_BYTES};
 use super::seal::{Seal, Seals};
 
-/// Threads writing ranges into the cache (each with one write or read-back on the disk at a
-/// time).
+/// Threads writing ranges into the cache (each with one write, or read-back of a sealed piece,
+/// on the disk at a time).
 pub const WRITER_THREADS: usize = 4;
 /// Bytes of copied ranges queued or being written at once, at most.
 pub const WRITE_BEHIND_BYTES: usize = 128 << 20;
@@ -65,18 +66,19 @@ enum Work {
 struct Held {
     entry: Arc<Entry>,
     offset_bytes: u64,
-    /// Whether what is read back may be recorded.
+    /// Whether the piece may be recorded as checksummed, or only after a read-back.
     seal: Arc<Seal>,
     piece: HeldPiece,
 }
 
 impl Held {
-    /// Write, read back and (if the disk holds what arrived) record the piece; `scratch` is the
-    /// thread's read-back buffer.
+    /// Checksum the piece in memory, write it, and record it (if sealed meanwhile: only if the
+    /// disk holds what arrived); `scratch` is the thread's read-back buffer.
     fn run(self, tally: &Mutex<Tally>, scratch: &mut Vec<u8>) {
         let len = self.piece.len_bytes();
         let url = &self.entry.description.url;
-        match self.entry.write_held(self.offset_bytes, &self.piece, scratch, |crc| self.seal.accept(crc)) {
+        self.seal.checksum(&self.piece);
+        match self.entry.write_held(self.offset_bytes, &self.piece, scratch, || self.seal.after_write()) {
             Ok(Checked::Recorded) => count(tally, url, len, Ok(())),
             Ok(Checked::Changed) => {
                 tally.lock().unwrap_or_else(|p| p.into_inner()).changed_bytes += len as u64;
@@ -193,7 +195,7 @@ impl Work {
 fn writer_loop(jobs: &Mutex<Receiver<Work>>, tally: &Mutex<Tally>, spare: &Mutex<Vec<Vec<u8>>>) {
     // Refused (by a sandbox, say): the thread writes at normal priority.
     let _ = tensora_io::sched::idle_priority();
-    // The read-back buffer of held pieces, reused (a piece and two pages, at most).
+    // The read-back buffer of sealed held pieces, reused (a piece and two pages, at most).
     let mut scratch = Vec::new();
     loop {
         let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
