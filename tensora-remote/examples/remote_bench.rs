@@ -3,8 +3,10 @@
 //!
 //! - `tinyllama` (2 × 1.1 GB), `shards8` (8 × 128 MiB), `one1g` (1 × 1 GB) from nginx: `curl
 //!   --parallel --parallel-max 8` over the same 8 MiB ranges, tensora with the default (self-tuned)
-//!   settings, and tensora at fixed depths, so that the default is compared with the best fixed one;
-//! - `limited`: 8 × 128 MiB at 50 MB/s per connection (nginx `limit_rate`), the same cells;
+//!   settings, and tensora at fixed depths (8, 32, 64 and 128: the default's start, its most
+//!   and one past it), so that the default is compared with the best fixed one;
+//! - `limited`: 8 × 128 MiB at 50 MB/s per connection (nginx `limit_rate`), the same cells (fixed
+//!   32, 64 and 128);
 //! - `cache`: 8 × 128 MiB without a cache, into a cold cache, from a warm cache, and a local load
 //!   of the same files; the disk's write roofline for the same bytes, alone and beside the
 //!   no-cache load (what a cold cache must do at least: load and write at once); and the
@@ -224,7 +226,7 @@ const SHAPES: [Shape; 4] = [
         tensors_per_shard: 22,
         tensor_bytes: 50_000_000,
         limited: false,
-        depths: &[4, 8, 16, 32],
+        depths: &[8, 32, 64, 128],
     },
     Shape {
         group: "shards8",
@@ -233,7 +235,7 @@ const SHAPES: [Shape; 4] = [
         tensors_per_shard: 4,
         tensor_bytes: 32 << 20,
         limited: false,
-        depths: &[4, 8, 16, 32],
+        depths: &[8, 32, 64, 128],
     },
     Shape {
         group: "one1g",
@@ -242,7 +244,7 @@ const SHAPES: [Shape; 4] = [
         tensors_per_shard: 8,
         tensor_bytes: 125_000_000,
         limited: false,
-        depths: &[4, 8, 16, 32],
+        depths: &[8, 32, 64, 128],
     },
     Shape {
         group: "limited",
@@ -251,7 +253,7 @@ const SHAPES: [Shape; 4] = [
         tensors_per_shard: 4,
         tensor_bytes: 32 << 20,
         limited: true,
-        depths: &[16, 32, 64],
+        depths: &[32, 64, 128],
     },
 ];
 

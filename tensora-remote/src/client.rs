@@ -137,7 +137,7 @@ impl Client {
         Fetcher {
             store: &*self.store,
             policy: self.opts.retry,
-            rate_min_bytes_per_s: self.opts.rate_min_bytes_per_s,
+            rate_min_bytes_per_s: self.opts.connection_rate_min_bytes_per_s(),
             request_overhead: self.opts.request_overhead,
             unversioned: self.opts.unversioned,
             counters,

@@ -154,9 +154,11 @@ pub(crate) enum Source {
 pub(crate) struct Fetcher<'a> {
     pub store: &'a dyn ObjectStore,
     pub policy: RetryPolicy,
-    /// The slowest transfer rate a healthy connection is expected to sustain.
+    /// The slowest transfer rate one healthy connection is expected to sustain (its share of
+    /// the link, [`crate::RemoteOptions::connection_rate_min_bytes_per_s`]).
     pub rate_min_bytes_per_s: u64,
-    /// Allowance per attempt for connecting and the first byte.
+    /// Allowance per attempt for connecting and the first byte, and the longest a response may
+    /// send nothing.
     pub request_overhead: Duration,
     /// Whether objects without any version may be read in more than one request.
     pub unversioned: Unversioned,
@@ -420,9 +422,8 @@ impl<'a> Fetcher<'a> {
             ..GetOptions::default()
         };
         let result = self
-            .store
-            .get_opts(object.path(), options)
-            .await
+            .silent_at_most(self.store.get_opts(object.path(), options))
+            .await?
             .map_err(|e| classify(e, &object.url, Some(planned)))?;
         // Without an ETag the Last-Modified date is the version, compared on every response: a
         // server that ignores `If-Unmodified-Since` still cannot hand out a newer version's bytes.
@@ -446,7 +447,7 @@ impl<'a> Fetcher<'a> {
             }));
         }
         let mut body = result.into_stream();
-        while let Some(chunk) = body.next().await {
+        while let Some(chunk) = self.silent_at_most(body.next()).await? {
             let chunk = chunk.map_err(|e| Failure::Transient(redact(&format!("body: {e}"))))?;
             if got.checked_add(chunk.len()).is_none_or(|e| e > want) {
                 return Err(Failure::Fatal(RemoteError::BadResponse {
@@ -463,6 +464,15 @@ impl<'a> Fetcher<'a> {
             return Err(Failure::Transient(format!("body ended after {} of {} bytes", *got, want)));
         }
         Ok(())
+    }
+
+    /// `step` (the response's head, or its next chunk), or a transient failure once the
+    /// connection has sent nothing for `request_overhead`: a stopped connection is retried
+    /// without waiting out the attempt's allowance for the whole range.
+    async fn silent_at_most<T>(&self, step: impl Future<Output = T>) -> Result<T, Failure> {
+        tokio::time::timeout(self.request_overhead, step).await.map_err(|_| {
+            Failure::Transient(format!("no byte for {:.1} s", self.request_overhead.as_secs_f64()))
+        })
     }
 }
 
@@ -611,6 +621,35 @@ mod tests {
         // The error names the first byte that did not land (100 + 5 did), not the range start.
         let RemoteError::RetriesExhausted { offset_bytes, len_bytes, .. } = err else { unreachable!() };
         assert_eq!((offset_bytes, len_bytes), (105, 10_000 - 105));
+    }
+
+    /// A GET that answers nothing is retried after `request_overhead`, long before the
+    /// attempt's allowance for its bytes (here 10^4 s) runs out.
+    #[test]
+    fn a_silent_response_is_retried_after_the_request_overhead() {
+        let rt = rt();
+        let data = vec![9u8; 10_000];
+        let (store, object) = setup(&rt, &data);
+        store.hang_next.store(1, Ordering::Relaxed);
+        let counters = Counters::default();
+        let f = Fetcher {
+            rate_min_bytes_per_s: 1,
+            request_overhead: Duration::from_millis(200),
+            ..fetcher(&store, &counters, 1)
+        };
+        assert!(f.attempt_timeout(10_000) > Duration::from_secs(9_000));
+        let mut dest = vec![0u8; 10_000];
+        rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap();
+        assert_eq!(dest, data);
+        assert_eq!(counters.retries.load(Ordering::Relaxed), 1);
+        let hangs = &store.hangs;
+        assert_eq!((hangs.started.load(Ordering::Acquire), hangs.dropped.load(Ordering::Acquire)), (1, 1));
+        // With no retry left, the silence is the error, named.
+        store.hang_next.store(1, Ordering::Relaxed);
+        let f = Fetcher { policy: fast_policy(0), ..f };
+        let err = rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap_err();
+        assert!(matches!(err, RemoteError::RetriesExhausted { attempts: 1, .. }), "{err}");
+        assert!(err.to_string().contains("no byte for 0.2 s"), "{err}");
     }
 
     #[test]

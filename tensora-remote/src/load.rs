@@ -34,7 +34,7 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | `reads_inflight_max` | 64 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` ([`Landing`]) |
 /// | `streamed_bytes_max` | 256 MiB | most bytes in flight in a load that streams through a reused window (its memory) |
 /// | `tuning` | `Auto` | the depth probes upward from 32 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
-/// | `rate_min_bytes_per_s` | 2 MB/s | the slowest healthy rate: one attempt may take `request_overhead + remaining / rate` |
+/// | `rate_min_bytes_per_s` | 2 MB/s | the slowest healthy link, all ranges in flight together: one attempt may take `request_overhead + remaining × reads_inflight_max / rate`, and a response that sends no byte for `request_overhead` is retried |
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
 /// | `retry` | [`RetryPolicy::default`] | retries per range and retry time |
@@ -58,10 +58,14 @@ pub struct RemoteOptions {
     pub streamed_bytes_max: u64,
     /// Whether the depth tunes itself (the default) or stays at `reads_inflight_max`.
     pub tuning: Tuning,
-    /// The slowest rate a healthy connection sustains: one attempt may take
-    /// `request_overhead + remaining bytes / rate`.
+    /// The slowest rate a healthy link sustains, all `reads_inflight_max` ranges in flight
+    /// together (they share it): one attempt may take `request_overhead + remaining bytes ×
+    /// reads_inflight_max / rate` ([`RemoteOptions::connection_rate_min_bytes_per_s`]). A
+    /// connection that stops is found sooner: an attempt whose response sends no byte for
+    /// `request_overhead` is retried.
     pub rate_min_bytes_per_s: u64,
-    /// Per-attempt allowance for connecting and the first byte.
+    /// Per-attempt allowance for connecting and the first byte, and the longest a response may
+    /// send nothing before its attempt is retried.
     pub request_overhead: Duration,
     /// Bound on a TCP/TLS connect.
     pub connect_timeout: Duration,
@@ -159,9 +163,26 @@ impl RemoteOptions {
         })
     }
 
+    /// The slowest rate one connection is allowed: its share of the slowest healthy link
+    /// (`rate_min_bytes_per_s`) when `reads_inflight_max` ranges share it (at least 1 B/s).
+    /// With a minimum of 2 MB/s per connection instead, a link below 0.9 MB/s per range in
+    /// flight (230 Mbit/s at 32 in flight) timed every attempt out, and a range that kept timing
+    /// out past the retry time failed the load.
+    ///
+    /// ```
+    /// use tensora_remote::RemoteOptions;
+    /// let opts = RemoteOptions { rate_min_bytes_per_s: 2_000_000, reads_inflight_max: 100, ..RemoteOptions::default() };
+    /// assert_eq!(opts.connection_rate_min_bytes_per_s(), 20_000);
+    /// let one = RemoteOptions { rate_min_bytes_per_s: 0, ..opts };
+    /// assert_eq!(one.connection_rate_min_bytes_per_s(), 1);
+    /// ```
+    pub fn connection_rate_min_bytes_per_s(&self) -> u64 {
+        (self.rate_min_bytes_per_s / self.reads_inflight_max.max(1) as u64).max(1)
+    }
+
     pub(crate) fn timeouts(&self) -> ClientTimeouts {
         let chunk =
-            Duration::from_secs_f64(self.chunk_bytes as f64 / self.rate_min_bytes_per_s.max(1) as f64);
+            Duration::from_secs_f64(self.chunk_bytes as f64 / self.connection_rate_min_bytes_per_s() as f64);
         ClientTimeouts {
             connect: self.connect_timeout,
             request: self.request_overhead + chunk,

@@ -87,6 +87,29 @@ fn http_sharded_checkpoint_matches_a_local_load() {
     assert_eq!(shard.len(), 4);
 }
 
+/// The ranges in flight share the link: four at 64 KB/s each are a healthy 256 KB/s link, so with
+/// `rate_min_bytes_per_s` at 200 KB/s (50 KB/s per connection: 2 s + 10.5 s for a 512 KiB range)
+/// no attempt times out, though each range takes about 7 s (nginx lets 1 s of bytes through at
+/// once), longer than 200 KB/s per connection would allow (2 s + 2.6 s).
+#[test]
+fn ranges_in_flight_share_the_slowest_healthy_link() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    write_checkpoint(&dir, 1, 3, 400 << 10);
+    let nginx = started(Nginx::start(root.path(), "64k"));
+    let opts = RemoteOptions { chunk_bytes: 512 << 10, rate_min_bytes_per_s: 200_000, ..small_opts() };
+    assert_eq!((opts.reads_inflight_max, opts.connection_rate_min_bytes_per_s()), (4, 50_000));
+    let start = std::time::Instant::now();
+    let loaded = load_remote(&Location::parse(&nginx.slow_url("ckpt/")).unwrap(), &opts).unwrap();
+    // A lower bound on time, which a slow machine only makes longer: the link was that slow.
+    assert!(start.elapsed() > Duration::from_secs_f64(2.0 + (512 << 10) as f64 / 200_000.0));
+    assert_matches_local(&loaded, &dir);
+    let r = loaded.report();
+    assert_eq!((r.load.retries, r.open_retries), (0, 0));
+    assert_eq!(r.requests, 3, "three ranges of at most 512 KiB, one request each");
+}
+
 #[test]
 fn shares_of_an_http_checkpoint_rebuild_it_and_read_it_once() {
     let root = tempfile::tempdir().unwrap();
