@@ -35,7 +35,7 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | `streamed_bytes_max` | 256 MiB | most bytes in flight in a load that streams through a reused window (its memory) |
 /// | `tuning` | `Auto` | the depth probes upward from 32 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
 /// | `rate_min_bytes_per_s` | 2 MB/s | the slowest healthy link, all ranges in flight together: one attempt may take `request_overhead + remaining × reads_inflight_max / rate`, and a response that sends no byte for `request_overhead` is retried |
-/// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte |
+/// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte, and the longest a response may send nothing |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
 /// | `retry` | [`RetryPolicy::default`] | retries per range and retry time |
 /// | `cache` | none | a verified local cache ([`CacheOptions`]): written in the same pass, durable behind the load ([`RemoteLoaded::wait_cache`]), resume, offline |

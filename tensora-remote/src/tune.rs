@@ -24,8 +24,9 @@ pub const GAIN_MIN: f64 = 0.10;
 /// while a link of 50 MB/s per connection needs 32 (fixed 16: 0.81 GB/s, 32: 1.19, 64: 1.21);
 /// a start at 16 spent the first window there, which left the default 13 % behind fixed 32 on
 /// that link (1.03 s against 0.91 s for 1 GiB); so the probe starts at 32. A start at 64 with at
-/// most 128 was faster on that link (1.56 and 1.60 GB/s against 1.47) but slower on the
-/// 2 × 1.1 GB checkpoint from a fresh process, where 128 in flight lost to 64 in 3 of 4 runs.
+/// most 128 was not reliably faster on that link (1.30-1.60 GB/s over four runs, against
+/// 1.47-1.65 from 32) and slower on the 2 × 1.1 GB checkpoint from a fresh process, where 128 in
+/// flight lost to 64 in 3 of 4 runs.
 pub const START_DEPTH: usize = 32;
 /// A window below this fraction of the best throughput may be a stall of the machine rather than
 /// of the depth: it is measured once more before the controller decides.
