@@ -421,8 +421,9 @@ impl<'a> Fetcher<'a> {
             if_unmodified_since: if planned.e_tag.is_none() { Some(planned.last_modified) } else { None },
             ..GetOptions::default()
         };
-        let result = self
-            .silent_at_most(self.store.get_opts(object.path(), options))
+        let mut silence = Silence::new(self.request_overhead);
+        let result = silence
+            .heard(self.store.get_opts(object.path(), options))
             .await?
             .map_err(|e| classify(e, &object.url, Some(planned)))?;
         // Without an ETag the Last-Modified date is the version, compared on every response: a
@@ -447,7 +448,7 @@ impl<'a> Fetcher<'a> {
             }));
         }
         let mut body = result.into_stream();
-        while let Some(chunk) = self.silent_at_most(body.next()).await? {
+        while let Some(chunk) = silence.heard(body.next()).await? {
             let chunk = chunk.map_err(|e| Failure::Transient(redact(&format!("body: {e}"))))?;
             if got.checked_add(chunk.len()).is_none_or(|e| e > want) {
                 return Err(Failure::Fatal(RemoteError::BadResponse {
@@ -465,14 +466,45 @@ impl<'a> Fetcher<'a> {
         }
         Ok(())
     }
+}
 
-    /// `step` (the response's head, or its next chunk), or a transient failure once the
-    /// connection has sent nothing for `request_overhead`: a stopped connection is retried
-    /// without waiting out the attempt's allowance for the whole range.
-    async fn silent_at_most<T>(&self, step: impl Future<Output = T>) -> Result<T, Failure> {
-        tokio::time::timeout(self.request_overhead, step).await.map_err(|_| {
-            Failure::Transient(format!("no byte for {:.1} s", self.request_overhead.as_secs_f64()))
-        })
+/// The watch on one attempt's response for silence: a connection that sends nothing (no head,
+/// no chunk) for `limit` fails the attempt as transient, so a stopped connection is retried
+/// without waiting out the attempt's allowance for the whole range. One timer per attempt,
+/// moved only when it fires (at most once per `limit`), not one per chunk.
+struct Silence {
+    limit: Duration,
+    last_heard: tokio::time::Instant,
+    alarm: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Silence {
+    fn new(limit: Duration) -> Silence {
+        let now = tokio::time::Instant::now();
+        Silence { limit, last_heard: now, alarm: Box::pin(tokio::time::sleep_until(now + limit)) }
+    }
+
+    /// `step` (the response's head, or its next chunk), unless nothing was heard for `limit`.
+    async fn heard<T>(&mut self, step: impl Future<Output = T>) -> Result<T, Failure> {
+        let mut step = std::pin::pin!(step);
+        // Each turn either ends or moves the alarm past `last_heard + limit`: it fires once per
+        // `limit` at most, and the loop ends within `limit` of the last byte.
+        loop {
+            match futures::future::select(step.as_mut(), self.alarm.as_mut()).await {
+                futures::future::Either::Left((value, _)) => {
+                    self.last_heard = tokio::time::Instant::now();
+                    return Ok(value);
+                }
+                futures::future::Either::Right(((), _)) => {
+                    let deadline = self.last_heard + self.limit;
+                    if tokio::time::Instant::now() >= deadline {
+                        let s = self.limit.as_secs_f64();
+                        return Err(Failure::Transient(format!("no byte for {s:.1} s")));
+                    }
+                    self.alarm.as_mut().reset(deadline);
+                }
+            }
+        }
     }
 }
 

@@ -36,6 +36,20 @@ fn small_opts() -> RemoteOptions {
     }
 }
 
+/// A checkpoint of `shards` shards of `tensors` tensors of `tensor_bytes` in `ckpt/` under a fresh
+/// root (the root a server serves): `(root, its ckpt/)`.
+fn checkpoint_under_root(
+    shards: usize,
+    tensors: usize,
+    tensor_bytes: u64,
+) -> (tempfile::TempDir, std::path::PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    std::fs::create_dir(&dir).unwrap();
+    write_checkpoint(&dir, shards, tensors, tensor_bytes);
+    (root, dir)
+}
+
 /// Every tensor of `remote` has the same bytes as a local load of `dir`.
 fn assert_matches_local(remote: &RemoteLoaded, dir: &Path) {
     let local = tensora_io::load_path(dir, &tensora_io::LoadOptions::default()).expect("local load");
@@ -53,10 +67,7 @@ fn assert_matches_local(remote: &RemoteLoaded, dir: &Path) {
 
 #[test]
 fn http_sharded_checkpoint_matches_a_local_load() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("ckpt");
-    std::fs::create_dir(&dir).unwrap();
-    write_checkpoint(&dir, 3, 4, 192 << 10);
+    let (root, dir) = checkpoint_under_root(3, 4, 192 << 10);
     let nginx = started(Nginx::start(root.path(), "50m"));
     let loaded = load_remote(&Location::parse(&nginx.url("ckpt/")).unwrap(), &small_opts()).unwrap();
     assert_matches_local(&loaded, &dir);
@@ -93,10 +104,7 @@ fn http_sharded_checkpoint_matches_a_local_load() {
 /// once), longer than 200 KB/s per connection would allow (2 s + 2.6 s).
 #[test]
 fn ranges_in_flight_share_the_slowest_healthy_link() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("ckpt");
-    std::fs::create_dir(&dir).unwrap();
-    write_checkpoint(&dir, 1, 3, 400 << 10);
+    let (root, dir) = checkpoint_under_root(1, 3, 400 << 10);
     let nginx = started(Nginx::start(root.path(), "64k"));
     let opts = RemoteOptions { chunk_bytes: 512 << 10, rate_min_bytes_per_s: 200_000, ..small_opts() };
     assert_eq!((opts.reads_inflight_max, opts.connection_rate_min_bytes_per_s()), (4, 50_000));
@@ -112,10 +120,7 @@ fn ranges_in_flight_share_the_slowest_healthy_link() {
 
 #[test]
 fn shares_of_an_http_checkpoint_rebuild_it_and_read_it_once() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("ckpt");
-    std::fs::create_dir(&dir).unwrap();
-    write_checkpoint(&dir, 3, 4, 160 << 10);
+    let (root, dir) = checkpoint_under_root(3, 4, 160 << 10);
     let nginx = started(Nginx::start(root.path(), "50m"));
     let opened = open_remote(&Location::parse(&nginx.url("ckpt/")).unwrap(), &small_opts()).unwrap();
     let local = tensora_io::load_path(&dir, &LoadOptions::default()).unwrap();
@@ -203,10 +208,7 @@ fn shares_of_an_http_checkpoint_rebuild_it_and_read_it_once() {
 
 #[test]
 fn partial_and_streaming_remote_loads_match_a_local_load() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("ckpt");
-    std::fs::create_dir(&dir).unwrap();
-    write_checkpoint(&dir, 3, 4, 96 << 10);
+    let (root, dir) = checkpoint_under_root(3, 4, 96 << 10);
     let nginx = started(Nginx::start(root.path(), "50m"));
     let location = Location::parse(&nginx.url("ckpt/")).unwrap();
     let opened = open_remote(&location, &small_opts()).unwrap();
@@ -324,11 +326,7 @@ fn s3_sharded_checkpoint_matches_a_local_load_by_index_and_by_listing() {
 /// Two shards of two 512 KiB tensors, read 512 KiB at a time, one range in flight on each of two
 /// issuing threads: the reads of the first shard come first.
 fn two_shards() -> (tempfile::TempDir, std::path::PathBuf) {
-    let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("ckpt");
-    std::fs::create_dir(&dir).unwrap();
-    write_checkpoint(&dir, 2, 2, 512 << 10);
-    (root, dir)
+    checkpoint_under_root(2, 2, 512 << 10)
 }
 
 /// Generous retry bounds: the tests below end a load's trouble by events, and the retry budget
