@@ -3,8 +3,9 @@
 //!
 //! - `tinyllama` (2 × 1.1 GB), `shards8` (8 × 128 MiB), `one1g` (1 × 1 GB) from nginx: `curl
 //!   --parallel --parallel-max 8` over the same 8 MiB ranges, tensora with the default (self-tuned)
-//!   settings, and tensora at fixed depths (8, 32, 64 and 128: the default's start, its most
-//!   and one past it), so that the default is compared with the best fixed one;
+//!   settings, and tensora at fixed depths (8, 32, 64 and 128: the default's start is 64, its
+//!   most 128; a fixed 256 would be 128 here, as the load's 1 GiB budget holds 128 ranges), so
+//!   that the default is compared with the best fixed one;
 //! - `limited`: 8 × 128 MiB at 50 MB/s per connection (nginx `limit_rate`), the same cells (fixed
 //!   32, 64 and 128);
 //! - `cache`: 8 × 128 MiB without a cache, into a cold cache, from a warm cache, and a local load

@@ -75,7 +75,7 @@ impl RemoteBackend {
             first_error: Mutex::new(None),
             counters: Counters::default(),
             cache: None,
-            writes: checkpoint.client().opts.cache.as_ref().map_or(CacheWrites::Behind, |c| c.writes),
+            writes: checkpoint.cache().map_or(CacheWrites::Behind, |c| c.options().writes),
             tune: Mutex::new(None),
             disk_tail_nanos: AtomicU64::new(0),
         }

@@ -18,7 +18,7 @@ use tensora_format::safetensors::{header_span_bytes, parse_header_with_path};
 use tensora_format::sharded::{INDEX_BYTES_MAX, INDEX_SUFFIX, parse_index};
 use tensora_format::{Checkpoint, FileStamp, Format, TensorInfo};
 
-use crate::cache::{Cache, CacheReport, CacheSession, LocationRecord, WriteLocks};
+use crate::cache::{Cache, CacheOptions, CacheReport, CacheSession, LocationRecord, WriteLocks};
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject};
 use crate::rebuild::{Rebuild, ShardLayout};
@@ -155,13 +155,14 @@ impl Opened {
 pub(crate) fn open(
     location: &Location,
     client: Arc<Client>,
+    cache: Option<&CacheOptions>,
     connect_seconds: f64,
 ) -> Result<RemoteCheckpoint, RemoteError> {
     let t = Instant::now();
     // This open's own counters: a concurrent open or load on the same client counts its own.
     let counters = Counters::default();
     let url = root_url(location);
-    let cache = client.opts.cache.as_ref().map(Cache::open).transpose()?;
+    let cache = cache.map(Cache::open).transpose()?;
     // Blocking on the client's runtime panics inside another runtime: open from a plain thread.
     // The whole open (probes, listing, indexes, headers and their retries) has one deadline.
     let deadline = client.opts.open_deadline;

@@ -21,8 +21,8 @@
 //! let loc = Location::parse("s3://weights/llama-3-8b/")?;
 //! assert!(loc.is_remote() && loc.is_dir());
 //! let opts = RemoteOptions::default();
-//! // 64 ranges of 8 MiB for a whole load; a streamed one holds at most 256 MiB in flight.
-//! assert_eq!(opts.inflight_bytes_max(Landing::Whole), Some(64 * (8 << 20)));
+//! // 128 ranges of 8 MiB for a whole load; a streamed one holds at most 256 MiB in flight.
+//! assert_eq!(opts.inflight_bytes_max(Landing::Whole), Some(128 * (8 << 20)));
 //! assert_eq!(opts.inflight_bytes_max(Landing::Window), Some(256 << 20));
 //! # Ok::<(), tensora_remote::RemoteError>(())
 //! ```

@@ -31,9 +31,9 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | field | default | meaning |
 /// |---|---|---|
 /// | `chunk_bytes` | 8 MiB | size of one ranged GET |
-/// | `reads_inflight_max` | 64 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` ([`Landing`]) |
+/// | `reads_inflight_max` | 128 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` ([`Landing`]) |
 /// | `streamed_bytes_max` | 256 MiB | most bytes in flight in a load that streams through a reused window (its memory) |
-/// | `tuning` | `Auto` | the depth probes upward from 32 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
+/// | `tuning` | `Auto` | the depth probes upward from 64 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
 /// | `rate_min_bytes_per_s` | 2 MB/s | the slowest healthy link, all ranges in flight together: one attempt may take `request_overhead + remaining × reads_inflight_max / rate`, and a response that sends no byte for `request_overhead` is retried |
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte, and the longest a response may send nothing |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
@@ -89,7 +89,7 @@ impl Default for RemoteOptions {
         RemoteOptions {
             store: StoreConfig::default(),
             chunk_bytes: 8 << 20,
-            reads_inflight_max: 64,
+            reads_inflight_max: 128,
             streamed_bytes_max: 256 << 20,
             tuning: Tuning::Auto,
             rate_min_bytes_per_s: 2_000_000,
@@ -325,7 +325,7 @@ pub fn open_remote(location: &Location, opts: &RemoteOptions) -> Result<RemoteCh
     let t0 = Instant::now();
     let client = Client::connect(location, opts)?;
     let connect_seconds = t0.elapsed().as_secs_f64();
-    crate::checkpoint::open(location, client, connect_seconds)
+    crate::checkpoint::open(location, client, opts.cache.as_ref(), connect_seconds)
 }
 
 /// Load every tensor of the checkpoint at `location` into memory: [`open_remote`], then

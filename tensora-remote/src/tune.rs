@@ -19,15 +19,21 @@ use serde::Serialize;
 
 /// The throughput a doubling must add (as a fraction) to be kept.
 pub const GAIN_MIN: f64 = 0.10;
-/// The depth the controller starts at (or the budget's depth, if lower). Measured (remote bench,
-/// 2-core machine): on loopback 8, 16 and 32 were within the run-to-run noise of each other,
-/// while a link of 50 MB/s per connection needs 32 (fixed 16: 0.81 GB/s, 32: 1.19, 64: 1.21);
-/// a start at 16 spent the first window there, which left the default 13 % behind fixed 32 on
-/// that link (1.03 s against 0.91 s for 1 GiB); so the probe starts at 32. A start at 64 with at
-/// most 128 was not reliably faster on that link (1.30-1.60 GB/s over four runs, against
-/// 1.47-1.65 from 32) and slower on the 2 × 1.1 GB checkpoint from a fresh process, where 128 in
-/// flight lost to 64 in 3 of 4 runs.
-pub const START_DEPTH: usize = 32;
+/// The depth the controller starts at (or the budget's depth, if lower). A depth takes effect as
+/// ranges complete, and the first of `depth` ranges started together completes after about
+/// `depth × chunk_bytes` have arrived: on a load of 128 ranges (1 GiB of 8 MiB), every range has
+/// started by the 64th completion at a depth of 64, before any window could raise it. So the
+/// start is most of the choice on loads up to a few GiB. Measured (remote bench, 2-core machine,
+/// nginx on loopback): where the CPU bounds the load, 8, 16, 32 and 64 were within the run-to-run
+/// noise of each other; where each connection is limited to 50 MB/s (as object stores limit
+/// theirs), more in flight is more throughput (fixed 16: 0.81 GB/s, 32: 1.19-1.43, 64:
+/// 1.40-1.44, 128: 1.72-2.15). The default load of that link reached 1.40 GB/s starting at 32
+/// (the day's `cargo xtask bench --remote`; 1.01-1.65 over earlier runs) and 1.66 and 1.54
+/// starting at 64 (`remote_bench --runs 5`, twice). A start at 64 with 128 at most was not
+/// reliably faster on that link in four earlier runs (1.30-1.60 against 1.47-1.65 from 32), and
+/// from a fresh process 128 in flight lost to 64 on 2 × 1.1 GB in 3 of 4 runs, so 128 stays a
+/// depth the probe must earn.
+pub const START_DEPTH: usize = 64;
 /// A window below this fraction of the best throughput may be a stall of the machine rather than
 /// of the depth: it is measured once more before the controller decides.
 pub const STALL_FRACTION: f64 = 0.7;
@@ -221,41 +227,42 @@ mod tests {
 
     #[test]
     fn settles_where_throughput_stops_growing() {
-        assert_eq!(START_DEPTH, 32, "the depths below are written for a start at 32");
-        let tuner = Tuner::new(Tuning::Auto, 128);
+        const S: usize = START_DEPTH;
+        let tuner = Tuner::new(Tuning::Auto, 4 * S);
         drive(&tuner, |d| (d.min(8) as f64) * 0.2, 1000);
         let r = tuner.report();
-        assert_eq!(r.depth, 32, "{r:?}");
-        assert!(r.reason.contains("settled on 32"), "{r:?}");
-        assert_eq!(r.probes.iter().map(|p| p.depth).collect::<Vec<_>>(), [32, 64]);
+        assert_eq!(r.depth, S, "{r:?}");
+        assert!(r.reason.contains(&format!("settled on {S}")), "{r:?}");
+        assert_eq!(r.probes.iter().map(|p| p.depth).collect::<Vec<_>>(), [S, 2 * S]);
         // One window that stalls is measured again; a depth that stays good is kept.
-        let tuner = Tuner::new(Tuning::Auto, 128);
-        // The first 96 ranges at 64 (its warm-up and first window) crawl: another process's burst.
-        let at64 = std::cell::Cell::new(0);
+        let tuner = Tuner::new(Tuning::Auto, 4 * S);
+        // The first ranges at 2S (its warm-up and first window) crawl: another process's burst.
+        let at_double = std::cell::Cell::new(0);
         let link = |d: usize| {
-            if d == 64 {
-                at64.set(at64.get() + 1);
+            if d == 2 * S {
+                at_double.set(at_double.get() + 1);
             }
-            if d == 64 && at64.get() <= 96 { 0.1 } else { d.min(64) as f64 * 0.2 }
+            if d == 2 * S && at_double.get() <= 3 * S { 0.1 } else { d.min(2 * S) as f64 * 0.2 }
         };
-        drive(&tuner, link, 2000);
+        drive(&tuner, link, 4000);
         let r = tuner.report();
-        assert_eq!(r.depth, 64, "{r:?}");
-        assert_eq!(r.probes.iter().map(|p| p.depth).collect::<Vec<_>>(), [32, 64, 64, 128]);
+        assert_eq!(r.depth, 2 * S, "{r:?}");
+        assert_eq!(r.probes.iter().map(|p| p.depth).collect::<Vec<_>>(), [S, 2 * S, 2 * S, 4 * S]);
     }
 
     #[test]
     fn backs_off_from_a_collapse_and_climbs_to_the_budget_when_it_keeps_gaining() {
-        let tuner = Tuner::new(Tuning::Auto, 128);
-        drive(&tuner, |d| if d >= 64 { 0.5 } else { d as f64 * 0.25 }, 1000);
-        assert_eq!(tuner.depth(), 32);
+        const S: usize = START_DEPTH;
+        let tuner = Tuner::new(Tuning::Auto, 4 * S);
+        drive(&tuner, |d| if d >= 2 * S { 0.5 } else { d as f64 * 0.25 }, 1000);
+        assert_eq!(tuner.depth(), S);
         let r = tuner.report();
-        assert_eq!(r.probes.iter().map(|p| p.depth).collect::<Vec<_>>(), [32, 64, 64], "{r:?}");
+        assert_eq!(r.probes.iter().map(|p| p.depth).collect::<Vec<_>>(), [S, 2 * S, 2 * S], "{r:?}");
         // 50 MB/s per connection: every doubling doubles throughput, up to the budget.
-        let tuner = Tuner::new(Tuning::Auto, 96);
+        let tuner = Tuner::new(Tuning::Auto, 3 * S / 2);
         drive(&tuner, |d| d as f64 * 0.05, 2000);
         let r = tuner.report();
-        assert_eq!(r.depth, 96, "{r:?}");
+        assert_eq!(r.depth, 3 * S / 2, "{r:?}");
         assert!(r.reason.contains("in-flight budget"), "{r:?}");
         // A budget below the start: the start is the budget's depth.
         let small = Tuner::new(Tuning::Auto, 12);

@@ -139,6 +139,48 @@ fn a_cached_load_is_local_after_one_head_per_object_and_offline_after_none() {
     assert!(matches!(err, tensora_remote::RemoteError::NotCached { .. }), "{err}");
 }
 
+/// The cache is each open's own, not its client's: opens of one URL in one process with one
+/// cache directory, another, and none share a client (the cache is left out of what makes two
+/// clients interchangeable), and each writes its copies where it was told, or nowhere.
+#[test]
+fn opens_with_other_caches_in_one_process_each_write_their_own() {
+    let Served { _root, dir, nginx: _nginx, cache, location } = served();
+    let other = tempfile::tempdir().unwrap();
+    for (k, target) in [cache.path(), other.path()].into_iter().enumerate() {
+        let mut loaded = open_remote(&location, &opts(target, false, None))
+            .unwrap()
+            .load(&LoadOptions::default())
+            .unwrap();
+        assert_matches_local(&loaded, &dir);
+        let report = loaded.wait_cache().cache.clone().expect("a cache report");
+        assert_eq!(
+            (report.dir.as_str(), report.promoted),
+            (target.to_str().unwrap(), 2),
+            "open {k}: {report:?}"
+        );
+        let listed = handle(target).list();
+        assert_eq!(listed.len(), 3, "open {k}: {listed:?}");
+        assert!(listed.iter().all(|o| o.complete), "open {k}: {listed:?}");
+    }
+    // The first cache again: every object complete there, read from local files.
+    let again = open_remote(&location, &opts(cache.path(), false, None))
+        .unwrap()
+        .load(&LoadOptions::default())
+        .unwrap();
+    assert_eq!(again.report().requests, 0, "{:?}", again.report());
+    assert_eq!(again.report().cache.as_ref().map(|c| c.local_objects), Some(2));
+    // Without a cache, the same other options: fetched, and no cache reported.
+    let plain = RemoteOptions { cache: None, ..opts(cache.path(), false, None) };
+    let loaded = open_remote(&location, &plain).unwrap().load(&LoadOptions::default()).unwrap();
+    assert_matches_local(&loaded, &dir);
+    assert!(loaded.report().cache.is_none(), "{:?}", loaded.report());
+    assert!(loaded.report().requests > 0, "{:?}", loaded.report());
+    // And offline with the second cache: no request, although the shared client is online.
+    let offline = open_remote(&location, &opts(other.path(), true, None)).unwrap();
+    assert_eq!(offline.open_requests(), 0);
+    assert_eq!(offline.load(&LoadOptions::default()).unwrap().report().requests, 0);
+}
+
 #[test]
 fn a_changed_object_is_fetched_anew_and_a_partial_load_stays_partial() {
     let Served { _root, dir, nginx: _nginx, cache, location } = served();

@@ -32,7 +32,7 @@ fn open(store: Arc<dyn ObjectStore>, opts: &RemoteOptions) -> RemoteCheckpoint {
 fn try_open(store: Arc<dyn ObjectStore>, opts: &RemoteOptions) -> Result<RemoteCheckpoint, RemoteError> {
     let location = Location::parse("http://mem.invalid/ckpt/").unwrap();
     let client = Client::with_store(store, opts).unwrap();
-    crate::checkpoint::open(&location, client, 0.0)
+    crate::checkpoint::open(&location, client, opts.cache.as_ref(), 0.0)
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -159,7 +159,7 @@ fn each_load_counts_its_own_requests_only() {
         assert_eq!(r.requests, 1, "{r:?}");
     }
     // A second open on the same client counts its own requests, as many as the first.
-    let again = crate::checkpoint::open(remote.location(), Arc::clone(remote.client()), 0.0).unwrap();
+    let again = crate::checkpoint::open(remote.location(), Arc::clone(remote.client()), None, 0.0).unwrap();
     assert_eq!(again.open_requests(), remote.open_requests());
 }
 

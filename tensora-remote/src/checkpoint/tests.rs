@@ -26,7 +26,7 @@ fn upload(dir: &Path, prefix: &str) -> Arc<InMemory> {
 fn open_at(store: Arc<InMemory>, location: &str) -> Result<RemoteCheckpoint, RemoteError> {
     let location = Location::parse(location).unwrap();
     let client = Client::with_store(store as Arc<dyn ObjectStore>, &RemoteOptions::default()).unwrap();
-    open(&location, client, 0.0)
+    open(&location, client, None, 0.0)
 }
 
 /// Which layout a local open of `dir` picks, and which a remote open of the same files does,
@@ -135,7 +135,7 @@ fn an_open_that_cannot_finish_fails_at_its_deadline() {
     };
     let location = Location::parse("http://mem.invalid/ckpt/").unwrap();
     let client = Client::with_store(store as Arc<dyn ObjectStore>, &opts).unwrap();
-    let err = open(&location, client, 0.0).unwrap_err();
+    let err = open(&location, client, None, 0.0).unwrap_err();
     assert!(matches!(err, RemoteError::OpenDeadline { requests, .. } if requests >= 2), "{err}");
     assert!(err.to_string().contains("open_deadline"), "{err}");
 }
