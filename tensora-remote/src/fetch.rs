@@ -12,6 +12,11 @@ use crate::RemoteError;
 use crate::cache::{CacheSession, Crc32c};
 use crate::redact::redact;
 
+/// Bytes an attempt must move at the link's pace before it fails, or the load's other ranges
+/// while it is silent, for the failure to start a new episode of retries (a new count against
+/// [`RetryPolicy`]'s bounds): a load has at most its length over this of them.
+pub const HEADWAY_BYTES_MIN: usize = 1 << 20;
+
 /// Bounds on retrying one range. A range that fails more often, or keeps failing for longer,
 /// fails the load. Network errors, broken bodies and HTTP 5xx, 408 and 429 answers are retried;
 /// after a 429 or 503 with `Retry-After: N` the next attempt waits at least N seconds (and a wait
@@ -120,6 +125,9 @@ pub(crate) struct Counters {
     pub retries: AtomicU64,
     pub retry_nanos: AtomicU64,
     pub bytes: AtomicU64,
+    /// Body bytes received so far, counted chunk by chunk as they arrive (`bytes` counts each
+    /// attempt's at its end): whether the link kept moving while one connection was silent.
+    pub arriving_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -133,9 +141,13 @@ impl Counters {
 
     fn add_retry_time(&self, since: Option<Instant>) {
         if let Some(t) = since {
-            let nanos = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.retry_nanos.fetch_add(nanos, Ordering::Relaxed);
+            self.add_retry_span(t, Instant::now());
         }
+    }
+
+    fn add_retry_span(&self, since: Instant, until: Instant) {
+        let nanos = u64::try_from(until.saturating_duration_since(since).as_nanos()).unwrap_or(u64::MAX);
+        self.retry_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 }
 
@@ -172,6 +184,9 @@ enum Failure {
     Fatal(RemoteError),
     /// Network trouble, a server error, a short or stalled body: retry from where it stopped.
     Transient(String),
+    /// The connection sent nothing for `request_overhead` (see [`Silence`]): retried like
+    /// `Transient`.
+    Silent(String),
 }
 
 impl<'a> Fetcher<'a> {
@@ -306,8 +321,24 @@ impl<'a> Fetcher<'a> {
         Ok(false)
     }
 
+    /// Whether an attempt that failed after landing `got` bytes in `took` moved them at the
+    /// link's pace: at least [`HEADWAY_BYTES_MIN`], at no less than this connection's share of
+    /// the slowest healthy link. Such an attempt ends the range's failure episode (see
+    /// [`Fetcher::fetch_filling`]).
+    fn made_headway(&self, got: usize, took: Duration) -> bool {
+        let rate = got as f64 / took.as_secs_f64().max(1e-9);
+        got >= HEADWAY_BYTES_MIN && rate >= self.rate_min_bytes_per_s.max(1) as f64
+    }
+
     /// Fill `fill` (the object's bytes from `offset_bytes`) from the store, chunk by chunk as
     /// the body arrives; after a failure the next attempt asks only for what has not landed.
+    /// Retries and retry time ([`RetryPolicy`]) count one failure episode. A new one starts
+    /// after an attempt that failed having moved at least [`HEADWAY_BYTES_MIN`] at the link's
+    /// pace, or that went silent while the load's other ranges moved at least that much (the
+    /// link is shared, and on a slow one TCP leaves some connections waiting longer than
+    /// `request_overhead`): a slow, lossy or crowded link is not taken for a failing server.
+    /// Each new episode follows at least that many bytes of this range, or of the load, so a
+    /// load has at most its length over [`HEADWAY_BYTES_MIN`] of them.
     pub async fn fetch_filling<F: Fill>(
         &self,
         object: &RemoteObject,
@@ -327,6 +358,8 @@ impl<'a> Fetcher<'a> {
             let start = offset_bytes + landed as u64;
             let mut got = 0usize;
             let timeout = self.attempt_timeout(len_bytes - landed as u64);
+            let attempt_start = Instant::now();
+            let link_start = self.counters.arriving_bytes.load(Ordering::Relaxed);
             let attempt =
                 tokio::time::timeout(timeout, self.attempt(object, start, fill, landed, &mut got)).await;
             landed += got;
@@ -341,6 +374,14 @@ impl<'a> Fetcher<'a> {
                     Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64()))
                 }
             };
+            let link_moved = self.counters.arriving_bytes.load(Ordering::Relaxed).saturating_sub(link_start);
+            let shared = matches!(failure, Failure::Silent(_)) && link_moved >= HEADWAY_BYTES_MIN as u64;
+            if (shared || self.made_headway(got, attempt_start.elapsed()))
+                && let Some(since) = first_failure.take()
+            {
+                self.counters.add_retry_span(since, attempt_start);
+                retries = 0;
+            }
             // Name the first byte that has not landed, and what is left of the range.
             self.retry_or_fail(
                 failure,
@@ -377,7 +418,7 @@ impl<'a> Fetcher<'a> {
                 self.counters.add_retry_time(*first_failure);
                 return Err(e);
             }
-            Failure::Transient(message) => message,
+            Failure::Transient(message) | Failure::Silent(message) => message,
         };
         let since = *first_failure.get_or_insert_with(Instant::now);
         let elapsed = since.elapsed();
@@ -460,6 +501,7 @@ impl<'a> Fetcher<'a> {
             }
             fill.put(from + *got, &chunk);
             *got += chunk.len();
+            self.counters.arriving_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
         if *got < want {
             return Err(Failure::Transient(format!("body ended after {} of {} bytes", *got, want)));
@@ -499,7 +541,7 @@ impl Silence {
                     let deadline = self.last_heard + self.limit;
                     if tokio::time::Instant::now() >= deadline {
                         let s = self.limit.as_secs_f64();
-                        return Err(Failure::Transient(format!("no byte for {s:.1} s")));
+                        return Err(Failure::Silent(format!("no byte for {s:.1} s")));
                     }
                     self.alarm.as_mut().reset(deadline);
                 }
@@ -681,6 +723,64 @@ mod tests {
         let f = Fetcher { policy: fast_policy(0), ..f };
         let err = rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap_err();
         assert!(matches!(err, RemoteError::RetriesExhausted { attempts: 1, .. }), "{err}");
+        assert!(err.to_string().contains("no byte for 0.2 s"), "{err}");
+    }
+
+    /// A range whose attempts each move at least [`HEADWAY_BYTES_MIN`] before they break (a
+    /// slow, lossy link) is not failed by a retry bound that counts one episode: with one retry
+    /// allowed, three breaks after 1.5 MiB each still load it. Breaks after less than that are
+    /// one episode, and the second exhausts the retry.
+    #[test]
+    fn attempts_that_make_headway_start_a_new_failure_episode() {
+        let rt = rt();
+        let data: Vec<u8> = (0..6u32 << 20).map(|i| (i % 251) as u8).collect();
+        let (store, object) = setup(&rt, &data);
+        let step = HEADWAY_BYTES_MIN * 3 / 2;
+        store.breaks.lock().unwrap().extend([step, step, step]);
+        let counters = Counters::default();
+        let f = Fetcher { rate_min_bytes_per_s: 1, ..fetcher(&store, &counters, 1) };
+        let mut dest = vec![0u8; data.len()];
+        rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap();
+        assert!(dest == data);
+        assert_eq!(counters.retries.load(Ordering::Relaxed), 3);
+        // Short of the headway: the two breaks are one episode, and one retry is not enough.
+        store.breaks.lock().unwrap().extend([HEADWAY_BYTES_MIN / 2, HEADWAY_BYTES_MIN / 2]);
+        let err = rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap_err();
+        assert!(matches!(err, RemoteError::RetriesExhausted { attempts: 2, .. }), "{err}");
+        // At the headway's size but slower than the link's share: one episode too.
+        store.breaks.lock().unwrap().extend([step, step]);
+        let slow = Fetcher { rate_min_bytes_per_s: u64::MAX, ..f };
+        let err = rt.block_on(slow.fetch(&object, 0, &mut dest)).unwrap_err();
+        assert!(matches!(err, RemoteError::RetriesExhausted { attempts: 2, .. }), "{err}");
+    }
+
+    /// A connection that goes silent while the load's other ranges keep the link moving (a
+    /// crowded slow link) starts a new failure episode: two silences with one retry allowed
+    /// still load the range. Two silences on a link where nothing else moved exhaust it.
+    #[test]
+    fn a_silence_on_a_moving_link_starts_a_new_failure_episode() {
+        let rt = rt();
+        let data = vec![3u8; 10_000];
+        let (store, object) = setup(&rt, &data);
+        let counters = Counters::default();
+        let f = Fetcher { request_overhead: Duration::from_millis(200), ..fetcher(&store, &counters, 1) };
+        let mut dest = vec![0u8; data.len()];
+        store.hang_next.store(2, Ordering::Relaxed);
+        std::thread::scope(|s| {
+            // The other ranges: a mebibyte arrives while each silent attempt hangs.
+            s.spawn(|| {
+                for n in 1..=2 {
+                    store.hangs.wait_started(n);
+                    counters.arriving_bytes.fetch_add(HEADWAY_BYTES_MIN as u64, Ordering::Relaxed);
+                }
+            });
+            rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap();
+        });
+        assert_eq!(dest, data);
+        assert_eq!(counters.retries.load(Ordering::Relaxed), 2);
+        store.hang_next.store(2, Ordering::Relaxed);
+        let err = rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap_err();
+        assert!(matches!(err, RemoteError::RetriesExhausted { attempts: 2, .. }), "{err}");
         assert!(err.to_string().contains("no byte for 0.2 s"), "{err}");
     }
 

@@ -52,7 +52,7 @@ pub use cache::{
 };
 pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
 pub use error::RemoteError;
-pub use fetch::{RemoteObject, RetryPolicy, Unversioned};
+pub use fetch::{HEADWAY_BYTES_MIN, RemoteObject, RetryPolicy, Unversioned};
 pub use load::{
     Landing, READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport,
     load_remote, open_remote,
