@@ -18,15 +18,19 @@ use crate::redact::redact;
 /// attempts run one after another, each new episode after a MiB more of the load).
 pub const HEADWAY_BYTES_MIN: usize = 1 << 20;
 
-/// Bounds on retrying one range. A range that fails more often, or keeps failing for longer,
-/// fails the load. Network errors, broken bodies and HTTP 5xx, 408 and 429 answers are retried;
+/// Bounds on retrying one range, counted per failure episode: an attempt that moved
+/// [`HEADWAY_BYTES_MIN`] at the link's pace before it failed, or went silent while the load's
+/// other ranges moved that much, starts a new episode. A range that fails more often in one
+/// episode, or keeps failing for longer, fails the load. Network errors, broken bodies and HTTP 5xx, 408 and 429 answers are retried;
 /// after a 429 or 503 with `Retry-After: N` the next attempt waits at least N seconds (and a wait
 /// longer than the retry time left ends the retries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Retries of one range (each a new request that resumes where the last one stopped).
+    /// Retries of one range in one failure episode (each a new request that resumes where the
+    /// last one stopped).
     pub retries_per_range_max: u32,
-    /// How long one range may keep failing, from its first failure, before the load fails.
+    /// How long one range may keep failing, from the first failure of its episode, before the
+    /// load fails.
     pub retry_time_max: Duration,
     /// First backoff; doubled after each failure of the same range up to `backoff_max`.
     pub backoff_initial: Duration,
@@ -125,10 +129,9 @@ pub(crate) struct Counters {
     pub requests: AtomicU64,
     pub retries: AtomicU64,
     pub retry_nanos: AtomicU64,
+    /// Body bytes landed so far, counted chunk by chunk as they arrive: also whether the link
+    /// kept moving while one connection was silent ([`Fetcher::fetch_filling`]).
     pub bytes: AtomicU64,
-    /// Body bytes received so far, counted chunk by chunk as they arrive (`bytes` counts each
-    /// attempt's at its end): whether the link kept moving while one connection was silent.
-    pub arriving_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -360,11 +363,10 @@ impl<'a> Fetcher<'a> {
             let mut got = 0usize;
             let timeout = self.attempt_timeout(len_bytes - landed as u64);
             let attempt_start = Instant::now();
-            let link_start = self.counters.arriving_bytes.load(Ordering::Relaxed);
+            let link_start = self.counters.bytes.load(Ordering::Relaxed);
             let attempt =
                 tokio::time::timeout(timeout, self.attempt(object, start, fill, landed, &mut got)).await;
             landed += got;
-            self.counters.bytes.fetch_add(got as u64, Ordering::Relaxed);
             let failure = match attempt {
                 Ok(Ok(())) => {
                     self.counters.add_retry_time(first_failure);
@@ -375,7 +377,7 @@ impl<'a> Fetcher<'a> {
                     Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64()))
                 }
             };
-            let link_moved = self.counters.arriving_bytes.load(Ordering::Relaxed).saturating_sub(link_start);
+            let link_moved = self.counters.bytes.load(Ordering::Relaxed).saturating_sub(link_start);
             let shared = matches!(failure, Failure::Silent(_)) && link_moved >= HEADWAY_BYTES_MIN as u64;
             if (shared || self.made_headway(got, attempt_start.elapsed()))
                 && let Some(since) = first_failure.take()
@@ -502,7 +504,7 @@ impl<'a> Fetcher<'a> {
             }
             fill.put(from + *got, &chunk);
             *got += chunk.len();
-            self.counters.arriving_bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            self.counters.bytes.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         }
         if *got < want {
             return Err(Failure::Transient(format!("body ended after {} of {} bytes", *got, want)));

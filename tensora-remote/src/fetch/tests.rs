@@ -158,7 +158,7 @@ fn a_silence_on_a_moving_link_starts_a_new_failure_episode() {
         s.spawn(|| {
             for n in 1..=2 {
                 store.hangs.wait_started(n);
-                counters.arriving_bytes.fetch_add(HEADWAY_BYTES_MIN as u64, Ordering::Relaxed);
+                counters.bytes.fetch_add(HEADWAY_BYTES_MIN as u64, Ordering::Relaxed);
             }
         });
         rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap();
