@@ -143,7 +143,7 @@ impl Cell {
 }
 
 /// One timed `open_remote` + `load` of `url` with default `LoadOptions`: seconds, bytes and the
-/// depth the controller settled on.
+/// depth the controller settled on, with the windows it measured.
 fn tensora_load(url: &str, opts: &RemoteOptions) -> Result<(f64, u64, String), String> {
     let location = Location::parse(url).map_err(|e| e.to_string())?;
     let t = Instant::now();
@@ -156,7 +156,9 @@ fn tensora_load(url: &str, opts: &RemoteOptions) -> Result<(f64, u64, String), S
     let r = loaded.wait_cache();
     let mut notes: Vec<String> = Vec::new();
     if let Some(c) = r.concurrency.as_ref().filter(|c| c.mode == "auto") {
-        notes.push(format!("depth {}", c.depth));
+        // The depth it ended at, and each window it measured (depth: GB/s).
+        let probes: Vec<String> = c.probes.iter().map(|p| format!("{}: {:.2}", p.depth, p.gbps)).collect();
+        notes.push(format!("depth {} ({})", c.depth, probes.join(", ")));
     }
     if let Some(c) = r.cache.as_ref().filter(|c| c.promoted > 0) {
         notes.push(format!("+{:.2} s written and durable behind", c.sync_seconds));

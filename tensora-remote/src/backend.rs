@@ -24,7 +24,7 @@ use crate::cache::{CacheSession, CacheWrites, Entry, LANE_THREADS, LaneFill, Lan
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
 use crate::fetch::{Counters, Fetcher, RemoteObject, Source};
-use crate::tune::{TuneReport, Tuner};
+use crate::tune::{TUNE_TICK, TuneReport, Tuner};
 
 /// The lane threads' queues (one per thread: a range's pieces and landing go to one, in order).
 type Lanes<'j> = [Sender<LaneWork<'j>>];
@@ -176,7 +176,8 @@ impl IoBackend for RemoteBackend {
         // The budget bounds the depth too: a range holds its length in budget while in flight.
         let budget_depth =
             usize::try_from(job.budget.capacity_bytes() / opts.chunk_bytes.max(1)).unwrap_or(usize::MAX);
-        let tuner = Tuner::new(opts.tuning, opts.reads_inflight_max.min(budget_depth.max(1)));
+        let tuner =
+            Tuner::new(opts.tuning, opts.reads_inflight_max.min(budget_depth.max(1)), opts.chunk_bytes);
         let retries_before = self.counters.retries.load(Ordering::Relaxed);
         let (paged, pages) = tokio::sync::mpsc::channel(PAGE_AHEAD_READS);
         let run = Run {
@@ -396,50 +397,62 @@ impl<'r> Run<'r, '_> {
 
     /// One issuing loop: take claimed reads from the pager and keep this issuer's share of the
     /// tuner's depth in flight on the client's runtime, until the queue is empty or a read fails
-    /// (which stops the run). Each landed range is reported to the tuner.
+    /// (which stops the run). The tuner sees the load's byte counter on each landing and tick.
     fn issue(&self, issuer: usize, lanes: Option<&Lanes<'r>>) -> Result<IoStats, Fail> {
+        use futures::future::{Either, select};
         let mut stats = IoStats::default();
         let result = self.backend.client.runtime().block_on(async {
             let mut inflight = futures::stream::FuturesUnordered::new();
             let mut source_done = false;
             loop {
                 let wants = !source_done && inflight.len() < self.share(issuer);
-                let landed = if wants && inflight.is_empty() {
-                    match self.next_read().await {
-                        Some(Ok((i, target))) => inflight.push(self.fetch_one(i, target, lanes)),
-                        Some(Err(e)) => return Err(Fail::Read(e)),
-                        None => source_done = true,
+                // While the tuner probes, wake every tick: to show it the byte counter, and to
+                // issue a depth it raised without waiting for a landing.
+                let tick = async {
+                    if self.tuner.probing() {
+                        tokio::time::sleep(TUNE_TICK).await;
+                    } else {
+                        std::future::pending::<()>().await;
                     }
-                    continue;
-                } else if wants {
-                    let next = std::pin::pin!(self.next_read());
-                    match futures::future::select(next, inflight.next()).await {
-                        futures::future::Either::Left((Some(Ok((i, target))), _)) => {
-                            inflight.push(self.fetch_one(i, target, lanes));
-                            continue;
-                        }
-                        futures::future::Either::Left((Some(Err(e)), _)) => return Err(Fail::Read(e)),
-                        futures::future::Either::Left((None, _)) => {
-                            source_done = true;
-                            continue;
-                        }
-                        futures::future::Either::Right((landed, _)) => landed,
-                    }
-                } else {
-                    inflight.next().await
                 };
+                let next = std::pin::pin!(async {
+                    if wants { self.next_read().await } else { std::future::pending().await }
+                });
+                let event = if wants && inflight.is_empty() {
+                    Either::Left(next.await)
+                } else {
+                    match select(next, select(inflight.next(), std::pin::pin!(tick))).await {
+                        Either::Left((paged, _)) => Either::Left(paged),
+                        Either::Right((Either::Left((landed, _)), _)) => Either::Right(Some(landed)),
+                        Either::Right((Either::Right(((), _)), _)) => Either::Right(None),
+                    }
+                };
+                let landed = match event {
+                    Either::Left(Some(Ok((i, target)))) => {
+                        inflight.push(self.fetch_one(i, target, lanes));
+                        continue;
+                    }
+                    Either::Left(Some(Err(e))) => return Err(Fail::Read(e)),
+                    Either::Left(None) => {
+                        source_done = true;
+                        continue;
+                    }
+                    Either::Right(landed) => landed,
+                };
+                self.tuner.observe(self.backend.counters.bytes.load(Ordering::Relaxed), Instant::now());
                 match landed {
-                    Some(Ok(n)) => {
+                    // A tick.
+                    None => {}
+                    Some(Some(Ok(n))) => {
                         stats.reads += 1;
                         stats.bytes_read += n;
-                        self.tuner.landed(n, Instant::now());
                     }
-                    Some(Err(f)) => {
+                    Some(Some(Err(f))) => {
                         // Every other in-flight range stops within STOP_POLL_INTERVAL.
                         self.stop.store(true, Ordering::Relaxed);
                         return Err(f);
                     }
-                    None => return Ok(()),
+                    Some(None) => return Ok(()),
                 }
             }
         });

@@ -538,8 +538,9 @@ impl RemoteCheckpoint {
 
     /// [`RemoteCheckpoint::load_share`] window by window (`tensora_io::load_share_runs`; windows
     /// of at most the in-flight cap): `f` gets each window's share as soon as it is loaded and
-    /// says whether to go on. One backend serves every window, so the depth the transfer settled
-    /// on carries over from window to window.
+    /// says whether to go on. One backend serves every window; each window's transfer tunes its
+    /// own depth, within the window's budget (`streamed_bytes_max` over `chunk_bytes` ranges: 32
+    /// by default, which is where the tuner starts).
     pub fn load_share_runs(
         &self,
         load: &LoadOptions,

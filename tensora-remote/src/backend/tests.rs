@@ -113,6 +113,25 @@ fn an_object_replaced_after_open_fails_with_changed() {
     assert!(matches!(err, RemoteError::Load(_)), "{err}");
 }
 
+/// The tuner measures in arriving bytes: on a load of twice its start depth in ranges it still
+/// measures the start and the doubled depth, where windows counted in landed ranges closed too
+/// late for the second (every range had started by then).
+#[test]
+fn the_tuner_measures_two_depths_within_a_load_of_twice_its_start() {
+    use crate::tune::START_DEPTH;
+    let dir = tempfile::tempdir().unwrap();
+    let chunk_bytes = 16 << 10;
+    let ranges = 2 * START_DEPTH as u64;
+    let store = stored(dir.path(), &[ranges * chunk_bytes / 4], u64::MAX, &rt());
+    let opts = RemoteOptions { chunk_bytes, reads_inflight_max: 2 * START_DEPTH, ..RemoteOptions::default() };
+    let remote = open(store as Arc<dyn ObjectStore>, &opts);
+    let loaded = remote.load(&LoadOptions::default()).unwrap();
+    let tune = loaded.report().concurrency.clone().unwrap();
+    assert_eq!(tune.mode, "auto");
+    let depths: Vec<usize> = tune.probes.iter().map(|p| p.depth).collect();
+    assert!(depths.len() >= 2 && depths[..2] == [START_DEPTH, 2 * START_DEPTH], "{tune:?}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
     /// The in-flight shares never exceed the cap, sum to it, and differ by at most one.
