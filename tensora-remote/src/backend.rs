@@ -63,6 +63,8 @@ pub struct RemoteBackend {
     tune: Mutex<Option<TuneReport>>,
     /// Nanoseconds the runs' lane threads wrote after the last range had arrived, summed.
     disk_tail_nanos: AtomicU64,
+    /// The longest range of the last run.
+    range_bytes: AtomicU64,
 }
 
 impl RemoteBackend {
@@ -78,7 +80,13 @@ impl RemoteBackend {
             writes: checkpoint.cache().map_or(CacheWrites::Behind, |c| c.options().writes),
             tune: Mutex::new(None),
             disk_tail_nanos: AtomicU64::new(0),
+            range_bytes: AtomicU64::new(checkpoint.client().opts.chunk_bytes),
         }
+    }
+
+    /// The longest range of the last run (its plan's reads), `chunk_bytes` before one.
+    pub fn range_bytes(&self) -> u64 {
+        self.range_bytes.load(Ordering::Relaxed)
     }
 
     /// What the concurrency controller did in the last run (`None` before one).
@@ -174,10 +182,11 @@ impl IoBackend for RemoteBackend {
         // A current-thread runtime (0 threads) is driven by one caller at a time: one issuer.
         let issuers = opts.runtime_threads.clamp(1, order.len().max(1));
         // The budget bounds the depth too: a range holds its length in budget while in flight.
-        let budget_depth =
-            usize::try_from(job.budget.capacity_bytes() / opts.chunk_bytes.max(1)).unwrap_or(usize::MAX);
-        let tuner =
-            Tuner::new(opts.tuning, opts.reads_inflight_max.min(budget_depth.max(1)), opts.chunk_bytes);
+        // The job's ranges (the load may have sized them below `chunk_bytes`: `tune::range_bytes`).
+        let range_bytes = job.plan.reads().iter().map(|r| r.len_bytes).max().unwrap_or(1).max(1);
+        self.range_bytes.store(range_bytes, Ordering::Relaxed);
+        let budget_depth = usize::try_from(job.budget.capacity_bytes() / range_bytes).unwrap_or(usize::MAX);
+        let tuner = Tuner::new(opts.tuning, opts.reads_inflight_max.min(budget_depth.max(1)), range_bytes);
         let retries_before = self.counters.retries.load(Ordering::Relaxed);
         let (paged, pages) = tokio::sync::mpsc::channel(PAGE_AHEAD_READS);
         let run = Run {

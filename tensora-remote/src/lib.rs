@@ -59,4 +59,4 @@ pub use load::{
 };
 pub use location::{Location, StoreConfig};
 pub use redact::redact;
-pub use tune::{GAIN_MIN, Probe, START_DEPTH, TuneReport, Tuning};
+pub use tune::{GAIN_MIN, Probe, RANGE_MIN_BYTES, START_DEPTH, TuneReport, Tuning, range_bytes};

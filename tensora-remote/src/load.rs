@@ -30,7 +30,7 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 ///
 /// | field | default | meaning |
 /// |---|---|---|
-/// | `chunk_bytes` | 8 MiB | size of one ranged GET |
+/// | `chunk_bytes` | 8 MiB | size of one ranged GET (with `Auto` tuning the most: a load of fewer than 64 such ranges gets shorter ones, down to 1 MiB, [`crate::range_bytes`]) |
 /// | `reads_inflight_max` | 128 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` ([`Landing`]) |
 /// | `streamed_bytes_max` | 256 MiB | most bytes in flight in a load that streams through a reused window (its memory) |
 /// | `tuning` | `Auto` | the depth probes upward from 64 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
@@ -46,7 +46,8 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 pub struct RemoteOptions {
     /// How to reach the store (endpoint, credentials, plain HTTP, anonymous).
     pub store: StoreConfig,
-    /// Size of one ranged GET (the load's read size).
+    /// Size of one ranged GET (the load's read size); with [`Tuning::Auto`] the most, see
+    /// [`crate::range_bytes`].
     pub chunk_bytes: u64,
     /// Ranges in flight at once, one connection each; 1..=[`READS_INFLIGHT_LIMIT`]. With
     /// [`Tuning::Auto`] the most the controller may go to, with [`Tuning::Fixed`] the depth.
@@ -385,9 +386,17 @@ impl RemoteCheckpoint {
         let backend = Arc::new(RemoteBackend::new(self).with_cache(cache));
         let remote = &self.client().opts;
         let cap = remote.inflight_bytes_max(landing).unwrap_or(u64::MAX).min(load.budget_bytes);
+        // A self-tuned load smaller than START_DEPTH chunks gets shorter ranges (`range_bytes`).
+        // A selection that does not resolve fails the load itself, with its own error.
+        let chunk_bytes = match (remote.tuning, self.checkpoint().select(&load.selection)) {
+            (Tuning::Auto, Ok(selected)) => {
+                crate::tune::range_bytes(self.checkpoint().distinct_bytes(&selected), remote.chunk_bytes)
+            }
+            _ => remote.chunk_bytes,
+        };
         let opts = LoadOptions {
             backend: BackendChoice::Custom(backend.clone()),
-            chunk_bytes: remote.chunk_bytes,
+            chunk_bytes,
             budget_bytes: cap,
             ..load.clone()
         };
@@ -409,7 +418,7 @@ impl RemoteCheckpoint {
         let depth = tune.as_ref().map_or_else(|| remote.reads_inflight_max.to_string(), |t| t.reason.clone());
         load.reason = format!(
             "object_store ranged GETs of {} KiB, one queue across {} objects, {depth}",
-            remote.chunk_bytes >> 10,
+            backend.range_bytes() >> 10,
             self.objects().len()
         );
         load.io_mode = "streamed".to_owned();

@@ -1,4 +1,8 @@
-//! Self-tuning concurrency: how many ranges a load keeps in flight.
+//! Self-tuning concurrency: how many ranges a load keeps in flight, and how long they are.
+//!
+//! A load's ranges are `chunk_bytes` long, or shorter for a load of fewer than [`START_DEPTH`]
+//! of them ([`range_bytes`]: sized from the load, not probed, since the plan fixes them before
+//! the first byte).
 //!
 //! The controller starts at [`START_DEPTH`] and probes upward the way TCP's slow start does: after
 //! each window at one depth, it compares the window's throughput with the best so far. While
@@ -47,6 +51,38 @@ pub const WINDOW_DIVISOR: u64 = 4;
 /// How often each issuing loop shows the controller the byte counter while it probes (it also
 /// does on every landing), and so the longest a raised depth waits to be issued.
 pub const TUNE_TICK: Duration = Duration::from_millis(10);
+
+/// The shortest range [`range_bytes`] sizes a load's ranges down to: a request's first byte
+/// costs a round trip or more, so shorter ranges would pay it for too few bytes.
+pub const RANGE_MIN_BYTES: u64 = 1 << 20;
+
+/// The range length of a self-tuned load of `selected_bytes` whose ranges are at most
+/// `chunk_bytes`: the chunk, halved while the load has fewer than [`START_DEPTH`] ranges and the
+/// half is at least [`RANGE_MIN_BYTES`]. A load smaller than
+/// `START_DEPTH` chunks could otherwise never have the depth the controller starts at in
+/// flight, and on a link that limits each connection (as object stores do) its throughput is
+/// its ranges in flight times that limit: 64 MiB in 8 MiB ranges is 8 connections.
+///
+/// ```
+/// use tensora_remote::{RANGE_MIN_BYTES, START_DEPTH, range_bytes};
+///
+/// const MIB: u64 = 1 << 20;
+/// // 1 GiB is 128 ranges of 8 MiB: enough.
+/// assert_eq!(range_bytes(1 << 30, 8 * MIB), 8 * MIB);
+/// // 256 MiB: 64 ranges of 4 MiB.
+/// assert_eq!(range_bytes(256 * MIB, 8 * MIB), 4 * MIB);
+/// assert_eq!(256 * MIB / (4 * MIB), START_DEPTH as u64);
+/// // Never below the floor, nor above the chunk asked for.
+/// assert_eq!(range_bytes(100 * MIB, 8 * MIB), RANGE_MIN_BYTES);
+/// assert_eq!(range_bytes(MIB, 512 << 10), 512 << 10);
+/// ```
+pub fn range_bytes(selected_bytes: u64, chunk_bytes: u64) -> u64 {
+    let mut range = chunk_bytes.max(1);
+    while range / 2 >= RANGE_MIN_BYTES && selected_bytes.div_ceil(range) < START_DEPTH as u64 {
+        range /= 2;
+    }
+    range
+}
 
 /// How the depth is chosen.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -316,6 +352,23 @@ mod tests {
         let fixed = Tuner::new(Tuning::Fixed, 12, RANGE);
         drive(&fixed, |d| d as f64, 800);
         assert_eq!((fixed.depth(), fixed.report().probes.len()), (12, 0));
+    }
+
+    proptest! {
+        /// A load's ranges are at most the chunk and at least the floor (or the chunk, if
+        /// shorter); a range shorter than the chunk was halved from one that left the load fewer
+        /// than START_DEPTH ranges; and a range that could still be halved leaves it enough.
+        #[test]
+        fn ranges_shrink_only_to_fill_the_start_depth(selected in 0u64..(4 << 30), chunk in 1u64..(64 << 20)) {
+            let range = range_bytes(selected, chunk);
+            prop_assert!(range <= chunk && range >= chunk.min(RANGE_MIN_BYTES));
+            if range < chunk {
+                prop_assert!(selected.div_ceil(range * 2) < START_DEPTH as u64);
+            }
+            if range / 2 >= RANGE_MIN_BYTES {
+                prop_assert!(selected.div_ceil(range) >= START_DEPTH as u64);
+            }
+        }
     }
 
     proptest! {

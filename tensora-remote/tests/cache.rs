@@ -11,7 +11,9 @@ use sha2::{Digest, Sha256};
 use support::{Nginx, write_checkpoint};
 use tensora_format::Selection;
 use tensora_io::LoadOptions;
-use tensora_remote::{Cache, CacheOptions, CacheWrites, Location, RemoteLoaded, RemoteOptions, open_remote};
+use tensora_remote::{
+    Cache, CacheOptions, CacheWrites, Location, RemoteLoaded, RemoteOptions, Tuning, open_remote,
+};
 
 fn started<T>(server: Result<T, String>) -> T {
     server.unwrap_or_else(|e| panic!("test server unavailable: {e}"))
@@ -262,9 +264,11 @@ fn recorded_ranges(cache: &Path, name: &str) -> Vec<(u64, u64)> {
 
 #[test]
 fn a_range_longer_than_a_piece_is_written_and_recorded_piece_by_piece() {
-    // One shard of two 1.5 MiB tensors, fetched in one 4 MiB range.
+    // One shard of two 1.5 MiB tensors, fetched in one 4 MiB range (a fixed depth keeps the
+    // chunk: `range_bytes`).
     let Served { _root, dir, nginx: _nginx, cache, location } = served_checkpoint(1, 2, 3 << 19);
-    let options = RemoteOptions { chunk_bytes: 4 << 20, ..opts(cache.path(), false, None) };
+    let options =
+        RemoteOptions { chunk_bytes: 4 << 20, tuning: Tuning::Fixed, ..opts(cache.path(), false, None) };
     let checkpoint = open_remote(&location, &options).unwrap();
     let mut loaded = checkpoint.load(&LoadOptions::default()).unwrap();
     assert_matches_local(&loaded, &dir);

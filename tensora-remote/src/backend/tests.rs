@@ -113,6 +113,24 @@ fn an_object_replaced_after_open_fails_with_changed() {
     assert!(matches!(err, RemoteError::Load(_)), "{err}");
 }
 
+/// A self-tuned load of fewer than START_DEPTH chunks is fetched in shorter ranges, so that
+/// the start depth can be in flight; a fixed depth keeps the chunk.
+#[test]
+fn a_small_self_tuned_load_is_fetched_in_shorter_ranges() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = stored(dir.path(), &[2 << 20], u64::MAX, &rt());
+    let local = tensora_io::load_path(dir.path(), &LoadOptions::default()).unwrap();
+    for (tuning, requests, range_kib) in [(crate::Tuning::Auto, 8, 1024), (crate::Tuning::Fixed, 1, 8192)] {
+        let opts = RemoteOptions { tuning, ..RemoteOptions::default() };
+        let remote = open(Arc::clone(&store) as Arc<dyn ObjectStore>, &opts);
+        let loaded = remote.load(&LoadOptions::default()).unwrap();
+        assert_eq!(loaded.tensor("t0").unwrap().bytes(), local.tensor("t0").unwrap().bytes());
+        let report = loaded.report();
+        assert_eq!(report.requests, requests, "{tuning:?}: {report:?}");
+        assert!(report.load.reason.contains(&format!("GETs of {range_kib} KiB")), "{report:?}");
+    }
+}
+
 /// The tuner measures in arriving bytes: on a load of twice its start depth in ranges it still
 /// measures the start and the doubled depth, where windows counted in landed ranges closed too
 /// late for the second (every range had started by then).
@@ -351,7 +369,7 @@ fn an_object_with_no_version_is_refused_unless_allowed() {
 fn a_broken_body_resumes_into_the_pieces_of_a_cached_range() {
     let dir = tempfile::tempdir().unwrap();
     let cache_dir = tempfile::tempdir().unwrap();
-    // One 3 MiB tensor, read as one range.
+    // One 3 MiB tensor, read as one range (a fixed depth keeps the chunk: `range_bytes`).
     let store = stored(dir.path(), &[3 << 18], 8 << 20, &rt());
     let cache = crate::CacheOptions {
         dir: cache_dir.path().to_path_buf(),
@@ -359,7 +377,12 @@ fn a_broken_body_resumes_into_the_pieces_of_a_cached_range() {
         offline: false,
         writes: crate::CacheWrites::default(),
     };
-    let opts = RemoteOptions { chunk_bytes: 4 << 20, cache: Some(cache.clone()), ..RemoteOptions::default() };
+    let opts = RemoteOptions {
+        chunk_bytes: 4 << 20,
+        tuning: crate::Tuning::Fixed,
+        cache: Some(cache.clone()),
+        ..RemoteOptions::default()
+    };
     let remote = open(Arc::clone(&store) as Arc<dyn ObjectStore>, &opts);
     store.breaks.lock().unwrap().extend([1_500_000, 700_000]);
     let mut loaded = remote.load(&LoadOptions::default()).unwrap();
