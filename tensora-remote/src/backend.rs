@@ -181,12 +181,14 @@ impl IoBackend for RemoteBackend {
         let opts = &self.client.opts;
         // A current-thread runtime (0 threads) is driven by one caller at a time: one issuer.
         let issuers = opts.runtime_threads.clamp(1, order.len().max(1));
-        // The budget bounds the depth too: a range holds its length in budget while in flight.
         // The job's ranges (the load may have sized them below `chunk_bytes`: `tune::range_bytes`).
         let range_bytes = job.plan.reads().iter().map(|r| r.len_bytes).max().unwrap_or(1).max(1);
         self.range_bytes.store(range_bytes, Ordering::Relaxed);
+        // The depth is bounded by the option, the budget (a range holds its length in budget
+        // while in flight) and the job's ranges (more in flight than there are is none).
         let budget_depth = usize::try_from(job.budget.capacity_bytes() / range_bytes).unwrap_or(usize::MAX);
-        let tuner = Tuner::new(opts.tuning, opts.reads_inflight_max.min(budget_depth.max(1)), range_bytes);
+        let depth_max = opts.reads_inflight_max.min(budget_depth).min(order.len()).max(1);
+        let tuner = Tuner::new(opts.tuning, depth_max, range_bytes);
         let retries_before = self.counters.retries.load(Ordering::Relaxed);
         let (paged, pages) = tokio::sync::mpsc::channel(PAGE_AHEAD_READS);
         let run = Run {

@@ -208,7 +208,11 @@ impl Tuner {
         let next = match s.best {
             _ if better && depth >= self.max => {
                 s.best = Some(probe);
-                Err(format!("reached the in-flight budget ({} ranges) still gaining", self.max))
+                Err(format!(
+                    "reached the in-flight budget ({} ranges: the most the options, the byte budget and \
+                     the load's ranges allow) still gaining",
+                    self.max
+                ))
             }
             _ if better => {
                 s.best = Some(probe);

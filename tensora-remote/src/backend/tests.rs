@@ -114,7 +114,8 @@ fn an_object_replaced_after_open_fails_with_changed() {
 }
 
 /// A self-tuned load of fewer than START_DEPTH chunks is fetched in shorter ranges, so that
-/// the start depth can be in flight; a fixed depth keeps the chunk.
+/// the start depth can be in flight; a fixed depth keeps the chunk. Either way the depth is at
+/// most the load's ranges.
 #[test]
 fn a_small_self_tuned_load_is_fetched_in_shorter_ranges() {
     let dir = tempfile::tempdir().unwrap();
@@ -128,6 +129,8 @@ fn a_small_self_tuned_load_is_fetched_in_shorter_ranges() {
         let report = loaded.report();
         assert_eq!(report.requests, requests, "{tuning:?}: {report:?}");
         assert!(report.load.reason.contains(&format!("GETs of {range_kib} KiB")), "{report:?}");
+        // No more in flight than the load has ranges.
+        assert_eq!(report.concurrency.as_ref().unwrap().depth, requests as usize, "{report:?}");
     }
 }
 
