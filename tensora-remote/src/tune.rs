@@ -207,10 +207,11 @@ impl Tuner {
         let better = s.best.is_none_or(|b| probe.gbps > b.gbps * (1.0 + GAIN_MIN));
         let next = match s.best {
             _ if better && depth >= self.max => {
+                let gaining = if s.best.is_some() { " still gaining" } else { "" };
                 s.best = Some(probe);
                 Err(format!(
                     "reached the in-flight budget ({} ranges: the most the options, the byte budget and \
-                     the load's ranges allow) still gaining",
+                     the load's ranges allow){gaining}",
                     self.max
                 ))
             }
@@ -349,10 +350,15 @@ mod tests {
         drive(&tuner, |d| d as f64 * 0.05, 16000);
         let r = tuner.report();
         assert_eq!(r.depth, 3 * S / 2, "{r:?}");
-        assert!(r.reason.contains("in-flight budget"), "{r:?}");
-        // A budget below the start: the start is the budget's depth.
+        assert!(r.reason.contains("in-flight budget") && r.reason.contains("still gaining"), "{r:?}");
+        // A budget below the start: the start is the budget's depth, and its first window ends
+        // the probe (with nothing before it to gain on).
         let small = Tuner::new(Tuning::Auto, 12, RANGE);
         assert_eq!(small.depth(), 12);
+        drive(&small, |d| d as f64 * 0.05, 100);
+        let r = small.report();
+        assert_eq!((r.depth, r.probes.len()), (12, 1), "{r:?}");
+        assert!(r.reason.contains("in-flight budget") && !r.reason.contains("gaining"), "{r:?}");
         let fixed = Tuner::new(Tuning::Fixed, 12, RANGE);
         drive(&fixed, |d| d as f64, 800);
         assert_eq!((fixed.depth(), fixed.report().probes.len()), (12, 0));
