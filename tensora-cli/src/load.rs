@@ -19,7 +19,7 @@ use crate::units::parse_bytes;
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a directory of shards, or a ServerlessLLM directory;
     /// or a remote location (s3://, az://, gs://, http(s)://). Remote loads read ranged GETs of
-    /// --chunk bytes (default 8 MiB; a load of fewer than 64 of them gets shorter ones, down to
+    /// --chunk bytes (default 8 MiB; a load of fewer than 32 of them gets shorter ones, down to
     /// 1 MiB, unless --queue-depth is given); how many are in flight tunes itself (from 64, doubling while throughput grows,
     /// at most 128, 32 when streaming; "concurrency" in the report says where it settled and why) unless
     /// --queue-depth fixes it; --threads runtime threads drive them (default 2); --backend,

@@ -59,4 +59,6 @@ pub use load::{
 };
 pub use location::{Location, StoreConfig};
 pub use redact::redact;
-pub use tune::{GAIN_MIN, Probe, RANGE_MIN_BYTES, START_DEPTH, TuneReport, Tuning, range_bytes};
+pub use tune::{
+    GAIN_MIN, LOAD_RANGES_MIN, Probe, RANGE_MIN_BYTES, START_DEPTH, TuneReport, Tuning, range_bytes,
+};

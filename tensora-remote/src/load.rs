@@ -30,7 +30,7 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 ///
 /// | field | default | meaning |
 /// |---|---|---|
-/// | `chunk_bytes` | 8 MiB | size of one ranged GET (with `Auto` tuning the most: a load of fewer than 64 such ranges gets shorter ones, down to 1 MiB, [`crate::range_bytes`]) |
+/// | `chunk_bytes` | 8 MiB | size of one ranged GET (with `Auto` tuning the most: a load of fewer than 32 such ranges gets shorter ones, down to 1 MiB, [`crate::range_bytes`]) |
 /// | `reads_inflight_max` | 128 | most ranges in flight (one connection each); the byte cap is `chunk_bytes × reads_inflight_max` ([`Landing`]) |
 /// | `streamed_bytes_max` | 256 MiB | most bytes in flight in a load that streams through a reused window (its memory) |
 /// | `tuning` | `Auto` | the depth probes upward from 64 while throughput grows (see [`Tuning`]); `Fixed` keeps `reads_inflight_max` |
@@ -386,7 +386,7 @@ impl RemoteCheckpoint {
         let backend = Arc::new(RemoteBackend::new(self).with_cache(cache));
         let remote = &self.client().opts;
         let cap = remote.inflight_bytes_max(landing).unwrap_or(u64::MAX).min(load.budget_bytes);
-        // A self-tuned load smaller than START_DEPTH chunks gets shorter ranges (`range_bytes`).
+        // A self-tuned load of fewer than LOAD_RANGES_MIN chunks gets shorter ranges (`range_bytes`).
         // A selection that does not resolve fails the load itself, with its own error.
         let chunk_bytes = match (remote.tuning, self.checkpoint().select(&load.selection)) {
             (Tuning::Auto, Ok(selected)) => {

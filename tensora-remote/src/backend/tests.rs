@@ -113,8 +113,8 @@ fn an_object_replaced_after_open_fails_with_changed() {
     assert!(matches!(err, RemoteError::Load(_)), "{err}");
 }
 
-/// A self-tuned load of fewer than START_DEPTH chunks is fetched in shorter ranges, so that
-/// the start depth can be in flight; a fixed depth keeps the chunk. Either way the depth is at
+/// A self-tuned load of fewer than LOAD_RANGES_MIN chunks is fetched in shorter ranges, so that
+/// more connections share it; a fixed depth keeps the chunk. Either way the depth is at
 /// most the load's ranges.
 #[test]
 fn a_small_self_tuned_load_is_fetched_in_shorter_ranges() {
