@@ -183,6 +183,10 @@ impl Tuner {
     /// The load's byte counter read `arrived_bytes` (body bytes so far, counted as they arrive)
     /// at `now`. The first observation is the start: call it before the first range is issued.
     pub fn observe(&self, arrived_bytes: u64, now: Instant) {
+        // Settled: every landing of the rest of the load returns here, without the lock.
+        if !self.probing() {
+            return;
+        }
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.settled.is_some() {
             return;
