@@ -23,11 +23,13 @@
 //! a fresh `tensora load` of the 2.2 GB checkpoint spent 70 % of its CPU zeroing pages there).
 //!
 //! Run: `cargo xtask bench --remote [--runs N] [--only GROUP,...]`, or `cargo run --release -p
-//! tensora-remote --example remote_bench -- [--runs 3] [--only tinyllama,limited] [--out DIR]`,
+//! tensora-remote --example remote_bench -- [--runs 5] [--only tinyllama,limited] [--out DIR]`,
 //! which writes `DIR/report.{md,json}`. Needs nginx, s3rver and curl (see `tests/support/mod.rs`
 //! for the install lines); the Run:ai cell needs its venv (the report names the install command
 //! when it is missing).
 
+#[path = "remote_bench/machine.rs"]
+mod machine;
 #[path = "remote_bench/peers.rs"]
 mod peers;
 #[path = "remote_bench/roofline.rs"]
@@ -44,6 +46,10 @@ use tensora_remote::{CacheOptions, Location, RemoteOptions, Tuning, open_remote}
 
 /// Cold-cache directories the cache group keeps before it reuses one (each holds about 1 GB).
 const COLD_DIRS: usize = 4;
+/// Runs per cell unless `--runs` says otherwise: single loads on the 2-core reference VM differ
+/// by up to 3× within a cell, and a median of 3 moved by about ±20 % from run to run (docs/design.md,
+/// "Measuring remote loads").
+const RUNS_DEFAULT: usize = 5;
 /// Upper bound on `--runs`.
 const RUNS_MAX: usize = 99;
 /// Every cell group, in the order they run.
@@ -58,8 +64,12 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args =
-        Args { runs: 3, only: GROUPS.iter().map(|g| (*g).to_owned()).collect(), out: None, rss_probe: None };
+    let mut args = Args {
+        runs: RUNS_DEFAULT,
+        only: GROUPS.iter().map(|g| (*g).to_owned()).collect(),
+        out: None,
+        rss_probe: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -106,7 +116,9 @@ struct Cell {
     seconds: Vec<f64>,
     /// When its first and last run started, and the load average then.
     when: Vec<String>,
-    /// The depth the controller settled on (tensora default cells), per run.
+    /// Per run: its seconds and what the machine did meanwhile ([`machine::Counters`]), after
+    /// what the run itself noted (the depth a self-tuned load settled on and the windows it
+    /// measured; a cache's write-behind).
     notes: Vec<String>,
     error: Option<String>,
 }
@@ -129,13 +141,14 @@ impl Cell {
             return;
         }
         self.when.push(format!("{} (load {})", clock(), loadavg()));
+        let before = machine::Counters::now();
         match f() {
             Ok((seconds, bytes, note)) => {
+                let machine = machine::Counters::now().since(&before);
                 self.seconds.push(seconds);
                 self.bytes = bytes;
-                if !note.is_empty() {
-                    self.notes.push(note);
-                }
+                let note = if note.is_empty() { note } else { format!("{note} ") };
+                self.notes.push(format!("{note}[{seconds:.3} s: {machine}]"));
             }
             Err(e) => self.error = Some(e),
         }
@@ -154,7 +167,14 @@ fn tensora_load(url: &str, opts: &RemoteOptions) -> Result<(f64, u64, String), S
     // The model is ready at `seconds`; a cache's write-behind is waited for (and shown) before
     // the next cell starts.
     let r = loaded.wait_cache();
-    let mut notes: Vec<String> = Vec::new();
+    // Opening (probes, listing, HEADs, header reads) is part of `seconds`, as in `tensora load`.
+    let p = &r.load.phases;
+    let mut notes = vec![format!(
+        "opened in {:.3} s ({} requests), {} GETs",
+        p.open + p.parse,
+        r.open_requests,
+        r.requests
+    )];
     if let Some(c) = r.concurrency.as_ref().filter(|c| c.mode == "auto") {
         // The depth it ended at, and each window it measured (depth: GB/s).
         let probes: Vec<String> = c.probes.iter().map(|p| format!("{}: {:.2}", p.depth, p.gbps)).collect();

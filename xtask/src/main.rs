@@ -39,7 +39,7 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
                        tensora-remote at real size against real nginx and s3rver on 127.0.0.1
                        (needs nginx, curl, node + s3rver, see .ci/run; the Run:ai peer needs
                        target/tensora-remote-runai, the report names the install command), each
-                       beside its curl anchor in the same run (default 3 runs; medians, min-max,
+                       beside its curl anchor in the same run (default 5 runs; medians, min-max,
                        ratios, acceptance, when each cell ran); groups: tinyllama, shards8, one1g,
                        limited, cache, s3, rss (default all); writes
                        target/tensora-bench/remote/report.{md,json}. Not part of `test`.

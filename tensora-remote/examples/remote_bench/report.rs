@@ -172,7 +172,7 @@ pub fn markdown(runs: usize, cells: &[Cell], checks: &[Check], when: (&str, &str
             median(&c.seconds),
             c.gbps(),
             runs.join(" "),
-            c.notes.join(", ")
+            c.notes.join("; ")
         );
     }
     let _ = writeln!(md, "\n| acceptance | value | target | pass |\n|---|---|---|---|");
