@@ -62,7 +62,8 @@ fn inspect_and_load_a_url_report_what_local_paths_do() {
     }
     // The load's own GETs (3 shards at least), and what opening cost, each counted once.
     assert!(remote["requests"].as_u64().unwrap() >= 3, "{remote}");
-    assert!(remote["open_requests"].as_u64().unwrap() > 9, "{remote}");
+    // A tensor_index.json probe, the index's probe and GET, and a HEAD and a GET per shard.
+    assert!(remote["open_requests"].as_u64().unwrap() >= 1 + 2 + 6, "{remote}");
     assert_eq!(remote["retries"], 0);
     assert_eq!(remote["bytes_selected"], local["bytes_selected"]);
     assert_eq!(remote["tensors"], 9);

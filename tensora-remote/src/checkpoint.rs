@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectMeta;
 use object_store::path::Path as ObjectPath;
 use tensora_format::assemble::{Partition, SafetensorsObject};
 use tensora_format::safetensors::{header_span_bytes, parse_header_with_path};
@@ -35,8 +36,15 @@ pub const HEADER_FETCHES_INFLIGHT_MAX: usize = 16;
 /// Listing entries read from an S3 prefix before giving up.
 pub const LIST_ENTRIES_MAX: usize = tensora_format::sharded::DIR_ENTRIES_MAX;
 /// Checkpoint objects (indexes and `*.safetensors`) kept from one listing; each is opened with a
-/// HEAD and two ranged reads, so more is refused rather than opened.
+/// HEAD and one or two ranged reads, so more is refused rather than opened.
 pub const LISTED_NAMES_MAX: usize = 65_536;
+/// Bytes the first ranged read of a safetensors object asks for (or the whole object, if
+/// shorter): the 8-byte header length, and the header itself when it fits in them, so that
+/// opening an object costs a HEAD and one read instead of a HEAD and two. Each request is a round
+/// trip (tens of milliseconds from an object store), the shards' opens run 16 at a time, and a
+/// header of a few hundred tensors is some tens of KiB; a longer one costs the second read it
+/// always did. The bytes past the header are the first tensor's, read again by a load.
+pub const HEADER_FIRST_READ_BYTES: u64 = 64 << 10;
 
 /// A remote checkpoint: a validated `tensora_format::Checkpoint` whose file paths are URLs, and
 /// for each of its files the object version seen at open.
@@ -317,10 +325,10 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
     if !location.is_dir() {
         let name = file_name(path);
         if name.ends_with(INDEX_SUFFIX) {
-            return open_indexed(location, fetcher, path).await;
+            return open_indexed(location, fetcher, path, None).await;
         }
         if name == SLLM_INDEX_NAME {
-            return open_sllm(location, fetcher, path).await;
+            return open_sllm(location, fetcher, path, None).await;
         }
         let shard = open_shard(location, fetcher, path.clone(), name.to_owned()).await?;
         return assemble(location, vec![shard], Layout::Single);
@@ -333,13 +341,13 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
     // order the local opener decides by.
     let sllm = path.clone().join(SLLM_INDEX_NAME);
     match fetcher.head(&sllm, &location.url_of(&sllm)).await {
-        Ok(_) => return open_sllm(location, fetcher, &sllm).await,
+        Ok(meta) => return open_sllm(location, fetcher, &sllm, Some(meta)).await,
         Err(RemoteError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
     let index = path.clone().join(HF_INDEX_NAME);
     match fetcher.head(&index, &location.url_of(&index)).await {
-        Ok(_) => return open_indexed(location, fetcher, &index).await,
+        Ok(meta) => return open_indexed(location, fetcher, &index, Some(meta)).await,
         Err(RemoteError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
@@ -367,9 +375,10 @@ async fn open_sllm(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
+    headed: Option<ObjectMeta>,
 ) -> Result<Opened, RemoteError> {
     use tensora_format::sllm::{INDEX_LEN_BYTES_MAX, PARTITION_PREFIX, parse_index};
-    let (url, bytes) = fetch_index(location, fetcher, index_path, INDEX_LEN_BYTES_MAX).await?;
+    let (url, bytes) = fetch_index(location, fetcher, index_path, headed, INDEX_LEN_BYTES_MAX).await?;
     let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     drop(bytes);
     let dir = parent(index_path);
@@ -475,11 +484,11 @@ async fn open_listed(
         .await
         .map_err(|reason| RemoteError::NoCheckpoint { url: url.clone(), reason })?;
     if let Some(sllm) = names.iter().find(|p| file_name(p) == SLLM_INDEX_NAME) {
-        return open_sllm(location, fetcher, sllm).await;
+        return open_sllm(location, fetcher, sllm, None).await;
     }
     let indexes: Vec<&ObjectPath> = names.iter().filter(|p| file_name(p).ends_with(INDEX_SUFFIX)).collect();
     match indexes.as_slice() {
-        [one] => return open_indexed(location, fetcher, one).await,
+        [one] => return open_indexed(location, fetcher, one, None).await,
         [] => {}
         many => {
             let listed: Vec<&str> = many.iter().map(|p| file_name(p)).collect();
@@ -517,7 +526,7 @@ async fn open_listed(
 /// of everything under it, read as a stream: more than `entries_max` entries (nested ones
 /// included), or more than [`LISTED_NAMES_MAX`] such names, is refused without reading further.
 async fn direct_children(
-    listed: futures::stream::BoxStream<'_, object_store::Result<object_store::ObjectMeta>>,
+    listed: futures::stream::BoxStream<'_, object_store::Result<ObjectMeta>>,
     prefix: &ObjectPath,
     entries_max: usize,
 ) -> Result<BTreeSet<ObjectPath>, String> {
@@ -547,14 +556,20 @@ async fn direct_children(
 
 /// The whole index object at `index_path` (its URL and bytes), refused without a download when
 /// HEAD says it is larger than `limit_bytes`: the buffer is never sized from an unchecked length.
+/// `headed`: what a HEAD that probed for it answered (a plain HTTP server's directory), so that
+/// it is not asked again.
 async fn fetch_index(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
+    headed: Option<ObjectMeta>,
     limit_bytes: u64,
 ) -> Result<(String, Vec<u8>), RemoteError> {
     let url = location.url_of(index_path);
-    let meta = fetcher.head(index_path, &url).await?;
+    let meta = match headed {
+        Some(meta) => meta,
+        None => fetcher.head(index_path, &url).await?,
+    };
     if meta.size > limit_bytes {
         return Err(RemoteError::TooLarge { url, len_bytes: meta.size, limit_bytes });
     }
@@ -569,8 +584,9 @@ async fn open_indexed(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
+    headed: Option<ObjectMeta>,
 ) -> Result<Opened, RemoteError> {
-    let (url, bytes) = fetch_index(location, fetcher, index_path, INDEX_BYTES_MAX).await?;
+    let (url, bytes) = fetch_index(location, fetcher, index_path, headed, INDEX_BYTES_MAX).await?;
     let index = parse_index(bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     let dir = parent(index_path);
     let names: BTreeSet<&str> = index.shard_names().collect();
@@ -595,8 +611,8 @@ async fn open_shards(
         .await
 }
 
-/// The header of one safetensors object (`name`: the shard's name as the index spells it): the
-/// first 8 bytes, then exactly `n` more.
+/// The header of one safetensors object (`name`: the shard's name as the index spells it), after
+/// a HEAD ([`read_header`]).
 async fn open_shard(
     location: &Location,
     fetcher: &Fetcher<'_>,
@@ -609,16 +625,40 @@ async fn open_shard(
     fetcher.check_versioned(&object, "its header and its tensors")?;
     let file_len_bytes = object.len_bytes();
     let format_err = |source| RemoteError::Format { url: url.clone(), source };
-    let mut prefix = [0u8; 8];
-    let prefix_len = file_len_bytes.min(8) as usize;
-    fetcher.fetch(&object, 0, &mut prefix[..prefix_len]).await?;
-    let span = header_span_bytes(&prefix[..prefix_len], file_len_bytes).map_err(format_err)?;
-    // `span` was checked against the header size limit and the object size.
-    let mut bytes = vec![0u8; span as usize];
-    bytes[..8].copy_from_slice(&prefix);
-    fetcher.fetch(&object, 8, &mut bytes[8..]).await?;
+    let bytes = read_header(fetcher, &object).await?;
     let header = parse_header_with_path(&bytes, file_len_bytes, Path::new(&url)).map_err(format_err)?;
     Ok(Shard { object, name, header })
+}
+
+/// The first `8 + n` bytes of a safetensors object: its header length and header. A cached
+/// copy answers as it recorded them (the length, then the header); from the store, the first
+/// [`HEADER_FIRST_READ_BYTES`] come in one request, the rest of a longer header in a second, and
+/// the cache (if any) records the header alone: the tensor bytes of the first read are the
+/// load's to write there, from where they land.
+async fn read_header(fetcher: &Fetcher<'_>, object: &RemoteObject) -> Result<Vec<u8>, RemoteError> {
+    let file_len_bytes = object.len_bytes();
+    let format_err = |source| RemoteError::Format { url: object.url.clone(), source };
+    let mut prefix = [0u8; 8];
+    let prefix_len = file_len_bytes.min(8) as usize;
+    if fetcher.read_cached(object, 0, &mut prefix[..prefix_len])? {
+        let span = header_span_bytes(&prefix[..prefix_len], file_len_bytes).map_err(format_err)?;
+        // `span` was checked against the header size limit and the object size.
+        let mut bytes = vec![0u8; span as usize];
+        bytes[..8].copy_from_slice(&prefix);
+        fetcher.fetch(object, 8, &mut bytes[8..]).await?;
+        return Ok(bytes);
+    }
+    // At most HEADER_FIRST_READ_BYTES, whatever the object's size claims.
+    let mut bytes = vec![0u8; file_len_bytes.min(HEADER_FIRST_READ_BYTES) as usize];
+    fetcher.fetch_store(object, 0, &mut bytes).await?;
+    let span = header_span_bytes(&bytes, file_len_bytes).map_err(format_err)?;
+    let first_len = bytes.len().min(span as usize);
+    bytes.resize(span as usize, 0);
+    fetcher.write_through(object, 0, &bytes[..first_len]).await;
+    if let Some(rest) = bytes.get_mut(first_len..).filter(|rest| !rest.is_empty()) {
+        fetcher.fetch(object, first_len as u64, rest).await?;
+    }
+    Ok(bytes)
 }
 
 fn assemble(location: &Location, shards: Vec<Shard>, layout: Layout<'_>) -> Result<Opened, RemoteError> {

@@ -270,6 +270,16 @@ impl<'a> Fetcher<'a> {
         Ok(())
     }
 
+    /// Record `bytes` (the object's from `offset_bytes`, just fetched from the store) in the
+    /// cache, if there is one, with the CRC-32C of the memory they landed in.
+    pub async fn write_through(&self, object: &RemoteObject, offset_bytes: u64, bytes: &[u8]) {
+        if let Some(cache) = self.cache {
+            let mut crc = Crc32c::new();
+            crc.append(bytes);
+            cache.write(object, offset_bytes, bytes, crc.value()).await;
+        }
+    }
+
     /// [`Fetcher::fetch`] without the write-through: where the bytes came from, for a caller that
     /// writes them into the cache itself.
     pub async fn fetch_unwritten(

@@ -50,7 +50,9 @@ pub use cache::{
     Cache, CacheOptions, CacheReport, CacheSync, CacheWrites, CachedObject, LANE_THREADS, LOCK_WAIT_MAX,
     PIECE_BYTES, RangeRecord, WRITE_BEHIND_BYTES, WRITER_THREADS,
 };
-pub use checkpoint::{HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME};
+pub use checkpoint::{
+    HEADER_FIRST_READ_BYTES, HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME,
+};
 pub use error::RemoteError;
 pub use fetch::{HEADWAY_BYTES_MIN, RemoteObject, RetryPolicy, Unversioned};
 pub use load::{

@@ -156,8 +156,52 @@ fn serverlessllm_probing_asks_only_for_the_partitions_the_index_needs() {
     }
     let remote = open_at(upload(dir.path(), "ckpt"), "http://mem.invalid/ckpt/").unwrap();
     assert_eq!(remote.checkpoint().files().len(), 3);
-    // The index probe, its HEAD and GET, and the three partitions' HEADs.
-    assert_eq!(remote.open_requests(), 1 + 2 + 3);
+    // The index probe (a HEAD, whose answer the index's GET goes by), the GET, and the three
+    // partitions' HEADs.
+    assert_eq!(remote.open_requests(), 1 + 1 + 3);
     let local = tensora_format::open(tiny).unwrap();
     assert_eq!(remote.tensors().len(), local.tensors().len());
+}
+
+/// Opening a shard reads its header length and, when it fits, its header in one ranged read
+/// ([`HEADER_FIRST_READ_BYTES`]); a longer header costs one more read for the rest. Either way
+/// the tensors are those of a local open.
+#[test]
+fn a_shard_header_costs_one_read_unless_it_is_longer_than_the_first() {
+    let location = "s3://b/ckpt/";
+    // Three shards with headers (and files) far shorter than the first read.
+    let short = tempfile::tempdir().unwrap();
+    write_ckpt(short.path(), &[100, 200, 300], 1000);
+    let files = tensora_format::open(short.path()).unwrap().files().len() as u64;
+    assert_eq!(files, 3);
+    let remote = open_at(upload(short.path(), "ckpt"), location).unwrap();
+    // The listing, the index's HEAD and read, then a HEAD and one read per shard.
+    assert_eq!(remote.open_requests(), 1 + 2 + 2 * files);
+    assert_eq!(remote.tensors().len(), 3);
+
+    // One shard whose header (2,000 entries) is longer than the first read.
+    let long = tempfile::tempdir().unwrap();
+    write_ckpt(long.path(), &[1; 2000], u64::MAX);
+    let local = tensora_format::open(long.path()).unwrap();
+    assert_eq!(local.files().len(), 1);
+    let header_bytes = local.files()[0].data_start_bytes();
+    assert!(header_bytes > HEADER_FIRST_READ_BYTES, "a {header_bytes}-byte header");
+    let remote = open_at(upload(long.path(), "ckpt"), location).unwrap();
+    // The listing, the index's HEAD and read, the shard's HEAD and two reads.
+    assert_eq!(remote.open_requests(), 1 + 2 + 3);
+    assert_eq!(remote.tensors(), local.tensors());
+}
+
+/// An object shorter than a header length is refused as the local parser refuses a file that
+/// short, naming the object, after one read of what it has.
+#[test]
+fn an_object_shorter_than_a_header_length_is_a_format_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), [1u8, 0, 0]).unwrap();
+    let err = open_at(upload(dir.path(), "ckpt"), "s3://b/ckpt/").unwrap_err();
+    match &err {
+        RemoteError::Format { url, .. } => assert!(url.ends_with("ckpt/model.safetensors"), "{url}"),
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
 }
