@@ -118,7 +118,7 @@ impl Nginx {
         // one exists (`Nginx::fail_with`; 503 and 429 with `Retry-After: 1`), log each request's
         // status to `access.log` (`Nginx::wait_for_status`), and ask for basic auth (user `u`,
         // password `hunter2`) under `/private/`.
-        let statuses = "if (-f {d}/slow) { set $limit_rate 64k; }\n\
+        let statuses = "if (-f {d}/slow) { set $limit_rate 16k; }\n\
              if (-f {d}/status-500) { return 500; }\n\
              if (-f {d}/status-503) { add_header Retry-After 1 always; return 503; }\n\
              if (-f {d}/status-429) { add_header Retry-After 1 always; return 429; }\n"
@@ -191,7 +191,10 @@ impl Nginx {
         }
     }
 
-    /// Send every response at 64 KiB/s from now on (`true`), or at full speed again.
+    /// Send every response begun from now on at 16 KiB/s (`true`), or at full speed again.
+    /// nginx sends a second's worth at once, so a 64 KiB range takes about 3 s: slower than a
+    /// test's polling by far (at 64 KiB/s a 64 KiB range went out at once, and a whole test
+    /// checkpoint could land between two polls).
     pub fn set_slow(&self, slow: bool) {
         let flag = self.conf_dir.path().join("slow");
         if slow {
