@@ -6,7 +6,7 @@
 //! each file's stamp is the object's size and last-modified, device and inode 0), plus each
 //! object's version (ETag) that every later range is conditional on.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -35,15 +35,16 @@ pub const SINGLE_FILE_NAME: &str = "model.safetensors";
 pub const HEADER_FETCHES_INFLIGHT_MAX: usize = 16;
 /// Listing entries read from an S3 prefix before giving up.
 pub const LIST_ENTRIES_MAX: usize = tensora_format::sharded::DIR_ENTRIES_MAX;
-/// Checkpoint objects (indexes and `*.safetensors`) kept from one listing; each is opened with a
-/// HEAD and one or two ranged reads, so more is refused rather than opened.
+/// Checkpoint objects (indexes and `*.safetensors`) kept from one listing; each is opened with
+/// one or two ranged reads, so more is refused rather than opened.
 pub const LISTED_NAMES_MAX: usize = 65_536;
 /// Bytes the first ranged read of a safetensors object asks for (or the whole object, if
 /// shorter): the 8-byte header length, and the header itself when it fits in them, so that
-/// opening an object costs a HEAD and one read instead of a HEAD and two. Each request is a round
-/// trip (tens of milliseconds from an object store), the shards' opens run 16 at a time, and a
-/// header of a few hundred tensors is some tens of KiB; a longer one costs the second read it
-/// always did. The bytes past the header are the first tensor's, read again by a load.
+/// opening an object costs one read (after a HEAD where no listing gave its size) instead of a
+/// HEAD and two. Each request is a round trip (tens of milliseconds from an object store), the
+/// shards' opens run 16 at a time, and a header of a few hundred tensors is some tens of KiB; a
+/// longer one costs a second read. The bytes past the header are the first tensor's, read again
+/// by a load.
 pub const HEADER_FIRST_READ_BYTES: u64 = 64 << 10;
 
 /// A remote checkpoint: a validated `tensora_format::Checkpoint` whose file paths are URLs, and
@@ -325,12 +326,13 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
     if !location.is_dir() {
         let name = file_name(path);
         if name.ends_with(INDEX_SUFFIX) {
-            return open_indexed(location, fetcher, path, None).await;
+            return open_indexed(location, fetcher, path, Known::Nothing, None).await;
         }
         if name == SLLM_INDEX_NAME {
-            return open_sllm(location, fetcher, path, None).await;
+            return open_sllm(location, fetcher, path, Known::Nothing).await;
         }
-        let shard = open_shard(location, fetcher, path.clone(), name.to_owned()).await?;
+        let at = ShardAt { path: path.clone(), name: name.to_owned(), listed: None };
+        let shard = open_shard(location, fetcher, at).await?;
         return assemble(location, vec![shard], Layout::Single);
     }
     // The local rules (tensora_format::open): a ServerlessLLM index wins, then the one HF index.
@@ -341,18 +343,19 @@ async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened
     // order the local opener decides by.
     let sllm = path.clone().join(SLLM_INDEX_NAME);
     match fetcher.head(&sllm, &location.url_of(&sllm)).await {
-        Ok(meta) => return open_sllm(location, fetcher, &sllm, Some(meta)).await,
+        Ok(meta) => return open_sllm(location, fetcher, &sllm, Known::Headed(meta)).await,
         Err(RemoteError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
     let index = path.clone().join(HF_INDEX_NAME);
     match fetcher.head(&index, &location.url_of(&index)).await {
-        Ok(meta) => return open_indexed(location, fetcher, &index, Some(meta)).await,
+        Ok(meta) => return open_indexed(location, fetcher, &index, Known::Headed(meta), None).await,
         Err(RemoteError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
     let single = path.clone().join(SINGLE_FILE_NAME);
-    match open_shard(location, fetcher, single, SINGLE_FILE_NAME.to_owned()).await {
+    let at = ShardAt { path: single, name: SINGLE_FILE_NAME.to_owned(), listed: None };
+    match open_shard(location, fetcher, at).await {
         Ok(shard) => assemble(location, vec![shard], Layout::Single),
         Err(RemoteError::NotFound { .. }) => Err(RemoteError::NoCheckpoint {
             url: location.url_of(path),
@@ -375,10 +378,10 @@ async fn open_sllm(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
-    headed: Option<ObjectMeta>,
+    known: Known,
 ) -> Result<Opened, RemoteError> {
     use tensora_format::sllm::{INDEX_LEN_BYTES_MAX, PARTITION_PREFIX, parse_index};
-    let (url, bytes) = fetch_index(location, fetcher, index_path, headed, INDEX_LEN_BYTES_MAX).await?;
+    let (url, bytes) = fetch_index(location, fetcher, index_path, known, INDEX_LEN_BYTES_MAX).await?;
     let index = parse_index(&bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     drop(bytes);
     let dir = parent(index_path);
@@ -483,12 +486,15 @@ async fn open_listed(
     let names = direct_children(listed, prefix, LIST_ENTRIES_MAX)
         .await
         .map_err(|reason| RemoteError::NoCheckpoint { url: url.clone(), reason })?;
-    if let Some(sllm) = names.iter().find(|p| file_name(p) == SLLM_INDEX_NAME) {
-        return open_sllm(location, fetcher, sllm, None).await;
+    if let Some((sllm, meta)) = names.iter().find(|(p, _)| file_name(p) == SLLM_INDEX_NAME) {
+        return open_sllm(location, fetcher, sllm, Known::Listed(meta.clone())).await;
     }
-    let indexes: Vec<&ObjectPath> = names.iter().filter(|p| file_name(p).ends_with(INDEX_SUFFIX)).collect();
+    let indexes: Vec<&ObjectPath> = names.keys().filter(|p| file_name(p).ends_with(INDEX_SUFFIX)).collect();
     match indexes.as_slice() {
-        [one] => return open_indexed(location, fetcher, one, None).await,
+        [one] => {
+            let known = names.get(*one).map_or(Known::Nothing, |m| Known::Listed(m.clone()));
+            return open_indexed(location, fetcher, one, known, Some(&names)).await;
+        }
         [] => {}
         many => {
             let listed: Vec<&str> = many.iter().map(|p| file_name(p)).collect();
@@ -502,12 +508,12 @@ async fn open_listed(
             });
         }
     }
-    let shards: Vec<(ObjectPath, String)> = names
+    let shards: Vec<ShardAt> = names
         .into_iter()
-        .filter(|p| file_name(p).ends_with(".safetensors"))
-        .map(|p| {
-            let name = file_name(&p).to_owned();
-            (p, name)
+        .filter(|(p, _)| file_name(p).ends_with(".safetensors"))
+        .map(|(path, meta)| {
+            let name = file_name(&path).to_owned();
+            ShardAt { path, name, listed: Some(meta) }
         })
         .collect();
     if shards.is_empty() {
@@ -522,17 +528,18 @@ async fn open_listed(
 }
 
 /// The objects directly under `prefix` that the layout rules look at (`tensor_index.json`,
-/// `*.safetensors.index.json`, `*.safetensors`; names starting with `.` skipped), from a listing
-/// of everything under it, read as a stream: more than `entries_max` entries (nested ones
-/// included), or more than [`LISTED_NAMES_MAX`] such names, is refused without reading further.
+/// `*.safetensors.index.json`, `*.safetensors`; names starting with `.` skipped), with what the
+/// listing said of each, from a listing of everything under it, read as a stream: more than
+/// `entries_max` entries (nested ones included), or more than [`LISTED_NAMES_MAX`] such names, is
+/// refused without reading further.
 async fn direct_children(
     listed: futures::stream::BoxStream<'_, object_store::Result<ObjectMeta>>,
     prefix: &ObjectPath,
     entries_max: usize,
-) -> Result<BTreeSet<ObjectPath>, String> {
+) -> Result<BTreeMap<ObjectPath, ObjectMeta>, String> {
     let mut listed = listed.take(entries_max.saturating_add(1));
     let mut seen = 0usize;
-    let mut names = BTreeSet::new();
+    let mut names = BTreeMap::new();
     while let Some(meta) = listed.next().await {
         let meta = meta.map_err(|e| crate::redact::redact(&format!("listing failed: {e}")))?;
         seen += 1;
@@ -548,7 +555,7 @@ async fn direct_children(
             if names.len() >= LISTED_NAMES_MAX {
                 return Err(format!("more than {LISTED_NAMES_MAX} checkpoint objects under the prefix"));
             }
-            names.insert(meta.location);
+            names.insert(meta.location.clone(), meta);
         }
     }
     Ok(names)
@@ -556,19 +563,37 @@ async fn direct_children(
 
 /// The whole index object at `index_path` (its URL and bytes), refused without a download when
 /// HEAD says it is larger than `limit_bytes`: the buffer is never sized from an unchecked length.
-/// `headed`: what a HEAD that probed for it answered (a plain HTTP server's directory), so that
-/// it is not asked again.
+/// A listed one no cache record answers for is read whole in one request
+/// ([`Fetcher::first_read`]) when the listing's size is within the limit.
 async fn fetch_index(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
-    headed: Option<ObjectMeta>,
+    known: Known,
     limit_bytes: u64,
 ) -> Result<(String, Vec<u8>), RemoteError> {
     let url = location.url_of(index_path);
-    let meta = match headed {
-        Some(meta) => meta,
-        None => fetcher.head(index_path, &url).await?,
+    let meta = match known {
+        Known::Listed(listed)
+            if (1..=limit_bytes).contains(&listed.size) && !fetcher.recorded(index_path) =>
+        {
+            // Bounded by `limit_bytes`.
+            let mut bytes = vec![0u8; listed.size as usize];
+            let listed = RemoteObject { url: url.clone(), meta: listed };
+            let meta = fetcher.first_read(&listed, &mut bytes).await?;
+            if meta.size != listed.len_bytes() {
+                return Err(RemoteError::Changed {
+                    url,
+                    planned: format!("{} bytes when listed", listed.len_bytes()),
+                    found: format!("{} bytes", meta.size),
+                });
+            }
+            let object = RemoteObject { url: url.clone(), meta };
+            fetcher.write_through(&object, 0, &bytes).await;
+            return Ok((url, bytes));
+        }
+        Known::Headed(meta) => meta,
+        Known::Listed(_) | Known::Nothing => fetcher.head(index_path, &url).await?,
     };
     if meta.size > limit_bytes {
         return Err(RemoteError::TooLarge { url, len_bytes: meta.size, limit_bytes });
@@ -580,67 +605,105 @@ async fn fetch_index(
     Ok((url, bytes))
 }
 
+/// The index at `index_path` and the shards it names; `listing`: what a listing of its
+/// directory said of each object in it.
 async fn open_indexed(
     location: &Location,
     fetcher: &Fetcher<'_>,
     index_path: &ObjectPath,
-    headed: Option<ObjectMeta>,
+    known: Known,
+    listing: Option<&BTreeMap<ObjectPath, ObjectMeta>>,
 ) -> Result<Opened, RemoteError> {
-    let (url, bytes) = fetch_index(location, fetcher, index_path, headed, INDEX_BYTES_MAX).await?;
+    let (url, bytes) = fetch_index(location, fetcher, index_path, known, INDEX_BYTES_MAX).await?;
     let index = parse_index(bytes).map_err(|kind| RemoteError::Index { url: url.clone(), kind })?;
     let dir = parent(index_path);
     let names: BTreeSet<&str> = index.shard_names().collect();
-    let paths: Vec<(ObjectPath, String)> = names
+    let paths: Vec<ShardAt> = names
         .into_iter()
-        .map(|n| child_raw(&dir, n).map(|p| (p, n.to_owned())))
+        .map(|n| {
+            child_raw(&dir, n).map(|path| {
+                let listed = listing.and_then(|l| l.get(&path)).cloned();
+                ShardAt { path, name: n.to_owned(), listed }
+            })
+        })
         .collect::<Result<_, _>>()
         .map_err(|e| RemoteError::NoCheckpoint { url: url.clone(), reason: e.to_string() })?;
     let shards = open_shards(location, fetcher, paths).await?;
     assemble(location, shards, Layout::Indexed { url: &url, index: &index })
 }
 
+/// What opening knows of an object before it reads it.
+enum Known {
+    Nothing,
+    /// What a HEAD that probed for it answered (a plain HTTP server's directory): not asked again.
+    Headed(ObjectMeta),
+    /// What a listing said of it: its size bounds its first read, whose response gives the
+    /// version (a listing's ETag or date may be spelled otherwise than a response's).
+    Listed(ObjectMeta),
+}
+
+/// A safetensors object to open: its path, its name as the index spells it, and what a listing
+/// said of it (`None`: not listed).
+struct ShardAt {
+    path: ObjectPath,
+    name: String,
+    listed: Option<ObjectMeta>,
+}
+
 async fn open_shards(
     location: &Location,
     fetcher: &Fetcher<'_>,
-    paths: Vec<(ObjectPath, String)>,
+    paths: Vec<ShardAt>,
 ) -> Result<Vec<Shard>, RemoteError> {
     futures::stream::iter(paths)
-        .map(|(p, name)| open_shard(location, fetcher, p, name))
+        .map(|shard| open_shard(location, fetcher, shard))
         .buffered(HEADER_FETCHES_INFLIGHT_MAX)
         .try_collect()
         .await
 }
 
-/// The header of one safetensors object (`name`: the shard's name as the index spells it), after
-/// a HEAD ([`read_header`]).
-async fn open_shard(
-    location: &Location,
-    fetcher: &Fetcher<'_>,
-    path: ObjectPath,
-    name: String,
-) -> Result<Shard, RemoteError> {
+/// The version and header of one safetensors object. One a listing named (and no cache record
+/// answers for) is read from its first ranged GET ([`Fetcher::first_read`]), whose response
+/// gives the version; any other is asked with a HEAD first ([`read_header`]).
+async fn open_shard(location: &Location, fetcher: &Fetcher<'_>, at: ShardAt) -> Result<Shard, RemoteError> {
+    let ShardAt { path, name, listed } = at;
     let url = location.url_of(&path);
-    let meta = fetcher.head(&path, &url).await?;
-    let object = RemoteObject { url: url.clone(), meta };
+    // Shorter than a header length: the HEAD path names that (`read_header`), with no read.
+    let listed = listed.filter(|m| m.size >= 8 && !fetcher.recorded(&path));
+    let (object, first) = match listed {
+        Some(meta) => {
+            // At most HEADER_FIRST_READ_BYTES, whatever the listing claims.
+            let mut first = vec![0u8; meta.size.min(HEADER_FIRST_READ_BYTES) as usize];
+            let listed = RemoteObject { url: url.clone(), meta };
+            let meta = fetcher.first_read(&listed, &mut first).await?;
+            (RemoteObject { url: url.clone(), meta }, Some(first))
+        }
+        None => (RemoteObject { url: url.clone(), meta: fetcher.head(&path, &url).await? }, None),
+    };
     fetcher.check_versioned(&object, "its header and its tensors")?;
     let file_len_bytes = object.len_bytes();
     let format_err = |source| RemoteError::Format { url: url.clone(), source };
-    let bytes = read_header(fetcher, &object).await?;
+    let bytes = read_header(fetcher, &object, first).await?;
     let header = parse_header_with_path(&bytes, file_len_bytes, Path::new(&url)).map_err(format_err)?;
     Ok(Shard { object, name, header })
 }
 
-/// The first `8 + n` bytes of a safetensors object: its header length and header. A cached
-/// copy answers as it recorded them (the length, then the header); from the store, the first
-/// [`HEADER_FIRST_READ_BYTES`] come in one request, the rest of a longer header in a second, and
-/// the cache (if any) records the header alone: the tensor bytes of the first read are the
+/// The first `8 + n` bytes of a safetensors object: its header length and header. `first`: its
+/// first bytes, already read with its version ([`Fetcher::first_read`]). Otherwise a cached copy
+/// answers as it recorded them (the length, then the header), or the store sends the first
+/// [`HEADER_FIRST_READ_BYTES`] in one request. The rest of a longer header comes in a second,
+/// and the cache (if any) records the header alone: the tensor bytes of the first read are the
 /// load's to write there, from where they land.
-async fn read_header(fetcher: &Fetcher<'_>, object: &RemoteObject) -> Result<Vec<u8>, RemoteError> {
+async fn read_header(
+    fetcher: &Fetcher<'_>,
+    object: &RemoteObject,
+    first: Option<Vec<u8>>,
+) -> Result<Vec<u8>, RemoteError> {
     let file_len_bytes = object.len_bytes();
     let format_err = |source| RemoteError::Format { url: object.url.clone(), source };
     let mut prefix = [0u8; 8];
     let prefix_len = file_len_bytes.min(8) as usize;
-    if fetcher.read_cached(object, 0, &mut prefix[..prefix_len])? {
+    if first.is_none() && fetcher.read_cached(object, 0, &mut prefix[..prefix_len])? {
         let span = header_span_bytes(&prefix[..prefix_len], file_len_bytes).map_err(format_err)?;
         // `span` was checked against the header size limit and the object size.
         let mut bytes = vec![0u8; span as usize];
@@ -648,9 +711,15 @@ async fn read_header(fetcher: &Fetcher<'_>, object: &RemoteObject) -> Result<Vec
         fetcher.fetch(object, 8, &mut bytes[8..]).await?;
         return Ok(bytes);
     }
-    // At most HEADER_FIRST_READ_BYTES, whatever the object's size claims.
-    let mut bytes = vec![0u8; file_len_bytes.min(HEADER_FIRST_READ_BYTES) as usize];
-    fetcher.fetch_store(object, 0, &mut bytes).await?;
+    let mut bytes = match first {
+        Some(first) => first,
+        None => {
+            // At most HEADER_FIRST_READ_BYTES, whatever the object's size claims.
+            let mut bytes = vec![0u8; file_len_bytes.min(HEADER_FIRST_READ_BYTES) as usize];
+            fetcher.fetch_store(object, 0, &mut bytes).await?;
+            bytes
+        }
+    };
     let span = header_span_bytes(&bytes, file_len_bytes).map_err(format_err)?;
     let first_len = bytes.len().min(span as usize);
     bytes.resize(span as usize, 0);

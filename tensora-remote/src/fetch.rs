@@ -183,6 +183,17 @@ pub(crate) struct Fetcher<'a> {
     pub cache: Option<&'a CacheSession>,
 }
 
+/// What a response must match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Match {
+    /// The version the object was planned at: the request is conditional on it, and a response
+    /// of another version or size fails as `Changed`.
+    Planned,
+    /// Nothing yet: the first read of an object a listing named, whose response gives the
+    /// version ([`Fetcher::first_read`]).
+    Any,
+}
+
 enum Failure {
     /// Retrying cannot help (missing object, changed object, bad range).
     Fatal(RemoteError),
@@ -219,6 +230,12 @@ impl<'a> Fetcher<'a> {
     pub fn attempt_timeout(&self, remaining_bytes: u64) -> Duration {
         let rate = self.rate_min_bytes_per_s.max(1);
         self.request_overhead + Duration::from_secs_f64(remaining_bytes as f64 / rate as f64)
+    }
+
+    /// Whether a cache's record answers for `path` (a location opened before, confirmed): its
+    /// HEAD is then answered without a request.
+    pub fn recorded(&self, path: &ObjectPath) -> bool {
+        self.cache.and_then(|c| c.head(path)).is_some()
     }
 
     /// The object's current metadata (a `HEAD` request), retried under the policy.
@@ -374,11 +391,11 @@ impl<'a> Fetcher<'a> {
             let timeout = self.attempt_timeout(len_bytes - landed as u64);
             let attempt_start = Instant::now();
             let link_start = self.counters.bytes.load(Ordering::Relaxed);
-            let attempt =
-                tokio::time::timeout(timeout, self.attempt(object, start, fill, landed, &mut got)).await;
+            let attempt = self.attempt(object, Match::Planned, start, fill, landed, &mut got);
+            let attempt = tokio::time::timeout(timeout, attempt).await;
             landed += got;
             let failure = match attempt {
-                Ok(Ok(())) => {
+                Ok(Ok(_)) => {
                     self.counters.add_retry_time(first_failure);
                     return Ok(());
                 }
@@ -456,23 +473,63 @@ impl<'a> Fetcher<'a> {
         Ok(())
     }
 
-    /// One request for the bytes of `fill` from `from` on (the object's from `start`); `got`
-    /// counts the bytes that landed, so a timed-out attempt still reports its progress.
+    /// The object's version and its first `dest.len()` bytes, in `dest`, for an object a listing
+    /// named (`listed`: its URL and the listing's metadata, of which only the path is used; `dest`
+    /// at most its listed size): one unconditional ranged GET instead of a HEAD and a GET, its
+    /// response's metadata the version every later read is conditional on. A failed attempt is
+    /// retried whole under the policy (the range is short: the start of a safetensors header).
+    pub async fn first_read(
+        &self,
+        listed: &RemoteObject,
+        dest: &mut [u8],
+    ) -> Result<ObjectMeta, RemoteError> {
+        let len_bytes = dest.len() as u64;
+        let mut retries = 0u32;
+        let mut first_failure: Option<Instant> = None;
+        loop {
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            let mut got = 0usize;
+            let mut fill = SliceFill { dest: &mut *dest, crc32c: None };
+            let timeout = self.attempt_timeout(len_bytes);
+            let attempt = self.attempt(listed, Match::Any, 0, &mut fill, 0, &mut got);
+            let failure = match tokio::time::timeout(timeout, attempt).await {
+                Ok(Ok(meta)) => {
+                    self.counters.add_retry_time(first_failure);
+                    if let Some(cache) = self.cache {
+                        cache.saw(&listed.url, &meta);
+                    }
+                    return Ok(meta);
+                }
+                Ok(Err(failure)) => failure,
+                Err(_) => {
+                    Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64()))
+                }
+            };
+            self.retry_or_fail(failure, &listed.url, 0, len_bytes, &mut retries, &mut first_failure).await?;
+        }
+    }
+
+    /// One request for the bytes of `fill` from `from` on (the object's from `start`), matched
+    /// against the object's planned version as `matching` says; `got` counts the bytes that
+    /// landed, so a timed-out attempt still reports its progress. Returns the response's
+    /// metadata.
     async fn attempt<F: Fill>(
         &self,
         object: &RemoteObject,
+        matching: Match,
         start: u64,
         fill: &mut F,
         from: usize,
         got: &mut usize,
-    ) -> Result<(), Failure> {
+    ) -> Result<ObjectMeta, Failure> {
         let want = fill.len_bytes() - from;
         let end = start + want as u64;
         let planned = &object.meta;
+        let conditional = matching == Match::Planned;
         let options = GetOptions {
             range: Some(GetRange::Bounded(start..end)),
-            if_match: planned.e_tag.clone(),
-            if_unmodified_since: if planned.e_tag.is_none() { Some(planned.last_modified) } else { None },
+            if_match: planned.e_tag.clone().filter(|_| conditional),
+            if_unmodified_since: (conditional && planned.e_tag.is_none()).then_some(planned.last_modified),
             ..GetOptions::default()
         };
         let mut silence = Silence::new(self.request_overhead);
@@ -482,11 +539,16 @@ impl<'a> Fetcher<'a> {
             .map_err(|e| classify(e, &object.url, Some(planned)))?;
         // Without an ETag the Last-Modified date is the version, compared on every response: a
         // server that ignores `If-Unmodified-Since` still cannot hand out a newer version's bytes.
-        let changed = match object.versioning() {
-            Versioning::ETag => result.meta.e_tag != planned.e_tag,
-            Versioning::LastModified | Versioning::None => result.meta.last_modified != planned.last_modified,
+        let changed = match (matching, object.versioning()) {
+            // The first read of a listed object: its response is the version (a range shorter
+            // than asked for, as from an object shrunk since the listing, fails below).
+            (Match::Any, _) => false,
+            (Match::Planned, Versioning::ETag) => result.meta.e_tag != planned.e_tag,
+            (Match::Planned, Versioning::LastModified | Versioning::None) => {
+                result.meta.last_modified != planned.last_modified
+            }
         };
-        if result.meta.size != planned.size || changed {
+        if changed || (matching == Match::Planned && result.meta.size != planned.size) {
             return Err(Failure::Fatal(RemoteError::Changed {
                 url: object.url.clone(),
                 planned: version_of(planned),
@@ -501,6 +563,7 @@ impl<'a> Fetcher<'a> {
                 what: format!("got bytes {}..{}", result.range.start, result.range.end),
             }));
         }
+        let meta = result.meta.clone();
         let mut body = result.into_stream();
         while let Some(chunk) = silence.heard(body.next()).await? {
             let chunk = chunk.map_err(|e| Failure::Transient(redact(&format!("body: {e}"))))?;
@@ -519,7 +582,7 @@ impl<'a> Fetcher<'a> {
         if *got < want {
             return Err(Failure::Transient(format!("body ended after {} of {} bytes", *got, want)));
         }
-        Ok(())
+        Ok(meta)
     }
 }
 

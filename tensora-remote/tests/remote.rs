@@ -314,11 +314,15 @@ fn s3_sharded_checkpoint_matches_a_local_load_by_index_and_by_listing() {
     s3.upload_dir(src.path(), "indexed").unwrap();
     s3.upload_dir(shards_only.path(), "listed").unwrap();
     let opts = RemoteOptions { store: s3.store_config(), ..small_opts() };
-    for prefix in ["indexed", "listed"] {
+    // Opening costs the listing, the index read whole (its size listed), and one read per shard
+    // (its version from the response; no HEAD).
+    for (prefix, open_requests) in [("indexed", 1 + 1 + 2), ("listed", 1 + 2)] {
         let location = Location::parse(&format!("s3://{}/{prefix}/", support::BUCKET)).unwrap();
         let loaded = load_remote(&location, &opts).unwrap_or_else(|e| panic!("{prefix}: {e}"));
         assert_matches_local(&loaded, src.path());
-        assert_eq!(loaded.report().load.backend, "remote-s3");
+        let r = loaded.report();
+        assert_eq!(r.load.backend, "remote-s3");
+        assert_eq!(r.open_requests, open_requests + r.open_retries, "{prefix}");
     }
     let missing = Location::parse(&format!("s3://{}/nothing-here/", support::BUCKET)).unwrap();
     assert!(matches!(load_remote(&missing, &opts), Err(RemoteError::NoCheckpoint { .. })));

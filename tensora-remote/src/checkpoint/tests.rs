@@ -102,7 +102,7 @@ fn listing_keeps_direct_children_and_stops_at_its_bound() {
     ];
     let listing = |entries: &Vec<ObjectMeta>| futures::stream::iter(entries.clone()).map(Ok).boxed();
     let names = rt().block_on(direct_children(listing(&entries), &prefix, 4)).unwrap();
-    let names: Vec<&str> = names.iter().map(|p| p.as_ref()).collect();
+    let names: Vec<&str> = names.keys().map(|p| p.as_ref()).collect();
     // Finding 8 of issue 14: only the names the layout rules look at are kept.
     assert_eq!(names, ["p/a.safetensors"]);
     let many: Vec<ObjectMeta> =
@@ -168,27 +168,39 @@ fn serverlessllm_probing_asks_only_for_the_partitions_the_index_needs() {
 /// the tensors are those of a local open.
 #[test]
 fn a_shard_header_costs_one_read_unless_it_is_longer_than_the_first() {
-    let location = "s3://b/ckpt/";
     // Three shards with headers (and files) far shorter than the first read.
     let short = tempfile::tempdir().unwrap();
     write_ckpt(short.path(), &[100, 200, 300], 1000);
     let files = tensora_format::open(short.path()).unwrap().files().len() as u64;
     assert_eq!(files, 3);
-    let remote = open_at(upload(short.path(), "ckpt"), location).unwrap();
-    // The listing, the index's HEAD and read, then a HEAD and one read per shard.
-    assert_eq!(remote.open_requests(), 1 + 2 + 2 * files);
-    assert_eq!(remote.tensors().len(), 3);
+    // Opened from a listing, each shard's version is its first read's; probed (plain HTTP, and
+    // the index names the shards), a HEAD's.
+    // S3: the listing, the index read whole (its size listed). HTTP: two HEADs probing (the
+    // second finds the index), its GET. Then a first read per shard, after a HEAD if unlisted.
+    for (location, before_shards, per_shard) in
+        [("s3://b/ckpt/", 1 + 1, 1), ("http://mem.invalid/ckpt/", 2 + 1, 2)]
+    {
+        let store = upload(short.path(), "ckpt");
+        let remote = open_at(Arc::clone(&store), location).unwrap();
+        assert_eq!(remote.open_requests(), before_shards + per_shard * files, "{location}");
+        assert_eq!(remote.tensors().len(), 3);
+        for object in remote.objects() {
+            let meta = rt().block_on(store.head(object.path())).unwrap();
+            assert_eq!(object.version(), crate::fetch::RemoteObject { url: String::new(), meta }.version());
+        }
+    }
 
     // One shard whose header (2,000 entries) is longer than the first read.
     let long = tempfile::tempdir().unwrap();
     write_ckpt(long.path(), &[1; 2000], u64::MAX);
     let local = tensora_format::open(long.path()).unwrap();
     assert_eq!(local.files().len(), 1);
+    let location = "s3://b/ckpt/";
     let header_bytes = local.files()[0].data_start_bytes();
     assert!(header_bytes > HEADER_FIRST_READ_BYTES, "a {header_bytes}-byte header");
     let remote = open_at(upload(long.path(), "ckpt"), location).unwrap();
-    // The listing, the index's HEAD and read, the shard's HEAD and two reads.
-    assert_eq!(remote.open_requests(), 1 + 2 + 3);
+    // The listing, the index, then the shard's first read and the rest of its header.
+    assert_eq!(remote.open_requests(), 1 + 1 + 2);
     assert_eq!(remote.tensors(), local.tensors());
 }
 
@@ -204,4 +216,35 @@ fn an_object_shorter_than_a_header_length_is_a_format_error() {
         other => panic!("{other}"),
     }
     assert!(err.to_string().contains("model.safetensors"), "{err}");
+}
+
+/// A listed index is read whole at its listed size, and refused as changed when the response
+/// says the object now has another size (rewritten between the listing and the read): it is
+/// never parsed cut short.
+#[test]
+fn an_index_whose_size_changed_since_the_listing_is_refused_as_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    write_ckpt(dir.path(), &[100, 200, 300], 1000);
+    let store = upload(dir.path(), "ckpt");
+    let index_path = ObjectPath::from(format!("ckpt/{HF_INDEX_NAME}"));
+    let mut listed = rt().block_on(store.head(&index_path)).unwrap();
+    let len_bytes = listed.size;
+    // Listed one byte shorter than it now is.
+    listed.size -= 1;
+    let client = Client::with_store(store as Arc<dyn ObjectStore>, &RemoteOptions::default()).unwrap();
+    let counters = Counters::default();
+    let fetcher = client.fetcher(&counters);
+    let location = Location::parse("s3://b/ckpt/").unwrap();
+    let read = fetch_index(&location, &fetcher, &index_path, Known::Listed(listed), INDEX_BYTES_MAX);
+    match client.runtime().block_on(read) {
+        Err(RemoteError::Changed { url, planned, found }) => {
+            assert!(url.ends_with(HF_INDEX_NAME), "{url}");
+            assert_eq!(
+                (planned, found),
+                (format!("{} bytes when listed", len_bytes - 1), format!("{len_bytes} bytes"))
+            );
+        }
+        other => panic!("{:?}", other.map(|(url, _)| url)),
+    }
+    assert_eq!(counters.requests.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
