@@ -34,6 +34,8 @@ mod machine;
 mod peers;
 #[path = "remote_bench/roofline.rs"]
 mod roofline;
+#[path = "remote_bench/spread.rs"]
+mod spread;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
