@@ -40,7 +40,8 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
                        (needs nginx, curl, node + s3rver, see .ci/run; the Run:ai peer needs
                        target/tensora-remote-runai, the report names the install command), each
                        beside its curl anchor in the same run (default 5 runs; medians, min-max,
-                       ratios, acceptance, when each cell ran); groups: tinyllama, shards8, one1g,
+                       ratios, acceptance with 90 % bootstrap intervals, when each cell ran);
+                       groups: tinyllama, shards8, one1g,
                        limited, cache, s3, rss (default all); writes
                        target/tensora-bench/remote/report.{md,json}. Not part of `test`.
   fixtures [--full] [--size small|full]
