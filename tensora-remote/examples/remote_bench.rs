@@ -130,12 +130,12 @@ impl Cell {
         Cell { group, name: name.to_owned(), ..Cell::default() }
     }
     fn gbps(&self) -> f64 {
-        self.bytes as f64 / median(&self.seconds) / 1e9
+        spread::gbps(self.bytes, median(&self.seconds))
     }
     fn gbps_range(&self) -> (f64, f64) {
         let max_s = self.seconds.iter().copied().fold(f64::MIN, f64::max);
         let min_s = self.seconds.iter().copied().fold(f64::MAX, f64::min);
-        (self.bytes as f64 / max_s / 1e9, self.bytes as f64 / min_s / 1e9)
+        (spread::gbps(self.bytes, max_s), spread::gbps(self.bytes, min_s))
     }
     /// Run `f` (returning seconds, bytes and a note), recording it or the first error.
     fn measure(&mut self, f: impl FnOnce() -> Result<(f64, u64, String), String>) {

@@ -91,7 +91,7 @@ fn check(
         _ => None,
     };
     let value = cells.as_ref().map(|cells| {
-        let gbps: Vec<f64> = cells.iter().map(|c| c.bytes as f64 / median(c.seconds) / 1e9).collect();
+        let gbps: Vec<f64> = cells.iter().map(|c| spread::gbps(c.bytes, median(c.seconds))).collect();
         value_of(&gbps)
     });
     let interval = cells.and_then(|cells| spread::interval(&cells, value_of));

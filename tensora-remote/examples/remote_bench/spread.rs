@@ -25,10 +25,9 @@ pub struct Runs<'a> {
     pub seconds: &'a [f64],
 }
 
-impl Runs<'_> {
-    fn gbps(bytes: u64, seconds: f64) -> f64 {
-        bytes as f64 / seconds / 1e9
-    }
+/// GB/s of `bytes` in `seconds`: the one unit every cell and check of the bench reports in.
+pub fn gbps(bytes: u64, seconds: f64) -> f64 {
+    bytes as f64 / seconds / 1e9
 }
 
 /// SplitMix64: a small, seeded generator; the bootstrap needs reproducibility, not secrecy.
@@ -58,16 +57,16 @@ pub fn interval(cells: &[Runs<'_>], value: impl Fn(&[f64]) -> f64) -> Option<(f6
     }
     let mut rng = SplitMix(SEED);
     let mut resampled = Vec::new();
-    let mut gbps = vec![0.0; cells.len()];
+    let mut each_gbps = vec![0.0; cells.len()];
     let mut draws: Vec<f64> = (0..DRAWS)
         .map(|_| {
-            for (g, cell) in gbps.iter_mut().zip(cells) {
+            for (g, cell) in each_gbps.iter_mut().zip(cells) {
                 resampled.clear();
                 resampled
                     .extend((0..cell.seconds.len()).map(|_| cell.seconds[rng.below(cell.seconds.len())]));
-                *g = Runs::gbps(cell.bytes, median(&resampled));
+                *g = gbps(cell.bytes, median(&resampled));
             }
-            value(&gbps)
+            value(&each_gbps)
         })
         .collect();
     draws.sort_by(f64::total_cmp);
