@@ -20,12 +20,13 @@ pub struct Args {
     /// Checkpoint path: a .safetensors file, a directory of shards, or a ServerlessLLM directory;
     /// or a remote location (s3://, az://, gs://, http(s)://). Remote loads read ranged GETs of
     /// --chunk bytes (default 8 MiB; a load of fewer than 32 of them gets shorter ones, down to
-    /// 1 MiB, unless --queue-depth is given); how many are in flight tunes itself (from 64, doubling while throughput grows,
-    /// at most 128, 32 when streaming; "concurrency" in the report says where it settled and why) unless
-    /// --queue-depth fixes it; --threads runtime threads drive them (default 2); --backend,
-    /// --direct, --buffered, --mapped and --allow-sparse do not apply to them. Their --json report adds "requests", "url", "retry_seconds" and
-    /// "open_requests", "open_retries", "open_retry_seconds" (what opening cost), and
-    /// "retries" counts HTTP retries.
+    /// 1 MiB, unless --queue-depth is given); how many are in flight tunes itself (from 64,
+    /// doubling while throughput grows, at most 128, 32 when streaming; "concurrency" in the
+    /// report says where it settled and why) unless --queue-depth fixes it; --threads runtime
+    /// threads drive them (default 2); --backend, --direct, --buffered, --mapped and
+    /// --allow-sparse do not apply to them. Their --json report adds "requests", "url",
+    /// "retry_seconds" and "open_requests", "open_retries", "open_retry_seconds" (what opening
+    /// cost), and "retries" counts HTTP retries.
     pub path: std::path::PathBuf,
     /// I/O backend: auto, or one of sync, mmap, io-uring, async.
     #[arg(long, default_value = "auto")]

@@ -204,6 +204,13 @@ enum Failure {
     Silent(String),
 }
 
+impl Failure {
+    /// An attempt that did not finish within its `timeout` ([`Fetcher::attempt_timeout`]).
+    fn timed_out(timeout: Duration) -> Failure {
+        Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64()))
+    }
+}
+
 impl<'a> Fetcher<'a> {
     /// This fetcher reading from and writing through `cache`.
     pub fn with_cache(self, cache: Option<&'a CacheSession>) -> Fetcher<'a> {
@@ -400,9 +407,7 @@ impl<'a> Fetcher<'a> {
                     return Ok(());
                 }
                 Ok(Err(failure)) => failure,
-                Err(_) => {
-                    Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64()))
-                }
+                Err(_) => Failure::timed_out(timeout),
             };
             let link_moved = self.counters.bytes.load(Ordering::Relaxed).saturating_sub(link_start);
             let shared = matches!(failure, Failure::Silent(_)) && link_moved >= HEADWAY_BYTES_MIN as u64;
@@ -501,9 +506,7 @@ impl<'a> Fetcher<'a> {
                     return Ok(meta);
                 }
                 Ok(Err(failure)) => failure,
-                Err(_) => {
-                    Failure::Transient(format!("no complete body within {:.1} s", timeout.as_secs_f64()))
-                }
+                Err(_) => Failure::timed_out(timeout),
             };
             self.retry_or_fail(failure, &listed.url, 0, len_bytes, &mut retries, &mut first_failure).await?;
         }
