@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use support::{files_unchanged, fixture, generate, generate_mixed};
 use tensora_format::Dtype;
-use tensora_io::{BackendChoice, LoadError, LoadOptions, ReadErrorKind, Residence, load};
+use tensora_io::{BackendChoice, IoMode, LoadError, LoadOptions, ReadErrorKind, Residence, load};
 
 /// Reads every byte of every file of `ckpt`, so the page cache holds it.
 fn warm_up(ckpt: &tensora_format::Checkpoint) {
@@ -66,13 +66,38 @@ fn auto_owns_when_a_backend_is_named_or_the_data_is_cold() {
     let sample = tensora_io::auto::probe::residency_sample(&file, file.metadata().unwrap().len()).unwrap();
     assert_eq!(sample.resident_pages, 0, "ext4 drops clean pages on POSIX_FADV_DONTNEED");
     let ckpt = tensora_format::open(&path).unwrap();
-    let loaded =
-        load(&ckpt, &LoadOptions { residence: Residence::Auto(files_unchanged()), ..LoadOptions::default() })
-            .unwrap();
+    let len_bytes = file.metadata().unwrap().len();
+    let resident = || tensora_io::auto::probe::residency_sample(&file, len_bytes).unwrap();
+
+    // Asked to read around the page cache: an owned copy.
+    let opts = LoadOptions {
+        residence: Residence::Auto(files_unchanged()),
+        io_mode: IoMode::Direct,
+        ..LoadOptions::default()
+    };
+    let loaded = load(&ckpt, &opts).unwrap();
     let r = loaded.report();
     assert_eq!(r.residence, "owned");
-    assert!(r.reason.starts_with("owned: cold"), "{}", r.reason);
+    assert!(r.reason.starts_with("owned: cold, around the page cache (O_DIRECT asked)"), "{}", r.reason);
     assert_eq!(loaded.tensor("s0.t0").unwrap().bytes(), &cold.data["s0.t0"][..]);
+    drop(loaded);
+    tensora_testkit::cache::evict_file_cache(&file).unwrap();
+    assert!(resident().fraction() < tensora_io::auto::WARM_FRACTION, "evicted again");
+
+    // The default: the pages fit in the page cache, so the cold load reads them in as views and
+    // leaves them for the next load, which finds the file warm.
+    let auto = LoadOptions { residence: Residence::Auto(files_unchanged()), ..LoadOptions::default() };
+    let loaded = load(&ckpt, &auto).unwrap();
+    let r = loaded.report();
+    assert_eq!(r.residence, "mapped");
+    assert!(r.reason.starts_with("mapped: cold, on local"), "{}", r.reason);
+    assert!(r.reason.contains("pages kept cached for the next load"), "{}", r.reason);
+    assert_eq!(loaded.tensor("s0.t0").unwrap().bytes(), &cold.data["s0.t0"][..]);
+    drop(loaded);
+    let after = resident();
+    assert_eq!(after.resident_pages, after.sampled_pages, "the cold load left its pages cached: {after:?}");
+    let next = load(&ckpt, &auto).unwrap();
+    assert!(next.report().reason.starts_with("mapped: warm"), "{}", next.report().reason);
 }
 
 #[test]

@@ -3,9 +3,25 @@
 //!
 //! [`gather`] reads the facts (cheap, bounded: one `statfs`, a `mincore` sample of at most
 //! [`probe::RESIDENCY_SAMPLE_WINDOWS_MAX`] windows per file for at most [`RESIDENCY_FILES_MAX`]
-//! files, the cached io_uring probe, and an O_DIRECT probe only when the data is cold and would be
-//! owned); [`choose`] is a pure rule table over them, so it is unit-tested directly. The
-//! [`Choice`]'s one-line `reason` names the deciding facts and goes into the load report.
+//! files, the cached io_uring probe, `/proc/meminfo` and the cgroup's memory files
+//! ([`memory::memory_room`]), and an O_DIRECT probe only when the data is cold and would be owned);
+//! [`choose`] is a pure rule table over them, so it is unit-tested directly. The [`Choice`]'s
+//! one-line `reason` names the deciding facts and goes into the load report.
+//!
+//! **The page cache is the node's shared cache.** A cold load that reads around it (`O_DIRECT`)
+//! is the fastest way to read a checkpoint once, and leaves every later process on the node (a
+//! restart, a second replica, the other tensor-parallel workers) as cold as the first. So a cold
+//! load whose tensors may be views ([`Residence::Auto`]) on a local filesystem reads *through* the
+//! page cache whenever the pages fit ([`page_cache`]), as mapped views (the pages are read in by
+//! parallel `MADV_POPULATE_READ`, as fast as the direct queue here, and no arena is faulted): the bytes not yet cached, plus the load's own destination (an owned arena;
+//! nothing for mapped views; a budget-sized window when streaming), plus a margin
+//! ([`PAGE_CACHE_MARGIN_MIN_BYTES`], or 1/[`PAGE_CACHE_MARGIN_DIVISOR`] of the machine's memory or
+//! of the cgroup's limit, whichever is larger) must fit in the memory the machine (or the cgroup) has available. When
+//! they do not fit, when that memory cannot be read, or when the caller asks for `O_DIRECT`
+//! ([`IoMode::Direct`]), a cold load reads around the cache as before, which leaves other
+//! processes' cached pages where they are. An owned copy ([`Residence::Owned`]) of cold data
+//! still reads around the cache: buffered reads into an arena measured far slower than the direct
+//! queue on this machine (see docs/design.md); its reason says whether the pages would have fit.
 //!
 //! Residence, when the caller asks for [`Residence::Auto`] (first match wins):
 //!
@@ -13,6 +29,7 @@
 //! |---|---|---|
 //! | network/FUSE filesystem | owned | a snapshot nothing outside can change; never lazy views over the network |
 //! | warm (≥ [`WARM_FRACTION`] of sampled pages cached) | mapped | a load is a page-table fill: no fresh memory to fault and zero, no copy |
+//! | cold, the pages fit in the page cache | mapped | the pages are read in once (in parallel) and stay for the next process; no arena, no copy |
 //! | cold, or nothing sampled | owned | the disk is the bound; an owned copy is a snapshot |
 //!
 //! Backend, for an owned load (first match wins), justified by measurements on the 2-core
@@ -32,11 +49,13 @@ use std::path::Path;
 
 use tensora_format::Checkpoint;
 
-use crate::load::{FilesUnchanged, Residence};
+use crate::load::{FilesUnchanged, IoMode, Residence};
 use crate::seam::Access;
 
+pub mod memory;
 pub mod probe;
 
+use memory::MemoryRoom;
 use probe::{Filesystem, ResidencySample};
 
 /// At or above this fraction of sampled pages resident, the selection counts as warm.
@@ -45,6 +64,10 @@ pub const WARM_FRACTION: f64 = 0.5;
 pub const DIRECT_MIN_BYTES: u64 = 256 << 20;
 /// Files whose residency is sampled (the first ones the selection touches).
 pub const RESIDENCY_FILES_MAX: usize = 16;
+/// The least memory a cold load leaves to everything else when it keeps its pages cached.
+pub const PAGE_CACHE_MARGIN_MIN_BYTES: u64 = 1 << 30;
+/// ... or this fraction (1/N) of the machine's memory, when that is more.
+pub const PAGE_CACHE_MARGIN_DIVISOR: u64 = 8;
 
 /// What `auto` looked at.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +94,26 @@ pub struct Facts {
     pub delivery: Delivery,
     /// The residence the caller asked for.
     pub residence: Residence,
+    /// The I/O mode the caller asked for ([`IoMode::Direct`]: read around the page cache).
+    pub io_mode: IoMode,
+    /// Bytes of the load's own memory besides the page cache when it owns its bytes: the whole
+    /// selection, or one budget-sized window when streaming.
+    pub owned_destination_bytes: u64,
+    /// Memory the page cache can be given (`None`: could not be read).
+    pub memory: Option<MemoryRoom>,
+}
+
+/// What `gather` is told about the load besides the checkpoint and the selection.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked {
+    /// How the load hands tensors over.
+    pub delivery: Delivery,
+    /// The residence the caller asked for.
+    pub residence: Residence,
+    /// The I/O mode the caller asked for.
+    pub io_mode: IoMode,
+    /// The in-flight budget (a streamed load's window).
+    pub budget_bytes: u64,
 }
 
 /// How a load hands its tensors over (a fact `auto` reads, and reports).
@@ -108,7 +151,8 @@ pub struct Choice {
 
 /// Read the facts for a selection (`selected` indexes [`Checkpoint::tensors`]). Residency is
 /// sampled over the selected tensors' byte ranges of the first [`RESIDENCY_FILES_MAX`] files.
-pub fn gather(ckpt: &Checkpoint, selected: &[usize], delivery: Delivery, residence: Residence) -> Facts {
+pub fn gather(ckpt: &Checkpoint, selected: &[usize], asked: Asked) -> Facts {
+    let Asked { delivery, residence, io_mode, budget_bytes } = asked;
     let mut by_file: Vec<(u32, Vec<std::ops::Range<u64>>)> = Vec::new();
     let bytes_selected = ckpt.distinct_bytes(selected);
     // Position of each checkpoint file in `by_file` (files in order of first use), by file id.
@@ -155,7 +199,49 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], delivery: Delivery, residen
         cpus: probe::cpu_count(),
         delivery,
         residence,
+        io_mode,
+        owned_destination_bytes: match delivery {
+            Delivery::Owned => bytes_selected,
+            Delivery::Streaming => bytes_selected.min(budget_bytes),
+        },
+        memory: memory::memory_room(),
     }
+}
+
+/// Whether a cold load keeps its pages in the page cache for the next process, and why (see the
+/// module docs). `destination_bytes` is the load's own memory besides the cache (0 for views).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageCache {
+    /// Read through the page cache: the pages stay for the next process.
+    Keep(String),
+    /// Read around it (`O_DIRECT` where it works): the node's other cached pages stay.
+    Around(String),
+}
+
+/// The page-cache rule (see the module docs), for a load whose own memory is `destination_bytes`.
+pub fn page_cache(f: &Facts, destination_bytes: u64) -> PageCache {
+    if f.io_mode == IoMode::Direct {
+        return PageCache::Around("O_DIRECT asked".to_owned());
+    }
+    let Some(room) = f.memory else {
+        return PageCache::Around("available memory unknown".to_owned());
+    };
+    // The memory this process can use at most: the machine's, or its cgroup's limit.
+    let usable_bytes = room.cgroup_limit_bytes.map_or(room.total_bytes, |l| l.min(room.total_bytes));
+    let margin_bytes = PAGE_CACHE_MARGIN_MIN_BYTES.max(usable_bytes / PAGE_CACHE_MARGIN_DIVISOR);
+    let uncached_bytes = (f.bytes_selected as f64 * (1.0 - f.residency.fraction())) as u64;
+    let need_bytes = uncached_bytes.saturating_add(destination_bytes).saturating_add(margin_bytes);
+    let gb = |b: u64| b as f64 / 1e9;
+    let limit = if room.cgroup_limit_bytes.is_some() { " (cgroup limit)" } else { "" };
+    let sums = format!(
+        "{:.2} GB to cache + {:.2} GB destination + {:.2} GB margin {} {:.2} GB available{limit}",
+        gb(uncached_bytes),
+        gb(destination_bytes),
+        gb(margin_bytes),
+        if need_bytes <= room.available_bytes { "<=" } else { ">" },
+        gb(room.available_bytes),
+    );
+    if need_bytes <= room.available_bytes { PageCache::Keep(sums) } else { PageCache::Around(sums) }
 }
 
 /// The rule tables (see the module docs): residence first, then the backend of an owned load.
@@ -199,7 +285,18 @@ pub fn choose(f: &Facts) -> Choice {
         Residence::Auto(_) if f.residency.sampled_pages == 0 => {
             Some("owned: no page-cache sample (nothing selected to sample)".to_owned())
         }
-        Residence::Auto(_) => Some("owned: cold".to_owned()),
+        Residence::Auto(promise) => match page_cache(f, 0) {
+            PageCache::Keep(why) => {
+                return mapped(
+                    promise,
+                    format!(
+                        "mapped: cold, on local {fs_name}, pages kept cached for the next load ({why}): \
+                         read in at load, no arena, no copy; {facts}"
+                    ),
+                );
+            }
+            PageCache::Around(why) => Some(format!("owned: cold, around the page cache ({why})")),
+        },
     };
     let mut choice = choose_owned(f, remote, fs_name, &facts);
     if let Some(why) = owned_because {
@@ -236,10 +333,16 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
     }
     let direct_ok = matches!(f.direct, Some(Ok(())));
     if direct_ok && f.uring.is_ok() && f.bytes_selected >= DIRECT_MIN_BYTES {
+        // An owned copy reads around the page cache even when its pages would fit: buffered
+        // reads of a cold file measured 5-8x slower than this queue here (docs/design.md).
+        let cache = match page_cache(f, f.owned_destination_bytes) {
+            PageCache::Keep(_) => "pages not kept: residence auto keeps them",
+            PageCache::Around(_) => "around the page cache",
+        };
         return owned(
             "io-uring",
             Access::Direct,
-            format!("cold, O_DIRECT and io_uring available: deep direct queue; {facts}"),
+            format!("cold, {cache}, O_DIRECT and io_uring available: deep direct queue; {facts}"),
         );
     }
     let why = match (&f.direct, &f.uring) {
@@ -275,7 +378,18 @@ mod tests {
             cpus: 2,
             delivery: Delivery::Owned,
             residence: Residence::Owned,
+            io_mode: IoMode::Auto,
+            owned_destination_bytes: 2 << 30,
+            memory: Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 20 << 30, cgroup_limit_bytes: None }),
         }
+    }
+
+    /// Facts of a cold load that does not fit in the page cache (so it reads around it).
+    fn cold_around() -> Facts {
+        let mut f = facts();
+        f.residency.resident_pages = 0;
+        f.memory = Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 4 << 30, cgroup_limit_bytes: None });
+        f
     }
 
     #[test]
@@ -293,11 +407,11 @@ mod tests {
 
     #[test]
     fn cold_large_with_direct_and_uring_picks_uring_direct() {
-        let mut f = facts();
-        f.residency.resident_pages = 0;
+        let mut f = cold_around();
         f.direct = Some(Ok(()));
         let c = choose(&f);
         assert_eq!((c.backend, c.direct), ("io-uring", true));
+        assert!(c.reason.contains("cold, around the page cache"), "{}", c.reason);
         f.uring = Err("EPERM".into());
         let c = choose(&f);
         assert_eq!((c.backend, c.direct), ("sync", false));
@@ -337,11 +451,13 @@ mod tests {
         let c = choose(&f);
         assert_eq!((c.residence, c.backend, c.direct), (Residence::Mapped(p()), "mmap", false));
         assert!(c.reason.starts_with("mapped: warm, on local ext4"), "{}", c.reason);
+        f.memory = cold_around().memory;
         f.residency.resident_pages = 49;
         f.direct = Some(Ok(()));
         let c = choose(&f);
         assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "io-uring", true));
-        assert!(c.reason.starts_with("owned: cold; cold, O_DIRECT"), "{}", c.reason);
+        assert!(c.reason.starts_with("owned: cold, around the page cache ("), "{}", c.reason);
+        assert!(c.reason.contains("; cold, around the page cache, O_DIRECT"), "{}", c.reason);
         f.residency = ResidencySample::default();
         assert!(choose(&f).reason.starts_with("owned: no page-cache sample"));
     }
@@ -359,15 +475,98 @@ mod tests {
         assert!(!f.warm());
     }
 
+    #[test]
+    fn a_cold_load_that_fits_keeps_its_pages_when_views_are_allowed_and_says_so() {
+        let mut f = Facts { residence: Residence::Auto(p()), ..facts() };
+        f.residency.resident_pages = 0;
+        f.direct = Some(Ok(()));
+        // 2 GiB to cache + 3 GiB margin (24 GiB / 8) <= 20 GiB: mapped, pages kept.
+        let c = choose(&f);
+        assert_eq!((c.residence, c.backend, c.direct), (Residence::Mapped(p()), "mmap", false));
+        assert!(c.reason.contains("pages kept cached for the next load (2.15 GB to cache"), "{}", c.reason);
+        assert!(c.reason.contains("<= 21.47 GB available"), "{}", c.reason);
+        // Asked for O_DIRECT: around the cache, whatever the room.
+        f.io_mode = IoMode::Direct;
+        let c = choose(&f);
+        assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "io-uring", true));
+        assert!(c.reason.starts_with("owned: cold, around the page cache (O_DIRECT asked)"), "{}", c.reason);
+        // Room unknown: around the cache.
+        f.io_mode = IoMode::Auto;
+        f.memory = None;
+        assert!(page_cache(&f, 0) == PageCache::Around("available memory unknown".to_owned()));
+        assert_eq!(choose(&f).backend, "io-uring");
+        // An owned copy reads around the cache and says whether the pages would have fit.
+        f.memory = facts().memory;
+        f.residence = Residence::Owned;
+        let c = choose(&f);
+        assert_eq!((c.backend, c.direct), ("io-uring", true));
+        assert!(c.reason.starts_with("owned: residence \"owned\"; cold, pages not kept: residence auto keeps them"), "{}", c.reason);
+    }
+
+    #[test]
+    fn auto_residence_maps_a_cold_load_whose_pages_fit_but_not_its_arena() {
+        // 2 GiB to cache + 3 GiB margin fits in 6 GiB; with the 2 GiB arena it would not.
+        let mut f = Facts { residence: Residence::Auto(p()), ..facts() };
+        f.residency.resident_pages = 0;
+        f.direct = Some(Ok(()));
+        f.memory = Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 6 << 30, cgroup_limit_bytes: None });
+        let c = choose(&f);
+        assert_eq!((c.residence, c.backend), (Residence::Mapped(p()), "mmap"));
+        assert!(c.reason.starts_with("mapped: cold, on local ext4, pages kept cached"), "{}", c.reason);
+        f.residence = Residence::Owned;
+        let c = choose(&f);
+        assert_eq!((c.backend, c.direct), ("io-uring", true), "{}", c.reason);
+        // A streamed load's destination is one window: it fits again.
+        f.delivery = Delivery::Streaming;
+        f.owned_destination_bytes = 256 << 20;
+        assert!(matches!(page_cache(&f, f.owned_destination_bytes), PageCache::Keep(_)));
+        // A cgroup's limit is named when it is what binds.
+        f.memory = Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 1 << 30, cgroup_limit_bytes: Some(2 << 30) });
+        let PageCache::Around(why) = page_cache(&f, 0) else { panic!("1 GiB of room cannot hold 2 GiB") };
+        assert!(why.ends_with("1.07 GB available (cgroup limit)"), "{why}");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]
-        /// Mapped exactly when asked for, or when asked to decide on warm local data; the reason
-        /// starts with the residence whenever `auto` decided it.
+        /// The page-cache rule is exactly the stated sum, on both sides of the threshold, and a
+        /// load kept in the cache never reads with O_DIRECT.
         #[test]
-        fn mapped_only_when_asked_or_warm_and_local(
+        fn pages_are_kept_exactly_when_the_sum_fits(
+            selected_mib in 1u64..40_000,
+            available_mib in 0u64..30_000,
+            resident in 0u64..=100,
+            destination_mib in 0u64..40_000,
+        ) {
+            let mut f = facts();
+            f.bytes_selected = selected_mib << 20;
+            f.residency.resident_pages = resident;
+            f.memory = Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: available_mib << 20, cgroup_limit_bytes: None });
+            let uncached = (f.bytes_selected as f64 * (1.0 - resident as f64 / 100.0)) as u64;
+            let margin = PAGE_CACHE_MARGIN_MIN_BYTES.max((24u64 << 30) / PAGE_CACHE_MARGIN_DIVISOR);
+            let fits = uncached + (destination_mib << 20) + margin <= available_mib << 20;
+            let kept = matches!(page_cache(&f, destination_mib << 20), PageCache::Keep(_));
+            prop_assert_eq!(kept, fits);
+            f.residence = Residence::Auto(p());
+            f.direct = Some(Ok(()));
+            let c = choose(&f);
+            // Views need no destination: they keep the pages when the pages alone fit.
+            let views_fit = matches!(page_cache(&f, 0), PageCache::Keep(_));
+            prop_assert_eq!(c.residence == Residence::Mapped(p()), views_fit || resident >= 50, "{}", c.reason);
+            prop_assert!(!(views_fit && c.direct), "{}", c.reason);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+        /// Mapped exactly when asked for, or when asked to decide on local data that is warm or
+        /// whose pages fit in the page cache; the reason starts with the residence whenever `auto`
+        /// decided it.
+        #[test]
+        fn mapped_only_when_asked_or_local_and_warm_or_fitting(
             resident in proptest::option::of(0u64..=100),
             remote in any::<bool>(),
             residence in prop_oneof![Just(Residence::Auto(p())), Just(Residence::Owned), Just(Residence::Mapped(p()))],
+            available_gib in 0u64..24,
         ) {
             let f = Facts {
                 residency: resident.map_or(ResidencySample::default(), |r| ResidencySample {
@@ -376,14 +575,19 @@ mod tests {
                 }),
                 filesystem: Some(probe::classify_filesystem(if remote { 0x6969 } else { 0xEF53 })),
                 residence,
+                memory: Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: available_gib << 30, cgroup_limit_bytes: None }),
                 ..facts()
             };
             let c = choose(&f);
             let warm = resident.is_some_and(|r| r as f64 / 100.0 >= WARM_FRACTION);
+            // 2 GiB selected, the part not resident to cache, a 3 GiB margin (24 GiB / 8).
+            let fits = resident.is_some_and(|r| {
+                ((2u64 << 30) as f64 * (1.0 - r as f64 / 100.0)) as u64 + (3 << 30) <= available_gib << 30
+            });
             let want_mapped = match residence {
                 Residence::Mapped(_) => true,
                 Residence::Owned => false,
-                Residence::Auto(_) => !remote && warm,
+                Residence::Auto(_) => !remote && (warm || fits),
             };
             prop_assert_eq!(c.residence == Residence::Mapped(p()), want_mapped);
             prop_assert_eq!(c.backend == "mmap", want_mapped);

@@ -287,7 +287,13 @@ impl Decided {
     ) -> Result<Decided, LoadError> {
         let (backend, reason) = match &opts.backend {
             BackendChoice::Auto => {
-                let choice = auto::choose(&auto::gather(ckpt, selected, delivery, opts.residence));
+                let asked = auto::Asked {
+                    delivery,
+                    residence: opts.residence,
+                    io_mode: opts.io_mode,
+                    budget_bytes: opts.budget_bytes,
+                };
+                let choice = auto::choose(&auto::gather(ckpt, selected, asked));
                 let backend = by_name(choice.backend)?;
                 let backend_name = backend.name().to_owned();
                 return Ok(Decided {
