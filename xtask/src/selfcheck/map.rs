@@ -7,6 +7,7 @@
 //!    path under `CRATE` (so `entry.rs` in a line about `cache/` is found at `cache/entry.rs`),
 //!    where `CRATE` is the crate whose heading (`### \`tensora-io\``, backticks optional) the line
 //!    is under; outside a crate's section the whole repository is searched.
+//!    A relative link (`[design](docs/design.md#anchor)`) must name a file or folder too.
 //! 2. **Crates.** Every `tensora-NAME` (or `tensora_NAME`) in the text is a workspace crate.
 //! 3. **The crate graph**, the fenced block marked `crates`: one line per workspace crate,
 //!    `NAME -> DEP DEP ...  dev: DEP ...`, names without the `tensora-` prefix (`io` is
@@ -247,6 +248,7 @@ pub fn check_text(doc: &str, members: &[Member], tree: &Tree) -> Vec<MapError> {
                     });
                 }
                 errors.extend(paths(line, n, scope, tree));
+                errors.extend(links(line, n, tree));
             }
         }
     }
@@ -294,6 +296,25 @@ fn paths(line: &str, n: usize, scope: Option<&Member>, tree: &Tree) -> Vec<MapEr
         }
     }
     errors
+}
+
+/// The relative link targets of `line` (`[text](docs/design.md#anchor)`) that name nothing in the
+/// repository, as errors; web links and anchors within the page are not checked.
+fn links(line: &str, n: usize, tree: &Tree) -> Vec<MapError> {
+    let targets = line.split("](").skip(1).filter_map(|rest| rest.split_once(')').map(|(t, _)| t));
+    targets
+        .filter(|t| !t.contains("://") && !t.starts_with('#') && !t.starts_with("mailto:"))
+        .filter_map(|target| {
+            let path = target.split('#').next().unwrap_or(target).trim_end_matches('/');
+            let found = tree.files.contains(path) || tree.dirs.contains(path);
+            (!found).then(|| MapError {
+                line: n,
+                message: format!(
+                    "the link to `{target}` names nothing in the repository: correct it or remove it"
+                ),
+            })
+        })
+        .collect()
 }
 
 /// Every `tensora-NAME` or `tensora_NAME` in `line` that is not a workspace crate, as errors.
@@ -459,6 +480,16 @@ mod tests {
         assert_eq!(messages(&GOOD.replace("`cache/`", "`cache/entry.rs/`")).len(), 1);
         assert_eq!(messages(&GOOD.replace("`main.rs`", "`lib.rs`")).len(), 1);
         assert_eq!(messages(&GOOD.replace("`docs/x.md`", "`docs/y.md`")).len(), 1);
+        let link = GOOD.replace(
+            "See `docs/x.md`",
+            "See [x](docs/x.md#a), [web](https://e.invalid/y.md), [y](docs/y.md)",
+        );
+        assert_eq!(
+            messages(&link),
+            [
+                "ARCHITECTURE.md:3: the link to `docs/y.md` names nothing in the repository: correct it or remove it"
+            ]
+        );
     }
 
     #[test]
