@@ -15,7 +15,7 @@ use crate::progress::{Progress, Show};
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory; or a
-    /// remote location (s3://bucket/prefix/, http(s)://host/path/), digested inside a streamed
+    /// remote location (s3://, az://, gs:// or http(s):// URL), digested inside a streamed
     /// remote load (memory bounded by its in-flight cap).
     pub path: PathBuf,
     /// Digest algorithm: crc32c (fast, default), xxh3 (XXH3-128) or sha256.
@@ -50,7 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let remote = crate::remote::open(&location, &args.remote.options())?;
         let ckpt = remote.checkpoint();
         let progress = checkpoint_progress(ckpt);
-        let (digests, _) = crate::remote::digests(&remote, args.algo, progress.hook())
+        let (digests, _) = tensora_remote::digests(&remote, args.algo, progress.hook())
             .with_context(|| format!("hashing {}", crate::remote::shown(&args.path)))?;
         progress.finish();
         return finish(&args, ckpt, &digests);

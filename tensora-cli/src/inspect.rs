@@ -13,7 +13,7 @@ use tensora_format::{Checkpoint, Dtype, Inspection};
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a directory of shards (with or without
     /// *.safetensors.index.json), or a ServerlessLLM directory; or a remote location
-    /// (s3://bucket/prefix/, http(s)://host/path/), whose headers are read with ranged requests.
+    /// (s3://, az://, gs:// or http(s):// URL), whose headers are read with ranged requests.
     pub path: std::path::PathBuf,
     /// Print JSON, the schema `tensora.inspect` returns in Python: {"path", "format", "files":
     /// [{"path", "len_bytes", "tensors"}], "metadata", "tensors": [{"name", "dtype", "shape",

@@ -1,17 +1,14 @@
 //! Remote locations (`s3://bucket/prefix/`, `az://container/prefix/`, `gs://bucket/prefix/`,
 //! `http(s)://host/path/`) for `inspect`, `load`, `hash` and `verify`: the shared flags, and
-//! opening through `tensora_remote`.
+//! opening through `tensora_remote` (whose `digests` and `verify` do the work of `hash URL` and
+//! `verify URL`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use tensora_io::{LoadOptions, ProgressHook};
 use tensora_remote::{
-    CacheOptions, CacheWrites, Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport,
-    StoreConfig, Unversioned, open_remote,
+    CacheOptions, CacheWrites, Location, RemoteCheckpoint, RemoteOptions, StoreConfig, Unversioned,
+    open_remote,
 };
-use tensora_verify::check::{FindingKind, Report};
-use tensora_verify::fused::DigestCollector;
-use tensora_verify::{Algo, Digest, Manifest};
 
 /// How to reach an object store; ignored for local paths.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -124,109 +121,6 @@ pub fn open(location: &Location, opts: &RemoteOptions) -> anyhow::Result<RemoteC
     Ok(remote)
 }
 
-/// One digest per tensor (in `Checkpoint::tensors` order), computed on the workers of a streamed
-/// remote load as each tensor lands, so memory stays within the load's in-flight cap.
-pub fn digests(
-    remote: &RemoteCheckpoint,
-    algo: Algo,
-    progress: Option<ProgressHook>,
-) -> anyhow::Result<(Vec<Digest>, RemoteReport)> {
-    let ckpt = remote.checkpoint();
-    let collector = DigestCollector::new(ckpt, algo);
-    let mut opts = LoadOptions { progress, ..LoadOptions::default() };
-    collector.install(&mut opts);
-    let report = remote.load_streaming(&opts, |_| Ok(()))?;
-    Ok((collector.finish(ckpt)?, report))
-}
-
-/// `verify URL`: structure (the checkpoint opens: every header and index valid, every tensor
-/// inside its object), then digests from a streamed load compared with the manifest (file sizes,
-/// dtype, shape, digest, missing and extra tensors). The local integrity scan (sparse files,
-/// readability to EOF, stamps) has no remote counterpart; every range of the load is conditional
-/// on the object version seen at open instead.
-pub fn verify(location: &Location, opts: &RemoteOptions, manifest: Option<&Manifest>) -> Report {
-    let algo = manifest.map_or(Algo::default(), |m| m.algo);
-    let url = PathBuf::from(location.to_string());
-    let mut report = Report {
-        path: url.clone(),
-        format: None,
-        algo,
-        findings: Vec::new(),
-        files: 0,
-        tensors: 0,
-        tensors_digested: 0,
-        bytes_scanned: 0,
-        backends_checked: Vec::new(),
-    };
-    let remote = match open_remote(location, opts) {
-        Ok(r) => r,
-        Err(e) => {
-            report.findings.push(open_finding(&url, e).into());
-            return report;
-        }
-    };
-    let ckpt = remote.checkpoint();
-    report.format = Some(ckpt.format());
-    report.files = ckpt.files().len();
-    report.tensors = ckpt.tensors().len();
-    for w in ckpt.warnings() {
-        report
-            .findings
-            .push(FindingKind::ParserWarning { path: w.path.clone(), message: w.message.clone() }.into());
-    }
-    let digests = match digests(&remote, algo, None) {
-        Ok((d, load)) => {
-            report.bytes_scanned = load.load.bytes_read;
-            report.tensors_digested = d.len();
-            d
-        }
-        Err(e) => {
-            let message = format!("{e:#}");
-            let kind = match e.downcast::<RemoteError>() {
-                Ok(e) => read_finding(&url, e, message),
-                Err(_) => FindingKind::Unreadable { path: url, offset_bytes: None, message },
-            };
-            report.findings.push(kind.into());
-            return report;
-        }
-    };
-    if let Some(m) = manifest {
-        let digests: Vec<Option<Digest>> = digests.into_iter().map(Some).collect();
-        let root = ckpt.root();
-        report
-            .findings
-            .extend(tensora_verify::check::manifest_findings(ckpt, &digests, m, &|key| root.join(key)));
-    }
-    report
-}
-
-/// A failed load as a finding: the object and offset of the read that failed when the error
-/// names them (a `RemoteError::Read`), else the checkpoint's location.
-fn read_finding(root: &Path, e: RemoteError, message: String) -> FindingKind {
-    match e {
-        RemoteError::Read { url, offset_bytes, source, .. } => match *source {
-            RemoteError::Changed { .. } => FindingKind::Changed { path: url.into(), message },
-            _ => FindingKind::Unreadable { path: url.into(), offset_bytes: Some(offset_bytes), message },
-        },
-        RemoteError::Changed { url, .. } => FindingKind::Changed { path: url.into(), message },
-        _ => FindingKind::Unreadable { path: root.to_path_buf(), offset_bytes: None, message },
-    }
-}
-
-fn open_finding(url: &Path, e: RemoteError) -> FindingKind {
-    let message = e.to_string();
-    match e {
-        RemoteError::NotFound { url } => FindingKind::FileMissing { path: url.into() },
-        RemoteError::Format { url, source } => FindingKind::Structure {
-            path: url.into(),
-            tensor: source.tensor().map(str::to_owned),
-            message: source.kind().to_string(),
-        },
-        RemoteError::Changed { url, .. } => FindingKind::Changed { path: url.into(), message },
-        _ => FindingKind::Unreadable { path: url.to_path_buf(), offset_bytes: None, message },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,42 +134,6 @@ mod tests {
         assert!(location(Path::new("gs://b/m/")).unwrap().is_some());
         assert!(location(Path::new("az://c/m/")).unwrap().is_some());
         assert!(location(Path::new("ftp://h/m/")).is_err());
-    }
-
-    #[test]
-    fn a_failed_read_is_a_finding_at_its_object_and_offset() {
-        let root = Path::new("http://h/m/");
-        let exhausted = RemoteError::RetriesExhausted {
-            url: "http://h/m/a.safetensors".into(),
-            offset_bytes: 4200,
-            len_bytes: 10,
-            attempts: 3,
-            retry_time: std::time::Duration::from_secs(1),
-            last_error: "reset".into(),
-        };
-        let read = |source| RemoteError::Read {
-            url: "http://h/m/a.safetensors".into(),
-            tensor: "w".into(),
-            offset_bytes: 4096,
-            source: Box::new(source),
-        };
-        let kind = read_finding(root, read(exhausted), "m".into());
-        assert!(
-            matches!(&kind, FindingKind::Unreadable { path, offset_bytes: Some(4096), .. }
-                if path == Path::new("http://h/m/a.safetensors")),
-            "{kind:?}"
-        );
-        let changed = RemoteError::Changed {
-            url: "http://h/m/a.safetensors".into(),
-            planned: "a".into(),
-            found: "b".into(),
-        };
-        let kind = read_finding(root, read(changed), "m".into());
-        assert!(
-            matches!(&kind, FindingKind::Changed { path, .. } if path == Path::new("http://h/m/a.safetensors"))
-        );
-        let kind = read_finding(root, RemoteError::Stopped, "m".into());
-        assert!(matches!(&kind, FindingKind::Unreadable { path, offset_bytes: None, .. } if path == root));
     }
 
     #[test]

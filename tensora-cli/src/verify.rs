@@ -16,7 +16,7 @@ use tensora_verify::scan::ScanConfig;
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory; or a
-    /// remote location (s3://bucket/prefix/, http(s)://host/path/). A remote location is checked
+    /// remote location (s3://, az://, gs:// or http(s):// URL). A remote location is checked
     /// for structure (every header and index valid) and, with --manifest, object sizes and tensor
     /// digests from a streamed load; the local file-integrity checks (sparse files, readability
     /// to EOF, files changed on disk) and --cross-check do not apply to it.
@@ -54,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     crate::remote::shown(&args.path)
                 );
             }
-            crate::remote::verify(&location, &args.remote.options(), manifest.as_ref())
+            tensora_remote::verify(&location, &args.remote.options(), manifest.as_ref())
         }
         None => {
             let cross = tensora_verify::fused::cross_check;

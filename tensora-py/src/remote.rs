@@ -119,6 +119,28 @@ pub(crate) fn open(
     py.detach(|| open_remote(location, remote)).map_err(remote_err)
 }
 
+/// `tensora.verify(url, manifest=..., remote=...)`: for a URL, `tensora_remote::verify`'s report
+/// as JSON (structure, and with a manifest object sizes and tensor digests from a streamed load;
+/// GIL released), the same report `tensora verify URL --json` prints. `None` for a local path,
+/// which `remote=` does not apply to (a `ValueError`).
+pub(crate) fn verify_json(
+    py: Python<'_>,
+    path: &std::path::Path,
+    manifest: Option<&std::path::Path>,
+    remote: Option<&Bound<'_, PyDict>>,
+) -> PyResult<Option<String>> {
+    let Some(location) = location(path)? else {
+        if remote.is_some() {
+            return Err(PyValueError::new_err("remote= applies to URLs only, not to a local path"));
+        }
+        return Ok(None);
+    };
+    let opts = options(remote)?;
+    let manifest = manifest.map(|m| py.detach(|| crate::read_manifest(m))).transpose()?;
+    let report = py.detach(|| tensora_remote::verify(&location, &opts, manifest.as_ref()));
+    Ok(Some(report.to_json().to_string()))
+}
+
 /// `RemoteOptions` from the Python `remote=` dict (`None`: the defaults, the store's settings
 /// from the environment as for the CLI). An unknown key or a value of the wrong type is a
 /// `ValueError` naming it.

@@ -66,17 +66,20 @@ pub(crate) fn hash<'py>(
     Ok(d)
 }
 
-/// Verify a checkpoint (optionally against a manifest); the report as JSON.
+/// Verify a checkpoint, local or at a URL (optionally against a manifest); the report as JSON.
 #[pyfunction]
-#[pyo3(signature = (path, manifest=None))]
-pub(crate) fn verify_json(py: Python<'_>, path: PathBuf, manifest: Option<PathBuf>) -> PyResult<String> {
+#[pyo3(signature = (path, manifest=None, remote=None))]
+pub(crate) fn verify_json(
+    py: Python<'_>,
+    path: PathBuf,
+    manifest: Option<PathBuf>,
+    remote: Option<Bound<'_, PyDict>>,
+) -> PyResult<String> {
+    if let Some(json) = crate::remote::verify_json(py, &path, manifest.as_deref(), remote.as_ref())? {
+        return Ok(json);
+    }
     py.detach(|| {
-        let manifest = match manifest {
-            Some(m) => {
-                Some(tensora_verify::Manifest::read(&m).map_err(|e| VerifyError::new_err(e.to_string()))?)
-            }
-            None => None,
-        };
+        let manifest = manifest.map(|m| crate::read_manifest(&m)).transpose()?;
         let opts = tensora_verify::check::VerifyOptions { manifest: manifest.as_ref(), ..Default::default() };
         let report = tensora_verify::check::verify_path(&path, &opts);
         Ok(report.to_json().to_string())

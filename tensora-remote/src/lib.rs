@@ -44,6 +44,7 @@ mod retry_after;
 #[cfg(test)]
 mod test_store;
 mod tune;
+mod verify;
 
 pub use backend::RemoteBackend;
 pub use cache::{
@@ -64,3 +65,4 @@ pub use redact::redact;
 pub use tune::{
     GAIN_MIN, LOAD_RANGES_MIN, Probe, RANGE_MIN_BYTES, START_DEPTH, TuneReport, Tuning, range_bytes,
 };
+pub use verify::{DigestError, digests, verify};

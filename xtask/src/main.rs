@@ -13,7 +13,9 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
   test                 selfcheck, fmt check, clippy -D warnings, every test (unit, integration, doc),
                        rustdoc -D warnings, quick bench, Python binding tests (tensora-py/run-tests.sh)
   selfcheck            fail if a tracked code, script or config file refers to a path outside the
-                       repository (see xtask/src/selfcheck.rs for the rules)
+                       repository (xtask/src/selfcheck.rs), or if ARCHITECTURE.md names a crate,
+                       file or folder that does not exist or a dependency arrow the Cargo.toml
+                       files do not have (xtask/src/selfcheck/map.rs)
   bench [OPTIONS]      build tensora-bench in release mode and run it (a few minutes): the main
                        fixture, `auto`, the peers (Python ones in a venv it prepares under
                        target/tensora-bench/py-venv) and the rooflines, each sample in a fresh

@@ -1,4 +1,6 @@
-//! `cargo xtask selfcheck`, the first step of `cargo xtask test`: the repository is self-contained.
+//! `cargo xtask selfcheck`, the first step of `cargo xtask test`: the repository is self-contained,
+//! and ARCHITECTURE.md is true to the code (the crates, files and folders it names exist, its crate
+//! graph is the manifests': [`map`]).
 //!
 //! Every tracked code, script and config file (`*.rs`, `*.py`, `*.pyi`, `*.sh`, `*.toml`, and
 //! everything under `.ci/`, as `git ls-files` lists them) is scanned line by line, comments and doc
@@ -39,6 +41,8 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+
+mod map;
 
 /// First components of absolute paths that tests use legitimately: temp directories, kernel
 /// interfaces, installed programs and system configuration (`var` only as `var/tmp`).
@@ -155,22 +159,39 @@ pub fn check(root: &Path) -> Result<Vec<Offence>> {
 }
 
 /// `cargo xtask selfcheck`: fail with every offence, each with its file, line and text, and what
-/// to do about it.
+/// to do about it; and with every mistake in ARCHITECTURE.md ([`map`]).
 pub fn run(root: &Path) -> Result<()> {
     let offences = check(root)?;
+    let map_errors = map::check(root)?;
+    let mut failures = Vec::new();
     if offences.is_empty() {
         eprintln!("selfcheck: no tracked file refers to a path outside the repository");
-        return Ok(());
+    } else {
+        let list: Vec<String> = offences.iter().map(ToString::to_string).collect();
+        failures.push(format!(
+            "the repository must be self-contained, but {} line(s) refer to a path outside it:\n{}\n\
+             Copy what they read into fixtures/ (see fixtures/README.md) and refer to it from inside the \
+             repository, e.g. concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/../fixtures/...\"); write \
+             generated files to the system temp directory or target/.",
+            offences.len(),
+            list.join("\n")
+        ));
     }
-    let list: Vec<String> = offences.iter().map(ToString::to_string).collect();
-    bail!(
-        "the repository must be self-contained, but {} line(s) refer to a path outside it:\n{}\n\
-         Copy what they read into fixtures/ (see fixtures/README.md) and refer to it from inside the \
-         repository, e.g. concat!(env!(\"CARGO_MANIFEST_DIR\"), \"/../fixtures/...\"); write \
-         generated files to the system temp directory or target/.",
-        offences.len(),
-        list.join("\n")
-    )
+    if map_errors.is_empty() {
+        eprintln!(
+            "selfcheck: {} names only crates, files and folders that exist, and its crate graph is the manifests'",
+            map::MAP_FILE
+        );
+    } else {
+        let list: Vec<String> = map_errors.iter().map(ToString::to_string).collect();
+        failures.push(format!(
+            "{} is not true to the code in {} place(s) (rules: xtask/src/selfcheck/map.rs):\n{}",
+            map::MAP_FILE,
+            map_errors.len(),
+            list.join("\n")
+        ));
+    }
+    if failures.is_empty() { Ok(()) } else { bail!("{}", failures.join("\n")) }
 }
 
 /// The directory of the crate holding `file`: the deepest directory with a tracked `Cargo.toml`
