@@ -4,7 +4,9 @@
         [--restarts N] [--subjects a,b,...] [--together N] [--no-limited] [--timeout S]
         [--json OUT.json]
 
-Sequences: the page cache is dropped once, then the subject loads the whole checkpoint in a
+Sequences: the checkpoint's pages are dropped from the page cache once (`POSIX_FADV_DONTNEED` on
+each file: the interpreter's and torch's libraries stay cached, as on a node that ran a job
+before), then the subject loads the whole checkpoint in a
 fresh process `1 + restarts` times in a row (a cold start, then restarts: a server that restarts,
 a notebook run again). Every step is a process of its own, timed as `bench_load.py` times its
 children (imports untimed; the load and a touch of every page timed). The ideal sequence is the
@@ -16,7 +18,7 @@ Subjects: bench_load.py's (`auto`, `owned`, `hf_torch`, `hf_numpy`, `runai`, `fa
 `stream`) and `cli`: the `tensora load CHECKPOINT --json` binary given by `--cli`, timed by its
 own report's `seconds`.
 
-Together: the page cache dropped, `--together` processes of one subject start at once on the same
+Together: the checkpoint's pages dropped, `--together` processes of one subject start at once on the same
 checkpoint (the tensor-parallel workers' pattern without `tensora.distributed`): the wall time
 until the last one ends, and the bytes read from the checkpoint's block device in that time
 (`/proc/diskstats`), against one process's cold load.
@@ -64,6 +66,17 @@ def measure_step(subject, path, cli, temp, timeout_s):
     return {"seconds": report["seconds"], "bytes": report["bytes_selected"], "report": report}
 
 
+def evict(files):
+    """Drop the checkpoint's pages from the page cache and nothing else: the interpreter's and
+    torch's libraries stay cached, so a step's device reads are the checkpoint's alone."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def reason_of(step):
     report = step.get("report") or {}
     return report.get("reason", "")
@@ -71,8 +84,7 @@ def reason_of(step):
 
 def sequence(subject, path, cli, restarts, timeout_s):
     """Drop the cache once, then `1 + restarts` fresh processes; the steps."""
-    files = bench_load.files_of(path)
-    bench_load.drop_caches(files)
+    evict(bench_load.files_of(path))
     steps = []
     for i in range(1 + restarts):
         if subject == "ideal":
@@ -153,7 +165,7 @@ def together(subject, path, cli, count, timeout_s):
     """`count` processes of `subject` started at once on the cold checkpoint."""
     files = bench_load.files_of(path)
     device = device_of(files[0])
-    bench_load.drop_caches(files)
+    evict(files)
     before = sectors_read(device)
     t = time.perf_counter()
     if subject == "cli":
@@ -217,7 +229,7 @@ def limited(subjects, path, cli, total_bytes, timeout_s):
         neighbour.flush()
         os.fsync(neighbour.fileno())
         for subject in subjects:
-            bench_load.drop_caches(bench_load.files_of(path))
+            evict(bench_load.files_of(path))
             with open(neighbour.name, "rb") as f:
                 while f.read(8 << 20):
                     pass
