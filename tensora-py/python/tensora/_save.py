@@ -1,10 +1,12 @@
 """Saving: ``save_file``, ``save``, ``save_sharded`` and ``load`` with Hugging Face safetensors'
 semantics, for numpy arrays and torch tensors (every dtype, bf16 and fp8 included).
 
-The tensors are written from where they are, without a copy (a tensor on another device is
-copied to the CPU first, as HF does; a conjugate or negative view is resolved): the native writer
-gets each tensor's storage extent and strides, so a non-contiguous tensor is written correctly, in
-row-major order. Tensors that share memory are refused with HF's message. The write runs with the
+The native writer gets each tensor's memory as an exported buffer (held, so numpy and torch
+refuse to resize or free it, until the write is over) with its strides, so a non-contiguous tensor
+is written correctly, in row-major order; a tensor on another device is copied to the CPU first,
+as HF does, and a conjugate or negative view is resolved. Each piece of the file is gathered from
+the tensors into a staging buffer and written from there (buffered, or ``O_DIRECT`` for large
+saves), a copy HF's writer makes too. Tensors that share memory are refused with HF's message. The write runs with the
 GIL released, in parallel, at the disk's speed, and is atomic: the file appears complete or not at
 all (the previous file stays until then).
 """
@@ -95,6 +97,13 @@ def _extent(shape, strides, itemsize: int) -> Tuple[int, int]:
     return low, high + itemsize
 
 
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array at the bottom of ``a``'s chain of views (the one owning the memory)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 def _spec_numpy(name: str, a: np.ndarray, keep: List[Any]):
     if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
         a = a.byteswap().view(a.dtype.newbyteorder("<"))  # HF writes little-endian
@@ -102,10 +111,30 @@ def _spec_numpy(name: str, a: np.ndarray, keep: List[Any]):
     dtype = _NP_TO_ST.get(np.dtype(a.dtype).newbyteorder("="))
     if dtype is None:
         raise DtypeError(f"tensor {name!r}: numpy dtype {a.dtype} has no safetensors equivalent")
-    address = a.__array_interface__["data"][0]
     shape = [int(d) for d in a.shape]
-    contiguous = a.flags.c_contiguous
-    return _spec(name, dtype, shape, address, a.dtype.itemsize, a.nbytes, list(a.strides), contiguous)
+    if a.size == 0:
+        return (name, dtype, shape, None, None, None)
+    if a.flags.c_contiguous:
+        return (name, dtype, shape, a, None, None)
+    root = _root(a)
+    if not root.flags.c_contiguous:  # a view of foreign memory not laid out as one block: a copy
+        c = np.ascontiguousarray(a)
+        keep.append(c)
+        return (name, dtype, shape, c, None, None)
+    # The root's bytes are handed over (exported: numpy then refuses to resize it), with the
+    # view's first element's offset in them.
+    start = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    whole = root.reshape(-1).view(np.uint8)
+    return (name, dtype, shape, whole, start, [int(s) for s in a.strides])
+
+
+def _storage_bytes(t):
+    """A numpy ``uint8`` view of all of ``t``'s storage. Exporting it makes the storage
+    non-resizable (torch refuses ``resize_`` on storage numpy has seen), so it cannot be freed
+    under the writer."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).numpy()
 
 
 def _spec_torch(name: str, t, keep: List[Any]):
@@ -124,23 +153,20 @@ def _spec_torch(name: str, t, keep: List[Any]):
         raise DtypeError(f"tensor {name!r}: torch dtype {dname} has no safetensors equivalent")
     item = t.element_size()
     shape = [int(d) for d in t.shape]
-    strides = [int(s) * item for s in t.stride()]
     nbytes = t.numel() * item
     if dtype == "F4":  # two values per byte: the header counts values, as HF writes it
         if not t.is_contiguous():
             raise ValueError(f"tensor {name!r}: a non-contiguous float4_e2m1fn_x2 tensor cannot be saved")
         shape[-1] *= 2
-        return (name, dtype, shape, t.data_ptr(), nbytes, None, None)
-    return _spec(name, dtype, shape, t.data_ptr(), item, nbytes, strides, t.is_contiguous())
-
-
-def _spec(name, dtype, shape, address, itemsize, nbytes, strides, contiguous):
-    if 0 in shape:
-        return (name, dtype, shape, 0, 0, None, None)
-    if contiguous:
-        return (name, dtype, shape, address, nbytes, None, None)
-    low, high = _extent(shape, strides, itemsize)
-    return (name, dtype, shape, address + low, high - low, -low, strides)
+    if nbytes == 0:
+        return (name, dtype, shape, None, None, None)
+    whole = _storage_bytes(t)
+    first = t.storage_offset() * item
+    if t.is_contiguous():
+        return (name, dtype, shape, whole[first : first + nbytes], None, None)
+    strides = [int(s) * item for s in t.stride()]
+    low, high = _extent(shape, strides, item)
+    return (name, dtype, shape, whole[first + low : first + high], -low, strides)
 
 
 def _area(v) -> Optional[Tuple[str, int, int]]:
@@ -232,26 +258,42 @@ def save_file_with_report(
     progress=None,
     mode: str = "auto",
     threads: int = 0,
+    durability: str = "synced",
 ) -> Dict[str, Any]:
     """``save_file``, returning the save report: ``mode`` (``"direct"`` or ``"buffered"``) and the
-    ``reason`` it was chosen, ``threads``, ``seconds``, ``gbps``, ``bytes_written``, ..."""
+    ``reason`` it was chosen, ``durability``, ``threads``, ``seconds``, ``gbps``,
+    ``bytes_written``, ..."""
     specs, keep = _flatten(tensors)
-    report = _native.save_file(specs, os.fspath(filename), _metadata(metadata), progress, mode, threads)
+    report = _native.save_file(
+        specs, os.fspath(filename), _metadata(metadata), progress, mode, threads, durability
+    )
     del keep
     return json.loads(report)
 
 
-def save_file(tensors: Dict[str, Any], filename: PathLike, metadata: Optional[Dict[str, str]] = None) -> None:
+def save_file(
+    tensors: Dict[str, Any],
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    durability: str = "synced",
+) -> None:
     """Save ``tensors`` (numpy arrays or torch tensors) into ``filename`` in safetensors format,
     like ``safetensors.torch.save_file`` / ``safetensors.numpy.save_file``.
 
     Non-contiguous tensors are written in row-major order (HF refuses them); tensors sharing
     memory are refused with HF's ``RuntimeError``. The file is written beside its destination and
-    renamed into place once complete and synced: an interrupted save leaves the previous file (or
-    nothing), never a torn one. A full disk raises ``tensora.NoSpaceError`` and leaves nothing
-    behind. The GIL is released while writing; Ctrl-C cancels.
+    renamed into place once complete: an interrupted save leaves the previous file (or nothing),
+    never a torn one. ``durability``: ``"synced"`` (the default here) also ``fsync``s the file and
+    its directory before returning, so the new file survives a power loss right after;
+    ``"process-crash-safe"`` (the default of ``tensora.torch`` / ``tensora.numpy``, HF's
+    semantics) skips the syncs and writes through the page cache: it survives a crash of the
+    process, not of the machine. A full disk raises ``tensora.NoSpaceError`` and leaves nothing
+    behind. The GIL is released while writing; Ctrl-C cancels. While the save runs, the arrays'
+    memory is exported to the writer: numpy refuses to resize them, and a torch tensor's storage
+    becomes non-resizable (torch's rule for storage numpy has seen), which it stays.
     """
-    save_file_with_report(tensors, filename, metadata)
+    save_file_with_report(tensors, filename, metadata, durability=durability)
 
 
 def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> bytes:
