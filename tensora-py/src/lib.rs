@@ -75,7 +75,8 @@ pub mod exc {
 }
 
 use exc::{
-    CancelledError, ConvertError, DtypeError, FormatError, SafetensorError, SelectionError, TensoraError, VerifyError,
+    CancelledError, ConvertError, DtypeError, FormatError, SafetensorError, SelectionError, TensoraError,
+    VerifyError,
 };
 
 /// Map a load error to its Python exception, with the CLI's message; a tensor that did not match

@@ -69,6 +69,25 @@ _TORCH_TO_ST = {
 }
 _ST_TO_TORCH = {v: k for k, v in _TORCH_TO_ST.items()}
 
+# HF's dtype order (its `Dtype` enum): a file lists tensors by this, descending, then by name.
+_HF_RANK = {d: i for i, d in enumerate(
+    "BOOL F4 F6_E2M3 F6_E3M2 U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 F8_E4M3FNUZ F8_E5M2FNUZ I16 U16 F16 BF16 "
+    "I32 U32 F32 C64 F64 I64 U64".split()
+)}
+
+
+def _st_dtype(v: Any) -> Optional[str]:
+    if isinstance(v, np.ndarray):
+        return _NP_TO_ST.get(np.dtype(v.dtype).newbyteorder("="))
+    return _TORCH_TO_ST.get(str(getattr(v, "dtype", "")).split(".")[-1])
+
+
+def hf_order(tensors: Dict[str, Any]) -> Dict[str, Any]:
+    """``tensors`` in the order HF's writer lays them out (dtype descending, then name), so the
+    file is byte-identical to HF's whatever the dict's order."""
+    return dict(sorted(tensors.items(), key=lambda kv: (-_HF_RANK.get(_st_dtype(kv[1]) or "", -1), kv[0])))
+
+
 _SHARED = """
             Some tensors share memory, this will lead to duplicate memory on disk and potential differences when loading them again: {failing}.
             A potential way to correctly save your model is to use `save_model`.
@@ -115,7 +134,7 @@ def _spec_numpy(name: str, a: np.ndarray, keep: List[Any]):
     if a.size == 0:
         return (name, dtype, shape, None, None, None)
     if a.flags.c_contiguous:
-        return (name, dtype, shape, a, None, None)
+        return (name, dtype, shape, a.reshape(-1).view(np.uint8), None, None)  # views, 1-D bytes
     root = _root(a)
     if not root.flags.c_contiguous:  # a view of foreign memory not laid out as one block: a copy
         c = np.ascontiguousarray(a)
@@ -138,10 +157,8 @@ def _storage_bytes(t):
 
 
 def _spec_torch(name: str, t, keep: List[Any]):
-    if t.device.type == "meta":
-        raise ValueError(f"tensor {name!r} is on the meta device: it has no data to save")
     if t.device.type != "cpu":
-        t = t.to("cpu")  # HF moves tensors to the CPU before saving
+        t = t.to("cpu")  # HF moves tensors to the CPU before saving (torch refuses a meta tensor)
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
@@ -204,10 +221,11 @@ def _shared(areas: List[Tuple[str, int, int, str]]) -> List[set]:
     return failing
 
 
-def _flatten(tensors: Dict[str, Any]) -> Tuple[list, list]:
+def _flatten(tensors: Dict[str, Any], overlap: str = "refuse") -> Tuple[list, list]:
     """The native specs of ``tensors`` and the objects that must stay alive while they are
     written. Raises as HF's ``save_file`` does for a non-dict, a bad value, sparse tensors and
-    tensors that share memory."""
+    (``overlap="refuse"``) tensors that share memory; ``overlap="allow"`` writes each (HF's numpy
+    saver does not look)."""
     if not isinstance(tensors, dict):
         raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
     areas, sparse = [], []
@@ -230,7 +248,7 @@ def _flatten(tensors: Dict[str, Any]) -> Tuple[list, list]:
             " You can make it a dense tensor before saving with `.to_dense()` but be aware this might"
             " make a much larger file than needed."
         )
-    failing = _shared(areas)
+    failing = _shared(areas) if overlap == "refuse" else []
     if failing:
         raise RuntimeError(_SHARED.format(failing=failing))
     keep: List[Any] = []
@@ -259,11 +277,12 @@ def save_file_with_report(
     mode: str = "auto",
     threads: int = 0,
     durability: str = "synced",
+    overlap: str = "refuse",
 ) -> Dict[str, Any]:
     """``save_file``, returning the save report: ``mode`` (``"direct"`` or ``"buffered"``) and the
     ``reason`` it was chosen, ``durability``, ``threads``, ``seconds``, ``gbps``,
-    ``bytes_written``, ..."""
-    specs, keep = _flatten(tensors)
+    ``bytes_written``, ... ``overlap="allow"`` writes tensors that share memory (each in full)."""
+    specs, keep = _flatten(tensors, overlap)
     report = _native.save_file(
         specs, os.fspath(filename), _metadata(metadata), progress, mode, threads, durability
     )
@@ -277,6 +296,7 @@ def save_file(
     metadata: Optional[Dict[str, str]] = None,
     *,
     durability: str = "synced",
+    overlap: str = "refuse",
 ) -> None:
     """Save ``tensors`` (numpy arrays or torch tensors) into ``filename`` in safetensors format,
     like ``safetensors.torch.save_file`` / ``safetensors.numpy.save_file``.
@@ -293,12 +313,12 @@ def save_file(
     memory is exported to the writer: numpy refuses to resize them, and a torch tensor's storage
     becomes non-resizable (torch's rule for storage numpy has seen), which it stays.
     """
-    save_file_with_report(tensors, filename, metadata, durability=durability)
+    save_file_with_report(tensors, filename, metadata, durability=durability, overlap=overlap)
 
 
-def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> bytes:
+def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None, *, overlap: str = "refuse") -> bytes:
     """The safetensors file of ``tensors`` as ``bytes`` (``safetensors.torch.save``)."""
-    specs, keep = _flatten(tensors)
+    specs, keep = _flatten(tensors, overlap)
     data = _native.save_bytes(specs, _metadata(metadata))
     del keep
     return data

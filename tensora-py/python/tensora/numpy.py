@@ -35,7 +35,7 @@ def _check_for_save(tensor_dict: Dict[str, np.ndarray]) -> None:
 def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """``safetensors.numpy.save``: the safetensors file of ``tensor_dict`` as ``bytes``."""
     _check_for_save(tensor_dict)
-    return _save.save(tensor_dict, metadata)
+    return _save.save(_save.hf_order(tensor_dict), metadata, overlap="allow")
 
 
 def save_file(
@@ -48,7 +48,7 @@ def save_file(
     """``safetensors.numpy.save_file`` (renamed into place; ``durability="synced"`` also syncs
     the file and its directory)."""
     _check_for_save(tensor_dict)
-    _save.save_file(tensor_dict, filename, metadata, durability=durability)
+    _save.save_file(_save.hf_order(tensor_dict), filename, metadata, durability=durability, overlap="allow")
 
 
 def load(data: bytes) -> Dict[str, np.ndarray]:

@@ -200,8 +200,71 @@ class safe_open:
         return _DeviceSlice(_Slice(self._m(), name, self._fw), self._device)
 
 
+def _index_text(item) -> str:
+    if isinstance(item, int):
+        return str(item)
+    start, stop, step = item
+    text = f"{'' if start is None else start}:{'' if stop is None else stop}"
+    return text if step == 1 else f"{text}:{step}"
+
+
+def hf_index(index, shape: List[int]) -> Tuple:
+    """``index`` checked as HF's ``get_slice`` checks it (ints, positive-step slices, one
+    ``...``, an empty list; bounds checked, never clipped), with HF's messages; the equivalent
+    numpy/torch index."""
+    if isinstance(index, list):
+        if index:
+            raise SafetensorError("Non empty lists are not implemented")
+        index = (slice(0, 0),)
+    items = list(index) if isinstance(index, tuple) else [index]
+    if sum(it is Ellipsis for it in items) > 1:
+        raise SafetensorError("Only one ellipsis (...) is allowed in slice index")
+    expand = max(len(shape) - (len(items) - (Ellipsis in items)), 0)
+    parsed: List[Any] = []  # int, or (start, stop, step) with None for an open end
+    for it in items:
+        dim = len(parsed)
+        if it is Ellipsis:
+            parsed.extend([(None, None, 1)] * expand)
+        elif isinstance(it, slice):
+            step = 1 if it.step is None else int(it.step)
+            if step <= 0:
+                raise SafetensorError(f"Slice step must be a positive integer, got {step}")
+            for end in (it.start, it.stop):
+                if end is not None and int(end) < 0:
+                    raise OverflowError("can't convert negative int to unsigned")
+            parsed.append((it.start, it.stop, step))
+        elif isinstance(it, (int, np.integer)) and not isinstance(it, bool):
+            size = shape[dim] if dim < len(shape) else 0
+            i = int(it)
+            if i < 0:
+                if size + i < 0:
+                    raise SafetensorError(f"Invalid index {i} for dimension {dim} of size {size}")
+                i += size
+            parsed.append(i)
+        else:
+            raise SafetensorError(
+                f"Unsupported slice index at position {dim}: expected slice, int, or ellipsis"
+            )
+    shown = "[" + ", ".join(_index_text(p) for p in parsed) + "]"
+    if len(parsed) > len(shape):
+        raise SafetensorError(
+            f"Error during slicing {shown} with shape {shape}: more slicing indexes than dimensions in tensor"
+        )
+    for dim in reversed(range(len(parsed))):
+        p, size = parsed[dim], shape[dim]
+        start, stop = (p, p + 1) if isinstance(p, int) else (p[0] or 0, size if p[1] is None else p[1])
+        if start >= size or stop > size:
+            asked = start if start >= size else max(stop - 1, 0)
+            raise SafetensorError(
+                f"Error during slicing {shown} with shape {shape}: index {asked} out of bounds for tensor"
+                f" dimension #{dim} of size {size}"
+            )
+    return tuple(p if isinstance(p, int) else slice(*p) for p in parsed)
+
+
 class _DeviceSlice:
-    """HF's slice object: ``get_shape()``, ``get_dtype()``, ``[index]`` (a copy on the device)."""
+    """HF's slice object: ``get_shape()``, ``get_dtype()``, ``[index]`` (a copy on the device;
+    the index checked as HF checks it)."""
 
     def __init__(self, inner: _Slice, device):
         self._inner = inner
@@ -214,7 +277,7 @@ class _DeviceSlice:
         return self._inner.get_dtype()
 
     def __getitem__(self, index):
-        part = self._inner[index]
+        part = self._inner[hf_index(index, self.get_shape())]
         return part if self._device is None else part.to(self._device)
 
 
@@ -310,8 +373,10 @@ class TensorSpec:
         return f"TensorSpec(dtype={self._st!r}, shape={self._shape}, data_ptr={self._ptr}, data_len={self._len})"
 
     def _spec(self, name: str) -> Tuple:
-        data = None if self._len == 0 else (ctypes.c_ubyte * self._len).from_address(self._ptr)
-        return (name, self._st, self._shape, data, None, None)
+        if self._len == 0:
+            return (name, self._st, self._shape, None, None, None)
+        raw = (ctypes.c_ubyte * self._len).from_address(self._ptr)
+        return (name, self._st, self._shape, np.frombuffer(raw, dtype=np.uint8), None, None)
 
 
 def _specs(tensor_dict: Dict[str, TensorSpec]) -> List[Tuple]:

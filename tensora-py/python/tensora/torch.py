@@ -121,13 +121,13 @@ def save_file(
     interrupted save leaves the previous file or nothing). ``durability="synced"`` also syncs
     the file and its directory (survives a power loss); the default, HF's, does not."""
     _check_for_save(tensors)
-    _save.save_file(tensors, filename, metadata, durability=durability)
+    _save.save_file(_save.hf_order(tensors), filename, metadata, durability=durability, overlap="allow")
 
 
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """``safetensors.torch.save``: the safetensors file of ``tensors`` as ``bytes``."""
     _check_for_save(tensors)
-    return _save.save(tensors, metadata)
+    return _save.save(_save.hf_order(tensors), metadata, overlap="allow")
 
 
 def storage_ptr(tensor: torch.Tensor) -> int:
