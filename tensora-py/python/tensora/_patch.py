@@ -57,7 +57,8 @@ def _route_module(hf_name: str) -> None:
         return
     for mod in list(sys.modules.values()):
         ns = getattr(mod, "__dict__", None)
-        if not isinstance(ns, dict) or mod is hf or getattr(mod, "__name__", "").startswith("tensora"):
+        name = getattr(mod, "__name__", "")
+        if not isinstance(ns, dict) or mod is hf or name == "tensora" or name.startswith("tensora."):
             continue
         for key, value in list(ns.items()):
             replacement = originals.get(id(value))
