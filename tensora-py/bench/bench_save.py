@@ -101,9 +101,13 @@ def main() -> int:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "bench-save.safetensors")
 
-    np_tensors = tensora.load_file(args.path)  # an owned snapshot
-    pt_tensors = {k: torch.from_numpy(v) for k, v in np_tensors.items()}
-    nbytes = sum(a.nbytes for a in np_tensors.values())
+    if args.cases == "dropin":  # torch only: bf16 has no numpy dtype
+        np_tensors = {}
+        pt_tensors = tensora.load_file(args.path, framework="pt", residence="owned")
+    else:
+        np_tensors = tensora.load_file(args.path)  # an owned snapshot
+        pt_tensors = {k: torch.from_numpy(v) for k, v in np_tensors.items()}
+    nbytes = sum(t.numel() * t.element_size() for t in pt_tensors.values())
     reports = []
     cases = [
         ("tensora.save_file (torch)", "HF safetensors.torch.save_file + fsync",
