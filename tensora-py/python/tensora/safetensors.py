@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _Slice, _native, _to_numpy
+from . import safe_open as _tensora_safe_open
 from ._native import SafetensorError
 from ._save import _ST_TO_TORCH, _metadata
 
@@ -139,14 +140,15 @@ def check_exists(filename: PathLike) -> str:
     return path
 
 
-class safe_open:
+class safe_open(_tensora_safe_open):
     """``safetensors.safe_open(filename, framework, device="cpu", *, backend="mmap")``.
 
     ``backend="mmap"`` (HF's default) hands out zero-copy views of a private copy-on-write
     mapping of the file, pages read in before returning; ``"pread"`` reads each tensor into
     memory of its own. ``get_tensor`` on a non-CPU ``device`` loads on the CPU and moves the
     tensor there (torch's error where the device is absent). ``manifest=`` (keyword, Tensora's
-    extra) checks every tensor against a manifest (``tensora.VerifyError`` otherwise).
+    extra) checks every tensor against a manifest (``tensora.VerifyError`` otherwise). The rest
+    (``keys``, ``offset_keys``, closing) is ``tensora.safe_open``'s.
     """
 
     def __init__(
@@ -164,24 +166,7 @@ class safe_open:
             raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
         self._path = check_exists(filename)
         m = None if manifest is None else os.fspath(manifest)
-        self._mapped: Optional[_native.Mapped] = _native.Mapped(self._path, m, backend)
-
-    def __enter__(self) -> "safe_open":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._mapped = None
-
-    def _m(self) -> "_native.Mapped":
-        if self._mapped is None:
-            raise SafetensorError("File is closed")
-        return self._mapped
-
-    def keys(self) -> List[str]:
-        return self._m().keys()
-
-    def offset_keys(self) -> List[str]:
-        return self._m().offset_keys()
+        self._mapped = _native.Mapped(self._path, m, backend)
 
     def metadata(self) -> Optional[Dict[str, str]]:
         m = self._m().metadata()
@@ -196,8 +181,7 @@ class safe_open:
         return {k: self.get_tensor(k) for k in self.offset_keys()}
 
     def get_slice(self, name: str) -> "_DeviceSlice":
-        self._m().info(name)  # raise now for a missing name
-        return _DeviceSlice(_Slice(self._m(), name, self._fw), self._device)
+        return _DeviceSlice(super().get_slice(name), self._device)
 
 
 def _index_text(item) -> str:
