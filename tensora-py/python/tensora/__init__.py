@@ -1,6 +1,9 @@
 """Tensora: fast, strict, memory-bounded checkpoint loading with zero-copy tensors.
 
-A drop-in for ``safetensors`` where it is already called::
+A drop-in for ``safetensors``: ``tensora.torch``, ``tensora.numpy`` and ``tensora.safetensors``
+are ``safetensors.torch``, ``safetensors.numpy`` and ``safetensors`` 0.8 (same signatures and
+errors), and ``tensora.patch()`` (or ``TENSORA_PATCH_SAFETENSORS=1``) routes unchanged code that
+imports ``safetensors`` to them (``docs/dropin.md``). Tensora's own API::
 
     import tensora
     weights = tensora.load_file("model.safetensors")            # {name: numpy.ndarray}
