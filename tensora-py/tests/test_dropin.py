@@ -73,6 +73,8 @@ def test_offset_keys_metadata_and_get_tensors_follow_hf(pt_file, tmp_path):
         assert f.offset_keys() == h.offset_keys() != h.keys()
         assert f.metadata() == h.metadata() is None
         assert list(f.get_tensors()) == list(h.get_tensors())
+    assert list(tt.load_file(pt_file)) == list(hf_torch.load_file(pt_file)) == ["b", "c", "a"]
+    assert list(tn.load_file(pt_file, select=["a", "c"])) == ["c", "a"]
     with tensora.safe_open(pt_file, "pt") as f:
         assert f.offset_keys() == ["b", "c", "a"]
     # Stored empty: HF says {}, not None.

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import RemoteOptions, _native, _remote_dict, _to_numpy
 from . import _save
-from .safetensors import SafetensorError, check_exists, safe_open
+from .safetensors import SafetensorError, check_exists, in_file_order, safe_open
 
 __all__ = ["load_file", "load", "save_file", "save", "safe_open", "SafetensorError"]
 
@@ -78,4 +78,4 @@ def load_file(
     path = check_exists(filename)
     m = None if manifest is None else os.fspath(manifest)
     datas, _ = _native.load(path, select, io_backend, progress, "owned", m, _remote_dict(remote, cache))
-    return {name: _to_numpy(d) for name, d in datas.items()}
+    return in_file_order(path, {name: _to_numpy(d) for name, d in datas.items()})

@@ -132,6 +132,14 @@ def header_metadata(path: PathLike) -> Optional[Dict[str, str]]:
     return None if m is None else dict(m)
 
 
+def in_file_order(path: str, tensors: Dict[str, Any]) -> Dict[str, Any]:
+    """``tensors`` in the order of their bytes in the checkpoint at ``path`` (HF's ``load_file``
+    order); a URL's keep the loader's order."""
+    if "://" in path:
+        return tensors
+    return {k: tensors[k] for k in _native.Mapped(path).offset_keys() if k in tensors}
+
+
 def check_exists(filename: PathLike) -> str:
     """``filename`` as a string; HF's ``FileNotFoundError`` when it is not there."""
     path = os.fspath(filename)

@@ -23,7 +23,7 @@ import torch
 
 from . import RemoteOptions, _native, _remote_dict
 from . import _save
-from .safetensors import SafetensorError, check_exists, device_of, safe_open, to_torch
+from .safetensors import SafetensorError, check_exists, device_of, in_file_order, safe_open, to_torch
 
 __all__ = ["load_file", "load", "save_file", "save", "save_model", "load_model", "safe_open", "SafetensorError"]
 
@@ -70,7 +70,7 @@ def load_file(
     io_backend, res = _backend(backend, residence)
     m = None if manifest is None else os.fspath(manifest)
     datas, _ = _native.load(path, select, io_backend, progress, res, m, _remote_dict(remote, cache))
-    out = {name: to_torch(d) for name, d in datas.items()}
+    out = in_file_order(path, {name: to_torch(d) for name, d in datas.items()})
     if dev is not None:
         out = {k: v.to(dev) for k, v in out.items()}
     return out
