@@ -173,6 +173,7 @@ class safe_open(_tensora_safe_open):
         if backend not in ("mmap", "pread"):
             raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
         self._path = check_exists(filename)
+        self._backend = backend
         m = None if manifest is None else os.fspath(manifest)
         self._mapped = _native.Mapped(self._path, m, backend)
 
@@ -189,7 +190,11 @@ class safe_open(_tensora_safe_open):
         return {k: self.get_tensor(k) for k in self.offset_keys()}
 
     def get_slice(self, name: str) -> "_DeviceSlice":
-        return _DeviceSlice(super().get_slice(name), self._device)
+        # torch over the mapping (HF's "mmap"): the part indexed is a view of the file's private
+        # mapping, paged in as it is used, as HF's (transformers indexes every tensor with
+        # `[...]` while loading); otherwise a copy of the part.
+        how = "view" if self._fw == "pt" and self._backend == "mmap" else "copy"
+        return _DeviceSlice(super().get_slice(name), self._device, how)
 
 
 def _index_text(item) -> str:
@@ -255,12 +260,13 @@ def hf_index(index, shape: List[int]) -> Tuple:
 
 
 class _DeviceSlice:
-    """HF's slice object: ``get_shape()``, ``get_dtype()``, ``[index]`` (a copy on the device;
-    the index checked as HF checks it)."""
+    """HF's slice object: ``get_shape()``, ``get_dtype()``, ``[index]`` (the index checked as HF
+    checks it; on the device; a view of the file's private mapping, or a copy)."""
 
-    def __init__(self, inner: _Slice, device):
+    def __init__(self, inner: _Slice, device, how: str):
         self._inner = inner
         self._device = device
+        self._how = how  # "view" or "copy"
 
     def get_shape(self) -> List[int]:
         return self._inner.get_shape()
@@ -269,7 +275,11 @@ class _DeviceSlice:
         return self._inner.get_dtype()
 
     def __getitem__(self, index):
-        part = self._inner[hf_index(index, self.get_shape())]
+        index = hf_index(index, self.get_shape())
+        if self._how == "view":
+            part = convert(self._inner._mapped.tensor_lazy(self._inner._name), "pt")[index]
+        else:
+            part = self._inner[index]
         return part if self._device is None else part.to(self._device)
 
 
