@@ -338,3 +338,34 @@ fn conversions_write_the_manifest_verify_checks() {
         assert!(verified.is_clean(), "{name}: {}", verified.summary_line());
     }
 }
+
+/// `Durability::ProcessCrashSafe` writes the same bytes, renamed into place, without the
+/// `fsync` stage (and buffered when the mode is left to choose); `Synced` reaches it.
+#[test]
+fn process_crash_safe_saves_skip_the_sync_and_write_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<Case> = (0..3).map(|i| case(i, 64, 64, false)).collect();
+    let mut files = Vec::new();
+    for durability in [save::Durability::Synced, save::Durability::ProcessCrashSafe] {
+        let synced = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&synced);
+        let stage: save::StageHook = Arc::new(move |s, _| {
+            if s == SaveStage::Synced {
+                seen.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let path = dir.path().join(format!("{}.safetensors", durability.as_str()));
+        let opts = SaveOptions { durability, stage: Some(stage), ..SaveOptions::default() };
+        let report = save::save_safetensors(&path, &source(&cases), &BTreeMap::new(), &opts).unwrap();
+        assert_eq!(report.durability, durability.as_str());
+        let want_synced = usize::from(durability == save::Durability::Synced);
+        assert_eq!(synced.load(Ordering::Relaxed), want_synced, "{durability:?}");
+        if durability == save::Durability::ProcessCrashSafe {
+            assert_eq!(report.mode, "buffered", "{}", report.reason);
+        }
+        files.push(std::fs::read(&path).unwrap());
+    }
+    assert_eq!(files[0], files[1]);
+    assert_eq!("process-crash-safe".parse::<save::Durability>(), Ok(save::Durability::ProcessCrashSafe));
+    assert!("fast".parse::<save::Durability>().is_err());
+}

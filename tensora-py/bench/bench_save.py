@@ -28,6 +28,7 @@ import safetensors.torch
 import torch
 
 import tensora
+import tensora.torch
 
 
 def fsync_path(path: str) -> None:
@@ -90,17 +91,23 @@ def main() -> int:
     ap.add_argument("--warmups", type=int, default=1, help="untimed pairs before the timed ones")
     ap.add_argument("--out", help="directory to write into (default: beside --json, or the cwd)")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--cases", choices=["all", "durable"], default="all",
+    ap.add_argument("--cases", choices=["all", "durable", "dropin"], default="all",
                     help="durable: only the pairs where HF's save is followed by an fsync (what "
-                         "tensora.save_file includes); all: also HF without the fsync")
+                         "tensora.save_file includes); all: also HF without the fsync; dropin: "
+                         "tensora.torch.save_file (HF's semantics: renamed, not synced) against HF "
+                         "save_file, and its durability=\"synced\" form against HF + fsync")
     args = ap.parse_args()
     out_dir = args.out or (os.path.dirname(os.path.abspath(args.json)) if args.json else os.getcwd())
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "bench-save.safetensors")
 
-    np_tensors = tensora.load_file(args.path)  # an owned snapshot
-    pt_tensors = {k: torch.from_numpy(v) for k, v in np_tensors.items()}
-    nbytes = sum(a.nbytes for a in np_tensors.values())
+    if args.cases == "dropin":  # torch only: bf16 has no numpy dtype
+        np_tensors = {}
+        pt_tensors = tensora.load_file(args.path, framework="pt", residence="owned")
+    else:
+        np_tensors = tensora.load_file(args.path)  # an owned snapshot
+        pt_tensors = {k: torch.from_numpy(v) for k, v in np_tensors.items()}
+    nbytes = sum(t.numel() * t.element_size() for t in pt_tensors.values())
     reports = []
     cases = [
         ("tensora.save_file (torch)", "HF safetensors.torch.save_file + fsync",
@@ -112,6 +119,17 @@ def main() -> int:
     ]
     if args.cases == "durable":
         cases = [c for c in cases if c[1].endswith("+ fsync")]
+    if args.cases == "dropin":
+
+        def synced(tensors, path):
+            tensora.torch.save_file(tensors, path, durability="synced")
+
+        cases = [
+            ("tensora.torch.save_file", "HF safetensors.torch.save_file (neither syncs)",
+             tensora.torch.save_file, safetensors.torch.save_file, pt_tensors),
+            ("tensora.torch.save_file(durability=\"synced\")", "HF safetensors.torch.save_file + fsync",
+             synced, durable(safetensors.torch.save_file), pt_tensors),
+        ]
     doc = {"path": args.path, "bytes": nbytes, "runs": args.runs, "pairs": []}
     doc["load_average_before"] = os.getloadavg()
     for subject, anchor, s_fn, a_fn, tensors in cases:

@@ -53,7 +53,13 @@ pub mod exc {
     use pyo3::create_exception;
     use pyo3::exceptions::PyException;
 
-    create_exception!(tensora, TensoraError, PyException, "Base class of every Tensora error.");
+    create_exception!(
+        tensora,
+        SafetensorError,
+        PyException,
+        "HF safetensors' error class (`safetensors.SafetensorError`): the base of every Tensora error."
+    );
+    create_exception!(tensora, TensoraError, SafetensorError, "Base class of every Tensora error.");
     create_exception!(tensora, FormatError, TensoraError, "The checkpoint's files or indexes are invalid.");
     create_exception!(tensora, LoadError, TensoraError, "Reading the tensors failed.");
     create_exception!(tensora, SelectionError, TensoraError, "The selection names missing tensors.");
@@ -68,7 +74,10 @@ pub mod exc {
     create_exception!(tensora, ConvertError, TensoraError, "Conversion failed.");
 }
 
-use exc::{CancelledError, ConvertError, DtypeError, FormatError, SelectionError, TensoraError, VerifyError};
+use exc::{
+    CancelledError, ConvertError, DtypeError, FormatError, SafetensorError, SelectionError, TensoraError,
+    VerifyError,
+};
 
 /// Map a load error to its Python exception, with the CLI's message; a tensor that did not match
 /// its manifest (a verified load) is a `VerifyError` naming the tensor, its file and its offset.
@@ -163,6 +172,7 @@ pub(crate) fn residence(name: &str) -> PyResult<Residence> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    m.add("SafetensorError", py.get_type::<SafetensorError>())?;
     m.add("TensoraError", py.get_type::<TensoraError>())?;
     m.add("FormatError", py.get_type::<FormatError>())?;
     m.add("LoadError", py.get_type::<exc::LoadError>())?;

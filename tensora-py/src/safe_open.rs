@@ -36,6 +36,33 @@ pub struct Mapped {
     copies: CopyTally,
     /// `manifest=`: every fetch is checked against it before it is returned.
     check: Option<Arc<ManifestCheck>>,
+    /// How `get_tensor` reads the bytes.
+    read: Read,
+}
+
+/// How a [`Mapped`] serves tensors (`backend=` of `safe_open`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Views of each file's private copy-on-write mapping (`"mmap"`, `"auto"`).
+    Map,
+    /// Every tensor `pread` into heap memory of its own (`"pread"`, HF 0.8's other backend):
+    /// nothing stays mapped, so later changes to the file cannot fault the tensors.
+    Pread,
+}
+
+impl Read {
+    /// `safe_open`'s `backend=`: `"auto"` and `"mmap"` map, `"pread"` reads; the load backends
+    /// (`tensora.backends()`) do not apply to `safe_open` and are refused naming the ones that do.
+    fn parse(name: &str) -> PyResult<Read> {
+        match name {
+            "auto" | "mmap" => Ok(Read::Map),
+            "pread" => Ok(Read::Pread),
+            other => Err(exc::LoadError::new_err(format!(
+                "safe_open backend {other:?} is invalid (expected one of: \"auto\", \"mmap\", \"pread\"; the load \
+                 backends apply to load_file and weights_iterator)"
+            ))),
+        }
+    }
 }
 
 /// What `Mapped` has mapped and handed out.
@@ -65,11 +92,15 @@ enum Fetch {
 impl Mapped {
     /// Open `path`; with `manifest`, every `tensor` / `tensor_lazy` fetch is checked against it
     /// (the whole tensor, even for a slice) before it is returned.
+    /// `backend`: `"auto"` or `"mmap"` (views of a private mapping) or `"pread"` (copies read
+    /// into memory of their own).
     #[new]
-    #[pyo3(signature = (path, manifest=None))]
-    fn new(py: Python<'_>, path: PathBuf, manifest: Option<PathBuf>) -> PyResult<Mapped> {
+    #[pyo3(signature = (path, manifest=None, backend="auto"))]
+    fn new(py: Python<'_>, path: PathBuf, manifest: Option<PathBuf>, backend: &str) -> PyResult<Mapped> {
+        let read = Read::parse(backend)?;
         py.detach(|| {
             let mut m = open_checkpoint_files(&path)?;
+            m.read = read;
             if let Some(manifest) = manifest {
                 m.check = Some(crate::manifest_check(&m.ckpt, &crate::read_manifest(&manifest)?)?);
             }
@@ -82,6 +113,13 @@ impl Mapped {
         let mut k: Vec<String> = self.ckpt.tensors().iter().map(|t| t.name().to_owned()).collect();
         k.sort_unstable();
         k
+    }
+
+    /// Tensor names in the order of their bytes (file, then offset: HF `offset_keys()`).
+    fn offset_keys(&self) -> Vec<String> {
+        let mut t: Vec<&tensora_format::TensorInfo> = self.ckpt.tensors().iter().collect();
+        t.sort_by_key(|t| (t.file().index(), t.offset_bytes()));
+        t.into_iter().map(|t| t.name().to_owned()).collect()
     }
 
     /// The `__metadata__` map, or `None` when empty.
@@ -167,6 +205,12 @@ impl Mapped {
         let file =
             self.files.get(file_id).ok_or_else(|| file_err(entry.path(), "internal: no descriptor"))?;
         check_stamp(entry, file)?;
+        if self.read == Read::Pread {
+            let (owner, addr) = heap_copy(entry, file, info, len_bytes)?;
+            // SAFETY: `addr .. addr + len_bytes` is the memory `owner` (alive here) just made.
+            unsafe { self.check(info, addr, len_bytes) }?;
+            return Ok((owner, addr));
+        }
         let key = (file_id, info.offset_bytes());
         let shared = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -276,7 +320,14 @@ fn open_checkpoint_files(path: &Path) -> PyResult<Mapped> {
         files.push(file);
     }
     let state = MapState { shared: vec![None; files.len()], handed_out: HashSet::new() };
-    Ok(Mapped { ckpt, files, state: Mutex::new(state), copies: CopyTally::default(), check: None })
+    Ok(Mapped {
+        ckpt,
+        files,
+        state: Mutex::new(state),
+        copies: CopyTally::default(),
+        check: None,
+        read: Read::Map,
+    })
 }
 
 /// Map all of `file` (whose stamp was just checked) privately and writable, nothing read in;

@@ -1,25 +1,29 @@
 //! The native side of `tensora.save_file`, `tensora.save`, `tensora.save_sharded` and
-//! `tensora.load` (the Python side is `python/tensora/_save.py`): tensors described by the Python
-//! layer as raw storage extents of live numpy arrays and torch tensors, written by
+//! `tensora.load` (the Python side is `python/tensora/_save.py`): tensors handed over by the
+//! Python layer as objects exporting their memory (the buffer protocol), written by
 //! `tensora_convert::save` with the GIL released.
 //!
-//! A spec is `(name, dtype, shape, address, storage_len_bytes, start_bytes, strides_bytes)`:
-//! the tensor's elements lie in the `storage_len_bytes` bytes at `address`, row-major from the
-//! start when `start_bytes` is `None`, else element `i` at `start_bytes + Σ i[d] × strides[d]`.
-//! The Python layer computes them from the objects it holds for the whole call, which keeps the
-//! memory alive; every spec is checked (elements inside the storage) before anything is written.
+//! A spec is `(name, dtype, shape, data, start_bytes, strides_bytes)`: `data` is an object whose
+//! C-contiguous buffer holds the tensor's elements (`None` for a tensor without elements),
+//! row-major from the start when `start_bytes` is `None`, else element `i` at
+//! `start_bytes + Σ i[d] × strides[d]`. Every buffer is acquired (`PyObject_GetBuffer`) before
+//! the GIL is released and released after the write: while exported, numpy refuses to resize or
+//! free the array, and the Python layer hands torch tensors over as numpy views, which makes their
+//! storage non-resizable. No address crosses the boundary: lengths come from the buffers
+//! themselves, and every spec is checked (elements inside its buffer) before anything is written.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use pyo3::buffer::PyUntypedBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tensora_convert::ConvertError;
-use tensora_convert::save::{self, MemoryTensors, SaveOptions, SourceTensor, StorageLayout};
+use tensora_convert::save::{self, Durability, MemoryTensors, SaveOptions, SourceTensor, StorageLayout};
 use tensora_format::Dtype;
 
 use crate::{cancelled_by_callback, drive, exc};
@@ -32,7 +36,7 @@ create_exception!(
 );
 
 /// One tensor as the Python layer describes it (see the module docs).
-type Spec = (String, String, Vec<u64>, usize, u64, Option<u64>, Option<Vec<i64>>);
+type Spec<'py> = (String, String, Vec<u64>, Option<Bound<'py, PyAny>>, Option<u64>, Option<Vec<i64>>);
 
 /// A save error as its Python exception: a full disk is `NoSpaceError`, a cancel
 /// `CancelledError`, a bad tensor `ValueError`, anything else `ConvertError`.
@@ -46,10 +50,26 @@ fn save_err(e: ConvertError) -> PyErr {
     }
 }
 
-/// The specs as a save source over the memory they describe.
-fn tensors(specs: &[Spec]) -> PyResult<MemoryTensors<'_>> {
+/// The buffers of the specs' objects, acquired now and held until dropped (after the write):
+/// one per spec, `None` for a tensor without elements.
+fn exports(specs: &[Spec<'_>]) -> PyResult<Vec<Option<PyUntypedBuffer>>> {
+    specs
+        .iter()
+        .map(|(name, _, _, data, _, _)| {
+            let Some(obj) = data.as_ref().filter(|o| !o.is_none()) else { return Ok(None) };
+            let buf = PyUntypedBuffer::get(obj)?;
+            if !buf.is_c_contiguous() {
+                return Err(PyValueError::new_err(format!("tensor {name:?}: its buffer is not contiguous")));
+            }
+            Ok(Some(buf))
+        })
+        .collect()
+}
+
+/// The specs as a save source over the memory of their exported buffers.
+fn tensors<'b>(specs: &[Spec<'_>], buffers: &'b [Option<PyUntypedBuffer>]) -> PyResult<MemoryTensors<'b>> {
     let mut out = MemoryTensors::new();
-    for (name, dtype, shape, address, storage_len, start, strides) in specs {
+    for ((name, dtype, shape, _, start, strides), buffer) in specs.iter().zip(buffers) {
         let dtype = Dtype::from_safetensors(dtype)
             .ok_or_else(|| exc::DtypeError::new_err(format!("tensor {name:?}: unknown dtype {dtype:?}")))?;
         let layout = match (start, strides) {
@@ -61,25 +81,22 @@ fn tensors(specs: &[Spec]) -> PyResult<MemoryTensors<'_>> {
                 return Err(PyValueError::new_err(format!("tensor {name:?}: start and strides go together")));
             }
         };
-        let len = usize::try_from(*storage_len)
-            .map_err(|_| PyValueError::new_err(format!("tensor {name:?}: storage larger than memory")))?;
-        let storage: &[u8] = if len == 0 {
-            &[]
-        } else if *address == 0 {
-            return Err(PyValueError::new_err(format!("tensor {name:?}: no data (a null address)")));
-        } else {
-            // SAFETY: `_save.py` computed `address` and `len` as the extent of the elements of an
-            // array or tensor it holds for this whole call (so the memory stays allocated), from
-            // the object's own data pointer, shape and strides; the slice is only read, and
-            // `MemoryTensors::push` checks that every element lies inside it.
-            unsafe { std::slice::from_raw_parts(*address as *const u8, len) }
+        let storage: &[u8] = match buffer {
+            None => &[],
+            Some(buf) if buf.len_bytes() == 0 => &[],
+            // SAFETY: `buf` is an acquired, C-contiguous buffer export: its exporter keeps the
+            // `len_bytes()` bytes at `buf_ptr()` allocated (and, for numpy arrays and torch
+            // tensors viewed by numpy, unresized) until it is released, which happens when
+            // `buffers` (borrowed for the source's lifetime) is dropped after the write. The slice
+            // is only read, and `MemoryTensors::push` checks every element lies inside it.
+            Some(buf) => unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const u8, buf.len_bytes()) },
         };
         let tensor = SourceTensor {
             name: name.clone(),
             dtype,
             shape: shape.clone(),
             layout,
-            storage_len_bytes: *storage_len,
+            storage_len_bytes: storage.len() as u64,
         };
         out.push(tensor, storage).map_err(save_err)?;
     }
@@ -108,28 +125,37 @@ fn drive_save(
     serde_json::to_string(&report).map_err(|e| exc::ConvertError::new_err(e.to_string()))
 }
 
-fn options(mode: &str, threads: usize) -> PyResult<SaveOptions> {
+fn options(mode: &str, threads: usize, durability: &str) -> PyResult<SaveOptions> {
     let mode = mode.parse().map_err(PyValueError::new_err)?;
-    Ok(SaveOptions { mode, threads, ..SaveOptions::default() })
+    let durability: Durability = durability.parse().map_err(PyValueError::new_err)?;
+    Ok(SaveOptions { mode, threads, durability, ..SaveOptions::default() })
 }
 
-/// Save one safetensors file; the report as JSON.
+/// Save one safetensors file; the report as JSON. `durability`: `"synced"` (file and directory
+/// `fsync`ed) or `"process-crash-safe"` (written and renamed, not synced: HF's semantics).
 #[pyfunction]
-#[pyo3(signature = (specs, path, metadata=None, progress=None, mode="auto", threads=0))]
+#[pyo3(signature = (specs, path, metadata=None, progress=None, mode="auto", threads=0, durability="synced"))]
+#[allow(clippy::too_many_arguments)] // the Python signature
 fn save_file(
     py: Python<'_>,
-    specs: Vec<Spec>,
+    specs: Vec<Spec<'_>>,
     path: PathBuf,
     metadata: Option<BTreeMap<String, String>>,
     progress: Option<Py<PyAny>>,
     mode: &str,
     threads: usize,
+    durability: &str,
 ) -> PyResult<String> {
-    let tensors = tensors(&specs)?;
+    let opts = options(mode, threads, durability)?;
+    let buffers = exports(&specs)?;
+    let tensors = tensors(&specs, &buffers)?;
     let metadata = metadata.unwrap_or_default();
-    drive_save(py, progress.as_ref(), options(mode, threads)?, |opts| {
+    let report = drive_save(py, progress.as_ref(), opts, |opts| {
         save::save_safetensors(&path, &tensors, &metadata, opts)
-    })
+    });
+    drop(tensors);
+    drop(buffers); // released here, with the GIL held, after the write
+    report
 }
 
 /// Save HF-style shards of at most `shard_bytes_max` bytes each into `directory`; the report as
@@ -139,7 +165,7 @@ fn save_file(
 #[allow(clippy::too_many_arguments)] // the Python signature
 fn save_sharded(
     py: Python<'_>,
-    specs: Vec<Spec>,
+    specs: Vec<Spec<'_>>,
     directory: PathBuf,
     shard_bytes_max: u64,
     metadata: Option<BTreeMap<String, String>>,
@@ -147,11 +173,16 @@ fn save_sharded(
     mode: &str,
     threads: usize,
 ) -> PyResult<String> {
-    let tensors = tensors(&specs)?;
+    let opts = options(mode, threads, Durability::Synced.as_str())?;
+    let buffers = exports(&specs)?;
+    let tensors = tensors(&specs, &buffers)?;
     let metadata = metadata.unwrap_or_default();
-    drive_save(py, progress.as_ref(), options(mode, threads)?, |opts| {
+    let report = drive_save(py, progress.as_ref(), opts, |opts| {
         save::save_sharded(&directory, &tensors, &metadata, shard_bytes_max, opts)
-    })
+    });
+    drop(tensors);
+    drop(buffers); // released here, with the GIL held, after the write
+    report
 }
 
 /// The whole safetensors file as `bytes` (filled with the GIL released).
@@ -159,16 +190,20 @@ fn save_sharded(
 #[pyo3(signature = (specs, metadata=None))]
 fn save_bytes<'py>(
     py: Python<'py>,
-    specs: Vec<Spec>,
+    specs: Vec<Spec<'py>>,
     metadata: Option<BTreeMap<String, String>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let tensors = tensors(&specs)?;
+    let buffers = exports(&specs)?;
+    let tensors = tensors(&specs, &buffers)?;
     let layout = save::safetensors_layout(&tensors, &metadata.unwrap_or_default()).map_err(save_err)?;
     let len = usize::try_from(layout.file_len_bytes())
         .map_err(|_| PyValueError::new_err("the file is larger than memory"))?;
-    PyBytes::new_with(py, len, |buf| {
+    let bytes = PyBytes::new_with(py, len, |buf| {
         py.detach(|| save::serialize_into(&layout, &tensors, buf)).map_err(save_err)
-    })
+    });
+    drop(tensors);
+    drop(buffers); // released here, with the GIL held, after the copy
+    bytes
 }
 
 /// One tensor of a parsed file: name, dtype, shape, and its bytes' start and end in the data.

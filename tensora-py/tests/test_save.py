@@ -226,3 +226,52 @@ def test_progress_cancel_and_the_gil(tmp_path, big_file):
         tensora.save_file_with_report(tensors, tmp_path / "b.safetensors", progress=lambda d, t: False)
     assert sorted(os.listdir(tmp_path)) == ["a.safetensors"], "a cancelled save leaves nothing"
     assert _counter_runs_during(lambda: tensora.save_file(tensors, tmp_path / "c.safetensors")) > 0
+
+
+def test_a_tensor_resized_mid_save_cannot_free_the_memory_being_written(tmp_path):
+    """#39 finding 8: the writer holds each tensor's memory (a buffer export) for the whole
+    write, so another thread cannot resize (free) a tensor's storage under it; before, the saver
+    read freed memory into the file."""
+    t = torch.arange(8 << 20, dtype=torch.float32)  # 32 MiB: many progress calls
+    want = t.clone()
+    outcomes = []
+
+    def progress(done, total):
+        if not outcomes:
+            try:
+                t.resize_(64 << 20)  # would reallocate the storage and free the old memory
+                outcomes.append("resized")
+            except RuntimeError as e:
+                outcomes.append(str(e))
+
+    tensora.save_file_with_report({"t": t}, tmp_path / "t.safetensors", progress=progress,
+                                  mode="buffered", threads=1)
+    assert outcomes and "not resizable" in outcomes[0], outcomes
+    assert torch.equal(hf_pt_load_file(tmp_path / "t.safetensors")["t"], want)
+
+
+def test_the_native_savers_take_buffers_never_addresses():
+    """#39 finding 8: an integer is not memory; the native savers refuse it (they read any
+    address before)."""
+    for bad in (12345, 0x7FFF0000):
+        with pytest.raises(TypeError):
+            tensora._native.save_bytes([("a", "U8", [4], bad, None, None)])
+    # A buffer shorter than its shape says is refused, never read past.
+    with pytest.raises(ValueError):
+        tensora._native.save_bytes([("a", "F32", [4], bytearray(8), None, None)])
+
+
+def test_both_durabilities_write_the_same_file(tmp_path):
+    tensors = torch_tensors(3)
+    files = []
+    for durability in ("synced", "process-crash-safe"):
+        path = tmp_path / f"{durability}.safetensors"
+        report = tensora.save_file_with_report(tensors, path, durability=durability)
+        assert report["durability"] == durability
+        if durability == "process-crash-safe":
+            assert report["mode"] == "buffered", report["reason"]
+        assert_pt_equal(hf_pt_load_file(str(path)), tensors)
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+    with pytest.raises(ValueError):
+        tensora.save_file(tensors, tmp_path / "x.safetensors", durability="fast")

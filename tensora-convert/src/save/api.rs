@@ -18,7 +18,10 @@ use super::mode::{self, WriteFacts, WriteMode};
 use super::output::{Output, Placement, sync_dirs, write_err};
 use super::plan::{ALIGN_BYTES, FilePlan};
 use super::source::{SaveSource, StorageLayout, gather};
-use super::{PIECE_BYTES_DEFAULT, PIECE_BYTES_MAX, STAGING_BYTES_MAX, SaveOptions, SaveReport, SaveStage};
+use super::{
+    Durability, PIECE_BYTES_DEFAULT, PIECE_BYTES_MAX, STAGING_BYTES_MAX, SaveOptions, SaveReport, SaveStage,
+    WriteChoice,
+};
 use crate::tempdir::{TempDir, parent_of};
 use crate::{COPY_BUFFER_BYTES_MAX, ConvertError, SAFETENSORS_FILE_NAME};
 
@@ -35,6 +38,7 @@ pub(crate) struct Pending {
     pub(crate) write_seconds: f64,
     pub(crate) bytes_written: u64,
     stage: Option<super::StageHook>,
+    durability: Durability,
 }
 
 impl Pending {
@@ -44,7 +48,7 @@ impl Pending {
         for out in &mut self.outputs {
             out.commit()?;
         }
-        if self.placement != Placement::InTempDir {
+        if self.placement != Placement::InTempDir && self.durability == Durability::Synced {
             sync_dirs(self.outputs.iter().map(|o| parent_of(&o.final_path)))?;
         }
         if let Some(hook) = &self.stage {
@@ -92,7 +96,13 @@ pub(crate) fn write_files(
     let in_memory = (0..source.tensors().len()).all(|i| source.storage(i).is_some());
     let dir = plans.first().map_or(Path::new("."), |p| parent_of(&p.path));
     let facts = WriteFacts::gather(dir, bytes_written, in_memory);
-    let (mut mode, mut reason) = mode::choose(&facts, opts.mode);
+    let (mut mode, mut reason) = match (opts.durability, opts.mode) {
+        (Durability::ProcessCrashSafe, WriteChoice::Auto) => (
+            WriteMode::Buffered,
+            "buffered: not synced (process-crash-safe), the page cache takes the writes".to_owned(),
+        ),
+        _ => mode::choose(&facts, opts.mode),
+    };
     let mut outputs = Vec::with_capacity(plans.len());
     for plan in plans {
         let direct = mode == WriteMode::Direct;
@@ -118,6 +128,7 @@ pub(crate) fn write_files(
         progress: opts.progress.clone(),
         stage: opts.stage.clone(),
         cancel: opts.cancel.as_deref(),
+        durability: opts.durability,
         gather_bytes_max: if opts.gather_bytes_max == 0 {
             COPY_BUFFER_BYTES_MAX as u64
         } else {
@@ -141,6 +152,7 @@ pub(crate) fn write_files(
         write_seconds: started.elapsed().as_secs_f64(),
         bytes_written,
         stage: opts.stage.clone(),
+        durability: opts.durability,
     })
 }
 
@@ -161,7 +173,7 @@ fn specs(source: &dyn SaveSource) -> Vec<TensorSpec> {
 }
 
 /// Save `source` as one safetensors file at `path`, replacing what is there only once the new
-/// file is complete and synced (see the module docs).
+/// file is complete (and synced, with [`Durability::Synced`]: see the module docs).
 pub fn save_safetensors(
     path: &Path,
     source: &dyn SaveSource,
@@ -351,6 +363,7 @@ fn report(
         direct_fallbacks: pending.stats.direct_fallbacks,
         seconds,
         gbps: if seconds > 0.0 { pending.bytes_written as f64 / seconds / 1e9 } else { 0.0 },
+        durability: pending.durability.as_str(),
         write_seconds: pending.write_seconds,
         commit_seconds,
         digest_algo: pending.digests.as_ref().map(|(a, _)| a.as_str()),

@@ -14,7 +14,7 @@ use tensora_verify::pieces::PieceDigests;
 use super::output::{Output, direct_refused, write_err};
 use super::plan::{ALIGN_BYTES, Content, FilePlan, Piece, Region};
 use super::source::{SaveSource, gather, slice};
-use super::{SaveStage, StageHook};
+use super::{Durability, SaveStage, StageHook};
 use crate::{ConvertError, ConvertProgress};
 
 /// Bytes copied (or written) and digested in one step, so the digest reads them from cache.
@@ -34,6 +34,8 @@ pub(crate) struct Job<'a> {
     pub(crate) progress: Option<ConvertProgress>,
     pub(crate) stage: Option<StageHook>,
     pub(crate) cancel: Option<&'a AtomicBool>,
+    /// Whether each file is `fsync`ed when written.
+    pub(crate) durability: Durability,
     /// Largest storage of a non-contiguous tensor read whole to be gathered.
     pub(crate) gather_bytes_max: u64,
 }
@@ -396,7 +398,8 @@ impl Shared<'_> {
         Ok((head, head_end))
     }
 
-    /// Write file `f`'s head last, cut a direct file to its length, `fsync` it.
+    /// Write file `f`'s head last, cut a direct file to its length, `fsync` it (when
+    /// [`Durability::Synced`]).
     fn finish_file(&self, f: usize) -> Result<(), ConvertError> {
         {
             let mut head = self.heads[f].lock().unwrap_or_else(|p| p.into_inner());
@@ -407,8 +410,10 @@ impl Shared<'_> {
                 self.stage(SaveStage::HeaderWritten, f);
             }
         }
-        self.job.outputs[f].finish()?;
-        self.stage(SaveStage::Synced, f);
+        self.job.outputs[f].finish(self.job.durability)?;
+        if self.job.durability == Durability::Synced {
+            self.stage(SaveStage::Synced, f);
+        }
         Ok(())
     }
 }

@@ -73,7 +73,7 @@ pub enum SaveStage {
     PieceWritten,
     /// The head (the header and the first data bytes) was written, after every data piece.
     HeaderWritten,
-    /// The file was `fsync`ed.
+    /// The file was `fsync`ed (not reached with [`Durability::ProcessCrashSafe`]).
     Synced,
     /// The file has its final name (and, for a save into an existing directory, the directory was
     /// synced).
@@ -108,6 +108,45 @@ pub struct SaveOptions {
     pub stage: Option<StageHook>,
     /// Set to stop the save ([`crate::ConvertError::Cancelled`]; nothing is left behind).
     pub cancel: Option<Arc<AtomicBool>>,
+    /// What the saved files survive once the save returns ([`Durability::Synced`] by default).
+    pub durability: Durability,
+}
+
+/// What a finished save survives. Both are atomic: the destination holds the previous file (or
+/// nothing) until the new one is complete and renamed into place, so a crash of the process at
+/// any point never leaves a torn file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// Every file and its directory are `fsync`ed before the save returns: the new file survives
+    /// a power loss or kernel crash right after the save returns.
+    #[default]
+    Synced,
+    /// Written and renamed, never synced (what HF `safetensors`' `save_file` does): survives a
+    /// crash of the process; after a power loss the destination may hold the previous file,
+    /// nothing, or (on filesystems without rename ordering) an empty or partial file. Writes go
+    /// through the page cache (`"auto"` chooses buffered), so the save returns at memory speed.
+    ProcessCrashSafe,
+}
+
+impl Durability {
+    /// `"synced"` or `"process-crash-safe"`, as in reports and as parsed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Synced => "synced",
+            Durability::ProcessCrashSafe => "process-crash-safe",
+        }
+    }
+}
+
+impl std::str::FromStr for Durability {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "synced" => Ok(Durability::Synced),
+            "process-crash-safe" => Ok(Durability::ProcessCrashSafe),
+            other => Err(format!("unknown durability {other:?} (expected synced or process-crash-safe)")),
+        }
+    }
 }
 
 impl std::fmt::Debug for SaveOptions {
@@ -122,6 +161,7 @@ impl std::fmt::Debug for SaveOptions {
             .field("progress", &self.progress.is_some())
             .field("stage", &self.stage.is_some())
             .field("cancel", &self.cancel.is_some())
+            .field("durability", &self.durability)
             .finish()
     }
 }
@@ -155,7 +195,9 @@ pub struct SaveReport {
     pub seconds: f64,
     /// `bytes_written / seconds`, in GB/s (10^9 bytes).
     pub gbps: f64,
-    /// Seconds until every file was written and synced.
+    /// `"synced"` or `"process-crash-safe"` ([`Durability`]).
+    pub durability: &'static str,
+    /// Seconds until every file was written (and synced, with [`Durability::Synced`]).
     pub write_seconds: f64,
     /// Seconds of naming the files and syncing their directories.
     pub commit_seconds: f64,

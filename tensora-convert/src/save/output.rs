@@ -24,6 +24,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::Durability;
 use crate::tempdir::{TEMP_NAME_ATTEMPTS_MAX, parent_of, temp_name};
 use crate::{ConvertError, io_err};
 
@@ -162,14 +163,18 @@ impl Output {
             .map_err(|e| write_err(self.path_now(), "reserving space", e))
     }
 
-    /// Cut the file to its length (direct writes round the last piece up) and make it durable.
-    pub(crate) fn finish(&self) -> Result<(), ConvertError> {
+    /// Cut the file to its length (direct writes round the last piece up) and, with
+    /// [`Durability::Synced`], make it durable.
+    pub(crate) fn finish(&self, durability: Durability) -> Result<(), ConvertError> {
         if self.direct.is_some() {
             self.file
                 .set_len(self.len_bytes)
                 .map_err(|e| write_err(self.path_now(), "setting the length", e))?;
         }
-        self.file.sync_all().map_err(|e| write_err(self.path_now(), "fsync", e))
+        match durability {
+            Durability::Synced => self.file.sync_all().map_err(|e| write_err(self.path_now(), "fsync", e)),
+            Durability::ProcessCrashSafe => Ok(()),
+        }
     }
 
     /// Give the file its final name (see the module docs). The directory is synced by the caller.

@@ -1,6 +1,9 @@
 """Tensora: fast, strict, memory-bounded checkpoint loading with zero-copy tensors.
 
-A drop-in for ``safetensors`` where it is already called::
+A drop-in for ``safetensors``: ``tensora.torch``, ``tensora.numpy`` and ``tensora.safetensors``
+are ``safetensors.torch``, ``safetensors.numpy`` and ``safetensors`` 0.8 (same signatures and
+errors), and ``tensora.patch()`` (or ``TENSORA_PATCH_SAFETENSORS=1``) routes unchanged code that
+imports ``safetensors`` to them (``docs/dropin.md``). Tensora's own API::
 
     import tensora
     weights = tensora.load_file("model.safetensors")            # {name: numpy.ndarray}
@@ -27,6 +30,7 @@ import numpy as np
 
 from . import _native
 from ._native import (
+    SafetensorError,
     CancelledError,
     ConvertError,
     DtypeError,
@@ -51,6 +55,9 @@ __all__ = [
     "backends",
     "wait_cache",
     "RemoteOptions",
+    "patch",
+    "unpatch",
+    "SafetensorError",
     "TensoraError",
     "FormatError",
     "LoadError",
@@ -296,25 +303,34 @@ class safe_open:
     reads only the pages of the part indexed and returns a copy. Do not modify or truncate a
     file in place while tensors of it are alive (``SIGBUS``).
 
+    ``backend``: ``"auto"`` or ``"mmap"`` (the mapped views above) or ``"pread"`` (each
+    ``get_tensor`` reads the tensor into memory of its own: nothing stays mapped); the load
+    backends of ``tensora.backends()`` apply to ``load_file``, not here (``LoadError``).
+
     With ``manifest`` (see ``load_file``), every ``get_tensor`` checks the tensor's bytes against
     it before returning (``VerifyError`` naming tensor, file and offset otherwise); a
     ``get_slice`` checks the whole tensor, so it reads all of it.
+
+    ``offset_keys()`` lists the names in the order of their bytes in the file(s).
     """
 
     def __init__(
         self,
         path: PathLike,
         framework: str = "np",
-        backend: str = "auto",
         device: str = "cpu",
+        *,
+        backend: str = "auto",
         manifest: Optional[PathLike] = None,
     ):
-        if device != "cpu":
-            raise ValueError("tensora.safe_open loads to the CPU only; move tensors afterwards")
-        if backend != "auto" and backend not in _native.backends():
-            raise LoadError(f"unknown backend {backend!r} (known: {', '.join(_native.backends())})")
+        if device not in ("cpu", None):
+            raise ValueError(
+                "tensora.safe_open loads to the CPU only; move tensors afterwards, or use"
+                " tensora.torch.safe_open (HF's devices)"
+            )
         self._fw = _check_framework(framework)
-        self._mapped = _native.Mapped(os.fspath(path), None if manifest is None else os.fspath(manifest))
+        m = None if manifest is None else os.fspath(manifest)
+        self._mapped = _native.Mapped(os.fspath(path), m, backend)
 
     def __enter__(self) -> "safe_open":
         return self
@@ -331,7 +347,7 @@ class safe_open:
         return self._m().keys()
 
     def offset_keys(self) -> List[str]:
-        return self.keys()
+        return self._m().offset_keys()
 
     def metadata(self) -> Optional[Dict[str, str]]:
         return self._m().metadata()
@@ -437,6 +453,29 @@ def wait_cache() -> int:
 atexit.register(wait_cache)
 
 
+def patch() -> None:
+    """Route HF ``safetensors`` to Tensora for this process: ``safetensors.safe_open``,
+    ``safetensors.torch.*`` and ``safetensors.numpy.*`` (and every name already imported from
+    them into other modules, e.g. transformers' ``safe_load_file``) become ``tensora.safetensors``,
+    ``tensora.torch`` and ``tensora.numpy``'s. ``unpatch()`` undoes it. Set
+    ``TENSORA_PATCH_SAFETENSORS=1`` to do this at interpreter start-up for code you cannot edit
+    (see ``docs/dropin.md``)."""
+    from . import _patch
+
+    _patch.patch()
+
+
+def unpatch() -> None:
+    """Undo :func:`patch`: every name it replaced is HF's again."""
+    from . import _patch
+
+    _patch.unpatch()
+
+
 def backends() -> List[str]:
     """The registered I/O backend names (plus ``"auto"``)."""
     return list(_native.backends())
+
+
+if os.environ.get("TENSORA_PATCH_SAFETENSORS") == "1":
+    patch()  # as tensora_patch.pth does at start-up, for an interpreter started without it

@@ -1,10 +1,12 @@
 """Saving: ``save_file``, ``save``, ``save_sharded`` and ``load`` with Hugging Face safetensors'
 semantics, for numpy arrays and torch tensors (every dtype, bf16 and fp8 included).
 
-The tensors are written from where they are, without a copy (a tensor on another device is
-copied to the CPU first, as HF does; a conjugate or negative view is resolved): the native writer
-gets each tensor's storage extent and strides, so a non-contiguous tensor is written correctly, in
-row-major order. Tensors that share memory are refused with HF's message. The write runs with the
+The native writer gets each tensor's memory as an exported buffer (held, so numpy and torch
+refuse to resize or free it, until the write is over) with its strides, so a non-contiguous tensor
+is written correctly, in row-major order; a tensor on another device is copied to the CPU first,
+as HF does, and a conjugate or negative view is resolved. Each piece of the file is gathered from
+the tensors into a staging buffer and written from there (buffered, or ``O_DIRECT`` for large
+saves), a copy HF's writer makes too. Tensors that share memory are refused with HF's message. The write runs with the
 GIL released, in parallel, at the disk's speed, and is atomic: the file appears complete or not at
 all (the previous file stays until then).
 """
@@ -67,6 +69,25 @@ _TORCH_TO_ST = {
 }
 _ST_TO_TORCH = {v: k for k, v in _TORCH_TO_ST.items()}
 
+# HF's dtype order (its `Dtype` enum): a file lists tensors by this, descending, then by name.
+_HF_RANK = {d: i for i, d in enumerate(
+    "BOOL F4 F6_E2M3 F6_E3M2 U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 F8_E4M3FNUZ F8_E5M2FNUZ I16 U16 F16 BF16 "
+    "I32 U32 F32 C64 F64 I64 U64".split()
+)}
+
+
+def _st_dtype(v: Any) -> Optional[str]:
+    if isinstance(v, np.ndarray):
+        return _NP_TO_ST.get(np.dtype(v.dtype).newbyteorder("="))
+    return _TORCH_TO_ST.get(str(getattr(v, "dtype", "")).split(".")[-1])
+
+
+def hf_order(tensors: Dict[str, Any]) -> Dict[str, Any]:
+    """``tensors`` in the order HF's writer lays them out (dtype descending, then name), so the
+    file is byte-identical to HF's whatever the dict's order."""
+    return dict(sorted(tensors.items(), key=lambda kv: (-_HF_RANK.get(_st_dtype(kv[1]) or "", -1), kv[0])))
+
+
 _SHARED = """
             Some tensors share memory, this will lead to duplicate memory on disk and potential differences when loading them again: {failing}.
             A potential way to correctly save your model is to use `save_model`.
@@ -95,6 +116,13 @@ def _extent(shape, strides, itemsize: int) -> Tuple[int, int]:
     return low, high + itemsize
 
 
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array at the bottom of ``a``'s chain of views (the one owning the memory)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
 def _spec_numpy(name: str, a: np.ndarray, keep: List[Any]):
     if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
         a = a.byteswap().view(a.dtype.newbyteorder("<"))  # HF writes little-endian
@@ -102,17 +130,35 @@ def _spec_numpy(name: str, a: np.ndarray, keep: List[Any]):
     dtype = _NP_TO_ST.get(np.dtype(a.dtype).newbyteorder("="))
     if dtype is None:
         raise DtypeError(f"tensor {name!r}: numpy dtype {a.dtype} has no safetensors equivalent")
-    address = a.__array_interface__["data"][0]
     shape = [int(d) for d in a.shape]
-    contiguous = a.flags.c_contiguous
-    return _spec(name, dtype, shape, address, a.dtype.itemsize, a.nbytes, list(a.strides), contiguous)
+    if a.size == 0:
+        return (name, dtype, shape, None, None, None)
+    if a.flags.c_contiguous:
+        return (name, dtype, shape, a.reshape(-1).view(np.uint8), None, None)  # views, 1-D bytes
+    root = _root(a)
+    if not root.flags.c_contiguous:  # a view of foreign memory not laid out as one block: a copy
+        c = np.ascontiguousarray(a)
+        keep.append(c)
+        return (name, dtype, shape, c, None, None)
+    # The root's bytes are handed over (exported: numpy then refuses to resize it), with the
+    # view's first element's offset in them.
+    start = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    whole = root.reshape(-1).view(np.uint8)
+    return (name, dtype, shape, whole, start, [int(s) for s in a.strides])
+
+
+def _storage_bytes(t):
+    """A numpy ``uint8`` view of all of ``t``'s storage. Exporting it makes the storage
+    non-resizable (torch refuses ``resize_`` on storage numpy has seen), so it cannot be freed
+    under the writer."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()).numpy()
 
 
 def _spec_torch(name: str, t, keep: List[Any]):
-    if t.device.type == "meta":
-        raise ValueError(f"tensor {name!r} is on the meta device: it has no data to save")
     if t.device.type != "cpu":
-        t = t.to("cpu")  # HF moves tensors to the CPU before saving
+        t = t.to("cpu")  # HF moves tensors to the CPU before saving (torch refuses a meta tensor)
     if t.is_conj():
         t = t.resolve_conj()
     if t.is_neg():
@@ -124,23 +170,20 @@ def _spec_torch(name: str, t, keep: List[Any]):
         raise DtypeError(f"tensor {name!r}: torch dtype {dname} has no safetensors equivalent")
     item = t.element_size()
     shape = [int(d) for d in t.shape]
-    strides = [int(s) * item for s in t.stride()]
     nbytes = t.numel() * item
     if dtype == "F4":  # two values per byte: the header counts values, as HF writes it
         if not t.is_contiguous():
             raise ValueError(f"tensor {name!r}: a non-contiguous float4_e2m1fn_x2 tensor cannot be saved")
         shape[-1] *= 2
-        return (name, dtype, shape, t.data_ptr(), nbytes, None, None)
-    return _spec(name, dtype, shape, t.data_ptr(), item, nbytes, strides, t.is_contiguous())
-
-
-def _spec(name, dtype, shape, address, itemsize, nbytes, strides, contiguous):
-    if 0 in shape:
-        return (name, dtype, shape, 0, 0, None, None)
-    if contiguous:
-        return (name, dtype, shape, address, nbytes, None, None)
-    low, high = _extent(shape, strides, itemsize)
-    return (name, dtype, shape, address + low, high - low, -low, strides)
+    if nbytes == 0:
+        return (name, dtype, shape, None, None, None)
+    whole = _storage_bytes(t)
+    first = t.storage_offset() * item
+    if t.is_contiguous():
+        return (name, dtype, shape, whole[first : first + nbytes], None, None)
+    strides = [int(s) * item for s in t.stride()]
+    low, high = _extent(shape, strides, item)
+    return (name, dtype, shape, whole[first + low : first + high], -low, strides)
 
 
 def _area(v) -> Optional[Tuple[str, int, int]]:
@@ -178,10 +221,11 @@ def _shared(areas: List[Tuple[str, int, int, str]]) -> List[set]:
     return failing
 
 
-def _flatten(tensors: Dict[str, Any]) -> Tuple[list, list]:
+def _flatten(tensors: Dict[str, Any], overlap: str = "refuse") -> Tuple[list, list]:
     """The native specs of ``tensors`` and the objects that must stay alive while they are
     written. Raises as HF's ``save_file`` does for a non-dict, a bad value, sparse tensors and
-    tensors that share memory."""
+    (``overlap="refuse"``) tensors that share memory; ``overlap="allow"`` writes each (HF's numpy
+    saver does not look)."""
     if not isinstance(tensors, dict):
         raise ValueError(f"Expected a dict of [str, torch.Tensor] but received {type(tensors)}")
     areas, sparse = [], []
@@ -204,7 +248,7 @@ def _flatten(tensors: Dict[str, Any]) -> Tuple[list, list]:
             " You can make it a dense tensor before saving with `.to_dense()` but be aware this might"
             " make a much larger file than needed."
         )
-    failing = _shared(areas)
+    failing = _shared(areas) if overlap == "refuse" else []
     if failing:
         raise RuntimeError(_SHARED.format(failing=failing))
     keep: List[Any] = []
@@ -232,31 +276,49 @@ def save_file_with_report(
     progress=None,
     mode: str = "auto",
     threads: int = 0,
+    durability: str = "synced",
+    overlap: str = "refuse",
 ) -> Dict[str, Any]:
     """``save_file``, returning the save report: ``mode`` (``"direct"`` or ``"buffered"``) and the
-    ``reason`` it was chosen, ``threads``, ``seconds``, ``gbps``, ``bytes_written``, ..."""
-    specs, keep = _flatten(tensors)
-    report = _native.save_file(specs, os.fspath(filename), _metadata(metadata), progress, mode, threads)
+    ``reason`` it was chosen, ``durability``, ``threads``, ``seconds``, ``gbps``,
+    ``bytes_written``, ... ``overlap="allow"`` writes tensors that share memory (each in full)."""
+    specs, keep = _flatten(tensors, overlap)
+    report = _native.save_file(
+        specs, os.fspath(filename), _metadata(metadata), progress, mode, threads, durability
+    )
     del keep
     return json.loads(report)
 
 
-def save_file(tensors: Dict[str, Any], filename: PathLike, metadata: Optional[Dict[str, str]] = None) -> None:
+def save_file(
+    tensors: Dict[str, Any],
+    filename: PathLike,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    durability: str = "synced",
+    overlap: str = "refuse",
+) -> None:
     """Save ``tensors`` (numpy arrays or torch tensors) into ``filename`` in safetensors format,
     like ``safetensors.torch.save_file`` / ``safetensors.numpy.save_file``.
 
     Non-contiguous tensors are written in row-major order (HF refuses them); tensors sharing
     memory are refused with HF's ``RuntimeError``. The file is written beside its destination and
-    renamed into place once complete and synced: an interrupted save leaves the previous file (or
-    nothing), never a torn one. A full disk raises ``tensora.NoSpaceError`` and leaves nothing
-    behind. The GIL is released while writing; Ctrl-C cancels.
+    renamed into place once complete: an interrupted save leaves the previous file (or nothing),
+    never a torn one. ``durability``: ``"synced"`` (the default here) also ``fsync``s the file and
+    its directory before returning, so the new file survives a power loss right after;
+    ``"process-crash-safe"`` (the default of ``tensora.torch`` / ``tensora.numpy``, HF's
+    semantics) skips the syncs and writes through the page cache: it survives a crash of the
+    process, not of the machine. A full disk raises ``tensora.NoSpaceError`` and leaves nothing
+    behind. The GIL is released while writing; Ctrl-C cancels. While the save runs, the arrays'
+    memory is exported to the writer: numpy refuses to resize them, and a torch tensor's storage
+    becomes non-resizable (torch's rule for storage numpy has seen), which it stays.
     """
-    save_file_with_report(tensors, filename, metadata)
+    save_file_with_report(tensors, filename, metadata, durability=durability, overlap=overlap)
 
 
-def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> bytes:
+def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None, *, overlap: str = "refuse") -> bytes:
     """The safetensors file of ``tensors`` as ``bytes`` (``safetensors.torch.save``)."""
-    specs, keep = _flatten(tensors)
+    specs, keep = _flatten(tensors, overlap)
     data = _native.save_bytes(specs, _metadata(metadata))
     del keep
     return data
