@@ -76,11 +76,10 @@ def test_secrets_in_the_url_never_reach_the_report(served):  # noqa: F811
 
 
 def test_remote_options_reach_the_store_and_apply_to_urls_only(served):  # noqa: F811
-    # tensora.verify's remote= keyword is the binding's third argument (tensora._native.verify_json).
     nginx, d = served
-    report = json.loads(tensora._native.verify_json(nginx.url("model/"), None, {"open_timeout": 30.0}))
+    report = tensora.verify(nginx.url("model/"), remote=tensora.RemoteOptions(open_timeout=30))
     assert report["ok"], report
     with pytest.raises(ValueError, match="open_timeout"):
-        tensora._native.verify_json(nginx.url("model/"), None, {"open_timeout": -1.0})
+        tensora.verify(nginx.url("model/"), remote=tensora.RemoteOptions(open_timeout=-1))
     with pytest.raises(ValueError, match="URLs only"):
-        tensora._native.verify_json(str(d), None, {"open_timeout": 30.0})
+        tensora.verify(str(d), remote=tensora.RemoteOptions(open_timeout=30))

@@ -421,11 +421,13 @@ def hash(
     return _native.hash(os.fspath(path), algo, backend, progress, out)
 
 
-def verify(path: PathLike, manifest: Optional[PathLike] = None) -> Dict[str, Any]:
+def verify(path: PathLike, manifest: Optional[PathLike] = None, remote: Optional[RemoteOptions] = None) -> Dict[str, Any]:
     """Check structure and integrity (and digests against ``manifest``); the report as a dict
-    (``ok``, ``errors``, ``warnings``, ``findings``, ``summary``)."""
+    (``ok``, ``errors``, ``warnings``, ``findings``, ``summary``). ``path`` may be a URL (``s3://``,
+    ``az://``, ``gs://``, ``http(s)://``): structure, and with ``manifest`` object sizes and tensor
+    digests from a streamed load; ``remote=`` holds its store settings."""
     m = None if manifest is None else os.fspath(manifest)
-    return json.loads(_native.verify_json(os.fspath(path), m))
+    return json.loads(_native.verify_json(os.fspath(path), m, _remote_dict(remote, None)))
 
 
 def convert(src: PathLike, dst: PathLike, to: str, shard_bytes_max: Optional[int] = None) -> Dict[str, Any]:
