@@ -302,11 +302,16 @@ mod tests {
 
     #[test]
     fn a_child_that_follows_the_protocol_gives_a_sample_with_its_start() {
-        let m =
-            measure_child(&mut sh(r#"echo ready; echo noise; echo '{"seconds": 0.5, "bytes": 1000000000}'"#))
-                .unwrap();
-        assert_eq!((m.sample.seconds, m.sample.bytes, m.sample.gbps), (0.5, 1_000_000_000, 2.0));
-        assert!(m.sample.start_seconds.is_some_and(|s| s >= 0.0));
+        // The child takes at least 0.2 s to say it is ready (a sleep lasts at least its time), and
+        // the start is measured inside the call: both bounds hold however busy the machine is.
+        let script = r#"sleep 0.2; echo ready; echo noise; echo '{"seconds": 0.5, "bytes": 1000000000}'"#;
+        let called = Instant::now();
+        let m = measure_child(&mut sh(script)).unwrap();
+        let call_seconds = called.elapsed().as_secs_f64();
+        assert_eq!((m.sample.seconds, m.sample.bytes), (0.5, 1_000_000_000));
+        assert_eq!(m.sample.gbps, m.sample.bytes as f64 / m.sample.seconds / 1e9);
+        let start = m.sample.start_seconds.expect("a start");
+        assert!((0.2..=call_seconds).contains(&start), "started after {start} s of a {call_seconds} s call");
         assert_eq!(m.details, None);
     }
 
@@ -329,14 +334,33 @@ mod tests {
 
     #[test]
     fn a_child_that_never_ends_is_killed_at_the_bound() {
-        // The child blocks on its stdin, which stays open; only the bound can end the wait.
-        let mut cmd = sh("echo ready; read x");
-        cmd.stdin(Stdio::piped());
-        let mut lines = Vec::new();
-        let e = run_lines(&mut cmd, Duration::from_millis(200), 1 << 10, &mut |l| lines.push(l.to_owned()))
-            .unwrap_err();
-        assert!(e.to_string().contains("killed"), "{e}");
-        assert_eq!(lines, vec!["ready".to_owned()]);
+        // The child blocks on its stdin, which stays open; only the bound can end the wait. Every
+        // try must end killed, no sooner than its bound, with at most the child's one line read.
+        // The bound doubles until a try reads that line before it (a child slow to start on a busy
+        // machine is not a failure), so the test asks for the order of events, not their speed.
+        const BOUND_FIRST: Duration = Duration::from_millis(200);
+        const TRIES_MAX: u32 = 8; // the last bound: 25.6 s
+        let mut read_in_time = false;
+        for attempt in 0..TRIES_MAX {
+            let bound = BOUND_FIRST * 2u32.pow(attempt);
+            let mut cmd = sh("echo ready; read x");
+            cmd.stdin(Stdio::piped());
+            let mut lines = Vec::new();
+            let started = Instant::now();
+            let e = run_lines(&mut cmd, bound, 1 << 10, &mut |l| lines.push(l.to_owned())).unwrap_err();
+            assert!(e.to_string().contains("killed"), "{e}");
+            assert!(
+                started.elapsed() >= bound,
+                "killed after {:?}, before its bound {bound:?}",
+                started.elapsed()
+            );
+            assert!(lines.is_empty() || lines == ["ready"], "{lines:?}");
+            if lines == ["ready"] {
+                read_in_time = true;
+                break;
+            }
+        }
+        assert!(read_in_time, "no try read the child's line before the bound killed it");
     }
 
     #[test]

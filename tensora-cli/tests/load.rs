@@ -17,6 +17,26 @@ fn report(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The report's times and rate agree with each other and with the clock: every phase is
+/// non-negative, the phases add up to at most `seconds` (the load's own time), which is at most
+/// the `wall_seconds` the process ran, and `gbps` is `bytes_selected / seconds`.
+fn assert_times_add_up(v: &serde_json::Value, wall_seconds: f64, args: &[&str]) {
+    let seconds = v["seconds"].as_f64().unwrap();
+    let phases: Vec<f64> =
+        ["open", "parse", "plan", "io", "finish"].iter().map(|p| v["phases"][p].as_f64().unwrap()).collect();
+    assert!(phases.iter().all(|&p| p >= 0.0), "{args:?}: {phases:?}");
+    let sum: f64 = phases.iter().sum();
+    // Rounding only: the sum and `seconds` are the same five numbers added up.
+    assert!(sum <= seconds * (1.0 + 1e-9), "{args:?}: phases add up to {sum} s, over seconds = {seconds}");
+    assert!(0.0 < seconds && seconds <= wall_seconds, "{args:?}: {seconds} s reported, {wall_seconds} s run");
+    let want_gbps = v["bytes_selected"].as_u64().unwrap() as f64 / seconds / 1e9;
+    let gbps = v["gbps"].as_f64().unwrap();
+    assert!(
+        (gbps - want_gbps).abs() <= want_gbps * 1e-9,
+        "{args:?}: gbps {gbps}, bytes / seconds {want_gbps}"
+    );
+}
+
 #[test]
 fn json_report_for_every_backend_and_mode() {
     let path = format!("{REAL}/fracast-0.safetensors");
@@ -33,7 +53,9 @@ fn json_report_for_every_backend_and_mode() {
         ] {
             let mut args = vec![path.as_str(), "--json", "--backend", backend];
             args.extend_from_slice(extra);
+            let started = std::time::Instant::now();
             let out = tensora_load(&args);
+            let wall_seconds = started.elapsed().as_secs_f64();
             if backend == "io-uring"
                 && !tensora_testkit::require::io_uring_or_skip("tensora load --backend io-uring")
             {
@@ -61,9 +83,7 @@ fn json_report_for_every_backend_and_mode() {
             ] {
                 assert!(v.get(key).is_some(), "{key} missing in {v}");
             }
-            for phase in ["open", "parse", "plan", "io", "finish"] {
-                assert!(v["phases"][phase].as_f64().unwrap() >= 0.0);
-            }
+            assert_times_add_up(&v, wall_seconds, &args);
             if backend != "auto" {
                 assert_eq!(v["backend"], backend);
             }

@@ -1,7 +1,8 @@
 //! A full disk is `ConvertError::NoSpace` and leaves nothing behind: a save (reserving its space
 //! first, or failing in the middle of its writes), a sharded save into a new directory and a
 //! conversion, on a small tmpfs (where a direct save goes buffered, saying why, on kernels
-//! without `O_DIRECT` for tmpfs). Needs root to mount; skipped elsewhere unless `TENSORA_TEST_REQUIRE` lists `mount`.
+//! without `O_DIRECT` for tmpfs). Needs root to mount: where mounting fails the test fails if
+//! `TENSORA_TEST_REQUIRE` lists `mount` (CI does: `.ci/run`) and logs that it skipped otherwise.
 
 use std::collections::BTreeMap;
 use std::path::Path;

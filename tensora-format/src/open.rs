@@ -281,36 +281,47 @@ mod tests {
 
     #[test]
     fn workers_run_ahead_of_a_late_merge_up_to_the_weight_bound() {
-        let done = std::sync::atomic::AtomicUsize::new(0);
-        let count = |d: &std::sync::atomic::AtomicUsize| d.load(std::sync::atomic::Ordering::SeqCst);
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let (done, merged) = (AtomicUsize::new(0), AtomicUsize::new(0));
         let (threads, ahead_bytes, each) = (2, 30u64, 3u64);
+        // Items the bounds allow ahead of the merge: those whose results wait (30 / 3) plus one
+        // being worked on by each thread.
+        let ahead_max = (ahead_bytes / each) as usize + threads;
+        // Every item checks, when a worker takes it, how far it is ahead of what the merge has
+        // taken (an order of events, not a time): `merged` trails the pool's own count by at most
+        // the one item the merge is being handed.
+        let too_far = Mutex::new(Vec::new());
         let out = ordered_parallel_ahead(
             100,
             threads,
             (ahead_bytes, |_: &usize| each),
             |k| {
-                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let behind = merged.load(SeqCst);
+                if k > behind + ahead_max {
+                    too_far.lock().unwrap().push((k, behind));
+                }
+                done.fetch_add(1, SeqCst);
                 k
             },
             |next| {
                 // A merge that starts late: the workers go past the lookahead (4) while what
-                // waits weighs under 30 (10 items of 3), and stop there.
+                // waits weighs under 30 (10 items of 3) before the merge asks for anything.
                 let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                while count(&done) < 10 && std::time::Instant::now() < deadline {
+                while done.load(SeqCst) < 10 && std::time::Instant::now() < deadline {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
-                std::thread::sleep(std::time::Duration::from_millis(30));
-                let ahead = count(&done);
-                assert!((10..=10 + threads).contains(&ahead), "{ahead} items ran ahead");
+                assert!(done.load(SeqCst) >= 10, "the workers stopped at the lookahead");
                 let mut out = Vec::new();
                 while let Some(v) = next() {
                     out.push(v);
+                    merged.fetch_add(1, SeqCst);
                 }
                 Ok(out)
             },
         )
         .unwrap();
         assert_eq!(out, (0..100).collect::<Vec<_>>());
+        assert_eq!(*too_far.lock().unwrap(), [], "(item, items merged) taken past the weight bound");
     }
 
     #[test]

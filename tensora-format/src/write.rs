@@ -443,41 +443,17 @@ impl ShardedLayout {
             groups.push(Vec::new());
         }
         let count = groups.len();
+        let file_names: Vec<String> =
+            (0..count).map(|k| format!("model-{:05}-of-{:05}.safetensors", k + 1, count)).collect();
+        // The index first, checked against the limits its reader applies, so a layout whose
+        // index could not be read back is refused before any shard is laid out or written.
+        let index = index_json(&specs, &groups, &file_names, &metadata, total_size_bytes)?;
         let mut shards = Vec::with_capacity(count);
-        for (k, spec_indices) in groups.into_iter().enumerate() {
-            let file_name = format!("model-{:05}-of-{:05}.safetensors", k + 1, count);
+        for (spec_indices, file_name) in groups.into_iter().zip(file_names) {
             let shard_specs = spec_indices.iter().map(|&i| specs[i].clone()).collect();
             let layout = SafetensorsLayout::new(shard_specs, metadata.clone())?;
             shards.push(Shard { file_name, layout, spec_indices });
         }
-        let mut index = Vec::with_capacity(64 + specs.len() * 64);
-        index.extend_from_slice(
-            format!("{{\n  \"metadata\": {{\n    \"total_size\": {total_size_bytes}").as_bytes(),
-        );
-        for (key, value) in &metadata {
-            if key == "total_size" {
-                continue;
-            }
-            index.extend_from_slice(b",\n    ");
-            json_string(&mut index, key);
-            index.extend_from_slice(b": ");
-            json_string(&mut index, value);
-        }
-        index.extend_from_slice(b"\n  },\n  \"weight_map\": {");
-        let mut entries: Vec<(&str, &str)> = Vec::with_capacity(specs.len());
-        for shard in &shards {
-            for &i in &shard.spec_indices {
-                entries.push((&specs[i].name, &shard.file_name));
-            }
-        }
-        entries.sort_unstable();
-        for (k, (name, file)) in entries.iter().enumerate() {
-            index.extend_from_slice(if k == 0 { b"\n    " } else { b",\n    " });
-            json_string(&mut index, name);
-            index.extend_from_slice(b": ");
-            json_string(&mut index, file);
-        }
-        index.extend_from_slice(b"\n  }\n}\n");
         Ok(ShardedLayout { shards, index_json: index, total_size_bytes })
     }
 
@@ -493,6 +469,68 @@ impl ShardedLayout {
     pub fn total_size_bytes(&self) -> u64 {
         self.total_size_bytes
     }
+}
+
+/// `model.safetensors.index.json` for `specs` cut into `groups` (spec indices per shard, named
+/// `file_names`): `metadata` (with `total_size`) and the weight map sorted by name. Refused, as
+/// [`ErrorKind::IndexTooLarge`] or a write error, where the index's reader
+/// ([`parse_index`](crate::sharded::parse_index)) would refuse it: over
+/// [`INDEX_BYTES_MAX`](crate::sharded::INDEX_BYTES_MAX) bytes, or more metadata keys than
+/// [`INDEX_METADATA_KEYS_MAX`](crate::sharded::INDEX_METADATA_KEYS_MAX).
+fn index_json(
+    specs: &[TensorSpec],
+    groups: &[Vec<usize>],
+    file_names: &[String],
+    metadata: &BTreeMap<String, String>,
+    total_size_bytes: u64,
+) -> Result<Vec<u8>> {
+    use crate::sharded::{INDEX_BYTES_MAX, INDEX_METADATA_KEYS_MAX};
+    let path = Path::new(SHARD_INDEX_FILE_NAME);
+    // `total_size` is one of the keys the reader counts.
+    let keys = metadata.keys().filter(|k| *k != "total_size").count() + 1;
+    if keys > INDEX_METADATA_KEYS_MAX {
+        return Err(Error::new(
+            path,
+            ErrorKind::Write {
+                reason: format!(
+                    "the index's metadata would have {keys} keys, more than the {INDEX_METADATA_KEYS_MAX} its reader accepts"
+                ),
+            },
+        ));
+    }
+    let mut index = Vec::with_capacity(64 + specs.len() * 64);
+    index.extend_from_slice(
+        format!("{{\n  \"metadata\": {{\n    \"total_size\": {total_size_bytes}").as_bytes(),
+    );
+    for (key, value) in metadata {
+        if key == "total_size" {
+            continue;
+        }
+        index.extend_from_slice(b",\n    ");
+        json_string(&mut index, key);
+        index.extend_from_slice(b": ");
+        json_string(&mut index, value);
+    }
+    index.extend_from_slice(b"\n  },\n  \"weight_map\": {");
+    let mut entries: Vec<(&str, &str)> = Vec::with_capacity(specs.len());
+    for (group, file_name) in groups.iter().zip(file_names) {
+        for &i in group {
+            entries.push((&specs[i].name, file_name));
+        }
+    }
+    entries.sort_unstable();
+    for (k, (name, file)) in entries.iter().enumerate() {
+        index.extend_from_slice(if k == 0 { b"\n    " } else { b",\n    " });
+        json_string(&mut index, name);
+        index.extend_from_slice(b": ");
+        json_string(&mut index, file);
+    }
+    index.extend_from_slice(b"\n  }\n}\n");
+    let len_bytes = index.len() as u64;
+    if len_bytes > INDEX_BYTES_MAX {
+        return Err(Error::new(path, ErrorKind::IndexTooLarge { len_bytes, limit_bytes: INDEX_BYTES_MAX }));
+    }
+    Ok(index)
 }
 
 /// Write every shard of `layout` into `dir` (which must exist), then the index, each atomically.

@@ -3,7 +3,7 @@
 //! `torch.distributed` exchange, then its tensors exported like `load_file`'s. The exchange itself
 //! is Python (`python/tensora/distributed.py`): the transport is the caller's process group.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +26,53 @@ use crate::{TensorData, exc, format_err, load_err};
 const SHARE_CLOSED_NOTE: &str =
     "tensora: a signal handler raised this while a collective load waited; its reads were stopped";
 
+/// One fact every rank must hold the same before a byte is exchanged: a file's identity or a
+/// tensor's place in the plan. `key` is what is compared; `what` names the item in an error.
+#[derive(Debug, Clone)]
+struct PlanItem {
+    /// `"file"` or `"tensor"`.
+    kind: &'static str,
+    /// The file's path or URL, or the tensor's name.
+    what: String,
+    /// A file: size, then mtime and inode (local) or version (ETag, else last-modified; remote).
+    /// A tensor: name, dtype, shape, file index and arena offset.
+    key: String,
+}
+
+/// The identity of every file of a local checkpoint: size, mtime and inode at parse time (the
+/// stamp every read is checked against). The device id is left out: the same file on a shared
+/// filesystem has another one on each node.
+fn local_files(ckpt: &tensora_format::Checkpoint) -> Vec<PlanItem> {
+    ckpt.files()
+        .iter()
+        .map(|f| {
+            let s = f.stamp();
+            let modified = s
+                .modified
+                .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or_else(|| "unknown".to_owned(), |d| format!("{}.{:09}", d.as_secs(), d.subsec_nanos()));
+            PlanItem {
+                kind: "file",
+                what: f.path().display().to_string(),
+                key: format!("{} bytes, modified {modified}, inode {}", s.len_bytes, s.inode),
+            }
+        })
+        .collect()
+}
+
+/// The identity of every object of a remote checkpoint: size and version (ETag, else
+/// last-modified), as seen at open.
+fn remote_files(ckpt: &tensora_remote::RemoteCheckpoint) -> Vec<PlanItem> {
+    ckpt.objects()
+        .iter()
+        .map(|o| PlanItem {
+            kind: "file",
+            what: o.url.clone(),
+            key: format!("{} bytes, version {}", o.len_bytes(), o.version()),
+        })
+        .collect()
+}
+
 /// One rank's share, loaded: every region's place in the arena, the arena's owner, and the
 /// tensors to export once the regions are exchanged.
 #[pyclass(module = "tensora._native")]
@@ -35,19 +82,47 @@ pub struct Shared {
     /// `(arena offset, length)` of each rank's region, by rank.
     regions: Vec<(u64, u64)>,
     metas: Mutex<Option<Vec<ExportMeta>>>,
+    /// `{name: arena offset}`, taken before any region was handed to Python as a writable buffer
+    /// (`Loaded::tensors` forms a `&[u8]` of each tensor, which must not be alive while Python
+    /// writes into the arena).
+    offsets: HashMap<String, u64>,
+    /// The checkpoint's files, then this window's tensors in arena order.
+    plan: Vec<PlanItem>,
     report: String,
 }
 
 impl Shared {
-    /// `share`, with `report` (its JSON) as this rank's report.
-    fn new(share: tensora_io::ShareLoad, report: String) -> PyResult<Shared> {
+    /// `share` of a checkpoint whose files are `files`, with `report` (its JSON) as this rank's
+    /// report.
+    fn new(share: tensora_io::ShareLoad, files: &[PlanItem], report: String) -> PyResult<Shared> {
         let regions = share.regions().iter().map(|r| (r.start, r.end - r.start)).collect();
         // The regions are filled through the arena's own pointers (`arena_ptr_mut`) while the
-        // tensors wait: nothing reads them before `tensors`.
+        // tensors wait: nothing reads them before `tensors`. Everything taken from `tensors()`
+        // is taken here, before `region` hands out the first writable buffer.
         let loaded = share.finish();
         let metas = ExportMeta::all(&loaded);
+        let mut offsets = HashMap::with_capacity(metas.len());
+        let mut plan = files.to_vec();
+        for t in loaded.tensors() {
+            let offset = loaded.arena_offset(t.name());
+            plan.push(PlanItem {
+                kind: "tensor",
+                what: t.name().to_owned(),
+                key: format!(
+                    "{} {} {:?} from file {} at arena offset {}",
+                    t.name(),
+                    t.dtype(),
+                    t.shape(),
+                    t.info().file().index(),
+                    offset.map_or_else(|| "none".to_owned(), |o| o.to_string())
+                ),
+            });
+            if let Some(o) = offset {
+                offsets.insert(t.name().to_owned(), o);
+            }
+        }
         let owner = Owner::new(Storage::Loaded(Box::new(loaded)));
-        Ok(Shared { owner, regions, metas: Mutex::new(Some(metas)), report })
+        Ok(Shared { owner, regions, metas: Mutex::new(Some(metas)), offsets, plan, report })
     }
 
     fn loaded(&self) -> PyResult<&tensora_io::Loaded> {
@@ -102,13 +177,18 @@ impl Shared {
     }
 
     /// `{name: arena offset}` of every tensor: where a buffer of the arena's layout (the NCCL
-    /// path's device buffer) holds it.
-    fn offsets(&self) -> PyResult<std::collections::HashMap<String, u64>> {
-        let loaded = self.loaded()?;
-        Ok(loaded
-            .tensors()
-            .filter_map(|t| Some((t.name().to_owned(), loaded.arena_offset(t.name())?)))
-            .collect())
+    /// path's device buffer) holds it. Taken when the share was loaded (no slice of the arena
+    /// is formed once its regions may be written from Python).
+    fn offsets(&self) -> HashMap<String, u64> {
+        self.offsets.clone()
+    }
+
+    /// What the ranks must agree on before the exchange, as `(kind, what, key)`: each file's
+    /// identity (`"file"`, its path or URL, size and mtime and inode, or size and version), then
+    /// each tensor of the window (`"tensor"`, its name, name and dtype and shape and file and
+    /// arena offset). Ranks agree when every `(kind, key)` is equal, in order.
+    fn plan(&self) -> Vec<(&'static str, String, String)> {
+        self.plan.iter().map(|p| (p.kind, p.what.clone(), p.key.clone())).collect()
     }
 
     /// This rank's load report (JSON): `bytes_read` is what it read from storage.
@@ -138,10 +218,10 @@ impl Request {
     }
 }
 
-/// A share of local files, with its load report.
-fn local_share(share: tensora_io::ShareLoad) -> PyResult<Shared> {
+/// A share of a checkpoint whose files are `files`, with its load report.
+fn local_share(share: tensora_io::ShareLoad, files: &[PlanItem]) -> PyResult<Shared> {
     let report = serde_json::to_string(share.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
-    Shared::new(share, report)
+    Shared::new(share, files, report)
 }
 
 fn share_of(rank: usize, world_size: usize) -> PyResult<ShareOf> {
@@ -204,6 +284,12 @@ pub(crate) fn open_share_stream(
     Ok(ShareStream { producer: Producer::new(queue, cancel, thread) })
 }
 
+/// One path of a collective load, opened.
+enum Opened {
+    Local(tensora_format::Checkpoint),
+    Remote(Box<tensora_remote::RemoteCheckpoint>),
+}
+
 /// Every window of every file, this rank's share of each, in the order every rank uses. Several
 /// files share one selection: exact names are checked across the whole list.
 fn produce(
@@ -226,6 +312,16 @@ fn produce(
             req.selection.clone()
         };
         let opts = req.options(selection);
+        let ckpt = match crate::remote::location(path)? {
+            Some(l) => {
+                Opened::Remote(Box::new(open_remote(&l, &req.remote).map_err(crate::remote::remote_err)?))
+            }
+            None => Opened::Local(tensora_format::open(path).map_err(format_err)?),
+        };
+        let files = match &ckpt {
+            Opened::Remote(r) => remote_files(r),
+            Opened::Local(l) => local_files(l),
+        };
         // Each window's share goes to the queue; `Break` when the iterator was closed or cancelled.
         let mut deliver = |share: tensora_io::ShareLoad| -> ControlFlow<()> {
             if cancel.load(Ordering::Acquire) {
@@ -238,21 +334,22 @@ fn produce(
             // previous window, not during this window's exchange.
             share.populate_regions();
             // A window that could not be handed over is the last one: the consumer raises it.
-            let shared = local_share(share);
+            let shared = local_share(share, &files);
             let failed = shared.is_err();
             match queue.hand_off(shared, 1) {
                 Ok(()) if !failed => ControlFlow::Continue(()),
                 _ => ControlFlow::Break(()),
             }
         };
-        if let Some(location) = crate::remote::location(path)? {
-            let ckpt = open_remote(&location, &req.remote).map_err(crate::remote::remote_err)?;
-            ckpt.load_share_runs(&opts, req.share, deliver).map_err(crate::remote::remote_err)?;
-        } else {
-            let ckpt = tensora_format::open(path).map_err(format_err)?;
-            for share in tensora_io::load_share_runs(&ckpt, &opts, req.share).map_err(load_err)? {
-                if deliver(share.map_err(load_err)?).is_break() {
-                    return Ok(());
+        match &ckpt {
+            Opened::Remote(ckpt) => {
+                ckpt.load_share_runs(&opts, req.share, deliver).map_err(crate::remote::remote_err)?;
+            }
+            Opened::Local(ckpt) => {
+                for share in tensora_io::load_share_runs(ckpt, &opts, req.share).map_err(load_err)? {
+                    if deliver(share.map_err(load_err)?).is_break() {
+                        return Ok(());
+                    }
                 }
             }
         }

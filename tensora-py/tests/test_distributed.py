@@ -133,6 +133,7 @@ def test_the_streaming_form_holds_at_most_two_windows_per_rank(tmp_path):
     codes, err, results = launch(2, [d], out, "--mode", "stream", "--budget", str(budget))
     assert codes == [0, 0], err
     want = expected(d)
+    assert sorted(results[0]) == [0, 1], err
     for r, res in results[0].items():
         assert "error" not in res, res["error"]
         assert res["tensors"] == want["tensors"], f"rank {r}"
@@ -159,3 +160,52 @@ def test_without_a_process_group_or_with_a_view_residence_the_call_says_so(shard
         td.load_file(sharded)
     with pytest.raises(ValueError, match="residence='mapped' is not supported"):
         td.load_file(sharded, residence="mapped")
+
+
+def same_shapes(path: Path, seed: int, names=("a", "b")) -> Path:
+    """A checkpoint of float32 tensors of one shape each, values from `seed`."""
+    rng = np.random.default_rng(seed)
+    save_file({n: rng.standard_normal((32, 48)).astype(np.float32) for n in names}, str(path))
+    return path
+
+
+def assert_every_rank_names(results: dict, nproc: int, err: str, *what: str):
+    """Every rank raised the plan's error, naming rank 1 and each of `what`."""
+    assert sorted(results) == list(range(nproc)), err
+    for r, res in results.items():
+        e = res.get("error", "")
+        assert e.startswith("LoadError") and "rank 1 planned another load than rank 0" in e, f"rank {r}: {e or res}"
+        for w in what:
+            assert w in e, f"rank {r}: {e}"
+
+
+def test_ranks_loading_different_checkpoints_of_the_same_shapes_fail_naming_rank_and_file(tmp_path):
+    """Two copies of different fine-tunes with the same names, dtypes and shapes: the byte regions
+    agree, the files do not. Every rank raises before a byte is exchanged (no silent mix)."""
+    mine = same_shapes(tmp_path / "tuned-a.safetensors", 1)
+    other = same_shapes(tmp_path / "tuned-b.safetensors", 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, err, results = launch(2, [mine], out, "--mode", "other", "--other", str(other), "--timeout", "30")
+    assert codes == [0, 0], err
+    assert_every_rank_names(results[0], 2, err, f"file '{mine}'", f"file '{other}'")
+
+
+def test_ranks_selecting_other_tensors_of_equal_sizes_fail_naming_rank_and_tensor(tmp_path):
+    ckpt = same_shapes(tmp_path / "model.safetensors", 3)
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, err, results = launch(2, [ckpt], out, "--mode", "select", "--select", "a", "--select1", "b",
+                                 "--timeout", "30")
+    assert codes == [0, 0], err
+    assert_every_rank_names(results[0], 2, err, "tensor 'a'", "tensor 'b'")
+
+
+def test_ranks_given_the_files_in_another_order_fail_naming_rank_and_file(tmp_path):
+    first = same_shapes(tmp_path / "part-1.safetensors", 4)
+    second = same_shapes(tmp_path / "part-2.safetensors", 5, names=("c", "d"))
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, err, results = launch(2, [first, second], out, "--mode", "files", "--timeout", "30")
+    assert codes == [0, 0], err
+    assert_every_rank_names(results[0], 2, err, f"file '{first}'", f"file '{second}'")

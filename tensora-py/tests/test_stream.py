@@ -31,18 +31,30 @@ def test_real_fixtures_stream_like_load_file(path):
 
 @pytest.mark.parametrize("residence", ["owned", "mapped"])
 def test_queue_stays_under_the_budget(big_file, residence):
-    budget = 4 << 20  # two tensors of 2 MiB
+    """While the consumer holds a tensor, the producer queues the next one (waited for, with a
+    bound, not slept on: a producer that never runs ahead fails), and the queue never holds more
+    than the budget. Runs are a third of the budget, so each 2 MiB tensor is a run of its own."""
+    import time
+
+    budget = 4 << 20
+    tensor_bytes = 2 << 20
+    count = 24
     stream = _native.open_stream(str(big_file), None, budget, "auto", residence)
     seen = 0
     peak = 0
     for _name, _data in stream:
         seen += 1
-        import time
-
-        time.sleep(0.002)  # a slow consumer: the producer fills the queue
-        peak = max(peak, stream.queued()[1])
-    assert seen == 24
-    assert peak <= budget
+        deadline = time.monotonic() + 60
+        while True:
+            items, queued = stream.queued()
+            peak = max(peak, queued)
+            assert queued <= budget, f"{queued} bytes queued, over the budget"
+            if items >= 1 or seen == count:
+                break
+            assert time.monotonic() < deadline, f"tensor {seen} taken and the next one never queued"
+            time.sleep(0.001)
+    assert seen == count
+    assert peak >= tensor_bytes
 
 
 def test_breaking_early_stops_and_frees(big_file):

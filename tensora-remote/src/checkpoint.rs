@@ -168,6 +168,8 @@ pub(crate) fn open(
     connect_seconds: f64,
 ) -> Result<RemoteCheckpoint, RemoteError> {
     let t = Instant::now();
+    // Every URL of the open names the store's account (Azure), and so does every cache key.
+    let location = &location.in_account(&client.opts.store);
     // This open's own counters: a concurrent open or load on the same client counts its own.
     let counters = Counters::default();
     let url = root_url(location);
@@ -178,7 +180,8 @@ pub(crate) fn open(
     let (opened, session) = off_runtime(|| {
         client.runtime().block_on(async {
             let work = async {
-                let session = open_session(cache.as_ref(), &url, &client.fetcher(&counters)).await?;
+                let session =
+                    open_session(cache.as_ref(), location, &url, &client.fetcher(&counters)).await?;
                 let fetcher = client.fetcher(&counters).with_cache(session.as_ref());
                 let opened = open_async(location, &fetcher).await?;
                 Ok::<_, RemoteError>((opened, session))
@@ -219,11 +222,13 @@ pub(crate) fn open(
     })
 }
 
-/// The open's cache session: in record mode when the location was opened with this cache before
-/// and each recorded object is unchanged (one HEAD each, [`HEADER_FETCHES_INFLIGHT_MAX`] at a
-/// time; trusted without a request offline).
+/// The open's cache session: in record mode when the location was opened with this cache before,
+/// each recorded object is unchanged (one HEAD each, [`HEADER_FETCHES_INFLIGHT_MAX`] at a time)
+/// and, for a prefix of a store that lists, a listing (one request) names no checkpoint object
+/// the record lacks; trusted without a request offline.
 async fn open_session(
     cache: Option<&Cache>,
+    location: &Location,
     url: &str,
     network: &Fetcher<'_>,
 ) -> Result<Option<CacheSession>, RemoteError> {
@@ -243,7 +248,8 @@ async fn open_session(
                 .buffer_unordered(HEADER_FETCHES_INFLIGHT_MAX)
                 .try_collect::<Vec<bool>>()
                 .await?;
-            heads.iter().all(|&same| same).then_some(record)
+            let unchanged = heads.iter().all(|&same| same);
+            (unchanged && !listed_beyond(location, &record, network).await?).then_some(record)
         }
         None if offline => {
             return Err(RemoteError::NotCached {
@@ -254,6 +260,39 @@ async fn open_session(
         None => None,
     };
     Ok(Some(CacheSession::new(cache.clone(), record, WriteLocks::WhenFree)))
+}
+
+/// Whether a listing of `location`'s prefix (one request; none for a single object or a store
+/// that cannot list) shows an object the layout rules would open first ([`layout_objects`]) that
+/// `record` lacks: one added since the record was made (a new shard, an index), so the record no
+/// longer says what the prefix resolves to. Objects the record has and the listing lacks are left
+/// to their HEADs.
+async fn listed_beyond(
+    location: &Location,
+    record: &LocationRecord,
+    network: &Fetcher<'_>,
+) -> Result<bool, RemoteError> {
+    let Some(prefix) = location.object_path().filter(|_| location.is_dir() && location.can_list()) else {
+        return Ok(false);
+    };
+    let names = direct_children(network.list(prefix), prefix, LIST_ENTRIES_MAX)
+        .await
+        .map_err(|reason| RemoteError::NoCheckpoint { url: location.url_of(prefix), reason })?;
+    let recorded: BTreeSet<&str> = record.objects.iter().map(|d| d.path.as_str()).collect();
+    Ok(layout_objects(&names).iter().any(|p| !recorded.contains(p.as_ref())))
+}
+
+/// The objects of a listing that [`open_listed`]'s rules open first: the ServerlessLLM index;
+/// else the HF index (several: all of them, which the open refuses); else every shard.
+fn layout_objects(names: &BTreeMap<ObjectPath, ObjectMeta>) -> Vec<&ObjectPath> {
+    if let Some(sllm) = names.keys().find(|p| file_name(p) == SLLM_INDEX_NAME) {
+        return vec![sllm];
+    }
+    let indexes: Vec<&ObjectPath> = names.keys().filter(|p| file_name(p).ends_with(INDEX_SUFFIX)).collect();
+    if !indexes.is_empty() {
+        return indexes;
+    }
+    names.keys().filter(|p| file_name(p).ends_with(".safetensors")).collect()
 }
 
 /// What a local file's stamp is to the load layer: the object's size and last-modified.

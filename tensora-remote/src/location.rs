@@ -55,10 +55,15 @@ pub enum Location {
         /// Whether `path` is a directory (prefix) rather than one key.
         dir: bool,
     },
-    /// An Azure Blob Storage container (`az://container/path`) and a blob or prefix.
+    /// An Azure Blob Storage container (`az://container/path`, or `az://container@account/path`
+    /// naming the storage account) and a blob or prefix.
     Azure {
         /// The container.
         container: String,
+        /// The storage account: from the URL, else (once the store is known, see
+        /// [`Location::in_account`]) the options' credentials or the `AZURE_*` environment. Part
+        /// of every printable URL, so that the cache keys made of them tell accounts apart.
+        account: Option<String>,
         /// The blob or prefix in the container.
         path: ObjectPath,
         /// Whether `path` is a directory (prefix) rather than one blob.
@@ -83,7 +88,8 @@ fn looks_like_dir(path: &str) -> bool {
 }
 
 impl Location {
-    /// Parse `s3://bucket/prefix/`, `az://container/prefix/`, `gs://bucket/prefix/`,
+    /// Parse `s3://bucket/prefix/`, `az://container/prefix/` (or `az://container@account/prefix/`),
+    /// `gs://bucket/prefix/`,
     /// `http(s)://host/path/`, `file:///path` or a plain path. A location is a directory when it
     /// ends with `/` or does not end in `.safetensors` or `.json`.
     pub fn parse(input: &str) -> Result<Location, RemoteError> {
@@ -125,9 +131,20 @@ impl Location {
                 let bucket =
                     url.host_str().filter(|b| !b.is_empty()).ok_or_else(|| bad("no bucket"))?.to_owned();
                 let path = ObjectPath::from_url_path(url.path()).map_err(|e| bad(&e.to_string()))?;
+                let azure = matches!(scheme.to_ascii_lowercase().as_str(), "az" | "azure");
+                if azure && url.password().is_some() {
+                    return Err(bad("an az:// URL names a container and an account, not a password"));
+                }
                 Ok(match scheme.to_ascii_lowercase().as_str() {
                     "gs" => Location::Gcs { bucket, path, dir },
-                    "az" | "azure" => Location::Azure { container: bucket, path, dir },
+                    // `az://container@account/path`: the URL's user is the container.
+                    "az" | "azure" if !url.username().is_empty() => Location::Azure {
+                        container: url.username().to_owned(),
+                        account: Some(bucket),
+                        path,
+                        dir,
+                    },
+                    "az" | "azure" => Location::Azure { container: bucket, account: None, path, dir },
                     _ => Location::S3 { bucket, path, dir },
                 })
             }
@@ -174,8 +191,26 @@ impl Location {
                 redact_url(&url)
             }
             Location::S3 { bucket, .. } => format!("s3://{bucket}/{path}"),
-            Location::Azure { container, .. } => format!("az://{container}/{path}"),
+            Location::Azure { container, account: None, .. } => format!("az://{container}/{path}"),
+            Location::Azure { container, account: Some(account), .. } => {
+                format!("az://{container}@{account}/{path}")
+            }
             Location::Gcs { bucket, .. } => format!("gs://{bucket}/{path}"),
+        }
+    }
+
+    /// This location with its storage account (Azure): the one the URL names, else the one the
+    /// store is reached in (`config`'s credentials, else `AZURE_STORAGE_ACCOUNT_NAME` and the
+    /// other variables object_store reads). Other locations are returned as they are.
+    pub(crate) fn in_account(&self, config: &StoreConfig) -> Location {
+        match self {
+            Location::Azure { container, account: None, path, dir } => Location::Azure {
+                container: container.clone(),
+                account: azure_account(config),
+                path: path.clone(),
+                dir: *dir,
+            },
+            other => other.clone(),
         }
     }
 
@@ -272,7 +307,9 @@ pub(crate) fn build_store(
         Location::Local(path) => Err(RemoteError::NotRemote { path: path.clone() }),
         Location::Http { origin, .. } => http_store(origin, config, client).map_err(failed),
         Location::S3 { bucket, .. } => s3_store(bucket, config, client)?.map_err(failed),
-        Location::Azure { container, .. } => azure_store(container, config, client).map_err(failed),
+        Location::Azure { container, account, .. } => {
+            azure_store(container, account.as_deref(), config, client).map_err(failed)
+        }
         Location::Gcs { bucket, .. } => gcs_store(bucket, config, client).map_err(failed),
     }
 }
@@ -359,6 +396,7 @@ fn s3_store(
 /// `http://127.0.0.1:10000/devstoreaccount1`).
 fn azure_store(
     container: &str,
+    account: Option<&str>,
     config: &StoreConfig,
     client: object_store::ClientOptions,
 ) -> object_store::Result<Arc<dyn ObjectStore>> {
@@ -379,7 +417,21 @@ fn azure_store(
     if let Some((account, key)) = &config.credentials {
         builder = builder.with_account(account).with_access_key(key);
     }
+    // The account the URL names is the one reached (and the one its cache keys name).
+    if let Some(account) = account {
+        builder = builder.with_account(account);
+    }
     Ok(Arc::new(builder.build()?))
+}
+
+/// The storage account an Azure store is reached in without one in the URL: `config`'s
+/// credentials (account, key), else what object_store reads from the `AZURE_*` environment.
+fn azure_account(config: &StoreConfig) -> Option<String> {
+    if let Some((account, _)) = &config.credentials {
+        return Some(account.clone());
+    }
+    object_store::azure::MicrosoftAzureBuilder::from_env()
+        .get_config_value(&object_store::azure::AzureConfigKey::AccountName)
 }
 
 /// A Google Cloud Storage store: `GOOGLE_*` variables (service account, application default
@@ -529,6 +581,23 @@ mod tests {
         for bad in ["gs:///x", "az://c/x?sig=1", "ftp://h/x", "s3:///x", "http://"] {
             assert!(matches!(Location::parse(bad), Err(RemoteError::Location { .. })), "{bad}");
         }
+    }
+
+    #[test]
+    fn an_azure_location_names_its_account_from_the_url_or_the_credentials() {
+        let named = Location::parse("az://c@acct/m/").unwrap();
+        assert_eq!(named.to_string(), "az://c@acct/m");
+        assert_eq!(Location::parse(&named.to_string()).unwrap(), named);
+        let creds =
+            StoreConfig { credentials: Some(("other".into(), "key".into())), ..StoreConfig::default() };
+        // The URL's account wins; without one, the credentials' is taken.
+        assert_eq!(named.in_account(&creds), named);
+        let bare = Location::parse("az://c/m/").unwrap();
+        assert_eq!(bare.to_string(), "az://c/m");
+        assert_eq!(bare.in_account(&creds).to_string(), "az://c@other/m");
+        let s3 = Location::parse("s3://b/m/").unwrap();
+        assert_eq!(s3.in_account(&creds), s3);
+        assert!(matches!(Location::parse("az://c:secret@acct/m/"), Err(RemoteError::Location { .. })));
     }
 
     #[test]

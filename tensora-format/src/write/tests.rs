@@ -295,3 +295,41 @@ fn sharded_output_never_mixes_and_leaves_nothing_on_failure() {
     assert_eq!(std::fs::read(dir.path().join(crate::write::SHARD_INDEX_FILE_NAME)).unwrap(), before);
     assert_eq!(crate::open(dir.path()).unwrap().tensors().len(), 6);
 }
+
+/// A sharded layout whose only metadata value is `len` bytes of `x`, over one one-byte tensor.
+fn layout_with_metadata_value(len: usize) -> Result<ShardedLayout> {
+    let metadata = BTreeMap::from([("big".to_owned(), "x".repeat(len))]);
+    ShardedLayout::new(vec![spec("w", Dtype::U8, &[1])], metadata, 8)
+}
+
+#[test]
+fn the_writer_refuses_an_index_its_reader_would_refuse_and_accepts_the_largest_it_reads() {
+    use crate::sharded::{INDEX_BYTES_MAX, parse_index};
+    // The index grows byte for byte with the metadata value (plain ASCII needs no escape).
+    let base = layout_with_metadata_value(0).unwrap().index_json().len() as u64;
+    let largest = (INDEX_BYTES_MAX - base) as usize;
+    let at_limit = layout_with_metadata_value(largest).unwrap();
+    assert_eq!(at_limit.index_json().len() as u64, INDEX_BYTES_MAX);
+    let read_back = parse_index(at_limit.index_json().to_vec()).expect("the reader takes the largest index");
+    assert_eq!(read_back.metadata()["big"].len(), largest);
+    drop((at_limit, read_back));
+    let e = layout_with_metadata_value(largest + 1).unwrap_err();
+    assert!(
+        matches!(e.kind(), ErrorKind::IndexTooLarge { len_bytes, limit_bytes }
+            if *len_bytes == INDEX_BYTES_MAX + 1 && *limit_bytes == INDEX_BYTES_MAX),
+        "{e}"
+    );
+    assert!(e.to_string().contains(SHARD_INDEX_FILE_NAME), "{e}");
+}
+
+#[test]
+fn the_writer_refuses_more_index_metadata_keys_than_its_reader_takes() {
+    use crate::sharded::{INDEX_METADATA_KEYS_MAX, parse_index};
+    let keys = |n: usize| (0..n).map(|k| (format!("k{k}"), "v".to_owned())).collect::<BTreeMap<_, _>>();
+    let specs = || vec![spec("w", Dtype::U8, &[1])];
+    // `total_size` is one of the keys the reader counts.
+    let most = ShardedLayout::new(specs(), keys(INDEX_METADATA_KEYS_MAX - 1), 8).unwrap();
+    parse_index(most.index_json().to_vec()).expect("the reader takes as many keys as the writer writes");
+    let e = ShardedLayout::new(specs(), keys(INDEX_METADATA_KEYS_MAX), 8).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Write { reason } if reason.contains("keys")), "{e}");
+}

@@ -12,7 +12,10 @@ the same tensors as a single-process :func:`tensora.load_file`.
         model.load_weight(name, t)                        # one window at a time
 
 The shares are a pure function of the checkpoint, the selection and the options, so every rank must
-call with the same arguments (checked: a rank that plans differently fails every rank). A failure on
+call with the same arguments and see the same files (checked before any byte is exchanged: the ranks
+agree on a digest of each window's plan, every tensor's name, dtype, shape and arena offset and every
+file's size, mtime and inode, or an object's size and ETag; a rank that differs fails every rank,
+naming it and the first file or tensor that differs). A failure on
 any rank (a missing file, a read error, a rank that dies) raises :class:`tensora.LoadError` on every
 rank, naming the failing rank; no rank is left waiting past the process group's timeout.
 
@@ -24,6 +27,7 @@ tested only where a GPU exists.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -69,9 +73,9 @@ def _status_group(group, global_ranks, backend):
     return _STATUS_GROUPS[key]
 
 
-def _swap(group, peer, payload):
-    """Sends `payload` (bytes) to global rank `peer` and receives the peer's: length, then bytes.
-    Raises what the transport raises when the peer is gone."""
+def _swap(group, peer, payload, bytes_max):
+    """Sends `payload` (bytes) to global rank `peer` and receives the peer's (at most `bytes_max`):
+    length, then bytes. Raises what the transport raises when the peer is gone."""
     import torch
     import torch.distributed as dist
 
@@ -81,8 +85,8 @@ def _swap(group, peer, payload):
     for w in works:
         w.wait()
     n = int(theirs.item())
-    if not 0 <= n <= _STATUS_BYTES_MAX:
-        raise LoadError(f"collective load: rank sent a status of {n} bytes (at most {_STATUS_BYTES_MAX})")
+    if not 0 <= n <= bytes_max:
+        raise LoadError(f"collective load: rank sent a status of {n} bytes (at most {bytes_max})")
     out = torch.zeros(n, dtype=torch.uint8)
     works = [dist.isend(torch.frombuffer(bytearray(payload), dtype=torch.uint8), peer, group=group)] if payload else []
     if n:
@@ -92,25 +96,28 @@ def _swap(group, peer, payload):
     return bytes(out.numpy())
 
 
-# The largest status a rank accepts from another (an error message and the share regions).
+# The largest status a rank accepts from another (an error message, the share regions and the
+# plan's digest).
 _STATUS_BYTES_MAX = 1 << 20
+# The largest plan a rank sends or accepts when the plans' digests differ (the error path only):
+# its files and tensors as `[kind, what, key]`, cut to this size by the sender.
+_PLAN_BYTES_MAX = 64 << 20
 
 
-def _agree(group, rank, world, global_ranks, backend, status):
-    """Every rank swaps statuses with every other one, pair by pair, so a rank that failed is named
-    by its own report and a rank that left is named by the pair that broke. Returns the statuses by
-    rank, or raises the same kind of error on every surviving rank. Each wait is bounded by the
-    process group's timeout."""
-    sgroup = _status_group(group, global_ranks, backend)
-    payload = json.dumps(status).encode()
-    statuses: List[Any] = [None] * world
-    statuses[rank] = status
+def _gather(g, payload, bytes_max):
+    """Every rank swaps `payload` (JSON) with every other one, pair by pair, so a rank that left is
+    named by the pair that broke; returns the payloads by rank (this rank's own at its place), or
+    raises on every surviving rank. Each wait is bounded by the process group's timeout."""
+    sgroup = _status_group(g.group, g.global_ranks, g.backend)
+    data = json.dumps(payload).encode()
+    out: List[Any] = [None] * g.world
+    out[g.rank] = payload
     gone = []
-    for r in range(world):
-        if r == rank:
+    for r in range(g.world):
+        if r == g.rank:
             continue
         try:
-            statuses[r] = json.loads(_swap(sgroup, global_ranks[r], payload))
+            out[r] = json.loads(_swap(sgroup, g.global_ranks[r], data, bytes_max))
         except LoadError:
             raise
         except Exception as e:  # a dead or unreachable rank: gloo raises RuntimeError on its pair
@@ -118,12 +125,63 @@ def _agree(group, rank, world, global_ranks, backend, status):
     if gone:
         r, e = gone[0]
         raise LoadError(f"collective load failed: rank {r} left the group or did not answer ({type(e).__name__}: {e})")
+    return out
+
+
+def _plan_digest(plan) -> Optional[str]:
+    """The digest of a window's plan (`Shared.plan()`): each file's identity and each tensor's
+    name, dtype, shape, file and arena offset, in order (what an item is called is left out)."""
+    if plan is None:
+        return None
+    # Length-prefixed, so no two plans spell the same text; one join (20,000 tensors: ~20 ms).
+    text = "".join(f"{kind}{len(key)}:{key}" for kind, _, key in plan)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plan_payload(plan) -> Dict[str, Any]:
+    """`plan` as sent when the digests differ: its items, up to `_PLAN_BYTES_MAX` bytes of them."""
+    items: List[List[str]] = []
+    size = 64  # the payload's own keys
+    for item in plan or []:
+        size += len(json.dumps(list(item))) + 2
+        if size > _PLAN_BYTES_MAX:
+            break
+        items.append(list(item))
+    return {"items": items, "complete": len(items) == len(plan or [])}
+
+
+def _plan_difference(first, other, r: int) -> str:
+    """What differs between rank 0's plan payload and rank `r`'s: the first file or tensor."""
+    head = (f"collective load: rank {r} planned another load than rank 0 (every rank must call with "
+            "the same arguments and see the same files)")
+    a, b = first["items"], other["items"]
+    for x, y in zip(a, b):
+        if (x[0], x[2]) != (y[0], y[2]):
+            return f"{head}: rank 0 has {x[0]} {x[1]!r} ({x[2]}), rank {r} has {y[0]} {y[1]!r} ({y[2]})"
+    if len(a) != len(b) and first["complete"] and other["complete"]:
+        extra, who = (a[len(b)], 0) if len(a) > len(b) else (b[len(a)], r)
+        return f"{head}: only rank {who} has {extra[0]} {extra[1]!r} ({extra[2]})"
+    return f"{head}: the first {min(len(a), len(b))} files and tensors agree, a later one differs"
+
+
+def _agree(g, status, plan=None):
+    """Every rank swaps statuses with every other one (`_gather`), so a rank that failed is named
+    by its own report. Then the ranks compare the digests of their plans (`plan`: this window's
+    `Shared.plan()`, or None); where one differs from rank 0's, every rank swaps its whole plan and
+    raises naming the first such rank and the first file or tensor that differs. Returns the
+    statuses by rank, or raises the same kind of error on every surviving rank."""
+    statuses = _gather(g, {**status, "plan": _plan_digest(plan)}, _STATUS_BYTES_MAX)
     failed = [(r, s["error"]) for r, s in enumerate(statuses) if s["error"] is not None]
     if failed:
         r, msg = failed[0]
         raise LoadError(f"collective load failed on rank {r}: {msg}")
-    plans = {json.dumps(s["regions"]) for s in statuses}
-    if len(plans) != 1:
+    # Every rank holds the same digests, so every rank takes the same branch.
+    differs = next((r for r, s in enumerate(statuses) if s["plan"] != statuses[0]["plan"]), None)
+    if differs is not None:
+        plans = _gather(g, _plan_payload(plan), _PLAN_BYTES_MAX)
+        raise LoadError(_plan_difference(plans[0], plans[differs], differs))
+    regions = {json.dumps(s["regions"]) for s in statuses}
+    if len(regions) != 1:
         raise LoadError("collective load: the ranks planned different shares (call with the same arguments on every rank)")
     return statuses
 
@@ -190,15 +248,17 @@ class _Group:
     def __init__(self, group):
         self.group, self.rank, self.world, self.global_ranks, self.backend = _group_facts(group)
 
-    def agree(self, status):
-        return _agree(self.group, self.rank, self.world, self.global_ranks, self.backend, status)
+    def agree(self, status, plan=None):
+        return _agree(self, status, plan)
 
 
 def _window(g: _Group, outcome, fw):
     """One window: every rank says how its read went (raising on every rank if one failed), the
     shares are exchanged, and the window's tensors come back with this rank's figures."""
     shared, error = outcome
-    g.agree({"error": error, "regions": shared.regions() if shared is not None else None})
+    # Before any byte is exchanged: the same regions, and the same files and tensors in them.
+    g.agree({"error": error, "regions": shared.regions() if shared is not None else None},
+            shared.plan() if shared is not None else None)
     t = time.perf_counter()
     received, device_buffer = _exchange(shared, g.group, g.rank, g.world, g.global_ranks, g.backend)
     exchange_s = time.perf_counter() - t

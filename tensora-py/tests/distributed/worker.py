@@ -5,7 +5,9 @@ kill the surviving ranks when one dies and so hide what they do.
 For each `--path` in turn, writes `<out>/<index>-rank<N>.json`: each tensor's sha256 and shape, and
 the rank's report, or the error it raised. `--mode` picks what the rank does: `load` (tensora.distributed.load_file), `stream`
 (weights_iterator), `missing` (rank 1 asks for a path that does not exist), `die` (rank 1 exits at
-once, before loading).
+once, before loading), `other` (rank 1 loads `--other` instead of the path), `select` (every rank
+loads `--select`, rank 1 `--select1`), `files` (one `weights_iterator` over every `--path` as a
+file list, written as the first path's result; rank 1 gets the list reversed).
 """
 
 import argparse
@@ -35,6 +37,11 @@ def run(a, rank: int, path: str) -> dict:
         if a.mode == "die" and rank == 1:
             os._exit(3)
         path = path + ".missing" if a.mode == "missing" and rank == 1 else path
+        path = a.other if a.mode == "other" and rank == 1 else path
+        if a.mode == "files":
+            files = list(reversed(path)) if rank == 1 else path
+            out["tensors"] = {name: [digest(t), list(t.shape)] for name, t in td.weights_iterator(files, budget=a.budget)}
+            return out
         if a.mode == "stream":
             # Keeps no tensor past the next step, like a caller copying each into its model: the
             # last one stays bound to `t` while the iterator fetches the next window.
@@ -47,7 +54,8 @@ def run(a, rank: int, path: str) -> dict:
             out["tensors"] = got
             return out
         else:
-            got, report = td.load_file_with_report(path)
+            select = (a.select1 if rank == 1 else a.select) if a.mode == "select" else None
+            got, report = td.load_file_with_report(path, select=select)
             out["report"] = report
         out["tensors"] = {k: [digest(v), list(v.shape)] for k, v in got.items()}
     except tensora.TensoraError as e:
@@ -62,10 +70,13 @@ def main() -> None:
     ap.add_argument("--mode", default="load")
     ap.add_argument("--budget", type=int, default=64 << 10)
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--other")
+    ap.add_argument("--select", action="append")
+    ap.add_argument("--select1", action="append")
     a = ap.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=a.timeout))
     rank = dist.get_rank()
-    for index, path in enumerate(a.path):
+    for index, path in enumerate([a.path] if a.mode == "files" else a.path):
         out = run(a, rank, path)
         with open(os.path.join(a.out, f"{index}-rank{rank}.json"), "w") as f:
             json.dump(out, f)
