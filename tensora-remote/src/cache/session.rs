@@ -411,3 +411,55 @@ impl CacheSession {
         (report, sync)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::entry::Promoted;
+    use crate::cache::{CacheOptions, LOCK_POLL_INTERVAL};
+
+    fn object(size: u64) -> RemoteObject {
+        let meta = ObjectMeta {
+            location: ObjectPath::from("x"),
+            last_modified: SystemTime::UNIX_EPOCH.into(),
+            size,
+            e_tag: Some("e".into()),
+            version: None,
+        };
+        RemoteObject { url: "http://h/x".into(), meta }
+    }
+
+    /// Finding 5 (issue 39): a load that saw a complete copy and waits for a shared lock, while
+    /// another process evicts that copy, writes the partial copy it then needs under an exclusive
+    /// lock (it wrote it under the shared one, beside another writer).
+    #[test]
+    fn finding_5_the_lock_mode_is_decided_again_once_the_lock_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(&CacheOptions {
+            dir: dir.path().to_path_buf(),
+            size_max_bytes: None,
+            offline: false,
+            writes: super::super::CacheWrites::default(),
+        })
+        .unwrap();
+        let o = object(100);
+        let key = object_key(&describe(&o));
+        let entry = Entry::create(&cache.partial_dir(&key), &describe(&o)).unwrap();
+        entry.write(0, &[9u8; 100], super::super::crc::crc32c(&[9u8; 100])).unwrap();
+        assert_eq!(entry.promote(&cache.complete_dir(&key)).unwrap(), Promoted::Done);
+        // An evictor holds the object's lock; the load sees the complete copy and waits, shared.
+        let mut evictor = cache.lock_file(&key).unwrap();
+        assert!(evictor.try_take(Mode::Exclusive).unwrap());
+        let session = CacheSession::new(cache.clone(), None, WriteLocks::HeldOnly);
+        std::thread::scope(|s| {
+            let holding = s.spawn(|| session.hold(std::slice::from_ref(&o)));
+            std::thread::sleep(15 * LOCK_POLL_INTERVAL);
+            std::fs::remove_dir_all(cache.complete_dir(&key)).unwrap();
+            drop(evictor);
+            assert!(!holding.join().unwrap(), "the copy is no longer complete");
+        });
+        assert!(session.writer_entry(&o).is_some(), "the load writes the partial copy");
+        let mut other = cache.lock_file(&key).unwrap();
+        assert!(!other.try_take(Mode::Shared).unwrap(), "under an exclusive lock");
+    }
+}

@@ -5,6 +5,7 @@ use std::os::unix::fs::FileExt as _;
 
 use proptest::prelude::*;
 
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use super::*;
@@ -239,4 +240,49 @@ proptest! {
         prop_assert!(back == object);
         prop_assert!(entry.verify().unwrap().is_empty());
     }
+}
+
+/// Fill the file system holding `dir` until a write fails with `ENOSPC`: the filler's path.
+fn fill_up(dir: &Path) -> PathBuf {
+    let filler = dir.join("filler");
+    let mut file = File::create(&filler).unwrap();
+    let page = [0u8; 4096];
+    // A tmpfs of a few pages fills within this many.
+    for _ in 0..4096 {
+        if let Err(e) = file.write_all(&page) {
+            assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+            return filler;
+        }
+    }
+    panic!("the file system did not fill up");
+}
+
+/// The fault matrix (issue 39): the disk fills up in the middle of a range log record (4096
+/// bytes of log are 170 records and 16 bytes of the 171st): the append fails, is cut back off, and
+/// the next one (once there is room) is read back in step with every record before it.
+#[test]
+fn enospc_in_the_middle_of_a_log_record_is_cut_back_off() {
+    let Some(fs) = tensora_testkit::require::small_tmpfs_or_skip(64 << 10, "enospc_in_the_log") else {
+        return;
+    };
+    let dir = fs.path().join("entry");
+    let entry = Entry::create(&dir, &small(1000)).unwrap();
+    for k in 0..170u64 {
+        entry.write(k, &[k as u8], crc(&[k as u8])).unwrap();
+    }
+    assert_eq!(std::fs::metadata(dir.join("ranges")).unwrap().len(), 4080);
+    let filler = fill_up(fs.path());
+    let err = entry.write(500, &[1], crc(&[1])).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    assert_eq!(std::fs::metadata(dir.join("ranges")).unwrap().len(), 4080, "cut back to whole records");
+    std::fs::remove_file(filler).unwrap();
+    entry.write(600, &[2], crc(&[2])).unwrap();
+    drop(entry);
+    let entry = Entry::open(&dir).unwrap();
+    assert_eq!(entry.found.damaged_records.load(Ordering::Relaxed), 0);
+    assert_eq!(entry.covered_bytes(), 171);
+    let mut b = [0u8];
+    assert_eq!(entry.read(600, &mut b).unwrap(), Served::Hit);
+    assert_eq!(b, [2]);
+    assert_eq!(entry.read(500, &mut b).unwrap(), Served::Miss);
 }
