@@ -46,6 +46,8 @@ mod test_store;
 mod tune;
 
 pub use backend::RemoteBackend;
+#[doc(hidden)]
+pub use cache::fuzzing;
 pub use cache::{
     Cache, CacheOptions, CacheReport, CacheSync, CacheWrites, CachedObject, LANE_THREADS, LOCK_WAIT_MAX,
     LOCKS_HELD_MAX, PIECE_BYTES, RECORDS_MAX, RangeRecord, VerifiedObject, WRITE_BEHIND_BYTES,

@@ -378,3 +378,16 @@ pub(crate) fn touch(dir: &Path) {
         let _ = f.set_modified(SystemTime::now());
     }
 }
+
+/// The readers of what a cache directory holds, for the fuzz targets in `fuzz/` (not an API:
+/// hidden from the docs, and free to change).
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::entry::Description;
+    pub use super::ranges::{LogDamage, RECORD_BYTES, Ranges, TooManyRecords};
+
+    /// The bytes of a range log holding `records`.
+    pub fn encode(records: &[super::RangeRecord]) -> Vec<u8> {
+        records.iter().flat_map(super::RangeRecord::encode).collect()
+    }
+}
