@@ -310,12 +310,7 @@ impl Entry {
                 return Ok(entry);
             }
         }
-        // `remove_dir_all` removes a symlink itself, never what it points to.
-        match std::fs::remove_dir_all(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(_) => std::fs::remove_file(dir)?,
-        }
+        files::remove_dir(dir)?;
         files::private_dir(dir, files::Symlink::Refused)?;
         let data = files::open(&dir.join("data"), Open::Create)?;
         if let Err(e) = allocate(&data, description.size_bytes) {
@@ -566,11 +561,7 @@ impl Entry {
         log.broken = true;
         drop(log);
         super::check::mark(&self.dir, &self.data)?;
-        match std::fs::remove_dir_all(to) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
+        files::remove_dir(to)?;
         std::fs::rename(&self.dir, to)?;
         if let Some(parent) = to.parent() {
             File::open(parent)?.sync_all()?;
@@ -602,11 +593,7 @@ impl Entry {
     /// there): its marker removed and its log holding only the records that were not dropped,
     /// so the next writer fetches the rest again. Only under the object's exclusive lock.
     pub fn demote(&self, to: &Path) -> std::io::Result<()> {
-        match std::fs::remove_dir_all(to) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
+        files::remove_dir(to)?;
         std::fs::rename(&self.dir, to)?;
         super::check::unmark(to)?;
         self.log.lock().unwrap_or_else(|p| p.into_inner()).rewrite(&to.join("ranges"))
@@ -625,6 +612,18 @@ impl Entry {
             }
         }
         Ok(bad)
+    }
+
+    /// Whether `path` names this entry's data file itself (not a symlink, not a file put in its
+    /// place since it was opened and checked): what a load of the copy as a local file opens.
+    pub fn data_is(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        match (std::fs::symlink_metadata(path), self.data.metadata()) {
+            (Ok(named), Ok(held)) => {
+                named.is_file() && (named.dev(), named.ino()) == (held.dev(), held.ino())
+            }
+            _ => false,
+        }
     }
 
     /// Bytes of the object the ranges cover.

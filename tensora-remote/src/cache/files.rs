@@ -181,6 +181,17 @@ pub fn private_dir(dir: &Path, symlink: Symlink) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Remove the directory `dir` and all it holds, if it is there (a symlink or file planted in
+/// its place is removed itself, never what a symlink points to).
+pub fn remove_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(dir),
+        Ok(_) => std::fs::remove_file(dir),
+    }
+}
+
 /// Whether `dir` is a real directory (not a symlink to one): what an entry's folder must be.
 pub fn is_real_dir(dir: &Path) -> bool {
     std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())

@@ -326,7 +326,7 @@ impl Cache {
             return Ok(false);
         }
         let dir = if complete { self.complete_dir(key) } else { self.partial_dir(key) };
-        std::fs::remove_dir_all(dir)?;
+        files::remove_dir(&dir)?;
         Ok(true)
     }
 

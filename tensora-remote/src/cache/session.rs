@@ -306,7 +306,7 @@ impl CacheSession {
                             _ => false,
                         };
                         if !demoted {
-                            std::fs::remove_dir_all(&complete_dir)?;
+                            super::files::remove_dir(&complete_dir)?;
                         }
                         (Entry::create(&partial, &describe(object))?, false)
                     }
@@ -355,7 +355,8 @@ impl CacheSession {
             .iter()
             .map(|o| {
                 let h = held.get(&object_key(&describe(o)))?;
-                h.complete.then(|| h.entry.dir.join("data"))
+                let data = h.entry.dir.join("data");
+                (h.complete && h.entry.data_is(&data)).then_some(data)
             })
             .collect()
     }
