@@ -56,7 +56,22 @@ fn open(dir: &std::path::Path) -> anyhow::Result<Cache> {
     })?)
 }
 
-/// Run the subcommand. Exit code 0 on success, 1 when `verify` finds a damaged range.
+/// What is damaged in one object, in one line.
+fn damage_line(v: &tensora_remote::VerifiedObject) -> String {
+    let o = &v.object;
+    let ranges = match v.bad_ranges.first() {
+        Some(first) => format!(
+            "{} damaged ranges, the first at bytes {}..+{}",
+            v.bad_ranges.len(),
+            first.offset_bytes,
+            first.len_bytes
+        ),
+        None => "no damaged range".to_owned(),
+    };
+    format!("{} ({}): {ranges}; {} damaged range log records", o.url, o.key, v.bad_log_records)
+}
+
+/// Run the subcommand. A damaged range or range log record found by `verify` is an error.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     let code = match args.action {
@@ -91,46 +106,40 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Action::Verify { dir, json } => {
             let checked = open(&dir)?.verify();
-            let damaged = checked.iter().filter(|(_, bad)| !bad.is_empty()).count();
+            let damaged: Vec<_> = checked.iter().filter(|v| v.is_damaged()).collect();
             let printed = if json {
                 let doc: Vec<_> = checked
                     .iter()
-                    .map(|(o, bad)| {
-                        let bad: Vec<_> =
-                            bad.iter().map(|r| serde_json::json!({"offset": r.offset_bytes, "len": r.len_bytes})).collect();
-                        serde_json::json!({"key": o.key, "url": o.url, "complete": o.complete, "bad_ranges": bad})
+                    .map(|v| {
+                        let bad: Vec<_> = v
+                            .bad_ranges
+                            .iter()
+                            .map(|r| serde_json::json!({"offset": r.offset_bytes, "len": r.len_bytes}))
+                            .collect();
+                        let o = &v.object;
+                        serde_json::json!({"key": o.key, "url": o.url, "complete": o.complete,
+                            "bad_ranges": bad, "bad_log_records": v.bad_log_records})
                     })
                     .collect();
                 serde_json::to_writer_pretty(&mut out, &doc)
                     .map_err(std::io::Error::other)
                     .and_then(|()| writeln!(out))
             } else {
-                checked
-                    .iter()
-                    .filter(|(_, bad)| !bad.is_empty())
-                    .try_for_each(|(o, bad)| {
-                        let first = bad[0];
-                        writeln!(
-                            out,
-                            "error: {} ({}): {} damaged ranges, the first at bytes {}..+{}",
-                            o.url,
-                            o.key,
-                            bad.len(),
-                            first.offset_bytes,
-                            first.len_bytes
-                        )
-                    })
-                    .and_then(|()| {
-                        writeln!(
-                            out,
-                            "{}: {} objects checked, {damaged} damaged",
-                            if damaged == 0 { "OK" } else { "FAILED" },
-                            checked.len()
-                        )
-                    })
+                damaged.iter().try_for_each(|v| writeln!(out, "{}", damage_line(v))).and_then(|()| {
+                    writeln!(out, "{} objects checked, {} damaged", checked.len(), damaged.len())
+                })
             };
             crate::output::written(printed)?;
-            if damaged == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) }
+            if let Some(first) = damaged.first() {
+                // The one `error:` line on stderr (main prints it), like every other failure.
+                anyhow::bail!(
+                    "{} of {} cached objects damaged; the first: {}",
+                    damaged.len(),
+                    checked.len(),
+                    damage_line(first)
+                );
+            }
+            ExitCode::SUCCESS
         }
     };
     Ok(code)

@@ -47,9 +47,12 @@ mod tune;
 mod verify;
 
 pub use backend::RemoteBackend;
+#[doc(hidden)]
+pub use cache::fuzzing;
 pub use cache::{
     Cache, CacheOptions, CacheReport, CacheSync, CacheWrites, CachedObject, LANE_THREADS, LOCK_WAIT_MAX,
-    PIECE_BYTES, RangeRecord, WRITE_BEHIND_BYTES, WRITER_THREADS,
+    LOCKS_HELD_MAX, PIECE_BYTES, RECORDS_MAX, RangeRecord, VerifiedObject, WRITE_BEHIND_BYTES,
+    WRITER_THREADS,
 };
 pub use checkpoint::{
     HEADER_FIRST_READ_BYTES, HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME,

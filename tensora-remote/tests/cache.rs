@@ -232,16 +232,16 @@ fn the_size_cap_evicts_what_nobody_holds_and_cached_bytes_are_checked() {
         writes: tensora_remote::CacheWrites::default(),
     };
     let handle = Cache::open(&cache_opts).unwrap();
-    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    assert!(handle.verify().iter().all(|v| !v.is_damaged()));
     // A flipped byte in a cached copy fails its range's CRC.
     let victim = handle.list().into_iter().max_by_key(|o| o.size_bytes).unwrap();
     let data = cache.path().join("objects").join(&victim.key).join("data");
     let mut bytes = std::fs::read(&data).unwrap();
     bytes[100_000] ^= 1;
     std::fs::write(&data, &bytes).unwrap();
-    let bad: Vec<_> = handle.verify().into_iter().filter(|(_, bad)| !bad.is_empty()).collect();
+    let bad: Vec<_> = handle.verify().into_iter().filter(|v| v.is_damaged()).collect();
     assert_eq!(bad.len(), 1);
-    assert_eq!(bad[0].0.key, victim.key);
+    assert_eq!(bad[0].object.key, victim.key);
 
     // A cap below one shard: after the next load nothing held remains, and the cache is under it.
     let capped = open_remote(&location, &opts(cache.path(), false, Some(300 << 10))).unwrap();
@@ -288,7 +288,7 @@ fn a_range_longer_than_a_piece_is_written_and_recorded_piece_by_piece() {
     );
     assert!(load_records.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0), "contiguous: {load_records:?}");
     let handle = handle(cache.path());
-    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    assert!(handle.verify().iter().all(|v| !v.is_damaged()));
     let copy = handle.list().into_iter().find(|o| o.url.ends_with(name)).unwrap();
     assert!(copy.complete, "{copy:?}");
     let data = std::fs::read(cache.path().join("objects").join(&copy.key).join("data")).unwrap();
@@ -332,7 +332,7 @@ fn a_model_rewritten_as_soon_as_it_is_loaded_leaves_its_copies_as_they_arrived()
     assert!(report.changed_bytes <= report.sealed_bytes, "{report:?}");
     assert!(loaded.tensors().all(|t| t.bytes().iter().all(|&b| b == 0xEE)));
     let handle = handle(cache.path());
-    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    assert!(handle.verify().iter().all(|v| !v.is_damaged()));
     // The next loads get the server's bytes: what the cache kept, and the rest fetched again
     // (and cached, this time unchanged).
     for _ in 0..2 {
@@ -362,7 +362,7 @@ fn pieces_sealed_before_they_are_written_are_recorded_when_unchanged() {
         let r = loaded.wait_cache().cache.clone().unwrap();
         assert_eq!((r.written_bytes, r.changed_bytes, r.promoted), (read_bytes, 0, 2), "{r:?}");
         assert!(r.sealed_bytes <= read_bytes, "{r:?}");
-        assert!(handle(cache.path()).verify().iter().all(|(_, bad)| bad.is_empty()));
+        assert!(handle(cache.path()).verify().iter().all(|v| !v.is_damaged()));
         let offline = opts(cache.path(), true, None);
         let again = open_remote(&location, &offline).unwrap().load(&LoadOptions::default()).unwrap();
         assert_matches_local(&again, &dir);
@@ -407,7 +407,7 @@ fn a_streamed_load_writes_multi_piece_ranges_before_their_window_is_reused() {
     assert_eq!(seen, 4);
     assert!(report.load.windows > 1, "{report:?}");
     let handle = handle(cache.path());
-    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    assert!(handle.verify().iter().all(|v| !v.is_damaged()));
     for name in ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"] {
         let pieces =
             recorded_ranges(cache.path(), name).into_iter().filter(|&(_, len)| len > 64 << 10).count();
@@ -432,7 +432,7 @@ fn a_dropped_load_leaves_its_copies_complete() {
     assert!(listed.iter().all(|o| o.complete && o.cached_bytes == o.size_bytes), "{listed:?}");
     assert!(std::fs::read_dir(cache.path().join("partial")).unwrap().next().is_none());
     // And the copies hold the objects' bytes (CRC of every range).
-    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    assert!(handle.verify().iter().all(|v| !v.is_damaged()));
 }
 
 #[test]
@@ -459,7 +459,7 @@ fn a_streamed_load_writes_its_copies_from_a_recycled_window() {
     let handle = handle(cache.path());
     let listed = handle.list();
     assert!(listed.len() == 3 && listed.iter().all(|o| o.complete), "{listed:?}");
-    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    assert!(handle.verify().iter().all(|v| !v.is_damaged()));
     for name in ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"] {
         let want = std::fs::read(dir.join(name)).unwrap();
         let copy = listed.iter().find(|o| o.url.ends_with(name)).unwrap();
@@ -484,7 +484,7 @@ fn a_consumer_that_stops_a_streamed_load_stops_it_while_the_lane_writes() {
     // The stop came before the last shard was fetched: its copy stays partial (no rename), and
     // every range written is right.
     let handle = handle(cache.path());
-    assert!(handle.verify().iter().all(|(_, bad)| bad.is_empty()));
+    assert!(handle.verify().iter().all(|v| !v.is_damaged()));
     let shards: Vec<_> = handle.list().into_iter().filter(|o| o.url.ends_with(".safetensors")).collect();
     assert!(shards.iter().any(|o| !o.complete && o.cached_bytes < o.size_bytes), "{shards:?}");
 }

@@ -170,6 +170,22 @@ impl HeldPiece {
     /// the changed bytes, so check what was written before relying on it. A signal interrupting
     /// the write is retried at most 64 times (`INTERRUPTED_RETRIES_MAX`); a write that makes no
     /// progress fails with `WriteZero`.
+    ///
+    /// Why this may run while the load's caller holds a `&mut` to the same bytes (issue 39,
+    /// finding 10), and the limit of that argument: this code makes no Rust reference to the
+    /// bytes and reads none of them; it passes an address to `pwrite`, and the kernel copies the
+    /// bytes with its own instructions, outside the program's memory model (as it does for any
+    /// `write` from memory another thread may be writing, such as a shared mapping). What the
+    /// compiler may assume of the caller's `&mut` (nobody else reads it) can then change only
+    /// *which* bytes the kernel copies, never the caller's own results, and which bytes the file
+    /// got is never trusted: the cache records a piece with a CRC-32C taken while the caller had
+    /// no `&mut` (before the load returned, or when the caller reached for one: the seal), reads
+    /// back and compares a sealed piece before recording it, and checks every recorded range
+    /// against its CRC-32C again before serving it. Under Rust's abstract machine, which treats a
+    /// system call's access as the calling thread's, the copy is an unsynchronized read racing
+    /// the caller's writes; no tool or compiler in use exploits a race with a system call's copy,
+    /// and the only alternative found (the caller's first `&mut` waiting for every piece's write,
+    /// i.e. `CacheWrites::BeforeLanding`'s cost) is offered as that option.
     pub fn write_at(
         &self,
         file: &std::fs::File,

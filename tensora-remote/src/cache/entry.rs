@@ -1,69 +1,39 @@
 //! One cached object: its bytes (`data`, as long as the object, holes where nothing landed yet),
-//! its range log (`ranges`: one 24-byte record per landed range, appended after the range's bytes
-//! were written, so a record never describes bytes that are not there, even after `kill -9`), and
-//! its description (`object.json`). An entry lives in `partial/<key>/` until its ranges cover the
-//! whole object, then is promoted whole, by one rename, to `objects/<key>/`.
+//! its range log (`ranges`, see `super::ranges`: one self-checked record per landed range,
+//! appended after the range's bytes were written, so a record never describes bytes that are not
+//! there, even after `kill -9`), and its description (`object.json`). An entry lives in
+//! `partial/<key>/` until its ranges cover the whole object, then is checked whole and promoted,
+//! by one rename, to `objects/<key>/`, with a marker of that check (`super::check`).
+//!
+//! Every byte served from a copy is checked against the CRC-32C recorded when it arrived: a read
+//! of a partial copy takes the CRC of the bytes it returns (and of the rest of each record they
+//! belong to) before it returns them ([`Entry::read`]); a complete copy, loaded as a plain local
+//! file, was checked whole before its promotion and carries a marker bound to its data file's
+//! identity and change time, checked before every load (`super::check`). A record whose bytes
+//! differ is dropped and its range fetched again, never served.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tensora_io::HeldPiece;
 
+use super::files::{self, Durable, Open};
+use super::ranges::{LogDamage, RECORD_BYTES, RECORDS_MAX, RangeRecord, Ranges};
 use super::seal::AfterWrite;
 
-/// Bytes of one record of the range log: offset (u64), length (u64), CRC-32C (u32), 4 zero bytes,
-/// little-endian.
-pub const RECORD_BYTES: usize = 24;
-/// Records read from one range log; a longer log is refused as damaged (a whole object in 4 KiB
-/// ranges of a 1 TiB object is 2^28 records, far more than the loader ever writes).
-pub const RECORDS_MAX: usize = 1 << 24;
 /// Alignment of direct writes: their file offsets, lengths and memory addresses are multiples of
 /// it.
 pub const DIRECT_ALIGN_BYTES: usize = 4096;
 /// Bytes of `object.json` read back; a larger one is refused as damaged.
 pub const DESCRIPTION_BYTES_MAX: u64 = 64 << 10;
-
-/// One landed range: where it is in the object, and the CRC-32C of its bytes (as they arrived:
-/// taken from the load's memory before it could change, or read back from the disk and compared
-/// with such a CRC).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RangeRecord {
-    /// First byte in the object.
-    pub offset_bytes: u64,
-    /// Length of the range.
-    pub len_bytes: u64,
-    /// CRC-32C of the range's bytes when they were written.
-    pub crc32c: u32,
-}
-
-impl RangeRecord {
-    fn encode(&self) -> [u8; RECORD_BYTES] {
-        let mut out = [0u8; RECORD_BYTES];
-        out[..8].copy_from_slice(&self.offset_bytes.to_le_bytes());
-        out[8..16].copy_from_slice(&self.len_bytes.to_le_bytes());
-        out[16..20].copy_from_slice(&self.crc32c.to_le_bytes());
-        out
-    }
-
-    fn decode(bytes: &[u8; RECORD_BYTES]) -> RangeRecord {
-        let word = |r: std::ops::Range<usize>| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[r]);
-            u64::from_le_bytes(b)
-        };
-        let mut crc = [0u8; 4];
-        crc.copy_from_slice(&bytes[16..20]);
-        RangeRecord { offset_bytes: word(0..8), len_bytes: word(8..16), crc32c: u32::from_le_bytes(crc) }
-    }
-
-    fn end_bytes(&self) -> u64 {
-        self.offset_bytes.saturating_add(self.len_bytes)
-    }
-}
+/// The buffer that checks the parts of a record outside a read, and [`Entry::verify`]'s.
+pub const CHECK_BUFFER_BYTES: usize = 1 << 20;
+/// Bytes of a range log read back: [`RECORDS_MAX`] whole records and a torn one.
+const LOG_BYTES_MAX: u64 = ((RECORDS_MAX + 1) * RECORD_BYTES - 1) as u64;
 
 /// What `object.json` says: which object (and version) the entry holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,88 +51,102 @@ pub struct Description {
 }
 
 impl Description {
-    pub fn read(dir: &Path) -> std::io::Result<Description> {
-        let file = File::open(dir.join("object.json"))?;
-        let mut text = Vec::new();
-        file.take(DESCRIPTION_BYTES_MAX + 1).read_to_end(&mut text)?;
-        if text.len() as u64 > DESCRIPTION_BYTES_MAX {
-            return Err(std::io::Error::other("object.json is larger than any the cache writes"));
+    /// The description in `bytes` (an `object.json`), or why not.
+    pub fn parse(bytes: &[u8]) -> std::io::Result<Description> {
+        if bytes.len() as u64 > DESCRIPTION_BYTES_MAX {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "object.json is larger than any the cache writes",
+            ));
         }
-        serde_json::from_slice(&text).map_err(std::io::Error::other)
+        serde_json::from_slice(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+
+    /// The description in `dir/object.json`.
+    pub fn read(dir: &Path) -> std::io::Result<Description> {
+        Description::parse(&files::read_capped(&dir.join("object.json"), DESCRIPTION_BYTES_MAX)?)
     }
 
     fn write(&self, dir: &Path) -> std::io::Result<()> {
-        let tmp = dir.join("object.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
-        std::fs::rename(tmp, dir.join("object.json"))
+        let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        files::replace(&dir.join("object.json"), &bytes, Durable::Buffered)
     }
 }
 
-/// The ranges of an entry, read from its log: the records, and their union as sorted disjoint
-/// intervals.
-#[derive(Debug, Default, Clone)]
-pub struct Ranges {
-    pub records: Vec<RangeRecord>,
-    covered: Vec<(u64, u64)>,
+/// Read the range log at `path` of an object of `size_bytes` (none there: no ranges).
+fn read_log(path: &Path, size_bytes: u64) -> std::io::Result<(Ranges, LogDamage)> {
+    let bytes = match files::read_capped(path, LOG_BYTES_MAX) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ranges::parse(&bytes, size_bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
-impl Ranges {
-    fn add(&mut self, r: RangeRecord) {
-        self.records.push(r);
-        if r.len_bytes == 0 {
-            return;
-        }
-        let (mut start, mut end) = (r.offset_bytes, r.end_bytes());
-        let mut kept = Vec::with_capacity(self.covered.len() + 1);
-        for &(s, e) in &self.covered {
-            if e < start || s > end {
-                kept.push((s, e));
-            } else {
-                start = start.min(s);
-                end = end.max(e);
-            }
-        }
-        kept.push((start, end));
-        kept.sort_unstable();
-        self.covered = kept;
-    }
+/// What reading a range found ([`Entry::read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Every byte, checked against the CRC-32C recorded when it arrived.
+    Hit,
+    /// Not every byte is recorded here.
+    Miss,
+    /// Recorded, but some record's bytes differ from its CRC-32C: those records were dropped,
+    /// nothing is served, and the range is to be fetched again.
+    Damaged,
+}
 
-    /// Whether every byte of `offset..offset + len` is covered.
-    pub fn covers(&self, offset_bytes: u64, len_bytes: u64) -> bool {
-        let end = offset_bytes.saturating_add(len_bytes);
-        let i = self.covered.partition_point(|&(_, e)| e <= offset_bytes);
-        self.covered.get(i).is_some_and(|&(s, e)| s <= offset_bytes && e >= end)
-    }
+/// Records (and their bytes) found not to hold what they claim, since the entry was opened.
+#[derive(Debug, Default)]
+pub struct Found {
+    /// Records dropped: torn or failing their own checksum in the log, outside the object, or
+    /// whose bytes differ from their CRC-32C.
+    pub damaged_records: AtomicU64,
+    /// Bytes of the records dropped because their bytes differ (fetched again).
+    pub damaged_bytes: AtomicU64,
+}
 
-    /// Bytes covered.
-    pub fn covered_bytes(&self) -> u64 {
-        self.covered.iter().map(|(s, e)| e - s).sum()
-    }
-
-    /// Read a range log, ignoring a torn last record (a write cut short by a kill).
-    pub fn read(path: &Path) -> std::io::Result<Ranges> {
-        let mut ranges = Ranges::default();
-        let file = match File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ranges),
-            Err(e) => return Err(e),
-        };
-        let mut reader = std::io::BufReader::new(file.take((RECORDS_MAX * RECORD_BYTES) as u64 + 1));
-        let mut record = [0u8; RECORD_BYTES];
-        loop {
-            match reader.read_exact(&mut record) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(ranges),
-                Err(e) => return Err(e),
-            }
-            if ranges.records.len() >= RECORDS_MAX {
-                return Err(std::io::Error::other(format!("more than {RECORDS_MAX} range records")));
-            }
-            ranges.add(RangeRecord::decode(&record));
-        }
+impl Found {
+    fn from_log(damage: LogDamage) -> Found {
+        let found = Found::default();
+        found.damaged_records.store(damage.bad_records + u64::from(damage.torn_bytes > 0), Ordering::Relaxed);
+        found
     }
 }
 
+/// The range log open for appending: its length, and its good ranges.
+#[derive(Debug, Default)]
+struct Log {
+    /// `None` when the entry is open for reading.
+    file: Option<File>,
+    /// Bytes of whole records in the file: where the next one goes.
+    len_bytes: u64,
+    /// A failed append could not be cut back off: nothing more is appended.
+    broken: bool,
+    ranges: Ranges,
+}
+
+impl Log {
+    /// Replace the log at `path` with its good records only, and append from there.
+    fn rewrite(&mut self, path: &Path) -> std::io::Result<()> {
+        self.file = None;
+        let bytes: Vec<u8> = self.ranges.records().iter().flat_map(RangeRecord::encode).collect();
+        files::replace(path, &bytes, Durable::Synced)?;
+        self.file = Some(files::open(path, Open::Create)?);
+        self.len_bytes = bytes.len() as u64;
+        self.broken = false;
+        Ok(())
+    }
+}
+
+/// What [`Entry::promote`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Promoted {
+    /// Checked whole, durable, marked and renamed.
+    Done,
+    /// Some records' bytes differ from their CRC-32C: they were dropped from the log, and the
+    /// copy stays partial (the next load fetches those ranges again).
+    Damaged,
+}
 /// Make `data` `len_bytes` long with every block allocated (`fallocate`, where the file system
 /// can): the direct writes into it then overwrite allocated blocks, which ext4 runs side by side
 /// under a shared inode lock (a write into a hole takes it exclusively), and the copy lies in a
@@ -255,77 +239,164 @@ pub struct Entry {
     /// cleared after a refused write, which is then redone through `data`).
     direct: Mutex<Option<Arc<File>>>,
     /// The range log, appended under this lock; the ranges read or written so far.
-    log: Mutex<(Option<File>, Ranges)>,
+    log: Mutex<Log>,
+    /// Damage found since the entry was opened.
+    pub found: Found,
 }
 
 impl Entry {
     /// Open the entry in `dir` (complete or partial) for reading.
     pub fn open(dir: &Path) -> std::io::Result<Entry> {
-        let description = Description::read(dir)?;
-        let data = File::open(dir.join("data"))?;
-        if data.metadata()?.len() != description.size_bytes {
-            return Err(std::io::Error::other("the cached data is not as long as the object"));
+        if !files::is_real_dir(dir) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("{}: no cached copy (or not a directory)", dir.display()),
+            ));
         }
-        let ranges = Ranges::read(&dir.join("ranges"))?;
+        let description = Description::read(dir)?;
+        let data = files::open(&dir.join("data"), Open::Read)?;
+        Entry::with_data(dir, description, data, None)
+    }
+
+    /// The entry in `dir` over `data`, its log read (and open for appending from its last good
+    /// record with `log`).
+    fn with_data(
+        dir: &Path,
+        description: Description,
+        data: File,
+        log: Option<&Path>,
+    ) -> std::io::Result<Entry> {
+        if data.metadata()?.len() != description.size_bytes {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}: the cached data is not as long as the object", dir.display()),
+            ));
+        }
+        let (ranges, damage) = read_log(&dir.join("ranges"), description.size_bytes)?;
+        let mut state = Log { ranges, ..Log::default() };
+        let direct = match log {
+            None => None,
+            Some(path) => {
+                // Cut back to whole good records before anything is appended, so that nothing
+                // appended is read out of step after a tear.
+                if damage.any() {
+                    state.rewrite(path)?;
+                } else {
+                    let file = files::open(path, Open::Create)?;
+                    state.len_bytes = file.metadata()?.len();
+                    state.file = Some(file);
+                }
+                files::open(&dir.join("data"), Open::Direct).ok().map(Arc::new)
+            }
+        };
         Ok(Entry {
             dir: dir.to_path_buf(),
             description,
             data,
-            direct: Mutex::new(None),
-            log: Mutex::new((None, ranges)),
+            direct: Mutex::new(direct),
+            log: Mutex::new(state),
+            found: Found::from_log(damage),
         })
     }
 
     /// Open the entry in `dir` for writing, creating it (data as long as the object) if it is
-    /// not there, or starting it over if it describes another object.
+    /// not there, or starting it over if it describes another object or is not the cache's
+    /// (a symlink or other file planted in place of one of its files).
     pub fn create(dir: &Path, description: &Description) -> std::io::Result<Entry> {
-        if Description::read(dir).ok().as_ref() != Some(description) {
-            let _ = std::fs::remove_dir_all(dir);
-            std::fs::create_dir_all(dir)?;
-            let data = File::create(dir.join("data"))?;
-            if let Err(e) = allocate(&data, description.size_bytes) {
-                // No room for the copy: leave nothing of it behind.
-                let _ = std::fs::remove_dir_all(dir);
-                return Err(e);
+        if files::is_real_dir(dir) && Description::read(dir).ok().as_ref() == Some(description) {
+            let reopened = files::open(&dir.join("data"), Open::ReadWrite)
+                .and_then(|data| Entry::with_data(dir, description.clone(), data, Some(&dir.join("ranges"))));
+            if let Ok(entry) = reopened {
+                return Ok(entry);
             }
-            description.write(dir)?;
         }
-        let data = File::options().read(true).write(true).open(dir.join("data"))?;
-        let ranges = Ranges::read(&dir.join("ranges"))?;
-        let log = File::options().create(true).append(true).open(dir.join("ranges"))?;
-        let direct = File::options()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(dir.join("data"))
-            .ok()
-            .map(Arc::new);
-        Ok(Entry {
-            dir: dir.to_path_buf(),
-            description: description.clone(),
-            data,
-            direct: Mutex::new(direct),
-            log: Mutex::new((Some(log), ranges)),
-        })
+        files::remove_dir(dir)?;
+        files::private_dir(dir, files::Symlink::Refused)?;
+        let data = files::open(&dir.join("data"), Open::Create)?;
+        if let Err(e) = allocate(&data, description.size_bytes) {
+            // No room for the copy: leave nothing of it behind.
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(e);
+        }
+        description.write(dir)?;
+        Entry::with_data(dir, description.clone(), data, Some(&dir.join("ranges")))
     }
 
     /// Whether the ranges cover the whole object.
     pub fn is_complete(&self) -> bool {
         let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-        log.1.covers(0, self.description.size_bytes)
+        log.ranges.covers(0, self.description.size_bytes)
     }
 
-    /// Fill `dest` from the cache if every byte of it has landed before; `Ok(false)` if not.
-    pub fn read(&self, offset_bytes: u64, dest: &mut [u8]) -> std::io::Result<bool> {
-        let covered = {
-            let log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-            log.1.covers(offset_bytes, dest.len() as u64)
-        };
-        if !covered {
-            return Ok(false);
+    /// Fill `dest` from the copy if every byte of it has landed before, each record it reads
+    /// from checked against its CRC-32C: the bytes of `dest` themselves, and the rest of each
+    /// record from the disk (see [`Served`]).
+    pub fn read(&self, offset_bytes: u64, dest: &mut [u8]) -> std::io::Result<Served> {
+        let cover =
+            self.log.lock().unwrap_or_else(|p| p.into_inner()).ranges.cover(offset_bytes, dest.len() as u64);
+        if cover.is_empty() {
+            return Ok(Served::Miss);
         }
         self.data.read_exact_at(dest, offset_bytes)?;
-        Ok(true)
+        let mut scratch = Vec::new();
+        let mut bad = Vec::new();
+        for r in cover {
+            if self.crc32c_around(&r, offset_bytes, dest, &mut scratch)? != r.crc32c {
+                bad.push(r);
+            }
+        }
+        if bad.is_empty() {
+            return Ok(Served::Hit);
+        }
+        self.drop_records(&bad);
+        Ok(Served::Damaged)
+    }
+
+    /// The CRC-32C of record `r`'s bytes: those inside `dest` (the copy's bytes from
+    /// `offset_bytes`, just read) from there, the rest read from the disk through `scratch`.
+    fn crc32c_around(
+        &self,
+        r: &RangeRecord,
+        offset_bytes: u64,
+        dest: &[u8],
+        scratch: &mut Vec<u8>,
+    ) -> std::io::Result<u32> {
+        let end = offset_bytes + dest.len() as u64;
+        let (inside_start, inside_end) = (r.offset_bytes.max(offset_bytes), r.end_bytes().min(end));
+        let mut crc = super::Crc32c::new();
+        self.crc32c_from_disk(r.offset_bytes..inside_start, &mut crc, scratch)?;
+        crc.append(&dest[(inside_start - offset_bytes) as usize..(inside_end - offset_bytes) as usize]);
+        self.crc32c_from_disk(inside_end..r.end_bytes(), &mut crc, scratch)?;
+        Ok(crc.value())
+    }
+
+    /// Extend `crc` over the copy's bytes in `range`, read through `scratch` (grown to at most
+    /// [`CHECK_BUFFER_BYTES`]).
+    fn crc32c_from_disk(
+        &self,
+        range: std::ops::Range<u64>,
+        crc: &mut super::Crc32c,
+        scratch: &mut Vec<u8>,
+    ) -> std::io::Result<()> {
+        let mut at = range.start;
+        while at < range.end {
+            let n = ((range.end - at) as usize).min(CHECK_BUFFER_BYTES);
+            if scratch.len() < n {
+                scratch.resize(n, 0);
+            }
+            self.data.read_exact_at(&mut scratch[..n], at)?;
+            crc.append(&scratch[..n]);
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Forget `bad` records (their bytes differ from their CRC-32C), counting them.
+    fn drop_records(&self, bad: &[RangeRecord]) {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).ranges.remove(bad);
+        self.found.damaged_records.fetch_add(bad.len() as u64, Ordering::Relaxed);
+        let bytes: u64 = bad.iter().map(|r| r.len_bytes).sum();
+        self.found.damaged_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Write a landed range, then record it with `crc32c`, its CRC-32C as the caller computed it
@@ -374,13 +445,26 @@ impl Entry {
         Ok(())
     }
 
-    /// Append `record` to the range log (its bytes are written).
+    /// Append `record` to the range log (its bytes are written) at the end of its whole records;
+    /// a failed append (a full disk) is cut back off, so the log never holds a torn record
+    /// followed by more.
     fn record(&self, record: RangeRecord) -> std::io::Result<()> {
+        if record.len_bytes == 0 {
+            return Ok(());
+        }
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-        let (file, ranges) = &mut *log;
-        let file = file.as_mut().ok_or_else(|| std::io::Error::other("the entry is open for reading"))?;
-        file.write_all(&record.encode())?;
-        ranges.add(record);
+        if log.broken {
+            return Err(std::io::Error::other("the range log could not be cut back after a failed write"));
+        }
+        let file = log.file.as_ref().ok_or_else(|| std::io::Error::other("the entry is open for reading"))?;
+        if let Err(e) = file.write_all_at(&record.encode(), log.len_bytes) {
+            if file.set_len(log.len_bytes).is_err() {
+                log.broken = true;
+            }
+            return Err(e);
+        }
+        log.len_bytes += RECORD_BYTES as u64;
+        log.ranges.add(record);
         Ok(())
     }
 
@@ -457,34 +541,72 @@ impl Entry {
         Ok(super::crc::crc32c(range))
     }
 
-    /// Make a complete entry durable and move it to `to` (one rename of its directory).
-    pub fn promote(&self, to: &Path) -> std::io::Result<()> {
+    /// Check the whole copy, make it durable, mark it checked (`super::check`) and move it to
+    /// `to` (one rename of its directory). A copy with records whose bytes differ is not
+    /// promoted: those records are dropped from its log ([`Promoted::Damaged`]).
+    pub fn promote(&self, to: &Path) -> std::io::Result<Promoted> {
         self.data.sync_all()?;
-        if let Some(log) = &self.log.lock().unwrap_or_else(|p| p.into_inner()).0 {
-            log.sync_all()?;
+        let bad = self.verify()?;
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if !bad.is_empty() {
+            drop(log);
+            self.drop_records(&bad);
+            self.log.lock().unwrap_or_else(|p| p.into_inner()).rewrite(&self.dir.join("ranges"))?;
+            return Ok(Promoted::Damaged);
         }
-        let _ = std::fs::remove_dir_all(to);
+        match &log.file {
+            Some(file) => file.sync_all()?,
+            None => return Err(std::io::Error::other("the entry is open for reading")),
+        }
+        log.broken = true;
+        drop(log);
+        super::check::mark(&self.dir, &self.data)?;
+        files::remove_dir(to)?;
         std::fs::rename(&self.dir, to)?;
         if let Some(parent) = to.parent() {
             File::open(parent)?.sync_all()?;
         }
-        Ok(())
+        Ok(Promoted::Done)
+    }
+
+    /// Whether this complete copy may be loaded as a local file: its marker holds (one `fstat`
+    /// and a 64-byte read), else every record is checked now (and the marker written when all
+    /// hold). Records whose bytes differ are dropped; `false` then.
+    pub fn check_complete(&self) -> std::io::Result<bool> {
+        if super::check::holds(&self.dir, &self.data) {
+            return Ok(true);
+        }
+        let bad = self.verify()?;
+        if !bad.is_empty() {
+            self.drop_records(&bad);
+            return Ok(false);
+        }
+        if !self.is_complete() {
+            return Ok(false);
+        }
+        // Another reader may write the same marker at once: each writes a whole one, by rename.
+        super::check::mark(&self.dir, &self.data)?;
+        Ok(true)
+    }
+
+    /// Move this complete copy, found damaged, back to partial at `to` (replacing what is
+    /// there): its marker removed and its log holding only the records that were not dropped,
+    /// so the next writer fetches the rest again. Only under the object's exclusive lock.
+    pub fn demote(&self, to: &Path) -> std::io::Result<()> {
+        files::remove_dir(to)?;
+        std::fs::rename(&self.dir, to)?;
+        super::check::unmark(to)?;
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).rewrite(&to.join("ranges"))
     }
 
     /// Every recorded range's bytes, checked against its CRC-32C: the ranges that differ.
     pub fn verify(&self) -> std::io::Result<Vec<RangeRecord>> {
-        let records = self.log.lock().unwrap_or_else(|p| p.into_inner()).1.records.clone();
+        let records = self.log.lock().unwrap_or_else(|p| p.into_inner()).ranges.records().to_vec();
         let mut bad = Vec::new();
-        let mut buf = vec![0u8; VERIFY_BUFFER_BYTES];
+        let mut scratch = Vec::new();
         for r in records {
             let mut crc = super::Crc32c::new();
-            let mut at = r.offset_bytes;
-            while at < r.end_bytes() {
-                let n = ((r.end_bytes() - at) as usize).min(buf.len());
-                self.data.read_exact_at(&mut buf[..n], at)?;
-                crc.append(&buf[..n]);
-                at += n as u64;
-            }
+            self.crc32c_from_disk(r.offset_bytes..r.end_bytes(), &mut crc, &mut scratch)?;
             if crc.value() != r.crc32c {
                 bad.push(r);
             }
@@ -492,198 +614,23 @@ impl Entry {
         Ok(bad)
     }
 
+    /// Whether `path` names this entry's data file itself (not a symlink, not a file put in its
+    /// place since it was opened and checked): what a load of the copy as a local file opens.
+    pub fn data_is(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        match (std::fs::symlink_metadata(path), self.data.metadata()) {
+            (Ok(named), Ok(held)) => {
+                named.is_file() && (named.dev(), named.ino()) == (held.dev(), held.ino())
+            }
+            _ => false,
+        }
+    }
+
     /// Bytes of the object the ranges cover.
     pub fn covered_bytes(&self) -> u64 {
-        self.log.lock().unwrap_or_else(|p| p.into_inner()).1.covered_bytes()
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).ranges.covered_bytes()
     }
 }
-
-/// The buffer `Entry::verify` reads through.
-pub const VERIFY_BUFFER_BYTES: usize = 8 << 20;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(128))]
-        /// The union of recorded ranges covers exactly the bytes some range covers.
-        #[test]
-        fn coverage_is_the_union_of_the_ranges(
-            ranges in proptest::collection::vec((0u64..200, 0u64..40), 0..12),
-            probe in (0u64..240, 1u64..40),
-        ) {
-            let mut set = Ranges::default();
-            let mut bytes = [false; 240];
-            for &(o, l) in &ranges {
-                set.add(RangeRecord { offset_bytes: o, len_bytes: l, crc32c: 0 });
-                for b in o..o + l { bytes[b as usize] = true; }
-            }
-            let (o, l) = probe;
-            let want = (o..(o + l).min(240)).all(|b| bytes[b as usize]) && o + l <= 240;
-            prop_assert_eq!(set.covers(o, l), want);
-            prop_assert_eq!(set.covered_bytes(), bytes.iter().filter(|&&b| b).count() as u64);
-        }
-    }
-
-    /// A copy on a disk is preallocated; one on tmpfs (`/dev/shm` on Linux) only grown to its
-    /// length, with no page committed before the writes.
-    #[test]
-    fn a_copy_in_memory_is_not_preallocated() {
-        use std::os::unix::fs::MetadataExt as _;
-        let disk = tempfile::tempdir().unwrap();
-        let shm = tempfile::tempdir_in("/dev/shm").ok();
-        let places = std::iter::once(disk.path()).chain(shm.as_ref().map(|d| d.path()));
-        for place in places {
-            let description = Description {
-                url: "http://h/x".into(),
-                path: "x".into(),
-                size_bytes: 8 << 20,
-                etag: Some("e".into()),
-                last_modified_ns: 0,
-            };
-            let entry = Entry::create(&place.join("entry"), &description).unwrap();
-            let meta = entry.data.metadata().unwrap();
-            assert_eq!(meta.len(), 8 << 20);
-            let in_memory = tensora_io::fs::in_memory(&entry.data).unwrap();
-            if in_memory {
-                assert_eq!(meta.blocks(), 0, "{}: nothing committed", place.display());
-            }
-            let name = tensora_io::auto::probe::filesystem(place).unwrap().name;
-            assert_eq!(in_memory, matches!(name.as_str(), "tmpfs" | "ramfs"), "{}: {name}", place.display());
-        }
-    }
-
-    /// A piece of an arena written behind its load is recorded with its writer's CRC without a
-    /// read-back; a sealed one is read back and recorded only if the disk holds what arrived, and
-    /// left out when the memory changed first; direct or buffered, aligned or not.
-    #[test]
-    fn a_held_piece_is_recorded_only_if_the_disk_holds_what_arrived() {
-        for (direct, offset) in [(true, 0u64), (true, 4096 + 100), (false, 8192)] {
-            let dir = tempfile::tempdir().unwrap();
-            let size_bytes = 128 << 10;
-            let description = Description {
-                url: "http://h/x".into(),
-                path: "x".into(),
-                size_bytes,
-                etag: Some("e".into()),
-                last_modified_ns: 0,
-            };
-            let entry = Entry::create(dir.path(), &description).unwrap();
-            if !direct {
-                *entry.direct.lock().unwrap() = None;
-            }
-            let mut arena = tensora_io::arena::Arena::with_len(2 << 20).unwrap();
-            let at = (offset % 4096) as usize;
-            let arrived: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
-            arena.as_mut_slice()[at..at + arrived.len()].copy_from_slice(&arrived);
-            let keep = arena.keep_mapped();
-            let crc = crc32c::crc32c(&arrived);
-            let mut scratch = Vec::new();
-            let piece = keep.piece(at, arrived.len()).unwrap();
-            let mut back = vec![0u8; arrived.len()];
-            // Unsealed: recorded with the writer's CRC, as given (no read-back to check it).
-            let recorded = entry.write_held(offset, &piece, &mut scratch, || AfterWrite::Record(crc));
-            assert_eq!(recorded.unwrap(), Checked::Recorded);
-            assert!(entry.read(offset, &mut back).unwrap());
-            assert!(back == arrived);
-            // Sealed with what arrived, and unchanged: the disk's CRC matches.
-            let sealed = offset + 30_000;
-            let compared = entry.write_held(sealed, &piece, &mut scratch, || AfterWrite::Compare(crc));
-            assert_eq!(compared.unwrap(), Checked::Recorded);
-            assert!(entry.read(sealed, &mut back).unwrap());
-            // Sealed, then the caller changes one byte before the write: left out.
-            arena.as_mut_slice()[at + 7] ^= 0x40;
-            let next = offset + 60_000;
-            let changed = entry.write_held(next, &piece, &mut scratch, || AfterWrite::Compare(crc));
-            assert_eq!(changed.unwrap(), Checked::Changed);
-            assert!(!entry.read(next, &mut back).unwrap(), "a changed piece is not recorded");
-            let dropped = entry.write_held(next, &piece, &mut scratch, || AfterWrite::Drop);
-            assert_eq!(dropped.unwrap(), Checked::Changed);
-            assert_eq!(entry.covered_bytes(), 2 * arrived.len() as u64);
-            assert!(entry.verify().unwrap().is_empty());
-            // Past the object's end: refused before anything is written.
-            let past = entry.write_held(size_bytes - 10, &piece, &mut scratch, || AfterWrite::Record(crc));
-            assert!(past.is_err());
-        }
-    }
-
-    #[test]
-    fn a_torn_last_record_is_ignored_and_the_rest_read_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let description = Description {
-            url: "http://h/x".into(),
-            path: "x".into(),
-            size_bytes: 100,
-            etag: Some("e".into()),
-            last_modified_ns: 0,
-        };
-        let entry = Entry::create(dir.path(), &description).unwrap();
-        entry.write(10, &[7u8; 20], crc32c::crc32c(&[7u8; 20])).unwrap();
-        entry.write(0, &[1u8; 10], crc32c::crc32c(&[1u8; 10])).unwrap();
-        drop(entry);
-        let mut log = File::options().append(true).open(dir.path().join("ranges")).unwrap();
-        log.write_all(&[9u8; 5]).unwrap();
-        let entry = Entry::open(dir.path()).unwrap();
-        let mut out = [0u8; 30];
-        assert!(entry.read(0, &mut out).unwrap());
-        assert_eq!(&out[..10], &[1u8; 10]);
-        assert!(!entry.read(25, &mut [0u8; 10]).unwrap());
-        assert!(entry.verify().unwrap().is_empty());
-        // A flipped byte on disk is a range that fails its CRC.
-        File::options().write(true).open(dir.path().join("data")).unwrap().write_all_at(&[0], 15).unwrap();
-        assert_eq!(entry.verify().unwrap().len(), 1);
-    }
-
-    /// A buffer of `len` bytes placed like the writers place copies: its first byte sits at
-    /// `offset % 4096` within a page (or one byte off that, when `congruent` is false).
-    fn placed(fill: &[u8], offset: u64, congruent: bool) -> (Vec<u8>, usize) {
-        let mut buf = Vec::with_capacity(fill.len() + 2 * DIRECT_ALIGN_BYTES);
-        let page = DIRECT_ALIGN_BYTES;
-        let want = (offset % page as u64) as usize + usize::from(!congruent);
-        let start = (want + page - buf.as_ptr() as usize % page) % page;
-        buf.resize(start, 0);
-        buf.extend_from_slice(fill);
-        (buf, start)
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(24))]
-        /// Ranges written in any order, each split into direct whole pages and buffered ends (or
-        /// all buffered when the memory is not placed for it, or when direct writes are off),
-        /// read back as written; their CRCs verify.
-        #[test]
-        fn ranges_read_back_however_they_were_written(
-            cuts in proptest::collection::btree_set(1u64..60_000, 0..8),
-            order in any::<prop::sample::Index>(),
-            congruent in any::<bool>(),
-            direct in any::<bool>(),
-        ) {
-            let size_bytes = 60_000u64;
-            let dir = tempfile::tempdir().unwrap();
-            let description = Description {
-                url: "http://h/x".into(), path: "x".into(), size_bytes, etag: Some("e".into()), last_modified_ns: 0,
-            };
-            let entry = Entry::create(dir.path(), &description).unwrap();
-            if !direct {
-                *entry.direct.lock().unwrap() = None;
-            }
-            let object: Vec<u8> = (0..size_bytes).map(|i| (i * 31 % 251) as u8).collect();
-            let mut bounds: Vec<u64> = std::iter::once(0).chain(cuts).chain(std::iter::once(size_bytes)).collect();
-            bounds.dedup();
-            let mut ranges: Vec<(u64, u64)> = bounds.windows(2).map(|w| (w[0], w[1])).collect();
-            let k = order.index(ranges.len());
-            ranges.rotate_left(k);
-            for (start, end) in ranges {
-                let (buf, at) = placed(&object[start as usize..end as usize], start, congruent);
-                entry.write(start, &buf[at..], crc32c::crc32c(&buf[at..])).unwrap();
-            }
-            prop_assert!(entry.is_complete());
-            let mut back = vec![0u8; size_bytes as usize];
-            prop_assert!(entry.read(0, &mut back).unwrap());
-            prop_assert!(back == object);
-            prop_assert!(entry.verify().unwrap().is_empty());
-        }
-    }
-}
+mod tests;

@@ -14,23 +14,34 @@
 //! is complete here, reads the index and headers from the copies and loads through `tensora_io`
 //! from local files.
 //!
-//! Layout of `DIR`: `objects/<key>/` (complete: `data`, `ranges`, `object.json`), `partial/<key>/`
-//! (the same, in progress), `locks/<key>` (one lock file per object: a loader holds it exclusive
+//! Every byte served from a copy equals the CRC-32C recorded when it arrived: a partial copy's
+//! ranges are checked as they are read, a complete copy whole before its promotion, with a
+//! marker checked before each load (`entry.rs`, `check.rs`); a damaged record or range is
+//! dropped and fetched again (`CacheReport::damaged_records`), never served. The directory is
+//! private (`0700` folders, `0600` files, nothing followed through a symlink, no FIFO waited
+//! on, a directory another user owns or may write refused: `files.rs`), and an object's lock
+//! belongs to the process that took it, not to a child it forks (`lock.rs`).
+//!
+//! Layout of `DIR`: `objects/<key>/` (complete: `data`, `ranges`, `object.json`, `verified`),
+//! `partial/<key>/` (the same but `verified`, in progress), `locks/<key>` (one lock file per object: a loader holds it exclusive
 //! while it writes the object, shared while it reads a complete one), `locations/<hash>.json`.
 //! Two processes loading one URL at once: the second waits (at most [`LOCK_WAIT_MAX`]) for the
 //! first to finish an object, then reads it from the cache; past the bound it loads that object
 //! from the network without writing it. A size cap evicts the least recently used complete
 //! objects that nobody holds.
 
+mod check;
 mod crc;
 mod entry;
+mod files;
 mod lane;
+mod lock;
+mod ranges;
 mod seal;
 mod session;
 mod sync;
 mod writer;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -38,14 +49,17 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 pub(crate) use crc::Crc32c;
-pub use entry::{DIRECT_ALIGN_BYTES, Description, Entry, RangeRecord};
+pub use entry::{DIRECT_ALIGN_BYTES, Description, Entry};
 pub use lane::{LANE_THREADS, PIECE_BYTES};
 pub(crate) use lane::{LaneFill, LaneWork, PiecesTo};
+pub use lock::LOCKS_HELD_MAX;
+pub use ranges::{RECORDS_MAX, RangeRecord};
 pub(crate) use session::{CacheSession, WriteLocks, describe_meta};
 pub use sync::CacheSync;
 pub use writer::{WRITE_BEHIND_BYTES, WRITER_THREADS};
 
 use crate::RemoteError;
+use lock::{Mode, ObjectLock};
 
 /// How long a loader waits for another process that holds an object's lock.
 pub const LOCK_WAIT_MAX: Duration = Duration::from_secs(600);
@@ -131,6 +145,12 @@ pub struct CacheReport {
     pub skipped: Vec<String>,
     /// Objects evicted to stay under the size cap.
     pub evicted: u64,
+    /// Range records found not to hold what they claim (a torn or damaged log record, or
+    /// cached bytes that differ from the CRC-32C recorded when they arrived): dropped, never
+    /// served; their ranges are fetched again (or, offline, the load fails).
+    pub damaged_records: u64,
+    /// Bytes of the cached ranges found to differ from their CRC-32C (fetched again).
+    pub damaged_bytes: u64,
 }
 
 /// A cache directory.
@@ -158,6 +178,25 @@ pub struct CachedObject {
     pub used_unix_seconds: u64,
 }
 
+/// One object checked by [`Cache::verify`].
+#[derive(Debug, Clone)]
+pub struct VerifiedObject {
+    /// The object.
+    pub object: CachedObject,
+    /// Its recorded ranges whose bytes differ from their CRC-32C.
+    pub bad_ranges: Vec<RangeRecord>,
+    /// Records of its range log that fail their own checksum, lie outside the object, or are
+    /// torn (all ignored by loads: their ranges are fetched again).
+    pub bad_log_records: u64,
+}
+
+impl VerifiedObject {
+    /// Whether anything in it is damaged.
+    pub fn is_damaged(&self) -> bool {
+        !self.bad_ranges.is_empty() || self.bad_log_records > 0
+    }
+}
+
 /// Which objects a location resolved to when it was last opened.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LocationRecord {
@@ -183,13 +222,14 @@ pub fn object_key(description: &Description) -> String {
 
 impl Cache {
     /// The cache at `opts.dir`, its folders created if missing.
+    /// The cache directory must be this user's and writable by nobody else; its folders are
+    /// made private (`0700`).
     pub fn open(opts: &CacheOptions) -> Result<Cache, RemoteError> {
+        let refused =
+            |source| RemoteError::Cache { dir: opts.dir.clone(), what: "cannot use the cache", source };
+        files::private_dir(&opts.dir, files::Symlink::Followed).map_err(refused)?;
         for sub in ["objects", "partial", "locks", "locations"] {
-            std::fs::create_dir_all(opts.dir.join(sub)).map_err(|source| RemoteError::Cache {
-                dir: opts.dir.clone(),
-                what: "cannot create the cache",
-                source,
-            })?;
+            files::private_dir(&opts.dir.join(sub), files::Symlink::Refused).map_err(refused)?;
         }
         Ok(Cache { opts: opts.clone() })
     }
@@ -216,29 +256,20 @@ impl Cache {
 
     /// The record of what `url` resolved to, if it was opened with this cache before.
     pub fn location(&self, url: &str) -> Option<LocationRecord> {
-        let file = File::open(self.record_path(url)).ok()?;
-        let mut text = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::Read::take(file, RECORD_BYTES_MAX), &mut text).ok()?;
+        let text = files::read_capped(&self.record_path(url), RECORD_BYTES_MAX).ok()?;
         let record: LocationRecord = serde_json::from_slice(&text).ok()?;
         (record.url == url && record.objects.len() <= RECORD_OBJECTS_MAX).then_some(record)
     }
 
     /// Record what `record.url` resolved to (atomically replacing an older record).
     pub fn record_location(&self, record: &LocationRecord) -> std::io::Result<()> {
-        let path = self.record_path(&record.url);
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, serde_json::to_vec(record).map_err(std::io::Error::other)?)?;
-        std::fs::rename(tmp, path)
+        let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+        files::replace(&self.record_path(&record.url), &bytes, files::Durable::Buffered)
     }
 
-    /// The lock file of `key`, opened (created if missing).
-    pub fn lock_file(&self, key: &str) -> std::io::Result<File> {
-        File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(self.opts.dir.join("locks").join(key))
+    /// The lock of `key`, its file opened (created if missing), not taken yet.
+    pub(crate) fn lock_file(&self, key: &str) -> std::io::Result<ObjectLock> {
+        ObjectLock::open(&self.opts.dir.join("locks").join(key))
     }
 
     /// Every object in the cache, complete and partial.
@@ -249,7 +280,7 @@ impl Cache {
             for dir in dirs.flatten() {
                 let Ok(entry) = Entry::open(&dir.path()) else { continue };
                 let d = &entry.description;
-                let used = std::fs::metadata(dir.path().join("ranges"))
+                let used = std::fs::symlink_metadata(dir.path().join("ranges"))
                     .and_then(|m| m.modified())
                     .ok()
                     .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
@@ -290,14 +321,12 @@ impl Cache {
 
     /// Remove one object if nobody holds its lock; whether it was removed.
     fn remove_key(&self, key: &str, complete: bool) -> std::io::Result<bool> {
-        let lock = self.lock_file(key)?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
-            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        let mut lock = self.lock_file(key)?;
+        if !lock.try_take(Mode::Exclusive)? {
+            return Ok(false);
         }
         let dir = if complete { self.complete_dir(key) } else { self.partial_dir(key) };
-        std::fs::remove_dir_all(dir)?;
+        files::remove_dir(&dir)?;
         Ok(true)
     }
 
@@ -321,18 +350,23 @@ impl Cache {
         evicted
     }
 
-    /// Each object's recorded ranges checked against their CRC-32C: `(object, bad ranges)` for
-    /// every object (an unreadable object is one bad range covering it).
-    pub fn verify(&self) -> Vec<(CachedObject, Vec<RangeRecord>)> {
+    /// Each object's recorded ranges checked against their CRC-32C, and its range log's records
+    /// against their own checksums, for every object (an unreadable object is one bad range
+    /// covering it).
+    pub fn verify(&self) -> Vec<VerifiedObject> {
         let mut out = Vec::new();
         for object in self.list() {
             let dir =
                 if object.complete { self.complete_dir(&object.key) } else { self.partial_dir(&object.key) };
-            let bad = match Entry::open(&dir).and_then(|e| e.verify()) {
-                Ok(bad) => bad,
-                Err(_) => vec![RangeRecord { offset_bytes: 0, len_bytes: object.size_bytes, crc32c: 0 }],
+            let whole = RangeRecord { offset_bytes: 0, len_bytes: object.size_bytes, crc32c: 0 };
+            let (bad_ranges, bad_log_records) = match Entry::open(&dir) {
+                Ok(e) => (
+                    e.verify().unwrap_or_else(|_| vec![whole]),
+                    e.found.damaged_records.load(std::sync::atomic::Ordering::Relaxed),
+                ),
+                Err(_) => (vec![whole], 0),
             };
-            out.push((object, bad));
+            out.push(VerifiedObject { object, bad_ranges, bad_log_records });
         }
         out
     }
@@ -340,7 +374,20 @@ impl Cache {
 
 /// Touch an entry's range log so that eviction sees it used now.
 pub(crate) fn touch(dir: &Path) {
-    if let Ok(f) = File::options().append(true).open(dir.join("ranges")) {
+    if let Ok(f) = files::open(&dir.join("ranges"), files::Open::ReadWrite) {
         let _ = f.set_modified(SystemTime::now());
+    }
+}
+
+/// The readers of what a cache directory holds, for the fuzz targets in `fuzz/` (not an API:
+/// hidden from the docs, and free to change).
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::entry::Description;
+    pub use super::ranges::{LogDamage, RECORD_BYTES, Ranges, TooManyRecords};
+
+    /// The bytes of a range log holding `records`.
+    pub fn encode(records: &[super::RangeRecord]) -> Vec<u8> {
+        records.iter().flat_map(super::RangeRecord::encode).collect()
     }
 }

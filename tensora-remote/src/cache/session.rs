@@ -3,18 +3,18 @@
 //! location record, and the locks the operation holds until [`CacheSession::finish`].
 
 use std::collections::HashMap;
-use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use object_store::ObjectMeta;
 use object_store::path::Path as ObjectPath;
 
+use super::entry::Served;
+use super::lock::{Mode, ObjectLock};
 use super::writer::Writers;
-use super::{
-    Cache, CacheReport, CacheSync, Description, Entry, LOCK_POLL_INTERVAL, LOCK_WAIT_MAX, LocationRecord,
-    object_key,
-};
+use super::{Cache, CacheReport, CacheSync, Description, Entry, LOCK_WAIT_MAX, LocationRecord, object_key};
 use crate::fetch::{RemoteObject, Versioning};
 
 /// How a session gets the right to write an object.
@@ -33,8 +33,23 @@ pub(crate) struct Held {
     pub entry: Arc<Entry>,
     pub complete: bool,
     key: String,
-    _lock: File,
+    _lock: ObjectLock,
 }
+
+/// What checking a complete copy found.
+enum Complete {
+    /// It may be loaded as a local file.
+    Checked(Box<Entry>),
+    /// Some records' bytes differ (dropped from the entry): to be demoted to partial.
+    Damaged(Box<Entry>),
+    /// It cannot be opened or read (a file missing, cut short, or not the cache's).
+    Unreadable,
+}
+
+/// Times one object's lock is taken again because what is on disk changed while this process
+/// waited for it (a complete copy evicted, or found damaged), before the object is loaded from
+/// the network without being written.
+const HOLD_ATTEMPTS_MAX: u32 = 4;
 
 impl Held {
     /// The object's key.
@@ -89,20 +104,6 @@ pub(crate) fn meta_of(d: &Description) -> ObjectMeta {
     }
 }
 
-fn lock_wait(lock: &File, shared: bool, deadline: Instant) -> std::io::Result<bool> {
-    loop {
-        let attempt = if shared { lock.try_lock_shared() } else { lock.try_lock() };
-        match attempt {
-            Ok(()) => return Ok(true),
-            Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
-                std::thread::sleep(LOCK_POLL_INTERVAL);
-            }
-            Err(std::fs::TryLockError::WouldBlock) => return Ok(false),
-            Err(std::fs::TryLockError::Error(e)) => return Err(e),
-        }
-    }
-}
-
 impl CacheSession {
     pub fn new(cache: Cache, record: Option<LocationRecord>, write_locks: WriteLocks) -> CacheSession {
         let report = CacheReport { dir: cache.options().dir.display().to_string(), ..CacheReport::default() };
@@ -153,8 +154,10 @@ impl CacheSession {
             return false;
         }
         let key = object_key(&describe(object));
-        let entry = self.reader(&key);
-        let hit = entry.is_some_and(|e| e.read(offset_bytes, dest).unwrap_or(false));
+        let Some(entry) = self.reader(&key) else { return false };
+        // A damaged record is dropped (and counted) by the entry: the range is fetched again. A
+        // copy that cannot be read (cut short under this process) is fetched again too.
+        let hit = matches!(entry.read(offset_bytes, dest), Ok(Served::Hit));
         if hit {
             self.report.lock().unwrap_or_else(|p| p.into_inner()).hit_bytes += dest.len() as u64;
         }
@@ -206,11 +209,15 @@ impl CacheSession {
 
     /// The object's lock if it is free right now, and its partial entry (an open's headers).
     fn take_free(&self, key: &str, description: &Description) -> Option<Arc<Entry>> {
-        if self.cache.complete_dir(key).exists() {
+        let complete = self.cache.complete_dir(key);
+        if complete.exists() {
             return None;
         }
-        let lock = self.cache.lock_file(key).ok()?;
-        lock.try_lock().ok()?;
+        let mut lock = self.cache.lock_file(key).ok()?;
+        // Decided again with the lock held: another process may have promoted it meanwhile.
+        if !lock.try_take(Mode::Exclusive).ok()? || complete.exists() {
+            return None;
+        }
         let entry = Arc::new(Entry::create(&self.cache.partial_dir(key), description).ok()?);
         let held = Held { entry: Arc::clone(&entry), complete: false, key: key.to_owned(), _lock: lock };
         self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), held);
@@ -253,30 +260,92 @@ impl CacheSession {
         all_complete
     }
 
-    /// Lock one object: `Some(complete)`, or `None` when the wait ran out.
+    /// Lock one object: `Some(complete)`, or `None` when the wait ran out. The mode is chosen
+    /// from what is on disk, then decided again once the lock is held (the complete copy may
+    /// have been promoted, evicted or found damaged meanwhile): shared to read a complete copy
+    /// whose check holds, exclusive to write a partial one (a damaged complete copy is demoted
+    /// to partial first).
     fn hold_one(&self, key: &str, object: &RemoteObject, deadline: Instant) -> std::io::Result<Option<bool>> {
         if let Some(h) = self.held.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
             return Ok(Some(h.complete || h.entry.is_complete()));
         }
-        let lock = self.cache.lock_file(key)?;
         let complete_dir = self.cache.complete_dir(key);
-        let shared = complete_dir.exists();
-        if !lock_wait(&lock, shared, deadline)? {
-            return Ok(None);
-        }
-        // Another process may have completed it while this one waited.
-        let (entry, complete) = if complete_dir.exists() {
-            if !shared {
-                lock.lock_shared()?;
+        let mut mode = if complete_dir.exists() { Mode::Shared } else { Mode::Exclusive };
+        for _ in 0..HOLD_ATTEMPTS_MAX {
+            let mut lock = self.cache.lock_file(key)?;
+            if !lock.wait(mode, deadline)? {
+                return Ok(None);
             }
-            (Entry::open(&complete_dir)?, true)
-        } else {
-            (Entry::create(&self.cache.partial_dir(key), &describe(object))?, false)
+            let complete_here = std::fs::symlink_metadata(&complete_dir).is_ok();
+            let (entry, complete) = match (mode, complete_here) {
+                // Evicted (or demoted) while this process waited: write it instead.
+                (Mode::Shared, false) => {
+                    mode = Mode::Exclusive;
+                    continue;
+                }
+                (Mode::Shared, true) => match self.checked_complete(&complete_dir) {
+                    Complete::Checked(entry) => (*entry, true),
+                    Complete::Damaged(_) | Complete::Unreadable => {
+                        mode = Mode::Exclusive;
+                        continue;
+                    }
+                },
+                (Mode::Exclusive, true) => match self.checked_complete(&complete_dir) {
+                    // Completed by another process while this one waited: read it, shared.
+                    Complete::Checked(entry) => {
+                        if !lock.try_take(Mode::Shared)? {
+                            mode = Mode::Shared;
+                            continue;
+                        }
+                        (*entry, true)
+                    }
+                    damaged => {
+                        let partial = self.cache.partial_dir(key);
+                        let demoted = match damaged {
+                            Complete::Damaged(entry) => entry.demote(&partial).is_ok(),
+                            _ => false,
+                        };
+                        if !demoted {
+                            super::files::remove_dir(&complete_dir)?;
+                        }
+                        (Entry::create(&partial, &describe(object))?, false)
+                    }
+                },
+                (Mode::Exclusive, false) => {
+                    (Entry::create(&self.cache.partial_dir(key), &describe(object))?, false)
+                }
+            };
+            super::touch(&entry.dir);
+            let held = Held { entry: Arc::new(entry), complete, key: key.to_owned(), _lock: lock };
+            self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), held);
+            return Ok(Some(complete));
+        }
+        Err(std::io::Error::other("its cached copy kept changing while this process waited for it"))
+    }
+
+    /// The complete copy in `dir`, checked (`Entry::check_complete`); damage found is counted.
+    fn checked_complete(&self, dir: &Path) -> Complete {
+        let Ok(entry) = Entry::open(dir) else {
+            self.count_damage(1, 0);
+            return Complete::Unreadable;
         };
-        super::touch(&entry.dir);
-        let held = Held { entry: Arc::new(entry), complete, key: key.to_owned(), _lock: lock };
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), held);
-        Ok(Some(complete))
+        let checked = entry.check_complete();
+        let found = &entry.found;
+        self.count_damage(
+            found.damaged_records.swap(0, Ordering::Relaxed),
+            found.damaged_bytes.swap(0, Ordering::Relaxed),
+        );
+        match checked {
+            Ok(true) => Complete::Checked(Box::new(entry)),
+            Ok(false) => Complete::Damaged(Box::new(entry)),
+            Err(_) => Complete::Unreadable,
+        }
+    }
+
+    fn count_damage(&self, records: u64, bytes: u64) {
+        let mut report = self.report.lock().unwrap_or_else(|p| p.into_inner());
+        report.damaged_records += records;
+        report.damaged_bytes += bytes;
     }
 
     /// The local data file of each object, when every one is held complete.
@@ -286,7 +355,8 @@ impl CacheSession {
             .iter()
             .map(|o| {
                 let h = held.get(&object_key(&describe(o)))?;
-                h.complete.then(|| h.entry.dir.join("data"))
+                let data = h.entry.dir.join("data");
+                (h.complete && h.entry.data_is(&data)).then_some(data)
             })
             .collect()
     }
@@ -328,10 +398,69 @@ impl CacheSession {
         let writers = self.writers.close();
         let held: Vec<Held> =
             self.held.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, h)| h).collect();
+        let readers: Vec<Arc<Entry>> =
+            self.readers.lock().unwrap_or_else(|p| p.into_inner()).drain().filter_map(|(_, e)| e).collect();
+        for entry in held.iter().map(|h| &h.entry).chain(&readers) {
+            self.count_damage(
+                entry.found.damaged_records.swap(0, Ordering::Relaxed),
+                entry.found.damaged_bytes.swap(0, Ordering::Relaxed),
+            );
+        }
         let mut report = self.report.lock().unwrap_or_else(|p| p.into_inner()).clone();
         report.written_bytes = self.writers.written_bytes();
-        self.readers.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let sync = CacheSync::start(self.cache.clone(), writers, held, &mut report);
         (report, sync)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::entry::Promoted;
+    use crate::cache::{CacheOptions, LOCK_POLL_INTERVAL};
+
+    fn object(size: u64) -> RemoteObject {
+        let meta = ObjectMeta {
+            location: ObjectPath::from("x"),
+            last_modified: SystemTime::UNIX_EPOCH.into(),
+            size,
+            e_tag: Some("e".into()),
+            version: None,
+        };
+        RemoteObject { url: "http://h/x".into(), meta }
+    }
+
+    /// Finding 5 (issue 39): a load that saw a complete copy and waits for a shared lock, while
+    /// another process evicts that copy, writes the partial copy it then needs under an exclusive
+    /// lock (it wrote it under the shared one, beside another writer).
+    #[test]
+    fn finding_5_the_lock_mode_is_decided_again_once_the_lock_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(&CacheOptions {
+            dir: dir.path().to_path_buf(),
+            size_max_bytes: None,
+            offline: false,
+            writes: super::super::CacheWrites::default(),
+        })
+        .unwrap();
+        let o = object(100);
+        let key = object_key(&describe(&o));
+        let entry = Entry::create(&cache.partial_dir(&key), &describe(&o)).unwrap();
+        entry.write(0, &[9u8; 100], super::super::crc::crc32c(&[9u8; 100])).unwrap();
+        assert_eq!(entry.promote(&cache.complete_dir(&key)).unwrap(), Promoted::Done);
+        // An evictor holds the object's lock; the load sees the complete copy and waits, shared.
+        let mut evictor = cache.lock_file(&key).unwrap();
+        assert!(evictor.try_take(Mode::Exclusive).unwrap());
+        let session = CacheSession::new(cache.clone(), None, WriteLocks::HeldOnly);
+        std::thread::scope(|s| {
+            let holding = s.spawn(|| session.hold(std::slice::from_ref(&o)));
+            std::thread::sleep(15 * LOCK_POLL_INTERVAL);
+            std::fs::remove_dir_all(cache.complete_dir(&key)).unwrap();
+            drop(evictor);
+            assert!(!holding.join().unwrap(), "the copy is no longer complete");
+        });
+        assert!(session.writer_entry(&o).is_some(), "the load writes the partial copy");
+        let mut other = cache.lock_file(&key).unwrap();
+        assert!(!other.try_take(Mode::Shared).unwrap(), "under an exclusive lock");
     }
 }

@@ -6,10 +6,12 @@
 //! complete copies); a process killed before it is done leaves partial copies with their range
 //! logs, and the next load fetches only what is missing (nothing, if every range was written).
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use super::entry::Promoted;
 use super::seal::{Sealed, Seals};
 use super::session::Held;
 use super::writer::{Closed, Tally};
@@ -23,6 +25,8 @@ pub(crate) struct Synced {
     skipped: Vec<String>,
     evicted: u64,
     seconds: f64,
+    damaged_records: u64,
+    damaged_bytes: u64,
 }
 
 /// The thread finishing a load's cache work; joined on drop.
@@ -44,7 +48,14 @@ fn finish_behind(cache: &Cache, writers: Closed, held: Vec<Held>) -> Synced {
             continue;
         }
         match h.entry.promote(&cache.complete_dir(h.key())) {
-            Ok(()) => synced.promoted += 1,
+            Ok(Promoted::Done) => synced.promoted += 1,
+            Ok(Promoted::Damaged) => {
+                let found = &h.entry.found;
+                synced.damaged_records += found.damaged_records.swap(0, Ordering::Relaxed);
+                synced.damaged_bytes += found.damaged_bytes.swap(0, Ordering::Relaxed);
+                let url = &h.entry.description.url;
+                synced.skipped.push(format!("{url}: ranges that differ from their CRC-32C were left out"));
+            }
             Err(e) => synced.skipped.push(format!("{}: promoting failed: {e}", h.entry.description.url)),
         }
     }
@@ -140,4 +151,6 @@ fn merge(report: &mut CacheReport, synced: Synced) {
     report.skipped.extend(synced.skipped);
     report.evicted = synced.evicted;
     report.sync_seconds = synced.seconds;
+    report.damaged_records += synced.damaged_records;
+    report.damaged_bytes += synced.damaged_bytes;
 }

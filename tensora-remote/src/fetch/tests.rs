@@ -7,6 +7,11 @@ use object_store::ObjectStoreExt;
 
 use crate::test_store::BreakingStore;
 
+/// How long a test's response may send nothing before it counts as silent: long enough that a
+/// healthy in-memory response delayed by a busy machine (two cores shared by parallel builds) is
+/// not taken for a silent one, short enough to keep the silent cases' waits small.
+const SILENCE_BOUND: Duration = Duration::from_secs(1);
+
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
 }
@@ -93,11 +98,8 @@ fn a_silent_response_is_retried_after_the_request_overhead() {
     let (store, object) = setup(&rt, &data);
     store.hang_next.store(1, Ordering::Relaxed);
     let counters = Counters::default();
-    let f = Fetcher {
-        rate_min_bytes_per_s: 1,
-        request_overhead: Duration::from_millis(200),
-        ..fetcher(&store, &counters, 1)
-    };
+    let f =
+        Fetcher { rate_min_bytes_per_s: 1, request_overhead: SILENCE_BOUND, ..fetcher(&store, &counters, 1) };
     assert!(f.attempt_timeout(10_000) > Duration::from_secs(9_000));
     let mut dest = vec![0u8; 10_000];
     rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap();
@@ -110,7 +112,7 @@ fn a_silent_response_is_retried_after_the_request_overhead() {
     let f = Fetcher { policy: fast_policy(0), ..f };
     let err = rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap_err();
     assert!(matches!(err, RemoteError::RetriesExhausted { attempts: 1, .. }), "{err}");
-    assert!(err.to_string().contains("no byte for 0.2 s"), "{err}");
+    assert!(err.to_string().contains("no byte for 1.0 s"), "{err}");
 }
 
 /// A range whose attempts each move at least [`HEADWAY_BYTES_MIN`] before they break (a
@@ -150,7 +152,7 @@ fn a_silence_on_a_moving_link_starts_a_new_failure_episode() {
     let data = vec![3u8; 10_000];
     let (store, object) = setup(&rt, &data);
     let counters = Counters::default();
-    let f = Fetcher { request_overhead: Duration::from_millis(200), ..fetcher(&store, &counters, 1) };
+    let f = Fetcher { request_overhead: SILENCE_BOUND, ..fetcher(&store, &counters, 1) };
     let mut dest = vec![0u8; data.len()];
     store.hang_next.store(2, Ordering::Relaxed);
     std::thread::scope(|s| {
@@ -168,7 +170,7 @@ fn a_silence_on_a_moving_link_starts_a_new_failure_episode() {
     store.hang_next.store(2, Ordering::Relaxed);
     let err = rt.block_on(f.fetch(&object, 0, &mut dest)).unwrap_err();
     assert!(matches!(err, RemoteError::RetriesExhausted { attempts: 2, .. }), "{err}");
-    assert!(err.to_string().contains("no byte for 0.2 s"), "{err}");
+    assert!(err.to_string().contains("no byte for 1.0 s"), "{err}");
 }
 
 #[test]
@@ -185,6 +187,7 @@ fn a_replaced_object_is_changed_not_retried() {
     let (store, object) = setup(&rt, &[1u8; 5000]);
     store.breaks.lock().unwrap().push_back(2000);
     let path = object.path().clone();
+    let counters = Counters::default();
     let fetch = async {
         let mut f = fetcher(&store, &counters, 5);
         f.policy.backoff_initial = Duration::from_millis(20);
@@ -192,14 +195,26 @@ fn a_replaced_object_is_changed_not_retried() {
         let mut dest = vec![0u8; 5000];
         f.fetch(&object, 0, &mut dest).await
     };
-    // The first attempt breaks after 2000 bytes; replace before the retry runs.
+    // The first attempt breaks after 2000 bytes and counts its retry before the backoff: replace
+    // the object then, before the resumed request (ordered by the counter, not by scheduling).
     let replace = async {
-        tokio::task::yield_now().await;
-        store.inner.put(&path, vec![3u8; 5000].into()).await.unwrap();
+        for _ in 0..YIELDS_MAX {
+            if counters.retries.load(Ordering::Relaxed) > 0 {
+                store.inner.put(&path, vec![3u8; 5000].into()).await.unwrap();
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the first attempt never broke");
     };
     let (result, ()) = rt.block_on(async { futures::future::join(fetch, replace).await });
     assert!(result.unwrap_err().is_changed());
+    assert_eq!(counters.retries.load(Ordering::Relaxed), 1, "the resumed request ran, and was refused");
 }
+
+/// Yields [`a_replaced_object_is_changed_not_retried`] waits for a range's first attempt to
+/// break (it breaks within a few polls; its backoff sleeps 20 ms).
+const YIELDS_MAX: u32 = 1_000_000;
 
 /// Finding 7 of issue 14: a body of an object with no version that breaks is not resumed
 /// (the second request may read another version) unless allowed.
