@@ -1,7 +1,8 @@
 //! A new backend in one file plus one registration call.
 //!
 //! `OneThreadPread` executes a plan with a single thread of blocking `pread`s. To ship it inside
-//! tensora-io, add the file under `src/` and one line to `REGISTRY` in `src/registry.rs`:
+//! tensora-io, add the file under `src/backends/` and one line to `REGISTRY` in
+//! `src/backends/registry.rs`:
 //!
 //! ```text
 //! ("one-thread", || Box::new(crate::one_thread::OneThreadPread)),

@@ -1,13 +1,15 @@
-//! Load checkpoints from S3-compatible object stores and HTTP servers at wire speed.
+//! Load checkpoints from S3-compatible object stores, Azure Blob Storage, Google Cloud Storage and
+//! HTTP servers at wire speed.
 //!
-//! - [`Location`]: `s3://bucket/prefix/`, `http(s)://host/path/`, for a file or a directory;
-//!   [`StoreConfig`] (endpoint, plain HTTP, anonymous, credentials; `AWS_*` variables otherwise).
+//! - [`Location`]: `s3://bucket/prefix/`, `az://container/prefix/`, `gs://bucket/prefix/`,
+//!   `http(s)://host/path/`, for a file or a directory; [`StoreConfig`] (endpoint, plain HTTP,
+//!   anonymous, credentials; `AWS_*`, `AZURE_STORAGE_*` or `GOOGLE_*` variables otherwise).
 //! - [`open_remote`]: the index and every safetensors header through ranged reads (the first 8
 //!   bytes, then exactly `n` more) into a [`RemoteCheckpoint`]: a real `tensora_format::Checkpoint`
 //!   (assembled by `tensora_format::assemble` under the local rules) plus each object's version.
 //!   A directory follows the local rules: `tensor_index.json` (ServerlessLLM, partitions
-//!   `tensor.data_N` probed with HEAD) wins, then the one `*.safetensors.index.json`; on S3 the
-//!   prefix is listed (then unindexed `*.safetensors` shards too), on HTTP the names are probed.
+//!   `tensor.data_N` probed with HEAD) wins, then the one `*.safetensors.index.json`; on an object store
+//!   the prefix is listed (then unindexed `*.safetensors` shards too), on HTTP the names are probed.
 //! - [`RemoteCheckpoint::load`] / [`RemoteCheckpoint::load_streaming`] / [`load_remote`]:
 //!   `tensora_io::load` and `load_streaming` with a [`RemoteBackend`], so selection, priority,
 //!   streaming, hooks and the report are those of a local load. The backend fetches ~8 MiB planned
@@ -15,6 +17,9 @@
 //!   into the read's slice of the destination. Every range carries `If-Match` with the ETag seen at
 //!   open (or `If-Unmodified-Since`), and the response's ETag and size are compared too. Broken
 //!   bodies are resumed where they stopped, under a bounded [`RetryPolicy`].
+//! - [`Cache`]: a verified local copy of every object; every byte served from it equals the
+//!   CRC-32C recorded when it arrived.
+//! - [`verify`] / [`digests`]: `tensora verify URL` and `tensora hash URL` as library calls.
 //!
 //! ```
 //! use tensora_remote::{Landing, Location, RemoteOptions};

@@ -87,7 +87,10 @@ fn cgroup_dirs(self_cgroup: &str) -> Option<(Vec<PathBuf>, CgroupVersion)> {
         let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
         if controllers.split(',').any(|c| c == "memory") {
             let mount = Path::new("/sys/fs/cgroup/memory");
-            return Some((vec![mount.join(path.trim_start_matches('/')), mount.to_path_buf()], CgroupVersion::V1));
+            return Some((
+                vec![mount.join(path.trim_start_matches('/')), mount.to_path_buf()],
+                CgroupVersion::V1,
+            ));
         }
     }
     let path = self_cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
@@ -107,7 +110,8 @@ fn read_cgroup(dir: &Path, version: CgroupVersion) -> Option<(u64, u64)> {
         return None;
     }
     let usage_bytes: u64 = read_small(&dir.join(usage_file))?.trim().parse().ok()?;
-    let inactive_bytes = read_small(&dir.join("memory.stat")).and_then(|s| stat_field(&s, inactive_key)).unwrap_or(0);
+    let inactive_bytes =
+        read_small(&dir.join("memory.stat")).and_then(|s| stat_field(&s, inactive_key)).unwrap_or(0);
     Some((limit_bytes, limit_bytes.saturating_sub(usage_bytes.saturating_sub(inactive_bytes))))
 }
 

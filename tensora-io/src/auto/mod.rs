@@ -380,7 +380,11 @@ mod tests {
             residence: Residence::Owned,
             io_mode: IoMode::Auto,
             owned_destination_bytes: 2 << 30,
-            memory: Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 20 << 30, cgroup_limit_bytes: None }),
+            memory: Some(MemoryRoom {
+                total_bytes: 24 << 30,
+                available_bytes: 20 << 30,
+                cgroup_limit_bytes: None,
+            }),
         }
     }
 
@@ -388,7 +392,8 @@ mod tests {
     fn cold_around() -> Facts {
         let mut f = facts();
         f.residency.resident_pages = 0;
-        f.memory = Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 4 << 30, cgroup_limit_bytes: None });
+        f.memory =
+            Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 4 << 30, cgroup_limit_bytes: None });
         f
     }
 
@@ -500,7 +505,12 @@ mod tests {
         f.residence = Residence::Owned;
         let c = choose(&f);
         assert_eq!((c.backend, c.direct), ("io-uring", true));
-        assert!(c.reason.starts_with("owned: residence \"owned\"; cold, pages not kept: residence auto keeps them"), "{}", c.reason);
+        assert!(
+            c.reason
+                .starts_with("owned: residence \"owned\"; cold, pages not kept: residence auto keeps them"),
+            "{}",
+            c.reason
+        );
     }
 
     #[test]
@@ -509,7 +519,8 @@ mod tests {
         let mut f = Facts { residence: Residence::Auto(p()), ..facts() };
         f.residency.resident_pages = 0;
         f.direct = Some(Ok(()));
-        f.memory = Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 6 << 30, cgroup_limit_bytes: None });
+        f.memory =
+            Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 6 << 30, cgroup_limit_bytes: None });
         let c = choose(&f);
         assert_eq!((c.residence, c.backend), (Residence::Mapped(p()), "mmap"));
         assert!(c.reason.starts_with("mapped: cold, on local ext4, pages kept cached"), "{}", c.reason);
@@ -521,7 +532,11 @@ mod tests {
         f.owned_destination_bytes = 256 << 20;
         assert!(matches!(page_cache(&f, f.owned_destination_bytes), PageCache::Keep(_)));
         // A cgroup's limit is named when it is what binds.
-        f.memory = Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 1 << 30, cgroup_limit_bytes: Some(2 << 30) });
+        f.memory = Some(MemoryRoom {
+            total_bytes: 24 << 30,
+            available_bytes: 1 << 30,
+            cgroup_limit_bytes: Some(2 << 30),
+        });
         let PageCache::Around(why) = page_cache(&f, 0) else { panic!("1 GiB of room cannot hold 2 GiB") };
         assert!(why.ends_with("1.07 GB available (cgroup limit)"), "{why}");
     }
