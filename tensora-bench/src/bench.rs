@@ -47,7 +47,7 @@ pub const AUTO: &str = "auto";
 /// How to run the bench.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
-    /// Where fixtures, the Python venv and reports go (e.g. `target/tensora-bench`).
+    /// Where fixtures and reports go (e.g. `target/tensora-bench`).
     pub out_dir: PathBuf,
     /// The fixture size to generate and measure.
     pub size: Size,
@@ -300,8 +300,10 @@ pub fn prepare_fixtures(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Resu
         fixtures.push(f);
     }
     let mut skipped = Vec::new();
+    // Every plan converts it back in the save pairs (crate::save), whether or not it measures
+    // loads of it.
     let source = fixtures.iter().find(|f| f.name == fixtures::TINYLLAMA).cloned();
-    if let Some(source) = source.filter(|_| config.plan.measures(fixtures::TINYLLAMA_SLLM)) {
+    if let Some(source) = source {
         let t = Instant::now();
         match crate::loaders::ensure_sllm(&dir, &source, config.size, config.seed) {
             Ok(f) => {
@@ -431,7 +433,7 @@ impl<'a> Runner<'a> {
         let backends = crate::loaders::backend_names();
         let keys_python = python.keys();
         let mut keys = Vec::new();
-        for f in fixtures.iter().filter(|_| pairs != Pairs::Only) {
+        for f in fixtures.iter().filter(|f| pairs != Pairs::Only && config.plan.measures(&f.name)) {
             let specs = plan_cells(config, &f.name, &backends, &keys_python);
             let plan: FixturePlan =
                 specs.into_iter().map(|s| (runner.precheck(f, &s), s)).map(|(skip, s)| (s, skip)).collect();
@@ -475,7 +477,9 @@ impl<'a> Runner<'a> {
     /// Measure the planned cells of every fixture (`fixtures` in the order given to `new`).
     fn measure_cells(&mut self, fixtures: &[Fixture]) -> Result<Vec<Cell>> {
         let mut out = Vec::new();
-        for (fixture, plan) in fixtures.iter().zip(std::mem::take(&mut self.plans)) {
+        // The plans of `new`: the fixtures the plan measures (the others feed the save pairs).
+        let measured = fixtures.iter().filter(|f| self.config.plan.measures(&f.name));
+        for (fixture, plan) in measured.zip(std::mem::take(&mut self.plans)) {
             out.extend(self.measure_fixture(fixture, &plan)?);
             self.direct = None;
         }

@@ -229,7 +229,7 @@ impl Plan<'_> {
         if self.cold { &[Cache::Warm, Cache::Cold] } else { &[Cache::Warm] }
     }
 
-    /// Every peer, full and owned, at `at`.
+    /// Every peer, full, owned (HF torch: mapped, as its load is), at `at`.
     fn peers(&self, at: (Situation, Cache), out: &mut Vec<CellSpec>) {
         if !self.has_peers() {
             return;
@@ -237,7 +237,8 @@ impl Plan<'_> {
         out.push(CellSpec::new(Subject::PeerRead, at, Scope::Full, Mode::Owned));
         out.push(CellSpec::new(Subject::PeerMmap, at, Scope::Full, Mode::Owned));
         for key in self.python {
-            out.push(CellSpec::new(Subject::PeerPython((*key).to_owned()), at, Scope::Full, Mode::Owned));
+            let mode = crate::python::peer(key).map_or(Mode::Owned, |p| p.mode);
+            out.push(CellSpec::new(Subject::PeerPython((*key).to_owned()), at, Scope::Full, mode));
         }
     }
 

@@ -37,7 +37,7 @@ struct Args {
     /// Skip the cold-cache cells.
     #[arg(long)]
     no_cold: bool,
-    /// Where fixtures, the Python venv and reports go (default: $CARGO_TARGET_DIR/tensora-bench
+    /// Where fixtures and reports go (default: $CARGO_TARGET_DIR/tensora-bench
     /// or target/tensora-bench).
     #[arg(long)]
     out_dir: Option<PathBuf>,

@@ -1,37 +1,34 @@
 //! The Python peers and the environment they run in.
 //!
-//! The bench prepares its own virtual environment under the output directory
-//! (`target/tensora-bench/py-venv`): `python3 -m venv`, then `pip install` of the packages every
-//! default peer needs (safetensors and numpy, from PyPI), so a fresh machine measures the loader
-//! most users run today instead of skipping it. A peer whose packages are not installed by default
-//! (torch) is measured when they are importable in that environment, and otherwise skipped with the
-//! exact command that installs them. Every skip names its enabling command.
+//! The peers run in the venv that `cargo xtask provision --python` fills (`cargo xtask bench` and
+//! `cargo xtask test` run it first): `$TENSORA_PY_VENV`, else `py-venv` in the target directory
+//! ([`venv_dir`]), with every peer's packages pinned in `tensora-py/requirements-test.txt` (torch
+//! included) and tensora built from the checkout. The bench installs nothing itself: one venv, one
+//! torch, shared with the bindings' tests. A peer is skipped only when that venv is missing or
+//! cannot import it, and the skip names the command that provisions it ([`ENABLE`]).
 //!
 //! Each peer runs in a fresh interpreter ([`RUNNER_SCRIPT`]): imports, then a `ready` line (the
 //! process start, timed apart by the caller), then the load(s) and one JSON result line, the same
 //! protocol as the Rust subjects' child processes ([`crate::child`]).
 //!
-//! To add a Python peer: one entry in [`PEERS`] (its key, report name, modules and pip packages)
-//! and one branch in [`RUNNER_SCRIPT`]'s `loader` function; the cell plan picks up every entry.
+//! To add a Python peer: one entry in [`PEERS`] (its key, report name, modules and requirements,
+//! pinned in `tensora-py/requirements-test.txt`) and one branch in [`RUNNER_SCRIPT`]'s `loader`
+//! function; the cell plan picks up every entry.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
-/// Name of the venv directory under the bench's output directory.
+use crate::report::Mode;
+
+/// The variable that names the venv (set by `cargo xtask`; the same one `tensora-py/run-tests.sh`
+/// and `tensora-py/bench/run_python_peers.sh` read).
+pub const VENV_VAR: &str = "TENSORA_PY_VENV";
+/// The venv's directory under the target directory, when [`VENV_VAR`] is not set.
 pub const VENV_DIR: &str = "py-venv";
-/// The interpreter that creates the venv, unless `PYTHON` names another.
-pub const PYTHON_DEFAULT: &str = "python3";
-/// Bound on one `python -m venv` or `pip install` run.
-pub const SETUP_SECONDS_MAX: u64 = 900;
-/// pip's own timeout per network request, seconds.
-pub const PIP_REQUEST_TIMEOUT_SECONDS: u32 = 60;
-/// pip's retries per request.
-pub const PIP_RETRIES_MAX: u32 = 3;
-/// Bound on the output kept from a setup command (its last lines go into errors).
-const SETUP_OUTPUT_BYTES_MAX: usize = 1 << 20;
+/// The command that provisions the venv.
+pub const ENABLE: &str = "cargo xtask provision --python";
 
 /// A Python peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,12 +39,10 @@ pub struct PyPeer {
     pub name: &'static str,
     /// Modules it imports (checked before it is planned as runnable).
     pub modules: &'static [&'static str],
-    /// What `pip install` needs for it.
-    pub pip: &'static [&'static str],
-    /// Extra `pip install` arguments (an index URL).
-    pub pip_extra: &'static [&'static str],
-    /// Whether the bench installs its packages itself (then a skip of it is a failure in CI).
-    pub installed_by_default: bool,
+    /// The distributions it needs, each pinned in `tensora-py/requirements-test.txt`.
+    pub requirements: &'static [&'static str],
+    /// What its load returns: owned memory, or views of a file mapping (compared as such).
+    pub mode: Mode,
 }
 
 /// Hugging Face's `safetensors.numpy.load_file`.
@@ -55,19 +50,19 @@ pub const HF_NUMPY: PyPeer = PyPeer {
     key: "hf-numpy",
     name: "hf-python load_file (numpy)",
     modules: &["safetensors", "numpy"],
-    pip: &["safetensors", "numpy"],
-    pip_extra: &[],
-    installed_by_default: true,
+    requirements: &["safetensors", "numpy"],
+    mode: Mode::Owned,
 };
 
-/// Hugging Face's `safetensors.torch.load_file` (what `transformers` calls).
+/// Hugging Face's `safetensors.torch.load_file` (what `transformers` calls): its tensors are views
+/// of a private mapping of the file (`torch.UntypedStorage.from_file`), so it is compared with the
+/// mapped loads, not the owned ones.
 pub const HF_TORCH: PyPeer = PyPeer {
     key: "hf-torch",
     name: "hf-python load_file (torch)",
     modules: &["safetensors", "torch"],
-    pip: &["torch"],
-    pip_extra: &["--index-url", "https://download.pytorch.org/whl/cpu"],
-    installed_by_default: false,
+    requirements: &["safetensors", "torch"],
+    mode: Mode::Mapped,
 };
 
 /// Every Python peer, in report order.
@@ -76,6 +71,28 @@ pub const PEERS: [PyPeer; 2] = [HF_NUMPY, HF_TORCH];
 /// The peer with `key`.
 pub fn peer(key: &str) -> Option<&'static PyPeer> {
     PEERS.iter().find(|p| p.key == key)
+}
+
+/// The provisioned venv: `$TENSORA_PY_VENV`, else `py-venv` under `$CARGO_TARGET_DIR` (relative to
+/// the workspace root) or the workspace's `target/`: the rule `cargo xtask provision` follows.
+pub fn venv_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("."));
+    match (std::env::var_os(VENV_VAR), std::env::var_os("CARGO_TARGET_DIR")) {
+        (Some(venv), _) => root.join(venv),
+        (None, Some(target)) => root.join(target).join(VENV_DIR),
+        (None, None) => root.join("target").join(VENV_DIR),
+    }
+}
+
+/// The venv's interpreter, or why there is none.
+pub fn venv_python() -> Result<PathBuf, Unavailable> {
+    let venv = venv_dir();
+    let python = venv.join("bin").join("python");
+    if python.is_file() {
+        Ok(python)
+    } else {
+        Err(Unavailable { why: format!("no Python venv at {}", venv.display()), enable: ENABLE.to_owned() })
+    }
 }
 
 /// The peer runner: `python runner.py KEY SITUATION DROP FILE...`, where SITUATION is `first-load`
@@ -178,11 +195,10 @@ impl PythonEnv {
         self.peers.iter().map(|(p, _)| p.key).collect()
     }
 
-    /// An environment that is not prepared (every peer skipped with `why`), for runs that must not
-    /// touch the network.
+    /// An environment that is not prepared (every peer skipped with `why`), for runs that do
+    /// not measure the peers.
     pub fn not_prepared(out_dir: &Path, why: &str) -> PythonEnv {
-        let venv = out_dir.join(VENV_DIR);
-        let unavailable = Unavailable { why: why.to_owned(), enable: setup_command(&venv, &HF_NUMPY) };
+        let unavailable = Unavailable { why: why.to_owned(), enable: ENABLE.to_owned() };
         PythonEnv {
             python: Err(unavailable.clone()),
             script: out_dir.join("py_peer.py"),
@@ -191,77 +207,35 @@ impl PythonEnv {
     }
 }
 
-/// The command that creates the venv and installs `peer`'s packages into it.
-fn setup_command(venv: &Path, peer: &PyPeer) -> String {
-    format!(
-        "{PYTHON_DEFAULT} -m venv {v} && {v}/bin/python -m pip install {}",
-        pip_args(peer).join(" "),
-        v = venv.display()
-    )
-}
-
-/// The `pip install` arguments for `peer`.
-fn pip_args(peer: &PyPeer) -> Vec<&'static str> {
-    peer.pip.iter().chain(peer.pip_extra).copied().collect()
-}
-
-/// Make sure the venv under `out_dir` exists and holds the default peers' packages (creating and
-/// installing as needed, with a progress line per step through `log`), write the runner script,
-/// and say which peers can run.
+/// Write the runner script under `out_dir` and say which peers can run in the provisioned venv
+/// (one line through `log`).
 pub fn prepare(out_dir: &Path, log: &mut dyn FnMut(&str)) -> Result<PythonEnv> {
     std::fs::create_dir_all(out_dir).with_context(|| format!("create {}", out_dir.display()))?;
     let script = out_dir.join("py_peer.py");
     crate::writer::write_text(&script, RUNNER_SCRIPT)?;
-    let venv = out_dir.join(VENV_DIR);
-    let python = ensure_venv(&venv, log);
-    let peers = PEERS
+    let python = venv_python();
+    let peers: Vec<_> = PEERS
         .iter()
         .map(|p| {
             let status = match &python {
-                Err(e) => Err(Unavailable { why: e.why.clone(), enable: setup_command(&venv, p) }),
-                Ok(py) => importable(py, p.modules).map_err(|why| Unavailable {
-                    why,
-                    enable: format!("{}/bin/python -m pip install {}", venv.display(), pip_args(p).join(" ")),
-                }),
+                Err(e) => Err(e.clone()),
+                Ok(py) => {
+                    importable(py, p.modules).map_err(|why| Unavailable { why, enable: ENABLE.to_owned() })
+                }
             };
             (p, status)
         })
         .collect();
+    match &python {
+        Ok(py) => log(&format!(
+            "python peers: {} ({} of {} peers importable)",
+            py.display(),
+            peers.iter().filter(|(_, s)| s.is_ok()).count(),
+            peers.len()
+        )),
+        Err(e) => log(&format!("python peers: {e}")),
+    }
     Ok(PythonEnv { python, script, peers })
-}
-
-/// The venv's interpreter, created and filled with the default peers' packages when needed.
-fn ensure_venv(venv: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf, Unavailable> {
-    let python = venv.join("bin").join("python");
-    let default_modules: Vec<&str> =
-        PEERS.iter().filter(|p| p.installed_by_default).flat_map(|p| p.modules.iter().copied()).collect();
-    if python.is_file() && importable(&python, &default_modules).is_ok() {
-        log(&format!("python peers: reusing {}", venv.display()));
-        return Ok(python);
-    }
-    let fail = |why: String| Unavailable { why, enable: setup_command(venv, &HF_NUMPY) };
-    if !python.is_file() {
-        let base = std::env::var("PYTHON").unwrap_or_else(|_| PYTHON_DEFAULT.to_owned());
-        log(&format!("python peers: creating a venv at {} with {base}", venv.display()));
-        let mut cmd = Command::new(&base);
-        cmd.arg("-m").arg("venv").arg(venv);
-        run_setup(cmd, log).map_err(|e| fail(format!("cannot create the venv: {e:#}")))?;
-    }
-    let packages: Vec<&str> =
-        PEERS.iter().filter(|p| p.installed_by_default).flat_map(|p| pip_args(p)).collect();
-    log(&format!("python peers: pip install {} (from PyPI) ...", packages.join(" ")));
-    let t = Instant::now();
-    let mut cmd = Command::new(&python);
-    cmd.args(["-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"])
-        .arg("--timeout")
-        .arg(PIP_REQUEST_TIMEOUT_SECONDS.to_string())
-        .arg("--retries")
-        .arg(PIP_RETRIES_MAX.to_string())
-        .args(&packages);
-    run_setup(cmd, log).map_err(|e| fail(format!("pip install failed: {e:#}")))?;
-    log(&format!("python peers: installed in {:.1} s", t.elapsed().as_secs_f64()));
-    importable(&python, &default_modules).map_err(fail)?;
-    Ok(python)
 }
 
 /// Whether `python` can import every module of `modules`; `Err` carries the last error line.
@@ -279,31 +253,6 @@ pub fn importable(python: &Path, modules: &[&str]) -> Result<(), String> {
     Err(err.lines().last().unwrap_or("import failed").trim().to_owned())
 }
 
-/// Run a setup command under [`SETUP_SECONDS_MAX`], passing its progress lines (pip's
-/// `Collecting`, `Downloading`, `Installing`, `Successfully`) to `log`.
-fn run_setup(mut cmd: Command, log: &mut dyn FnMut(&str)) -> Result<()> {
-    let shown = |line: &str| {
-        ["Collecting", "Downloading", "Installing", "Successfully"]
-            .iter()
-            .any(|p| line.trim_start().starts_with(p))
-    };
-    let run = crate::child::run_lines(
-        cmd.stdin(Stdio::null()),
-        std::time::Duration::from_secs(SETUP_SECONDS_MAX),
-        SETUP_OUTPUT_BYTES_MAX,
-        &mut |line| {
-            if shown(line) {
-                log(&format!("python peers:   {}", line.trim()));
-            }
-        },
-    )?;
-    if !run.success {
-        let tail: Vec<&str> = run.stderr.lines().rev().take(3).collect();
-        bail!("{} ({})", run.status, tail.into_iter().rev().collect::<Vec<_>>().join(" / "));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,18 +267,25 @@ mod tests {
         assert!(peer("nope").is_none());
         let env = PythonEnv::not_prepared(Path::new("/x"), "offline");
         let why = env.status(HF_NUMPY.key).unwrap_err().to_string();
-        assert!(why.starts_with("offline; enable with: `python3 -m venv /x/py-venv && "), "{why}");
-        assert!(why.contains("pip install safetensors numpy`"), "{why}");
+        assert_eq!(why, "offline; enable with: `cargo xtask provision --python`");
         assert!(env.status("nope").is_err());
         assert_eq!(env.keys(), vec!["hf-numpy", "hf-torch"]);
     }
 
     #[test]
-    fn the_torch_peer_is_enabled_from_the_cpu_index() {
-        let cmd = setup_command(Path::new("/v"), &HF_TORCH);
-        assert!(cmd.ends_with("pip install torch --index-url https://download.pytorch.org/whl/cpu"), "{cmd}");
-        let installed: Vec<&str> = PEERS.iter().filter(|p| p.installed_by_default).map(|p| p.key).collect();
-        assert_eq!(installed, vec![HF_NUMPY.key]);
+    fn every_peer_is_pinned_in_the_requirements_the_provisioning_installs() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tensora-py/requirements-test.txt");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let pinned: Vec<&str> = text
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or("").trim())
+            .filter_map(|l| l.split_once("==").map(|(name, _)| name))
+            .collect();
+        for p in PEERS {
+            for r in p.requirements {
+                assert!(pinned.contains(r), "{}: {r} is not pinned in {}", p.key, file.display());
+            }
+        }
     }
 
     #[test]

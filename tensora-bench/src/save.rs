@@ -268,11 +268,21 @@ pub fn measure_save_pairs(
             convert_pair(&mut runner, sllm, TargetFormat::Safetensors),
             log,
         ),
-        None => log("convert back: skipped (no ServerlessLLM fixture)"),
+        // The fixture step says why it could not make the fixture (bench::prepare_fixtures).
+        None => {
+            let name = "tensora convert tinyllama-sllm -> safetensors (skipped: no ServerlessLLM fixture)";
+            log(name);
+            out.push(new_pair(fixtures::TINYLLAMA_SLLM, name, WRITE_ROOFLINE, CONVERT_GOAL));
+        }
     }
     match python_pairs(config, main, log) {
         Ok(pairs) => out.extend(pairs),
-        Err(e) => log(&format!("python save pairs: skipped: {e:#}")),
+        // Only where the provisioned venv cannot run them; the report keeps the reason.
+        Err(e) => {
+            let name = format!("tensora.save_file (python save pairs skipped: {e:#})");
+            log(&name);
+            out.push(new_pair(&main.name, &name, "HF save_file", PYTHON_GOAL));
+        }
     }
     let _ = fs::remove_dir_all(&scratch);
     Ok(out)
@@ -341,34 +351,20 @@ struct PythonPair {
     anchor_gbps: Vec<f64>,
 }
 
-/// The Python interpreter to run the Python save bench with: `$TENSORA_BENCH_PYTHON`, or the venv
-/// `tensora-py/run-tests.sh` builds (`target/py-venv`), when it imports what the bench needs.
-fn python(config: &BenchConfig) -> Result<PathBuf> {
-    let python = match std::env::var_os("TENSORA_BENCH_PYTHON") {
-        Some(p) => PathBuf::from(p),
-        None => config.out_dir.parent().unwrap_or(Path::new(".")).join("py-venv").join("bin").join("python"),
-    };
-    let out = Command::new(&python)
-        .args(["-c", "import tensora, safetensors, numpy, torch; tensora.save_file"])
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| {
-            format!("cannot run {} (build it with tensora-py/run-tests.sh)", python.display())
-        })?;
-    if !out.status.success() {
-        bail!(
-            "{}: {}",
-            python.display(),
-            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").trim()
-        );
-    }
+/// The interpreter of the provisioned venv ([`crate::python::venv_python`]), when it imports what
+/// the Python save bench needs.
+fn python() -> Result<PathBuf> {
+    let python = crate::python::venv_python().map_err(|u| anyhow::anyhow!("{u}"))?;
+    crate::python::importable(&python, &["tensora", "safetensors", "numpy", "torch"]).map_err(|why| {
+        anyhow::anyhow!("{}: {why}; enable with: `{}`", python.display(), crate::python::ENABLE)
+    })?;
     Ok(python)
 }
 
 /// `tensora.save_file` against HF's `save_file` (torch and numpy), alternately, on the model's
 /// tensors loaded once in the Python process.
 fn python_pairs(config: &BenchConfig, main: &Fixture, log: &mut dyn FnMut(&str)) -> Result<Vec<Pair>> {
-    let python = python(config)?;
+    let python = python()?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tensora-py/bench/bench_save.py");
     let scratch = config.out_dir.join("save-scratch");
     let json = scratch.join("python-save.json");

@@ -3,13 +3,13 @@
 //! `tensora-py/bench/bench_load.py` measures, interleaved in one run, warm and cold: HF numpy and
 //! torch, Run:ai's streamer, fastsafetensors (CPU), `tensora.load_file` owned and
 //! `residence="auto"`, and `weights_iterator`, all ending with the same touched torch tensors,
-//! beside its own roofline. It needs the bindings' venv (`tensora-py/run-tests.sh` builds it under
-//! `target/py-venv` with torch and every peer); its hook `run_python_peers.sh` runs it there, or
-//! says in one line why it cannot (exit 3). The bench runs the hook on the main fixture and keeps
-//! its JSON and Markdown in the report; a skip is reported with its reason, never as a failure.
+//! beside its own roofline. It runs in the provisioned venv ([`crate::python::venv_dir`]: torch,
+//! every peer and tensora, which `cargo xtask bench` provisions before it starts the bench); its
+//! hook `run_python_peers.sh` runs it there, or says in one line why it cannot (exit 3). The bench
+//! runs the hook on the main fixture and keeps its JSON and Markdown in the report; a skip is
+//! reported with its reason, never as a failure.
 //!
 //! ```text
-//! tensora-py/run-tests.sh          # once: the venv with torch, the peers and tensora
 //! cargo xtask bench                # the peers' table appears under "Python peers"
 //! ```
 
@@ -108,7 +108,13 @@ fn run_hook(
     let _ = std::fs::remove_file(&out);
     log(&format!("python peers: {} {} ...", hook.display(), options.join(" ")));
     let mut cmd = Command::new("bash");
-    cmd.arg(&hook).arg(fixture).arg(&out).args(options);
+    // The venv the bench's own peers use: one rule for both (the hook's fallback is for its
+    // standalone use).
+    cmd.arg(&hook)
+        .arg(fixture)
+        .arg(&out)
+        .args(options)
+        .env(crate::python::VENV_VAR, crate::python::venv_dir());
     let mut stdout = String::new();
     let run = crate::child::run_lines(
         &mut cmd,

@@ -1,6 +1,6 @@
 //! The whole measuring pipeline on a real checkpoint from the repository fixtures (`fixtures/`):
-//! rooflines, every backend, the peers (the Python one in the venv the bench prepares), both
-//! situations, each sample in a child process, and the three report files.
+//! rooflines, every backend, the peers (the Python ones in the venv `cargo xtask provision`
+//! fills), both situations, each sample in a child process, and the three report files.
 
 use std::path::{Path, PathBuf};
 
@@ -40,11 +40,11 @@ fn every_cell_runs_on_a_real_checkpoint_and_reports_are_written() {
         child_exe: PathBuf::from(env!("CARGO_BIN_EXE_tensora-bench")),
         memory: tensora_bench::memory::MemoryState::Relay,
     };
-    // The Python peers' venv, as the bench prepares it (kept between test runs); CI can reach
-    // PyPI, so a peer the bench installs is never allowed to be skipped.
-    let venv_parent = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-python");
+    // The Python peers run in the provisioned venv (`cargo xtask test` provisions it first), so no
+    // Python peer may be skipped.
+    let script_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-python");
     let mut lines = Vec::new();
-    let python = tensora_bench::python::prepare(&venv_parent, &mut |l| lines.push(l.to_string())).unwrap();
+    let python = tensora_bench::python::prepare(&script_dir, &mut |l| lines.push(l.to_string())).unwrap();
     let fixture = real_fixture();
     let (cells, drop) = bench::measure_fixtures(&config, std::slice::from_ref(&fixture), &python, &mut |l| {
         lines.push(l.to_string())
@@ -66,25 +66,17 @@ fn every_cell_runs_on_a_real_checkpoint_and_reports_are_written() {
                 assert!(c.gbps.is_some());
             }
             Status::Skipped => {
-                // Only a peer the bench does not install may be skipped, and the skip says how to
-                // enable it; a backend this machine lacks says why.
+                // Only a backend this machine lacks may be skipped, and it says why; every peer is
+                // provisioned.
                 let reason = c.reason.as_deref().unwrap_or("");
-                let installed = tensora_bench::python::PEERS
-                    .iter()
-                    .any(|p| p.installed_by_default && p.name == c.subject);
-                assert!(!installed, "{} skipped, but the bench installs it: {reason}", c.subject);
-                if c.kind == Kind::Peer {
-                    assert!(reason.contains("enable with: `"), "{}: {reason}", c.subject);
-                } else {
-                    assert_eq!(c.kind, Kind::Backend, "{}: {reason}", c.subject);
-                    assert!(reason.starts_with("backend unavailable here"), "{}: {reason}", c.subject);
-                }
+                assert_eq!(c.kind, Kind::Backend, "{} skipped, but it is provisioned: {reason}", c.subject);
+                assert!(reason.starts_with("backend unavailable here"), "{}: {reason}", c.subject);
             }
             Status::Failed => panic!("{} failed: {:?}", c.subject, c.reason),
         }
     }
-    // Every peer the bench installs was measured, in both situations.
-    for p in tensora_bench::python::PEERS.iter().filter(|p| p.installed_by_default) {
+    // Every Python peer was measured, in both situations.
+    for p in &tensora_bench::python::PEERS {
         for situation in [Situation::FirstLoad, Situation::RepeatLoad] {
             let measured = cells
                 .iter()

@@ -11,9 +11,8 @@ reported beside them. The file is removed after each run and the removal synced,
     python tensora-py/bench/bench_save.py target/tensora-bench/fixtures/full/tinyllama --runs 5 \\
         --json target/tensora-bench/python/save.json
 
-``cargo xtask bench`` runs it (``tensora_bench::save``) when ``target/py-venv`` (or
-``$TENSORA_BENCH_PYTHON``) can import tensora, safetensors and torch, and puts its pairs in the
-report.
+``cargo xtask bench`` runs it (``tensora_bench::save``) in the venv it provisions
+(``target/py-venv``, or ``$TENSORA_PY_VENV``) and puts its pairs in the report.
 """
 
 import argparse

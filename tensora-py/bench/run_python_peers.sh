@@ -3,7 +3,7 @@
 # Python with torch, the peers and tensora is available, else say why it is skipped.
 #   tensora-py/bench/run_python_peers.sh FIXTURE OUT.json [bench_load.py options...]
 # Python: $TENSORA_PY_VENV/bin/python, else $CARGO_TARGET_DIR/py-venv or target/py-venv (what
-# tensora-py/run-tests.sh builds, with tensora installed by maturin), else $PYTHON.
+# `cargo xtask provision --python` fills, with tensora installed by maturin), else $PYTHON.
 # Exit 0: ran, OUT.json written (schema 2: temps.{warm,cold}.results.SUBJECT.{gbps_median,
 # gbps_min, gbps_max, seconds, x_roofline} or .error; acceptance; markdown). Exit 3: skipped, one
 # line "python peers skipped: WHY" on stdout. Anything else: the bench failed.
@@ -23,7 +23,7 @@ python="${TENSORA_PY_VENV:-$target_dir/py-venv}/bin/python"
 [ -x "$python" ] || python="${PYTHON:-python3}"
 
 if ! why="$("$python" -c 'import torch, tensora, safetensors, runai_model_streamer, fastsafetensors' 2>&1)"; then
-    echo "python peers skipped: $python cannot import the peers (run tensora-py/run-tests.sh once): ${why##*$'\n'}"
+    echo "python peers skipped: $python cannot import the peers (run \`cargo xtask provision --python\` once): ${why##*$'\n'}"
     exit 3
 fi
 exec "$python" "$bench_dir/bench_load.py" "$fixture" --json "$out" "$@"

@@ -41,29 +41,53 @@ pub fn listed(required: &str, cap: Capability) -> bool {
     required.split(',').map(str::trim).any(|c| c == cap.name())
 }
 
+/// What [`check`] does about a capability.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// It is there: the test runs.
+    Available,
+    /// It is missing and optional: the test skips it, logging this line.
+    Skip(String),
+    /// It is missing and required: the test fails with this message.
+    RequiredButMissing(String),
+}
+
+/// The verdict on `cap` for `context`, given whether it is `available` and the value of
+/// [`REQUIRE_VAR`] (`required`).
+pub fn verdict(cap: Capability, available: Result<(), String>, required: &str, context: &str) -> Verdict {
+    match available {
+        Ok(()) => Verdict::Available,
+        Err(why) if listed(required, cap) => Verdict::RequiredButMissing(format!(
+            "{context}: {} is required here ({REQUIRE_VAR}={required}) but unavailable: {why}",
+            cap.name()
+        )),
+        Err(why) => Verdict::Skip(format!(
+            "{context}: skipping {} ({why}); set {REQUIRE_VAR}={} to fail instead",
+            cap.name(),
+            cap.name()
+        )),
+    }
+}
+
 /// `available`, when true; when false, fails if [`REQUIRE_VAR`] lists `cap`, else logs that
-/// `context` skipped it and why, and returns false.
+/// `context` skipped it and why, and returns false (see [`verdict`]).
 ///
 /// # Panics
 ///
 /// When `cap` is required and not available: that is the test failing.
 pub fn check(cap: Capability, available: Result<(), String>, context: &str) -> bool {
-    match available {
-        Ok(()) => true,
-        Err(why) => {
-            let required = std::env::var(REQUIRE_VAR).unwrap_or_default();
-            assert!(
-                !listed(&required, cap),
-                "{context}: {} is required here ({REQUIRE_VAR}={required}) but unavailable: {why}",
-                cap.name()
-            );
-            eprintln!(
-                "{context}: skipping {} ({why}); set {REQUIRE_VAR}={} to fail instead",
-                cap.name(),
-                cap.name()
-            );
+    check_with(cap, available, &std::env::var(REQUIRE_VAR).unwrap_or_default(), context)
+}
+
+/// [`check`] with the value of [`REQUIRE_VAR`] given.
+fn check_with(cap: Capability, available: Result<(), String>, required: &str, context: &str) -> bool {
+    match verdict(cap, available, required, context) {
+        Verdict::Available => true,
+        Verdict::Skip(line) => {
+            eprintln!("{line}");
             false
         }
+        Verdict::RequiredButMissing(message) => panic!("{message}"),
     }
 }
 
@@ -138,10 +162,40 @@ mod tests {
     #[test]
     fn an_available_capability_passes_and_a_missing_optional_one_is_skipped() {
         assert!(check(Capability::IoUring, Ok(()), "test"));
-        // The test binary is never run with an unknown capability listed.
-        let required = std::env::var(REQUIRE_VAR).unwrap_or_default();
-        if !listed(&required, Capability::ODirect) {
-            assert!(!check(Capability::ODirect, Err("no".into()), "test"));
-        }
+        assert_eq!(verdict(Capability::ODirect, Ok(()), "o-direct", "t"), Verdict::Available);
+        assert_eq!(
+            verdict(Capability::ODirect, Err("tmpfs".into()), "io-uring", "t"),
+            Verdict::Skip(
+                "t: skipping o-direct (tmpfs); set TENSORA_TEST_REQUIRE=o-direct to fail instead".into()
+            )
+        );
+        assert!(matches!(verdict(Capability::Mount, Err("no".into()), "", "t"), Verdict::Skip(_)));
+        // A missing capability that is not required: skipped, not failed.
+        assert!(!check_with(Capability::Mount, Err("no".into()), "io-uring,o-direct", "test"));
+    }
+
+    #[test]
+    fn a_missing_required_capability_fails_whatever_this_run_requires() {
+        // CI lists io-uring and o-direct: the failing path is decided here from the list given,
+        // not from the environment, so it runs on every machine.
+        assert_eq!(
+            verdict(Capability::ODirect, Err("EINVAL on tmpfs".into()), "io-uring,o-direct", "direct test"),
+            Verdict::RequiredButMissing(
+                "direct test: o-direct is required here (TENSORA_TEST_REQUIRE=io-uring,o-direct) but \
+                 unavailable: EINVAL on tmpfs"
+                    .into()
+            )
+        );
+        assert!(matches!(
+            verdict(Capability::IoUring, Err("EPERM".into()), " io-uring ", "t"),
+            Verdict::RequiredButMissing(m) if m.contains("io-uring is required here") && m.ends_with("EPERM")
+        ));
+        // And `check` turns it into the test's failure, a panic with that message.
+        let caught = std::panic::catch_unwind(|| {
+            check_with(Capability::Mount, Err("not root".into()), "mount,io-uring", "tmpfs test")
+        });
+        let message = caught.unwrap_err();
+        let message = message.downcast_ref::<String>().map(String::as_str).unwrap_or("");
+        assert!(message.contains("mount is required here") && message.ends_with("not root"), "{message}");
     }
 }

@@ -6,23 +6,34 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
+mod provision;
 mod selfcheck;
 
-const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [options]
+use provision::{Provisioned, Refused, Scope};
 
-  test                 selfcheck, fmt check, clippy -D warnings, every test (unit, integration, doc),
-                       rustdoc -D warnings, quick bench, Python binding tests (tensora-py/run-tests.sh)
+const USAGE: &str = "usage: cargo xtask <test|provision|selfcheck|bench|fixtures|fuzz> [options]
+
+  test                 selfcheck, the provisioning's audit, `provision`, fmt check, clippy -D
+                       warnings, every test (unit, integration, doc), rustdoc -D warnings, quick
+                       bench, Python binding tests (tensora-py/run-tests.sh)
+  provision [--python] install what `test` needs (or with --python what `bench` and
+                       tensora-py/run-tests.sh need) when it is missing: system packages with
+                       apt-get (as root; else one line with the command, exit code 2), s3rver,
+                       Azurite, the GCS emulator and the Python venv target/py-venv (torch, the
+                       Python peers, tensora from this checkout) under target/, cached; see
+                       docs/fresh-machine.md
   selfcheck            fail if a tracked code, script or config file refers to a path outside the
                        repository (xtask/src/selfcheck.rs), or if ARCHITECTURE.md names a crate,
                        file or folder that does not exist or a dependency arrow the Cargo.toml
                        files do not have (xtask/src/selfcheck/map.rs)
-  bench [OPTIONS]      build tensora-bench in release mode and run it (a few minutes): the main
-                       fixture, `auto`, the peers (Python ones in a venv it prepares under
-                       target/tensora-bench/py-venv) and the rooflines, each sample in a fresh
-                       process (a) and as a repeat load (b), then the paired acceptance runs,
-                       the save pairs, the bindings' Python peers (when tensora-py/run-tests.sh
-                       built target/py-venv; else the report says why) and the MoE cells;
-                       writes target/tensora-bench/report.{md,json,svg}. Fails if a cell errors
+  bench [OPTIONS]      provision the Python venv (target/py-venv), build the tensora CLI and
+                       tensora-bench in release mode and run the bench (a few minutes): the main
+                       fixture, `auto`, the peers (the Python ones in that venv) and the
+                       rooflines, each sample in a fresh process (a) and as a repeat load (b),
+                       then the paired acceptance runs, the save pairs (Rust and Python, and the
+                       conversions both ways), the bindings' Python peers (HF torch, Run:ai,
+                       fastsafetensors) and the MoE cells; writes
+                       target/tensora-bench/report.{md,json,svg}. Fails if a cell errors
                        (a missed performance goal is reported, not an error)
       --full           the whole matrix: every fixture, backend, scope and mode; reports go to
                        target/tensora-bench/full/
@@ -39,7 +50,7 @@ const USAGE: &str = "usage: cargo xtask <test|selfcheck|bench|fixtures|fuzz> [op
       --cold|--no-cold run the cold-cache cells or not (default: run them)
   bench --remote [--runs N] [--only GROUP,...]
                        tensora-remote at real size against real nginx and s3rver on 127.0.0.1
-                       (needs nginx, curl, node + s3rver, see .ci/run; the Run:ai peer needs
+                       (provisions nginx, curl, node and s3rver first; the Run:ai peer needs
                        target/tensora-remote-runai, the report names the install command), each
                        beside its curl anchor in the same run (default 5 runs; medians, min-max,
                        ratios, acceptance with 90 % bootstrap intervals, when each cell ran);
@@ -69,6 +80,7 @@ fn main() -> ExitCode {
     let rest = args.get(1..).unwrap_or(&[]);
     let result = match args.first().map(String::as_str) {
         Some("test") => test(rest),
+        Some("provision") => provision_command(rest),
         Some("selfcheck") => no_arguments("selfcheck", rest).and_then(|()| selfcheck::run(&workspace_root())),
         Some("bench") => bench(rest),
         Some("fixtures") => fixtures(rest),
@@ -81,10 +93,16 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<Refused>() {
+            Some(refused) => {
+                eprintln!("error: {refused}");
+                ExitCode::from(Refused::EXIT_CODE)
+            }
+            None => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
@@ -129,23 +147,45 @@ fn no_arguments(command: &str, args: &[String]) -> Result<()> {
 fn test(args: &[String]) -> Result<()> {
     no_arguments("test", args)?;
     // First, before the workspace is built: a test that reads outside the repository passes here
-    // and fails on every other machine.
+    // and fails on every other machine; a test that starts a server the provisioning does not
+    // install passes here and fails on a fresh machine.
     eprintln!("$ cargo xtask selfcheck");
     selfcheck::run(&workspace_root())?;
+    provision::audit::run(&workspace_root())?;
+    // Everything the tests start, installed (or cached) under target/; a missing system package
+    // stops here, before anything is built.
+    let provisioned = provision(Scope::Everything)?;
+    let env = provisioned.env_refs();
     let cargo = cargo();
     run(&cargo, &["fmt", "--all", "--", "--check"])?;
     run(&cargo, &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
-    run(&cargo, &["test", "--workspace", "--all-targets"])?;
-    run(&cargo, &["test", "--workspace", "--doc"])?;
+    // The tests find every server through the provisioning's variables, nowhere else.
+    run_in(None, &env, &cargo, &["test", "--workspace", "--all-targets"])?;
+    run_in(None, &env, &cargo, &["test", "--workspace", "--doc"])?;
     // The API docs as docs.rs builds them: a broken intra-doc link is an error, like a lint.
     run_in(None, &[("RUSTDOCFLAGS", "-D warnings")], &cargo, &["doc", "--workspace", "--no-deps", "--lib"])?;
     // The quick bench, so the bench never rots: it fails on a cell that errors (a missed
-    // performance goal is reported, not a failure), and its Python peer runs in the venv it
-    // prepares.
-    bench(&["--quick".to_string()])?;
-    // The Python bindings: build into a venv under target/ and run pytest.
+    // performance goal is reported, not a failure); its Python peers run in the provisioned venv.
+    run_bench_binary(bench_args(&["--quick".to_string()], BenchRun::Measure)?, &provisioned)?;
+    // The Python bindings: pytest in the provisioned venv (the script provisions it again, a
+    // no-op now but for maturin's check that tensora is current).
     let script = workspace_root().join("tensora-py").join("run-tests.sh");
-    run("bash", &[script.to_str().context("non-UTF-8 path")?])
+    run_in(None, &env, "bash", &[script.to_str().context("non-UTF-8 path")?])
+}
+
+/// Provision what `scope` needs under the target directory (see `provision`).
+fn provision(scope: Scope) -> Result<Provisioned> {
+    provision::run(scope, &workspace_root(), &target_dir(), &cargo())
+}
+
+/// `cargo xtask provision [--python]`.
+fn provision_command(args: &[String]) -> Result<()> {
+    let scope = match args {
+        [] => Scope::Everything,
+        [flag] if flag == "--python" => Scope::Python,
+        _ => bail!("`cargo xtask provision` takes only --python, got {:?}", args.join(" ")),
+    };
+    provision(scope).map(drop)
 }
 
 /// What a run of the tensora-bench binary does.
@@ -192,27 +232,37 @@ fn bench_args(args: &[String], what: BenchRun) -> Result<Vec<String>> {
     Ok(out)
 }
 
-fn run_bench_binary(bench_args: Vec<String>) -> Result<()> {
+/// The cargo arguments that build and run the bench binary (its own arguments follow).
+const BENCH_RUN: [&str; 8] =
+    ["run", "--release", "--quiet", "-p", "tensora-bench", "--bin", "tensora-bench", "--"];
+
+/// Build the tensora CLI (the MoE cells time `tensora inspect` beside the bench binary) and run the
+/// bench with the provisioned venv.
+fn run_bench_binary(bench_args: Vec<String>, provisioned: &Provisioned) -> Result<()> {
     let cargo = cargo();
-    let mut args = vec!["run", "--release", "--quiet", "-p", "tensora-bench", "--bin", "tensora-bench", "--"];
+    run(&cargo, &["build", "--release", "--quiet", "-p", "tensora-cli", "--bin", "tensora"])?;
+    let mut args = BENCH_RUN.to_vec();
     args.extend(bench_args.iter().map(String::as_str));
-    run(&cargo, &args)
+    run_in(None, &provisioned.env_refs(), &cargo, &args)
 }
 
 fn bench(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--remote") {
+        let remote_args = remote_bench_args(args)?;
+        let provisioned = provision(Scope::Everything)?;
         let out = target_dir().join("tensora-bench").join("remote");
         let out = out.to_str().context("non-UTF-8 target directory")?.to_owned();
         let mut cmd: Vec<String> =
             ["run", "--release", "--quiet", "-p", "tensora-remote", "--example", "remote_bench", "--"]
                 .map(String::from)
                 .to_vec();
-        cmd.extend(remote_bench_args(args)?);
+        cmd.extend(remote_args);
         cmd.extend(["--out".to_owned(), out]);
         let cmd: Vec<&str> = cmd.iter().map(String::as_str).collect();
-        return run(&cargo(), &cmd);
+        return run_in(None, &provisioned.env_refs(), &cargo(), &cmd);
     }
-    run_bench_binary(bench_args(args, BenchRun::Measure)?)
+    let bench_args = bench_args(args, BenchRun::Measure)?;
+    run_bench_binary(bench_args, &provision(Scope::Python)?)
 }
 
 /// The options of `bench --remote` (`--runs N` and `--only GROUP,...` besides the flag itself),
@@ -250,7 +300,10 @@ fn target_dir() -> PathBuf {
 }
 
 fn fixtures(args: &[String]) -> Result<()> {
-    run_bench_binary(bench_args(args, BenchRun::FixturesOnly)?)
+    let bench_args = bench_args(args, BenchRun::FixturesOnly)?;
+    let mut cmd = BENCH_RUN.to_vec();
+    cmd.extend(bench_args.iter().map(String::as_str));
+    run(&cargo(), &cmd)
 }
 
 /// `cargo xtask fuzz [TARGET] [--seconds N]`.
@@ -390,6 +443,14 @@ mod tests {
         );
         assert!(remote_bench_args(&strings(&["--remote", "--runs", "0"])).is_err());
         assert!(remote_bench_args(&strings(&["--remote", "--runs"])).is_err());
+    }
+
+    #[test]
+    fn provision_takes_only_python() {
+        let e = provision_command(&strings(&["--all"])).unwrap_err();
+        assert_eq!(e.to_string(), "`cargo xtask provision` takes only --python, got \"--all\"");
+        let e = provision_command(&strings(&["--python", "x"])).unwrap_err();
+        assert_eq!(e.to_string(), "`cargo xtask provision` takes only --python, got \"--python x\"");
     }
 
     #[test]

@@ -157,7 +157,7 @@ fn load_one(dir: &Path, how: &OpenOptions, glob: &str) -> Result<(f64, f64, serd
 }
 
 /// Run every MoE cell on the fixture under the configured fixtures root.
-/// `python` is the bench's venv interpreter (`crate::python`), or why there is none (the HF cell
+/// `python` is the provisioned venv's interpreter (`crate::python`), or why there is none (the HF cell
 /// is then reported as skipped with that reason).
 pub fn run(
     config: &BenchConfig,

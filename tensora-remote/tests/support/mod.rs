@@ -1,15 +1,13 @@
 //! Test and bench harness: real nginx and s3rver processes on 127.0.0.1, started on free ports,
 //! waited on until they accept connections, and killed on drop; plus generated checkpoints.
 //!
-//! Install lines (CI):
-//! - nginx: `apt-get update && apt-get install -y nginx-light` (or set `TENSORA_NGINX`);
-//! - s3rver: `npm install --prefix target/tensora-remote-s3rver s3rver@3.7.1` run from the
-//!   workspace root (or set `TENSORA_S3RVER_DIR` to the directory holding `node_modules/`);
-//! - Azurite: `npm install --prefix target/tensora-remote-azurite azurite@3.35.0` (or set
-//!   `TENSORA_AZURITE_DIR`);
-//! - gcp-storage-emulator: `python3 -m venv target/tensora-remote-gcs &&
-//!   target/tensora-remote-gcs/bin/pip install gcp-storage-emulator` (or set
-//!   `TENSORA_GCS_EMULATOR_DIR` to the venv), started through `gcs_emulator.py`.
+//! Every server comes from `cargo xtask provision` (`cargo xtask test` runs it first and points
+//! these variables at what it installed; xtask/src/provision has the table):
+//! - nginx: the system package nginx-light (`TENSORA_NGINX`, else the usual sbin paths);
+//! - s3rver: npm `s3rver@3.7.1` under `target/tensora-remote-s3rver` (`TENSORA_S3RVER_DIR`);
+//! - Azurite: npm `azurite@3.35.0` under `target/tensora-remote-azurite` (`TENSORA_AZURITE_DIR`);
+//! - gcp-storage-emulator: a venv at `target/tensora-remote-gcs` (`TENSORA_GCS_EMULATOR_DIR`),
+//!   started through `gcs_emulator.py`.
 //!
 //! Every server listens on 127.0.0.1 only.
 #![allow(dead_code)]
@@ -90,9 +88,7 @@ fn nginx_binary() -> Result<PathBuf, String> {
             return Ok(PathBuf::from(p));
         }
     }
-    Err("nginx not found: install it with `apt-get update && apt-get install -y nginx-light` \
-         (or set TENSORA_NGINX to the binary)"
-        .to_owned())
+    Err(format!("nginx not found: {PROVISION_HINT} (it installs nginx-light, or names the command)"))
 }
 
 /// nginx serving `root` on two ports: `port` at full speed, `slow_port` with `limit_rate` per
@@ -160,12 +156,7 @@ impl Nginx {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .map_err(|e| {
-                format!(
-                    "cannot run {}: {e} (install nginx with `apt-get update && apt-get install -y nginx-light`)",
-                    binary.display()
-                )
-            })?;
+            .map_err(|e| format!("cannot run {}: {e} ({PROVISION_HINT})", binary.display()))?;
         let log = d.join("error.log");
         wait_ready(&mut child, self.port, "nginx", &log)?;
         wait_ready(&mut child, self.slow_port, "nginx", &log)?;
@@ -237,11 +228,9 @@ impl Drop for Nginx {
     }
 }
 
-fn s3rver_dir() -> PathBuf {
-    match std::env::var_os("TENSORA_S3RVER_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tensora-remote-s3rver"),
-    }
+/// s3rver's entry point, where the provisioning put it.
+fn s3rver_script() -> PathBuf {
+    tool_dir("TENSORA_S3RVER_DIR", "tensora-remote-s3rver").join("node_modules/s3rver/bin/s3rver.js")
 }
 
 /// s3rver (npm `s3rver@3.7.1`) with one bucket, [`BUCKET`], data in a temp directory.
@@ -254,15 +243,9 @@ pub struct S3rver {
 
 impl S3rver {
     pub fn start() -> Result<S3rver, String> {
-        let dir = s3rver_dir();
-        let script = dir.join("node_modules/s3rver/bin/s3rver.js");
+        let script = s3rver_script();
         if !script.exists() {
-            return Err(format!(
-                "s3rver not found at {}: install it with `npm install --prefix {} s3rver@3.7.1` \
-                 (needs node and npm: `apt-get install -y nodejs npm`), or set TENSORA_S3RVER_DIR",
-                script.display(),
-                dir.display()
-            ));
+            return Err(format!("s3rver not found at {}: {PROVISION_HINT}", script.display()));
         }
         let data_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let mut s3 = S3rver { child: None, data_dir, port: free_port() };
@@ -284,14 +267,14 @@ impl S3rver {
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
-            .map_err(|e| format!("cannot run node (install it with `apt-get install -y nodejs npm`): {e}"))?;
+            .map_err(|e| format!("cannot run node ({PROVISION_HINT}): {e}"))?;
         wait_ready(&mut child, self.port, "s3rver", &log)?;
         self.child = Some(child);
         Ok(())
     }
 
     pub fn restart(&mut self) -> Result<(), String> {
-        self.restart_with(&s3rver_dir().join("node_modules/s3rver/bin/s3rver.js"))
+        self.restart_with(&s3rver_script())
     }
 
     pub fn kill(&mut self) {
@@ -383,10 +366,17 @@ pub const AZURITE_ACCOUNT: (&str, &str) = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
 );
 
+/// How a missing server is installed.
+const PROVISION_HINT: &str = "run `cargo xtask provision` (as `cargo xtask test` does)";
+
+/// Where the provisioning put a tool: `var`, else `default` under `$CARGO_TARGET_DIR` (relative to
+/// the workspace root) or the workspace's `target/` (xtask/src/provision: the same rule and table).
 fn tool_dir(var: &str, default: &str) -> PathBuf {
-    match std::env::var_os(var) {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../target").join(default),
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    match (std::env::var_os(var), std::env::var_os("CARGO_TARGET_DIR")) {
+        (Some(d), _) => root.join(d),
+        (None, Some(target)) => root.join(target).join(default),
+        (None, None) => root.join("target").join(default),
     }
 }
 
@@ -404,12 +394,7 @@ impl Azurite {
         let dir = tool_dir("TENSORA_AZURITE_DIR", "tensora-remote-azurite");
         let script = dir.join("node_modules/azurite/dist/src/blob/main.js");
         if !script.exists() {
-            return Err(format!(
-                "Azurite not found at {}: install it with `npm install --prefix {} azurite@3.35.0` \
-                 (needs node and npm), or set TENSORA_AZURITE_DIR",
-                script.display(),
-                dir.display()
-            ));
+            return Err(format!("Azurite not found at {}: {PROVISION_HINT}", script.display()));
         }
         let data_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let port = free_port();
@@ -425,7 +410,7 @@ impl Azurite {
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
-            .map_err(|e| format!("cannot run node (install it with `apt-get install -y nodejs npm`): {e}"))?;
+            .map_err(|e| format!("cannot run node ({PROVISION_HINT}): {e}"))?;
         wait_ready(&mut child, port, "azurite", &log)?;
         let azurite = Azurite { child: Some(child), data_dir, port };
         let rt =
@@ -539,12 +524,7 @@ impl GcsEmulator {
         let binary = dir.join("bin/python3");
         let launcher = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/gcs_emulator.py");
         if !binary.exists() {
-            return Err(format!(
-                "gcp-storage-emulator not found at {}: install it with `python3 -m venv {d} && \
-                 {d}/bin/pip install gcp-storage-emulator`, or set TENSORA_GCS_EMULATOR_DIR",
-                binary.display(),
-                d = dir.display()
-            ));
+            return Err(format!("gcp-storage-emulator not found at {}: {PROVISION_HINT}", binary.display()));
         }
         let log_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let port = free_port();
