@@ -21,7 +21,8 @@ use super::{TOOLS, step::say};
 
 /// Programs every Debian or Ubuntu machine has (coreutils, util-linux, bash, procps) and git,
 /// which made the checkout.
-pub const BASE_PROGRAMS: &[&str] = &["bash", "sh", "id", "mkfifo", "mount", "umount", "git", "python3"];
+pub const BASE_PROGRAMS: &[&str] =
+    &["bash", "sh", "id", "mkfifo", "mount", "umount", "fincore", "git", "python3"];
 
 /// Programs that only a manual script starts, never `cargo xtask test` or `bench`: `(file,
 /// program)`, each with the reason in its comment.
