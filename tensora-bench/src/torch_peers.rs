@@ -71,11 +71,12 @@ fn hook_options(plan: PlanKind, runs: usize) -> Option<Vec<String>> {
         // The quick bench runs in `cargo xtask test`, where tensora-py's own tests run the hook.
         PlanKind::Quick => None,
         // One timed warm load per subject keeps the default bench short (cold: `--full`, or
-        // bench_load.py itself).
-        PlanKind::Default => {
-            Some(["--runs", "1", "--warmups", "0", "--temps", "warm"].map(String::from).to_vec())
-        }
-        PlanKind::Full => Some(vec!["--runs".into(), runs.to_string()]),
+        // bench_load.py itself). The main fixture is Llama-shaped, so transformers'
+        // `from_pretrained` is measured too, without and with `tensora.patch()`.
+        PlanKind::Default => Some(
+            ["--runs", "1", "--warmups", "0", "--temps", "warm", "--with-models"].map(String::from).to_vec(),
+        ),
+        PlanKind::Full => Some(vec!["--runs".into(), runs.to_string(), "--with-models".into()]),
     }
 }
 
@@ -156,9 +157,9 @@ mod tests {
         assert_eq!(hook_options(PlanKind::Quick, 3), None);
         assert_eq!(
             hook_options(PlanKind::Default, 3).unwrap(),
-            ["--runs", "1", "--warmups", "0", "--temps", "warm"]
+            ["--runs", "1", "--warmups", "0", "--temps", "warm", "--with-models"]
         );
-        assert_eq!(hook_options(PlanKind::Full, 5).unwrap(), ["--runs", "5"]);
+        assert_eq!(hook_options(PlanKind::Full, 5).unwrap(), ["--runs", "5", "--with-models"]);
     }
 
     #[test]

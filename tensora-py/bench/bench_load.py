@@ -17,6 +17,9 @@ every 4 KiB page read inside the timed region, so lazy paths are not flattered):
   threads through the page cache (warm), or by eight threads with `O_DIRECT` (cold): what
   reading every byte into fresh memory costs here. Ratios "x roofline" divide a subject's median
   GB/s by it;
+- from_pretrained, from_pretrained_tensora (`--with-models`, Llama-shaped checkpoints): transformers'
+  `AutoModelForCausalLM.from_pretrained` over the checkpoint's files (`llama_dir.py` writes the
+  config), without and with `tensora.patch()`, every weight touched;
 - device: the same reads into a buffer faulted in before the timer starts: what the page cache
   (warm) or the disk (cold) gives with no memory to fault in. On a VM that hands freed memory back
   to its host, first touches of fresh memory can cost more than the reads (the roofline then reads
@@ -63,7 +66,12 @@ SUBJECTS = {
     "stream": "tensora.weights_iterator (owned)",
     "roofline": "roofline: preadv into fresh memory (2 threads; cold 8, O_DIRECT)",
     "device": "device: the same reads into memory faulted in before the timer",
+    "from_pretrained": "transformers AutoModelForCausalLM.from_pretrained (HF safetensors)",
+    "from_pretrained_tensora": "the same after tensora.patch()",
 }
+# Subjects that build a model (`--with-models`): they need a Llama-shaped checkpoint
+# (`llama_dir.py` writes its config.json), so they are not among the defaults.
+MODELS = ("from_pretrained", "from_pretrained_tensora")
 # Subjects that read raw bytes (one uint8 tensor per file), not the checkpoint's tensors.
 RAW = ("roofline", "device")
 OURS = ("owned", "auto", "stream")
@@ -141,6 +149,21 @@ def prepare(subject, path):
 
         def run(path):
             return dict(tensora.weights_iterator(path, framework="pt", residence="owned")), None
+
+    elif subject in MODELS:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import llama_dir
+        from transformers import AutoModelForCausalLM
+
+        if subject == "from_pretrained_tensora":
+            import tensora
+
+            tensora.patch()
+        model_path, dtype = llama_dir.model_dir(path)
+
+        def run(path):
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+            return dict(model.state_dict()), None
 
     elif subject == "roofline":
 
@@ -390,7 +413,12 @@ def main():
     ap.add_argument("path")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--temps", default="warm,cold", help="warm, cold or both (comma-separated)")
-    ap.add_argument("--subjects", default=",".join(SUBJECTS), help="comma-separated, from: " + ", ".join(SUBJECTS))
+    ap.add_argument(
+        "--subjects",
+        default=",".join(s for s in SUBJECTS if s not in MODELS),
+        help="comma-separated, from: " + ", ".join(SUBJECTS),
+    )
+    ap.add_argument("--with-models", action="store_true", help="add " + ", ".join(MODELS) + " (Llama-shaped checkpoints)")
     ap.add_argument("--warmups", type=int, default=1, help="untimed warm runs of each subject first")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one measurement may take")
     ap.add_argument("--json", help="write every sample and the load reports here")
@@ -400,7 +428,7 @@ def main():
         return child(args.child, args.path)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
-    subjects = [s for s in args.subjects.split(",") if s]
+    subjects = [s for s in args.subjects.split(",") if s] + (list(MODELS) if args.with_models else [])
     unknown = [s for s in subjects if s not in SUBJECTS]
     temps = [t for t in args.temps.split(",") if t]
     if unknown or not subjects or any(t not in ("warm", "cold") for t in temps):
