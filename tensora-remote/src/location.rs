@@ -60,8 +60,8 @@ pub enum Location {
     Azure {
         /// The container.
         container: String,
-        /// The storage account: from the URL, else (once the store is known, see
-        /// [`Location::in_account`]) the options' credentials or the `AZURE_*` environment. Part
+        /// The storage account: from the URL (`az://container@account/path`), else, once the
+        /// store is opened, the options' credentials or the `AZURE_*` environment. Part
         /// of every printable URL, so that the cache keys made of them tell accounts apart.
         account: Option<String>,
         /// The blob or prefix in the container.
