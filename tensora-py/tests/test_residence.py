@@ -56,16 +56,7 @@ def test_an_unknown_residence_is_a_value_error(every_dtype_file):
 def test_cold_files_are_read_in_as_views_and_left_cached_for_the_next_load(tmp_path):
     path = tmp_path / "cold.safetensors"
     save_file({"w": np.arange(1 << 20, dtype=np.float32)}, str(path))  # 4 MiB
-
-    def evict():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages cannot be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-    evict()
+    _evict(path)
     # The default: the pages fit in the page cache, so they are read in as views and stay for the
     # next process, which finds the file warm.
     d, report = tensora.load_file_with_report(path, residence="auto")
@@ -74,6 +65,7 @@ def test_cold_files_are_read_in_as_views_and_left_cached_for_the_next_load(tmp_p
     assert "pages kept cached for the next load" in report["reason"], report["reason"]
     assert d["w"].tobytes() == np.arange(1 << 20, dtype=np.float32).tobytes()
     del d
+    assert _resident_fraction(path) == 1.0, "the cold load left its pages cached"
     _, again = tensora.load_file_with_report(path, residence="auto")
     assert again["reason"].startswith("mapped: warm"), again["reason"]
 
