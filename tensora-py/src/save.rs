@@ -88,7 +88,11 @@ fn tensors<'b>(specs: &[Spec<'_>], buffers: &'b [Option<PyUntypedBuffer>]) -> Py
             // `len_bytes()` bytes at `buf_ptr()` allocated (and, for numpy arrays and torch
             // tensors viewed by numpy, unresized) until it is released, which happens when
             // `buffers` (borrowed for the source's lifetime) is dropped after the write. The slice
-            // is only read, and `MemoryTensors::push` checks every element lies inside it.
+            // is only read, and `MemoryTensors::push` checks every element lies inside it. The
+            // export stops resizing and freeing, not writes: as HF's savers, `save_file`'s
+            // contract (its docstring) is that no other thread writes the tensors during the save;
+            // one that does races the writer's reads and may put a mix of old and new bytes in the
+            // file, which the digests taken while writing then describe.
             Some(buf) => unsafe { std::slice::from_raw_parts(buf.buf_ptr() as *const u8, buf.len_bytes()) },
         };
         let tensor = SourceTensor {

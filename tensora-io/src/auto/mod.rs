@@ -287,6 +287,10 @@ pub fn choose(f: &Facts) -> Choice {
         Residence::Auto(_) if f.residency.sampled_pages == 0 => {
             Some("owned: no page-cache sample (nothing selected to sample)".to_owned())
         }
+        // Cold views are read in from the disk: only where the filesystem is known to be local.
+        Residence::Auto(_) if f.filesystem.is_none() => Some(
+            "owned: cold, on a filesystem statfs could not name (never views of cold data there)".to_owned(),
+        ),
         Residence::Auto(promise) => match page_cache(f, 0) {
             PageCache::Keep(why) => {
                 return mapped(
@@ -497,8 +501,14 @@ mod tests {
         let c = choose(&f);
         assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "io-uring", true));
         assert!(c.reason.starts_with("owned: cold, around the page cache (O_DIRECT asked)"), "{}", c.reason);
-        // Room unknown: around the cache.
+        // Filesystem unknown: never cold views.
         f.io_mode = IoMode::Auto;
+        f.filesystem = None;
+        let c = choose(&f);
+        assert_eq!(c.residence, Residence::Owned, "{}", c.reason);
+        assert!(c.reason.starts_with("owned: cold, on a filesystem statfs could not name"), "{}", c.reason);
+        f.filesystem = facts().filesystem;
+        // Room unknown: around the cache.
         f.memory = None;
         assert!(page_cache(&f, 0) == PageCache::Around("available memory unknown".to_owned()));
         assert_eq!(choose(&f).backend, "io-uring");

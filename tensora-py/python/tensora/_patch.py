@@ -76,6 +76,11 @@ class _RoutingLoader(importlib.abc.Loader):
     def create_module(self, spec):
         return self._inner.create_module(spec)
 
+    def __getattr__(self, name):
+        # The real loader's optional methods (get_source, get_resource_reader, is_package, ...),
+        # so inspect, importlib.resources and pkgutil see the routed module as before.
+        return getattr(self._inner, name)
+
     def exec_module(self, module) -> None:
         self._inner.exec_module(module)
         with _lock:

@@ -311,7 +311,8 @@ def save_file(
     process, not of the machine. A full disk raises ``tensora.NoSpaceError`` and leaves nothing
     behind. The GIL is released while writing; Ctrl-C cancels. While the save runs, the arrays'
     memory is exported to the writer: numpy refuses to resize them, and a torch tensor's storage
-    becomes non-resizable (torch's rule for storage numpy has seen), which it stays.
+    becomes non-resizable (torch's rule for storage numpy has seen), which it stays. As with HF's
+    savers, no other thread may write to the tensors until the save returns.
     """
     save_file_with_report(tensors, filename, metadata, durability=durability, overlap=overlap)
 

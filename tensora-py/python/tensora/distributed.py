@@ -12,7 +12,9 @@ the same tensors as a single-process :func:`tensora.load_file`.
         model.load_weight(name, t)                        # one window at a time
 
 The shares are a pure function of the checkpoint, the selection and the options, so every rank must
-call with the same arguments and see the same files (checked before any byte is exchanged: the ranks
+call with the same arguments and see the same files (a file's identity includes its inode and
+mtime, so copies on each node's own disk count as different files; checked before any byte is
+exchanged: the ranks
 agree on a digest of each window's plan, every tensor's name, dtype, shape and arena offset and every
 file's size, mtime and inode, or an object's size and ETag; a rank that differs fails every rank,
 naming it and the first file or tensor that differs). A failure on

@@ -215,7 +215,9 @@ def _remove_duplicate_names(
             keep = min(complete - discard)
         if preferred & complete:
             keep = min(preferred & complete)
-        to_remove[keep].extend(n for n in sorted(group) if n != keep)
+        dropped = [n for n in sorted(group) if n != keep]
+        if dropped:  # as HF's: a name that shares with nothing gets no key
+            to_remove[keep].extend(dropped)
     return to_remove
 
 

@@ -69,7 +69,8 @@ impl Description {
 
     fn write(&self, dir: &Path) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        files::replace(&dir.join("object.json"), &bytes, Durable::Buffered)
+        // Synced: a promoted copy whose description a power loss emptied would be fetched again.
+        files::replace(&dir.join("object.json"), &bytes, Durable::Synced)
     }
 }
 
@@ -457,6 +458,13 @@ impl Entry {
             return Err(std::io::Error::other("the range log could not be cut back after a failed write"));
         }
         let file = log.file.as_ref().ok_or_else(|| std::io::Error::other("the entry is open for reading"))?;
+        // A log longer than its reader takes would make the next open drop the whole copy: the
+        // range is left out instead, as after a failed write.
+        if log.len_bytes / RECORD_BYTES as u64 >= RECORDS_MAX as u64 {
+            return Err(std::io::Error::other(format!(
+                "the range log holds {RECORDS_MAX} records, the most it may"
+            )));
+        }
         if let Err(e) = file.write_all_at(&record.encode(), log.len_bytes) {
             if file.set_len(log.len_bytes).is_err() {
                 log.broken = true;

@@ -144,9 +144,9 @@ impl ObjectLock {
 }
 
 impl Drop for ObjectLock {
-    /// Unregisters, then the file closes (a fork in between leaves the child a lock for a
-    /// moment; the other order could point an unrelated descriptor that reused the number at
-    /// `/dev/null` in the child).
+    /// Unregisters, then the file closes. A child forked between the two keeps the lock until it
+    /// exits (or execs: the descriptor is `O_CLOEXEC`); the other order could point an unrelated
+    /// descriptor that reused the number at `/dev/null` in the child.
     fn drop(&mut self) {
         if let Some(i) = self.slot.take() {
             HELD[i].store(FREE, Ordering::Release);
