@@ -123,23 +123,29 @@ pub fn is_checked(file: &str) -> bool {
     code || file.starts_with(".ci/")
 }
 
-/// The check on the repository at `root`: every offence found, or an error when git cannot list
-/// the files.
-pub fn check(root: &Path) -> Result<Vec<Offence>> {
+/// The paths `git ls-files -z ARGS` lists under `root` (the one home of that call in xtask).
+pub fn git_files(root: &Path, args: &[&str]) -> Result<Vec<String>> {
     let out = Command::new("git")
         .args(["ls-files", "-z"])
+        .args(args)
         .current_dir(root)
         .output()
         .context("cannot run git ls-files")?;
     if !out.status.success() {
         bail!("git ls-files failed: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
-    let files: Vec<String> = out
+    Ok(out
         .stdout
         .split(|&b| b == 0)
         .filter(|f| !f.is_empty())
         .map(|f| String::from_utf8_lossy(f).into_owned())
-        .collect();
+        .collect())
+}
+
+/// The check on the repository at `root`: every offence found, or an error when git cannot list
+/// the files.
+pub fn check(root: &Path) -> Result<Vec<Offence>> {
+    let files = git_files(root, &[])?;
     let crates: HashSet<String> = files
         .iter()
         .filter_map(|f| f.strip_suffix("Cargo.toml"))

@@ -12,7 +12,6 @@
 
 use std::fmt;
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
@@ -128,19 +127,10 @@ fn tool_variables(line: &str) -> impl Iterator<Item = &str> {
 
 /// The check on the repository at `root`: fails listing every finding.
 pub fn run(root: &Path) -> Result<()> {
-    let out = Command::new("git")
-        .args(["ls-files", "-z", "--", "*.rs", "*.py"])
-        .current_dir(root)
-        .output()
-        .context("cannot run git ls-files")?;
-    if !out.status.success() {
-        bail!("git ls-files failed: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
     let mut findings = Vec::new();
     let mut files = 0usize;
-    for file in out.stdout.split(|&b| b == 0).filter(|f| !f.is_empty()) {
-        let file = String::from_utf8_lossy(file);
-        let text = match std::fs::read(root.join(&*file)) {
+    for file in crate::selfcheck::git_files(root, &["--", "*.rs", "*.py"])? {
+        let text = match std::fs::read(root.join(&file)) {
             Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e).with_context(|| format!("cannot read {file}")),

@@ -22,9 +22,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::Path;
-use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 /// The map, relative to the repository root.
 pub const MAP_FILE: &str = "ARCHITECTURE.md";
@@ -102,16 +101,8 @@ pub fn check(root: &Path) -> Result<Vec<MapError>> {
 
 /// Every file git tracks or would track (untracked and not ignored).
 fn tree(root: &Path) -> Result<Tree> {
-    let out = Command::new("git")
-        .args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"])
-        .current_dir(root)
-        .output()
-        .context("cannot run git ls-files")?;
-    if !out.status.success() {
-        bail!("git ls-files failed: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    let files = out.stdout.split(|&b| b == 0).filter(|f| !f.is_empty());
-    let present = files.map(|f| String::from_utf8_lossy(f).into_owned()).filter(|f| root.join(f).exists());
+    let files = super::git_files(root, &["--cached", "--others", "--exclude-standard"])?;
+    let present = files.into_iter().filter(|f| root.join(f).exists());
     Ok(Tree::new(present))
 }
 
