@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use tensora_format::ErrorKind;
 use tensora_format::sharded::{check_shard_name, parse_index};
-use tensora_testkit::alloc::CountingAlloc;
+use tensora_testkit::CountingAlloc;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tensora_remote::fuzzing::{RECORD_BYTES, Ranges, encode};
-use tensora_testkit::alloc::CountingAlloc;
+use tensora_testkit::CountingAlloc;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

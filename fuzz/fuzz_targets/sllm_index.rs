@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tensora_format::sllm::{parse_index, write::index_json};
-use tensora_testkit::alloc::CountingAlloc;
+use tensora_testkit::CountingAlloc;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

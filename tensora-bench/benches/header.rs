@@ -18,7 +18,7 @@ use std::time::Instant;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tensora_format::Dtype;
 use tensora_format::write::{SafetensorsLayout, TensorSpec};
-use tensora_testkit::alloc::CountingAlloc;
+use tensora_testkit::CountingAlloc;
 
 /// Tensors in the benchmark header (release builds).
 const TENSORS_BENCH: usize = 100_000;

@@ -611,7 +611,7 @@ impl<'a> Runner<'a> {
             // Faulted in now, untimed: the figure is the device's alone.
             let lens =
                 files.iter().map(|f| std::fs::metadata(f).map(|m| m.len())).collect::<Result<Vec<_>, _>>()?;
-            let len_bytes = tensora_testkit::roofline::direct_roofline_arena_bytes(&lens);
+            let len_bytes = tensora_testkit::direct_roofline_arena_bytes(&lens);
             self.direct = Some((
                 files.clone(),
                 Arena::new(&ArenaConfig { len_bytes, prefault: Prefault::PopulateWrite })?,
@@ -645,7 +645,7 @@ pub fn round_order(cells: usize, seed: u64, round: usize) -> Vec<usize> {
 /// Why the O_DIRECT roofline cannot run on `files`, or `None`.
 pub(crate) fn direct_unavailable(files: &[PathBuf]) -> Option<String> {
     for f in files {
-        if let Err(why) = tensora_io::auto::probe::direct_io_supported(f) {
+        if let Err(why) = tensora_sys::direct_io_supported(f) {
             return Some(format!("no O_DIRECT on {}: {why}", f.display()));
         }
     }

@@ -83,7 +83,7 @@ impl CacheDropper {
 }
 
 fn write_drop_caches() -> Result<()> {
-    tensora_testkit::cache::drop_caches_global().with_context(|| format!("write {DROP_CACHES_PATH}"))
+    tensora_sys::drop_caches_global().with_context(|| format!("write {DROP_CACHES_PATH}"))
 }
 
 /// Whether advice evicts `path`: read its first [`EVICT_PROBE_BYTES`], advise, and find none of
@@ -101,7 +101,7 @@ fn fadvise_evicts(path: &Path) -> Result<()> {
 fn evict(path: &Path) -> Result<()> {
     fadvise_dontneed(path)?;
     let f = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
-    let sample = tensora_io::auto::probe::residency_sample(&f, f.metadata()?.len())?;
+    let sample = tensora_sys::residency_sample(&f, f.metadata()?.len())?;
     if sample.resident_pages > 0 {
         anyhow::bail!(
             "{}: {} of {} sampled pages still in the page cache after posix_fadvise(DONTNEED)",
@@ -118,7 +118,7 @@ const EVICT_PROBE_BYTES: u64 = 1 << 20;
 
 fn fadvise_dontneed(file: &Path) -> Result<()> {
     let f = std::fs::File::open(file).with_context(|| format!("open {}", file.display()))?;
-    tensora_testkit::cache::evict_file_cache(&f).with_context(|| format!("posix_fadvise {}", file.display()))
+    tensora_sys::evict_file_cache(&f).with_context(|| format!("posix_fadvise {}", file.display()))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //!   ratio compares like with like. Mapping the arena and the one-byte-per-page touch that every
 //!   loader and peer does are timed; unmapping the previous arena is not (nor for the loaders).
 //! - cold, direct: `O_DIRECT` reads of 8 MiB blocks, 32 in flight on one io_uring ring
-//!   (`tensora_testkit::roofline::direct_read_roofline`), into an arena faulted in by the warm-up;
+//!   (`tensora_testkit::direct_read_roofline`), into an arena faulted in by the warm-up;
 //! - cold, buffered: 2 threads of buffered `pread` in 8 MiB blocks.
 //!
 //! The device roofline is the better of the two cold figures.
@@ -185,13 +185,13 @@ pub fn read_through_cache(files: &[PathBuf], buffers: &mut ReadBuffers) -> Resul
 }
 
 /// [`read_through_cache`] for the files that a residency sample (`mincore`, see
-/// `tensora_io::auto::probe::residency_sample`) does not find wholly in the page cache. Returns
+/// `tensora_sys::residency_sample`) does not find wholly in the page cache. Returns
 /// the bytes read.
 pub fn ensure_cached(files: &[PathBuf], buffers: &mut ReadBuffers) -> Result<u64> {
     let mut cold = Vec::new();
     for path in files {
         let (file, len) = open_len(path)?;
-        let sample = tensora_io::auto::probe::residency_sample(&file, len)
+        let sample = tensora_sys::residency_sample(&file, len)
             .with_context(|| format!("residency of {}", path.display()))?;
         if sample.resident_pages < sample.sampled_pages {
             cold.push(path.clone());
@@ -218,14 +218,14 @@ pub fn warm_pread_fresh(files: &[PathBuf], pages: RooflinePages) -> Result<(f64,
 }
 
 /// Cold direct roofline: `O_DIRECT` reads of [`BLOCK_BYTES`], [`DIRECT_QUEUE_DEPTH`] in flight on
-/// one io_uring ring, then the one-byte-per-page touch, into `arena` (sized with `tensora_testkit::roofline::direct_roofline_arena_bytes`).
+/// one io_uring ring, then the one-byte-per-page touch, into `arena` (sized with `tensora_testkit::direct_roofline_arena_bytes`).
 /// Fails where the filesystem has no O_DIRECT or io_uring is unavailable.
 pub fn cold_direct(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
-    let config = tensora_testkit::roofline::DirectRooflineConfig {
+    let config = tensora_testkit::DirectRooflineConfig {
         queue_depth: DIRECT_QUEUE_DEPTH as u32,
         block_bytes: BLOCK_BYTES as u64,
     };
-    let bytes = tensora_testkit::roofline::direct_read_roofline(files, config, arena)
+    let bytes = tensora_testkit::direct_read_roofline(files, config, arena)
         .context("O_DIRECT io_uring roofline")?;
     // The same one-byte-per-page touch every loader and peer does after loading.
     let len = usize::try_from(bytes).context("arena length")?.min(arena.as_slice().len());
@@ -236,7 +236,7 @@ pub fn cold_direct(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
 /// The arena [`cold_direct`] needs for `files`.
 pub fn direct_arena(files: &[PathBuf]) -> Result<Arena> {
     let lens = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len())).collect::<Result<Vec<_>, _>>()?;
-    Ok(Arena::with_len(tensora_testkit::roofline::direct_roofline_arena_bytes(&lens))?)
+    Ok(Arena::with_len(tensora_testkit::direct_roofline_arena_bytes(&lens))?)
 }
 
 /// Cold buffered roofline: [`COPY_THREADS`] threads of buffered `pread`. `buffers` must hold that
@@ -299,7 +299,7 @@ mod tests {
         assert_eq!(read_through_cache(&files, &mut ReadBuffers::new(1)).unwrap(), expected);
         // Now cached: nothing left to read (the empty file has no page to sample).
         assert_eq!(ensure_cached(&files, &mut ReadBuffers::new(1)).unwrap(), 0);
-        tensora_testkit::cache::evict_file_cache(&std::fs::File::open(&files[1]).unwrap()).unwrap();
+        tensora_sys::evict_file_cache(&std::fs::File::open(&files[1]).unwrap()).unwrap();
         let again = ensure_cached(&files, &mut ReadBuffers::new(1)).unwrap();
         assert!(again == 0 || again == 100, "reads only what is not cached: {again}");
         assert!(read_through_cache(&files, &mut ReadBuffers::new(0)).is_err());

@@ -114,7 +114,7 @@ pub fn write_roofline(
         options.custom_flags(libc::O_DIRECT);
     }
     let file = options.open(path).with_context(|| format!("create {} ({probe:?})", path.display()))?;
-    tensora_io::fs::preallocate(&file, len_bytes).with_context(|| format!("fallocate {}", path.display()))?;
+    tensora_sys::preallocate(&file, len_bytes).with_context(|| format!("fallocate {}", path.display()))?;
     let started = Instant::now();
     let blocks_total = len_bytes.div_ceil(ROOFLINE_BLOCK_BYTES as u64);
     let next = AtomicU64::new(0);
@@ -415,7 +415,7 @@ mod tests {
         let bytes = fs::read(&path).unwrap();
         assert_eq!(bytes.len() as u64, len);
         assert_eq!(&bytes[ROOFLINE_BLOCK_BYTES..ROOFLINE_BLOCK_BYTES + 8], &1u64.to_le_bytes());
-        let direct = tensora_testkit::require::direct_io_or_skip(&path, "write roofline");
+        let direct = tensora_testkit::direct_io_or_skip(&path, "write roofline");
         fs::remove_file(&path).unwrap();
         // Direct where the filesystem takes it (not on tmpfs): the same length, the tail cut.
         if direct {

@@ -47,7 +47,7 @@ fn every_backend_gives_the_same_digests() {
     let reference = stdout_json(&tensora(&["hash", "--algo", "xxh3", "--json", &ckpt]));
     for backend in tensora_io::registry::backends() {
         if backend.name() == "io-uring"
-            && !tensora_testkit::require::io_uring_or_skip("tensora hash --backend io-uring")
+            && !tensora_testkit::io_uring_or_skip("tensora hash --backend io-uring")
         {
             continue;
         }

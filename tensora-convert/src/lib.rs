@@ -364,7 +364,7 @@ pub fn convert(src: &Checkpoint, dst: &Path, cfg: &ConvertConfig) -> Result<Conv
         gbps: if seconds > 0.0 { bytes_copied as f64 / seconds / 1e9 } else { 0.0 },
         write_seconds: pending.write_seconds,
         digest_algo: pending.digests.as_ref().map(|(a, _)| a.as_str()),
-        peak_rss_bytes: tensora_io::report::peak_rss_bytes(),
+        peak_rss_bytes: tensora_sys::peak_rss_bytes(),
         manifest,
     })
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use tensora_convert::save::{self, MemoryTensors, SaveOptions, SourceTensor, WriteChoice};
 use tensora_convert::sources::CheckpointSource;
 use tensora_format::Dtype;
-use tensora_testkit::alloc::CountingAlloc;
+use tensora_testkit::CountingAlloc;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

@@ -28,7 +28,7 @@ fn source(bytes: &[u8]) -> MemoryTensors<'_> {
 
 #[test]
 fn a_full_disk_is_a_typed_error_and_leaves_the_previous_file() {
-    let Some(fs) = tensora_testkit::require::small_tmpfs_or_skip(1 << 20, "no-space test") else { return };
+    let Some(fs) = tensora_testkit::small_tmpfs_or_skip(1 << 20, "no-space test") else { return };
     let dir = fs.path();
     let small = vec![3u8; 100 << 10];
     let big = vec![5u8; 2 << 20];
@@ -37,7 +37,7 @@ fn a_full_disk_is_a_typed_error_and_leaves_the_previous_file() {
     let direct = SaveOptions { mode: WriteChoice::Direct, ..SaveOptions::default() };
     let report = save::save_safetensors(&path, &source(&small), &meta, &direct).unwrap();
     // tmpfs takes O_DIRECT since Linux 6.6; before, the save says why it went buffered.
-    match tensora_io::auto::probe::direct_io_supported(&path) {
+    match tensora_sys::direct_io_supported(&path) {
         Ok(()) => assert_eq!(report.mode, "direct"),
         Err(_) => assert!(report.reason.starts_with("buffered: O_DIRECT open refused"), "{}", report.reason),
     }

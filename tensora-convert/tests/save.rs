@@ -25,7 +25,7 @@ const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessl
 fn direct_ok(dir: &Path) -> bool {
     let probe = dir.join("probe");
     std::fs::write(&probe, [0u8; 4096]).unwrap();
-    let ok = tensora_testkit::require::direct_io_or_skip(&probe, "save test");
+    let ok = tensora_testkit::direct_io_or_skip(&probe, "save test");
     std::fs::remove_file(probe).unwrap();
     ok
 }

@@ -7,7 +7,7 @@
 use std::sync::Mutex;
 
 use tensora_format::{ErrorKind, sharded, sllm};
-use tensora_testkit::alloc::CountingAlloc;
+use tensora_testkit::CountingAlloc;
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc::new();

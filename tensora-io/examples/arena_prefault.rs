@@ -23,7 +23,7 @@ fn anon_huge_bytes() -> u64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gib: u64 = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(1);
     let len_bytes = gib << 30;
-    let threads = tensora_io::auto::probe::cpu_count();
+    let threads = tensora_sys::cpu_count();
     let strategies = [
         ("none (fault on first write)", Prefault::None),
         ("MAP_POPULATE", Prefault::MapPopulate),

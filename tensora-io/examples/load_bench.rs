@@ -134,7 +134,7 @@ fn roofline(dir: &Path, threads: usize) -> Res<f64> {
 
 fn drop_caches(cold: bool) -> Res<()> {
     if cold {
-        tensora_testkit::cache::drop_caches_global()?;
+        tensora_sys::drop_caches_global()?;
     }
     Ok(())
 }

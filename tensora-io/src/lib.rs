@@ -38,11 +38,9 @@ pub mod backends;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
-pub mod fs;
 pub mod load;
 pub mod map;
 pub mod report;
-pub mod sched;
 pub mod seam;
 
 pub use backends::registry;

@@ -34,7 +34,7 @@ fn faulty_backends(plan: &Arc<FaultPlan>) -> Vec<(&'static str, BackendChoice)> 
         out.push(("io-uring", BackendChoice::Custom(plan.uring())));
     } else {
         // tensora_testkit::require decides whether its absence fails the run.
-        tensora_testkit::require::io_uring_or_skip("fault_matrix");
+        tensora_testkit::io_uring_or_skip("fault_matrix");
     }
     out.push(("async", BackendChoice::Custom(plan.asynchronous())));
     out
@@ -239,7 +239,7 @@ fn on_disk() -> (tempfile::TempDir, Generated) {
 fn direct_loads_read_through_o_direct_and_fall_back_on_einval() {
     let (dir, g) = on_disk();
     let path = dir.path().join("shard-00.safetensors");
-    if !tensora_testkit::require::direct_io_or_skip(&path, "direct loads") {
+    if !tensora_testkit::direct_io_or_skip(&path, "direct loads") {
         return;
     }
     let ckpt = tensora_format::open(&path).unwrap();

@@ -83,7 +83,7 @@ fn residency_rises_after_reading_and_drops_after_dontneed() {
     let warm = maps.residency(&whole(len)).unwrap();
     assert_eq!(warm.pages_total, len / 4096);
     assert!(warm.fraction() > 0.0, "{warm:?}");
-    tensora_testkit::cache::evict_file_cache(&file.source.buffered).unwrap();
+    tensora_sys::evict_file_cache(&file.source.buffered).unwrap();
     let cold = maps.residency(&whole(len)).unwrap();
     assert!(cold.fraction() < 1.0, "{cold:?}");
     // Prewarm brings every page back; the sampled view agrees.
@@ -103,7 +103,7 @@ fn locked_hot_set_survives_dontneed() {
     maps.advise_willneed(&hot).unwrap();
     maps.advise_sequential(&whole(len)).unwrap();
     maps.lock(&hot).unwrap();
-    tensora_testkit::cache::evict_file_cache(&file.source.buffered).unwrap();
+    tensora_sys::evict_file_cache(&file.source.buffered).unwrap();
     assert_eq!(maps.residency(&hot).unwrap().fraction(), 1.0);
     maps.unlock(&hot).unwrap();
     assert_eq!(maps.bytes(0, 0..4096), &file.data[..4096]);

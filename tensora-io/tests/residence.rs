@@ -62,12 +62,12 @@ fn auto_owns_when_a_backend_is_named_or_the_data_is_cold() {
     std::fs::copy(cold.path().join("shard-00.safetensors"), &path).unwrap();
     let file = std::fs::File::open(&path).unwrap();
     file.sync_all().unwrap();
-    tensora_testkit::cache::evict_file_cache(&file).unwrap();
-    let sample = tensora_io::auto::probe::residency_sample(&file, file.metadata().unwrap().len()).unwrap();
+    tensora_sys::evict_file_cache(&file).unwrap();
+    let sample = tensora_sys::residency_sample(&file, file.metadata().unwrap().len()).unwrap();
     assert_eq!(sample.resident_pages, 0, "ext4 drops clean pages on POSIX_FADV_DONTNEED");
     let ckpt = tensora_format::open(&path).unwrap();
     let len_bytes = file.metadata().unwrap().len();
-    let resident = || tensora_io::auto::probe::residency_sample(&file, len_bytes).unwrap();
+    let resident = || tensora_sys::residency_sample(&file, len_bytes).unwrap();
 
     // Asked to read around the page cache: an owned copy.
     let opts = LoadOptions {
@@ -81,7 +81,7 @@ fn auto_owns_when_a_backend_is_named_or_the_data_is_cold() {
     assert!(r.reason.starts_with("owned: cold, around the page cache (O_DIRECT asked)"), "{}", r.reason);
     assert_eq!(loaded.tensor("s0.t0").unwrap().bytes(), &cold.data["s0.t0"][..]);
     drop(loaded);
-    tensora_testkit::cache::evict_file_cache(&file).unwrap();
+    tensora_sys::evict_file_cache(&file).unwrap();
     assert!(resident().fraction() < tensora_io::auto::WARM_FRACTION, "evicted again");
 
     // The default: the pages fit in the page cache, so the cold load reads them in as views and

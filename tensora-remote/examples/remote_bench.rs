@@ -220,7 +220,7 @@ fn page_cache(dir: &Path, what: Page) -> Result<(), String> {
             } else if path.is_file() {
                 let mut file = std::fs::File::open(&path)?;
                 match what {
-                    Page::Drop => tensora_testkit::cache::evict_file_cache(&file)?,
+                    Page::Drop => tensora_sys::evict_file_cache(&file)?,
                     Page::Fill => {
                         std::io::copy(&mut file, &mut std::io::sink())?;
                     }

@@ -4,7 +4,7 @@
 //! their high-water mark. A bench or test installs it with no `unsafe` of its own:
 //!
 //! ```
-//! use tensora_testkit::alloc::CountingAlloc;
+//! use tensora_testkit::CountingAlloc;
 //!
 //! #[global_allocator]
 //! static ALLOC: CountingAlloc = CountingAlloc::new();

@@ -5,7 +5,7 @@
 //!
 //! ```
 //! // Without the variable (or without `io-uring` in it) this only logs when io_uring is missing.
-//! let available = tensora_testkit::require::io_uring_or_skip("doc example");
+//! let available = tensora_testkit::io_uring_or_skip("doc example");
 //! assert_eq!(available, tensora_io::backends::uring::probe().is_ok());
 //! ```
 
@@ -98,7 +98,7 @@ pub fn io_uring_or_skip(context: &str) -> bool {
 
 /// Whether `O_DIRECT` reads work on `path` (see [`check`]).
 pub fn direct_io_or_skip(path: &Path, context: &str) -> bool {
-    check(Capability::ODirect, tensora_io::auto::probe::direct_io_supported(path), context)
+    check(Capability::ODirect, tensora_sys::direct_io_supported(path), context)
 }
 
 /// A tmpfs of `size_bytes` mounted on a fresh temporary directory, unmounted on drop: a disk that

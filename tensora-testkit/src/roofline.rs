@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io;
 
 use tensora_io::arena::Arena;
-use tensora_io::auto::probe::open_direct;
+use tensora_sys::open_direct;
 use tensora_io::backends::uring::{self, UringBackend};
 use tensora_io::{Budget, CompletionSink, IoBackend, Job, JobConfig, Landed, SourceFile, StopReason};
 use tensora_plan::{Extent, Order, Plan, PlanConfig};

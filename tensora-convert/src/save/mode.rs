@@ -16,7 +16,7 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
-use tensora_io::auto::probe::{self, Filesystem};
+use tensora_sys::Filesystem;
 
 /// Below this many bytes a save writes through the page cache.
 pub const DIRECT_MIN_BYTES: u64 = 64 << 20;
@@ -91,7 +91,7 @@ pub struct WriteFacts {
 impl WriteFacts {
     /// The facts of writing `bytes` into `dir`.
     pub fn gather(dir: &Path, bytes: u64, in_memory: bool) -> WriteFacts {
-        WriteFacts { bytes, filesystem: probe::filesystem(dir).ok(), cpus: probe::cpu_count(), in_memory }
+        WriteFacts { bytes, filesystem: tensora_sys::filesystem(dir).ok(), cpus: tensora_sys::cpu_count(), in_memory }
     }
 }
 

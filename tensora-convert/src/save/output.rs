@@ -159,7 +159,7 @@ impl Output {
     }
 
     fn preallocate(&self) -> Result<(), ConvertError> {
-        tensora_io::fs::preallocate(&self.file, self.len_bytes)
+        tensora_sys::preallocate(&self.file, self.len_bytes)
             .map_err(|e| write_err(self.path_now(), "reserving space", e))
     }
 

@@ -54,8 +54,9 @@ use tensora_format::Checkpoint;
 use crate::load::{FilesUnchanged, IoMode, Residence};
 use crate::seam::Access;
 
-pub mod memory;
-pub mod probe;
+// The facts live in tensora-sys; `auto` reads them through these names.
+pub(crate) use tensora_sys as memory;
+pub(crate) use tensora_sys as probe;
 
 use memory::MemoryRoom;
 use probe::{Filesystem, ResidencySample};

@@ -38,7 +38,7 @@ pub fn test_file(data: Vec<u8>, claimed_len_bytes: u64, direct: bool) -> TestFil
     let source = SourceFile {
         len_bytes: claimed_len_bytes,
         buffered: std::fs::File::open(&path).unwrap(),
-        direct: if direct { Some(tensora_io::auto::probe::open_direct(&path).unwrap()) } else { None },
+        direct: if direct { Some(tensora_sys::open_direct(&path).unwrap()) } else { None },
         path,
     };
     TestFile { _tmp: tmp, data, source }

@@ -117,7 +117,7 @@ pub fn runnable_backends() -> Vec<&'static str> {
     for name in tensora_io::registry::names() {
         let b = tensora_io::registry::by_name(name).unwrap();
         if *name == "io-uring" {
-            if tensora_testkit::require::io_uring_or_skip("runnable_backends") {
+            if tensora_testkit::io_uring_or_skip("runnable_backends") {
                 out.push(*name);
             }
             continue;

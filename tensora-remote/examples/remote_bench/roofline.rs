@@ -41,7 +41,7 @@ impl WriteRoofline {
                     .truncate(true)
                     .custom_flags(libc::O_DIRECT)
                     .open(dir.join(format!("f{i}")))?;
-                tensora_io::fs::preallocate(&file, file_bytes)?;
+                tensora_sys::preallocate(&file, file_bytes)?;
                 Ok(file)
             })
             .collect::<std::io::Result<Vec<_>>>()

@@ -154,13 +154,13 @@ pub enum Promoted {
 /// few extents (2-4 per 128 MiB copy here, against 16 for the 8 MiB ranges written into a sparse
 /// file in landing order). It also claims the space up front: a disk too full for the copy fails
 /// here, and the object is loaded without being cached, not mid-load. A copy on tmpfs or ramfs
-/// (`tensora_io::fs::in_memory`) is only grown to its length: reserving there zeroes the whole
+/// (`tensora_sys::in_memory_filesystem`) is only grown to its length: reserving there zeroes the whole
 /// copy in memory first, inside the open (0.29 s of a cold 1 GiB load here, against 0.009 s
 /// without), for pages the writes fill anyway; a full tmpfs then fails the writes, and the
 /// copy stays partial.
 fn allocate(data: &File, len_bytes: u64) -> std::io::Result<()> {
-    if !tensora_io::fs::in_memory(data)? {
-        tensora_io::fs::preallocate(data, len_bytes)?;
+    if !tensora_sys::in_memory_filesystem(data)? {
+        tensora_sys::preallocate(data, len_bytes)?;
     }
     data.set_len(len_bytes)
 }

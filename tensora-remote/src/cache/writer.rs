@@ -194,7 +194,7 @@ impl Work {
 
 fn writer_loop(jobs: &Mutex<Receiver<Work>>, tally: &Mutex<Tally>, spare: &Mutex<Vec<Vec<u8>>>) {
     // Refused (by a sandbox, say): the thread writes at normal priority.
-    let _ = tensora_io::sched::idle_priority();
+    let _ = tensora_sys::idle_priority();
     // The read-back buffer of sealed held pieces, reused (a piece and two pages, at most).
     let mut scratch = Vec::new();
     loop {

@@ -29,11 +29,11 @@ fn a_copy_in_memory_is_not_preallocated() {
         let entry = Entry::create(&place.join("entry"), &description).unwrap();
         let meta = entry.data.metadata().unwrap();
         assert_eq!(meta.len(), 8 << 20);
-        let in_memory = tensora_io::fs::in_memory(&entry.data).unwrap();
+        let in_memory = tensora_sys::in_memory_filesystem(&entry.data).unwrap();
         if in_memory {
             assert_eq!(meta.blocks(), 0, "{}: nothing committed", place.display());
         }
-        let name = tensora_io::auto::probe::filesystem(place).unwrap().name;
+        let name = tensora_sys::filesystem(place).unwrap().name;
         assert_eq!(in_memory, matches!(name.as_str(), "tmpfs" | "ramfs"), "{}: {name}", place.display());
     }
 }
@@ -262,7 +262,7 @@ fn fill_up(dir: &Path) -> PathBuf {
 /// the next one (once there is room) is read back in step with every record before it.
 #[test]
 fn enospc_in_the_middle_of_a_log_record_is_cut_back_off() {
-    let Some(fs) = tensora_testkit::require::small_tmpfs_or_skip(64 << 10, "enospc_in_the_log") else {
+    let Some(fs) = tensora_testkit::small_tmpfs_or_skip(64 << 10, "enospc_in_the_log") else {
         return;
     };
     let dir = fs.path().join("entry");

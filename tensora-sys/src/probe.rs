@@ -1,6 +1,5 @@
 //! Measured facts about files and the machine: page-cache residency (sampled with `mincore`),
-//! filesystem type (`statfs`), O_DIRECT support, CPU count; and cache control for benchmarks
-//! (`posix_fadvise(DONTNEED)`, `drop_caches`).
+//! filesystem type (`statfs`), O_DIRECT support, CPU count, kernel version.
 //!
 //! Every probe here is cheap by construction: a residency sample looks at a bounded number of
 //! pages ([`RESIDENCY_SAMPLE_WINDOWS_MAX`] windows of [`RESIDENCY_WINDOW_PAGES`] pages per file), so it
@@ -12,9 +11,9 @@
 //! use std::io::Write;
 //! let mut f = tempfile::NamedTempFile::new()?;
 //! f.write_all(&[1u8; 8192])?;
-//! let fs = tensora_io::auto::probe::filesystem(f.path())?;
+//! let fs = tensora_sys::filesystem(f.path())?;
 //! assert!(!fs.name.is_empty());
-//! let resident = tensora_io::auto::probe::residency_sample(f.as_file(), 8192)?;
+//! let resident = tensora_sys::residency_sample(f.as_file(), 8192)?;
 //! assert!(resident.sampled_pages > 0);
 //! # Ok::<(), std::io::Error>(())
 //! ```
@@ -42,8 +41,10 @@ pub fn open_direct(path: &Path) -> io::Result<File> {
 /// an aligned buffer. Returns the reason when they do not.
 pub fn direct_io_supported(path: &Path) -> Result<(), String> {
     let file = open_direct(path).map_err(|e| format!("O_DIRECT open: {e}"))?;
-    let mut arena = crate::arena::Arena::with_len(PAGE_BYTES).map_err(|e| format!("buffer: {e}"))?;
-    let buf = arena.as_mut_slice();
+    // Two pages hold one page-aligned page, which O_DIRECT needs (no `unsafe` allocation).
+    let mut two_pages = vec![0u8; 2 * PAGE_BYTES as usize];
+    let aligned_at = two_pages.as_ptr().align_offset(PAGE_BYTES as usize);
+    let buf = &mut two_pages[aligned_at..aligned_at + PAGE_BYTES as usize];
     use std::os::unix::fs::FileExt;
     match file.read_at(buf, 0) {
         Ok(_) => Ok(()),
@@ -260,7 +261,7 @@ mod tests {
             s.sampled_pages > 0 && s.sampled_pages <= RESIDENCY_SAMPLE_WINDOWS_MAX * RESIDENCY_WINDOW_PAGES
         );
         assert_eq!(s.fraction(), 1.0, "{s:?}");
-        tensora_testkit::cache::evict_file_cache(f.as_file()).unwrap();
+        crate::evict_file_cache(f.as_file()).unwrap();
         let after = residency_sample(f.as_file(), 1 << 20).unwrap();
         if filesystem(f.path()).unwrap().name == "tmpfs" {
             // tmpfs pages are the file itself: nothing to evict.
@@ -275,7 +276,7 @@ mod tests {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(&vec![3u8; 4 << 20]).unwrap();
         f.as_file().sync_all().unwrap();
-        tensora_testkit::cache::evict_file_cache(f.as_file()).unwrap();
+        crate::evict_file_cache(f.as_file()).unwrap();
         // Read the first MiB back, then sample it: 16 windows of 16 pages cover it exactly. A
         // concurrent global `drop_caches` (benchmarks run as root) can empty the cache between the
         // read and the sample, so try a bounded number of times.

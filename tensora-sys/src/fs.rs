@@ -1,4 +1,4 @@
-//! File-system calls the other crates need without `unsafe` of their own.
+//! Reserving a file's blocks, and whether a file lives in memory.
 
 use std::fs::File;
 use std::os::fd::AsRawFd as _;
@@ -16,11 +16,10 @@ use std::os::fd::AsRawFd as _;
 /// ```
 /// let dir = tempfile::tempdir()?;
 /// let file = std::fs::File::create(dir.path().join("data"))?;
-/// tensora_io::fs::preallocate(&file, 1 << 20)?;
+/// tensora_sys::preallocate(&file, 1 << 20)?;
 /// assert_eq!(file.metadata()?.len(), 1 << 20);
 /// # Ok::<(), std::io::Error>(())
 /// ```
-#[allow(unsafe_code)]
 pub fn preallocate(file: &File, len_bytes: u64) -> std::io::Result<()> {
     if len_bytes == 0 {
         return Ok(());
@@ -43,11 +42,10 @@ pub fn preallocate(file: &File, len_bytes: u64) -> std::io::Result<()> {
 ///
 /// ```
 /// let file = tempfile::tempfile()?;
-/// let _on_tmpfs: bool = tensora_io::fs::in_memory(&file)?;
+/// let _on_tmpfs: bool = tensora_sys::in_memory_filesystem(&file)?;
 /// # Ok::<(), std::io::Error>(())
 /// ```
-#[allow(unsafe_code)]
-pub fn in_memory(file: &File) -> std::io::Result<bool> {
+pub fn in_memory_filesystem(file: &File) -> std::io::Result<bool> {
     let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
     // SAFETY: a plain syscall on a descriptor this function borrows, filling `st`, a valid
     // out-pointer of the right type.
@@ -58,7 +56,7 @@ pub fn in_memory(file: &File) -> std::io::Result<bool> {
     let st = unsafe { st.assume_init() };
     #[allow(clippy::unnecessary_cast)] // f_type's width differs across targets.
     let magic = st.f_type as i64;
-    Ok(matches!(crate::auto::probe::classify_filesystem(magic).name.as_str(), "tmpfs" | "ramfs"))
+    Ok(matches!(crate::probe::classify_filesystem(magic).name.as_str(), "tmpfs" | "ramfs"))
 }
 
 #[cfg(test)]
@@ -96,8 +94,8 @@ mod tests {
                 assert!(!place.is_dir(), "{} exists but takes no file", place.display());
                 continue;
             };
-            let name = crate::auto::probe::filesystem(place).unwrap().name;
-            assert_eq!(in_memory(&file).unwrap(), matches!(name.as_str(), "tmpfs" | "ramfs"), "{name}");
+            let name = crate::probe::filesystem(place).unwrap().name;
+            assert_eq!(in_memory_filesystem(&file).unwrap(), matches!(name.as_str(), "tmpfs" | "ramfs"), "{name}");
             if name == "tmpfs" {
                 preallocate(&file, 4 << 20).unwrap();
                 use std::os::unix::fs::MetadataExt as _;

@@ -1,5 +1,5 @@
 //! How much memory the page cache can be given: the fact behind `auto`'s placement rule (keep a
-//! cold checkpoint's pages cached for the next process when they fit; see [`super::choose`]).
+//! cold checkpoint's pages cached for the next process when they fit; `tensora_io`'s `auto`).
 //!
 //! [`memory_room`] reads `/proc/meminfo` (`MemTotal`, `MemAvailable`) and, when the process runs in
 //! a memory-limited cgroup (v2 `memory.max`, or v1 `memory.limit_in_bytes`), what is left under
@@ -49,7 +49,7 @@ fn combine(total_bytes: u64, machine_available_bytes: u64, cgroup: Option<(u64, 
 }
 
 /// `(MemTotal, MemAvailable)` in bytes from the text of `/proc/meminfo`.
-pub(crate) fn parse_meminfo(text: &str) -> Option<(u64, u64)> {
+fn parse_meminfo(text: &str) -> Option<(u64, u64)> {
     let field = |name: &str| -> Option<u64> {
         let line = text.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(':'))?;
         let mut words = line[name.len() + 1..].split_whitespace();

@@ -4,7 +4,7 @@
 //! ```
 //! // A thread that only runs on a core nothing else wants.
 //! std::thread::spawn(|| {
-//!     let _ = tensora_io::sched::idle_priority();
+//!     let _ = tensora_sys::idle_priority();
 //!     // ... background work ...
 //! })
 //! .join()
