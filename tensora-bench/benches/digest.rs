@@ -8,7 +8,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tensora_bench::rng::SplitMix64;
+use tensora_bench::SplitMix64;
 use tensora_verify::Algo;
 
 /// Buffer digested per iteration in release builds: larger than the last-level cache.

@@ -9,9 +9,9 @@
 #![forbid(unsafe_code)]
 
 use anyhow::{Context, Result};
-use tensora_bench::bench::{BenchConfig, PlanKind};
-use tensora_bench::fixtures::{self, DEFAULT_SEED, Size};
-use tensora_bench::memory::MemoryState;
+use tensora_bench::MemoryState;
+use tensora_bench::{BenchConfig, PlanKind};
+use tensora_bench::{DEFAULT_SEED, Size};
 
 fn main() -> Result<()> {
     let mut size = Size::Full;
@@ -42,15 +42,16 @@ fn main() -> Result<()> {
     let mut log = |line: &str| eprintln!("[save-pairs +{:.1}s] {line}", started.elapsed().as_secs_f64());
     let dir = config.fixtures_dir();
     std::fs::create_dir_all(&dir)?;
-    let spec = fixtures::specs(size, config.seed).into_iter().find(|s| s.name == fixtures::TINYLLAMA);
-    let main = fixtures::ensure(&dir, &spec.context("no TinyLlama spec")?, size, config.seed)?;
-    let sllm = tensora_bench::loaders::ensure_sllm(&dir, &main, size, config.seed)?;
-    let pairs = tensora_bench::save::measure_save_pairs(&config, &[main, sllm], &mut log)?;
+    let spec =
+        tensora_bench::specs(size, config.seed).into_iter().find(|s| s.name == tensora_bench::TINYLLAMA);
+    let main = tensora_bench::ensure_fixture(&dir, &spec.context("no TinyLlama spec")?, size, config.seed)?;
+    let sllm = tensora_bench::ensure_sllm(&dir, &main, size, config.seed)?;
+    let pairs = tensora_bench::measure_save_pairs(&config, &[main, sllm], &mut log)?;
     for p in &pairs {
         println!("{}", p.line());
     }
     let path = config.out_dir.join("save-pairs.json");
-    tensora_bench::writer::write_text(&path, &serde_json::to_string_pretty(&pairs)?)?;
+    tensora_bench::write_text(&path, &serde_json::to_string_pretty(&pairs)?)?;
     eprintln!("wrote {}", path.display());
     Ok(())
 }

@@ -20,7 +20,7 @@ use crate::progress::{Output, Progress};
 use crate::python::PythonEnv;
 use crate::report::{Cache, Cell, FixtureFacts, Machine, Report, RunFacts, SCHEMA_VERSION, Sample, Status};
 use crate::roofline::{self, ReadBuffers};
-use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+use tensora_io::{Arena, ArenaConfig, Prefault};
 
 /// Warm-up runs of [`measure`] and of the paired runs before the timed ones.
 pub const WARMUP_RUNS: usize = 1;
@@ -649,7 +649,7 @@ pub(crate) fn direct_unavailable(files: &[PathBuf]) -> Option<String> {
             return Some(format!("no O_DIRECT on {}: {why}", f.display()));
         }
     }
-    tensora_io::backends::uring::probe().err().map(|why| format!("io_uring unavailable: {why}"))
+    tensora_io::uring_probe().err().map(|why| format!("io_uring unavailable: {why}"))
 }
 
 /// A cell's summary line for the log.

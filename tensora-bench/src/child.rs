@@ -242,7 +242,7 @@ fn load_once(spec: &ChildSpec, selected: Option<&[String]>, previous: Option<Hel
     let names: Option<HashSet<String>> = selected.map(|s| s.iter().cloned().collect());
     match &spec.subject {
         Subject::RooflineWarm { pages, .. } => {
-            let arena = previous.and_then(|p| p.downcast::<tensora_io::arena::Arena>().ok());
+            let arena = previous.and_then(|p| p.downcast::<tensora_io::Arena>().ok());
             let (seconds, bytes, arena) = match arena {
                 Some(mut reused) => {
                     let t = Instant::now();

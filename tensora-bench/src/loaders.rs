@@ -1,5 +1,5 @@
 //! Everything that goes through the Tensora crates themselves: tensor names, the ServerlessLLM
-//! fixture (via `tensora_convert`), the mmap peer (via `tensora_io::map::MappedFiles`) and the
+//! fixture (via `tensora_convert`), the mmap peer (via `tensora_io::MappedFiles`) and the
 //! Tensora load cells.
 
 use std::collections::HashSet;
@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use tensora_convert::{ConvertConfig, TargetFormat};
 use tensora_format::Checkpoint;
 use tensora_format::Selection;
-use tensora_io::map::MappedFiles;
+use tensora_io::MappedFiles;
 use tensora_io::{BackendChoice, LoadOptions, Residence, SourceFile};
 
 use crate::bench::AUTO;
@@ -30,12 +30,6 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         tensora_format::open(path)
     };
     ckpt.with_context(|| format!("open {}", path.display()))
-}
-
-/// Every tensor name of a fixture, in checkpoint order.
-pub fn tensor_names(fixture: &Fixture) -> Result<Vec<String>> {
-    let ckpt = open(&fixture.open_path)?;
-    Ok(ckpt.tensors().iter().map(|t| t.name().to_string()).collect())
 }
 
 /// Make sure the ServerlessLLM conversion of `source` exists under `root` and matches its manifest

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use tensora_bench::bench::{self, BenchConfig, PAIR_RUNS_DEFAULT, PlanKind, RUNS_DEFAULT, RUNS_QUICK};
-use tensora_bench::fixtures::{DEFAULT_SEED, Size};
-use tensora_bench::memory::{IDLE_SECONDS_MAX, MemoryState};
+use tensora_bench::{BenchConfig, PAIR_RUNS_DEFAULT, PlanKind, RUNS_DEFAULT, RUNS_QUICK};
+use tensora_bench::{DEFAULT_SEED, Size};
+use tensora_bench::{IDLE_SECONDS_MAX, MemoryState};
 
 /// Measure Tensora against the machine's rooflines and against peers, in a fresh process (the
 /// first load) and in a process that already loaded once (a repeat load).
@@ -68,12 +68,12 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    if let Some(code) = tensora_bench::moe::probe_main() {
+    if let Some(code) = tensora_bench::moe_probe_main() {
         return code;
     }
     let args = Args::parse();
     if let Some(spec) = &args.child_spec {
-        return match tensora_bench::child::child_main(spec) {
+        return match tensora_bench::child_main(spec) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -146,10 +146,10 @@ fn replot(report_dir: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context;
     let path = report_dir.join("report.json");
     let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-    let mut report: tensora_bench::report::Report =
+    let mut report: tensora_bench::Report =
         serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
     report.compute_rooflines();
-    for p in bench::write_reports(&report, report_dir)? {
+    for p in tensora_bench::write_reports(&report, report_dir)? {
         eprintln!("[tensora-bench] wrote {}", p.display());
     }
     println!("{}", report.to_markdown());
@@ -159,15 +159,15 @@ fn replot(report_dir: &std::path::Path) -> anyhow::Result<()> {
 fn pairs_only(config: &BenchConfig) -> anyhow::Result<()> {
     config.validate()?;
     let mut log = logger();
-    let prepared = bench::prepare_fixtures(config, &mut log)?;
-    let pairs = bench::measure_acceptance_pairs(config, &prepared.fixtures, &mut log)?;
+    let prepared = tensora_bench::prepare_fixtures(config, &mut log)?;
+    let pairs = tensora_bench::measure_acceptance_pairs(config, &prepared.fixtures, &mut log)?;
     for p in &pairs {
         println!("{}", p.line());
     }
     let dir = config.report_dir();
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("pairs.json");
-    tensora_bench::writer::write_text(&path, &serde_json::to_string_pretty(&pairs)?)?;
+    tensora_bench::write_text(&path, &serde_json::to_string_pretty(&pairs)?)?;
     eprintln!("[tensora-bench] wrote {}", path.display());
     Ok(())
 }
@@ -176,7 +176,7 @@ fn run(config: &BenchConfig, fixtures_only: bool) -> anyhow::Result<()> {
     config.validate()?;
     let mut log = logger();
     if fixtures_only {
-        let prepared = bench::prepare_fixtures(config, &mut log)?;
+        let prepared = tensora_bench::prepare_fixtures(config, &mut log)?;
         for f in &prepared.fixtures {
             println!("{}\t{}", f.name, f.open_path.display());
         }
@@ -185,10 +185,10 @@ fn run(config: &BenchConfig, fixtures_only: bool) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let report = bench::run(config, &mut log)?;
+    let report = tensora_bench::run(config, &mut log)?;
     let report_dir = config.report_dir();
     std::fs::create_dir_all(&report_dir)?;
-    let paths = bench::write_reports(&report, &report_dir)?;
+    let paths = tensora_bench::write_reports(&report, &report_dir)?;
     println!("{}", report.to_markdown());
     for p in paths {
         eprintln!("[tensora-bench] wrote {}", p.display());
@@ -196,7 +196,7 @@ fn run(config: &BenchConfig, fixtures_only: bool) -> anyhow::Result<()> {
     eprintln!(
         "[tensora-bench] {} plan measured in {} (load average {} at the start, {} at the end)",
         report.run.plan,
-        tensora_bench::progress::clock(report.run.seconds),
+        tensora_bench::clock(report.run.seconds),
         report.run.load_average[0],
         report.run.load_average[1]
     );
@@ -211,12 +211,12 @@ fn run(config: &BenchConfig, fixtures_only: bool) -> anyhow::Result<()> {
 /// The MoE-scale cells (`tensora_bench::moe`), written beside the main reports (moe.json, moe.md).
 fn moe(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> anyhow::Result<()> {
     config.validate()?;
-    let python = tensora_bench::python::prepare(&config.out_dir, log)?;
-    let report = tensora_bench::moe::run(config, python.python.as_deref().map_err(|u| u.to_string()), log)?;
+    let python = tensora_bench::prepare_python(&config.out_dir, log)?;
+    let report = tensora_bench::run_moe(config, python.python.as_deref().map_err(|u| u.to_string()), log)?;
     let dir = config.report_dir();
     std::fs::create_dir_all(&dir)?;
     println!("{}", report.to_markdown());
-    for p in tensora_bench::moe::write_reports(&report, &dir)? {
+    for p in tensora_bench::write_moe_reports(&report, &dir)? {
         eprintln!("[tensora-bench] wrote {}", p.display());
     }
     Ok(())

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
-use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+use tensora_io::{Arena, ArenaConfig, Prefault};
 
 /// Bound on `--idle-seconds`.
 pub const IDLE_SECONDS_MAX: u64 = 600;
@@ -84,6 +84,7 @@ impl Relay {
     }
 
     /// The state it keeps.
+    #[cfg(test)]
     pub fn state(&self) -> MemoryState {
         self.state
     }
@@ -116,6 +117,7 @@ impl Relay {
     }
 
     /// Bytes held now.
+    #[cfg(test)]
     pub fn held_bytes(&self) -> u64 {
         self.held.as_ref().map_or(0, Arena::len_bytes)
     }

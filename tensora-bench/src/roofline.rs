@@ -1,6 +1,6 @@
 //! The machine's limits, measured on the same files in the same run as the loaders.
 //!
-//! - warm: every file read with 2 threads of `pread` into a fresh `tensora_io::arena::Arena` (2 MiB
+//! - warm: every file read with 2 threads of `pread` into a fresh `tensora_io::Arena` (2 MiB
 //!   aligned, `MADV_HUGEPAGE`) mapped for each run, the files laid end to end: one copy from the
 //!   page cache plus the huge-page faults that any load into new memory pays. This is the same work
 //!   an owned load does (Tensora's loads map a fresh arena by default, `ArenaReuse::Fresh`), so the
@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, bail};
-use tensora_io::arena::Arena;
+use tensora_io::Arena;
 
 use crate::cells::RooflinePages;
 
@@ -225,8 +225,8 @@ pub fn cold_direct(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
         queue_depth: DIRECT_QUEUE_DEPTH as u32,
         block_bytes: BLOCK_BYTES as u64,
     };
-    let bytes = tensora_testkit::direct_read_roofline(files, config, arena)
-        .context("O_DIRECT io_uring roofline")?;
+    let bytes =
+        tensora_testkit::direct_read_roofline(files, config, arena).context("O_DIRECT io_uring roofline")?;
     // The same one-byte-per-page touch every loader and peer does after loading.
     let len = usize::try_from(bytes).context("arena length")?.min(arena.as_slice().len());
     std::hint::black_box(crate::peers::touch(&arena.as_mut_slice()[..len]));
@@ -234,6 +234,7 @@ pub fn cold_direct(files: &[PathBuf], arena: &mut Arena) -> Result<u64> {
 }
 
 /// The arena [`cold_direct`] needs for `files`.
+#[cfg(test)]
 pub fn direct_arena(files: &[PathBuf]) -> Result<Arena> {
     let lens = files.iter().map(|f| std::fs::metadata(f).map(|m| m.len())).collect::<Result<Vec<_>, _>>()?;
     Ok(Arena::with_len(tensora_testkit::direct_roofline_arena_bytes(&lens))?)

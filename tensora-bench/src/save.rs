@@ -19,8 +19,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
-use tensora_convert::save::{MemoryTensors, SaveOptions, save_safetensors};
 use tensora_convert::{ConvertConfig, TargetFormat};
+use tensora_convert::{MemoryTensors, SaveOptions, save_safetensors};
 
 use crate::bench::{BenchConfig, PlanKind, WARMUP_RUNS};
 use crate::fixtures::{self, Fixture};

@@ -112,6 +112,7 @@ impl Layout {
     }
 
     /// Bytes of tensor data.
+    #[cfg(test)]
     pub fn data_len_bytes(&self) -> u64 {
         self.data_len_bytes
     }

@@ -4,9 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use tensora_bench::bench::{self, BenchConfig, PlanKind, Prepared};
-use tensora_bench::fixtures::{Fixture, Size};
-use tensora_bench::report::{Kind, Machine, Scope, Situation, Status};
+use tensora_bench::{BenchConfig, PlanKind, Prepared};
+use tensora_bench::{Fixture, Size};
+use tensora_bench::{Kind, Machine, Scope, Situation, Status};
 
 const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
 
@@ -38,18 +38,19 @@ fn every_cell_runs_on_a_real_checkpoint_and_reports_are_written() {
         plan: PlanKind::Full,
         seed: 1,
         child_exe: PathBuf::from(env!("CARGO_BIN_EXE_tensora-bench")),
-        memory: tensora_bench::memory::MemoryState::Relay,
+        memory: tensora_bench::MemoryState::Relay,
     };
     // The Python peers run in the provisioned venv (`cargo xtask test` provisions it first), so no
     // Python peer may be skipped.
     let script_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-python");
     let mut lines = Vec::new();
-    let python = tensora_bench::python::prepare(&script_dir, &mut |l| lines.push(l.to_string())).unwrap();
+    let python = tensora_bench::prepare_python(&script_dir, &mut |l| lines.push(l.to_string())).unwrap();
     let fixture = real_fixture();
-    let (cells, drop) = bench::measure_fixtures(&config, std::slice::from_ref(&fixture), &python, &mut |l| {
-        lines.push(l.to_string())
-    })
-    .unwrap();
+    let (cells, drop) =
+        tensora_bench::measure_fixtures(&config, std::slice::from_ref(&fixture), &python, &mut |l| {
+            lines.push(l.to_string())
+        })
+        .unwrap();
     assert!(drop.is_none());
     for c in &cells {
         match c.status {
@@ -76,7 +77,7 @@ fn every_cell_runs_on_a_real_checkpoint_and_reports_are_written() {
         }
     }
     // Every Python peer was measured, in both situations.
-    for p in &tensora_bench::python::PEERS {
+    for p in &tensora_bench::PEERS {
         for situation in [Situation::FirstLoad, Situation::RepeatLoad] {
             let measured = cells
                 .iter()
@@ -99,17 +100,18 @@ fn every_cell_runs_on_a_real_checkpoint_and_reports_are_written() {
 
     let prepared = Prepared {
         fixtures: vec![fixture.clone()],
-        facts: vec![bench::fixture_facts(&fixture, 0.0)],
+        facts: vec![tensora_bench::fixture_facts(&fixture, 0.0)],
         skipped: vec![],
     };
-    let report = bench::build_report(&config, Machine::detect(Path::new(REAL)), prepared, cells, drop);
+    let report =
+        tensora_bench::build_report(&config, Machine::detect(Path::new(REAL)), prepared, cells, drop);
     assert!(report.failures().is_empty());
     let first = report.rooflines_of("tinyllama", Situation::FirstLoad).unwrap();
     assert!(first.warm_gbps.is_some_and(|g| g > 0.0));
     assert!(first.device_gbps.is_none());
     assert!(report.rooflines_of("tinyllama", Situation::RepeatLoad).unwrap().warm_gbps.is_some());
-    assert!(report.versus.iter().any(|v| v.cache == tensora_bench::report::Cache::Warm));
-    let paths = bench::write_reports(&report, out.path()).unwrap();
+    assert!(report.versus.iter().any(|v| v.cache == tensora_bench::Cache::Warm));
+    let paths = tensora_bench::write_reports(&report, out.path()).unwrap();
     assert_eq!(paths.len(), 3);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("report.json")).unwrap()).unwrap();

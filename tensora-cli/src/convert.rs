@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use tensora_convert::save::WriteChoice;
+use tensora_convert::WriteChoice;
 use tensora_convert::{COPY_BUFFER_BYTES_DEFAULT, ConvertConfig, ConvertReport, TargetFormat};
 use tensora_verify::Algo;
 

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use tensora_io::BackendChoice;
 use tensora_verify::Algo;
-use tensora_verify::hash::{HashOptions, hash_checkpoint};
-use tensora_verify::manifest::Manifest;
+use tensora_verify::Manifest;
+use tensora_verify::{HashOptions, hash_checkpoint};
 
 use crate::progress::{Progress, Show};
 

@@ -153,7 +153,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `--manifest`: read it and install its check ([`tensora_verify::verified::ManifestCheck`]) on
+/// `--manifest`: read it and install its check ([`tensora_verify::ManifestCheck`]) on
 /// `opts`, so every tensor is checked as it lands.
 fn verify_against_manifest(
     args: &Args,
@@ -163,7 +163,7 @@ fn verify_against_manifest(
     let Some(path) = &args.manifest else { return Ok(()) };
     let manifest = tensora_verify::Manifest::read(path)
         .with_context(|| format!("cannot read manifest {}", path.display()))?;
-    let check = tensora_verify::verified::ManifestCheck::new(ckpt, &manifest)
+    let check = tensora_verify::ManifestCheck::new(ckpt, &manifest)
         .with_context(|| format!("manifest {} does not describe {}", path.display(), args.path.display()))?;
     check.install(opts);
     Ok(())

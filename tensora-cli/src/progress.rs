@@ -1,6 +1,6 @@
 //! The one progress bar of every subcommand: on stderr, only when stderr is a terminal (never when
 //! piped or redirected), counting bytes with their rate and an ETA, and fed by the libraries'
-//! `(done, total)` callbacks (`tensora_io::ProgressHook`, `tensora_verify::hash::ProgressFn` and
+//! `(done, total)` callbacks (`tensora_io::ProgressHook`, `tensora_verify::ProgressFn` and
 //! `tensora_convert::ConvertProgress` are the same type).
 
 use std::io::IsTerminal;

@@ -9,9 +9,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use tensora_verify::check::{VerifyOptions, verify_path};
-use tensora_verify::manifest::Manifest;
-use tensora_verify::scan::ScanConfig;
+use tensora_verify::Manifest;
+use tensora_verify::ScanConfig;
+use tensora_verify::{VerifyOptions, verify_path};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -57,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             tensora_remote::verify(&location, &args.remote.options(), manifest.as_ref())
         }
         None => {
-            let cross = tensora_verify::fused::cross_check;
+            let cross = tensora_verify::cross_check;
             let opts = VerifyOptions {
                 manifest: manifest.as_ref(),
                 cross_check: if args.cross_check { Some(&cross) } else { None },
@@ -81,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn print(args: &Args, report: &tensora_verify::check::Report) -> std::io::Result<()> {
+fn print(args: &Args, report: &tensora_verify::Report) -> std::io::Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if args.json {

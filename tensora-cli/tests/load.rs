@@ -56,8 +56,7 @@ fn json_report_for_every_backend_and_mode() {
             let started = std::time::Instant::now();
             let out = tensora_load(&args);
             let wall_seconds = started.elapsed().as_secs_f64();
-            if backend == "io-uring"
-                && !tensora_testkit::io_uring_or_skip("tensora load --backend io-uring")
+            if backend == "io-uring" && !tensora_testkit::io_uring_or_skip("tensora load --backend io-uring")
             {
                 // io_uring is unavailable here (and not required): said in one error line.
                 assert_one_error_line(&out);
@@ -91,9 +90,7 @@ fn json_report_for_every_backend_and_mode() {
             assert!(v["bytes_read"].as_u64().unwrap() >= tensor_bytes);
             assert_eq!(v["tensors"], 47);
             let reads_direct = ["sync", "io-uring", "async"].contains(&backend) && extra == ["--direct"];
-            if reads_direct
-                && tensora_testkit::direct_io_or_skip(Path::new(&path), "tensora load --direct")
-            {
+            if reads_direct && tensora_testkit::direct_io_or_skip(Path::new(&path), "tensora load --direct") {
                 assert_eq!(v["io_mode"], "direct", "{args:?}");
                 assert_eq!(v["direct_fallbacks"], 0, "{args:?}: every read went direct");
             }

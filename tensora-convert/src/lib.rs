@@ -1,6 +1,6 @@
 //! Conversion between checkpoint layouts, and saving tensors, through one writer.
 //!
-//! [`save`] writes safetensors (one file, or HF-style shards and their index) from tensors in
+//! [`save_safetensors`] and [`save_sharded`] write safetensors (one file, or HF-style shards and their index) from tensors in
 //! memory or read on demand, at the speed of the disk: parallel positional writes of large aligned
 //! pieces, `O_DIRECT` where the facts say it helps, the header last, then `fsync`, the final name
 //! and a directory `fsync`; digests for a manifest are computed on the bytes as they are written.
@@ -8,7 +8,7 @@
 //! [`convert`] copies every tensor of a parsed [`Checkpoint`] into a new checkpoint in the
 //! ServerlessLLM layout or as (optionally sharded) safetensors through the same writer, reading
 //! the source with positional reads into the writer's staging buffers
-//! ([`sources::CheckpointSource`]), so memory stays bounded whatever the model's size. The output
+//! ([`CheckpointSource`]), so memory stays bounded whatever the model's size. The output
 //! is built beside the destination (an unnamed file linked in, or a temporary directory renamed
 //! with `RENAME_NOREPLACE`): a failed or interrupted conversion leaves no destination.
 //!
@@ -28,8 +28,8 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod save;
-pub mod sources;
+mod save;
+mod sources;
 mod tempdir;
 #[cfg(test)]
 mod tests;
@@ -44,11 +44,16 @@ use std::time::Instant;
 
 use tensora_format::Checkpoint;
 
+pub use save::{
+    ALIGN_BYTES, Durability, MemoryTensors, PIECE_BYTES_MAX, Preallocate, SaveOptions, SaveReport,
+    SaveSource, SaveStage, SourceTensor, StageHook, StorageLayout, WriteChoice, WriteMode, gather,
+    safetensors_layout, save_safetensors, save_sharded, serialize_into,
+};
+pub use sources::CheckpointSource;
+
 use save::plan::FilePlan;
-use save::{SaveOptions, WriteChoice};
-use sources::CheckpointSource;
 use tempdir::TempDir;
-use write::{safetensors_layout, sllm_plans, st_plans, write_small};
+use write::{sllm_plans, st_plans, write_small};
 
 /// Default bound on the storage of a non-contiguous tensor read to be gathered (64 MiB).
 pub const COPY_BUFFER_BYTES_DEFAULT: usize = 64 << 20;
@@ -91,9 +96,9 @@ pub struct ConvertConfig {
     pub shard_bytes_max: Option<u64>,
     /// Largest storage of a non-contiguous tensor, read whole to be gathered into row-major
     /// order, `1..=COPY_BUFFER_BYTES_MAX` (the writer's own staging is bounded by
-    /// [`save::STAGING_BYTES_MAX`]).
+    /// `STAGING_BYTES_MAX`, 32 MiB).
     pub buffer_bytes: usize,
-    /// Buffered, direct or chosen from the facts ([`save::mode`]).
+    /// Buffered, direct or chosen from the facts (`save/mode.rs`).
     pub mode: WriteChoice,
     /// Writer threads; 0 chooses.
     pub threads: usize,
@@ -158,7 +163,7 @@ pub struct ConvertReport {
     pub buffer_bytes: u64,
     /// `"direct"` or `"buffered"`.
     pub mode: &'static str,
-    /// Why that mode, in one line ([`save::mode::choose`]).
+    /// Why that mode, in one line (`save/mode.rs`).
     pub reason: String,
     /// Writer threads.
     pub threads: usize,
@@ -314,7 +319,8 @@ pub fn convert(src: &Checkpoint, dst: &Path, cfg: &ConvertConfig) -> Result<Conv
         && dst.extension().is_some_and(|e| e == "safetensors");
     let (pending, plans, tied_tensors, extra_bytes) = if single_file {
         let identity: Vec<usize> = (0..src.tensors().len()).collect();
-        let plans = vec![FilePlan::safetensors(dst.to_path_buf(), &safetensors_layout(src)?, &identity)];
+        let plans =
+            vec![FilePlan::safetensors(dst.to_path_buf(), &write::safetensors_layout(src)?, &identity)];
         let mut pending = save::api::write_files(&source, &plans, save::output::Placement::NoReplace, &opts)?;
         source.check_unchanged()?;
         pending.commit()?;

@@ -46,8 +46,8 @@ fn compare_source_stamp(f: &FileEntry, meta: &fs::Metadata) -> Result<(), Conver
 /// writer's staging buffers. Files are opened (and checked against their parse-time stamps) once.
 ///
 /// ```
-/// use tensora_convert::save::{SaveOptions, save_safetensors};
-/// use tensora_convert::sources::CheckpointSource;
+/// use tensora_convert::{SaveOptions, save_safetensors};
+/// use tensora_convert::CheckpointSource;
 ///
 /// let tiny = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 /// let ckpt = tensora_format::open(tiny)?;

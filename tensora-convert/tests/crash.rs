@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use tensora_convert::save::{self, MemoryTensors, SaveOptions, SaveStage, SourceTensor, WriteChoice};
+use tensora_convert::{MemoryTensors, SaveOptions, SaveStage, SourceTensor, WriteChoice};
 use tensora_format::Dtype;
 
 const CHILD_VAR: &str = "TENSORA_CRASH_CHILD";
@@ -51,7 +51,7 @@ fn child(dst: &Path) {
             source.push(SourceTensor::dense(name.clone(), *dtype, vec![numel]).unwrap(), bytes).unwrap();
         }
         let line = Arc::clone(&out);
-        let stage: save::StageHook = Arc::new(move |stage, _| {
+        let stage: tensora_convert::StageHook = Arc::new(move |stage, _| {
             let mut io = line.lock().unwrap_or_else(|p| p.into_inner());
             let (stdout, stdin) = &mut *io;
             writeln!(stdout, "{version} {stage:?}").and_then(|()| stdout.flush()).expect("parent gone");
@@ -68,7 +68,7 @@ fn child(dst: &Path) {
         };
         let meta = BTreeMap::from([("format".to_owned(), "pt".to_owned())]);
         // Direct on a filesystem without O_DIRECT falls back to buffered with its reason.
-        save::save_safetensors(dst, &source, &meta, &opts).expect("save");
+        tensora_convert::save_safetensors(dst, &source, &meta, &opts).expect("save");
     }
 }
 

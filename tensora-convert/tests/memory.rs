@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use tensora_convert::save::{self, MemoryTensors, SaveOptions, SourceTensor, WriteChoice};
-use tensora_convert::sources::CheckpointSource;
+use tensora_convert::CheckpointSource;
+use tensora_convert::{MemoryTensors, SaveOptions, SourceTensor, WriteChoice};
 use tensora_format::Dtype;
 use tensora_testkit::CountingAlloc;
 
@@ -33,15 +33,16 @@ fn a_save_holds_at_most_64_mib_beyond_the_tensors() {
         let opts =
             SaveOptions { mode, manifest: Some(tensora_verify::Algo::Crc32c), ..SaveOptions::default() };
         let (report, peak) =
-            ALLOC.peak_during(|| save::save_safetensors(&saved, &tensors, &meta, &opts).unwrap());
+            ALLOC.peak_during(|| tensora_convert::save_safetensors(&saved, &tensors, &meta, &opts).unwrap());
         assert!(peak <= EXTRA_BYTES_MAX, "{mode:?} ({}): peak {peak} bytes", report.mode);
     }
     // Streamed from the file just written: every byte passes through the staging buffers.
     let ckpt = tensora_format::open(&saved).unwrap();
     let source = CheckpointSource::open(&ckpt).unwrap();
     let copy = dir.path().join("b.safetensors");
-    let (_, peak) =
-        ALLOC.peak_during(|| save::save_safetensors(&copy, &source, &meta, &SaveOptions::default()).unwrap());
+    let (_, peak) = ALLOC.peak_during(|| {
+        tensora_convert::save_safetensors(&copy, &source, &meta, &SaveOptions::default()).unwrap()
+    });
     assert!(
         peak <= EXTRA_BYTES_MAX,
         "streamed: peak {peak} bytes for {} bytes of tensors",

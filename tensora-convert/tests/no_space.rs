@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use tensora_convert::save::{self, MemoryTensors, Preallocate, SaveOptions, SourceTensor, WriteChoice};
 use tensora_convert::{ConvertConfig, ConvertError, TargetFormat};
+use tensora_convert::{MemoryTensors, Preallocate, SaveOptions, SourceTensor, WriteChoice};
 use tensora_format::Dtype;
 
 fn names(dir: &Path) -> Vec<String> {
@@ -35,7 +35,7 @@ fn a_full_disk_is_a_typed_error_and_leaves_the_previous_file() {
     let meta = BTreeMap::new();
     let path = dir.join("m.safetensors");
     let direct = SaveOptions { mode: WriteChoice::Direct, ..SaveOptions::default() };
-    let report = save::save_safetensors(&path, &source(&small), &meta, &direct).unwrap();
+    let report = tensora_convert::save_safetensors(&path, &source(&small), &meta, &direct).unwrap();
     // tmpfs takes O_DIRECT since Linux 6.6; before, the save says why it went buffered.
     match tensora_sys::direct_io_supported(&path) {
         Ok(()) => assert_eq!(report.mode, "direct"),
@@ -44,21 +44,26 @@ fn a_full_disk_is_a_typed_error_and_leaves_the_previous_file() {
     let before = std::fs::read(&path).unwrap();
     for preallocate in [Preallocate::Yes, Preallocate::No] {
         let opts = SaveOptions { preallocate, piece_bytes: 64 << 10, ..SaveOptions::default() };
-        let err = save::save_safetensors(&path, &source(&big), &meta, &opts).unwrap_err();
+        let err = tensora_convert::save_safetensors(&path, &source(&big), &meta, &opts).unwrap_err();
         let ConvertError::NoSpace { op, source, .. } = &err else { panic!("{preallocate:?}: {err}") };
         assert_eq!(source.raw_os_error(), Some(libc::ENOSPC), "{op}");
         assert_eq!(*op, if preallocate == Preallocate::Yes { "reserving space" } else { "writing" });
         assert_eq!(std::fs::read(&path).unwrap(), before, "{preallocate:?}: the previous file");
         assert_eq!(names(dir), ["m.safetensors"], "{preallocate:?}: nothing left behind");
     }
-    let err =
-        save::save_sharded(&dir.join("shards"), &source(&big), &meta, 512 << 10, &SaveOptions::default())
-            .unwrap_err();
+    let err = tensora_convert::save_sharded(
+        &dir.join("shards"),
+        &source(&big),
+        &meta,
+        512 << 10,
+        &SaveOptions::default(),
+    )
+    .unwrap_err();
     assert!(matches!(err, ConvertError::NoSpace { .. }), "{err}");
     // A conversion of a 2 MiB checkpoint (written elsewhere) into the full disk.
     let elsewhere = tempfile::tempdir().unwrap();
     let src_path = elsewhere.path().join("big.safetensors");
-    save::save_safetensors(&src_path, &source(&big), &meta, &SaveOptions::default()).unwrap();
+    tensora_convert::save_safetensors(&src_path, &source(&big), &meta, &SaveOptions::default()).unwrap();
     let src = tensora_format::open(&src_path).unwrap();
     for to in [TargetFormat::ServerlessLlm, TargetFormat::Safetensors] {
         let cfg = ConvertConfig { to, ..ConvertConfig::default() };

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use proptest::prelude::*;
-use tensora_convert::save::{
+use tensora_convert::{
     self, MemoryTensors, SaveOptions, SaveSource, SaveStage, SourceTensor, StorageLayout, WriteChoice,
 };
 use tensora_convert::{ConvertConfig, ConvertError, TargetFormat};
 use tensora_format::Dtype;
 use tensora_verify::Algo;
-use tensora_verify::check::{VerifyOptions, verify_path};
+use tensora_verify::{VerifyOptions, verify_path};
 
 const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real");
 const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
@@ -152,12 +152,12 @@ proptest! {
         let opts = SaveOptions {
             mode,
             threads,
-            piece_bytes: piece_pages * save::ALIGN_BYTES,
+            piece_bytes: piece_pages * tensora_convert::ALIGN_BYTES,
             manifest: Some(Algo::ALL[algo]),
             ..SaveOptions::default()
         };
         let path = dir.path().join("m.safetensors");
-        let report = save::save_safetensors(&path, &source(&cases), &metadata, &opts).unwrap();
+        let report = tensora_convert::save_safetensors(&path, &source(&cases), &metadata, &opts).unwrap();
         prop_assert_eq!(report.mode, if mode == WriteChoice::Direct { "direct" } else { "buffered" });
         prop_assert_eq!(report.bytes_written, std::fs::metadata(&path).unwrap().len());
         assert_hf_reads(&path, &cases, &metadata);
@@ -174,14 +174,17 @@ fn bytes_in_memory_equal_the_file() {
     let cases: Vec<Case> = (0..6).map(|i| case(i, 3 + i as u64, 5, i % 2 == 1)).collect();
     let src = source(&cases);
     let meta = BTreeMap::from([("format".to_owned(), "np".to_owned())]);
-    let layout = save::safetensors_layout(&src, &meta).unwrap();
+    let layout = tensora_convert::safetensors_layout(&src, &meta).unwrap();
     let mut out = vec![0u8; layout.file_len_bytes() as usize];
-    save::serialize_into(&layout, &src, &mut out).unwrap();
+    tensora_convert::serialize_into(&layout, &src, &mut out).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.safetensors");
-    save::save_safetensors(&path, &src, &meta, &SaveOptions::default()).unwrap();
+    tensora_convert::save_safetensors(&path, &src, &meta, &SaveOptions::default()).unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), out);
-    assert!(save::serialize_into(&layout, &src, &mut out[1..]).is_err(), "a buffer of the wrong size");
+    assert!(
+        tensora_convert::serialize_into(&layout, &src, &mut out[1..]).is_err(),
+        "a buffer of the wrong size"
+    );
 }
 
 #[test]
@@ -193,7 +196,7 @@ fn sharded_saves_read_back_and_verify_passes_on_the_manifest_written_with_them()
     for algo in [Algo::Crc32c, Algo::Sha256] {
         let opts =
             SaveOptions { manifest: Some(algo), threads: 3, piece_bytes: 8192, ..SaveOptions::default() };
-        let report = save::save_sharded(&out, &source(&cases), &meta, 20_000, &opts).unwrap();
+        let report = tensora_convert::save_sharded(&out, &source(&cases), &meta, 20_000, &opts).unwrap();
         let ckpt = tensora_format::open(&out).unwrap();
         assert!(ckpt.files().len() > 3, "{} shards", ckpt.files().len());
         assert_eq!(report.files_written, ckpt.files().len() + 1);
@@ -235,12 +238,12 @@ fn a_loaded_checkpoint_saves_its_tensors_unchanged() {
         let src = MemoryTensors::from_loaded(&loaded).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("again.safetensors");
-        save::save_safetensors(&out, &src, ckpt.metadata(), &SaveOptions::default()).unwrap();
+        tensora_convert::save_safetensors(&out, &src, ckpt.metadata(), &SaveOptions::default()).unwrap();
         let again = tensora_format::open(&out).unwrap();
         let reloaded = tensora_io::load(&again, &tensora_io::LoadOptions::default()).unwrap();
         for t in loaded.tensors() {
             let mut want = vec![0u8; t.info().nbytes() as usize];
-            save::gather(&SourceTensor::from_info(t.info()), t.bytes(), 0, &mut want).unwrap();
+            tensora_convert::gather(&SourceTensor::from_info(t.info()), t.bytes(), 0, &mut want).unwrap();
             assert_eq!(
                 reloaded.tensor(t.name()).unwrap().bytes(),
                 &want[..],
@@ -282,40 +285,43 @@ fn a_failing_or_cancelled_save_leaves_the_previous_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.safetensors");
     let old: Vec<Case> = vec![case(0, 2, 2, false)];
-    save::save_safetensors(&path, &source(&old), &BTreeMap::new(), &SaveOptions::default()).unwrap();
+    tensora_convert::save_safetensors(&path, &source(&old), &BTreeMap::new(), &SaveOptions::default())
+        .unwrap();
     let before = std::fs::read(&path).unwrap();
     // A replacement keeps the permissions of the file it replaces.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    save::save_safetensors(&path, &source(&old), &BTreeMap::new(), &SaveOptions::default()).unwrap();
+    tensora_convert::save_safetensors(&path, &source(&old), &BTreeMap::new(), &SaveOptions::default())
+        .unwrap();
     assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     let cases: Vec<Case> = (0..4).map(|i| case(i, 64, 64, false)).collect();
     let failing = Failing { inner: source(&cases), ok_reads: 2, reads: AtomicUsize::new(0) };
     let opts = SaveOptions { piece_bytes: 4096, threads: 2, ..SaveOptions::default() };
-    let err = save::save_safetensors(&path, &failing, &BTreeMap::new(), &opts).unwrap_err();
+    let err = tensora_convert::save_safetensors(&path, &failing, &BTreeMap::new(), &opts).unwrap_err();
     assert!(matches!(&err, ConvertError::InvalidTensor { reason, .. } if reason == "gone"), "{err}");
     // Cancelled at the first piece written, from the stage hook.
     let cancel = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&cancel);
-    let stage: save::StageHook = Arc::new(move |s, _| {
+    let stage: tensora_convert::StageHook = Arc::new(move |s, _| {
         if s == SaveStage::PieceWritten {
             flag.store(true, Ordering::Release);
         }
     });
     let opts =
         SaveOptions { piece_bytes: 4096, cancel: Some(cancel), stage: Some(stage), ..SaveOptions::default() };
-    let err = save::save_safetensors(&path, &source(&cases), &BTreeMap::new(), &opts).unwrap_err();
+    let err = tensora_convert::save_safetensors(&path, &source(&cases), &BTreeMap::new(), &opts).unwrap_err();
     assert!(matches!(err, ConvertError::Cancelled), "{err}");
     assert_eq!(std::fs::read(&path).unwrap(), before);
     assert_eq!(leftovers(dir.path()), vec!["m.safetensors".to_owned()]);
     // Bad options and a destination that is not a directory are refused before writing.
     let bad = SaveOptions { piece_bytes: 1000, ..SaveOptions::default() };
     assert!(matches!(
-        save::save_safetensors(&path, &source(&cases), &BTreeMap::new(), &bad),
+        tensora_convert::save_safetensors(&path, &source(&cases), &BTreeMap::new(), &bad),
         Err(ConvertError::Config { .. })
     ));
-    let err = save::save_sharded(&path, &source(&cases), &BTreeMap::new(), 10, &SaveOptions::default())
-        .unwrap_err();
+    let err =
+        tensora_convert::save_sharded(&path, &source(&cases), &BTreeMap::new(), 10, &SaveOptions::default())
+            .unwrap_err();
     assert!(matches!(err, ConvertError::Config { .. }), "{err}");
 }
 
@@ -346,26 +352,30 @@ fn process_crash_safe_saves_skip_the_sync_and_write_the_same_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let cases: Vec<Case> = (0..3).map(|i| case(i, 64, 64, false)).collect();
     let mut files = Vec::new();
-    for durability in [save::Durability::Synced, save::Durability::ProcessCrashSafe] {
+    for durability in [tensora_convert::Durability::Synced, tensora_convert::Durability::ProcessCrashSafe] {
         let synced = Arc::new(AtomicUsize::new(0));
         let seen = Arc::clone(&synced);
-        let stage: save::StageHook = Arc::new(move |s, _| {
+        let stage: tensora_convert::StageHook = Arc::new(move |s, _| {
             if s == SaveStage::Synced {
                 seen.fetch_add(1, Ordering::Relaxed);
             }
         });
         let path = dir.path().join(format!("{}.safetensors", durability.as_str()));
         let opts = SaveOptions { durability, stage: Some(stage), ..SaveOptions::default() };
-        let report = save::save_safetensors(&path, &source(&cases), &BTreeMap::new(), &opts).unwrap();
+        let report =
+            tensora_convert::save_safetensors(&path, &source(&cases), &BTreeMap::new(), &opts).unwrap();
         assert_eq!(report.durability, durability.as_str());
-        let want_synced = usize::from(durability == save::Durability::Synced);
+        let want_synced = usize::from(durability == tensora_convert::Durability::Synced);
         assert_eq!(synced.load(Ordering::Relaxed), want_synced, "{durability:?}");
-        if durability == save::Durability::ProcessCrashSafe {
+        if durability == tensora_convert::Durability::ProcessCrashSafe {
             assert_eq!(report.mode, "buffered", "{}", report.reason);
         }
         files.push(std::fs::read(&path).unwrap());
     }
     assert_eq!(files[0], files[1]);
-    assert_eq!("process-crash-safe".parse::<save::Durability>(), Ok(save::Durability::ProcessCrashSafe));
-    assert!("fast".parse::<save::Durability>().is_err());
+    assert_eq!(
+        "process-crash-safe".parse::<tensora_convert::Durability>(),
+        Ok(tensora_convert::Durability::ProcessCrashSafe)
+    );
+    assert!("fast".parse::<tensora_convert::Durability>().is_err());
 }

@@ -15,7 +15,7 @@
 //! ```
 //!
 //! ```
-//! use tensora_format::inspect::Inspection;
+//! use tensora_format::Inspection;
 //!
 //! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 //! let ckpt = tensora_format::open(dir)?;

@@ -14,6 +14,9 @@
 //! - [`sllm`] is the ServerlessLLM layout.
 //! - [`assemble`] builds a [`Checkpoint`] from headers and indexes read elsewhere (remote objects).
 //!
+//! Those five modules are the format namespaces (`sllm::parse_index` and `sharded::parse_index`
+//! differ); everything else is private and listed once, at the root.
+//!
 //! ```
 //! use std::collections::BTreeMap;
 //! use tensora_format::write::{write_safetensors, SafetensorsLayout, TensorSpec};
@@ -40,12 +43,12 @@ mod checkpoint;
 mod dtype;
 mod error;
 mod fsutil;
-pub mod inspect;
+mod inspect;
 mod json;
-pub mod names;
+mod names;
 mod open;
 pub mod safetensors;
-pub mod select;
+mod select;
 pub mod sharded;
 pub mod sllm;
 pub mod write;
@@ -56,15 +59,16 @@ pub use checkpoint::{Checkpoint, FileChanged, FileEntry, FileId, FileStamp, Form
 pub use dtype::Dtype;
 pub use error::{Error, ErrorKind};
 pub use fsutil::{NonRegular, open_regular, read_capped};
-pub use inspect::Inspection;
-pub use open::{HEADER_THREADS_DEFAULT_MAX, HEADER_THREADS_MAX, LOOKAHEAD_PER_THREAD, OpenOptions, Shards};
+pub use inspect::{InspectedFile, InspectedTensor, InspectedWarning, Inspection};
+pub use names::{NOT_FOUND, NameTable};
+pub use open::{HEADER_THREADS_MAX, OpenOptions, Shards};
 pub use select::{Matcher, Selection, SelectionError};
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Open a checkpoint and validate its headers and indexes (never its tensor data): strictly,
-/// every shard parsed, on up to [`HEADER_THREADS_DEFAULT_MAX`] threads ([`open_with`] and
+/// every shard parsed, on up to 8 threads ([`open_with`] and
 /// [`OpenOptions::default`]).
 ///
 /// - a directory with `tensor_index.json`: ServerlessLLM ([`sllm::open_dir`]);

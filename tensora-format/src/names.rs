@@ -4,7 +4,7 @@
 //! [`crate::Checkpoint`]'s lookup by name, and a loaded model's (`tensora_io::Loaded`).
 //!
 //! ```
-//! use tensora_format::names::NameTable;
+//! use tensora_format::NameTable;
 //! let names = ["a.weight", "b.weight"];
 //! let mut table = NameTable::with_capacity(names.len());
 //! for (id, name) in names.iter().enumerate() {

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+use tensora_io::{Arena, ArenaConfig, Prefault};
 
 /// Repetitions per strategy; the best is reported.
 const RUNS: usize = 3;

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use tensora_format::Dtype;
 use tensora_format::write::{ShardedLayout, TensorSpec, write_sharded};
-use tensora_io::arena::Arena;
+use tensora_io::Arena;
 use tensora_io::{ArenaReuse, BackendChoice, IoMode, LoadOptions, load, load_runs, load_streaming};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;

@@ -15,7 +15,7 @@
 //! # Example
 //!
 //! ```
-//! use tensora_io::fault::{Fault, FaultySource};
+//! use tensora_io::{Fault, FaultySource};
 //! use tensora_io::{BackendChoice, LoadError, LoadOptions, load};
 //!
 //! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");

@@ -1,22 +1,24 @@
 //! The data plane of Tensora: execute a load plan against checkpoint files into memory, as fast as
 //! the disk and memory allow, with bounded memory and strict checks.
 //!
-//! Where a byte goes, folder by folder:
+//! Where a byte goes, folder by folder (the folders are private; everything public is listed
+//! once, at the bottom of this file):
 //!
-//! - [`load`](mod@load): the load API. [`load()`], [`load_streaming`], [`load_runs`],
-//!   [`load_path`], [`load_share`] (one rank's share of a collective load) (and [`load_async`]
-//!   with the `async` feature) take [`LoadOptions`] and give a
-//!   [`Loaded`] or a [`LoadReport`], or a [`LoadError`] naming path, offset and tensor.
-//! - [`auto`]: the measured facts ([`auto::probe`]) behind `--backend auto` and
-//!   `Residence::Auto`, and the rules that read them.
-//! - [`seam`]: the contract between a plan and a backend: [`Job`], [`ReadTarget`] (claim and land),
+//! - `load/`: the load API. [`load()`], [`load_streaming`], [`load_runs`], [`load_path`],
+//!   [`load_share`] (one rank's share of a collective load) (and `load_async` with the `async`
+//!   feature) take [`LoadOptions`] and give a [`Loaded`] or a [`LoadReport`], or a [`LoadError`]
+//!   naming path, offset and tensor.
+//! - `auto/`: the rules behind `--backend auto` and [`Residence::Auto`], over facts `tensora_sys`
+//!   measures.
+//! - `seam/`: the contract between a plan and a backend: [`Job`], [`ReadTarget`] (claim and land),
 //!   [`CompletionSink`], [`Destination`], the in-flight [`Budget`].
-//! - [`backends`]: the [`IoBackend`]s (`sync`, `mmap`, `io-uring`, `async`), one file each over a
-//!   shared worker runtime, listed in [`registry`]. Adding one is a file plus one registry line,
-//!   or [`BackendChoice::Custom`] from outside the crate (`examples/custom_backend.rs`).
-//! - [`arena`]: the hugepage [`arena::Arena`] owned loads land in.
-//! - [`map`]: private mappings of checkpoint files, the zero-copy views of mapped loads, and the
-//!   one routine that reads mapped pages in ([`map::populate`]).
+//! - `backends/`: the [`IoBackend`]s ([`SyncBackend`], [`MmapBackend`], [`UringBackend`],
+//!   `AsyncBackend`), one file each over a shared worker runtime, listed in [`registry`]. Adding
+//!   one is a file plus one registry line, or [`BackendChoice::Custom`] from outside the crate
+//!   (`examples/custom_backend.rs`).
+//! - `arena/`: the hugepage [`Arena`] owned loads land in.
+//! - `map/`: private mappings of checkpoint files ([`MappedFiles`]), the zero-copy views of mapped
+//!   loads, and the one routine that reads mapped pages in ([`populate()`]).
 //!
 //! ```
 //! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
@@ -32,30 +34,42 @@
 //! test support that injects I/O faults below a backend.
 #![warn(missing_docs)]
 
-pub mod arena;
-pub mod auto;
-pub mod backends;
-pub mod error;
+mod arena;
+mod auto;
+mod backends;
+mod error;
 #[cfg(feature = "fault-injection")]
-pub mod fault;
-pub mod load;
-pub mod map;
-pub mod report;
-pub mod seam;
+mod fault;
+mod load;
+mod map;
+mod report;
+mod seam;
 
+pub use arena::{Arena, ArenaConfig, Prefault, drop_recycled};
+pub use auto::WARM_FRACTION;
+#[cfg(feature = "async")]
+pub use backends::async_tokio::AsyncBackend;
+pub use backends::mmap::{MmapBackend, MmapConfig};
 pub use backends::registry;
+pub use backends::sync::{Pread, ReadAt, SyncBackend};
+pub use backends::uring::{UringBackend, UringConfig, probe as uring_probe};
 pub use error::{BoxError, LoadError, ViewError};
+#[cfg(feature = "fault-injection")]
+pub use fault::{Fault, FaultPlan, FaultySource};
 #[cfg(feature = "async")]
 pub use load::load_async;
 pub use load::{
-    ArenaReuse, BackendChoice, Element, FilesUnchanged, IoMode, LoadOptions, Loaded, PieceRef, ProgressHook,
-    ReadHook, Residence, ShareLoad, ShareOf, TensorHook, TensorRef, UnknownBackend, load, load_path,
-    load_runs, load_share, load_share_runs, load_streaming,
+    ArenaReuse, BackendChoice, Element, FilesUnchanged, IoMode, LoadOptions, Loaded, ON_READ_STEP_BYTES,
+    PieceRef, ProgressHook, ReadHook, Residence, Runs, ShareLoad, ShareOf, ShareRuns, TensorHook, TensorRef,
+    UnknownBackend, load, load_path, load_runs, load_share, load_share_runs, load_streaming,
 };
+pub use map::populate::{POPULATE_PIECE_BYTES_MAX, PopulateConfig, PopulateError, Populated, Span, populate};
+pub use map::{FileRange, MapMode, MappedFiles};
 pub use report::{LoadReport, Phases};
 pub use seam::{
-    Access, Budget, CompletionSink, Destination, Filled, HeldPiece, IoBackend, IoStats, Job, JobConfig,
-    KeepMapped, Landed, LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile, StopReason,
+    Access, Budget, CallerBuffer, CompletionSink, Destination, Filled, HeldPiece, IoBackend, IoStats, Job,
+    JobConfig, KeepMapped, Landed, LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile,
+    StopReason,
 };
 
 /// The README's Rust examples, compiled as doctests so they cannot rot.

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use tensora_io::{BackendChoice, LoadOptions, TensorHook};
 use tensora_io::{ReadErrorKind, SourceFile};
 use tensora_plan::{Order, Plan};
-use {tensora_io::backends::async_tokio::AsyncBackend, tensora_io::load_async};
+use {tensora_io::AsyncBackend, tensora_io::load_async};
 
 mod harness;
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use harness::{check_cancel_flag_stops_the_run, check_sink_stop_returns_stopped};
 use support::*;
 use tensora_format::Dtype;
-use tensora_io::backends::sync::SyncBackend;
+use tensora_io::SyncBackend;
 use tensora_io::{BackendChoice, LoadError, LoadOptions, load, load_streaming};
 
 /// The tests of this binary run one at a time: one of them counts the process's threads.

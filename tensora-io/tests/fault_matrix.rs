@@ -2,7 +2,7 @@
 //! bytes are right; permanent ones fail the load with a typed error naming file, offset and
 //! tensor; truncated, replaced and sparse files are refused. Never a `Loaded` with wrong bytes.
 //!
-//! The injected faults (`tensora_io::fault::FaultPlan`) sit below `sync`'s `pread`s, `io-uring`'s
+//! The injected faults (`tensora_io::FaultPlan`) sit below `sync`'s `pread`s, `io-uring`'s
 //! completions and `async`'s positional reads; the real-file conditions (truncation, replacement,
 //! sparse files) run on every registered backend, `mmap` included.
 
@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use support::*;
 use tensora_format::Dtype;
-use tensora_io::fault::{Fault, FaultPlan};
 use tensora_io::{BackendChoice, LoadError, LoadOptions, LoadReport, ReadErrorKind, load, load_streaming};
+use tensora_io::{Fault, FaultPlan};
 
 /// A one-shard checkpoint: `s0.t0` (4 KiB), `s0.t1` (64 KiB of F32), `s0.t2` (100 bytes).
 fn one_shard() -> Generated {
@@ -30,7 +30,7 @@ enum Delivery {
 /// The backends a fault plan can sit below, each built over `plan`.
 fn faulty_backends(plan: &Arc<FaultPlan>) -> Vec<(&'static str, BackendChoice)> {
     let mut out = vec![("sync", BackendChoice::Custom(plan.sync()))];
-    if tensora_io::backends::uring::probe().is_ok() {
+    if tensora_io::uring_probe().is_ok() {
         out.push(("io-uring", BackendChoice::Custom(plan.uring())));
     } else {
         // tensora_testkit::require decides whether its absence fails the run.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use support::*;
 use tensora_format::Dtype;
-use tensora_io::fault::{Fault, FaultySource};
 use tensora_io::{BackendChoice, LoadError, LoadOptions, ReadErrorKind, load, load_streaming};
+use tensora_io::{Fault, FaultySource};
 
 fn faulty(faults: Vec<Fault>) -> LoadOptions {
     LoadOptions {
@@ -202,7 +202,7 @@ struct Fuse {
     eio_from: u64,
 }
 
-impl tensora_io::backends::sync::ReadAt for Fuse {
+impl tensora_io::ReadAt for Fuse {
     fn read_at(
         &self,
         file: &tensora_io::SourceFile,
@@ -215,13 +215,12 @@ impl tensora_io::backends::sync::ReadAt for Fuse {
             return Err(std::io::Error::from_raw_os_error(libc::EIO));
         }
         let n = buf.len().min(self.call_bytes_max);
-        tensora_io::backends::sync::Pread.read_at(file, file_index, &mut buf[..n], offset_bytes, access)
+        tensora_io::Pread.read_at(file, file_index, &mut buf[..n], offset_bytes, access)
     }
 }
 
 fn fuse(call_bytes_max: usize, eio_from: u64) -> LoadOptions {
-    let backend =
-        tensora_io::backends::sync::SyncBackend::with_reader(Arc::new(Fuse { call_bytes_max, eio_from }));
+    let backend = tensora_io::SyncBackend::with_reader(Arc::new(Fuse { call_bytes_max, eio_from }));
     LoadOptions { backend: BackendChoice::Custom(Arc::new(backend)), ..LoadOptions::default() }
 }
 

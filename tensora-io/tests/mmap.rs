@@ -2,8 +2,8 @@
 //! `mincore`, prewarm, lock, size checks, cancellation and sink stops.
 
 use proptest::prelude::*;
-use tensora_io::backends::mmap::{MmapBackend, MmapConfig};
-use tensora_io::map::{FileRange, MappedFiles};
+use tensora_io::{FileRange, MappedFiles};
+use tensora_io::{MmapBackend, MmapConfig};
 use tensora_io::{ReadErrorKind, SourceFile};
 use tensora_plan::{Order, Plan};
 
@@ -140,10 +140,9 @@ fn a_copy_on_write_mapping_larger_than_memory_is_not_charged_up_front() {
         direct: None,
     };
     // SAFETY: a temporary file nothing else touches while it is mapped.
-    let maps = unsafe {
-        MappedFiles::map_with(std::slice::from_ref(&source), tensora_io::map::MapMode::CopyOnWrite)
-    }
-    .expect("a copy-on-write mapping charges only the pages written");
+    let maps =
+        unsafe { MappedFiles::map_with(std::slice::from_ref(&source), tensora_io::MapMode::CopyOnWrite) }
+            .expect("a copy-on-write mapping charges only the pages written");
     let ptr = maps.ptr_mut(0, (LEN_BYTES - 4096)..LEN_BYTES).unwrap();
     // SAFETY: no slice of these bytes is alive; the range is inside the mapping.
     unsafe { ptr.as_ptr().write(7) };

@@ -82,7 +82,7 @@ fn auto_owns_when_a_backend_is_named_or_the_data_is_cold() {
     assert_eq!(loaded.tensor("s0.t0").unwrap().bytes(), &cold.data["s0.t0"][..]);
     drop(loaded);
     tensora_sys::evict_file_cache(&file).unwrap();
-    assert!(resident().fraction() < tensora_io::auto::WARM_FRACTION, "evicted again");
+    assert!(resident().fraction() < tensora_io::WARM_FRACTION, "evicted again");
 
     // The default: the pages fit in the page cache, so the cold load reads them in as views and
     // leaves them for the next load, which finds the file warm.
@@ -140,7 +140,7 @@ fn a_file_cut_while_its_pages_are_read_in_fails_naming_file_offset_and_tensor() 
     let path = g.path().join("shard-00.safetensors");
     let ckpt = tensora_format::open(&path).unwrap();
     let big = ckpt.tensor("s0.t1").unwrap().clone();
-    let piece = tensora_io::map::populate::POPULATE_PIECE_BYTES_MAX as u64;
+    let piece = tensora_io::POPULATE_PIECE_BYTES_MAX as u64;
     let cut_at = big.offset_bytes() + piece + (1 << 20);
     let p2 = path.clone();
     let cut = Arc::new(std::sync::Once::new());

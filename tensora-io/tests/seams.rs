@@ -27,13 +27,13 @@ impl CompletionSink for CountSink {
     }
 }
 
-fn small_job_parts() -> (Plan, tensora_io::arena::Arena, Budget, AtomicBool) {
+fn small_job_parts() -> (Plan, tensora_io::Arena, Budget, AtomicBool) {
     let extents: Vec<Extent> = (0..4)
         .map(|i| Extent { file: 0, offset_bytes: i * 10_000, len_bytes: 5_000, tag: i as u32 })
         .collect();
     let config = PlanConfig { coalesce_gap_bytes: 0, chunk_bytes: 4096, ..PlanConfig::default() };
     let plan = Plan::build(&extents, &config, &Order::File).unwrap();
-    let arena = tensora_io::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
+    let arena = tensora_io::Arena::with_len(plan.arena_len_bytes()).unwrap();
     (plan, arena, Budget::new(1 << 20), AtomicBool::new(false))
 }
 
@@ -148,7 +148,7 @@ proptest::proptest! {
 #[test]
 fn a_destination_too_small_for_a_read_is_refused_by_claim() {
     let (plan, _arena, budget, cancel) = small_job_parts();
-    let tiny = tensora_io::arena::Arena::with_len(4096).unwrap();
+    let tiny = tensora_io::Arena::with_len(4096).unwrap();
     // SAFETY: nothing else touches `tiny` while the job lives.
     let job = unsafe { Job::new(&plan, &[], &tiny, &budget, &cancel, CONFIG) };
     let last = plan.reads().len() as u32 - 1;
@@ -465,12 +465,12 @@ fn the_sync_backend_hands_read_hook_pieces_over_in_cache_sized_steps() {
     load(&ckpt, &opts).unwrap();
     assert_eq!(completed.lock().unwrap().len(), 2, "both tensors tiled and completed");
     let largest = largest.load(Ordering::Relaxed) as u64;
-    assert!(largest <= tensora_io::load::ON_READ_STEP_BYTES, "largest piece {largest} bytes");
+    assert!(largest <= tensora_io::ON_READ_STEP_BYTES, "largest piece {largest} bytes");
 }
 
 #[test]
 fn stepped_pieces_tile_every_tensor_through_short_reads_and_interrupts() {
-    use tensora_io::fault::{Fault, FaultySource};
+    use tensora_io::{Fault, FaultySource};
     let g = generate(9, &[vec![(Dtype::U8, vec![6 << 20]), (Dtype::F16, vec![3, 1000])]]);
     let ckpt = g.open();
     for faults in [

@@ -5,10 +5,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use proptest::prelude::*;
+use tensora_io::Arena;
 use tensora_io::Budget;
-use tensora_io::arena::Arena;
-use tensora_io::backends::uring::{self, UringBackend, UringConfig};
 use tensora_io::{IoBackend, Job, JobConfig, ReadErrorKind, SourceFile};
+use tensora_io::{UringBackend, UringConfig};
 use tensora_plan::{Extent, Order, Plan, PlanConfig};
 
 mod harness;
@@ -47,7 +47,7 @@ const KNOBS: Knobs = Knobs { threads: 2, queue_depth: 4, direct: false, budget_b
 
 #[test]
 fn probe_works_here() {
-    uring::probe().unwrap();
+    tensora_io::uring_probe().unwrap();
     UringBackend::default().available().unwrap();
 }
 

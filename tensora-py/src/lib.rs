@@ -82,7 +82,7 @@ use exc::{
 /// Map a load error to its Python exception, with the CLI's message; a tensor that did not match
 /// its manifest (a verified load) is a `VerifyError` naming the tensor, its file and its offset.
 pub(crate) fn load_err(e: LoadError) -> PyErr {
-    if let Some(m) = tensora_verify::verified::mismatch_of(&e) {
+    if let Some(m) = tensora_verify::mismatch_of(&e) {
         return VerifyError::new_err(m.to_string());
     }
     let msg = e.to_string();
@@ -103,9 +103,8 @@ pub(crate) fn format_err(e: tensora_format::Error) -> PyErr {
 pub(crate) fn manifest_check(
     ckpt: &tensora_format::Checkpoint,
     manifest: &tensora_verify::Manifest,
-) -> PyResult<std::sync::Arc<tensora_verify::verified::ManifestCheck>> {
-    tensora_verify::verified::ManifestCheck::new(ckpt, manifest)
-        .map_err(|e| VerifyError::new_err(e.to_string()))
+) -> PyResult<std::sync::Arc<tensora_verify::ManifestCheck>> {
+    tensora_verify::ManifestCheck::new(ckpt, manifest).map_err(|e| VerifyError::new_err(e.to_string()))
 }
 
 /// Read the manifest at `path` (`manifest=`); failures are `VerifyError`s.

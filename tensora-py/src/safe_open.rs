@@ -10,13 +10,13 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensora_format::Checkpoint;
 use tensora_io::LoadError;
-use tensora_io::map::populate::{PopulateConfig, PopulateError, Span, populate};
+use tensora_io::{PopulateConfig, PopulateError, Span, populate};
 
 use crate::exc::{CancelledError, SelectionError};
 use crate::owner::{self, Owner, Storage, TensorBytes};
 use crate::tensor::CopyTally;
 use crate::{TensorData, exc, format_err, load_err};
-use tensora_verify::verified::ManifestCheck;
+use tensora_verify::ManifestCheck;
 
 /// A checkpoint opened for `safe_open`: its files stay open. Each file is mapped once, whole,
 /// privately and writable (copy-on-write, `MAP_NORESERVE`), at the first call that needs it. The

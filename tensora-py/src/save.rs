@@ -23,7 +23,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tensora_convert::ConvertError;
-use tensora_convert::save::{self, Durability, MemoryTensors, SaveOptions, SourceTensor, StorageLayout};
+use tensora_convert::{Durability, MemoryTensors, SaveOptions, SourceTensor, StorageLayout};
 use tensora_format::Dtype;
 
 use crate::{cancelled_by_callback, drive, exc};
@@ -112,7 +112,7 @@ fn drive_save(
     py: Python<'_>,
     progress: Option<&Py<PyAny>>,
     opts: SaveOptions,
-    work: impl FnOnce(&SaveOptions) -> Result<save::SaveReport, ConvertError> + Send,
+    work: impl FnOnce(&SaveOptions) -> Result<tensora_convert::SaveReport, ConvertError> + Send,
 ) -> PyResult<String> {
     let cancel = Arc::new(AtomicBool::new(false));
     let out = drive::run(py, progress, &cancel, |hook| {
@@ -155,7 +155,7 @@ fn save_file(
     let tensors = tensors(&specs, &buffers)?;
     let metadata = metadata.unwrap_or_default();
     let report = drive_save(py, progress.as_ref(), opts, |opts| {
-        save::save_safetensors(&path, &tensors, &metadata, opts)
+        tensora_convert::save_safetensors(&path, &tensors, &metadata, opts)
     });
     drop(tensors);
     drop(buffers); // released here, with the GIL held, after the write
@@ -182,7 +182,7 @@ fn save_sharded(
     let tensors = tensors(&specs, &buffers)?;
     let metadata = metadata.unwrap_or_default();
     let report = drive_save(py, progress.as_ref(), opts, |opts| {
-        save::save_sharded(&directory, &tensors, &metadata, shard_bytes_max, opts)
+        tensora_convert::save_sharded(&directory, &tensors, &metadata, shard_bytes_max, opts)
     });
     drop(tensors);
     drop(buffers); // released here, with the GIL held, after the write
@@ -199,11 +199,12 @@ fn save_bytes<'py>(
 ) -> PyResult<Bound<'py, PyBytes>> {
     let buffers = exports(&specs)?;
     let tensors = tensors(&specs, &buffers)?;
-    let layout = save::safetensors_layout(&tensors, &metadata.unwrap_or_default()).map_err(save_err)?;
+    let layout =
+        tensora_convert::safetensors_layout(&tensors, &metadata.unwrap_or_default()).map_err(save_err)?;
     let len = usize::try_from(layout.file_len_bytes())
         .map_err(|_| PyValueError::new_err("the file is larger than memory"))?;
     let bytes = PyBytes::new_with(py, len, |buf| {
-        py.detach(|| save::serialize_into(&layout, &tensors, buf)).map_err(save_err)
+        py.detach(|| tensora_convert::serialize_into(&layout, &tensors, buf)).map_err(save_err)
     });
     drop(tensors);
     drop(buffers); // released here, with the GIL held, after the copy

@@ -39,8 +39,8 @@ pub(crate) fn hash<'py>(
     let cancel = Arc::new(AtomicBool::new(false));
     let backend = crate::backend(backend)?;
     let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
-        let opts = tensora_verify::hash::HashOptions { algo, backend, progress: hook };
-        tensora_verify::hash::hash_checkpoint(&ckpt, &opts)
+        let opts = tensora_verify::HashOptions { algo, backend, progress: hook };
+        tensora_verify::hash_checkpoint(&ckpt, &opts)
     });
     if let Some(e) = out.py_err {
         return Err(e);
@@ -49,7 +49,7 @@ pub(crate) fn hash<'py>(
         return Err(cancelled_by_callback());
     }
     let digests = out.result.map_err(|e| match e {
-        tensora_verify::hash::HashError::Load(l) => load_err(l),
+        tensora_verify::HashError::Load(l) => load_err(l),
         other => VerifyError::new_err(other.to_string()),
     })?;
     if let Some(out) = write_manifest {
@@ -80,8 +80,8 @@ pub(crate) fn verify_json(
     }
     py.detach(|| {
         let manifest = manifest.map(|m| crate::read_manifest(&m)).transpose()?;
-        let opts = tensora_verify::check::VerifyOptions { manifest: manifest.as_ref(), ..Default::default() };
-        let report = tensora_verify::check::verify_path(&path, &opts);
+        let opts = tensora_verify::VerifyOptions { manifest: manifest.as_ref(), ..Default::default() };
+        let report = tensora_verify::verify_path(&path, &opts);
         Ok(report.to_json().to_string())
     })
 }

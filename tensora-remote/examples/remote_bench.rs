@@ -195,7 +195,7 @@ fn tensora_load(url: &str, opts: &RemoteOptions) -> Result<(f64, u64, String), S
 /// local load had freed its arena and 0.73-0.78 s after a remote cell, the local load 0.50-0.54 s
 /// right after dropping the 1 GB of page cache it then read.
 fn relay(bytes: u64) -> Result<(), String> {
-    use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+    use tensora_io::{Arena, ArenaConfig, Prefault};
     let len_bytes = bytes.next_multiple_of(Arena::ALIGN_BYTES);
     let config = ArenaConfig { len_bytes, prefault: Prefault::PopulateWrite };
     Arena::new(&config).map(drop).map_err(|e| format!("relay memory: {e}"))

@@ -55,22 +55,14 @@ pub use backend::RemoteBackend;
 #[doc(hidden)]
 pub use cache::fuzzing;
 pub use cache::{
-    Cache, CacheOptions, CacheReport, CacheSync, CacheWrites, CachedObject, LANE_THREADS, LOCK_WAIT_MAX,
-    LOCKS_HELD_MAX, PIECE_BYTES, RECORDS_MAX, RangeRecord, VerifiedObject, WRITE_BEHIND_BYTES,
-    WRITER_THREADS,
+    Cache, CacheOptions, CacheReport, CacheSync, CacheWrites, CachedObject, LANE_THREADS, LOCKS_HELD_MAX,
+    PIECE_BYTES, RECORDS_MAX, RangeRecord, VerifiedObject, WRITE_BEHIND_BYTES, WRITER_THREADS,
 };
-pub use checkpoint::{
-    HEADER_FIRST_READ_BYTES, HF_INDEX_NAME, RemoteCheckpoint, SINGLE_FILE_NAME, SLLM_INDEX_NAME,
-};
+pub use checkpoint::{HEADER_FIRST_READ_BYTES, RemoteCheckpoint};
 pub use error::RemoteError;
-pub use fetch::{HEADWAY_BYTES_MIN, RemoteObject, RetryPolicy, Unversioned};
-pub use load::{
-    Landing, READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport,
-    load_remote, open_remote,
-};
+pub use fetch::{RemoteObject, RetryPolicy, Unversioned};
+pub use load::{Landing, RemoteLoaded, RemoteOptions, RemoteReport, load_remote, open_remote};
 pub use location::{Location, StoreConfig};
 pub use redact::redact;
-pub use tune::{
-    GAIN_MIN, LOAD_RANGES_MIN, Probe, RANGE_MIN_BYTES, START_DEPTH, TuneReport, Tuning, range_bytes,
-};
+pub use tune::{Probe, TuneReport, Tuning, range_bytes};
 pub use verify::{DigestError, digests, verify};

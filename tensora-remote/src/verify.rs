@@ -11,10 +11,10 @@
 use std::path::{Path, PathBuf};
 
 use tensora_io::{LoadOptions, ProgressHook};
-use tensora_verify::check::{FindingKind, Report};
-use tensora_verify::fused::DigestCollector;
-use tensora_verify::hash::HashError;
+use tensora_verify::DigestCollector;
+use tensora_verify::HashError;
 use tensora_verify::{Algo, Digest, Manifest};
+use tensora_verify::{FindingKind, Report};
 
 use crate::{Location, RemoteCheckpoint, RemoteError, RemoteOptions, RemoteReport, open_remote};
 
@@ -93,9 +93,7 @@ pub fn verify(location: &Location, opts: &RemoteOptions, manifest: Option<&Manif
     if let Some(m) = manifest {
         let digests: Vec<Option<Digest>> = digests.into_iter().map(Some).collect();
         let root = ckpt.root();
-        report
-            .findings
-            .extend(tensora_verify::check::manifest_findings(ckpt, &digests, m, &|key| root.join(key)));
+        report.findings.extend(tensora_verify::manifest_findings(ckpt, &digests, m, &|key| root.join(key)));
     }
     report
 }

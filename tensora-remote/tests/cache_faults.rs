@@ -269,8 +269,7 @@ fn the_cache_is_private_and_an_open_directory_is_refused() {
 /// load is right; what was written verifies.
 #[test]
 fn a_full_disk_under_the_cache_never_serves_wrong_bytes() {
-    let Some(fs) = tensora_testkit::small_tmpfs_or_skip(320 << 10, "a_full_disk_under_the_cache")
-    else {
+    let Some(fs) = tensora_testkit::small_tmpfs_or_skip(320 << 10, "a_full_disk_under_the_cache") else {
         return;
     };
     let s = Served { cache: tempfile::TempDir::new_in(fs.path()).unwrap(), ..served() };

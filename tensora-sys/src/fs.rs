@@ -95,7 +95,11 @@ mod tests {
                 continue;
             };
             let name = crate::probe::filesystem(place).unwrap().name;
-            assert_eq!(in_memory_filesystem(&file).unwrap(), matches!(name.as_str(), "tmpfs" | "ramfs"), "{name}");
+            assert_eq!(
+                in_memory_filesystem(&file).unwrap(),
+                matches!(name.as_str(), "tmpfs" | "ramfs"),
+                "{name}"
+            );
             if name == "tmpfs" {
                 preallocate(&file, 4 << 20).unwrap();
                 use std::os::unix::fs::MetadataExt as _;

@@ -6,7 +6,7 @@
 //! ```
 //! // Without the variable (or without `io-uring` in it) this only logs when io_uring is missing.
 //! let available = tensora_testkit::io_uring_or_skip("doc example");
-//! assert_eq!(available, tensora_io::backends::uring::probe().is_ok());
+//! assert_eq!(available, tensora_io::uring_probe().is_ok());
 //! ```
 
 use std::path::Path;
@@ -93,7 +93,7 @@ fn check_with(cap: Capability, available: Result<(), String>, required: &str, co
 
 /// Whether io_uring works here (see [`check`]).
 pub fn io_uring_or_skip(context: &str) -> bool {
-    check(Capability::IoUring, tensora_io::backends::uring::probe(), context)
+    check(Capability::IoUring, tensora_io::uring_probe(), context)
 }
 
 /// Whether `O_DIRECT` reads work on `path` (see [`check`]).

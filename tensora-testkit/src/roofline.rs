@@ -4,11 +4,11 @@
 use std::fs::File;
 use std::io;
 
-use tensora_io::arena::Arena;
-use tensora_sys::open_direct;
-use tensora_io::backends::uring::{self, UringBackend};
+use tensora_io::Arena;
+use tensora_io::UringBackend;
 use tensora_io::{Budget, CompletionSink, IoBackend, Job, JobConfig, Landed, SourceFile, StopReason};
 use tensora_plan::{Extent, Order, Plan, PlanConfig};
+use tensora_sys::open_direct;
 
 /// What [`direct_read_roofline`] reads with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub fn direct_read_roofline(
     dest: &mut Arena,
 ) -> io::Result<u64> {
     const BLOCK_ALIGN_BYTES: u64 = 4096;
-    uring::probe().map_err(|why| io::Error::new(io::ErrorKind::Unsupported, why))?;
+    tensora_io::uring_probe().map_err(|why| io::Error::new(io::ErrorKind::Unsupported, why))?;
     let mut files = Vec::with_capacity(paths.len());
     let mut extents = Vec::with_capacity(paths.len());
     let mut lens = Vec::with_capacity(paths.len());

@@ -26,8 +26,8 @@ use tensora_format::Dtype;
 use tensora_format::write::{SafetensorsLayout, TensorSpec, write_safetensors};
 use tensora_io::LoadOptions;
 use tensora_verify::Algo;
-use tensora_verify::fused::DigestCollector;
-use tensora_verify::scan::{ScanConfig, scan};
+use tensora_verify::DigestCollector;
+use tensora_verify::{ScanConfig, scan};
 
 const RAW_BYTES: usize = 64 << 20;
 const CHECKPOINT_BYTES_DEFAULT: u64 = 256 << 20;

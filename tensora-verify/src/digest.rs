@@ -109,7 +109,7 @@ const fn gf2_mul_mod_p(a: u32, mut b: u32) -> u32 {
 /// `len2_bytes`: at most 64 multiplications of 32 steps, about 1 µs.
 ///
 /// ```
-/// use tensora_verify::digest::crc32c_combine;
+/// use tensora_verify::crc32c_combine;
 ///
 /// let (a, b) = (b"1234".as_slice(), b"56789".as_slice());
 /// let combined = crc32c_combine(crc32c::crc32c(a), crc32c::crc32c(b), b.len() as u64);

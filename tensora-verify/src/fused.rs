@@ -101,7 +101,7 @@ impl DigestCollector {
     ///
     /// ```
     /// use tensora_io::LoadOptions;
-    /// use tensora_verify::{Algo, fused::DigestCollector};
+    /// use tensora_verify::{Algo, DigestCollector};
     ///
     /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
     /// let ckpt = tensora_format::open(path)?;
@@ -371,7 +371,7 @@ impl DigestCollector {
 ///
 /// ```
 /// use tensora_io::LoadOptions;
-/// use tensora_verify::{Algo, fused::hash_with_load};
+/// use tensora_verify::{Algo, hash_with_load};
 ///
 /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
 /// let ckpt = tensora_format::open(path)?;

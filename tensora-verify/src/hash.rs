@@ -52,7 +52,7 @@ pub enum HashError {
 /// One digest per tensor, in [`Checkpoint::tensors`] order.
 ///
 /// ```
-/// use tensora_verify::{Algo, hash::{hash_checkpoint, HashOptions}};
+/// use tensora_verify::{Algo, {hash_checkpoint, HashOptions}};
 ///
 /// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 /// let ckpt = tensora_verify::open_checkpoint(std::path::Path::new(dir))?;

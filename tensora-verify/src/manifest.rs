@@ -204,7 +204,7 @@ impl Manifest {
     /// well-formed JSON of the wrong shape is [`ManifestError::Invalid`].
     ///
     /// ```
-    /// use tensora_verify::manifest::Manifest;
+    /// use tensora_verify::Manifest;
     /// let doc = br#"{"tensors": {"w": {"dtype": "F32", "shape": [2], "crc32c": "0a1b2c3d", "note": [1]}}}"#;
     /// let m = Manifest::from_json_slice(doc).unwrap();
     /// assert_eq!(m.tensors["w"].shape, [2]);

@@ -13,7 +13,7 @@
 //! tensor's storage past them are ignored), as for every digest here.
 //!
 //! ```
-//! use tensora_verify::{Algo, pieces::PieceDigests};
+//! use tensora_verify::{Algo, PieceDigests};
 //!
 //! let data = b"123456789";
 //! for algo in Algo::ALL {

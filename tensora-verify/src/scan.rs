@@ -177,7 +177,7 @@ impl Scan {
 /// Scan every file of `ckpt` with the real filesystem.
 ///
 /// ```no_run
-/// use tensora_verify::scan::{scan, ScanConfig};
+/// use tensora_verify::{scan, ScanConfig};
 ///
 /// let ckpt = tensora_format::open("model.safetensors")?;
 /// let result = scan(&ckpt, &ScanConfig::default());

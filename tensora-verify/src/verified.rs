@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use tensora_io::LoadOptions;
-//! use tensora_verify::{Algo, Manifest, hash, verified::ManifestCheck};
+//! use tensora_verify::{Algo, Manifest, hash, ManifestCheck};
 //!
 //! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
 //! let ckpt = tensora_format::open(path)?;

@@ -8,8 +8,8 @@ use tensora_format::Dtype;
 use tensora_format::write::{SafetensorsLayout, ShardedLayout, TensorSpec, write_safetensors, write_sharded};
 use tensora_io::LoadOptions;
 use tensora_verify::Algo;
-use tensora_verify::fused::{DigestCollector, hash_with_load};
-use tensora_verify::scan::{ScanConfig, scan};
+use tensora_verify::{DigestCollector, hash_with_load};
+use tensora_verify::{ScanConfig, scan};
 
 fn specs() -> impl Strategy<Value = Vec<TensorSpec>> {
     let dtype = prop::sample::select(vec![Dtype::U8, Dtype::F16, Dtype::BF16, Dtype::F32, Dtype::I64]);

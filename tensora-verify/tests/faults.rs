@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tensora_format::Checkpoint;
-use tensora_io::fault::{Fault, FaultySource};
 use tensora_io::{BackendChoice, LoadError, LoadOptions, TensorRef};
-use tensora_verify::fused::hash_with_load;
-use tensora_verify::hash::HashError;
+use tensora_io::{Fault, FaultySource};
+use tensora_verify::HashError;
+use tensora_verify::hash_with_load;
 use tensora_verify::{Algo, Digest};
 
 const REAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real");
@@ -155,7 +155,7 @@ fn a_file_replaced_mid_load_is_detected() {
 
 #[test]
 fn a_file_replaced_mid_scan_is_detected_by_verify() {
-    use tensora_verify::scan::{FileProblem, ReadAt, ScanConfig, scan_with};
+    use tensora_verify::{FileProblem, ReadAt, ScanConfig, scan_with};
 
     /// Replaces the file at `path` on its first read, then reads the original.
     #[derive(Debug)]

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tensora_format::Checkpoint;
 use tensora_io::{BackendChoice, LoadOptions, PieceRef, Residence, TensorRef};
-use tensora_verify::fused::{DigestCollector, DigestStats, hash_with_load};
-use tensora_verify::scan::{ScanConfig, scan};
 use tensora_verify::{Algo, Digest};
+use tensora_verify::{DigestCollector, DigestStats, hash_with_load};
+use tensora_verify::{ScanConfig, scan};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures");
 

@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use tensora_format::Checkpoint;
 use tensora_io::{BackendChoice, LoadError, LoadOptions, Residence};
-use tensora_verify::verified::{
+use tensora_verify::{Algo, Manifest, hash_with_load};
+use tensora_verify::{
     CheckBytesError, ManifestCheck, ManifestCheckError, VerifiedLoadError, load_verified, mismatch_of,
 };
-use tensora_verify::{Algo, Manifest, fused::hash_with_load};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.int8.safetensors");
 

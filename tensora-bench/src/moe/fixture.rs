@@ -79,6 +79,7 @@ impl MoeShape {
     };
 
     /// The same structure, small (for tests): 4 layers of 8 experts.
+    #[cfg(test)]
     pub const TINY: MoeShape = MoeShape {
         layers: 4,
         dense_layers: 1,

@@ -10,7 +10,7 @@ use std::time::Instant;
 use tensora_format::write::{
     AtomicFile, SHARD_INDEX_FILE_NAME, SafetensorsLayout, ShardedLayout, TensorSpec,
 };
-use tensora_verify::pieces::PieceDigests;
+use tensora_verify::PieceDigests;
 use tensora_verify::{Algo, Digest, Manifest};
 
 use super::engine::{self, Job, WriteStats};

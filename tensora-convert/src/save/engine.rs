@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tensora_verify::pieces::PieceDigests;
+use tensora_verify::PieceDigests;
 
 use super::output::{Output, direct_refused, write_err};
 use super::plan::{ALIGN_BYTES, Content, FilePlan, Piece, Region};

@@ -19,7 +19,7 @@
 //!
 //! ```
 //! use std::collections::BTreeMap;
-//! use tensora_convert::save::{MemoryTensors, SaveOptions, SourceTensor, save_safetensors};
+//! use tensora_convert::{MemoryTensors, SaveOptions, SourceTensor, save_safetensors};
 //! use tensora_format::Dtype;
 //!
 //! let dir = tempfile::tempdir()?;

@@ -91,7 +91,12 @@ pub struct WriteFacts {
 impl WriteFacts {
     /// The facts of writing `bytes` into `dir`.
     pub fn gather(dir: &Path, bytes: u64, in_memory: bool) -> WriteFacts {
-        WriteFacts { bytes, filesystem: tensora_sys::filesystem(dir).ok(), cpus: tensora_sys::cpu_count(), in_memory }
+        WriteFacts {
+            bytes,
+            filesystem: tensora_sys::filesystem(dir).ok(),
+            cpus: tensora_sys::cpu_count(),
+            in_memory,
+        }
     }
 }
 

@@ -177,7 +177,7 @@ pub trait SaveSource: Sync {
 /// ([`MemoryTensors::from_loaded`]).
 ///
 /// ```
-/// use tensora_convert::save::{MemoryTensors, SourceTensor};
+/// use tensora_convert::{MemoryTensors, SourceTensor};
 /// use tensora_format::Dtype;
 ///
 /// let w = [1u8, 2, 3, 4, 5, 6, 7, 8];

@@ -36,7 +36,7 @@
 //!
 //! Fresh anonymous memory must be zeroed by the kernel on first touch, which costs about as much as
 //! the copy itself. [`Arena::recycle`] therefore parks one released arena (at most
-//! [`RECYCLE_BYTES_MAX`]) after `MADV_FREE`: the kernel may reclaim its pages under memory pressure
+//! [`parking::RECYCLE_BYTES_MAX`]) after `MADV_FREE`: the kernel may reclaim its pages under memory pressure
 //! (they are then zero again on reuse), and if it does not, the next [`Arena::recycled`] request
 //! that fits reuses them without a single page fault. The load API recycles the arenas of dropped
 //! `Loaded` values and finished streams; [`drop_recycled`] unmaps the parked one at once.
@@ -45,7 +45,7 @@
 //! # Example
 //!
 //! ```
-//! use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+//! use tensora_io::{Arena, ArenaConfig, Prefault};
 //!
 //! let mut arena = Arena::new(&ArenaConfig { len_bytes: 3 << 20, prefault: Prefault::ParallelTouch { threads: 2 } })?;
 //! assert_eq!(arena.len_bytes(), 3 << 20);
@@ -64,7 +64,7 @@ use crate::seam::{Destination, KeepMapped};
 
 mod parking;
 use parking::RECYCLED;
-pub use parking::{RECYCLE_BYTES_MAX, drop_recycled, drop_recycled_larger_than};
+pub use parking::{drop_recycled, drop_recycled_larger_than};
 
 /// How an [`Arena`]'s pages are faulted in before use. See the module docs for measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -329,7 +329,7 @@ impl Arena {
     }
 
     /// Release this arena for reuse: `MADV_FREE` its pages and park it, replacing (and unmapping)
-    /// any arena parked before. Arenas over [`RECYCLE_BYTES_MAX`] are unmapped instead.
+    /// any arena parked before. Arenas over [`parking::RECYCLE_BYTES_MAX`] are unmapped instead.
     pub fn recycle(self) {
         RECYCLED.park(self);
     }
@@ -355,7 +355,7 @@ impl Arena {
     /// ([`crate::Job::with_kept_mapping`]).
     ///
     /// ```
-    /// use tensora_io::arena::Arena;
+    /// use tensora_io::Arena;
     ///
     /// let arena = Arena::with_len(4096)?;
     /// let keep = arena.keep_mapped();

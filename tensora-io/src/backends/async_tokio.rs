@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use tensora_io::IoBackend;
-//! use tensora_io::backends::async_tokio::AsyncBackend;
+//! use tensora_io::AsyncBackend;
 //!
 //! assert_eq!(AsyncBackend::default().name(), "async");
 //! ```

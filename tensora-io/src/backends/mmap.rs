@@ -41,7 +41,7 @@ impl Default for MmapConfig {
 ///
 /// ```
 /// use tensora_io::IoBackend;
-/// use tensora_io::backends::mmap::MmapBackend;
+/// use tensora_io::MmapBackend;
 ///
 /// assert_eq!(MmapBackend::default().name(), "mmap");
 /// ```

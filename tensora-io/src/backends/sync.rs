@@ -11,7 +11,7 @@
 //! Every read follows the rules of `read_progress`, shared with the `io-uring` and
 //! `async` backends: short reads resubmit the remainder (counted in [`IoStats::retries`] but not
 //! against the bound), zero-progress events (`EINTR`, `EAGAIN`) are retried at most
-//! `job.config.retries_max` times per read, `EAGAIN` backs off for [`EAGAIN_BACKOFF_MAX`] at most, and a
+//! `job.config.retries_max` times per read, `EAGAIN` backs off for [`super::read_progress::EAGAIN_BACKOFF_MAX`] at most, and a
 //! read that hits end of file before the file's known end fails with
 //! `ReadErrorKind::UnexpectedEof`. With `job.config.direct`, calls whose offset, length and destination
 //! address are block-aligned go through the `O_DIRECT` descriptor; `EINVAL` there turns direct
@@ -30,9 +30,7 @@ use std::sync::Arc;
 
 use tensora_plan::Read;
 
-pub use super::read_progress::EAGAIN_BACKOFF_MAX;
 use super::read_progress::{ReadProgress, Step};
-pub use super::runtime::DIRECT_BLOCK_BYTES;
 use super::runtime::{DestPtr, RunState, direct_align_bytes, direct_aligned, run_workers, validate_job};
 use crate::seam::{Access, CompletionSink, IoBackend, IoStats, Job, ReadError, SourceFile};
 
@@ -79,7 +77,7 @@ impl ReadAt for Pread {
 ///
 /// ```
 /// use tensora_io::IoBackend;
-/// let backend = tensora_io::backends::sync::SyncBackend::default();
+/// let backend = tensora_io::SyncBackend::default();
 /// assert_eq!(backend.name(), "sync");
 /// ```
 #[derive(Debug, Clone)]

@@ -28,12 +28,12 @@
 //!
 //! ```
 //! use tensora_io::IoBackend;
-//! use tensora_io::backends::uring::{self, UringBackend};
+//! use tensora_io::{UringBackend};
 //!
 //! let backend = UringBackend::default();
 //! assert_eq!(backend.name(), "io-uring");
 //! // The availability check is probed (ring creation), not guessed.
-//! assert_eq!(backend.available().is_ok(), uring::probe().is_ok());
+//! assert_eq!(backend.available().is_ok(), tensora_io::uring_probe().is_ok());
 //! ```
 //!
 //! [`JobConfig::retries_max`]: crate::JobConfig::retries_max
@@ -88,8 +88,8 @@ impl Default for UringConfig {
 /// ```
 /// use std::io::Write;
 /// use std::sync::atomic::AtomicBool;
-/// use tensora_io::arena::Arena;
-/// use tensora_io::backends::uring::{self, UringBackend};
+/// use tensora_io::Arena;
+/// use tensora_io::{UringBackend};
 /// use tensora_io::{CompletionSink, IoBackend, Job, JobConfig, SourceFile, StopReason};
 /// use tensora_io::Budget;
 /// use tensora_plan::{Extent, Order, Plan, PlanConfig};
@@ -117,7 +117,7 @@ impl Default for UringConfig {
 /// let budget = Budget::new(64 << 10);
 /// let cancel = AtomicBool::new(false);
 /// let sink = Count(Default::default());
-/// if uring::probe().is_ok() {
+/// if tensora_io::uring_probe().is_ok() {
 ///     // SAFETY: nothing else reads or writes the arena while this job runs.
 ///     let job = unsafe {
 ///         Job::new(

@@ -4,7 +4,7 @@
 use std::ptr::NonNull;
 use std::sync::OnceLock;
 
-use tensora_format::names::NameTable;
+use tensora_format::NameTable;
 use tensora_format::{Dtype, TensorInfo};
 
 use super::ArenaReuse;

@@ -48,10 +48,8 @@ use std::time::Instant;
 pub use async_load::load_async;
 pub use loaded::{Element, Loaded, TensorRef};
 pub use options::{
-    ArenaReuse, BUDGET_DEFAULT_BYTES, BackendChoice, CHUNK_DEFAULT_BYTES, FILES_OPEN_DEFAULT_MAX,
-    FilesUnchanged, IoMode, LAZY_FREE_DMA_SAFE_KERNEL, LoadOptions, ON_READ_STEP_BYTES, PieceRef,
-    ProgressHook, RETRIES_DEFAULT_MAX, ReadHook, Residence, SPARSE_MIN_LEN_BYTES, SPARSE_RATIO,
-    THREADS_DEFAULT_MAX, TensorHook, UnknownBackend,
+    ArenaReuse, BackendChoice, FilesUnchanged, IoMode, LoadOptions, ON_READ_STEP_BYTES, PieceRef,
+    ProgressHook, ReadHook, Residence, SPARSE_MIN_LEN_BYTES, SPARSE_RATIO, TensorHook, UnknownBackend,
 };
 pub use owned::load;
 pub use runs::{Runs, load_runs};

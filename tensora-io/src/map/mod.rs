@@ -32,7 +32,7 @@
 //! ```
 //! use std::io::Write;
 //! use tensora_io::SourceFile;
-//! use tensora_io::map::{FileRange, MappedFiles};
+//! use tensora_io::{FileRange, MappedFiles};
 //!
 //! let mut tmp = tempfile::NamedTempFile::new()?;
 //! tmp.write_all(&[7u8; 10_000])?;

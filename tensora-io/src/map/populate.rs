@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use std::sync::atomic::AtomicBool;
-//! use tensora_io::map::populate::{PopulateConfig, Span, populate};
+//! use tensora_io::{PopulateConfig, Span, populate};
 //!
 //! let mut map = memmap2::MmapMut::map_anon(1 << 20)?;
 //! let base = map.as_mut_ptr() as usize;

@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use tensora_io::Destination;
-//! use tensora_io::seam::CallerBuffer;
+//! use tensora_io::CallerBuffer;
 //!
 //! let mut memory = vec![0u8; 4096];
 //! let dest = CallerBuffer::new(&mut memory);

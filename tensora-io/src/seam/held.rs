@@ -52,7 +52,7 @@ impl KeepMapped {
     ///
     /// ```
     /// use std::os::unix::fs::FileExt;
-    /// use tensora_io::arena::Arena;
+    /// use tensora_io::Arena;
     ///
     /// let mut arena = Arena::with_len(8192)?;
     /// arena.as_mut_slice()[..4].copy_from_slice(b"abcd");
@@ -140,7 +140,7 @@ impl HeldPiece {
     /// Call `f` with the piece's bytes.
     ///
     /// ```
-    /// use tensora_io::arena::Arena;
+    /// use tensora_io::Arena;
     ///
     /// let mut arena = Arena::with_len(4096)?;
     /// arena.as_mut_slice()[..3].copy_from_slice(b"abc");

@@ -83,7 +83,7 @@ impl<'a> Job<'a> {
     /// ```
     /// use std::sync::atomic::AtomicBool;
     /// use tensora_io::{Job, JobConfig};
-    /// use tensora_io::arena::Arena;
+    /// use tensora_io::Arena;
     /// use tensora_io::Budget;
     /// use tensora_plan::{Order, Plan, PlanConfig};
     ///
@@ -168,7 +168,7 @@ impl<'a> Job<'a> {
     /// # use tensora_io::Budget;
     /// use tensora_plan::{Order, Plan, PlanConfig};
     /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
-    /// let arena = tensora_io::arena::Arena::with_len(4096)?;
+    /// let arena = tensora_io::Arena::with_len(4096)?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
     /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
@@ -207,7 +207,7 @@ impl<'a> Job<'a> {
     /// }
     /// let extents = [Extent { file: 0, offset_bytes: 8, len_bytes: 100, tag: 0 }];
     /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
-    /// let arena = tensora_io::arena::Arena::with_len(plan.arena_len_bytes())?;
+    /// let arena = tensora_io::Arena::with_len(plan.arena_len_bytes())?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
     /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
@@ -406,7 +406,7 @@ impl<'j> ReadTarget<'j> {
     /// # }
     /// let extents = [Extent { file: 0, offset_bytes: 0, len_bytes: 100, tag: 0 }];
     /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
-    /// let arena = tensora_io::arena::Arena::with_len(plan.arena_len_bytes())?;
+    /// let arena = tensora_io::Arena::with_len(plan.arena_len_bytes())?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
     /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.

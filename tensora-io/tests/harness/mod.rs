@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use proptest::prelude::*;
+use tensora_io::Arena;
 use tensora_io::Budget;
-use tensora_io::arena::Arena;
 use tensora_io::{
     CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
 };

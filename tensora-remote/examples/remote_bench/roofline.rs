@@ -9,7 +9,7 @@ use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tensora_io::arena::{Arena, ArenaConfig, Prefault};
+use tensora_io::{Arena, ArenaConfig, Prefault};
 
 const PIECE_BYTES: u64 = 8 << 20;
 const FILES: u64 = 8;

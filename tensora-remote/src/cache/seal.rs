@@ -162,7 +162,7 @@ impl Seals {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
-    use tensora_io::arena::Arena;
+    use tensora_io::Arena;
 
     use super::*;
 

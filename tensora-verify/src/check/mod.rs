@@ -80,7 +80,7 @@ impl fmt::Debug for VerifyOptions<'_> {
 /// module docs for what is collected then).
 ///
 /// ```
-/// use tensora_verify::check::{verify_path, VerifyOptions};
+/// use tensora_verify::{verify_path, VerifyOptions};
 ///
 /// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
 /// let report = verify_path(std::path::Path::new(dir), &VerifyOptions::default());

@@ -11,11 +11,7 @@ fn the_cached_probe_says_what_a_fresh_probe_says_and_matches_available() {
     assert_eq!(probe(), probe_uncached());
     assert_eq!(UringBackend::default().available(), probe_uncached());
     // Where io_uring is required (CI), the fresh probe must find it.
-    tensora_testkit::check(
-        tensora_testkit::Capability::IoUring,
-        probe_uncached(),
-        "uring probe test",
-    );
+    tensora_testkit::check(tensora_testkit::Capability::IoUring, probe_uncached(), "uring probe test");
 }
 
 #[test]

@@ -57,7 +57,7 @@ fn a_held_piece_is_recorded_only_if_the_disk_holds_what_arrived() {
         if !direct {
             *entry.direct.lock().unwrap() = None;
         }
-        let mut arena = tensora_io::arena::Arena::with_len(2 << 20).unwrap();
+        let mut arena = tensora_io::Arena::with_len(2 << 20).unwrap();
         let at = (offset % 4096) as usize;
         let arrived: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
         arena.as_mut_slice()[at..at + arrived.len()].copy_from_slice(&arrived);
