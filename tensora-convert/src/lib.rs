@@ -22,10 +22,8 @@
 //! `stat` on the path, before the output is committed; a source rewritten or replaced during the
 //! conversion fails it with [`ConvertError::SourceChanged`] and leaves no destination.
 
-// `unsafe` only for the syscalls std has no safe form of, on the outputs: `renameat2`
-// (`tempdir::rename_noreplace`), `linkat` (`save::output::link_fd`), `fallocate`
-// (`Output::preallocate`).
-#![deny(unsafe_code)]
+// The syscalls std has no safe form of (`renameat2`, `linkat`, `fallocate`) are tensora-sys's.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod save;

@@ -1,10 +1,9 @@
 //! The temporary output directory beside the destination: fsynced and moved into place with
 //! `RENAME_NOREPLACE`, removed on drop unless committed.
 
-use std::ffi::{CString, OsString};
+use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{self};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -68,7 +67,7 @@ impl TempDir {
     /// fsync the directory, rename it to `dst` (refusing to replace anything), fsync the parent.
     pub(crate) fn commit(mut self, dst: &Path) -> Result<(), ConvertError> {
         File::open(&self.path).and_then(|d| d.sync_all()).map_err(io_err(&self.path, "fsync of output"))?;
-        match rename_noreplace(&self.path, dst) {
+        match tensora_sys::rename_noreplace(&self.path, dst) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 return Err(ConvertError::DestinationExists { path: dst.to_path_buf() });
@@ -86,39 +85,5 @@ impl Drop for TempDir {
         if !self.committed {
             let _ = fs::remove_dir_all(&self.path);
         }
-    }
-}
-
-/// `rename(2)` that fails with `AlreadyExists` instead of replacing an existing (empty) directory.
-#[allow(unsafe_code)]
-pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
-    };
-    let (from_c, to_c) = (c(from)?, c(to)?);
-    // SAFETY: both pointers come from live, NUL-terminated CStrings owned by this frame; AT_FDCWD
-    // makes the paths relative to the current directory exactly as std::fs::rename does.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            from_c.as_ptr(),
-            libc::AT_FDCWD,
-            to_c.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if rc == 0 {
-        return Ok(());
-    }
-    let err = io::Error::last_os_error();
-    match err.raw_os_error() {
-        // Filesystems without RENAME_NOREPLACE: check, then rename (a narrow race, documented).
-        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
-            if fs::symlink_metadata(to).is_ok() {
-                return Err(io::Error::new(io::ErrorKind::AlreadyExists, "destination exists"));
-            }
-            fs::rename(from, to)
-        }
-        _ => Err(err),
     }
 }

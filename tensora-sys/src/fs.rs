@@ -1,7 +1,12 @@
-//! Reserving a file's blocks, and whether a file lives in memory.
+//! Reserving a file's blocks, whether a file lives in memory, and the two namings std has no
+//! form of: linking an unnamed (`O_TMPFILE`) file in, and a rename that never replaces.
 
+use std::ffi::CString;
 use std::fs::File;
+use std::io;
 use std::os::fd::AsRawFd as _;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::{Path, PathBuf};
 
 /// Allocate the first `len_bytes` of `file` (`fallocate`, mode 0: the file grows to at least
 /// that length, the blocks are reserved and read as zeros). `Ok` without doing anything where
@@ -20,7 +25,7 @@ use std::os::fd::AsRawFd as _;
 /// assert_eq!(file.metadata()?.len(), 1 << 20);
 /// # Ok::<(), std::io::Error>(())
 /// ```
-pub fn preallocate(file: &File, len_bytes: u64) -> std::io::Result<()> {
+pub fn preallocate(file: &File, len_bytes: u64) -> io::Result<()> {
     if len_bytes == 0 {
         return Ok(());
     }
@@ -45,7 +50,7 @@ pub fn preallocate(file: &File, len_bytes: u64) -> std::io::Result<()> {
 /// let _on_tmpfs: bool = tensora_sys::in_memory_filesystem(&file)?;
 /// # Ok::<(), std::io::Error>(())
 /// ```
-pub fn in_memory_filesystem(file: &File) -> std::io::Result<bool> {
+pub fn in_memory_filesystem(file: &File) -> io::Result<bool> {
     let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
     // SAFETY: a plain syscall on a descriptor this function borrows, filling `st`, a valid
     // out-pointer of the right type.
@@ -57,6 +62,60 @@ pub fn in_memory_filesystem(file: &File) -> std::io::Result<bool> {
     #[allow(clippy::unnecessary_cast)] // f_type's width differs across targets.
     let magic = st.f_type as i64;
     Ok(matches!(crate::probe::classify_filesystem(magic).name.as_str(), "tmpfs" | "ramfs"))
+}
+
+/// `path` as the NUL-terminated string a syscall takes (`InvalidInput` for a path with a NUL).
+pub(crate) fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+}
+
+/// The `/proc/self/fd/N` name of an open file: a path that opens (or links) that very file,
+/// named or not.
+pub fn fd_path(file: &File) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// Give the unnamed (`O_TMPFILE`) file `file` the name `dst` (`linkat` of its [`fd_path`] with
+/// `AT_SYMLINK_FOLLOW`); fails with `AlreadyExists` when `dst` is taken, never replacing it.
+pub fn link_unnamed(file: &File, dst: &Path) -> io::Result<()> {
+    let (from, to) = (c_path(&fd_path(file))?, c_path(dst)?);
+    // SAFETY: both pointers come from live NUL-terminated CStrings owned by this frame; AT_FDCWD
+    // resolves them as `open` would; AT_SYMLINK_FOLLOW makes the /proc link name the open file.
+    let rc = unsafe {
+        libc::linkat(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW)
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// `rename(2)` that fails with `AlreadyExists` instead of replacing an existing (empty) directory
+/// or file (`renameat2` with `RENAME_NOREPLACE`). Where the filesystem lacks the flag (`EINVAL`,
+/// `ENOSYS`) it checks, then renames: a narrow race between the two, which the caller accepts.
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let (from_c, to_c) = (c_path(from)?, c_path(to)?);
+    // SAFETY: both pointers come from live, NUL-terminated CStrings owned by this frame; AT_FDCWD
+    // makes the paths relative to the current directory exactly as std::fs::rename does.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from_c.as_ptr(),
+            libc::AT_FDCWD,
+            to_c.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS) => {
+            if std::fs::symlink_metadata(to).is_ok() {
+                return Err(io::Error::new(io::ErrorKind::AlreadyExists, "destination exists"));
+            }
+            std::fs::rename(from, to)
+        }
+        _ => Err(err),
+    }
 }
 
 #[cfg(test)]
@@ -106,6 +165,33 @@ mod tests {
                 assert_eq!(file.metadata().unwrap().blocks() * 512, 4 << 20, "committed up front");
             }
         }
+    }
+
+    #[test]
+    fn a_rename_never_replaces_and_an_unnamed_file_is_linked_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        assert_eq!(rename_noreplace(&a, &b).unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        assert!(a.is_dir(), "the source stays where it was");
+        std::fs::remove_dir(&b).unwrap();
+        rename_noreplace(&a, &b).unwrap();
+        assert!(b.is_dir() && !a.exists());
+
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let Ok(mut unnamed) =
+            File::options().read(true).write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(dir.path())
+        else {
+            return; // a filesystem without O_TMPFILE: the writer names its files instead.
+        };
+        unnamed.write_all(b"data").unwrap();
+        let named = dir.path().join("named");
+        link_unnamed(&unnamed, &named).unwrap();
+        assert_eq!(std::fs::read(&named).unwrap(), b"data");
+        assert_eq!(link_unnamed(&unnamed, &named).unwrap_err().kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(c_path(Path::new("a\0b")).unwrap_err().kind(), io::ErrorKind::InvalidInput);
     }
 
     #[test]

@@ -66,9 +66,7 @@ pub struct Filesystem {
 
 /// `statfs(path)` and classify the filesystem.
 pub fn filesystem(path: &Path) -> io::Result<Filesystem> {
-    use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    let c_path = crate::fs::c_path(path)?;
     let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
     // SAFETY: `c_path` is NUL-terminated and `st` is a valid out-pointer of the right type.
     let rc = unsafe { libc::statfs(c_path.as_ptr(), st.as_mut_ptr()) };

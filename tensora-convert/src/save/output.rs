@@ -15,11 +15,8 @@
 //! [`ConvertError::NoSpace`] before any data is written, and the temporary file goes with the
 //! error; an `ENOSPC` during the writes is the same error.
 
-use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -146,7 +143,7 @@ impl Output {
         match &self.temp {
             Temp::Named(p) => p.clone(),
             Temp::InPlace => self.final_path.clone(),
-            Temp::Unnamed => fd_path(&self.file),
+            Temp::Unnamed => tensora_sys::fd_path(&self.file),
         }
     }
 
@@ -182,7 +179,7 @@ impl Output {
         let dst = self.final_path.clone();
         match (&self.temp, self.placement) {
             (Temp::InPlace, _) => {}
-            (Temp::Unnamed, placement) => match link_fd(&self.file, &dst) {
+            (Temp::Unnamed, placement) => match tensora_sys::link_unnamed(&self.file, &dst) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && placement == Placement::NoReplace => {
                     return Err(ConvertError::DestinationExists { path: dst });
@@ -194,7 +191,7 @@ impl Output {
                 }
                 Err(e) => return Err(write_err(&dst, "linking output into place", e)),
             },
-            (Temp::Named(temp), Placement::NoReplace) => match crate::tempdir::rename_noreplace(temp, &dst) {
+            (Temp::Named(temp), Placement::NoReplace) => match tensora_sys::rename_noreplace(temp, &dst) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     return Err(ConvertError::DestinationExists { path: dst });
@@ -244,30 +241,11 @@ fn create_beside(dst: &Path) -> Result<(File, Temp), ConvertError> {
     )))
 }
 
-fn fd_path(file: &File) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
-}
-
-/// Give the unnamed file `file` the name `dst` (fails with `AlreadyExists` if taken).
-#[allow(unsafe_code)]
-fn link_fd(file: &File, dst: &Path) -> io::Result<()> {
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
-    };
-    let (from, to) = (c(&fd_path(file))?, c(dst)?);
-    // SAFETY: both pointers come from live NUL-terminated CStrings owned by this frame; AT_FDCWD
-    // resolves them as `open` would; AT_SYMLINK_FOLLOW makes the /proc link name the open file.
-    let rc = unsafe {
-        libc::linkat(libc::AT_FDCWD, from.as_ptr(), libc::AT_FDCWD, to.as_ptr(), libc::AT_SYMLINK_FOLLOW)
-    };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
-}
-
 /// Link the unnamed file under a free temporary name beside `dst`; returns that name.
 fn link_under_temp_name(file: &File, dst: &Path) -> Result<PathBuf, ConvertError> {
     for _ in 0..TEMP_NAME_ATTEMPTS_MAX {
         let temp = temp_name(dst)?;
-        match link_fd(file, &temp) {
+        match tensora_sys::link_unnamed(file, &temp) {
             Ok(()) => return Ok(temp),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(write_err(&temp, "linking output", e)),
