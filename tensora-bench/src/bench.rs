@@ -64,7 +64,7 @@ pub struct BenchConfig {
     /// The `tensora-bench` binary that runs each sample in a child process (the running binary,
     /// or, in the crate's tests, the one Cargo built).
     pub child_exe: PathBuf,
-    /// The memory state each child starts in ([`crate::memory`]).
+    /// The memory state each child starts in (`crate::memory`).
     pub memory: MemoryState,
 }
 
@@ -152,7 +152,7 @@ pub fn measure_timed(
     Ok(samples)
 }
 
-/// [`measure_timed`] with the wall clock around `body`, which returns the bytes it loaded.
+/// `measure_timed` with the wall clock around `body`, which returns the bytes it loaded.
 pub fn measure(
     runs: impl Into<Runs>,
     cold: Option<(&CacheDropper, &[PathBuf])>,
@@ -201,7 +201,7 @@ pub fn run(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<Report> {
     Ok(report)
 }
 
-/// Only the paired acceptance runs ([`crate::paired`]) on the main fixture: warm always, cold when
+/// Only the paired acceptance runs (`crate::paired`) on the main fixture: warm always, cold when
 /// `config.cold`.
 pub fn measure_acceptance_pairs(
     config: &BenchConfig,

@@ -2,7 +2,7 @@
 //!
 //! `cargo xtask bench` builds the `tensora-bench` binary in release mode and runs it. In one run it
 //! generates (or reuses) the fixtures, finds the Python peers' environment (the venv `cargo xtask
-//! provision --python` fills: [`python`]), measures the machine's rooflines, every loader and every peer on the same
+//! provision --python` fills: `python`), measures the machine's rooflines, every loader and every peer on the same
 //! files, warm and cold, in two situations ([`Situation`]: (a) the first load of a fresh
 //! process, each sample a child process of its own, and (b) a repeat load in a process that
 //! already loaded once), runs the paired acceptance runs, and writes `report.md`, `report.json`

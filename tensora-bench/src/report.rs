@@ -443,7 +443,7 @@ pub fn load_average() -> String {
 /// The whole result of a bench run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
-    /// [`SCHEMA_VERSION`] of this document.
+    /// `SCHEMA_VERSION` of this document.
     pub schema_version: u32,
     /// How the run was configured.
     pub run: RunFacts,
@@ -457,13 +457,13 @@ pub struct Report {
     pub rooflines: Vec<Rooflines>,
     /// Every measured (or skipped, or failed) cell.
     pub cells: Vec<Cell>,
-    /// Paired acceptance runs (see [`crate::paired`]).
+    /// Paired acceptance runs (see `crate::paired`).
     #[serde(default)]
     pub pairs: Vec<crate::paired::Pair>,
-    /// `auto` against the best peer of the same run, situation (a) (see [`crate::versus`]).
+    /// `auto` against the best peer of the same run, situation (a) (see `crate::versus`).
     #[serde(default)]
     pub versus: Vec<crate::versus::Versus>,
-    /// The bindings' Python peers on the main fixture (see [`crate::torch_peers`]), when run.
+    /// The bindings' Python peers on the main fixture (see `crate::torch_peers`), when run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_peers: Option<crate::torch_peers::TorchPeers>,
 }

@@ -19,7 +19,7 @@ use crate::redact::redact;
 pub const HEADWAY_BYTES_MIN: usize = 1 << 20;
 
 /// Bounds on retrying one range, counted per failure episode: an attempt that moved
-/// [`HEADWAY_BYTES_MIN`] at the link's pace before it failed, or went silent while the load's
+/// `HEADWAY_BYTES_MIN` at the link's pace before it failed, or went silent while the load's
 /// other ranges moved that much, starts a new episode. A range that fails more often in one
 /// episode, or keeps failing for longer, fails the load. Network errors, broken bodies and HTTP 5xx, 408 and 429 answers are retried;
 /// after a 429 or 503 with `Retry-After: N` the next attempt waits at least N seconds (and a wait

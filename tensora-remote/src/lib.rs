@@ -61,7 +61,10 @@ pub use cache::{
 pub use checkpoint::{HEADER_FIRST_READ_BYTES, RemoteCheckpoint};
 pub use error::RemoteError;
 pub use fetch::{RemoteObject, RetryPolicy, Unversioned};
-pub use load::{Landing, RemoteLoaded, RemoteOptions, RemoteReport, load_remote, open_remote};
+pub use load::{
+    Landing, READS_INFLIGHT_LIMIT, RUNTIME_THREADS_LIMIT, RemoteLoaded, RemoteOptions, RemoteReport,
+    load_remote, open_remote,
+};
 pub use location::{Location, StoreConfig};
 pub use redact::redact;
 pub use tune::{Probe, TuneReport, Tuning, range_bytes};

@@ -37,7 +37,7 @@ pub const RUNTIME_THREADS_LIMIT: usize = 64;
 /// | `rate_min_bytes_per_s` | 2 MB/s | the slowest healthy link, all ranges in flight together: one attempt may take `request_overhead + remaining × reads_inflight_max / rate`, and a response that sends no byte for `request_overhead` is retried |
 /// | `request_overhead` | 5 s | per-attempt allowance for connecting and the first byte, and the longest a response may send nothing |
 /// | `connect_timeout` | 5 s | TCP/TLS connect |
-/// | `retry` | [`RetryPolicy::default`] | retries per range and retry time, per failure episode ([`crate::HEADWAY_BYTES_MIN`]) |
+/// | `retry` | [`RetryPolicy::default`] | retries per range and retry time, per failure episode (`HEADWAY_BYTES_MIN`) |
 /// | `cache` | none | a verified local cache ([`CacheOptions`]): written in the same pass, durable behind the load ([`RemoteLoaded::wait_cache`]), resume, offline |
 /// | `open_deadline` | 120 s | the most one open may take, every request and retry included |
 /// | `unversioned` | `Refuse` | objects with neither ETag nor Last-Modified: refused, or `Allow`ed |

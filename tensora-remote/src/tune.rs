@@ -65,8 +65,8 @@ pub const RANGE_MIN_BYTES: u64 = 1 << 20;
 pub const LOAD_RANGES_MIN: u64 = START_DEPTH as u64 / 2;
 
 /// The range length of a self-tuned load of `selected_bytes` whose ranges are at most
-/// `chunk_bytes`: the chunk, halved while the load has fewer than [`LOAD_RANGES_MIN`] ranges and
-/// the half is at least [`RANGE_MIN_BYTES`]. On a link that limits each connection (as object
+/// `chunk_bytes`: the chunk, halved while the load has fewer than `LOAD_RANGES_MIN` ranges and
+/// the half is at least `RANGE_MIN_BYTES`. On a link that limits each connection (as object
 /// stores do), a load's throughput is at most its ranges in flight times that limit: 64 MiB in
 /// 8 MiB ranges is 8 connections.
 ///
@@ -94,7 +94,7 @@ pub fn range_bytes(selected_bytes: u64, chunk_bytes: u64) -> u64 {
 /// How the depth is chosen.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Tuning {
-    /// Probe upward from [`START_DEPTH`] to at most `reads_inflight_max` (the default).
+    /// Probe upward from `START_DEPTH` to at most `reads_inflight_max` (the default).
     #[default]
     Auto,
     /// Keep exactly `reads_inflight_max` ranges in flight.

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// writes then allocate. `ENOSPC` and every other error are returned: a disk too full for the
 /// file fails here, before anything is written.
 ///
-/// On a file system that keeps files in memory ([`in_memory`]) this zeroes the whole length in
+/// On a file system that keeps files in memory ([`in_memory_filesystem`]) this zeroes the whole length in
 /// memory up front (0.3 s per GiB on the 2-core reference VM): a caller that wants no early
 /// `ENOSPC` there can only grow the file instead (`File::set_len`).
 ///

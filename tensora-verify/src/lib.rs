@@ -57,7 +57,10 @@ pub use check::{
 pub use digest::{Algo, BadDigest, Digest, Hasher, UnknownAlgo, crc32c_combine};
 pub use fused::{DigestCollector, DigestStats, cross_check, hash_with_load};
 pub use hash::{HashError, HashOptions, ProgressFn, hash_checkpoint};
-pub use manifest::{Manifest, ManifestError, ManifestFile, ManifestTensor, file_key, write_atomic};
+pub use manifest::{
+    MANIFEST_LEN_BYTES_MAX, MANIFEST_RANK_MAX, Manifest, ManifestError, ManifestFile, ManifestTensor,
+    file_key, write_atomic,
+};
 pub use pieces::PieceDigests;
 pub use scan::{FileProblem, FileScan, Opener, Progress, ReadAt, Scan, ScanConfig, scan, scan_with};
 pub use verified::{

@@ -106,7 +106,7 @@ impl PieceDigests {
     /// Digest `bytes`, tensor `tensor`'s bytes from `offset_bytes` (only its first `nbytes` count).
     /// For xxh3 and sha256 this waits until the bytes in front have been added. Errors, naming the
     /// tensor, on an unknown index, bytes delivered twice, an abort, or a wait past
-    /// [`ORDER_WAIT_MAX`].
+    /// `ORDER_WAIT_MAX`.
     pub fn add(&self, tensor: usize, offset_bytes: u64, bytes: &[u8]) -> Result<(), BoxError> {
         let slot =
             self.slots.get(tensor).ok_or_else(|| format!("tensor index {tensor} is not being digested"))?;

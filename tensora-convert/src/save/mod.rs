@@ -88,11 +88,11 @@ pub type StageHook = Arc<dyn Fn(SaveStage, &Path) + Send + Sync>;
 pub struct SaveOptions {
     /// Buffered, direct, or chosen from the facts (the default).
     pub mode: WriteChoice,
-    /// Writer threads; 0 chooses ([`mode::threads`]).
+    /// Writer threads; 0 chooses (`mode::threads`).
     pub threads: usize,
     /// Bytes per piece, a multiple of [`ALIGN_BYTES`] up to [`PIECE_BYTES_MAX`]; 0 is
-    /// [`PIECE_BYTES_DEFAULT`]. Shrunk so that `threads × piece` stays within
-    /// [`STAGING_BYTES_MAX`].
+    /// `PIECE_BYTES_DEFAULT`. Shrunk so that `threads × piece` stays within
+    /// `STAGING_BYTES_MAX`.
     pub piece_bytes: u64,
     /// Digest every tensor as it is written and return the manifest
     /// ([`SaveReport::manifest`]).

@@ -29,7 +29,7 @@ pub const THREADS_MAX: usize = 16;
 /// How a save was asked to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WriteChoice {
-    /// Decide from the facts ([`choose`]).
+    /// Decide from the facts (`choose`).
     #[default]
     Auto,
     /// Through the page cache.

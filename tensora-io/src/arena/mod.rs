@@ -329,7 +329,7 @@ impl Arena {
     }
 
     /// Release this arena for reuse: `MADV_FREE` its pages and park it, replacing (and unmapping)
-    /// any arena parked before. Arenas over [`parking::RECYCLE_BYTES_MAX`] are unmapped instead.
+    /// any arena parked before. Arenas over `parking::RECYCLE_BYTES_MAX` are unmapped instead.
     pub fn recycle(self) {
         RECYCLED.park(self);
     }
@@ -459,7 +459,7 @@ impl Arena {
 
     /// [`Arena::populate_write`], timed in the calling thread's CPU time while the arena asks for
     /// huge pages: when `SLOW_SAMPLES_TO_SWITCH` timed ranges in a row (each at least a huge
-    /// page) faulted in slower than [`HUGE_FAULT_BYTES_PER_SECOND_MIN`], the rest of the arena
+    /// page) faulted in slower than `HUGE_FAULT_BYTES_PER_SECOND_MIN`, the rest of the arena
     /// gets base pages
     /// ([`Arena::use_base_pages`]). Returns the pages memory not faulted in yet will get. Errors
     /// are those of `populate_write` (a hint: kernels before 5.14).

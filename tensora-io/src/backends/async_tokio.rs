@@ -26,7 +26,7 @@ use crate::seam::{Access, CompletionSink, IoBackend, IoStats, Job, Permit, ReadE
 /// Largest number of reads in flight (and blocking-pool threads) one run uses.
 pub const ASYNC_QUEUE_DEPTH_MAX: u32 = 256;
 
-/// Drives reads from a tokio runtime; see the [module docs](self).
+/// Drives reads from a tokio runtime; see the module docs.
 #[derive(Debug, Clone, Default)]
 pub struct AsyncBackend {
     /// Faults applied to every positional read (tests only).

@@ -83,7 +83,7 @@ impl Default for UringConfig {
     }
 }
 
-/// Executes a plan with io_uring. See the [module docs](self).
+/// Executes a plan with io_uring. See the module docs.
 ///
 /// ```
 /// use std::io::Write;

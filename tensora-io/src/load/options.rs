@@ -14,7 +14,7 @@ use crate::seam::{Access, IoBackend};
 /// Which backend runs the load.
 #[derive(Clone, Default)]
 pub enum BackendChoice {
-    /// Decide from measured facts (see [`crate::auto`]).
+    /// Decide from measured facts (see `crate::auto`).
     #[default]
     Auto,
     /// A registered backend by name (see [`crate::registry::names`]).
@@ -109,14 +109,14 @@ pub enum Residence {
     /// Copied into an owned hugepage arena: a snapshot nothing outside the process can change.
     #[default]
     Owned,
-    /// Zero-copy views into a private copy-on-write mapping of each file (see [`crate::map`]):
+    /// Zero-copy views into a private copy-on-write mapping of each file (see `crate::map`):
     /// writes through [`Loaded::tensor_mut_ptr`](crate::Loaded::tensor_mut_ptr) copy the page and
     /// never reach the file. Every selected page is read in (`MADV_POPULATE_READ`) before the load
     /// returns, so an I/O error or an already truncated file fails the load with a typed error
     /// naming file, offset and tensor. The bytes are **live views of the page cache, not a
     /// snapshot**: see the type's docs and [`FilesUnchanged`].
     Mapped(FilesUnchanged),
-    /// Decided by [`crate::auto`] from measured facts: mapped when the backend is `auto` and the
+    /// Decided by `crate::auto` from measured facts: mapped when the backend is `auto` and the
     /// selection is warm on a local filesystem (a load is then a page-table fill), owned otherwise.
     /// The report's `reason` says which and why.
     Auto(FilesUnchanged),
@@ -256,7 +256,7 @@ pub struct LoadOptions {
     /// [`LoadError::Cancelled`]: crate::LoadError::Cancelled
     pub cancel: Option<Arc<AtomicBool>>,
     /// Whether the destination arena is fresh memory (the default: what a cold start pays) or the
-    /// arena parked by an earlier load in this process (see [`crate::arena`], "Recycling").
+    /// arena parked by an earlier load in this process (see `crate::arena`, "Recycling").
     pub arena_reuse: ArenaReuse,
 }
 
@@ -274,7 +274,7 @@ pub enum ArenaReuse {
     /// Reuse the arena parked by an earlier load (no page faults when it fits), and park this
     /// load's arena when it drops. For processes that load and drop models repeatedly (model
     /// swapping); the parked arena stays in RSS until reused or [`crate::arena::drop_recycled`].
-    /// Direct (`O_DIRECT`) loads on kernels before 5.18 ([`LAZY_FREE_DMA_SAFE_KERNEL`]) get fresh
+    /// Direct (`O_DIRECT`) loads on kernels before 5.18 (`LAZY_FREE_DMA_SAFE_KERNEL`) get fresh
     /// memory anyway: there a lazily freed page filled by DMA can be dropped afterwards.
     Recycle,
 }

@@ -20,7 +20,7 @@ use crate::seam::{Access, IoStats};
 /// Load the selected tensors: into one owned hugepage arena
 /// ([`Residence::Owned`](super::Residence::Owned), the default), or as zero-copy views of the files
 /// ([`Residence::Mapped`](super::Residence::Mapped)), or whichever `auto` picks
-/// ([`Residence::Auto`](super::Residence::Auto)). See the [module docs](mod@crate::load).
+/// ([`Residence::Auto`](super::Residence::Auto)). See the module docs.
 pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
     let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Owned)?;
     session.load_part(&selected, phases, faults_before)

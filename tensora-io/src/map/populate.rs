@@ -48,7 +48,7 @@ pub struct Span {
 
 /// What [`populate`] is given besides the spans.
 pub struct PopulateConfig<'a> {
-    /// Worker threads (at least 1, at most [`POPULATE_THREADS_MAX`], at most one per piece).
+    /// Worker threads (at least 1, at most `POPULATE_THREADS_MAX`, at most one per piece).
     pub threads: usize,
     /// Set to stop between pieces ([`PopulateError::Cancelled`]).
     pub cancel: &'a AtomicBool,
