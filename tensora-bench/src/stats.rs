@@ -27,7 +27,7 @@ impl Summary {
     /// Summarise `samples`; `None` when empty or when any sample is NaN.
     ///
     /// ```
-    /// let s = tensora_bench::stats::Summary::of(&[3.0, 1.0, 2.0, 10.0]).unwrap();
+    /// let s = tensora_bench::Summary::of(&[3.0, 1.0, 2.0, 10.0]).unwrap();
     /// assert_eq!((s.median, s.min, s.max, s.count), (2.5, 1.0, 10.0, 4));
     /// ```
     pub fn of(samples: &[f64]) -> Option<Summary> {

@@ -11,11 +11,11 @@
 //!
 //! ```
 //! use tensora_io::LoadOptions;
-//! use tensora_verify::{Algo, Manifest, hash, ManifestCheck};
+//! use tensora_verify::{Algo, HashOptions, Manifest, ManifestCheck, hash_checkpoint};
 //!
 //! let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
 //! let ckpt = tensora_format::open(path)?;
-//! let digests = hash::hash_checkpoint(&ckpt, &hash::HashOptions::default())?;
+//! let digests = hash_checkpoint(&ckpt, &HashOptions::default())?;
 //! let manifest = Manifest::from_checkpoint(&ckpt, Algo::Crc32c, &digests)?;
 //!
 //! let mut opts = LoadOptions::default();
