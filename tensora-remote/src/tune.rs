@@ -71,16 +71,15 @@ pub const LOAD_RANGES_MIN: u64 = START_DEPTH as u64 / 2;
 /// 8 MiB ranges is 8 connections.
 ///
 /// ```
-/// use tensora_remote::{LOAD_RANGES_MIN, RANGE_MIN_BYTES, range_bytes};
+/// use tensora_remote::range_bytes;
 ///
 /// const MIB: u64 = 1 << 20;
-/// // 256 MiB is 32 ranges of 8 MiB: enough.
+/// // 256 MiB is 32 ranges of 8 MiB (`LOAD_RANGES_MIN`): enough.
 /// assert_eq!(range_bytes(256 * MIB, 8 * MIB), 8 * MIB);
-/// assert_eq!(256 * MIB / (8 * MIB), LOAD_RANGES_MIN);
 /// // 64 MiB: 32 ranges of 2 MiB.
 /// assert_eq!(range_bytes(64 * MIB, 8 * MIB), 2 * MIB);
-/// // Never below the floor, nor above the chunk asked for.
-/// assert_eq!(range_bytes(10 * MIB, 8 * MIB), RANGE_MIN_BYTES);
+/// // Never below the 1 MiB floor (`RANGE_MIN_BYTES`), nor above the chunk asked for.
+/// assert_eq!(range_bytes(10 * MIB, 8 * MIB), MIB);
 /// assert_eq!(range_bytes(MIB, 512 << 10), 512 << 10);
 /// ```
 pub fn range_bytes(selected_bytes: u64, chunk_bytes: u64) -> u64 {
