@@ -492,3 +492,60 @@ fn stepped_pieces_tile_every_tensor_through_short_reads_and_interrupts() {
         assert!(pieces.lock().unwrap().is_empty(), "{faults:?}: pieces left over");
     }
 }
+
+/// A store's own error, as an object-store backend would have it.
+#[derive(Debug, PartialEq)]
+struct StoreSaidNo {
+    status: u16,
+}
+
+impl std::fmt::Display for StoreSaidNo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the store answered {}", self.status)
+    }
+}
+
+impl std::error::Error for StoreSaidNo {}
+
+/// A backend whose first read fails with its own typed error.
+struct Refusing;
+
+impl IoBackend for Refusing {
+    fn name(&self) -> &'static str {
+        "refusing"
+    }
+    fn reads_local_files(&self) -> bool {
+        false
+    }
+    fn execute(&self, job: &Job<'_>, _sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
+        let target = job.claim(0)?;
+        let read = target.read().clone();
+        Err(ReadError {
+            file: read.file,
+            offset_bytes: read.offset_bytes,
+            len_bytes: read.len_bytes,
+            kind: ReadErrorKind::Source(Box::new(StoreSaidNo { status: 412 })),
+        })
+    }
+}
+
+/// Issue 45 item 1: a backend's typed error crosses the seam as it is (`ReadErrorKind::Source`):
+/// the load's error names file, offset and tensor around it, and the backend's caller downcasts
+/// it back to its own type, with no text parked beside the backend.
+#[test]
+fn a_backends_typed_error_crosses_the_seam_downcastable() {
+    let g = generate_mixed(3);
+    let ckpt = g.open();
+    let opts = LoadOptions { backend: BackendChoice::Custom(Arc::new(Refusing)), ..LoadOptions::default() };
+    let Err(err) = load(&ckpt, &opts) else { panic!("the backend refused every read") };
+    let text = err.to_string();
+    let LoadError::Read { tensor, kind: ReadErrorKind::Source(source), .. } = err else {
+        panic!("a read error carrying the backend's own: {text}")
+    };
+    assert!(
+        !tensor.is_empty() && text.contains(&tensor) && text.contains("the store answered 412"),
+        "{text}"
+    );
+    let own = source.downcast::<StoreSaidNo>().expect("the backend's own type");
+    assert_eq!(*own, StoreSaidNo { status: 412 });
+}

@@ -439,12 +439,12 @@ impl Bench {
                 let ((load_s, _, _), write_s) = (loaded?, written?);
                 Ok((seconds, bytes, format!("load {load_s:.3} s, writes {write_s:.3} s")))
             });
-            // The cache writes its copies straight to the disk (no page cache), so its copies and
-            // the local files are both read from the disk here: the same state on both sides, in
-            // alternating order and each on memory freed a moment ago. Without the relay the warm
-            // cell, always right after a remote cell, faulted its arena into memory the VM had
-            // handed back (warm / local 0.58), while the local cell came right after dropping the
-            // 1 GB of page cache it then read.
+            // The copies' pages and the local files' are both dropped (a cache whose copies fit
+            // keeps them in the page cache), so both are read from the disk here: the same state
+            // on both sides, in alternating order and each on memory freed a moment ago. Without
+            // the relay the warm cell, always right after a remote cell, faulted its arena into
+            // memory the VM had handed back (warm / local 0.58), while the local cell came right
+            // after dropping the 1 GB of page cache it then read.
             for k in 0..2 {
                 if (k + round) % 2 == 0 {
                     page_cache(&cache_dir.join("objects"), Page::Drop)?;

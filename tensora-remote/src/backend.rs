@@ -8,26 +8,23 @@
 //! share of `reads_inflight_max` ranges in flight; every range holds a budget permit while in
 //! flight, is claimed from the job ([`tensora_io::Job::claim`]), fetched with one conditional GET
 //! whose body is copied chunk by chunk straight into the claimed slice (resumed where it stopped
-//! after a failure, see `fetch.rs`), and landed ([`tensora_io::ReadTarget::land`]).
+//! after a failure, see `fetch.rs`), and landed ([`tensora_io::ReadTarget::land`]). The bytes
+//! come from a source of ranges (`fetch::RangeSource`): the store's fetcher, or what a layer in
+//! front of the store (the cache) makes of it for each run; the backend does not know which.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tensora_io::{CompletionSink, IoBackend, IoStats, Job, ReadError, ReadErrorKind, ReadTarget};
 
 use crate::RemoteError;
-use crate::cache::{CacheSession, CacheWrites, Entry, LANE_THREADS, LaneFill, LaneWork, PiecesTo};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::{Client, CounterSnapshot, off_runtime};
-use crate::fetch::{Counters, Fetcher, RemoteObject, Source};
+use crate::fetch::{Counters, Fetcher, Layer, RangeSource, RemoteObject};
 use crate::tune::{TUNE_TICK, TuneReport, Tuner};
-
-/// The lane threads' queues (one per thread: a range's pieces and landing go to one, in order).
-type Lanes<'j> = [Sender<LaneWork<'j>>];
 
 /// Reads the pager claims (and touches) ahead of the issuing threads.
 pub const PAGE_AHEAD_READS: usize = 16;
@@ -44,8 +41,8 @@ pub const STOP_POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// [`RemoteCheckpoint::load`] does exactly that.
 ///
 /// A failed range fails the run with a `ReadError` naming the object's file id, the range and the
-/// cause; the typed [`RemoteError`] behind the first failure is kept for
-/// [`RemoteBackend::take_error`]. The backend owns its request counters: they count its runs
+/// cause: the typed [`RemoteError`], carried as `ReadErrorKind::Source` (the load's error then
+/// holds it, downcastable, where the load layer names the file, offset and tensor). The backend owns its request counters: they count its runs
 /// only, never an open's or another backend's requests on the same store.
 #[derive(Debug)]
 pub struct RemoteBackend {
@@ -53,12 +50,10 @@ pub struct RemoteBackend {
     /// Indexed by checkpoint file id.
     objects: Vec<RemoteObject>,
     name: &'static str,
-    first_error: Mutex<Option<RemoteError>>,
     counters: Counters,
-    /// The cache its ranges are read from and written through, if any.
-    cache: Option<Arc<CacheSession>>,
-    /// When an owned load's ranges go into the cache.
-    writes: CacheWrites,
+    /// What is in front of the store (the cache its ranges are read from and written through),
+    /// if anything.
+    layer: Option<Arc<dyn Layer>>,
     /// What the concurrency controller did in the last run.
     tune: Mutex<Option<TuneReport>>,
     /// Nanoseconds the runs' lane threads wrote after the last range had arrived, summed.
@@ -74,10 +69,8 @@ impl RemoteBackend {
             client: Arc::clone(checkpoint.client()),
             objects: checkpoint.objects().to_vec(),
             name: checkpoint.location().backend_name(),
-            first_error: Mutex::new(None),
             counters: Counters::default(),
-            cache: None,
-            writes: checkpoint.cache().map_or(CacheWrites::Behind, |c| c.options().writes),
+            layer: None,
             tune: Mutex::new(None),
             disk_tail_nanos: AtomicU64::new(0),
             range_bytes: AtomicU64::new(checkpoint.client().opts.chunk_bytes),
@@ -94,34 +87,20 @@ impl RemoteBackend {
         self.tune.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Seconds its runs waited for the cache's lane threads after their last range had arrived
-    /// (summed over the runs; 0 without a cache).
+    /// Seconds its runs waited for the layer's work (the cache's lane threads) after their last
+    /// range had arrived (summed over the runs; 0 without a cache).
     pub(crate) fn disk_tail_seconds(&self) -> f64 {
         self.disk_tail_nanos.load(Ordering::Relaxed) as f64 / 1e9
     }
 
-    /// This backend reading ranges from `cache` first and writing fetched ones through to it.
-    pub(crate) fn with_cache(self, cache: Option<Arc<CacheSession>>) -> RemoteBackend {
-        RemoteBackend { cache, ..self }
-    }
-
-    /// The typed error behind the first failed range of the last failed run, if any.
-    pub fn take_error(&self) -> Option<RemoteError> {
-        self.first_error.lock().unwrap_or_else(|p| p.into_inner()).take()
+    /// This backend reading its ranges through `layer` (the cache), if any.
+    pub(crate) fn with_layer(self, layer: Option<Arc<dyn Layer>>) -> RemoteBackend {
+        RemoteBackend { layer, ..self }
     }
 
     /// Requests, retries and retry time of this backend's runs so far.
     pub(crate) fn counts(&self) -> CounterSnapshot {
         self.counters.snapshot()
-    }
-
-    fn keep_error(&self, e: RemoteError) -> String {
-        let text = e.to_string();
-        let mut slot = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(e);
-        }
-        text
     }
 }
 
@@ -132,20 +111,6 @@ fn inflight_shares(reads_inflight_max: usize, threads: usize) -> Vec<usize> {
     let max = reads_inflight_max.max(1);
     let threads = threads.clamp(1, max);
     (0..threads).map(|i| max / threads + usize::from(i < max % threads)).collect()
-}
-
-/// Where a fetched range goes besides its destination.
-enum Way<'l, 'r> {
-    /// Nowhere: no cache, or one that does not write this object (another process does, or it
-    /// has no version).
-    Load,
-    /// Into the object's copy, piece by piece through this lane thread, which then lands it.
-    Lane(Arc<Entry>, &'l Sender<LaneWork<'r>>),
-    /// Into the object's copy behind the load: held pieces to the session's writers, and the
-    /// range lands at once (the job's memory is kept mapped past the load).
-    Behind(&'l CacheSession, Arc<Entry>),
-    /// Into the object's copy through the copying writers (no lane thread could start).
-    Copy,
 }
 
 /// Why one read did not land.
@@ -170,10 +135,9 @@ impl IoBackend for RemoteBackend {
         false
     }
 
-    /// With a cache, reads on whole blocks: each fetched range then goes into its copy with
-    /// `O_DIRECT` from where it landed (`cache::lane`).
+    /// What the layer in front of the store asks (the cache: whole blocks), else nothing.
     fn read_align_bytes(&self) -> u64 {
-        if self.cache.is_some() { crate::cache::DIRECT_ALIGN_BYTES as u64 } else { 1 }
+        self.layer.as_ref().map_or(1, |l| l.read_align_bytes())
     }
 
     fn execute(&self, job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
@@ -198,39 +162,30 @@ impl IoBackend for RemoteBackend {
             order,
             pages: tokio::sync::Mutex::new(pages),
             stop: AtomicBool::new(false),
-            fetcher: self.client.fetcher(&self.counters).with_cache(self.cache.as_deref()),
+            fetcher: self.client.fetcher(&self.counters),
             tuner,
             issuers,
             lane_failure: Mutex::new(None),
         };
         let results = run.issue_on_threads(paged);
         *self.tune.lock().unwrap_or_else(|p| p.into_inner()) = Some(run.tuner.report());
-        let mut total = merge_issuers(results).map_err(|f| self.read_error(job, f))?;
+        let mut total = merge_issuers(results).map_err(|f| read_error(job, f))?;
         total.retries = self.counters.retries.load(Ordering::Relaxed).saturating_sub(retries_before);
         total.peak_inflight_bytes = job.budget.peak_bytes();
         Ok(total)
     }
 }
 
-impl RemoteBackend {
-    /// The `ReadError` a failed run returns. For a fetch that failed, the typed cause is kept for
-    /// [`RemoteBackend::take_error`] and the error names the first byte that did not land, when
-    /// the fetch knows it, so the load layer names the tensor that byte belongs to, not the
-    /// read's first one.
-    fn read_error(&self, job: &Job<'_>, failure: Fail) -> ReadError {
-        match failure {
-            Fail::Read(e) => e,
-            Fail::Remote { read, error } => {
-                let r = &job.plan.reads()[read as usize];
-                let (offset_bytes, len_bytes) = error.range().unwrap_or((r.offset_bytes, r.len_bytes));
-                let text = self.keep_error(error);
-                ReadError {
-                    file: r.file,
-                    offset_bytes,
-                    len_bytes,
-                    kind: ReadErrorKind::Io(std::io::Error::other(text)),
-                }
-            }
+/// The `ReadError` a failed run returns. For a fetch that failed, it carries the typed cause
+/// (`ReadErrorKind::Source`) and names the first byte that did not land, when the fetch knows it,
+/// so the load layer names the tensor that byte belongs to, not the read's first one.
+fn read_error(job: &Job<'_>, failure: Fail) -> ReadError {
+    match failure {
+        Fail::Read(e) => e,
+        Fail::Remote { read, error } => {
+            let r = &job.plan.reads()[read as usize];
+            let (offset_bytes, len_bytes) = error.range().unwrap_or((r.offset_bytes, r.len_bytes));
+            ReadError { file: r.file, offset_bytes, len_bytes, kind: ReadErrorKind::Source(Box::new(error)) }
         }
     }
 }
@@ -289,17 +244,15 @@ impl<'r> Run<'r, '_> {
         self.pages.lock().await.recv().await
     }
 
-    /// Read `index` of the plan into its claimed `target`: wait for budget, fetch the range into
-    /// it (racing a cancel or another range's failure), and land it. A range that comes from the
-    /// store while the cache writes its object goes to the cache piece by piece as it arrives:
-    /// when the job's memory outlives the load, to the session's writers as held pieces, and the
-    /// range lands at once; otherwise to one of the `lanes`, then itself, and that lane thread
-    /// lands it once its pieces are written. The bytes it read.
+    /// Read `index` of the plan into its claimed `target`: wait for budget, fill the range from
+    /// `source` (racing a cancel or another range's failure), and land it, unless the source took
+    /// it to land itself (the cache's lane threads do, once its pieces are written). The bytes it
+    /// read.
     async fn fetch_one(
         &self,
         index: u32,
-        mut target: ReadTarget<'r>,
-        lanes: Option<&Lanes<'r>>,
+        target: ReadTarget<'r>,
+        source: &(dyn RangeSource<'r> + '_),
     ) -> Result<u64, Fail> {
         let job = self.job;
         let read = &job.plan.reads()[index as usize];
@@ -322,81 +275,19 @@ impl<'r> Run<'r, '_> {
             ))));
         };
         let permit = job.budget.acquire_async(read.len_bytes).await;
-        let cache = self.backend.cache.as_deref();
-        let lanes = lanes.filter(|l| !l.is_empty());
-        let behind = job.keeps_mapping() && self.backend.writes == CacheWrites::Behind;
-        let way = match (cache, behind, lanes) {
-            (None, _, _) => Way::Load,
-            // No lane thread could start: the copying writers take the range.
-            (Some(_), false, None) => Way::Copy,
-            (Some(cache), behind, lanes) => {
-                match self.fetcher.read_cached(object, read.offset_bytes, target.buf()) {
-                    Ok(true) => {
-                        target.land(self.sink).map_err(Fail::Read)?;
-                        return Ok(read.len_bytes);
-                    }
-                    Ok(false) => match (cache.writer_entry(object), behind, lanes) {
-                        (Some(entry), true, _) => Way::Behind(cache, entry),
-                        (Some(entry), false, Some(lanes)) => {
-                            Way::Lane(entry, &lanes[index as usize % lanes.len()])
-                        }
-                        _ => Way::Load,
-                    },
-                    Err(error) => return Err(Fail::Remote { read: index, error }),
-                }
-            }
-        };
-        // Race the fetch (its retries and backoff sleeps included) against a cancel or another
+        // Race the fill (its retries and backoff sleeps included) against a cancel or another
         // range's failure.
-        let raced = {
-            let fetch = async {
-                match way {
-                    Way::Load => self.fetcher.fetch_store(object, read.offset_bytes, target.buf()).await?,
-                    Way::Lane(entry, lane) => {
-                        let mut fill =
-                            LaneFill::new(&mut target, entry, read.offset_bytes, PiecesTo::Lane(lane));
-                        self.fetcher.fetch_filling(object, read.offset_bytes, &mut fill).await?;
-                        return Ok(Some(lane));
-                    }
-                    Way::Behind(cache, entry) => {
-                        let to = PiecesTo::Behind(cache);
-                        let mut fill = LaneFill::new(&mut target, entry, read.offset_bytes, to);
-                        self.fetcher.fetch_filling(object, read.offset_bytes, &mut fill).await?;
-                    }
-                    Way::Copy => {
-                        let source =
-                            self.fetcher.fetch_unwritten(object, read.offset_bytes, target.buf()).await?;
-                        if let (Source::Store { crc32c: Some(crc32c) }, Some(cache)) = (source, cache) {
-                            cache.write(object, read.offset_bytes, target.buf(), crc32c).await;
-                        }
-                    }
-                }
-                Ok(None)
-            };
-            let fetch = std::pin::pin!(fetch);
-            let halt = std::pin::pin!(stopped(job.cancel, &self.stop));
-            match futures::future::select(fetch, halt).await {
-                futures::future::Either::Left((fetched, _)) => Some(fetched),
-                futures::future::Either::Right(((), _)) => None,
-            }
-        };
-        match raced {
-            Some(Ok(Some(lane))) => {
-                // The lane lands the range after its pieces; this fetch is done. Its receiver
-                // outlives every issuer, so a send fails only if its thread is gone.
-                lane.send(LaneWork::Land { target, permit }).map_err(|_| {
-                    fail_with(ReadErrorKind::Io(std::io::Error::other(
-                        "the cache's writing threads are gone",
-                    )))
-                })?;
-                Ok(read.len_bytes)
-            }
-            Some(Ok(None)) => {
+        let fill = source.fill(object, read.offset_bytes, target, permit);
+        let halt = std::pin::pin!(stopped(job.cancel, &self.stop));
+        match futures::future::select(fill, halt).await {
+            futures::future::Either::Left((Ok(Some((target, permit))), _)) => {
                 target.land(self.sink).map_err(Fail::Read)?;
+                drop(permit);
                 Ok(read.len_bytes)
             }
-            Some(Err(error)) => Err(Fail::Remote { read: index, error }),
-            None => Err(fail_with(ReadErrorKind::Cancelled)),
+            futures::future::Either::Left((Ok(None), _)) => Ok(read.len_bytes),
+            futures::future::Either::Left((Err(error), _)) => Err(Fail::Remote { read: index, error }),
+            futures::future::Either::Right(((), _)) => Err(fail_with(ReadErrorKind::Cancelled)),
         }
     }
 
@@ -409,7 +300,7 @@ impl<'r> Run<'r, '_> {
     /// One issuing loop: take claimed reads from the pager and keep this issuer's share of the
     /// tuner's depth in flight on the client's runtime, until the queue is empty or a read fails
     /// (which stops the run). The tuner sees the load's byte counter on each landing and tick.
-    fn issue(&self, issuer: usize, lanes: Option<&Lanes<'r>>) -> Result<IoStats, Fail> {
+    fn issue(&self, issuer: usize, source: &(dyn RangeSource<'r> + '_)) -> Result<IoStats, Fail> {
         use futures::future::{Either, select};
         let mut stats = IoStats::default();
         let result = self.backend.client.runtime().block_on(async {
@@ -440,7 +331,7 @@ impl<'r> Run<'r, '_> {
                 };
                 let landed = match event {
                     Either::Left(Some(Ok((i, target)))) => {
-                        inflight.push(self.fetch_one(i, target, lanes));
+                        inflight.push(self.fetch_one(i, target, source));
                         continue;
                     }
                     Either::Left(Some(Err(e))) => return Err(Fail::Read(e)),
@@ -470,44 +361,39 @@ impl<'r> Run<'r, '_> {
         result.map(|()| stats)
     }
 
-    /// The pager on a thread of its own, one issuing loop per issuer (the first on this
-    /// thread) and, with a cache, the lane's threads writing fetched ranges into it and landing
-    /// them. Blocking on the client's runtime panics inside another runtime: then they all run
-    /// on plain threads. The pager's channel closes when the issuers are done, and each lane
-    /// thread's when its senders are gone: the lane threads land what is queued, then end with
-    /// the scope; how long that took after the last range arrived is added to the disk tail.
+    /// The pager on a thread of its own and one issuing loop per issuer (the first on this
+    /// thread), reading from the store, or through the backend's layer (the cache), which runs
+    /// its own threads around them (lanes writing fetched ranges into copies and landing them).
+    /// Blocking on the client's runtime panics inside another runtime: then they all run on
+    /// plain threads. The pager's channel closes when the issuers are done; how long the layer
+    /// went on after that is added to the disk tail. A range the layer could not land is the
+    /// run's failure too.
     fn issue_on_threads(&self, paged: tokio::sync::mpsc::Sender<Paged<'r>>) -> Vec<Result<IoStats, Fail>> {
-        let (mut results, arrived) = off_runtime(|| {
-            std::thread::scope(|s| {
-                let lanes = self.start_lanes(s);
-                let lanes_started = !lanes.is_empty();
-                let lanes = lanes_started.then_some(lanes);
-                let pager = s.spawn(move || self.page_ahead(paged));
-                let handles: Vec<_> = (1..self.issuers)
-                    .map(|i| {
-                        let lanes = lanes.clone();
-                        s.spawn(move || self.issue(i, lanes.as_deref()))
-                    })
-                    .collect();
-                let mut results = vec![self.issue(0, lanes.as_deref())];
-                drop(lanes);
-                for h in handles {
-                    results.push(h.join().unwrap_or_else(|_| {
-                        Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
-                            "a remote issuing thread panicked",
-                        )))))
-                    }))
-                }
-                // Unblock the pager if it waits on a full channel, then wait for it.
+        let land = |target: ReadTarget<'r>| {
+            if let Err(e) = target.land(self.sink) {
                 self.stop.store(true, Ordering::Relaxed);
-                self.pages.blocking_lock().close();
-                let _ = pager.join();
-                // Every range has arrived; the scope still waits for the lane threads.
-                (results, lanes_started.then(Instant::now))
-            })
+                self.lane_failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            }
+        };
+        let (mut results, tail) = off_runtime(|| {
+            let mut paged = Some(paged);
+            let mut results = Vec::new();
+            let mut issue = |source: &(dyn RangeSource<'r> + '_)| {
+                if let Some(paged) = paged.take() {
+                    results = self.issue_all(paged, source);
+                }
+            };
+            let tail = match self.backend.layer.as_deref() {
+                Some(layer) => layer.run(self.fetcher, self.job.keeps_mapping(), &land, &mut issue),
+                None => {
+                    issue(&self.fetcher);
+                    None
+                }
+            };
+            (results, tail)
         });
-        if let Some(arrived) = arrived {
-            let tail_nanos = u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        if let Some(tail) = tail {
+            let tail_nanos = u64::try_from(tail.as_nanos()).unwrap_or(u64::MAX);
             self.backend.disk_tail_nanos.fetch_add(tail_nanos, Ordering::Relaxed);
         }
         if let Some(e) = self.lane_failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -516,37 +402,29 @@ impl<'r> Run<'r, '_> {
         results
     }
 
-    /// With a cache, start the lane's threads (at most [`LANE_THREADS`]) in `scope`: the
-    /// queues of those that started (none without a cache, or when the job's memory outlives the
-    /// load: its ranges are written behind it, `Way::Behind`).
-    fn start_lanes<'s>(&'s self, scope: &'s std::thread::Scope<'s, '_>) -> Vec<Sender<LaneWork<'r>>> {
-        let Some(cache) = self.backend.cache.as_deref() else { return Vec::new() };
-        if self.job.keeps_mapping() && self.backend.writes == CacheWrites::Behind {
-            return Vec::new();
-        }
-        let mut lanes = Vec::with_capacity(LANE_THREADS);
-        for k in 0..LANE_THREADS {
-            let (lane, work) = std::sync::mpsc::channel::<LaneWork<'r>>();
-            let thread = std::thread::Builder::new().name(format!("tensora-cache-lane-{k}"));
-            if thread.spawn_scoped(scope, move || self.lane_loop(work, cache)).is_ok() {
-                lanes.push(lane);
+    /// The pager and the issuing loops over `source`, until every issuer is done.
+    fn issue_all(
+        &self,
+        paged: tokio::sync::mpsc::Sender<Paged<'r>>,
+        source: &(dyn RangeSource<'r> + '_),
+    ) -> Vec<Result<IoStats, Fail>> {
+        std::thread::scope(|s| {
+            let pager = s.spawn(move || self.page_ahead(paged));
+            let handles: Vec<_> = (1..self.issuers).map(|i| s.spawn(move || self.issue(i, source))).collect();
+            let mut results = vec![self.issue(0, source)];
+            for h in handles {
+                results.push(h.join().unwrap_or_else(|_| {
+                    Err(Fail::Read(ReadError::run(ReadErrorKind::Io(std::io::Error::other(
+                        "a remote issuing thread panicked",
+                    )))))
+                }))
             }
-        }
-        lanes
-    }
-
-    /// One lane thread: write each piece into its copy, and land each range (after its pieces,
-    /// which came first). The first range that cannot land is kept and stops the run. Returns
-    /// once every sender is gone and the queue is empty.
-    fn lane_loop(&self, work: Receiver<LaneWork<'r>>, cache: &CacheSession) {
-        for item in work {
-            let Some((target, permit)) = item.run(cache) else { continue };
-            if let Err(e) = target.land(self.sink) {
-                self.stop.store(true, Ordering::Relaxed);
-                self.lane_failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
-            }
-            drop(permit);
-        }
+            // Unblock the pager if it waits on a full channel, then wait for it.
+            self.stop.store(true, Ordering::Relaxed);
+            self.pages.blocking_lock().close();
+            let _ = pager.join();
+            results
+        })
     }
 }
 

@@ -690,5 +690,8 @@ fn classify(e: object_store::Error, url: &str, planned: Option<&ObjectMeta>) -> 
     }
 }
 
+mod source;
 #[cfg(test)]
 mod tests;
+
+pub(crate) use source::{Land, Layer, RangeSource, ToLand};

@@ -13,9 +13,10 @@ use tensora_format::Checkpoint;
 use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, ShareLoad, ShareOf, TensorRef};
 
 use crate::backend::RemoteBackend;
-use crate::cache::{CacheOptions, CacheReport, CacheSession, CacheSync, WriteLocks};
+use crate::cache::{CacheOptions, CacheReport, CacheSession, CacheSync, Caching, Footprint, WriteLocks};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::Client;
+use crate::fetch::Layer;
 use crate::fetch::{RetryPolicy, Unversioned};
 use crate::location::ClientTimeouts;
 use crate::tune::{TuneReport, Tuning};
@@ -357,11 +358,12 @@ enum Route {
 
 impl RemoteCheckpoint {
     /// Lock this load's objects in the cache, and pick the route: local files when every object
-    /// is complete there.
-    fn route(&self) -> Route {
+    /// is complete there. The copies a load writes keep their pages cached when its footprint
+    /// (`load`'s selection, landing as `landing` says) fits the page cache's rule.
+    fn route(&self, load: &LoadOptions, landing: Landing) -> Route {
         let Some(cache) = self.cache() else { return Route::Remote(None) };
         let session = Arc::new(CacheSession::new(cache.clone(), None, WriteLocks::HeldOnly));
-        if session.hold(self.objects())
+        if session.hold(self.objects(), self.footprint(load, landing))
             && let Some(files) = session.local_files(self.objects())
         {
             let local: HashMap<String, PathBuf> =
@@ -374,6 +376,25 @@ impl RemoteCheckpoint {
         Route::Remote(Some(session))
     }
 
+    /// What a load with `load` puts in memory: its selection (all of it when the selection does
+    /// not resolve: the load then fails with its own error), into an arena of that size or a
+    /// window of at most the in-flight cap.
+    fn footprint(&self, load: &LoadOptions, landing: Landing) -> Footprint {
+        let checkpoint = self.checkpoint();
+        let selected_bytes = checkpoint.select(&load.selection).map_or_else(
+            |_| checkpoint.files().iter().map(|f| f.len_bytes()).sum(),
+            |selected| checkpoint.distinct_bytes(&selected),
+        );
+        let destination_bytes = match landing {
+            Landing::Whole => selected_bytes,
+            Landing::Window => {
+                let cap = self.client().opts.inflight_bytes_max(landing).unwrap_or(u64::MAX);
+                selected_bytes.min(cap).min(load.budget_bytes)
+            }
+        };
+        Footprint { to_cache_bytes: selected_bytes, destination_bytes }
+    }
+
     /// `load` with a [`RemoteBackend`] of this checkpoint; chunk size and in-flight cap from the
     /// [`RemoteOptions`] it was opened with (the budget is the smaller of `load.budget_bytes`
     /// and [`RemoteOptions::inflight_bytes_max`] for `landing`).
@@ -383,7 +404,8 @@ impl RemoteCheckpoint {
         cache: Option<Arc<CacheSession>>,
         landing: Landing,
     ) -> (LoadOptions, Arc<RemoteBackend>, u64) {
-        let backend = Arc::new(RemoteBackend::new(self).with_cache(cache));
+        let layer = cache.map(|session| Arc::new(Caching::new(session)) as Arc<dyn Layer>);
+        let backend = Arc::new(RemoteBackend::new(self).with_layer(layer));
         let remote = &self.client().opts;
         let cap = remote.inflight_bytes_max(landing).unwrap_or(u64::MAX).min(load.budget_bytes);
         // A self-tuned load of fewer than LOAD_RANGES_MIN chunks gets shorter ranges (`range_bytes`).
@@ -457,18 +479,42 @@ impl RemoteCheckpoint {
         }
     }
 
-    /// The load layer's error, with the backend's typed cause when a fetch failed: then the
-    /// load layer's file, offset and tensor name it, around the remote cause.
-    fn error(&self, backend: &RemoteBackend, e: tensora_io::LoadError) -> RemoteError {
-        let Some(cause) = backend.take_error() else { return RemoteError::Load(e) };
+    /// The load layer's error, with the backend's typed cause (carried as
+    /// `ReadErrorKind::Source`) when a fetch failed: then the load layer's file, offset and
+    /// tensor name it, around the remote cause.
+    fn error(e: tensora_io::LoadError) -> RemoteError {
+        use tensora_io::{LoadError, ReadErrorKind};
         match e {
-            tensora_io::LoadError::Read { path, offset_bytes, tensor, .. } => RemoteError::Read {
-                url: path.to_string_lossy().into_owned(),
-                tensor,
+            LoadError::Read {
+                path,
                 offset_bytes,
-                source: Box::new(cause),
+                len_bytes,
+                tensor,
+                kind: ReadErrorKind::Source(source),
+            } => match source.downcast::<RemoteError>() {
+                Ok(cause) => RemoteError::Read {
+                    url: path.to_string_lossy().into_owned(),
+                    tensor,
+                    offset_bytes,
+                    source: cause,
+                },
+                Err(other) => RemoteError::Load(LoadError::Read {
+                    path,
+                    offset_bytes,
+                    len_bytes,
+                    tensor,
+                    kind: ReadErrorKind::Source(other),
+                }),
             },
-            _ => cause,
+            LoadError::Backend { backend, kind: ReadErrorKind::Source(source) } => {
+                match source.downcast::<RemoteError>() {
+                    Ok(cause) => *cause,
+                    Err(other) => {
+                        RemoteError::Load(LoadError::Backend { backend, kind: ReadErrorKind::Source(other) })
+                    }
+                }
+            }
+            other => RemoteError::Load(other),
         }
     }
 
@@ -478,7 +524,7 @@ impl RemoteCheckpoint {
     /// copies are loaded as local files, other objects are read from the store and written
     /// through.
     pub fn load(&self, load: &LoadOptions) -> Result<RemoteLoaded, RemoteError> {
-        let session = match self.route() {
+        let session = match self.route(load, Landing::Whole) {
             Route::Local(checkpoint, session) => {
                 let loaded = tensora_io::load(&checkpoint, load);
                 session.add_local(
@@ -493,7 +539,7 @@ impl RemoteCheckpoint {
             Route::Remote(session) => session,
         };
         let (opts, backend, cap) = self.load_options(load, session.clone(), Landing::Whole);
-        let loaded = tensora_io::load(self.checkpoint(), &opts).map_err(|e| self.error(&backend, e));
+        let loaded = tensora_io::load(self.checkpoint(), &opts).map_err(RemoteCheckpoint::error);
         // On failure too: copies this load completed before it failed are kept (behind it).
         let (cache, cache_sync) = session.map(|s| s.finish_behind()).unzip();
         let loaded = loaded?;
@@ -508,7 +554,7 @@ impl RemoteCheckpoint {
         load: &LoadOptions,
         f: impl FnMut(&TensorRef<'_>) -> Result<(), BoxError>,
     ) -> Result<RemoteReport, RemoteError> {
-        let session = match self.route() {
+        let session = match self.route(load, Landing::Window) {
             Route::Local(checkpoint, session) => {
                 let streamed = tensora_io::load_streaming(&checkpoint, load, f);
                 session.add_local(
@@ -522,7 +568,7 @@ impl RemoteCheckpoint {
         };
         let (opts, backend, cap) = self.load_options(load, session.clone(), Landing::Window);
         let streamed =
-            tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(|e| self.error(&backend, e));
+            tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(RemoteCheckpoint::error);
         let cache = session.map(|s| s.finish());
         Ok(self.finish_report(streamed?, &backend, cap, cache))
     }
@@ -540,7 +586,7 @@ impl RemoteCheckpoint {
         self.refuse_shared_cache()?;
         let (opts, backend, cap) = self.load_options(load, None, Landing::Whole);
         let loaded =
-            tensora_io::load_share(self.checkpoint(), &opts, share).map_err(|e| self.error(&backend, e))?;
+            tensora_io::load_share(self.checkpoint(), &opts, share).map_err(RemoteCheckpoint::error)?;
         let report = self.finish_report(loaded.report().clone(), &backend, cap, None);
         Ok((loaded, report))
     }
@@ -557,11 +603,11 @@ impl RemoteCheckpoint {
         mut f: impl FnMut(ShareLoad) -> ControlFlow<()>,
     ) -> Result<(), RemoteError> {
         self.refuse_shared_cache()?;
-        let (opts, backend, _) = self.load_options(load, None, Landing::Window);
-        let runs = tensora_io::load_share_runs(self.checkpoint(), &opts, share)
-            .map_err(|e| self.error(&backend, e))?;
+        let (opts, _, _) = self.load_options(load, None, Landing::Window);
+        let runs =
+            tensora_io::load_share_runs(self.checkpoint(), &opts, share).map_err(RemoteCheckpoint::error)?;
         for window in runs {
-            if f(window.map_err(|e| self.error(&backend, e))?).is_break() {
+            if f(window.map_err(RemoteCheckpoint::error)?).is_break() {
                 break;
             }
         }

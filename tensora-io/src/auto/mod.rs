@@ -226,13 +226,20 @@ pub fn page_cache(f: &Facts, destination_bytes: u64) -> PageCache {
     if f.io_mode == IoMode::Direct {
         return PageCache::Around("O_DIRECT asked".to_owned());
     }
-    let Some(room) = f.memory else {
+    let uncached_bytes = (f.bytes_selected as f64 * (1.0 - f.residency.fraction())) as u64;
+    pages_fit(uncached_bytes, destination_bytes, f.memory)
+}
+
+/// The page-cache rule's sum (see the module docs) for `uncached_bytes` that would enter the
+/// page cache beside `destination_bytes` of the load's own memory, under `memory`: also the rule
+/// of a writer whose copies may stay cached for the next load (the remote cache's copies).
+pub fn pages_fit(uncached_bytes: u64, destination_bytes: u64, memory: Option<MemoryRoom>) -> PageCache {
+    let Some(room) = memory else {
         return PageCache::Around("available memory unknown".to_owned());
     };
     // The memory this process can use at most: the machine's, or its cgroup's limit.
     let usable_bytes = room.cgroup_limit_bytes.map_or(room.total_bytes, |l| l.min(room.total_bytes));
     let margin_bytes = PAGE_CACHE_MARGIN_MIN_BYTES.max(usable_bytes / PAGE_CACHE_MARGIN_DIVISOR);
-    let uncached_bytes = (f.bytes_selected as f64 * (1.0 - f.residency.fraction())) as u64;
     let need_bytes = uncached_bytes.saturating_add(destination_bytes).saturating_add(margin_bytes);
     let gb = |b: u64| b as f64 / 1e9;
     let limit = if room.cgroup_limit_bytes.is_some() { " (cgroup limit)" } else { "" };

@@ -2,6 +2,8 @@
 
 use std::io;
 
+use crate::error::BoxError;
+
 /// A failed read: which file, where, and why. The load layer adds the tensor name.
 #[derive(Debug, thiserror::Error)]
 #[error("file #{file} at offset {offset_bytes} ({len_bytes} bytes): {kind}")]
@@ -50,4 +52,8 @@ pub enum ReadErrorKind {
     /// The backend cannot run here (e.g. io_uring setup returned EPERM).
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// The backend's own typed error (a remote fetch's cause), carried as is: whoever built the
+    /// backend downcasts it to its type (`tensora_remote::RemoteError`) from the load's error.
+    #[error("{0}")]
+    Source(BoxError),
 }

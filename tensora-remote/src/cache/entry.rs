@@ -139,6 +139,18 @@ impl Log {
     }
 }
 
+/// Where a written copy's pages go: the page cache's rule ([`tensora_io::auto::pages_fit`]),
+/// decided once per load by its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pages {
+    /// Written and checked through the page cache: the copy's pages stay cached, so a load of
+    /// it right after the fill reads memory, as a warm local load does.
+    Kept,
+    /// Written and checked with `O_DIRECT` (whole aligned pages; the ends, and every write where
+    /// the file system refuses it, through the page cache): the node's other cached pages stay.
+    Around,
+}
+
 /// What [`Entry::promote`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Promoted {
@@ -235,9 +247,9 @@ pub struct Entry {
     pub dir: PathBuf,
     pub description: Description,
     data: File,
-    /// `data` opened again with `O_DIRECT` for writing whole aligned pages from the writers'
-    /// buffers without the page cache (`None` when reading, or where the file system refuses it;
-    /// cleared after a refused write, which is then redone through `data`).
+    /// `data` opened again with `O_DIRECT` for writing and checking whole aligned pages without
+    /// the page cache (`None` when reading, with [`Pages::Kept`], or where the file system
+    /// refuses it; cleared after a refused write, which is then redone through `data`).
     direct: Mutex<Option<Arc<File>>>,
     /// The range log, appended under this lock; the ranges read or written so far.
     log: Mutex<Log>,
@@ -260,12 +272,12 @@ impl Entry {
     }
 
     /// The entry in `dir` over `data`, its log read (and open for appending from its last good
-    /// record with `log`).
+    /// record with `log`, its pages going where `log`'s [`Pages`] says).
     fn with_data(
         dir: &Path,
         description: Description,
         data: File,
-        log: Option<&Path>,
+        log: Option<(&Path, Pages)>,
     ) -> std::io::Result<Entry> {
         if data.metadata()?.len() != description.size_bytes {
             return Err(std::io::Error::new(
@@ -277,7 +289,7 @@ impl Entry {
         let mut state = Log { ranges, ..Log::default() };
         let direct = match log {
             None => None,
-            Some(path) => {
+            Some((path, pages)) => {
                 // Cut back to whole good records before anything is appended, so that nothing
                 // appended is read out of step after a tear.
                 if damage.any() {
@@ -287,7 +299,10 @@ impl Entry {
                     state.len_bytes = file.metadata()?.len();
                     state.file = Some(file);
                 }
-                files::open(&dir.join("data"), Open::Direct).ok().map(Arc::new)
+                match pages {
+                    Pages::Around => files::open(&dir.join("data"), Open::Direct).ok().map(Arc::new),
+                    Pages::Kept => None,
+                }
             }
         };
         Ok(Entry {
@@ -302,11 +317,13 @@ impl Entry {
 
     /// Open the entry in `dir` for writing, creating it (data as long as the object) if it is
     /// not there, or starting it over if it describes another object or is not the cache's
-    /// (a symlink or other file planted in place of one of its files).
-    pub fn create(dir: &Path, description: &Description) -> std::io::Result<Entry> {
+    /// (a symlink or other file planted in place of one of its files). Its pages go where
+    /// `pages` says.
+    pub fn create(dir: &Path, description: &Description, pages: Pages) -> std::io::Result<Entry> {
         if files::is_real_dir(dir) && Description::read(dir).ok().as_ref() == Some(description) {
-            let reopened = files::open(&dir.join("data"), Open::ReadWrite)
-                .and_then(|data| Entry::with_data(dir, description.clone(), data, Some(&dir.join("ranges"))));
+            let reopened = files::open(&dir.join("data"), Open::ReadWrite).and_then(|data| {
+                Entry::with_data(dir, description.clone(), data, Some((&dir.join("ranges"), pages)))
+            });
             if let Ok(entry) = reopened {
                 return Ok(entry);
             }
@@ -320,7 +337,7 @@ impl Entry {
             return Err(e);
         }
         description.write(dir)?;
-        Entry::with_data(dir, description.clone(), data, Some(&dir.join("ranges")))
+        Entry::with_data(dir, description.clone(), data, Some((&dir.join("ranges"), pages)))
     }
 
     /// Whether the ranges cover the whole object.
@@ -372,7 +389,7 @@ impl Entry {
     }
 
     /// Extend `crc` over the copy's bytes in `range`, read through `scratch` (grown to at most
-    /// [`CHECK_BUFFER_BYTES`]).
+    /// [`CHECK_BUFFER_BYTES`] and two pages) as [`Entry::read_on_disk`] reads them.
     fn crc32c_from_disk(
         &self,
         range: std::ops::Range<u64>,
@@ -382,11 +399,7 @@ impl Entry {
         let mut at = range.start;
         while at < range.end {
             let n = ((range.end - at) as usize).min(CHECK_BUFFER_BYTES);
-            if scratch.len() < n {
-                scratch.resize(n, 0);
-            }
-            self.data.read_exact_at(&mut scratch[..n], at)?;
-            crc.append(&scratch[..n]);
+            crc.append(self.read_on_disk(at, n, scratch)?);
             at += n as u64;
         }
         Ok(())
@@ -511,15 +524,27 @@ impl Entry {
         bytes.write_at(&self.data, middle..bytes.len_bytes(), last)
     }
 
-    /// The CRC-32C of `len_bytes` at `offset_bytes` as the disk holds them: read with `O_DIRECT`
-    /// (whole pages around the range, into an aligned part of `scratch`), so the page cache
-    /// neither answers nor keeps them; through the page cache where direct reads are refused.
+    /// The CRC-32C of `len_bytes` at `offset_bytes` as [`Entry::read_on_disk`] reads them.
     fn crc32c_on_disk(
         &self,
         offset_bytes: u64,
         len_bytes: usize,
         scratch: &mut Vec<u8>,
     ) -> std::io::Result<u32> {
+        Ok(super::crc::crc32c(self.read_on_disk(offset_bytes, len_bytes, scratch)?))
+    }
+
+    /// `len_bytes` at `offset_bytes` of the copy, read into `scratch` (grown to the whole pages
+    /// around them and one more, and reused): with `O_DIRECT` where the entry writes that way
+    /// ([`Pages::Around`]), so the page cache neither answers nor keeps them; through the page
+    /// cache otherwise ([`Pages::Kept`], whose pages are the ones the disk is given, or where
+    /// direct reads are refused).
+    fn read_on_disk<'s>(
+        &self,
+        offset_bytes: u64,
+        len_bytes: usize,
+        scratch: &'s mut Vec<u8>,
+    ) -> std::io::Result<&'s [u8]> {
         let page = DIRECT_ALIGN_BYTES as u64;
         let start = offset_bytes / page * page;
         let end = (offset_bytes + len_bytes as u64).next_multiple_of(page);
@@ -529,24 +554,24 @@ impl Entry {
             scratch.resize(span + DIRECT_ALIGN_BYTES, 0);
         }
         let at = (DIRECT_ALIGN_BYTES - scratch.as_ptr() as usize % DIRECT_ALIGN_BYTES) % DIRECT_ALIGN_BYTES;
-        let buf = &mut scratch[at..at + span];
         let head = (offset_bytes - start) as usize;
+        let (first, past) = (at + head, at + head + len_bytes);
         let direct = self.direct.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(file) = direct {
-            match read_up_to(&file, buf, start) {
-                Ok(n) if n >= head + len_bytes => {
-                    return Ok(super::crc::crc32c(&buf[head..head + len_bytes]));
-                }
+            match read_up_to(&file, &mut scratch[at..at + span], start) {
+                Ok(n) if n >= head + len_bytes => return Ok(&scratch[first..past]),
                 Ok(_) => {
-                    return Err(std::io::Error::other("the copy is shorter than a range written into it"));
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the copy is shorter than a range recorded in it",
+                    ));
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
                 Err(e) => return Err(e),
             }
         }
-        let range = &mut buf[head..head + len_bytes];
-        self.data.read_exact_at(range, offset_bytes)?;
-        Ok(super::crc::crc32c(range))
+        self.data.read_exact_at(&mut scratch[first..past], offset_bytes)?;
+        Ok(&scratch[first..past])
     }
 
     /// Check the whole copy, make it durable, mark it checked (`super::check`) and move it to

@@ -1,7 +1,9 @@
 //! How a load's fetched ranges go into the copies: written from where they land in the load's
 //! destination, in [`PIECE_BYTES`] pieces as each body arrives. No copy of the bytes
-//! is made; with reads planned on 4 KiB blocks (`RemoteBackend::read_align_bytes`) each piece
-//! goes to the disk with `O_DIRECT`, so neither a buffer nor the page cache holds a second copy.
+//! is made; with reads planned on 4 KiB blocks (`Caching::read_align_bytes`, `super::source`)
+//! each piece goes to the disk with `O_DIRECT` when the load's copies are written around the page
+//! cache (`Pages::Around`), so neither a buffer nor the page cache holds a second copy, and
+//! through the page cache when they fit in it (`Pages::Kept`), so the next load reads memory.
 //! Where the pieces go ([`PiecesTo`]) depends on whether the destination outlives the load:
 //!
 //! - **Behind the load** (an owned load: its arena becomes the model and is kept mapped, see
@@ -151,7 +153,7 @@ mod tests {
     use tensora_io::{BackendChoice, CompletionSink, IoBackend, IoStats, Job, LoadOptions, ReadError};
 
     use super::*;
-    use crate::cache::entry::Description;
+    use crate::cache::entry::{Description, Pages};
 
     /// A backend that fills each read through a [`LaneFill`], the file's bytes put in chunks of
     /// `cuts` (cycled), and checks what the lane is sent: pieces that tile the range front to
@@ -177,7 +179,7 @@ mod tests {
                 etag: Some("e".into()),
                 last_modified_ns: 0,
             };
-            let entry = Arc::new(Entry::create(self.dir.path(), &description).unwrap());
+            let entry = Arc::new(Entry::create(self.dir.path(), &description, Pages::Around).unwrap());
             let mut stats = IoStats::default();
             for index in 0..job.plan.reads().len() as u32 {
                 let mut target = job.claim(index)?;

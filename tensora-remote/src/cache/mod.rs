@@ -14,6 +14,14 @@
 //! is complete here, reads the index and headers from the copies and loads through `tensora_io`
 //! from local files.
 //!
+//! The backend reaches the cache through one door, `source.rs`: a layer whose runs wrap the
+//! store's fetcher into a source of ranges, which decides per range whether it is read from a
+//! copy, written behind the load, through a lane thread, or copied to the writers. A load's
+//! copies are written through the page cache when they fit in it (the page cache's rule,
+//! `tensora_io::auto::pages_fit`, over the load's selection and destination), so a load right
+//! after the fill reads memory, as a warm local load does; otherwise with `O_DIRECT`, around it,
+//! leaving the node's other cached pages where they are ([`CacheReport::pages`] says which).
+//!
 //! Every byte served from a copy equals the CRC-32C recorded when it arrived: a partial copy's
 //! ranges are checked as they are read, a complete copy whole before its promotion, with a
 //! marker checked before each load (`entry.rs`, `check.rs`); a damaged record or range is
@@ -39,6 +47,7 @@ mod lock;
 mod ranges;
 mod seal;
 mod session;
+mod source;
 mod sync;
 mod writer;
 
@@ -54,7 +63,8 @@ pub use lane::{LANE_THREADS, PIECE_BYTES};
 pub(crate) use lane::{LaneFill, LaneWork, PiecesTo};
 pub use lock::LOCKS_HELD_MAX;
 pub use ranges::{RECORDS_MAX, RangeRecord};
-pub(crate) use session::{CacheSession, WriteLocks, describe_meta};
+pub(crate) use session::{CacheSession, Footprint, WriteLocks, describe_meta};
+pub(crate) use source::Caching;
 pub use sync::CacheSync;
 pub use writer::{WRITE_BEHIND_BYTES, WRITER_THREADS};
 
@@ -111,6 +121,11 @@ pub struct CacheReport {
     pub hit_bytes: u64,
     /// Bytes fetched from the network and written into the cache.
     pub written_bytes: u64,
+    /// Where this load's copies keep their pages, and why (the page cache's rule,
+    /// `tensora_io::auto::pages_fit`): through the page cache, so that the next load of them
+    /// reads memory, when the load fits; else around it, with `O_DIRECT`. Empty when nothing
+    /// was to be written.
+    pub pages: String,
     /// Bytes written behind the load that the disk, read back, did not hold as they were sealed
     /// (see `sealed_bytes`): the caller changed them in memory first (an engine rewriting weights
     /// in place). They are left out of the copy, and the next load fetches them again.

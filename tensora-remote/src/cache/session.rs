@@ -11,7 +11,7 @@ use std::time::{Instant, SystemTime};
 use object_store::ObjectMeta;
 use object_store::path::Path as ObjectPath;
 
-use super::entry::Served;
+use super::entry::{Pages, Served};
 use super::lock::{Mode, ObjectLock};
 use super::writer::Writers;
 use super::{Cache, CacheReport, CacheSync, Description, Entry, LOCK_WAIT_MAX, LocationRecord, object_key};
@@ -72,6 +72,37 @@ pub(crate) struct CacheSession {
     report: Mutex<CacheReport>,
     /// The threads writing landed ranges into the copies (and the tally of the in-place lane's).
     pub(crate) writers: Writers,
+    /// Where the copies this session writes keep their pages ([`CacheSession::hold`] decides;
+    /// an open's headers and indexes, a few KiB, go through the page cache).
+    pages: Mutex<Pages>,
+}
+
+/// What a load puts in memory: the bytes it may write into the cache's copies and its own
+/// destination (its arena, or a streamed load's window), for the page cache's rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Footprint {
+    /// Bytes the load fetches and writes into copies at most (its selection).
+    pub to_cache_bytes: u64,
+    /// The load's own memory beside the page cache.
+    pub destination_bytes: u64,
+}
+
+/// Where a load's copies keep their pages under the page cache's rule
+/// ([`tensora_io::auto::pages_fit`] over the memory the page cache can be given now), and the
+/// rule's sum, for the report.
+fn place_pages(
+    footprint: Footprint,
+    memory: Option<tensora_io::auto::memory::MemoryRoom>,
+) -> (Pages, String) {
+    use tensora_io::auto::PageCache;
+    match tensora_io::auto::pages_fit(footprint.to_cache_bytes, footprint.destination_bytes, memory) {
+        PageCache::Keep(why) => {
+            (Pages::Kept, format!("copies written through the page cache, kept for the next load ({why})"))
+        }
+        PageCache::Around(why) => {
+            (Pages::Around, format!("copies written with O_DIRECT, around the page cache ({why})"))
+        }
+    }
 }
 
 /// `object` as the cache describes it.
@@ -116,7 +147,13 @@ impl CacheSession {
             seen: Mutex::new(Vec::new()),
             report: Mutex::new(report),
             writers: Writers::default(),
+            pages: Mutex::new(Pages::Kept),
         }
+    }
+
+    /// Where the copies written now keep their pages.
+    fn pages(&self) -> Pages {
+        *self.pages.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn skip(&self, object: &RemoteObject, why: &str) {
@@ -218,7 +255,7 @@ impl CacheSession {
         if !lock.try_take(Mode::Exclusive).ok()? || complete.exists() {
             return None;
         }
-        let entry = Arc::new(Entry::create(&self.cache.partial_dir(key), description).ok()?);
+        let entry = Arc::new(Entry::create(&self.cache.partial_dir(key), description, self.pages()).ok()?);
         let held = Held { entry: Arc::clone(&entry), complete: false, key: key.to_owned(), _lock: lock };
         self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_owned(), held);
         Some(entry)
@@ -228,8 +265,13 @@ impl CacheSession {
     /// in a cycle): shared for a complete copy, exclusive (and its partial entry open for
     /// writing) for the rest. All waits share one [`LOCK_WAIT_MAX`]; an object still held by
     /// another process past it is loaded from the network without being written. Whether every
-    /// object is complete here (the load can read local files only).
-    pub fn hold(&self, objects: &[RemoteObject]) -> bool {
+    /// object is complete here (the load can read local files only). The copies it writes keep
+    /// their pages cached when the load's `footprint` fits the page cache's rule, else they are
+    /// written around it (the report's `pages` says which and why).
+    pub fn hold(&self, objects: &[RemoteObject], footprint: Footprint) -> bool {
+        let (pages, why) = place_pages(footprint, tensora_io::auto::memory::memory_room());
+        *self.pages.lock().unwrap_or_else(|p| p.into_inner()) = pages;
+        self.report.lock().unwrap_or_else(|p| p.into_inner()).pages = why;
         let deadline = Instant::now() + LOCK_WAIT_MAX;
         let waited = Instant::now();
         let mut keyed: Vec<(String, &RemoteObject)> =
@@ -308,11 +350,11 @@ impl CacheSession {
                         if !demoted {
                             super::files::remove_dir(&complete_dir)?;
                         }
-                        (Entry::create(&partial, &describe(object))?, false)
+                        (Entry::create(&partial, &describe(object), self.pages())?, false)
                     }
                 },
                 (Mode::Exclusive, false) => {
-                    (Entry::create(&self.cache.partial_dir(key), &describe(object))?, false)
+                    (Entry::create(&self.cache.partial_dir(key), &describe(object), self.pages())?, false)
                 }
             };
             super::touch(&entry.dir);
@@ -419,6 +461,34 @@ mod tests {
     use crate::cache::entry::Promoted;
     use crate::cache::{CacheOptions, LOCK_POLL_INTERVAL};
 
+    /// A small load's footprint.
+    const FOOTPRINT: Footprint = Footprint { to_cache_bytes: 100, destination_bytes: 100 };
+
+    fn room(available_gb: u64) -> tensora_io::auto::memory::MemoryRoom {
+        tensora_io::auto::memory::MemoryRoom {
+            total_bytes: 24 << 30,
+            available_bytes: available_gb << 30,
+            cgroup_limit_bytes: None,
+        }
+    }
+
+    /// Issue 40 item 2: a load's copies stay in the page cache exactly when the copies, the
+    /// load's own memory and the margin (3 GiB of 24) fit in what is available; else, or with the
+    /// memory unknown, they are written around it, and the reason says which.
+    #[test]
+    fn copies_keep_their_pages_only_when_the_load_fits_the_page_cache() {
+        let load = Footprint { to_cache_bytes: 2 << 30, destination_bytes: 2 << 30 };
+        let (kept, why) = place_pages(load, Some(room(8)));
+        assert_eq!(kept, Pages::Kept, "{why}");
+        assert!(why.contains("through the page cache") && why.contains("<="), "{why}");
+        let (around, why) = place_pages(load, Some(room(6)));
+        assert_eq!(around, Pages::Around, "2 + 2 + 3 GiB do not fit in 6: {why}");
+        assert!(why.contains("O_DIRECT") && why.contains('>'), "{why}");
+        assert_eq!(place_pages(load, None).0, Pages::Around);
+        let streamed = Footprint { destination_bytes: 256 << 20, ..load };
+        assert_eq!(place_pages(streamed, Some(room(6))).0, Pages::Kept, "a window instead of an arena fits");
+    }
+
     fn object(size: u64) -> RemoteObject {
         let meta = ObjectMeta {
             location: ObjectPath::from("x"),
@@ -445,7 +515,7 @@ mod tests {
         .unwrap();
         let o = object(100);
         let key = object_key(&describe(&o));
-        let entry = Entry::create(&cache.partial_dir(&key), &describe(&o)).unwrap();
+        let entry = Entry::create(&cache.partial_dir(&key), &describe(&o), Pages::Around).unwrap();
         entry.write(0, &[9u8; 100], super::super::crc::crc32c(&[9u8; 100])).unwrap();
         assert_eq!(entry.promote(&cache.complete_dir(&key)).unwrap(), Promoted::Done);
         // An evictor holds the object's lock; the load sees the complete copy and waits, shared.
@@ -453,7 +523,7 @@ mod tests {
         assert!(evictor.try_take(Mode::Exclusive).unwrap());
         let session = CacheSession::new(cache.clone(), None, WriteLocks::HeldOnly);
         std::thread::scope(|s| {
-            let holding = s.spawn(|| session.hold(std::slice::from_ref(&o)));
+            let holding = s.spawn(|| session.hold(std::slice::from_ref(&o), FOOTPRINT));
             std::thread::sleep(15 * LOCK_POLL_INTERVAL);
             std::fs::remove_dir_all(cache.complete_dir(&key)).unwrap();
             drop(evictor);

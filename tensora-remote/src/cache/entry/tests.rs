@@ -26,7 +26,7 @@ fn a_copy_in_memory_is_not_preallocated() {
             etag: Some("e".into()),
             last_modified_ns: 0,
         };
-        let entry = Entry::create(&place.join("entry"), &description).unwrap();
+        let entry = Entry::create(&place.join("entry"), &description, Pages::Around).unwrap();
         let meta = entry.data.metadata().unwrap();
         assert_eq!(meta.len(), 8 << 20);
         let in_memory = tensora_sys::in_memory_filesystem(&entry.data).unwrap();
@@ -53,7 +53,7 @@ fn a_held_piece_is_recorded_only_if_the_disk_holds_what_arrived() {
             etag: Some("e".into()),
             last_modified_ns: 0,
         };
-        let entry = Entry::create(dir.path(), &description).unwrap();
+        let entry = Entry::create(dir.path(), &description, Pages::Around).unwrap();
         if !direct {
             *entry.direct.lock().unwrap() = None;
         }
@@ -112,7 +112,7 @@ fn crc(bytes: &[u8]) -> u32 {
 #[test]
 fn finding_1_a_torn_log_is_cut_back_before_anything_is_appended() {
     let dir = tempfile::tempdir().unwrap();
-    let entry = Entry::create(dir.path(), &small(100)).unwrap();
+    let entry = Entry::create(dir.path(), &small(100), Pages::Around).unwrap();
     entry.write(10, &[7u8; 20], crc(&[7u8; 20])).unwrap();
     entry.write(0, &[1u8; 10], crc(&[1u8; 10])).unwrap();
     drop(entry);
@@ -126,7 +126,7 @@ fn finding_1_a_torn_log_is_cut_back_before_anything_is_appended() {
     assert_eq!(entry.read(25, &mut [0u8; 10]).unwrap(), Served::Miss);
     drop(entry);
     // A writer appends after the whole records only: everything it records reads back.
-    let entry = Entry::create(dir.path(), &small(100)).unwrap();
+    let entry = Entry::create(dir.path(), &small(100), Pages::Around).unwrap();
     assert_eq!(std::fs::metadata(dir.path().join("ranges")).unwrap().len(), 2 * 24);
     entry.write(60, &[3u8; 40], crc(&[3u8; 40])).unwrap();
     drop(entry);
@@ -146,7 +146,7 @@ fn finding_1_a_torn_log_is_cut_back_before_anything_is_appended() {
 #[test]
 fn finding_1_a_flipped_byte_is_not_served() {
     let dir = tempfile::tempdir().unwrap();
-    let entry = Entry::create(dir.path(), &small(100)).unwrap();
+    let entry = Entry::create(dir.path(), &small(100), Pages::Around).unwrap();
     entry.write(0, &[1u8; 50], crc(&[1u8; 50])).unwrap();
     entry.write(50, &[2u8; 50], crc(&[2u8; 50])).unwrap();
     File::options().write(true).open(dir.path().join("data")).unwrap().write_all_at(&[0], 45).unwrap();
@@ -178,7 +178,7 @@ fn finding_1_a_flipped_byte_is_not_served() {
 fn a_promoted_copy_is_marked_and_rechecked_after_a_write() {
     let root = tempfile::tempdir().unwrap();
     let (partial, complete) = (root.path().join("partial"), root.path().join("complete"));
-    let entry = Entry::create(&partial, &small(100)).unwrap();
+    let entry = Entry::create(&partial, &small(100), Pages::Around).unwrap();
     entry.write(0, &[5u8; 100], crc(&[5u8; 100])).unwrap();
     assert_eq!(entry.promote(&complete).unwrap(), Promoted::Done);
     drop(entry);
@@ -220,7 +220,7 @@ proptest! {
         let description = Description {
             url: "http://h/x".into(), path: "x".into(), size_bytes, etag: Some("e".into()), last_modified_ns: 0,
         };
-        let entry = Entry::create(dir.path(), &description).unwrap();
+        let entry = Entry::create(dir.path(), &description, Pages::Around).unwrap();
         if !direct {
             *entry.direct.lock().unwrap() = None;
         }
@@ -266,7 +266,7 @@ fn enospc_in_the_middle_of_a_log_record_is_cut_back_off() {
         return;
     };
     let dir = fs.path().join("entry");
-    let entry = Entry::create(&dir, &small(1000)).unwrap();
+    let entry = Entry::create(&dir, &small(1000), Pages::Around).unwrap();
     for k in 0..170u64 {
         entry.write(k, &[k as u8], crc(&[k as u8])).unwrap();
     }
@@ -285,4 +285,47 @@ fn enospc_in_the_middle_of_a_log_record_is_cut_back_off() {
     assert_eq!(entry.read(600, &mut b).unwrap(), Served::Hit);
     assert_eq!(b, [2]);
     assert_eq!(entry.read(500, &mut b).unwrap(), Served::Miss);
+}
+
+/// Issue 40 item 2: a copy written [`Pages::Kept`] is in the page cache after its writes and
+/// after its promotion (whose whole check reads it there), so the next load of it reads memory;
+/// one written [`Pages::Around`] is written and checked with `O_DIRECT`, and leaves no page of
+/// itself cached, promotion included.
+#[test]
+fn kept_copies_stay_in_the_page_cache_and_copies_around_it_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = dir.path().join("probe");
+    std::fs::write(&probe, [0u8; 4096]).unwrap();
+    if !tensora_testkit::require::direct_io_or_skip(&probe, "copies around the page cache") {
+        return;
+    }
+    let size_bytes: u64 = 4 << 20;
+    let mut arena = tensora_io::arena::Arena::with_len(size_bytes).unwrap();
+    for (i, b) in arena.as_mut_slice().iter_mut().enumerate() {
+        *b = (i % 241) as u8;
+    }
+    for (pages, cached) in [(Pages::Kept, 1.0), (Pages::Around, 0.0)] {
+        let description = Description {
+            url: format!("http://h/{pages:?}"),
+            path: "x".into(),
+            size_bytes,
+            etag: Some("e".into()),
+            last_modified_ns: 0,
+        };
+        let partial = dir.path().join(format!("{pages:?}-partial"));
+        let entry = Entry::create(&partial, &description, pages).unwrap();
+        for piece in arena.as_slice().chunks(1 << 20).enumerate() {
+            let (k, bytes) = piece;
+            entry.write((k as u64) << 20, bytes, crc32c::crc32c(bytes)).unwrap();
+        }
+        let residency =
+            |file: &File| tensora_io::auto::probe::residency_sample(file, size_bytes).unwrap().fraction();
+        assert_eq!(residency(&entry.data), cached, "{pages:?}: after the writes");
+        let complete = dir.path().join(format!("{pages:?}-complete"));
+        assert_eq!(entry.promote(&complete).unwrap(), Promoted::Done);
+        assert_eq!(residency(&entry.data), cached, "{pages:?}: after the promotion's check");
+        let mut back = vec![0u8; size_bytes as usize];
+        std::fs::File::open(complete.join("data")).unwrap().read_exact_at(&mut back, 0).unwrap();
+        assert!(back == arena.as_slice(), "{pages:?}: the copy holds what was written");
+    }
 }
