@@ -46,7 +46,7 @@ mod report;
 mod seam;
 
 pub use arena::{Arena, ArenaConfig, Prefault, drop_recycled};
-pub use auto::WARM_FRACTION;
+pub use auto::{PageCache, WARM_FRACTION, pages_fit};
 #[cfg(feature = "async")]
 pub use backends::async_tokio::AsyncBackend;
 pub use backends::mmap::{MmapBackend, MmapConfig};

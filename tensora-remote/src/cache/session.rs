@@ -88,14 +88,11 @@ pub(crate) struct Footprint {
 }
 
 /// Where a load's copies keep their pages under the page cache's rule
-/// ([`tensora_io::auto::pages_fit`] over the memory the page cache can be given now), and the
+/// ([`tensora_io::pages_fit`] over the memory the page cache can be given now), and the
 /// rule's sum, for the report.
-fn place_pages(
-    footprint: Footprint,
-    memory: Option<tensora_io::auto::memory::MemoryRoom>,
-) -> (Pages, String) {
-    use tensora_io::auto::PageCache;
-    match tensora_io::auto::pages_fit(footprint.to_cache_bytes, footprint.destination_bytes, memory) {
+fn place_pages(footprint: Footprint, memory: Option<tensora_sys::MemoryRoom>) -> (Pages, String) {
+    use tensora_io::PageCache;
+    match tensora_io::pages_fit(footprint.to_cache_bytes, footprint.destination_bytes, memory) {
         PageCache::Keep(why) => {
             (Pages::Kept, format!("copies written through the page cache, kept for the next load ({why})"))
         }
@@ -269,7 +266,7 @@ impl CacheSession {
     /// their pages cached when the load's `footprint` fits the page cache's rule, else they are
     /// written around it (the report's `pages` says which and why).
     pub fn hold(&self, objects: &[RemoteObject], footprint: Footprint) -> bool {
-        let (pages, why) = place_pages(footprint, tensora_io::auto::memory::memory_room());
+        let (pages, why) = place_pages(footprint, tensora_sys::memory_room());
         *self.pages.lock().unwrap_or_else(|p| p.into_inner()) = pages;
         self.report.lock().unwrap_or_else(|p| p.into_inner()).pages = why;
         let deadline = Instant::now() + LOCK_WAIT_MAX;
@@ -464,8 +461,8 @@ mod tests {
     /// A small load's footprint.
     const FOOTPRINT: Footprint = Footprint { to_cache_bytes: 100, destination_bytes: 100 };
 
-    fn room(available_gb: u64) -> tensora_io::auto::memory::MemoryRoom {
-        tensora_io::auto::memory::MemoryRoom {
+    fn room(available_gb: u64) -> tensora_sys::MemoryRoom {
+        tensora_sys::MemoryRoom {
             total_bytes: 24 << 30,
             available_bytes: available_gb << 30,
             cgroup_limit_bytes: None,

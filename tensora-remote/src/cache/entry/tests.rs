@@ -296,11 +296,11 @@ fn kept_copies_stay_in_the_page_cache_and_copies_around_it_do_not() {
     let dir = tempfile::tempdir().unwrap();
     let probe = dir.path().join("probe");
     std::fs::write(&probe, [0u8; 4096]).unwrap();
-    if !tensora_testkit::require::direct_io_or_skip(&probe, "copies around the page cache") {
+    if !tensora_testkit::direct_io_or_skip(&probe, "copies around the page cache") {
         return;
     }
     let size_bytes: u64 = 4 << 20;
-    let mut arena = tensora_io::arena::Arena::with_len(size_bytes).unwrap();
+    let mut arena = tensora_io::Arena::with_len(size_bytes).unwrap();
     for (i, b) in arena.as_mut_slice().iter_mut().enumerate() {
         *b = (i % 241) as u8;
     }
@@ -318,8 +318,7 @@ fn kept_copies_stay_in_the_page_cache_and_copies_around_it_do_not() {
             let (k, bytes) = piece;
             entry.write((k as u64) << 20, bytes, crc32c::crc32c(bytes)).unwrap();
         }
-        let residency =
-            |file: &File| tensora_io::auto::probe::residency_sample(file, size_bytes).unwrap().fraction();
+        let residency = |file: &File| tensora_sys::residency_sample(file, size_bytes).unwrap().fraction();
         assert_eq!(residency(&entry.data), cached, "{pages:?}: after the writes");
         let complete = dir.path().join(format!("{pages:?}-complete"));
         assert_eq!(entry.promote(&complete).unwrap(), Promoted::Done);
