@@ -47,7 +47,9 @@ mod open;
 pub mod safetensors;
 pub mod select;
 pub mod sharded;
+pub mod slice;
 pub mod sllm;
+pub mod tp;
 pub mod write;
 
 use std::path::Path;
@@ -59,6 +61,8 @@ pub use fsutil::{NonRegular, open_regular, read_capped};
 pub use inspect::Inspection;
 pub use open::{HEADER_THREADS_DEFAULT_MAX, HEADER_THREADS_MAX, LOOKAHEAD_PER_THREAD, OpenOptions, Shards};
 pub use select::{Matcher, Selection, SelectionError};
+pub use slice::{Slice, SliceError, SliceLayout};
+pub use tp::{Split, TensorParallel, TpError, TpRules};
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
