@@ -62,7 +62,7 @@ pub use inspect::Inspection;
 pub use open::{HEADER_THREADS_DEFAULT_MAX, HEADER_THREADS_MAX, LOOKAHEAD_PER_THREAD, OpenOptions, Shards};
 pub use select::{Matcher, Selection, SelectionError};
 pub use slice::{Slice, SliceError, SliceLayout};
-pub use tp::{Split, TensorParallel, TpError, TpRules};
+pub use tp::{Shard, Split, TensorParallel, TpError, TpRules};
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

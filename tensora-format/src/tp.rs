@@ -133,7 +133,7 @@ pub enum TpError {
         /// The world size given.
         world: u32,
     },
-    /// A rule's pattern does not parse.
+    /// A rule's pattern does not parse, or a slice names a tensor the checkpoint lacks.
     #[error(transparent)]
     Rules(#[from] SelectionError),
     /// A rule divides a dimension the tensor does not have (a row split of a 1-D bias).
@@ -206,6 +206,44 @@ impl TensorParallel {
         let slice = Slice { dim, start, len };
         t.sliced(slice)?;
         Ok(Some(slice))
+    }
+}
+
+/// What part of each selected tensor a load keeps: a rank's tensor-parallel share, or slices
+/// named tensor by tensor (`safe_open(...).get_slice(name)[a:b]`).
+#[derive(Debug, Clone)]
+pub enum Shard {
+    /// One rank's share under rules.
+    TensorParallel(TensorParallel),
+    /// These tensors narrowed as given; every other selected tensor whole.
+    Slices(Vec<(String, Slice)>),
+}
+
+impl Shard {
+    /// The slice of each of `selected` (indexes into `ckpt`): `None` keeps it whole. Every slice
+    /// is checked against its tensor here, so a bad one fails before any read, naming the tensor;
+    /// a name in [`Shard::Slices`] that the checkpoint lacks is [`SelectionError::UnknownNames`].
+    pub fn slices(&self, ckpt: &Checkpoint, selected: &[usize]) -> Result<Vec<Option<Slice>>, TpError> {
+        match self {
+            Shard::TensorParallel(tp) => tp.slices(ckpt, selected),
+            Shard::Slices(named) => {
+                let mut by_index = std::collections::HashMap::with_capacity(named.len());
+                let mut unknown = Vec::new();
+                for (name, slice) in named {
+                    match ckpt.tensor_index(name) {
+                        Some(i) => {
+                            ckpt.tensors()[i].sliced(*slice)?;
+                            by_index.insert(i, *slice);
+                        }
+                        None => unknown.push(name.clone()),
+                    }
+                }
+                if !unknown.is_empty() {
+                    return Err(TpError::Rules(SelectionError::UnknownNames { names: unknown }));
+                }
+                Ok(selected.iter().map(|i| by_index.get(i).copied()).collect())
+            }
+        }
     }
 }
 

@@ -54,7 +54,7 @@ pub use load::{
     ReadHook, Residence, ShareLoad, ShareOf, TensorHook, TensorRef, UnknownBackend, load, load_path,
     load_runs, load_share, load_share_runs, load_streaming,
 };
-pub use report::{LoadReport, Phases};
+pub use report::{LoadReport, Phases, SliceCounts};
 pub use seam::{
     Access, Budget, CompletionSink, Destination, Filled, HeldPiece, IoBackend, IoStats, Job, JobConfig,
     KeepMapped, Landed, LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile, StopReason,

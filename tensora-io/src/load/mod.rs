@@ -36,6 +36,7 @@ mod run;
 mod runs;
 mod session;
 mod share;
+mod sliced;
 mod streaming;
 
 #[cfg(feature = "async")]
@@ -56,6 +57,7 @@ pub use options::{
 pub use owned::load;
 pub use runs::{Runs, load_runs};
 pub use share::{ShareLoad, ShareOf, ShareRuns, load_share, load_share_runs};
+pub use sliced::{DIRECT_REQUEST_COST_BYTES, PAGE_CACHE_REQUEST_COST_BYTES, REMOTE_REQUEST_COST_BYTES};
 pub use streaming::load_streaming;
 
 use crate::error::LoadError;
