@@ -40,6 +40,7 @@ mod share;
 mod stream;
 mod tensor;
 mod tools;
+mod tp;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
