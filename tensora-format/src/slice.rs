@@ -3,10 +3,7 @@
 //! of any dimension whose outer dimensions are all 1) is one contiguous range of the file; a slice
 //! of an inner dimension is `rows` ranges of `width_bytes`, `stride_bytes` apart.
 
-use std::sync::Arc;
-
 use crate::TensorInfo;
-use crate::checkpoint::{Spans, Strided, Strings};
 
 /// Why a slice does not fit its tensor. Every variant names the tensor.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -151,23 +148,8 @@ impl TensorInfo {
         };
         let mut dims = shape.to_vec();
         dims[dim] = len;
-        let name = self.name();
-        let strings = Arc::new(Strings { names: name.to_owned(), dims });
-        let spans = Spans {
-            name_start: 0,
-            name_len: name.len() as u32,
-            dims_start: 0,
-            rank: shape.len() as u8,
-            strided: Strided::No,
-        };
-        let info = TensorInfo::new(
-            &strings,
-            spans,
-            self.dtype(),
-            self.file(),
-            layout.offset_bytes,
-            layout.len_bytes(),
-        );
+        let range = (self.file(), layout.offset_bytes, layout.len_bytes());
+        let info = TensorInfo::owned(self.name(), self.dtype(), &dims, None, range);
         Ok((info, layout))
     }
 }

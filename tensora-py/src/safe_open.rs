@@ -175,7 +175,8 @@ impl Mapped {
             ..tensora_io::LoadOptions::default()
         };
         let loaded = py.detach(|| tensora_io::load(&self.ckpt, &opts)).map_err(load_err)?;
-        let report = serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+        let report =
+            serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
         let (datas, report) = crate::export::export_all(py, loaded, report)?;
         let data = datas.get_item(name)?.ok_or_else(|| missing(name))?;
         Ok(Some((data, report)))

@@ -67,3 +67,23 @@ pub(crate) fn shard(tp: Option<(u32, u32)>, rules_arg: Option<&Bound<'_, PyAny>>
     }
     Ok(Some(Shard::TensorParallel(TensorParallel { rank, world, rules: rules(rules_arg)? })))
 }
+
+/// `(name, dim)` of every tensor of the local checkpoint at `path` under `rules` for a group of
+/// `world`: the dimension a rank's share narrows, or `None` for a replicated tensor (what
+/// `tensora.distributed` reads collectively). Checked as a load would check it.
+#[pyfunction]
+#[pyo3(signature = (path, world, rules=None))]
+pub(crate) fn tp_splits(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    world: u32,
+    rules: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<(String, Option<usize>)>> {
+    let Some(Shard::TensorParallel(tp)) = shard(Some((0, world)), rules)? else {
+        return Err(PyValueError::new_err("internal: tp= gave no tensor-parallel shard"));
+    };
+    let ckpt = py.detach(|| tensora_format::open(&path)).map_err(crate::format_err)?;
+    let all: Vec<usize> = (0..ckpt.tensors().len()).collect();
+    let slices = tp.slices(&ckpt, &all).map_err(|e| crate::exc::LoadError::new_err(e.to_string()))?;
+    Ok(ckpt.tensors().iter().zip(slices).map(|(t, s)| (t.name().to_owned(), s.map(|s| s.dim))).collect())
+}
