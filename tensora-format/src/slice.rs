@@ -107,8 +107,8 @@ impl TensorInfo {
     /// [is contiguous](SliceLayout::is_contiguous).
     ///
     /// ```
-    /// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
-    /// let ckpt = tensora_format::open(dir)?;
+    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
+    /// let ckpt = tensora_format::open(path)?;
     /// let t = ckpt.tensors().iter().find(|t| t.shape().len() == 2).unwrap();
     /// let (rows, cols) = (t.shape()[0], t.shape()[1]);
     /// let slice = tensora_format::Slice { dim: 1, start: 1, len: cols - 1 };

@@ -167,8 +167,8 @@ impl TensorParallel {
     ///
     /// ```
     /// use tensora_format::{TensorParallel, TpRules};
-    /// let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
-    /// let ckpt = tensora_format::open(dir)?;
+    /// let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.safetensors");
+    /// let ckpt = tensora_format::open(path)?;
     /// let all: Vec<usize> = (0..ckpt.tensors().len()).collect();
     /// let tp = TensorParallel { rank: 1, world: 2, rules: TpRules::preset("llama").unwrap() };
     /// let slices = tp.slices(&ckpt, &all)?;
