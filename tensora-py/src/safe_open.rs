@@ -179,6 +179,9 @@ impl Mapped {
             serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
         let (datas, report) = crate::export::export_all(py, loaded, report)?;
         let data = datas.get_item(name)?.ok_or_else(|| missing(name))?;
+        let held: PyRef<'_, TensorData> = data.extract()?;
+        self.copies.note(&held);
+        drop(held);
         Ok(Some((data, report)))
     }
 
