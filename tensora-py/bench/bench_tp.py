@@ -222,16 +222,19 @@ def main():
                   f"disk {fmt(disk, 1, 0)} ({disk['median'] / s['tensor_bytes']:.4f}), {s['io_mode']}, {s['slices']}")
         os.remove(spath)
     if "tp2" in cells:
-        tp, roof = [], []
+        tp, read, roof = [], [], []
         for _ in range(args.runs):
             drop_caches(files)
             s = child_args(args.path, ["tp", 0, 2])
             tp.append(s["bytes_selected"] / s["seconds"] / 1e9)
+            read.append(s["bytes_read"] / s["seconds"] / 1e9)
             roof.append(roofline(args.path, files))
-        doc["tp2"] = {"gbps": tp, "roofline_gbps": roof}
+        doc["tp2"] = {"gbps": tp, "read_gbps": read, "roofline_gbps": roof, "last": s}
         ratios = [a / b for a, b in zip(tp, roof)]
-        print(f"tp2 rank 0 cold: {fmt(med(tp), 1, 2)} GB/s of its bytes; roofline {fmt(med(roof), 1, 2)} GB/s; "
-              f"x roofline {fmt(med(ratios), 1, 2)}")
+        read_ratios = [a / b for a, b in zip(read, roof)]
+        print(f"tp2 rank 0 cold: {fmt(med(tp), 1, 2)} GB/s of the {s['bytes_selected']} bytes it needs, "
+              f"{fmt(med(read), 1, 2)} GB/s of the {s['bytes_read']} it reads; roofline {fmt(med(roof), 1, 2)} GB/s; "
+              f"x roofline {fmt(med(ratios), 1, 2)} (needed), {fmt(med(read_ratios), 1, 2)} (read)")
     doc["loadavg_after"] = os.getloadavg()
     print(f"load average {doc['loadavg_before'][0]:.1f} before, {doc['loadavg_after'][0]:.1f} after (shared machine)")
     if args.json:
