@@ -253,8 +253,7 @@ impl TensorInfo {
         }
     }
 
-    /// A tensor with its own strings (tests build checkpoints by hand).
-    #[cfg(test)]
+    /// A tensor with its own strings (a slice's narrowed info; tests build checkpoints by hand).
     pub(crate) fn owned(
         name: &str,
         dtype: Dtype,

@@ -50,7 +50,9 @@ mod open;
 pub mod safetensors;
 mod select;
 pub mod sharded;
+pub mod slice;
 pub mod sllm;
+pub mod tp;
 pub mod write;
 
 use std::path::Path;
@@ -63,6 +65,8 @@ pub use inspect::{InspectedFile, InspectedTensor, InspectedWarning, Inspection};
 pub use names::{NOT_FOUND, NameTable};
 pub use open::{HEADER_THREADS_MAX, OpenOptions, Shards};
 pub use select::{Matcher, Selection, SelectionError};
+pub use slice::{Slice, SliceError, SliceLayout};
+pub use tp::{Shard, Split, TensorParallel, TpError, TpRules};
 
 /// Result alias for this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

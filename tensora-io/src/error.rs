@@ -19,6 +19,19 @@ pub enum LoadError {
     /// The selection names tensors that do not exist, or a glob is bad.
     #[error("selection: {0}")]
     Selection(#[source] SelectionError),
+    /// A shard's slice does not fit its tensor, a rule is bad, or the rank is not below the world
+    /// size (the error names the tensor or the input).
+    #[error("shard: {0}")]
+    Shard(#[source] tensora_format::TpError),
+    /// A sharded load found a landed row where packing cannot move it from (a plan laid out
+    /// against the file order): an internal error, named, never a wrong tensor.
+    #[error("packing the slice of tensor {tensor:?}: {what}")]
+    Packing {
+        /// The tensor.
+        tensor: String,
+        /// What was found.
+        what: String,
+    },
     /// The planner refused the extents or the config (e.g. a zero budget).
     #[error("plan: {0}")]
     Plan(#[source] PlanError),

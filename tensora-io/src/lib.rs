@@ -65,7 +65,7 @@ pub use load::{
 };
 pub use map::populate::{POPULATE_PIECE_BYTES_MAX, PopulateConfig, PopulateError, Populated, Span, populate};
 pub use map::{FileRange, MapMode, MappedFiles};
-pub use report::{LoadReport, Phases};
+pub use report::{LoadReport, Phases, SliceCounts};
 pub use seam::{
     Access, Budget, CallerBuffer, CompletionSink, Destination, Filled, HeldPiece, IoBackend, IoStats, Job,
     JobConfig, KeepMapped, Landed, LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile,

@@ -66,6 +66,36 @@ pub struct LoadReport {
     pub files: usize,
     /// Backend runs (1 for an owned load; one per window when streaming).
     pub windows: usize,
+    /// How a sharded load read its slices (all zero for any other load).
+    pub slices: SliceCounts,
+}
+
+/// How many tensors of a sharded load ([`LoadOptions::shard`](crate::LoadOptions::shard)) were
+/// read each way; `bytes_selected` counts the slices' bytes and `bytes_read` what was read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SliceCounts {
+    /// Tensors read as one range: whole (replicated) or sliced along an outer dimension.
+    pub contiguous: usize,
+    /// Slices of an inner dimension read row run by row run.
+    pub strided: usize,
+    /// Slices of an inner dimension read as one covering range and packed in memory.
+    pub covering: usize,
+    /// Of `contiguous`, the slices of an inner dimension (zero-copy only when outer dims are 1).
+    pub inner_contiguous: usize,
+}
+
+impl SliceCounts {
+    /// Counts one tensor read as `kind`; `inner` when its slice is rows of an inner dimension.
+    pub(crate) fn add(&mut self, kind: tensora_plan::SliceKind, inner: bool) {
+        match kind {
+            tensora_plan::SliceKind::Contiguous => {
+                self.contiguous += 1;
+                self.inner_contiguous += usize::from(inner);
+            }
+            tensora_plan::SliceKind::Strided => self.strided += 1,
+            tensora_plan::SliceKind::Covering => self.covering += 1,
+        }
+    }
 }
 
 impl LoadReport {

@@ -87,8 +87,11 @@ impl ExportMeta {
 /// `manifest`: a manifest's path; every tensor's digest is checked against it as its bytes land
 /// (`tensora_verify::verified`), and the first that does not match raises `VerifyError` before
 /// anything is returned.
+///
+/// `tp=(rank, world)` loads only this rank's tensor-parallel share, each slice contiguous in an
+/// owned arena (`residence` does not apply); `rules` maps names to splits (see [`crate::tp`]).
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None, tp=None, rules=None))]
 #[allow(clippy::too_many_arguments)] // the Python keyword arguments of `load_file`
 pub(crate) fn load<'py>(
     py: Python<'py>,
@@ -99,9 +102,18 @@ pub(crate) fn load<'py>(
     residence: &str,
     manifest: Option<PathBuf>,
     remote: Option<&Bound<'py, PyDict>>,
+    tp: Option<(u32, u32)>,
+    rules: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyDict>, String)> {
     let cancel = Arc::new(AtomicBool::new(false));
+    let shard = crate::tp::shard(tp, rules)?;
+    if shard.is_some() && manifest.is_some() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "manifest= checks whole tensors; it does not apply with tp=",
+        ));
+    }
     let mut opts = LoadOptions {
+        shard,
         backend: crate::backend(backend)?,
         residence: crate::residence(residence)?,
         selection: selection(select)?,
@@ -162,7 +174,7 @@ pub(crate) fn load<'py>(
 
 /// Every tensor of `loaded` as a [`TensorData`] sharing one owner, sorted by name, and `report`
 /// with `aligned_copies` added, as JSON.
-fn export_all<'py>(
+pub(crate) fn export_all<'py>(
     py: Python<'py>,
     loaded: tensora_io::Loaded,
     mut report: serde_json::Value,

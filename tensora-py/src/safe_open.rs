@@ -153,6 +153,38 @@ impl Mapped {
         self.fetch(py, name, Fetch::Lazy)
     }
 
+    /// `get_slice(name)[..]` of one dimension (`narrow(dim, start, len)`): only the slice's bytes
+    /// read (its rows, or a covering range when the gaps cost less than requests: the
+    /// planner's choice), into memory of its own, contiguous, with the load's report as JSON.
+    /// `None` with `manifest=` (the manifest covers whole tensors: the caller takes the lazy view).
+    fn slice<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        dim: usize,
+        start: u64,
+        len: u64,
+    ) -> PyResult<Option<(Bound<'py, PyAny>, String)>> {
+        if self.check.is_some() {
+            return Ok(None);
+        }
+        let slice = tensora_format::Slice { dim, start, len };
+        let opts = tensora_io::LoadOptions {
+            selection: tensora_format::Selection::Names(vec![name.to_owned()]),
+            shard: Some(tensora_format::Shard::Slices(vec![(name.to_owned(), slice)])),
+            ..tensora_io::LoadOptions::default()
+        };
+        let loaded = py.detach(|| tensora_io::load(&self.ckpt, &opts)).map_err(load_err)?;
+        let report =
+            serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+        let (datas, report) = crate::export::export_all(py, loaded, report)?;
+        let data = datas.get_item(name)?.ok_or_else(|| missing(name))?;
+        let held: PyRef<'_, TensorData> = data.extract()?;
+        self.copies.note(&held);
+        drop(held);
+        Ok(Some((data, report)))
+    }
+
     /// `(tensors, bytes)` handed out so far as aligned copies (their file offset was not a
     /// multiple of their element size).
     fn aligned_copies(&self) -> (u64, u64) {

@@ -209,3 +209,30 @@ def test_ranks_given_the_files_in_another_order_fail_naming_rank_and_file(tmp_pa
     codes, err, results = launch(2, [first, second], out, "--mode", "files", "--timeout", "30")
     assert codes == [0, 0], err
     assert_every_rank_names(results[0], 2, err, f"file '{first}'", f"file '{second}'")
+
+
+def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path):
+    rng = np.random.default_rng(11)
+    tensors = {
+        "model.layers.0.self_attn.q_proj.weight": rng.standard_normal((12, 8)).astype(np.float32),
+        "model.layers.0.self_attn.o_proj.weight": rng.standard_normal((8, 12)).astype(np.float32),
+        "model.layers.0.input_layernorm.weight": rng.standard_normal((8,)).astype(np.float32),
+        "model.norm.weight": rng.standard_normal((8,)).astype(np.float32),
+    }
+    path = tmp_path / "model.safetensors"
+    save_file(tensors, str(path))
+    nproc = 2
+    codes, err, results = launch(nproc, [path], tmp_path, "--mode", "tp")
+    assert codes == [0] * nproc, err
+    replicated_read = []
+    for r in range(nproc):
+        res = results[0][r]
+        assert "error" not in res, res["error"]
+        want = tensora.load_file(path, framework="pt", tp=(r, nproc))
+        assert res["tensors"] == {k: [digest(v), list(v.shape)] for k, v in want.items()}, f"rank {r}"
+        rep = res["report"]
+        assert rep["split"]["bytes_selected"] == 12 * 8 * 4 // nproc * 2
+        replicated_read.append(rep["replicated"]["bytes_read"])
+    # The two norms (64 bytes) read once across the group: block-aligned shares add at most two
+    # blocks per tensor and file.
+    assert 64 <= sum(replicated_read) <= 64 + 2 * 4096 * 3, replicated_read

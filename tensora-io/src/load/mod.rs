@@ -36,6 +36,7 @@ mod run;
 mod runs;
 mod session;
 mod share;
+mod sliced;
 mod streaming;
 
 #[cfg(feature = "async")]

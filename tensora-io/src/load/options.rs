@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use tensora_format::{Selection, TensorInfo};
+use tensora_format::{Selection, Shard, TensorInfo};
 
 use super::TensorRef;
 use super::owned::Memory;
@@ -258,6 +258,11 @@ pub struct LoadOptions {
     /// Whether the destination arena is fresh memory (the default: what a cold start pays) or the
     /// arena parked by an earlier load in this process (see `crate::arena`, "Recycling").
     pub arena_reuse: ArenaReuse,
+    /// Load only part of each tensor: one rank's tensor-parallel share
+    /// (`Shard::TensorParallel(TensorParallel { rank, world, rules })`) or named slices. Only
+    /// [`load`](crate::load()) takes it (an owned arena, each slice contiguous; no hooks); see
+    /// `docs/tensor-parallel.md`.
+    pub shard: Option<Shard>,
 }
 
 /// The first kernel on which an `O_DIRECT` read into a page released with `MADV_FREE` keeps the
@@ -341,6 +346,7 @@ impl Default for LoadOptions {
             files_open_max: FILES_OPEN_DEFAULT_MAX,
             cancel: None,
             arena_reuse: ArenaReuse::Fresh,
+            shard: None,
         }
     }
 }
@@ -363,6 +369,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("on_read", &self.on_read.is_some())
             .field("progress", &self.progress.is_some())
             .field("files_open_max", &self.files_open_max)
+            .field("shard", &self.shard)
             .finish()
     }
 }

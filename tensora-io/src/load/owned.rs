@@ -22,6 +22,9 @@ use crate::seam::{Access, IoStats};
 /// ([`Residence::Mapped`](super::Residence::Mapped)), or whichever `auto` picks
 /// ([`Residence::Auto`](super::Residence::Auto)). See the module docs.
 pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
+    if let Some(shard) = &opts.shard {
+        return super::sliced::load_sharded(ckpt, opts, shard);
+    }
     let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Owned)?;
     session.load_part(&selected, phases, faults_before)
 }

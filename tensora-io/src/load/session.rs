@@ -24,6 +24,11 @@ pub(super) fn begin<'c>(
     opts: &'c LoadOptions,
     delivery: Delivery,
 ) -> Result<(Session<'c>, Vec<usize>, Phases, Faults), LoadError> {
+    if opts.shard.is_some() {
+        return Err(LoadError::Unsupported {
+            what: "a shard with a streamed, mapped-only or collective load (only load takes one)".to_owned(),
+        });
+    }
     let faults_before = Faults::now();
     let mut phases = Phases::default();
     let t = Instant::now();

@@ -70,6 +70,7 @@ __all__ = [
 __all__ += _save_all  # save_file, save, load, save_sharded (tensora._save)
 
 PathLike = Union[str, "os.PathLike[str]"]
+Rules = Union[None, str, List[Tuple[str, Union[None, int, str]]]]
 Progress = Callable[[int, int], Optional[bool]]
 
 # Safetensors dtype -> numpy dtype, for the dtypes numpy has.
@@ -183,6 +184,8 @@ def load_file(
     manifest: Optional[PathLike] = None,
     cache: Optional[PathLike] = None,
     remote: Optional[RemoteOptions] = None,
+    tp: Optional[Tuple[int, int]] = None,
+    rules: Rules = None,
 ) -> Dict[str, Any]:
     """Load every tensor (or the selected ones) of a checkpoint, like
     ``safetensors.numpy.load_file`` (``framework="np"``) or ``safetensors.torch.load_file``
@@ -239,8 +242,21 @@ def load_file(
     Every array is aligned for its dtype: a tensor whose file offset is not a multiple of its
     element size (safetensors allows it; HF's writer never does it) is handed out as an aligned
     copy of its own, counted in the report's ``aligned_copies``.
+
+    ``tp=(rank, world)`` loads only this rank's tensor-parallel share: each tensor a ``rules``
+    names is narrowed as ``torch.chunk(world, dim)[rank]`` (column-parallel: dimension 0,
+    row-parallel: dimension 1; equal to vLLM's ``narrow`` when ``world`` divides the size; a rank
+    past the end of an uneven split gets an empty tensor), the others whole. Only the slices' bytes
+    are read (a row-parallel slice's rows, or a covering range when its gaps cost less than the
+    requests: the report's ``slices`` says which), each slice lands contiguous in one owned buffer
+    (``residence`` does not apply). ``rules`` is a preset (``"llama"``, the default, ``"qwen"``,
+    ``"mixtral"``, ``"deepseek"``) or a list of ``(glob, split)`` pairs, first match wins, split
+    ``"column"``/0, ``"row"``/1 or ``"replicated"``/``None``; names no rule matches are replicated.
+    See docs/tensor-parallel.md.
     """
-    return load_file_with_report(path, framework, select, backend, progress, residence, manifest, cache, remote)[0]
+    return load_file_with_report(
+        path, framework, select, backend, progress, residence, manifest, cache, remote, tp, rules
+    )[0]
 
 
 def load_file_with_report(
@@ -253,6 +269,8 @@ def load_file_with_report(
     manifest: Optional[PathLike] = None,
     cache: Optional[PathLike] = None,
     remote: Optional[RemoteOptions] = None,
+    tp: Optional[Tuple[int, int]] = None,
+    rules: Rules = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
     and why, then the backend's own reason), ``io_mode`` (``"mapped"`` for zero-copy views),
@@ -260,13 +278,38 @@ def load_file_with_report(
     ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``).
     For a URL also ``url`` (redacted), ``requests``, ``retry_seconds``, the open's requests,
     ``cache`` (hits, bytes written, objects promoted) and ``concurrency`` (the depth the transfer
-    settled on, and why)."""
+    settled on, and why). With ``tp=``, ``slices`` counts the tensors read ``contiguous``,
+    ``strided`` and ``covering``, ``bytes_selected`` is the slices' bytes and ``bytes_read`` what
+    was read."""
     fw = _check_framework(framework)
     m = None if manifest is None else os.fspath(manifest)
     residence = _default_residence(fw) if residence is None else residence
     r = _remote_dict(remote, cache)
-    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m, r)
+    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m, r, tp, rules)
     return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
+
+
+def _one_dim_slice(index, shape: List[int]) -> Optional[Tuple[int, int, int]]:
+    """``(dim, start, len)`` when ``index`` is slices of step 1 (and at most a trailing ``...``)
+    that narrow at most one dimension of ``shape``; else ``None``."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    if items and items[-1] is Ellipsis:
+        items.pop()
+    if not shape or len(items) > len(shape) or not all(isinstance(i, slice) for i in items):
+        return None
+    found = (0, 0, shape[0])
+    narrowed = False
+    for dim, s in enumerate(items):
+        start, stop, step = s.indices(shape[dim])
+        if step != 1:
+            return None
+        if (start, stop) == (0, shape[dim]):
+            continue
+        if narrowed:
+            return None
+        narrowed = True
+        found = (dim, start, max(0, stop - start))
+    return found
 
 
 class _Slice:
@@ -284,6 +327,13 @@ class _Slice:
         return self._mapped.info(self._name)[0]
 
     def __getitem__(self, index):
+        # One dimension narrowed, step 1: only the slice's bytes are read, contiguous, into memory
+        # of its own (the planner reads its rows or a covering range, whichever costs less).
+        spec = _one_dim_slice(index, self.get_shape())
+        if spec is not None:
+            got = self._mapped.slice(self._name, *spec)
+            if got is not None:
+                return _convert(got[0], self._fw)
         # A view of the file's mapping with nothing read in: copying the indexed part out faults in
         # only its pages (a tensor-parallel shard of a row-split tensor reads just its rows). The
         # copy is the caller's own, as HF's.
@@ -300,7 +350,8 @@ class safe_open:
     the file, and any number of tensors costs one mapping per file. A second ``get_tensor`` of
     the same name returns an independent tensor (as HF's, which copies): a mapping of its own,
     or a heap copy once ``CALL_MAPPINGS_MAX`` such mappings are alive. ``get_slice(name)[...]``
-    reads only the pages of the part indexed and returns a copy. Do not modify or truncate a
+    reads only the bytes of the part indexed when it narrows one dimension (step 1), else only its
+    pages, and returns memory of its own. Do not modify or truncate a
     file in place while tensors of it are alive (``SIGBUS``).
 
     ``backend``: ``"auto"`` or ``"mmap"`` (the mapped views above) or ``"pread"`` (each
@@ -368,6 +419,8 @@ def weights_iterator(
     backend: str = "auto",
     residence: Optional[str] = None,
     manifest: Optional[PathLike] = None,
+    tp: Optional[Tuple[int, int]] = None,
+    rules: Rules = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
 
@@ -386,8 +439,18 @@ def weights_iterator(
     caveat).
     ``manifest`` (one for the whole model, all files): each tensor is checked as it lands and is
     yielded only if it matches; the first that does not raises ``VerifyError`` from the loop.
+    ``tp=(rank, world)`` and ``rules`` (as in ``load_file``, one checkpoint path only): the rank's
+    share is loaded at once into one owned buffer (its size, not ``budget``, bounds the memory)
+    and yielded in file order.
     """
     fw = _check_framework(framework)
+    if tp is not None:
+        if not isinstance(path_or_files, (str, os.PathLike)):
+            raise ValueError("tp= takes one checkpoint path (a file, a directory or an index)")
+        if manifest is not None:
+            raise ValueError("manifest= checks whole tensors; it does not apply with tp=")
+        yield from _tp_items(os.fspath(path_or_files), fw, select, backend, tp, rules)
+        return
     if isinstance(path_or_files, (str, os.PathLike)):
         paths: Union[str, List[str]] = os.fspath(path_or_files)
     else:
@@ -400,6 +463,14 @@ def weights_iterator(
             yield name, _convert(data, fw)
     finally:
         stream.close()
+
+
+def _tp_items(path: str, fw: str, select, backend: str, tp, rules) -> Iterator[Tuple[str, Any]]:
+    """``weights_iterator``'s items under ``tp=``: one sharded load, in file order."""
+    datas, _ = _native.load(path, select, backend, None, "owned", None, None, tp, rules)
+    order = {name: i for i, name in enumerate(_native.Mapped(path).offset_keys())}
+    for name in sorted(datas, key=lambda n: order.get(n, len(order))):
+        yield name, _convert(datas.pop(name), fw)
 
 
 def inspect(path: PathLike) -> Dict[str, Any]:

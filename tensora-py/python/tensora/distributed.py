@@ -38,7 +38,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 from . import RemoteOptions, _native, _convert, _check_framework, _remote_dict
 from ._native import LoadError
 
-__all__ = ["load_file", "load_file_with_report", "weights_iterator"]
+__all__ = ["load_file", "load_file_with_report", "load_tp", "load_tp_with_report", "weights_iterator"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -378,6 +378,53 @@ def load_file(
     local files cannot hold them). The load runs in windows of ``budget`` bytes (256 MiB by
     default): the ranks exchange one window while they read the next."""
     return load_file_with_report(path, group, framework, select, backend, residence, remote, budget)[0]
+
+
+def load_tp(path: PathLike, group=None, **options: Any) -> Dict[str, Any]:
+    """This rank's tensor-parallel share, the group being the tensor-parallel group: rank ``r`` of
+    ``group`` (default: the world) of size ``world`` gets what ``tensora.load_file(path, tp=(r,
+    world), rules=rules)`` gives. The tensors the rules split are read by each rank itself, its
+    slices only (no slice crosses the group); the replicated ones are read once across the group
+    and exchanged, as :func:`load_file`. ``path`` is local (the rules are resolved against its
+    headers); every rank calls with the same arguments. ``options``: those of
+    :func:`load_tp_with_report`. See docs/tensor-parallel.md."""
+    return load_tp_with_report(path, group, **options)[0]
+
+
+def load_tp_with_report(
+    path: PathLike,
+    group=None,
+    framework: str = "pt",
+    rules: Any = None,
+    backend: str = "auto",
+    budget: Optional[int] = None,
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """:func:`load_tp`, plus this rank's report: ``rank``, ``world``, ``bytes_read`` (its slices
+    and its share of the replicated tensors), ``bytes_received``, and the two loads' own reports
+    under ``split`` and ``replicated``."""
+    import tensora
+
+    fw = _check_framework(framework)
+    g = _Group(group)
+    p = os.fspath(path)
+    splits = _native.tp_splits(p, g.world, rules)
+    split = [n for n, dim in splits if dim is not None]
+    replicated = [n for n, dim in splits if dim is None]
+    tensors: Dict[str, Any] = {}
+    report: Dict[str, Any] = {"rank": g.rank, "world": g.world, "bytes_read": 0, "bytes_received": 0}
+    if split:
+        part, r = tensora.load_file_with_report(
+            p, framework=fw, select=split, backend=backend, tp=(g.rank, g.world), rules=rules)
+        tensors.update(part)
+        report["split"] = r
+        report["bytes_read"] += r["bytes_read"]
+    if replicated:
+        whole, r = load_file_with_report(p, group, fw, replicated, backend, "owned", None, budget)
+        tensors.update(whole)
+        report["replicated"] = r
+        report["bytes_read"] += r["bytes_read"]
+        report["bytes_received"] += r["bytes_received"]
+    return tensors, report
 
 
 def weights_iterator(

@@ -6,7 +6,7 @@ For each `--path` in turn, writes `<out>/<index>-rank<N>.json`: each tensor's sh
 the rank's report, or the error it raised. `--mode` picks what the rank does: `load` (tensora.distributed.load_file), `stream`
 (weights_iterator), `missing` (rank 1 asks for a path that does not exist), `die` (rank 1 exits at
 once, before loading), `other` (rank 1 loads `--other` instead of the path), `select` (every rank
-loads `--select`, rank 1 `--select1`), `files` (one `weights_iterator` over every `--path` as a
+loads `--select`, rank 1 `--select1`), `tp` (td.load_tp_with_report, Llama rules), `files` (one `weights_iterator` over every `--path` as a
 file list, written as the first path's result; rank 1 gets the list reversed).
 """
 
@@ -53,6 +53,9 @@ def run(a, rank: int, path: str) -> dict:
             out["rss_peak_kib"] = rss_kib("VmHWM")
             out["tensors"] = got
             return out
+        if a.mode == "tp":
+            got, report = td.load_tp_with_report(path)
+            out["report"] = report
         else:
             select = (a.select1 if rank == 1 else a.select) if a.mode == "select" else None
             got, report = td.load_file_with_report(path, select=select)

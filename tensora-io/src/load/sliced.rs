@@ -1,0 +1,232 @@
+//! A sharded load ([`LoadOptions::shard`]): each selected tensor narrowed to its slice (a
+//! tensor-parallel rank's share, or slices named one by one), reading only what the planner's
+//! choice needs (`tensora_plan::SliceRead`: the slice's runs, or a covering range) and landing each
+//! slice contiguous (`[rows, width]`) in the one owned arena.
+//!
+//! Landing: every run lands at its plan location; a strided or covering slice is then packed in
+//! place, row by row towards the slice's first byte (each row moves to a lower or equal address,
+//! so one forward pass of `copy_within` never overwrites a row not yet moved). No second buffer.
+
+use std::time::Instant;
+
+use tensora_format::{Checkpoint, FileId, Shard, TensorInfo};
+use tensora_plan::{Extent, Order, Plan, SliceKind, SliceRead, SourceCost, StridedRows};
+
+use super::loaded::Entry;
+use super::owned::{OwnedPlan, file_groups};
+use super::session::{Session, WindowPlan, begin};
+use super::{LoadOptions, Loaded, Residence};
+use crate::auto::Delivery;
+use crate::error::LoadError;
+use crate::report::SliceCounts;
+
+/// What one request costs, in the bytes the page cache copies meanwhile: a `pread` call is about
+/// 2 µs, at the 8 GB/s a single core copies from the page cache.
+pub(crate) const PAGE_CACHE_REQUEST_COST_BYTES: u64 = 16 << 10;
+/// The same for `O_DIRECT` reads of a local NVMe drive kept busy by a queue: about 5 µs of a
+/// request's share of the drive's IOPS, at 3 GB/s.
+pub(crate) const DIRECT_REQUEST_COST_BYTES: u64 = 16 << 10;
+/// The same for a remote store: a ranged GET's first byte takes tens of milliseconds, at the
+/// 200 MB/s one connection sustains.
+pub(crate) const REMOTE_REQUEST_COST_BYTES: u64 = 4 << 20;
+
+/// One selected tensor of a sharded load: its checkpoint index, its info as delivered (narrowed)
+/// and how its bytes are read.
+struct Item {
+    tensor: usize,
+    info: TensorInfo,
+    rows: StridedRows,
+    read: SliceRead,
+}
+
+/// Loads the selected tensors narrowed as `shard` says into one owned arena (see the module docs).
+/// Hooks are refused (a slice is not the tensor a digest covers); the residence is always owned.
+pub(super) fn load_sharded(
+    ckpt: &Checkpoint,
+    opts: &LoadOptions,
+    shard: &Shard,
+) -> Result<Loaded, LoadError> {
+    if opts.on_tensor.is_some() || opts.on_read.is_some() {
+        return Err(LoadError::Unsupported {
+            what: "on_tensor and on_read hooks with a shard (they cover whole tensors)".to_owned(),
+        });
+    }
+    let owned_opts = LoadOptions { residence: Residence::Owned, shard: None, ..opts.clone() };
+    let (session, selected, mut phases, faults_before) = begin(ckpt, &owned_opts, Delivery::Owned)?;
+    let t = Instant::now();
+    let slices = shard.slices(ckpt, &selected).map_err(LoadError::Shard)?;
+    let cost = session.source_cost();
+    let mut items = Vec::with_capacity(selected.len());
+    for (&tensor, slice) in selected.iter().zip(slices) {
+        let whole = &ckpt.tensors()[tensor];
+        let (info, rows) = match slice {
+            Some(slice) => {
+                let (info, l) = whole.sliced(slice).map_err(|e| LoadError::Shard(e.into()))?;
+                let rows = StridedRows {
+                    offset_bytes: l.offset_bytes,
+                    rows: l.rows,
+                    width_bytes: l.width_bytes,
+                    stride_bytes: l.stride_bytes,
+                };
+                (info, rows)
+            }
+            None => {
+                let len = whole.len_bytes();
+                let rows = StridedRows {
+                    offset_bytes: whole.offset_bytes(),
+                    rows: 1,
+                    width_bytes: len,
+                    stride_bytes: len,
+                };
+                (whole.clone(), rows)
+            }
+        };
+        let read = SliceRead::choose(&rows, &cost);
+        items.push(Item { tensor, info, rows, read });
+    }
+    refuse_packing_shared_bytes(&items)?;
+    let (owned, runs_of) = session.plan_sharded(&items, &selected)?;
+    phases.plan += t.elapsed().as_secs_f64();
+    let mut loaded =
+        session.load_owned_running(&owned, &owned.plans, &selected, phases, faults_before, None)?;
+    let t = Instant::now();
+    let mut entries = Vec::with_capacity(items.len());
+    let mut counts = SliceCounts::default();
+    for (item, first_tag) in items.iter().zip(runs_of) {
+        let offset_bytes = pack(&mut loaded, &owned, item, first_tag)?;
+        counts.add(item.read.kind, item.rows.rows > 1 && item.rows.width_bytes != item.rows.stride_bytes);
+        entries.push(Entry { info: item.info.clone(), file: 0, offset_bytes });
+    }
+    loaded.entries = entries;
+    let r = &mut loaded.report;
+    r.phases.finish += t.elapsed().as_secs_f64();
+    r.tensors = items.len();
+    r.bytes_selected = items.iter().map(|i| i.info.len_bytes()).sum();
+    r.slices = counts;
+    r.finalize();
+    Ok(loaded)
+}
+
+/// Packing a slice in place moves bytes that another tensor sharing them (tied weights) would
+/// still read: refused, naming the tensor.
+fn refuse_packing_shared_bytes(items: &[Item]) -> Result<(), LoadError> {
+    let mut spans: Vec<(FileId, u64, u64, bool, &str)> = items
+        .iter()
+        .filter_map(|i| {
+            let r = i.read.runs.first()?.file_bytes.start..i.read.runs.last()?.file_bytes.end;
+            Some((i.info.file(), r.start, r.end, i.read.kind != SliceKind::Contiguous, i.info.name()))
+        })
+        .collect();
+    spans.sort_unstable_by_key(|s| (s.0, s.1));
+    for pair in spans.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if a.0 == b.0 && b.1 < a.2 && (a.3 || b.3) {
+            let name = if a.3 { a.4 } else { b.4 };
+            return Err(LoadError::Unsupported {
+                what: format!(
+                    "tensor {name:?}: a slice of a tensor whose bytes another selected tensor shares"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Moves `item`'s rows together at its first row's arena offset; returns that offset.
+fn pack(
+    loaded: &mut Loaded,
+    owned: &OwnedPlan,
+    item: &Item,
+    first_tag: (usize, u32),
+) -> Result<u64, LoadError> {
+    let (window, first) = first_tag;
+    let Some(first_run) = item.read.runs.first() else { return Ok(0) };
+    let (base, wp) = &owned.plans[window];
+    let location = |tag: u32| wp.plan.location(tag).map(|l| base + l.arena_offset_bytes);
+    let internal =
+        |what: &str| LoadError::Packing { tensor: item.info.name().to_owned(), what: what.to_owned() };
+    let dest = location(first).ok_or_else(|| internal("no location for its first run"))?;
+    if item.read.kind == SliceKind::Contiguous {
+        return Ok(dest);
+    }
+    let s = &item.rows;
+    let arena = loaded.arena_bytes_mut(0..loaded.arena_len_bytes());
+    for (k, run) in item.read.runs.iter().enumerate() {
+        let run_at = location(first + k as u32).ok_or_else(|| internal("a run has no location"))?;
+        debug_assert!(run.file_bytes.start >= first_run.file_bytes.start);
+        for r in run.first_row..run.first_row + run.rows {
+            let from = run_at + (r - run.first_row) * s.stride_bytes;
+            let to = dest + r * s.width_bytes;
+            if from < to || from + s.width_bytes > arena.len() as u64 {
+                return Err(internal("a row lies before its packed place or past the arena"));
+            }
+            arena.copy_within(from as usize..(from + s.width_bytes) as usize, to as usize);
+        }
+    }
+    Ok(dest)
+}
+
+impl Session<'_> {
+    /// The per-request cost and block of this load's source, for [`SliceRead::choose`].
+    pub(super) fn source_cost(&self) -> SourceCost {
+        let request_cost_bytes = if !self.backend.reads_local_files() {
+            REMOTE_REQUEST_COST_BYTES
+        } else if self.direct {
+            DIRECT_REQUEST_COST_BYTES
+        } else {
+            PAGE_CACHE_REQUEST_COST_BYTES
+        };
+        SourceCost { align_bytes: self.plan_config().align_bytes, request_cost_bytes }
+    }
+
+    /// One plan per file group, each run of each item an extent with its own tag; returns the
+    /// plans and, per item, its window and the tag of its first run (its runs' tags follow).
+    fn plan_sharded(
+        &self,
+        items: &[Item],
+        selected: &[usize],
+    ) -> Result<(OwnedPlan, Vec<(usize, u32)>), LoadError> {
+        let position: std::collections::HashMap<usize, usize> =
+            selected.iter().enumerate().map(|(k, &t)| (t, k)).collect();
+        let groups = file_groups(self.ckpt, selected, self.opts.files_open_max);
+        let mut first_tags = vec![(0usize, 0u32); items.len()];
+        let mut plans = Vec::with_capacity(groups.len());
+        let mut arena_len_bytes: u64 = 0;
+        let overflow = || LoadError::Plan(tensora_plan::PlanError::ArenaOverflow);
+        for (window, group) in groups.iter().enumerate() {
+            let mut files: Vec<u32> = Vec::new();
+            let mut extents = Vec::new();
+            let mut tensors = Vec::new();
+            for &tensor in group {
+                let k = position[&tensor];
+                let item = &items[k];
+                let file = item.info.file().0;
+                let local = files.iter().position(|&f| f == file).unwrap_or_else(|| {
+                    files.push(file);
+                    files.len() - 1
+                });
+                first_tags[k] = (window, extents.len() as u32);
+                for run in &item.read.runs {
+                    extents.push(Extent {
+                        file: local as u32,
+                        offset_bytes: run.file_bytes.start,
+                        len_bytes: run.file_bytes.end - run.file_bytes.start,
+                        tag: extents.len() as u32,
+                    });
+                    tensors.push(item.tensor);
+                }
+            }
+            let lens: Vec<u64> = files.iter().map(|&f| self.ckpt.file(FileId(f)).len_bytes()).collect();
+            // The runs already read every gap worth reading: the planner reads through none.
+            let config = tensora_plan::PlanConfig { coalesce_gap_bytes: 0, ..self.plan_config() };
+            let plan = Plan::build_with_file_lens(&extents, &config, &Order::File, &lens)
+                .map_err(LoadError::Plan)?;
+            let base = arena_len_bytes
+                .checked_next_multiple_of(plan.config().arena_period_bytes())
+                .ok_or_else(overflow)?;
+            arena_len_bytes = base.checked_add(plan.arena_len_bytes()).ok_or_else(overflow)?;
+            plans.push((base, WindowPlan { plan, tensors, files }));
+        }
+        Ok((OwnedPlan { plans, arena_len_bytes }, first_tags))
+    }
+}

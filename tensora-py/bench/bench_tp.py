@@ -1,0 +1,254 @@
+"""Tensor-parallel acceptance cells (issue 44): what each rank reads, and how fast, cold.
+
+    python tensora-py/bench/bench_tp.py CHECKPOINT_DIR [--runs N] [--slice-dir DIR] [--json OUT]
+
+Cells, every measurement a fresh process with the page cache dropped first (as bench_load.py):
+
+- tp4: each of 4 ranks loads its share with the Llama rules (`tensora.load_file(framework="pt",
+  tp=(rank, 4))`); per rank the report's bytes_read and the process's read_bytes (/proc/self/io:
+  what the disk delivered), and the sum over ranks against the checkpoint plus 4 x the
+  replicated tensors. Once, untimed: every rank's tensors bit-equal to HF
+  `safetensors.torch.load_file` + `torch.chunk(4, dim)[rank]`.
+- get_slice: 1/8 of a 512 MiB F32 tensor [8192, 16384] along dimension 0 and along dimension 1
+  (`safe_open(...).get_slice("w")[...]`), bytes read per the report and /proc/self/io.
+- tp2: rank 0 of 2, cold, GB/s of the bytes it needs (`bytes_selected / seconds`) against the
+  cold read roofline (bench_load.py's roofline child: 8 MiB O_DIRECT preadv by 8 threads), the two
+  alternated in every round.
+
+Medians with min..max; the machine may be shared (say so with the numbers).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_load import drop_caches  # noqa: E402  (one eviction helper)
+
+SPLIT_DIMS = {"column": 0, "row": 1}
+
+
+def read_bytes():
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
+
+
+def child_tp(path, rank, world):
+    import torch  # noqa: F401  (imported untimed, as bench_load.py's children: its libraries are cold too)
+
+    import tensora
+
+    before = read_bytes()
+    t = time.perf_counter()
+    weights, report = tensora.load_file_with_report(path, framework="pt", tp=(rank, world), rules="llama")
+    seconds = time.perf_counter() - t
+    disk = read_bytes() - before
+    print(json.dumps({"seconds": seconds, "disk_bytes": disk, "bytes_read": report["bytes_read"],
+                      "bytes_selected": report["bytes_selected"], "slices": report["slices"],
+                      "io_mode": report["io_mode"], "tensors": len(weights)}))
+
+
+def child_slice(path, dim):
+    import torch  # noqa: F401  (untimed, see child_tp)
+
+    import tensora
+
+    with tensora.safe_open(path, framework="pt") as f:
+        rows, cols = f.get_slice("w").get_shape()
+        start, length = (rows // 8, rows // 8) if dim == 0 else (cols // 8, cols // 8)
+        before = read_bytes()
+        t = time.perf_counter()
+        data, report = f._m().slice("w", dim, start, length)
+        seconds = time.perf_counter() - t
+        disk = read_bytes() - before
+    report = json.loads(report)
+    print(json.dumps({"seconds": seconds, "disk_bytes": disk, "bytes_read": report["bytes_read"],
+                      "bytes_selected": report["bytes_selected"], "slices": report["slices"],
+                      "io_mode": report["io_mode"], "tensor_bytes": rows * cols * 4}))
+
+
+def child_verify(path, world):
+    """Every rank's share bit-equal to HF load_file + torch.chunk; prints the replicated bytes."""
+    import glob
+
+    import torch
+    from safetensors.torch import load_file as hf_load_file
+
+    import tensora
+
+    whole = {}
+    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        whole.update(hf_load_file(f))
+    replicated = 0
+    for rank in range(world):
+        share = tensora.load_file(path, framework="pt", tp=(rank, world), rules="llama")
+        assert set(share) == set(whole)
+        for name, t in whole.items():
+            dim = split_dim(name)
+            if dim is None:
+                want = t
+                replicated += t.numel() * t.element_size() if rank == 0 else 0
+            else:
+                chunks = t.chunk(world, dim)
+                want = chunks[rank] if rank < len(chunks) else t.narrow(dim, 0, 0)
+            # Bit-equal: the bytes, not the values (random fixtures hold NaNs, never equal to themselves).
+            if share[name].shape != want.shape or not torch.equal(bits(share[name]), bits(want)):
+                raise SystemExit(f"rank {rank}: {name} differs from HF load_file + chunk")
+        del share
+    total = sum(t.numel() * t.element_size() for t in whole.values())
+    print(json.dumps({"equal": True, "replicated_bytes": replicated, "total_bytes": total}))
+
+
+def bits(t):
+    import torch
+
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def split_dim(name):
+    """The Llama preset's split of `name` (the same patterns as tensora_format::TpRules::preset)."""
+    import fnmatch
+
+    rules = [("*.q_proj.weight", 0), ("*.k_proj.weight", 0), ("*.v_proj.weight", 0), ("*.o_proj.weight", 1),
+             ("*.gate_proj.weight", 0), ("*.up_proj.weight", 0), ("*.down_proj.weight", 1),
+             ("*embed_tokens.weight", 0), ("lm_head.weight", 0)]
+    return next((d for p, d in rules if fnmatch.fnmatchcase(name, p)), None)
+
+
+def roofline(path, files):
+    drop_caches(files)
+    env = dict(os.environ, TENSORA_BENCH_DIRECT="1")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "bench_load.py"), "--child", "roofline", path],
+                       capture_output=True, text=True, timeout=900, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"roofline: {r.stderr.strip()[-500:]}")
+    m = json.loads(r.stdout.strip().splitlines()[-1])
+    return m["bytes"] / m["seconds"] / 1e9
+
+
+def med(xs):
+    xs = sorted(xs)
+    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1]}
+
+
+def fmt(m, scale=1.0, digits=3):
+    return f"{m['median'] / scale:.{digits}f} ({m['min'] / scale:.{digits}f}..{m['max'] / scale:.{digits}f})"
+
+
+def write_slice_fixture(directory):
+    import numpy as np
+
+    from tensora.numpy import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "slice512.safetensors")
+    if not os.path.exists(path):
+        w = np.arange(8192 * 16384, dtype=np.float32).reshape(8192, 16384)
+        save_file({"w": w}, path)
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("path")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--slice-dir", default=os.path.join(HERE, "..", "..", "target", "bench-tp"))
+    ap.add_argument("--cells", default="verify,tp4,get_slice,tp2")
+    ap.add_argument("--json")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args, rest = ap.parse_known_args()
+    if args.child:
+        kind, *params = args.child + rest
+        if kind == "tp":
+            return child_tp(args.path, int(params[0]), int(params[1]))
+        if kind == "slice":
+            return child_slice(args.path, int(params[0]))
+        if kind == "verify":
+            return child_verify(args.path, int(params[0]))
+        raise SystemExit(f"unknown child {kind}")
+    import tensora
+
+    info = tensora.inspect(args.path)
+    files = [f["path"] for f in info["files"]]
+    total = sum(t["nbytes"] for t in info["tensors"])
+    cells = args.cells.split(",")
+    doc = {"path": args.path, "bytes": total, "runs": args.runs, "loadavg_before": os.getloadavg()}
+    print(f"{args.path}: {total} bytes, {len(files)} files, load average {os.getloadavg()[0]:.1f}")
+    if "verify" in cells:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), args.path, "--child", "verify", "4"],
+                           capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            raise SystemExit(f"verify: {r.stderr.strip()[-800:]}")
+        v = json.loads(r.stdout.strip().splitlines()[-1])
+        doc["verify"] = v
+        print(f"verify: every rank of 4 bit-equal to HF load_file + chunk; replicated {v['replicated_bytes']} bytes")
+    if "tp4" in cells:
+        per_rank = {rank: [] for rank in range(4)}
+        for _ in range(args.runs):
+            for rank in range(4):
+                drop_caches(files)
+                per_rank[rank].append(child_args(args.path, ["tp", rank, 4]))
+        doc["tp4"] = per_rank
+        sums = []
+        for rank, samples in per_rank.items():
+            s = samples[0]
+            print(f"tp4 rank {rank}: selected {s['bytes_selected']}, read {s['bytes_read']} (report), "
+                  f"disk {fmt(med([x['disk_bytes'] for x in samples]), 1, 0)}, "
+                  f"{fmt(med([x['seconds'] for x in samples]))} s, {s['io_mode']}, slices {s['slices']}")
+        for i in range(args.runs):
+            sums.append(sum(per_rank[r][i]["bytes_read"] for r in range(4)))
+        doc["tp4_sum_bytes_read"] = sums
+        rep = doc.get("verify", {}).get("replicated_bytes")
+        bound = f", bound 1.05 x {total} + 4 x {rep} = {1.05 * total + 4 * rep:.0f}" if rep is not None else ""
+        print(f"tp4 sum of bytes read over ranks: {sums[0]} = {sums[0] / total:.3f} x checkpoint{bound}")
+    if "get_slice" in cells:
+        spath = write_slice_fixture(args.slice_dir)
+        out = {0: [], 1: []}
+        for _ in range(args.runs):
+            for dim in (0, 1):
+                drop_caches([spath])
+                out[dim].append(child_args(spath, ["slice", dim]))
+        doc["get_slice"] = out
+        for dim, samples in out.items():
+            s = samples[0]
+            disk = med([x["disk_bytes"] for x in samples])
+            print(f"get_slice 1/8 dim {dim}: selected {s['bytes_selected']} = {s['bytes_selected'] / s['tensor_bytes']:.4f} "
+                  f"of the tensor; read {s['bytes_read']} (report, {s['bytes_read'] / s['tensor_bytes']:.4f}), "
+                  f"disk {fmt(disk, 1, 0)} ({disk['median'] / s['tensor_bytes']:.4f}), {s['io_mode']}, {s['slices']}")
+        os.remove(spath)
+    if "tp2" in cells:
+        tp, read, roof = [], [], []
+        for _ in range(args.runs):
+            drop_caches(files)
+            s = child_args(args.path, ["tp", 0, 2])
+            tp.append(s["bytes_selected"] / s["seconds"] / 1e9)
+            read.append(s["bytes_read"] / s["seconds"] / 1e9)
+            roof.append(roofline(args.path, files))
+        doc["tp2"] = {"gbps": tp, "read_gbps": read, "roofline_gbps": roof, "last": s}
+        ratios = [a / b for a, b in zip(tp, roof)]
+        read_ratios = [a / b for a, b in zip(read, roof)]
+        print(f"tp2 rank 0 cold: {fmt(med(tp), 1, 2)} GB/s of the {s['bytes_selected']} bytes it needs, "
+              f"{fmt(med(read), 1, 2)} GB/s of the {s['bytes_read']} it reads; roofline {fmt(med(roof), 1, 2)} GB/s; "
+              f"x roofline {fmt(med(ratios), 1, 2)} (needed), {fmt(med(read_ratios), 1, 2)} (read)")
+    doc["loadavg_after"] = os.getloadavg()
+    print(f"load average {doc['loadavg_before'][0]:.1f} before, {doc['loadavg_after'][0]:.1f} after (shared machine)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=2)
+
+
+def child_args(path, params):
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), path, "--child", *map(str, params)],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"{params}: exit {r.returncode}: {r.stderr.strip()[-500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    main()
