@@ -35,6 +35,7 @@
 pub mod arena;
 pub mod auto;
 pub mod backends;
+pub mod cast;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
