@@ -47,6 +47,7 @@ pub mod sched;
 pub mod seam;
 
 pub use backends::registry;
+pub use cast::DtypeTarget;
 pub use error::{BoxError, LoadError, ViewError};
 #[cfg(feature = "async")]
 pub use load::load_async;
@@ -55,7 +56,7 @@ pub use load::{
     ReadHook, Residence, ShareLoad, ShareOf, TensorHook, TensorRef, UnknownBackend, load, load_path,
     load_runs, load_share, load_share_runs, load_streaming,
 };
-pub use report::{LoadReport, Phases};
+pub use report::{CastReport, CastTensor, LoadReport, Phases};
 pub use seam::{
     Access, Budget, CompletionSink, Destination, Filled, HeldPiece, IoBackend, IoStats, Job, JobConfig,
     KeepMapped, Landed, LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile, StopReason,

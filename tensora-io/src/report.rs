@@ -64,6 +64,40 @@ pub struct LoadReport {
     pub files: usize,
     /// Backend runs (1 for an owned load; one per window when streaming).
     pub windows: usize,
+    /// What a load with [`LoadOptions::dtype`](crate::LoadOptions::dtype) converted; `None`
+    /// without a cast.
+    pub cast: Option<CastReport>,
+}
+
+/// What a cast load converted, and the time it took (see [`crate::cast`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CastReport {
+    /// The dtype floating-point tensors were delivered in (`"BF16"`, ...).
+    pub to: String,
+    /// The instruction set the kernels ran with (`"avx512"`, `"avx2"` or `"scalar"`).
+    pub simd: String,
+    /// The tensors converted: name and stored dtype, in delivery order.
+    pub tensors: Vec<CastTensor>,
+    /// Tensors delivered as stored (integer or boolean, or stored in the target dtype already).
+    pub kept: usize,
+    /// Stored bytes of the converted tensors.
+    pub bytes_in: u64,
+    /// Bytes of the converted tensors at the target dtype.
+    pub bytes_out: u64,
+    /// Seconds the workers spent converting, summed over workers.
+    pub seconds: f64,
+    /// The bound on the staging window the stored bytes land in before conversion (a tensor
+    /// larger than it gets a window of its own size).
+    pub staging_bytes: u64,
+}
+
+/// One converted tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CastTensor {
+    /// Its name.
+    pub name: String,
+    /// Its stored dtype (safetensors spelling).
+    pub from: String,
 }
 
 impl LoadReport {

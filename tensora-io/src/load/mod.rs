@@ -27,6 +27,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod cast;
 mod files;
 mod loaded;
 mod mapped;
@@ -46,6 +47,7 @@ use std::time::Instant;
 
 #[cfg(feature = "async")]
 pub use async_load::load_async;
+pub use cast::{CAST_ALIGN_BYTES, CAST_STAGING_DEFAULT_BYTES};
 pub use loaded::{Element, Loaded, TensorRef};
 pub use options::{
     ArenaReuse, BUDGET_DEFAULT_BYTES, BackendChoice, CHUNK_DEFAULT_BYTES, FILES_OPEN_DEFAULT_MAX,

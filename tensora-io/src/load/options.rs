@@ -8,6 +8,7 @@ use tensora_format::{Selection, TensorInfo};
 use super::TensorRef;
 use super::owned::Memory;
 use crate::arena::Arena;
+use crate::cast::DtypeTarget;
 use crate::error::BoxError;
 use crate::seam::{Access, IoBackend};
 
@@ -258,6 +259,15 @@ pub struct LoadOptions {
     /// Whether the destination arena is fresh memory (the default: what a cold start pays) or the
     /// arena parked by an earlier load in this process (see [`crate::arena`], "Recycling").
     pub arena_reuse: ArenaReuse,
+    /// The dtype floating-point tensors are delivered in ([`DtypeTarget::Stored`]: as stored).
+    /// A cast load ([`load`](crate::load())) allocates its arena once at the target dtype and
+    /// converts each read as it lands, from a bounded staging window
+    /// ([`CAST_STAGING_DEFAULT_BYTES`](crate::load::CAST_STAGING_DEFAULT_BYTES)); its tensors
+    /// are always an owned copy, whatever [`LoadOptions::residence`] asks (views of the files
+    /// cannot change dtype). `on_read` and `on_tensor` hooks see the stored bytes. Integer and
+    /// boolean tensors keep their dtype; a floating-point dtype with no cast fails the load
+    /// before any read ([`LoadError::Cast`](crate::LoadError::Cast)).
+    pub dtype: DtypeTarget,
 }
 
 /// The first kernel on which an `O_DIRECT` read into a page released with `MADV_FREE` keeps the
@@ -341,6 +351,7 @@ impl Default for LoadOptions {
             files_open_max: FILES_OPEN_DEFAULT_MAX,
             cancel: None,
             arena_reuse: ArenaReuse::Fresh,
+            dtype: DtypeTarget::Stored,
         }
     }
 }
@@ -363,6 +374,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("on_read", &self.on_read.is_some())
             .field("progress", &self.progress.is_some())
             .field("files_open_max", &self.files_open_max)
+            .field("dtype", &self.dtype)
             .finish()
     }
 }

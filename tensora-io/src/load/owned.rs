@@ -13,6 +13,7 @@ use super::session::{Session, Tally, WindowPlan, begin, touched_files};
 use super::{LoadOptions, Loaded};
 use crate::arena::{Arena, Pages};
 use crate::auto::Delivery;
+use crate::cast::DtypeTarget;
 use crate::error::LoadError;
 use crate::report::{Faults, Phases};
 use crate::seam::{Access, IoStats};
@@ -21,7 +22,13 @@ use crate::seam::{Access, IoStats};
 /// ([`Residence::Owned`](super::Residence::Owned), the default), or as zero-copy views of the files
 /// ([`Residence::Mapped`](super::Residence::Mapped)), or whichever `auto` picks
 /// ([`Residence::Auto`](super::Residence::Auto)). See the [module docs](mod@crate::load).
+///
+/// With [`LoadOptions::dtype`] other than `Stored`, an owned copy at the target dtype, each read
+/// converted as it lands (see [`LoadOptions::dtype`]).
 pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
+    if opts.dtype != DtypeTarget::Stored {
+        return super::cast::load_cast(ckpt, opts);
+    }
     let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Owned)?;
     session.load_part(&selected, phases, faults_before)
 }

@@ -24,6 +24,15 @@ pub(super) fn begin<'c>(
     opts: &'c LoadOptions,
     delivery: Delivery,
 ) -> Result<(Session<'c>, Vec<usize>, Phases, Faults), LoadError> {
+    if opts.dtype != crate::cast::DtypeTarget::Stored {
+        // Only `load` builds an arena at the target dtype (`super::cast`), and it reaches here
+        // with `Stored`: every other load hands out views of its own arena at the stored dtype.
+        let api = match delivery {
+            Delivery::Streaming => "a streaming load (load_streaming, load_runs, load_share_runs)",
+            _ => "a shared load (load_share)",
+        };
+        return Err(LoadError::CastNotSupportedHere { api, dtype: opts.dtype.as_str() });
+    }
     let faults_before = Faults::now();
     let mut phases = Phases::default();
     let t = Instant::now();

@@ -1,0 +1,295 @@
+//! The cast load ([`LoadOptions::dtype`]): one arena allocated at the target dtype, the stored
+//! bytes landing in a bounded staging window (a [`load_streaming`] run of at most
+//! [`CAST_STAGING_DEFAULT_BYTES`] per window), each landed piece converted into the arena by the
+//! worker that landed it, while it is hot in that core's cache ([`LoadOptions::on_read`]).
+//!
+//! A piece may start or end inside an element (a tensor at an odd file offset, split by the
+//! plan's chunks or a backend's steps): the bytes of such an element are gathered in the tensor's
+//! edge list and converted once all of them have landed. Every element is converted exactly once;
+//! the load checks the count before it builds the [`Loaded`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tensora_format::{Checkpoint, Dtype};
+
+use super::loaded::{Entry, Storage};
+use super::session::select;
+use super::{ArenaReuse, LoadOptions, Loaded, PieceRef, Residence, load_streaming};
+use crate::cast::{self, CastError, DtypeTarget, Simd};
+use crate::error::{BoxError, LoadError};
+use crate::report::{CastReport, CastTensor};
+use crate::seam::{Access, Destination};
+
+/// The bound on a cast load's staging window (and in-flight bytes), below
+/// [`LoadOptions::budget_bytes`] when that is larger. A tensor larger than it gets a window of
+/// its own size.
+pub const CAST_STAGING_DEFAULT_BYTES: u64 = 256 << 20;
+/// Where each tensor starts in a cast load's arena: a multiple of this (every element type's
+/// alignment, and a cache line, so two workers never write one line).
+pub const CAST_ALIGN_BYTES: u64 = 64;
+
+/// A cast load of the selection (see the [module docs](self)).
+pub(super) fn load_cast(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
+    let t = Instant::now();
+    let selected = select(ckpt, opts)?;
+    let layout = Layout::of(ckpt, &selected, opts.dtype)?;
+    let plan_seconds = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let len_bytes = layout.len_bytes;
+    let (arena, _) = opts
+        .arena_reuse
+        .arena(len_bytes, Access::Buffered)
+        .map_err(|source| LoadError::Arena { len_bytes, source })?;
+    let landing = Arc::new(Landing {
+        base_addr: arena.host_ptr().as_ptr() as usize,
+        len_bytes: arena.len_bytes(),
+        slots: layout.slots,
+        cast_nanos: AtomicU64::new(0),
+    });
+    let alloc_seconds = t.elapsed().as_secs_f64();
+
+    let staging_bytes = opts.budget_bytes.min(CAST_STAGING_DEFAULT_BYTES);
+    let user_on_read = opts.on_read.clone();
+    let hook_landing = Arc::clone(&landing);
+    let staged = LoadOptions {
+        residence: Residence::Owned,
+        arena_reuse: ArenaReuse::Fresh,
+        budget_bytes: staging_bytes,
+        dtype: DtypeTarget::Stored,
+        on_read: Some(Arc::new(move |p: &PieceRef<'_>| {
+            hook_landing.piece(p)?;
+            user_on_read.as_ref().map_or(Ok(()), |user| user(p))
+        })),
+        ..opts.clone()
+    };
+    let result = load_streaming(ckpt, &staged, |_| Ok(()));
+    // The hook (and its handle on the arena's address) goes before the arena can.
+    drop(staged);
+    let mut report = result?;
+    landing.check_complete(ckpt)?;
+
+    let t = Instant::now();
+    let mut entries = Vec::with_capacity(selected.len());
+    let mut cast = CastReport {
+        to: opts.dtype.dtype().map_or("", Dtype::as_str).to_owned(),
+        simd: Simd::detected().as_str().to_owned(),
+        staging_bytes,
+        ..CastReport::default()
+    };
+    for &i in &selected {
+        let stored = &ckpt.tensors()[i];
+        let Some(slot) = landing.slots.get(i).and_then(Option::as_ref) else { continue };
+        let info = if slot.from == slot.to {
+            cast.kept += 1;
+            stored.clone()
+        } else {
+            cast.tensors
+                .push(CastTensor { name: stored.name().to_owned(), from: slot.from.as_str().to_owned() });
+            cast.bytes_in += stored.len_bytes();
+            cast.bytes_out += slot.len_bytes;
+            // Checked by `Layout::of`.
+            stored.cast_to(slot.to).unwrap_or_else(|| stored.clone())
+        };
+        entries.push(Entry { info, file: 0, offset_bytes: slot.offset_bytes });
+    }
+    cast.seconds = landing.cast_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+    report.phases.plan += plan_seconds;
+    report.phases.io += alloc_seconds;
+    report.phases.finish += t.elapsed().as_secs_f64();
+    report.residence = Residence::Owned.as_str().to_owned();
+    report.reason = format!(
+        "{}; cast to {}: an owned copy at the target dtype, each read converted as it landed in a \
+         staging window of at most {staging_bytes} bytes",
+        report.reason, cast.to
+    );
+    report.tensors = entries.len();
+    report.cast = Some(cast);
+    report.finalize();
+    Ok(Loaded {
+        storage: Storage::Arena(arena),
+        arena_reuse: opts.arena_reuse,
+        entries,
+        by_name: Default::default(),
+        report,
+    })
+}
+
+/// Where each selected tensor goes in the cast arena, and the arena's length.
+struct Layout {
+    /// By checkpoint tensor index; `None` for a tensor not selected.
+    slots: Vec<Option<Slot>>,
+    len_bytes: u64,
+}
+
+impl Layout {
+    /// Refuses, before any read, a floating-point tensor with no cast to the target.
+    fn of(ckpt: &Checkpoint, selected: &[usize], target: DtypeTarget) -> Result<Layout, LoadError> {
+        let mut slots: Vec<Option<Slot>> = (0..ckpt.tensors().len()).map(|_| None).collect();
+        let mut cursor: u64 = 0;
+        for &i in selected {
+            let info = &ckpt.tensors()[i];
+            let named = |source| LoadError::Cast { tensor: info.name().to_owned(), source };
+            let from = info.dtype();
+            let to = target.cast_of(from).map_err(named)?.unwrap_or(from);
+            let len_bytes = info.cast_to(to).map(|c| c.len_bytes()).ok_or_else(|| {
+                named(CastError::Length {
+                    from,
+                    to,
+                    src_len_bytes: usize::try_from(info.len_bytes()).unwrap_or(usize::MAX),
+                    dst_len_bytes: 0,
+                })
+            })?;
+            let overflow = || LoadError::Plan(tensora_plan::PlanError::ArenaOverflow);
+            let offset_bytes = cursor.checked_next_multiple_of(CAST_ALIGN_BYTES).ok_or_else(overflow)?;
+            cursor = offset_bytes.checked_add(len_bytes).ok_or_else(overflow)?;
+            slots[i] = Some(Slot {
+                from,
+                to,
+                offset_bytes,
+                len_bytes,
+                converted_bytes: AtomicU64::new(0),
+                edges: Mutex::default(),
+            });
+        }
+        Ok(Layout { slots, len_bytes: cursor })
+    }
+}
+
+/// One tensor's place in the cast arena.
+struct Slot {
+    from: Dtype,
+    to: Dtype,
+    offset_bytes: u64,
+    /// Bytes at the target dtype.
+    len_bytes: u64,
+    /// Target bytes written so far (checked against `len_bytes` after the load).
+    converted_bytes: AtomicU64,
+    /// Elements split between pieces, gathered until whole. At most two per piece of the tensor
+    /// (one at each end), so bounded by the plan's reads and the backend's steps.
+    edges: Mutex<Vec<Edge>>,
+}
+
+/// The bytes of one element that straddles pieces, as they land.
+struct Edge {
+    elem: u64,
+    bytes: [u8; 8],
+    /// Bit `k` set: `bytes[k]` has landed.
+    landed: u8,
+}
+
+/// What the hook needs: the arena's address and the slots.
+struct Landing {
+    base_addr: usize,
+    len_bytes: u64,
+    slots: Vec<Option<Slot>>,
+    cast_nanos: AtomicU64,
+}
+
+impl Landing {
+    /// Convert the whole elements of a landed piece into the arena, and gather its partial ones.
+    fn piece(&self, p: &PieceRef<'_>) -> Result<(), BoxError> {
+        let Some(slot) = self.slots.get(p.tensor_index).and_then(Option::as_ref) else {
+            return Err(format!("a piece of tensor {:?}, which is not selected", p.info.name()).into());
+        };
+        let (se, de) = elem_sizes(slot)?;
+        let off = p.offset_in_tensor_bytes;
+        let end = off + p.bytes.len() as u64;
+        let (first, last) = (off.div_ceil(se), end / se);
+        if first > last {
+            // Inside one element.
+            return self.edge(slot, off / se, off % se, p.bytes);
+        }
+        if first < last {
+            let src = &p.bytes[(first * se - off) as usize..(last * se - off) as usize];
+            self.convert(slot, first * de, src)?;
+        }
+        if off % se != 0 {
+            self.edge(slot, off / se, off % se, &p.bytes[..(first * se - off) as usize])?;
+        }
+        if end % se != 0 {
+            self.edge(slot, last, 0, &p.bytes[(last * se - off) as usize..])?;
+        }
+        Ok(())
+    }
+
+    /// Convert `src` (whole stored elements) into the slot's bytes from `at_bytes` on.
+    fn convert(&self, slot: &Slot, at_bytes: u64, src: &[u8]) -> Result<(), BoxError> {
+        let (se, de) = elem_sizes(slot)?;
+        let len_bytes = src.len() as u64 / se * de;
+        if at_bytes + len_bytes > slot.len_bytes {
+            return Err(format!(
+                "cast output {at_bytes}+{len_bytes} outside a tensor of {} bytes",
+                slot.len_bytes
+            )
+            .into());
+        }
+        let start = slot.offset_bytes + at_bytes;
+        if start + len_bytes > self.len_bytes {
+            return Err("cast output outside the arena".into());
+        }
+        // SAFETY: the range lies inside the arena (checked above), which outlives the load that
+        // runs this hook (`load_cast` drops the hook before the arena). Slots are disjoint, the
+        // pieces of one tensor never overlap, and a straddling element is converted once, under
+        // its slot's lock: no two writers and no reader share these bytes during the load.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut((self.base_addr + start as usize) as *mut u8, len_bytes as usize)
+        };
+        let t = Instant::now();
+        cast::convert(slot.from, slot.to, src, dst)?;
+        self.cast_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        slot.converted_bytes.fetch_add(len_bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Gather `bytes` of element `elem` from byte `at` of it; convert it once all have landed.
+    fn edge(&self, slot: &Slot, elem: u64, at: u64, bytes: &[u8]) -> Result<(), BoxError> {
+        let (se, de) = elem_sizes(slot)?;
+        let mut edges = slot.edges.lock().unwrap_or_else(|p| p.into_inner());
+        let k = match edges.iter().position(|e| e.elem == elem) {
+            Some(k) => k,
+            None => {
+                edges.push(Edge { elem, bytes: [0; 8], landed: 0 });
+                edges.len() - 1
+            }
+        };
+        let e = &mut edges[k];
+        for (j, &b) in bytes.iter().enumerate() {
+            let at = at as usize + j;
+            e.bytes[at] = b;
+            e.landed |= 1 << at;
+        }
+        if u64::from(e.landed.count_ones()) == se {
+            let whole = edges.swap_remove(k);
+            self.convert(slot, elem * de, &whole.bytes[..se as usize])?;
+        }
+        Ok(())
+    }
+
+    /// Every selected tensor's bytes were all converted (a plan that skipped one would leave
+    /// zeros; this makes it an error instead).
+    fn check_complete(&self, ckpt: &Checkpoint) -> Result<(), LoadError> {
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(slot) = slot else { continue };
+            let done = slot.converted_bytes.load(Ordering::Relaxed);
+            if done != slot.len_bytes {
+                return Err(LoadError::Incomplete {
+                    backend: format!("cast ({done} of {} bytes converted)", slot.len_bytes),
+                    tensor: ckpt.tensors()[i].name().to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Bytes per element of the slot's two dtypes (whole bytes, at most 8: checked by `Layout::of`
+/// through `cast_of` and `cast_to`).
+fn elem_sizes(slot: &Slot) -> Result<(u64, u64), BoxError> {
+    match (slot.from.size_bytes(), slot.to.size_bytes()) {
+        (Some(se), Some(de)) if se <= 8 => Ok((se, de)),
+        _ => Err(format!("no element-wise copy of {} to {}", slot.from, slot.to).into()),
+    }
+}
