@@ -87,8 +87,12 @@ impl ExportMeta {
 /// `manifest`: a manifest's path; every tensor's digest is checked against it as its bytes land
 /// (`tensora_verify::verified`), and the first that does not match raises `VerifyError` before
 /// anything is returned.
+///
+/// `dtype` (`"bf16"`, `"f16"`, `"f32"`, their torch/numpy names, or `None`): floating-point
+/// tensors delivered in that dtype, each read converted as it lands into an owned buffer at the
+/// target dtype (`tensora_io::cast`); the report's `cast` names the converted tensors.
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None, dtype=None))]
 #[allow(clippy::too_many_arguments)] // the Python keyword arguments of `load_file`
 pub(crate) fn load<'py>(
     py: Python<'py>,
@@ -99,9 +103,11 @@ pub(crate) fn load<'py>(
     residence: &str,
     manifest: Option<PathBuf>,
     remote: Option<&Bound<'py, PyDict>>,
+    dtype: Option<&str>,
 ) -> PyResult<(Bound<'py, PyDict>, String)> {
     let cancel = Arc::new(AtomicBool::new(false));
     let mut opts = LoadOptions {
+        dtype: crate::dtype_target(dtype)?,
         backend: crate::backend(backend)?,
         residence: crate::residence(residence)?,
         selection: selection(select)?,

@@ -183,6 +183,7 @@ def load_file(
     manifest: Optional[PathLike] = None,
     cache: Optional[PathLike] = None,
     remote: Optional[RemoteOptions] = None,
+    dtype: Any = None,
 ) -> Dict[str, Any]:
     """Load every tensor (or the selected ones) of a checkpoint, like
     ``safetensors.numpy.load_file`` (``framework="np"``) or ``safetensors.torch.load_file``
@@ -239,8 +240,20 @@ def load_file(
     Every array is aligned for its dtype: a tensor whose file offset is not a multiple of its
     element size (safetensors allows it; HF's writer never does it) is handed out as an aligned
     copy of its own, counted in the report's ``aligned_copies``.
+
+    ``dtype`` (``"bf16"``, ``"f16"``, ``"f32"``, ``torch.bfloat16``/``float16``/``float32``,
+    ``numpy.float16``/``float32``): floating-point tensors (F32, BF16, F16, F8_E4M3, F8_E5M2) are
+    delivered in that dtype, bit-exact with torch's ``.to()``, each read converted as it lands
+    into one owned buffer allocated at the target dtype (no full-size copy at the stored dtype;
+    the stored bytes pass through a staging window of at most 256 MiB). Integer and boolean
+    tensors keep their dtype; another floating-point dtype (F64, ...) raises ``LoadError`` naming
+    the tensor and both dtypes. A cast load is always owned, whatever ``residence`` says (views
+    of the file cannot change dtype). The report's ``cast`` lists the converted tensors and the
+    seconds spent converting.
     """
-    return load_file_with_report(path, framework, select, backend, progress, residence, manifest, cache, remote)[0]
+    return load_file_with_report(
+        path, framework, select, backend, progress, residence, manifest, cache, remote, dtype
+    )[0]
 
 
 def load_file_with_report(
@@ -253,11 +266,14 @@ def load_file_with_report(
     manifest: Optional[PathLike] = None,
     cache: Optional[PathLike] = None,
     remote: Optional[RemoteOptions] = None,
+    dtype: Any = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
     and why, then the backend's own reason), ``io_mode`` (``"mapped"`` for zero-copy views),
     ``bytes_selected``, ``seconds``, ``gbps``, ``phases``, the page-fault counts, and
-    ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``).
+    ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``),
+    and with ``dtype=`` ``cast`` (``to``, ``tensors``: each converted tensor's ``name`` and stored
+    dtype ``from``, ``kept``, ``bytes_in``, ``bytes_out``, ``seconds`` converting, ``simd``).
     For a URL also ``url`` (redacted), ``requests``, ``retry_seconds``, the open's requests,
     ``cache`` (hits, bytes written, objects promoted) and ``concurrency`` (the depth the transfer
     settled on, and why)."""
@@ -265,8 +281,20 @@ def load_file_with_report(
     m = None if manifest is None else os.fspath(manifest)
     residence = _default_residence(fw) if residence is None else residence
     r = _remote_dict(remote, cache)
-    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m, r)
+    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m, r, _dtype_name(dtype))
     return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
+
+
+def _dtype_name(dtype: Any) -> Optional[str]:
+    """``dtype=`` as the native side's name: a string as given, a torch dtype as its name
+    (``torch.bfloat16`` -> ``"bfloat16"``), anything numpy takes for a dtype as numpy's name."""
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    if type(dtype).__module__ == "torch":
+        return str(dtype).removeprefix("torch.")
+    import numpy
+
+    return numpy.dtype(dtype).name
 
 
 class _Slice:
