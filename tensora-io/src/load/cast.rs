@@ -206,10 +206,10 @@ impl Landing {
             let src = &p.bytes[(first * se - off) as usize..(last * se - off) as usize];
             self.convert(slot, first * de, src)?;
         }
-        if off % se != 0 {
+        if !off.is_multiple_of(se) {
             self.edge(slot, off / se, off % se, &p.bytes[..(first * se - off) as usize])?;
         }
-        if end % se != 0 {
+        if !end.is_multiple_of(se) {
             self.edge(slot, last, 0, &p.bytes[(last * se - off) as usize..])?;
         }
         Ok(())
