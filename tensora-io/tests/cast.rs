@@ -173,11 +173,35 @@ fn a_float_dtype_with_no_cast_fails_before_reading_and_names_the_tensor() {
 }
 
 #[test]
-fn loads_that_hand_out_their_own_arena_refuse_a_cast() {
+fn a_streaming_load_refuses_a_cast() {
     let g = generate(5, &[vec![(Dtype::F32, vec![8])]]);
     let ckpt = g.open();
     let opts = LoadOptions { dtype: DtypeTarget::F16, ..LoadOptions::default() };
     let streaming = load_streaming(&ckpt, &opts, |_| Ok(()));
-    assert!(matches!(streaming, Err(LoadError::CastNotSupportedHere { dtype: "f16", .. })), "{streaming:?}");
-    assert!(matches!(load_runs(&ckpt, &opts), Err(LoadError::CastNotSupportedHere { .. })));
+    assert!(
+        matches!(streaming, Err(LoadError::CastNotSupportedHere { api: "load_streaming", dtype: "f16" })),
+        "{streaming:?}"
+    );
+}
+
+#[test]
+fn runs_are_cast_loads_of_their_tensors() {
+    let (g, stored) = mixed();
+    let ckpt = g.open();
+    let opts = LoadOptions { dtype: DtypeTarget::BF16, budget_bytes: 512 << 10, ..LoadOptions::default() };
+    let mut seen = std::collections::BTreeMap::new();
+    let mut runs = 0;
+    for run in load_runs(&ckpt, &opts).unwrap() {
+        let run = run.unwrap();
+        runs += 1;
+        assert!(run.report().cast.is_some());
+        for t in run.tensors() {
+            seen.insert(t.name().to_owned(), (t.dtype(), t.bytes().to_vec()));
+        }
+    }
+    assert!(runs > 2, "{runs} runs");
+    assert_eq!(seen.len(), stored.len());
+    for (name, (from, bytes)) in &stored {
+        assert_eq!(seen[name], expected(*from, DtypeTarget::BF16, bytes), "{name}");
+    }
 }

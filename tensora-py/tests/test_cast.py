@@ -90,3 +90,12 @@ def test_a_float_dtype_with_no_cast_is_an_error_naming_tensor_and_dtypes(tmp_pat
     save_file({"w": torch.ones(4, dtype=torch.float64)}, str(path))
     with pytest.raises(tensora.LoadError, match=r'"w".*F64 to BF16'):
         tensora.load_file(path, dtype=torch.bfloat16)
+
+
+def test_weights_iterator_yields_cast_runs(stored):
+    path, tensors = stored
+    got = dict(tensora.weights_iterator(path, framework="pt", budget=1 << 20, dtype=torch.bfloat16))
+    assert sorted(got) == sorted(tensors)
+    for name, want in tensors.items():
+        target = torch.bfloat16 if want.is_floating_point() else want.dtype
+        assert torch.equal(_bits(got[name]), _bits(want.to(target))), name

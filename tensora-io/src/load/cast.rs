@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tensora_format::{Checkpoint, Dtype};
+use tensora_format::{Checkpoint, Dtype, Selection};
 
 use super::loaded::{Entry, Storage};
 use super::session::select;
@@ -34,8 +34,20 @@ pub const CAST_ALIGN_BYTES: u64 = 64;
 pub(super) fn load_cast(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
     let t = Instant::now();
     let selected = select(ckpt, opts)?;
-    let layout = Layout::of(ckpt, &selected, opts.dtype)?;
-    let plan_seconds = t.elapsed().as_secs_f64();
+    load_cast_part(ckpt, opts, &selected, opts.selection.clone(), t)
+}
+
+/// A cast load of `selected` (tensor indexes, in delivery order), which `selection` names for
+/// the staging load; `started` is when its planning began.
+pub(super) fn load_cast_part(
+    ckpt: &Checkpoint,
+    opts: &LoadOptions,
+    selected: &[usize],
+    selection: Selection,
+    started: Instant,
+) -> Result<Loaded, LoadError> {
+    let layout = Layout::of(ckpt, selected, opts.dtype)?;
+    let plan_seconds = started.elapsed().as_secs_f64();
 
     let t = Instant::now();
     let len_bytes = layout.len_bytes;
@@ -58,6 +70,7 @@ pub(super) fn load_cast(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded,
         residence: Residence::Owned,
         arena_reuse: ArenaReuse::Fresh,
         budget_bytes: staging_bytes,
+        selection,
         dtype: DtypeTarget::Stored,
         on_read: Some(Arc::new(move |p: &PieceRef<'_>| {
             hook_landing.piece(p)?;
@@ -79,7 +92,7 @@ pub(super) fn load_cast(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded,
         staging_bytes,
         ..CastReport::default()
     };
-    for &i in &selected {
+    for &i in selected {
         let stored = &ckpt.tensors()[i];
         let Some(slot) = landing.slots.get(i).and_then(Option::as_ref) else { continue };
         let info = if slot.from == slot.to {

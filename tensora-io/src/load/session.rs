@@ -17,6 +17,15 @@ use crate::error::LoadError;
 use crate::report::{Faults, LoadReport, Phases, peak_rss_bytes};
 use crate::seam::{Budget, IoBackend, IoStats};
 
+/// Refuse a dtype cast in `api`, a load that hands out views of its own arena at the stored
+/// dtype (only `load` and `load_runs` build arenas at the target dtype, in `super::cast`).
+pub(super) fn refuse_cast(opts: &LoadOptions, api: &'static str) -> Result<(), LoadError> {
+    match opts.dtype {
+        crate::cast::DtypeTarget::Stored => Ok(()),
+        other => Err(LoadError::CastNotSupportedHere { api, dtype: other.as_str() }),
+    }
+}
+
 /// What every load starts with: the page-fault counters, the selection (billed to the `plan`
 /// phase) and the session with its backend (billed to `open`).
 pub(super) fn begin<'c>(
@@ -24,15 +33,6 @@ pub(super) fn begin<'c>(
     opts: &'c LoadOptions,
     delivery: Delivery,
 ) -> Result<(Session<'c>, Vec<usize>, Phases, Faults), LoadError> {
-    if opts.dtype != crate::cast::DtypeTarget::Stored {
-        // Only `load` builds an arena at the target dtype (`super::cast`), and it reaches here
-        // with `Stored`: every other load hands out views of its own arena at the stored dtype.
-        let api = match delivery {
-            Delivery::Streaming => "a streaming load (load_streaming, load_runs, load_share_runs)",
-            _ => "a shared load (load_share)",
-        };
-        return Err(LoadError::CastNotSupportedHere { api, dtype: opts.dtype.as_str() });
-    }
     let faults_before = Faults::now();
     let mut phases = Phases::default();
     let t = Instant::now();

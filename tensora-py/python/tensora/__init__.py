@@ -396,6 +396,7 @@ def weights_iterator(
     backend: str = "auto",
     residence: Optional[str] = None,
     manifest: Optional[PathLike] = None,
+    dtype: Any = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
 
@@ -414,6 +415,8 @@ def weights_iterator(
     caveat).
     ``manifest`` (one for the whole model, all files): each tensor is checked as it lands and is
     yielded only if it matches; the first that does not raises ``VerifyError`` from the loop.
+    ``dtype`` is as in ``load_file``: each run is converted as it lands into its own owned
+    buffer at the target dtype.
     """
     fw = _check_framework(framework)
     if isinstance(path_or_files, (str, os.PathLike)):
@@ -422,7 +425,7 @@ def weights_iterator(
         paths = [os.fspath(p) for p in path_or_files]
     m = None if manifest is None else os.fspath(manifest)
     residence = _default_residence(fw) if residence is None else residence
-    stream = _native.open_stream(paths, select, budget, backend, residence, m)
+    stream = _native.open_stream(paths, select, budget, backend, residence, m, _dtype_name(dtype))
     try:
         for name, data in stream:
             yield name, _convert(data, fw)
