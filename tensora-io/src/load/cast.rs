@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use tensora_format::{Checkpoint, Dtype, Selection};
 
-use super::loaded::{Entry, Storage};
+use super::loaded::Entry;
 use super::session::select;
 use super::{ArenaReuse, LoadOptions, Loaded, PieceRef, Residence, load_streaming};
 use crate::cast::{self, CastError, DtypeTarget, Simd};
@@ -121,13 +121,7 @@ pub(super) fn load_cast_part(
     report.tensors = entries.len();
     report.cast = Some(cast);
     report.finalize();
-    Ok(Loaded {
-        storage: Storage::Arena(arena),
-        arena_reuse: opts.arena_reuse,
-        entries,
-        by_name: Default::default(),
-        report,
-    })
+    Ok(Loaded::in_arena(arena, opts.arena_reuse, entries, report))
 }
 
 /// Where each selected tensor goes in the cast arena, and the arena's length.

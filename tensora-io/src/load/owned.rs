@@ -6,7 +6,7 @@ use std::time::Instant;
 use tensora_format::Checkpoint;
 
 use super::files::FileSet;
-use super::loaded::{Entry, Storage};
+use super::loaded::Entry;
 use super::mapped::load_mapped;
 use super::run::{Outlives, SubDest};
 use super::session::{Session, Tally, WindowPlan, begin, touched_files};
@@ -139,13 +139,7 @@ impl Session<'_> {
             windows: owned.plans.len(),
         };
         let report = self.report(phases, &stats, tally, faults_before);
-        Ok(Loaded {
-            storage: Storage::Arena(arena),
-            arena_reuse: opts.arena_reuse,
-            entries,
-            by_name: Default::default(),
-            report,
-        })
+        Ok(Loaded::in_arena(arena, opts.arena_reuse, entries, report))
     }
 
     /// Run every plan into its part of `arena`, one after another. Into fresh memory helper
