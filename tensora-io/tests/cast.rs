@@ -96,15 +96,19 @@ fn every_backend_delivers_each_target_dtype_converted_in_windows_and_chunks() {
 }
 
 #[test]
-fn views_are_refused_in_favour_of_an_owned_cast_copy() {
+fn views_become_an_owned_cast_copy_converted_from_the_mapping_under_mapped() {
     let (g, stored) = mixed();
     let ckpt = g.open();
-    for residence in [Residence::Mapped(files_unchanged()), Residence::Auto(files_unchanged())] {
+    for (residence, source) in [
+        (Residence::Mapped(files_unchanged()), "straight from views of the files"),
+        (Residence::Auto(files_unchanged()), "staging window"),
+    ] {
         let opts = LoadOptions { residence, dtype: DtypeTarget::BF16, ..LoadOptions::default() };
         let loaded = load(&ckpt, &opts).unwrap();
         check(&loaded, &stored, DtypeTarget::BF16);
         assert_eq!(loaded.report().residence, "owned");
-        assert!(loaded.report().reason.contains("cast to BF16: an owned copy"), "{}", loaded.report().reason);
+        let reason = &loaded.report().reason;
+        assert!(reason.contains("cast to BF16: an owned copy") && reason.contains(source), "{reason}");
     }
 }
 

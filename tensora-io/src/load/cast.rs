@@ -17,11 +17,11 @@ use tensora_format::{Checkpoint, Dtype, Selection};
 use super::loaded::Entry;
 use super::owned::Memory;
 use super::session::select;
-use super::{ArenaReuse, LoadOptions, Loaded, PieceRef, Residence, load_streaming};
+use super::{ArenaReuse, FilesUnchanged, LoadOptions, Loaded, PieceRef, Residence, load_streaming};
 use crate::arena::{Arena, Pages};
 use crate::cast::{self, CastError, DtypeTarget, Simd};
 use crate::error::{BoxError, LoadError};
-use crate::report::{CastReport, CastTensor};
+use crate::report::{CastReport, CastTensor, LoadReport};
 use crate::seam::{Access, Destination};
 
 /// The bound on a cast load's staging window (and in-flight bytes), below
@@ -65,33 +65,23 @@ pub(super) fn load_cast_part(
     });
     let alloc_seconds = t.elapsed().as_secs_f64();
 
-    let staging_bytes = opts.budget_bytes.min(CAST_STAGING_DEFAULT_BYTES);
-    let user_on_read = opts.on_read.clone();
-    let hook_landing = Arc::clone(&landing);
-    let staged = LoadOptions {
-        residence: Residence::Owned,
-        arena_reuse: ArenaReuse::Fresh,
-        budget_bytes: staging_bytes,
-        selection,
-        dtype: DtypeTarget::Stored,
-        on_read: Some(Arc::new(move |p: &PieceRef<'_>| {
-            hook_landing.piece(p)?;
-            user_on_read.as_ref().map_or(Ok(()), |user| user(p))
-        })),
-        ..opts.clone()
+    let staging_bytes = match opts.residence {
+        Residence::Mapped(_) => 0,
+        _ => opts.budget_bytes.min(CAST_STAGING_DEFAULT_BYTES),
     };
     let io_done = AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
         let ahead = (memory == Memory::Fresh).then(|| scope.spawn(|| fault_in_ahead(&arena, &io_done)));
-        let result = load_streaming(ckpt, &staged, |_| Ok(()));
+        let result = match opts.residence {
+            Residence::Mapped(promise) => from_views(ckpt, opts, promise, selection, &landing),
+            _ => through_staging(ckpt, opts, staging_bytes, selection, &landing),
+        };
         io_done.store(true, Ordering::Release);
         if let Some(Err(panic)) = ahead.map(|h| h.join()) {
             std::panic::resume_unwind(panic);
         }
         result
     });
-    // The hook (and its handle on the arena's address) goes before the arena can.
-    drop(staged);
     let mut report = result?;
     landing.check_complete(ckpt)?;
 
@@ -124,15 +114,107 @@ pub(super) fn load_cast_part(
     report.phases.io += alloc_seconds;
     report.phases.finish += t.elapsed().as_secs_f64();
     report.residence = Residence::Owned.as_str().to_owned();
-    report.reason = format!(
-        "{}; cast to {}: an owned copy at the target dtype, each read converted as it landed in a \
-         staging window of at most {staging_bytes} bytes",
-        report.reason, cast.to
-    );
+    let source = match staging_bytes {
+        0 => "converted straight from views of the files (residence mapped)".to_owned(),
+        n => format!("each read converted as it landed in a staging window of at most {n} bytes"),
+    };
+    report.reason =
+        format!("{}; cast to {}: an owned copy at the target dtype, {source}", report.reason, cast.to);
     report.tensors = entries.len();
     report.cast = Some(cast);
     report.finalize();
     Ok(Loaded::in_arena(arena, opts.arena_reuse, entries, report))
+}
+
+/// The stored bytes through a staging window of `staging_bytes`: a [`load_streaming`] run whose
+/// `on_read` hook converts each landed piece into the arena.
+fn through_staging(
+    ckpt: &Checkpoint,
+    opts: &LoadOptions,
+    staging_bytes: u64,
+    selection: Selection,
+    landing: &Arc<Landing>,
+) -> Result<LoadReport, LoadError> {
+    let user_on_read = opts.on_read.clone();
+    let hook_landing = Arc::clone(landing);
+    let staged = LoadOptions {
+        residence: Residence::Owned,
+        arena_reuse: ArenaReuse::Fresh,
+        budget_bytes: staging_bytes,
+        selection,
+        dtype: DtypeTarget::Stored,
+        on_read: Some(Arc::new(move |p: &PieceRef<'_>| {
+            hook_landing.piece(p)?;
+            user_on_read.as_ref().map_or(Ok(()), |user| user(p))
+        })),
+        ..opts.clone()
+    };
+    load_streaming(ckpt, &staged, |_| Ok(()))
+}
+
+/// Source bytes converted per work item of [`from_views`].
+const VIEW_CHUNK_BYTES: usize = 4 << 20;
+
+/// Under the caller's files-unchanged promise ([`Residence::Mapped`]): map the files (every page
+/// read in, as a mapped load does), then convert straight from the page cache into the arena on
+/// [`LoadOptions::threads`] workers, in chunks of [`VIEW_CHUNK_BYTES`]: no staging copy. The
+/// mapping is gone when this returns.
+fn from_views(
+    ckpt: &Checkpoint,
+    opts: &LoadOptions,
+    promise: FilesUnchanged,
+    selection: Selection,
+    landing: &Landing,
+) -> Result<LoadReport, LoadError> {
+    let views_opts = LoadOptions {
+        residence: Residence::Mapped(promise),
+        arena_reuse: ArenaReuse::Fresh,
+        selection,
+        dtype: DtypeTarget::Stored,
+        ..opts.clone()
+    };
+    let views = super::load(ckpt, &views_opts)?;
+    let t = Instant::now();
+    // (tensor in `views`, checkpoint index, start, length): bounded by the bytes / the chunk.
+    let mut items: Vec<(usize, usize, usize, usize)> = Vec::new();
+    for (k, tensor) in views.tensors().enumerate() {
+        let Some(i) = ckpt.tensor_index(tensor.name()) else { continue };
+        let se = tensor.dtype().size_bytes().unwrap_or(1) as usize;
+        let step = (VIEW_CHUNK_BYTES / se).max(1) * se;
+        let len = tensor.bytes().len();
+        items.extend((0..len).step_by(step).map(|at| (k, i, at, step.min(len - at))));
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed: Mutex<Option<LoadError>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..opts.threads.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&(k, i, at, len)) = items.get(n) else { return };
+                    let tensor = views.get(k);
+                    let converted = match landing.slots.get(i).and_then(Option::as_ref) {
+                        Some(slot) => elem_sizes(slot).and_then(|(se, de)| {
+                            landing.convert(slot, at as u64 / se * de, &tensor.bytes()[at..at + len])
+                        }),
+                        None => Err("a view of a tensor that is not selected".into()),
+                    };
+                    if let Err(source) = converted {
+                        let mut slot = failed.lock().unwrap_or_else(|p| p.into_inner());
+                        slot.get_or_insert(LoadError::Callback { tensor: tensor.name().to_owned(), source });
+                        next.store(items.len(), Ordering::Relaxed);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    let mut report = views.report().clone();
+    report.phases.io += t.elapsed().as_secs_f64();
+    Ok(report)
 }
 
 /// The step of [`fault_in_ahead`]: each is timed, so the arena gives up huge pages that fault in

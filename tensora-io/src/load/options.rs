@@ -264,7 +264,8 @@ pub struct LoadOptions {
     /// converts each read as it lands, from a bounded staging window
     /// ([`CAST_STAGING_DEFAULT_BYTES`](crate::load::CAST_STAGING_DEFAULT_BYTES)); its tensors
     /// are always an owned copy, whatever [`LoadOptions::residence`] asks (views of the files
-    /// cannot change dtype). `on_read` and `on_tensor` hooks see the stored bytes. Integer and
+    /// cannot change dtype); under [`Residence::Mapped`] the workers convert straight from the
+    /// mapped files (read in first) instead. `on_read` and `on_tensor` hooks see the stored bytes. Integer and
     /// boolean tensors keep their dtype; a floating-point dtype with no cast fails the load
     /// before any read ([`LoadError::Cast`](crate::LoadError::Cast)).
     pub dtype: DtypeTarget,
