@@ -323,6 +323,9 @@ fn dtype_casts_every_float_tensor_and_reports_them() {
         assert_eq!(r["residence"], "owned");
         let text = String::from_utf8(tensora_load(&[&path, "--dtype", dtype]).stdout).unwrap();
         assert!(text.contains(&format!("cast         {} tensor(s) to {to}", want.len())), "{text}");
+        let mapped = report(&[&path, "--json", "--dtype", dtype, "--mapped"]);
+        assert_eq!(mapped["cast"]["tensors"], r["cast"]["tensors"]);
+        assert!(mapped["reason"].as_str().unwrap().contains("straight from views of the files"), "{mapped}");
     }
     let line = assert_one_plain_error_line(&tensora_load(&[&path, "--dtype", "f64"]), "f64");
     assert!(line.contains("bf16, f16, f32"), "{line}");
