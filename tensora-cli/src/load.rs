@@ -56,6 +56,11 @@ pub struct Args {
     /// Stream: hand out each tensor as soon as it lands, recycling memory within the budget.
     #[arg(long)]
     pub stream: bool,
+    /// Deliver floating-point tensors as bf16, f16 or f32, each read converted as it lands into
+    /// an owned arena at that dtype (integer and boolean tensors keep theirs). Not with --stream;
+    /// with --mapped the tensors are an owned copy.
+    #[arg(long, value_name = "bf16|f16|f32", conflicts_with = "stream")]
+    pub dtype: Option<tensora_io::DtypeTarget>,
     /// Zero-copy: views into a private mapping of the files instead of an owned arena, every
     /// selected page read in. Only for files nothing truncates or rewrites while the load runs
     /// (truncation kills the process with SIGBUS).
@@ -176,6 +181,9 @@ fn common_options(args: &Args, opts: &mut LoadOptions) -> Progress {
     }
     if let Some(b) = args.budget {
         opts.budget_bytes = b;
+    }
+    if let Some(dtype) = args.dtype {
+        opts.dtype = dtype;
     }
     // `--json` output is for a machine: no bar even on a terminal.
     let show = if args.json { Show::Never } else { Show::OnTerminal };
@@ -315,6 +323,19 @@ fn write_text(out: &mut impl Write, r: &LoadReport) -> std::io::Result<()> {
     )?;
     writeln!(out, "inflight     peak {} bytes, {} retries", r.peak_inflight_bytes, r.retries)?;
     writeln!(out, "faults       {} minor, {} major", r.minor_faults, r.major_faults)?;
+    if let Some(c) = &r.cast {
+        writeln!(
+            out,
+            "cast         {} tensor(s) to {} ({} bytes in, {} out, {:.3} s converting, {}), {} kept",
+            c.tensors.len(),
+            c.to,
+            c.bytes_in,
+            c.bytes_out,
+            c.seconds,
+            c.simd,
+            c.kept
+        )?;
+    }
     writeln!(out, "peak rss     {} bytes", r.peak_rss_bytes)
 }
 
@@ -340,5 +361,19 @@ mod tests {
         assert!(parse_backend("floppy").unwrap_err().contains("sync"));
         assert!(matches!(parse_backend("auto"), Ok(BackendChoice::Auto)));
         assert!(matches!(parse_backend("mmap"), Ok(BackendChoice::Named(n)) if n == "mmap"));
+    }
+
+    #[test]
+    fn dtype_names_are_checked() {
+        use clap::Parser as _;
+        let parse = |dtype: &str| match crate::Cli::try_parse_from(["tensora", "load", "m", "--dtype", dtype])
+        {
+            Ok(crate::Cli { command: crate::Command::Load(args) }) => Ok(args.dtype),
+            Ok(other) => Err(format!("not a load: {other:?}")),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(parse("bf16"), Ok(Some(tensora_io::DtypeTarget::BF16)));
+        assert_eq!(parse("f32"), Ok(Some(tensora_io::DtypeTarget::F32)));
+        assert!(parse("f64").unwrap_err().contains("bf16, f16, f32"));
     }
 }

@@ -294,3 +294,36 @@ fn lazy_index_parses_only_the_shards_holding_the_selection_and_says_so() {
     let bare = tensora_load(&[path, "--lazy-index"]);
     assert!(!bare.status.success());
 }
+
+#[test]
+fn dtype_casts_every_float_tensor_and_reports_them() {
+    let path = format!("{REAL}/fracast-0.safetensors");
+    let ckpt = tensora_format::open(&path).unwrap();
+    for (dtype, to) in [("bf16", "BF16"), ("f32", "F32")] {
+        let r = report(&[&path, "--json", "--dtype", dtype]);
+        let cast = &r["cast"];
+        assert_eq!(cast["to"], to, "{r}");
+        let mut names: Vec<&str> =
+            cast["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+        names.sort_unstable();
+        let mut want: Vec<&str> = ckpt
+            .tensors()
+            .iter()
+            .filter(|t| {
+                let d = t.dtype().as_str();
+                ["F32", "BF16", "F16", "F8_E4M3", "F8_E5M2"].contains(&d) && d != to
+            })
+            .map(|t| t.name())
+            .collect();
+        want.sort_unstable();
+        assert_eq!(names, want, "{dtype}");
+        assert_eq!(r["residence"], "owned");
+        let text = String::from_utf8(tensora_load(&[&path, "--dtype", dtype]).stdout).unwrap();
+        assert!(text.contains(&format!("cast         {} tensor(s) to {to}", want.len())), "{text}");
+        let mapped = report(&[&path, "--json", "--dtype", dtype, "--mapped"]);
+        assert_eq!(mapped["cast"]["tensors"], r["cast"]["tensors"]);
+        assert!(mapped["reason"].as_str().unwrap().contains("straight from views of the files"), "{mapped}");
+    }
+    let line = assert_one_plain_error_line(&tensora_load(&[&path, "--dtype", "f64"]), "f64");
+    assert!(line.contains("bf16, f16, f32"), "{line}");
+}

@@ -317,6 +317,27 @@ impl TensorInfo {
         // Cannot overflow: the parser checked `numel * bits` fits in u64.
         self.shape().iter().product()
     }
+    /// The same tensor delivered as `dtype` (a cast copy): `dtype` and [`TensorInfo::len_bytes`]
+    /// are those of the copy (the stored length's elements at the new size); name, shape,
+    /// strides (in elements), file and offset stay those of the stored bytes. `None` when either
+    /// dtype is sub-byte or the stored length is not a whole number of elements.
+    ///
+    /// ```
+    /// # let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+    /// # let ckpt = tensora_format::sllm::open_dir(std::path::Path::new(dir))?;
+    /// let t = ckpt.tensor("layers.0.norm.weight").unwrap(); // F32, 64 elements
+    /// let cast = t.cast_to(tensora_format::Dtype::BF16).unwrap();
+    /// assert_eq!((cast.len_bytes(), cast.nbytes(), cast.shape()), (128, 128, t.shape()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cast_to(&self, dtype: Dtype) -> Option<TensorInfo> {
+        let (from_size, to_size) = (self.dtype.size_bytes()?, dtype.size_bytes()?);
+        if !self.len_bytes.is_multiple_of(from_size) {
+            return None;
+        }
+        let len_bytes = (self.len_bytes / from_size).checked_mul(to_size)?;
+        Some(TensorInfo { dtype, len_bytes, ..self.clone() })
+    }
     /// `numel × bits / 8`: the bytes of the tensor's data as a dense array. A digest of a tensor
     /// covers exactly these bytes from [`TensorInfo::offset_bytes`].
     pub fn nbytes(&self) -> u64 {

@@ -105,6 +105,24 @@ pub enum LoadError {
         /// Why.
         kind: ReadErrorKind,
     },
+    /// A tensor's stored dtype has no cast to the dtype asked for (see [`convert`](crate::convert)).
+    #[error("tensor {tensor:?}: {source}")]
+    Cast {
+        /// The tensor.
+        tensor: String,
+        /// The dtypes (`CastError::Unsupported`).
+        #[source]
+        source: crate::cast::CastError,
+    },
+    /// A load other than [`load`](crate::load())/[`load_path`](crate::load_path) was asked for a
+    /// dtype cast: only an owned load builds the copy at the target dtype.
+    #[error("{api} cannot cast (dtype {dtype}): cast with load or load_path")]
+    CastNotSupportedHere {
+        /// The API called.
+        api: &'static str,
+        /// The dtype asked for.
+        dtype: &'static str,
+    },
     /// The destination arena could not be allocated.
     #[error("allocating a {len_bytes}-byte arena: {source}")]
     Arena {

@@ -37,6 +37,7 @@
 mod arena;
 mod auto;
 mod backends;
+mod cast;
 mod error;
 #[cfg(feature = "fault-injection")]
 mod fault;
@@ -53,19 +54,21 @@ pub use backends::mmap::{MmapBackend, MmapConfig};
 pub use backends::registry;
 pub use backends::sync::{Pread, ReadAt, SyncBackend};
 pub use backends::uring::{UringBackend, UringConfig, probe as uring_probe};
+pub use cast::{CastError, DtypeTarget, Simd, convert, convert_with};
 pub use error::{BoxError, LoadError, ViewError};
 #[cfg(feature = "fault-injection")]
 pub use fault::{Fault, FaultPlan, FaultySource};
 #[cfg(feature = "async")]
 pub use load::load_async;
 pub use load::{
-    ArenaReuse, BackendChoice, Element, FilesUnchanged, IoMode, LoadOptions, Loaded, ON_READ_STEP_BYTES,
-    PieceRef, ProgressHook, ReadHook, Residence, Runs, ShareLoad, ShareOf, ShareRuns, TensorHook, TensorRef,
-    UnknownBackend, load, load_path, load_runs, load_share, load_share_runs, load_streaming,
+    ArenaReuse, BackendChoice, CAST_ALIGN_BYTES, Element, FilesUnchanged, IoMode, LoadOptions, Loaded,
+    ON_READ_STEP_BYTES, PieceRef, ProgressHook, ReadHook, Residence, Runs, ShareLoad, ShareOf, ShareRuns,
+    TensorHook, TensorRef, UnknownBackend, load, load_path, load_runs, load_share, load_share_runs,
+    load_streaming,
 };
 pub use map::populate::{POPULATE_PIECE_BYTES_MAX, PopulateConfig, PopulateError, Populated, Span, populate};
 pub use map::{FileRange, MapMode, MappedFiles};
-pub use report::{LoadReport, Phases, SliceCounts};
+pub use report::{CastReport, CastTensor, LoadReport, Phases, SliceCounts};
 pub use seam::{
     Access, Budget, CallerBuffer, CompletionSink, Destination, Filled, HeldPiece, IoBackend, IoStats, Job,
     JobConfig, KeepMapped, Landed, LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile,

@@ -68,6 +68,9 @@ pub struct LoadReport {
     pub windows: usize,
     /// How a sharded load read its slices (all zero for any other load).
     pub slices: SliceCounts,
+    /// What a load with [`LoadOptions::dtype`](crate::LoadOptions::dtype) converted; `None`
+    /// without a cast.
+    pub cast: Option<CastReport>,
 }
 
 /// How many tensors of a sharded load ([`LoadOptions::shard`](crate::LoadOptions::shard)) were
@@ -96,6 +99,37 @@ impl SliceCounts {
             tensora_plan::SliceKind::Covering => self.covering += 1,
         }
     }
+}
+
+/// What a cast load converted, and the time it took (see [`convert`](crate::convert)).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CastReport {
+    /// The dtype floating-point tensors were delivered in (`"BF16"`, ...).
+    pub to: String,
+    /// The instruction set the kernels ran with (`"avx512"`, `"avx2"` or `"scalar"`).
+    pub simd: String,
+    /// The tensors converted: name and stored dtype, in delivery order.
+    pub tensors: Vec<CastTensor>,
+    /// Tensors delivered as stored (integer or boolean, or stored in the target dtype already).
+    pub kept: usize,
+    /// Stored bytes of the converted tensors.
+    pub bytes_in: u64,
+    /// Bytes of the converted tensors at the target dtype.
+    pub bytes_out: u64,
+    /// Seconds the workers spent converting, summed over workers.
+    pub seconds: f64,
+    /// The bound on the staging window the stored bytes land in before conversion (a tensor
+    /// larger than it gets a window of its own size).
+    pub staging_bytes: u64,
+}
+
+/// One converted tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CastTensor {
+    /// Its name.
+    pub name: String,
+    /// Its stored dtype (safetensors spelling).
+    pub from: String,
 }
 
 impl LoadReport {

@@ -90,8 +90,11 @@ impl ExportMeta {
 ///
 /// `tp=(rank, world)` loads only this rank's tensor-parallel share, each slice contiguous in an
 /// owned arena (`residence` does not apply); `rules` maps names to splits (see [`crate::tp`]).
+/// `dtype` (`"bf16"`, `"f16"`, `"f32"`, their torch/numpy names, or `None`): floating-point
+/// tensors delivered in that dtype, each read converted as it lands into an owned buffer at the
+/// target dtype (`tensora_io::cast`); the report's `cast` names the converted tensors.
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None, tp=None, rules=None))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None, tp=None, rules=None, dtype=None))]
 #[allow(clippy::too_many_arguments)] // the Python keyword arguments of `load_file`
 pub(crate) fn load<'py>(
     py: Python<'py>,
@@ -104,6 +107,7 @@ pub(crate) fn load<'py>(
     remote: Option<&Bound<'py, PyDict>>,
     tp: Option<(u32, u32)>,
     rules: Option<&Bound<'py, PyAny>>,
+    dtype: Option<&str>,
 ) -> PyResult<(Bound<'py, PyDict>, String)> {
     let cancel = Arc::new(AtomicBool::new(false));
     let shard = crate::tp::shard(tp, rules)?;
@@ -114,6 +118,7 @@ pub(crate) fn load<'py>(
     }
     let mut opts = LoadOptions {
         shard,
+        dtype: crate::dtype_target(dtype)?,
         backend: crate::backend(backend)?,
         residence: crate::residence(residence)?,
         selection: selection(select)?,

@@ -160,6 +160,11 @@ pub(crate) fn backend(name: &str) -> PyResult<BackendChoice> {
 
 /// `residence=`: `"owned"`, `"mapped"` or `"auto"` (tensora-io's one parser); anything else is a
 /// `ValueError`.
+/// `dtype=` (`None`: as stored), through `tensora_io`'s one parser.
+pub(crate) fn dtype_target(name: Option<&str>) -> PyResult<tensora_io::DtypeTarget> {
+    name.map_or(Ok(tensora_io::DtypeTarget::Stored), |n| n.parse().map_err(PyValueError::new_err))
+}
+
 pub(crate) fn residence(name: &str) -> PyResult<Residence> {
     // SAFETY: `"mapped"` and `"auto"` are an explicit opt-in of the Python caller, whose documented
     // contract (the docstrings of `load_file` and `weights_iterator`) is this promise: the files

@@ -67,6 +67,8 @@ struct Job {
     residence: Residence,
     /// Every tensor is checked against it as it lands (`manifest=`).
     manifest: Option<tensora_verify::Manifest>,
+    /// `dtype=`: each run a cast load.
+    dtype: tensora_io::DtypeTarget,
 }
 
 impl Stream {
@@ -93,7 +95,8 @@ impl Stream {
 
 /// Stream tensors from one path or a list of files; see [`Stream`].
 #[pyfunction]
-#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto", residence="owned", manifest=None))]
+#[pyo3(signature = (paths, select=None, budget_bytes=None, backend="auto", residence="owned", manifest=None, dtype=None))]
+#[allow(clippy::too_many_arguments)] // the Python keyword arguments of `weights_iterator`
 pub(crate) fn open_stream(
     py: Python<'_>,
     paths: &Bound<'_, PyAny>,
@@ -102,8 +105,10 @@ pub(crate) fn open_stream(
     backend: &str,
     residence: &str,
     manifest: Option<PathBuf>,
+    dtype: Option<&str>,
 ) -> PyResult<Stream> {
     let residence = crate::residence(residence)?;
+    let dtype = crate::dtype_target(dtype)?;
     let manifest = match manifest {
         Some(m) => Some(py.detach(|| crate::read_manifest(&m))?),
         None => None,
@@ -129,6 +134,7 @@ pub(crate) fn open_stream(
         backend: crate::backend(backend)?,
         residence,
         manifest,
+        dtype,
     })
 }
 
@@ -152,6 +158,7 @@ fn produce(job: &Job, queue: &Bounded<Msg>, cancel: &Arc<AtomicBool>, copies: &C
             selection,
             budget_bytes: run_bytes(job.budget_bytes),
             residence: job.residence,
+            dtype: job.dtype,
             cancel: Some(Arc::clone(cancel)),
             ..LoadOptions::default()
         };

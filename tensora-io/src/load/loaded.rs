@@ -139,6 +139,16 @@ impl Drop for Loaded {
 }
 
 impl Loaded {
+    /// An owned load's result: `entries` at their offsets in `arena`.
+    pub(super) fn in_arena(
+        arena: Arena,
+        arena_reuse: ArenaReuse,
+        entries: Vec<Entry>,
+        report: LoadReport,
+    ) -> Loaded {
+        Loaded { storage: Storage::Arena(arena), arena_reuse, entries, by_name: OnceLock::new(), report }
+    }
+
     /// The length of an owned load's arena (0 for a mapped load).
     pub(super) fn arena_len_bytes(&self) -> u64 {
         match &self.storage {

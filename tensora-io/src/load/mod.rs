@@ -27,6 +27,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod cast;
 mod files;
 mod loaded;
 mod mapped;
@@ -47,6 +48,7 @@ use std::time::Instant;
 
 #[cfg(feature = "async")]
 pub use async_load::load_async;
+pub use cast::CAST_ALIGN_BYTES;
 pub use loaded::{Element, Loaded, TensorRef};
 pub use options::{
     ArenaReuse, BackendChoice, FilesUnchanged, IoMode, LoadOptions, ON_READ_STEP_BYTES, PieceRef,

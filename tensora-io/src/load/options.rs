@@ -8,6 +8,7 @@ use tensora_format::{Selection, Shard, TensorInfo};
 use super::TensorRef;
 use super::owned::Memory;
 use crate::arena::Arena;
+use crate::cast::DtypeTarget;
 use crate::error::BoxError;
 use crate::seam::{Access, IoBackend};
 
@@ -263,6 +264,16 @@ pub struct LoadOptions {
     /// [`load`](crate::load()) takes it (an owned arena, each slice contiguous; no hooks); see
     /// `docs/tensor-parallel.md`.
     pub shard: Option<Shard>,
+    /// The dtype floating-point tensors are delivered in ([`DtypeTarget::Stored`]: as stored).
+    /// A cast load ([`load`](crate::load())) allocates its arena once at the target dtype and
+    /// converts each read as it lands, from a bounded staging window
+    /// (256 MiB by default); its tensors
+    /// are always an owned copy, whatever [`LoadOptions::residence`] asks (views of the files
+    /// cannot change dtype); under [`Residence::Mapped`] the workers convert straight from the
+    /// mapped files (read in first) instead. `on_read` and `on_tensor` hooks see the stored bytes. Integer and
+    /// boolean tensors keep their dtype; a floating-point dtype with no cast fails the load
+    /// before any read ([`LoadError::Cast`](crate::LoadError::Cast)).
+    pub dtype: DtypeTarget,
 }
 
 /// The first kernel on which an `O_DIRECT` read into a page released with `MADV_FREE` keeps the
@@ -347,6 +358,7 @@ impl Default for LoadOptions {
             cancel: None,
             arena_reuse: ArenaReuse::Fresh,
             shard: None,
+            dtype: DtypeTarget::Stored,
         }
     }
 }
@@ -370,6 +382,7 @@ impl std::fmt::Debug for LoadOptions {
             .field("progress", &self.progress.is_some())
             .field("files_open_max", &self.files_open_max)
             .field("shard", &self.shard)
+            .field("dtype", &self.dtype)
             .finish()
     }
 }

@@ -6,13 +6,14 @@ use std::time::Instant;
 use tensora_format::Checkpoint;
 
 use super::files::FileSet;
-use super::loaded::{Entry, Storage};
+use super::loaded::Entry;
 use super::mapped::load_mapped;
 use super::run::{Outlives, SubDest};
 use super::session::{Session, Tally, WindowPlan, begin, touched_files};
 use super::{LoadOptions, Loaded};
 use crate::arena::{Arena, Pages};
 use crate::auto::Delivery;
+use crate::cast::DtypeTarget;
 use crate::error::LoadError;
 use crate::report::{Faults, Phases};
 use crate::seam::{Access, IoStats};
@@ -21,9 +22,16 @@ use crate::seam::{Access, IoStats};
 /// ([`Residence::Owned`](super::Residence::Owned), the default), or as zero-copy views of the files
 /// ([`Residence::Mapped`](super::Residence::Mapped)), or whichever `auto` picks
 /// ([`Residence::Auto`](super::Residence::Auto)). See the module docs.
+///
+/// With [`LoadOptions::dtype`] other than `Stored`, an owned copy at the target dtype, each read
+/// converted as it lands (see [`LoadOptions::dtype`]).
 pub fn load(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Loaded, LoadError> {
     if let Some(shard) = &opts.shard {
+        super::session::refuse_cast(opts, "a sharded load (LoadOptions::shard)")?;
         return super::sliced::load_sharded(ckpt, opts, shard);
+    }
+    if opts.dtype != DtypeTarget::Stored {
+        return super::cast::load_cast(ckpt, opts);
     }
     let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Owned)?;
     session.load_part(&selected, phases, faults_before)
@@ -135,13 +143,7 @@ impl Session<'_> {
             windows: owned.plans.len(),
         };
         let report = self.report(phases, &stats, tally, faults_before);
-        Ok(Loaded {
-            storage: Storage::Arena(arena),
-            arena_reuse: opts.arena_reuse,
-            entries,
-            by_name: Default::default(),
-            report,
-        })
+        Ok(Loaded::in_arena(arena, opts.arena_reuse, entries, report))
     }
 
     /// Run every plan into its part of `arena`, one after another. Into fresh memory helper

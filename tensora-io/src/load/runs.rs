@@ -6,13 +6,15 @@ use std::collections::VecDeque;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tensora_format::Checkpoint;
+use tensora_format::{Checkpoint, Selection};
 
+use super::cast::load_cast_part;
 use super::session::{Session, begin};
 use super::streaming::stream_windows;
 use super::{ArenaReuse, LoadOptions, Loaded};
 use crate::arena::{Arena, Pages};
 use crate::auto::Delivery;
+use crate::cast::DtypeTarget;
 use crate::error::LoadError;
 use crate::report::{Faults, Phases};
 
@@ -25,6 +27,9 @@ use crate::report::{Faults, Phases};
 /// in themselves: a cold 2.2 GB load in 85 MiB runs, every run kept, read 1.03-1.52 GB/s that way
 /// and 1.81-2.00 with this, five alternating runs each), so memory is what the caller keeps plus
 /// two runs.
+///
+/// With [`LoadOptions::dtype`], each run is a cast load of its tensors (an owned arena at the
+/// target dtype, see [`load`](crate::load())).
 ///
 /// The residence, backend and I/O mode are decided once, for the whole selection
 /// ([`Residence::Auto`] may map warm local files: then each run is views of the files). After an
@@ -183,6 +188,13 @@ impl Runs<'_> {
     fn load_next(&mut self, run: Vec<usize>) -> Result<Option<Loaded>, LoadError> {
         let (mut phases, faults_before) =
             self.first.take().unwrap_or_else(|| (Phases::default(), Faults::now()));
+        let (ckpt, opts) = (self.session.ckpt, self.session.opts);
+        if opts.dtype != DtypeTarget::Stored {
+            // A cast run: an arena of its own at the target dtype (`super::cast`).
+            let names = run.iter().map(|&i| ckpt.tensors()[i].name().to_owned()).collect();
+            let t = Instant::now();
+            return load_cast_part(ckpt, opts, &run, Selection::Names(names), t).map(Some);
+        }
         if self.session.residence.is_mapped() {
             return self.session.load_part(&run, phases, faults_before).map(Some);
         }
@@ -223,7 +235,8 @@ impl Runs<'_> {
     fn fault_in_next_arena(&mut self) {
         let session = &self.session;
         let direct_into_fresh = session.direct && session.opts.arena_reuse == ArenaReuse::Fresh;
-        if session.residence.is_mapped() || !direct_into_fresh {
+        let cast = session.opts.dtype != DtypeTarget::Stored;
+        if session.residence.is_mapped() || !direct_into_fresh || cast {
             return;
         }
         let Some(next) = self.pending.front() else { return };

@@ -17,6 +17,15 @@ use crate::error::LoadError;
 use crate::report::{Faults, LoadReport, Phases, peak_rss_bytes};
 use crate::seam::{Budget, IoBackend, IoStats};
 
+/// Refuse a dtype cast in `api`, a load that hands out views of its own arena at the stored
+/// dtype (only `load` and `load_runs` build arenas at the target dtype, in `super::cast`).
+pub(super) fn refuse_cast(opts: &LoadOptions, api: &'static str) -> Result<(), LoadError> {
+    match opts.dtype {
+        crate::cast::DtypeTarget::Stored => Ok(()),
+        other => Err(LoadError::CastNotSupportedHere { api, dtype: other.as_str() }),
+    }
+}
+
 /// What every load starts with: the page-fault counters, the selection (billed to the `plan`
 /// phase) and the session with its backend (billed to `open`).
 pub(super) fn begin<'c>(

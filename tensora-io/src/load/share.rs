@@ -165,6 +165,7 @@ pub fn load_share_runs<'c>(
     share: ShareOf,
 ) -> Result<ShareRuns<'c>, LoadError> {
     refuse_unshareable(opts)?;
+    super::session::refuse_cast(opts, "load_share_runs")?;
     let (mut session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
     session.layout = Layout::SameOnEveryRank;
     let pending = super::streaming::stream_windows(ckpt, &selected, opts).into();
@@ -204,6 +205,7 @@ impl Iterator for ShareRuns<'_> {
 /// and mapped residences are refused (a share sees parts of tensors; every rank needs an arena).
 pub fn load_share(ckpt: &Checkpoint, opts: &LoadOptions, share: ShareOf) -> Result<ShareLoad, LoadError> {
     refuse_unshareable(opts)?;
+    super::session::refuse_cast(opts, "load_share")?;
     let (mut session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Owned)?;
     session.layout = Layout::SameOnEveryRank;
     session.load_share(&selected, share, phases, faults_before)

@@ -15,7 +15,7 @@ use super::files::FileSet;
 use super::mapped::load_mapped;
 use super::owned::Memory;
 use super::run::{Outlives, SubDest};
-use super::session::{Tally, begin};
+use super::session::{Tally, begin, refuse_cast};
 use super::{LoadOptions, TensorRef};
 use crate::arena::Arena;
 use crate::auto::Delivery;
@@ -54,6 +54,7 @@ pub fn load_streaming(
     opts: &LoadOptions,
     mut f: impl FnMut(&TensorRef<'_>) -> Result<(), BoxError>,
 ) -> Result<LoadReport, LoadError> {
+    refuse_cast(opts, "load_streaming")?;
     let (session, selected, mut phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
 
     if session.residence.is_mapped() {

@@ -186,6 +186,7 @@ def load_file(
     remote: Optional[RemoteOptions] = None,
     tp: Optional[Tuple[int, int]] = None,
     rules: Rules = None,
+    dtype: Any = None,
 ) -> Dict[str, Any]:
     """Load every tensor (or the selected ones) of a checkpoint, like
     ``safetensors.numpy.load_file`` (``framework="np"``) or ``safetensors.torch.load_file``
@@ -253,9 +254,19 @@ def load_file(
     ``"mixtral"``, ``"deepseek"``) or a list of ``(glob, split)`` pairs, first match wins, split
     ``"column"``/0, ``"row"``/1 or ``"replicated"``/``None``; names no rule matches are replicated.
     See docs/tensor-parallel.md.
+
+    ``dtype`` (``"bf16"``, ``"f16"``, ``"f32"``, ``torch.bfloat16``/``float16``/``float32``,
+    ``numpy.float16``/``float32``): floating-point tensors (F32, BF16, F16, F8_E4M3, F8_E5M2) are
+    delivered in that dtype, bit-exact with torch's ``.to()``, each read converted as it lands
+    into one owned buffer allocated at the target dtype (no full-size copy at the stored dtype;
+    the stored bytes pass through a staging window of at most 256 MiB). Integer and boolean
+    tensors keep their dtype; another floating-point dtype (F64, ...) raises ``LoadError`` naming
+    the tensor and both dtypes. A cast load is always owned, whatever ``residence`` says (views
+    of the file cannot change dtype). The report's ``cast`` lists the converted tensors and the
+    seconds spent converting.
     """
     return load_file_with_report(
-        path, framework, select, backend, progress, residence, manifest, cache, remote, tp, rules
+        path, framework, select, backend, progress, residence, manifest, cache, remote, tp, rules, dtype
     )[0]
 
 
@@ -271,11 +282,14 @@ def load_file_with_report(
     remote: Optional[RemoteOptions] = None,
     tp: Optional[Tuple[int, int]] = None,
     rules: Rules = None,
+    dtype: Any = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
     and why, then the backend's own reason), ``io_mode`` (``"mapped"`` for zero-copy views),
     ``bytes_selected``, ``seconds``, ``gbps``, ``phases``, the page-fault counts, and
-    ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``).
+    ``aligned_copies`` (``{"tensors", "bytes"}`` handed out as aligned copies, see ``load_file``),
+    and with ``dtype=`` ``cast`` (``to``, ``tensors``: each converted tensor's ``name`` and stored
+    dtype ``from``, ``kept``, ``bytes_in``, ``bytes_out``, ``seconds`` converting, ``simd``).
     For a URL also ``url`` (redacted), ``requests``, ``retry_seconds``, the open's requests,
     ``cache`` (hits, bytes written, objects promoted) and ``concurrency`` (the depth the transfer
     settled on, and why). With ``tp=``, ``slices`` counts the tensors read ``contiguous``,
@@ -285,7 +299,7 @@ def load_file_with_report(
     m = None if manifest is None else os.fspath(manifest)
     residence = _default_residence(fw) if residence is None else residence
     r = _remote_dict(remote, cache)
-    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m, r, tp, rules)
+    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m, r, tp, rules, _dtype_name(dtype))
     return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
 
 
@@ -310,6 +324,18 @@ def _one_dim_slice(index, shape: List[int]) -> Optional[Tuple[int, int, int]]:
         narrowed = True
         found = (dim, start, max(0, stop - start))
     return found
+
+
+def _dtype_name(dtype: Any) -> Optional[str]:
+    """``dtype=`` as the native side's name: a string as given, a torch dtype as its name
+    (``torch.bfloat16`` -> ``"bfloat16"``), anything numpy takes for a dtype as numpy's name."""
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    if type(dtype).__module__ == "torch":
+        return str(dtype).removeprefix("torch.")
+    import numpy
+
+    return numpy.dtype(dtype).name
 
 
 class _Slice:
@@ -421,6 +447,7 @@ def weights_iterator(
     manifest: Optional[PathLike] = None,
     tp: Optional[Tuple[int, int]] = None,
     rules: Rules = None,
+    dtype: Any = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` as each tensor lands (vLLM's ``Iterable[tuple[str, Tensor]]``).
 
@@ -442,6 +469,9 @@ def weights_iterator(
     ``tp=(rank, world)`` and ``rules`` (as in ``load_file``, one checkpoint path only): the rank's
     share is loaded at once into one owned buffer (its size, not ``budget``, bounds the memory)
     and yielded in file order.
+
+    ``dtype`` is as in ``load_file``: each run is converted as it lands into its own owned
+    buffer at the target dtype.
     """
     fw = _check_framework(framework)
     if tp is not None:
@@ -449,7 +479,7 @@ def weights_iterator(
             raise ValueError("tp= takes one checkpoint path (a file, a directory or an index)")
         if manifest is not None:
             raise ValueError("manifest= checks whole tensors; it does not apply with tp=")
-        yield from _tp_items(os.fspath(path_or_files), fw, select, backend, tp, rules)
+        yield from _tp_items(os.fspath(path_or_files), fw, select, backend, tp, rules, dtype)
         return
     if isinstance(path_or_files, (str, os.PathLike)):
         paths: Union[str, List[str]] = os.fspath(path_or_files)
@@ -457,7 +487,7 @@ def weights_iterator(
         paths = [os.fspath(p) for p in path_or_files]
     m = None if manifest is None else os.fspath(manifest)
     residence = _default_residence(fw) if residence is None else residence
-    stream = _native.open_stream(paths, select, budget, backend, residence, m)
+    stream = _native.open_stream(paths, select, budget, backend, residence, m, _dtype_name(dtype))
     try:
         for name, data in stream:
             yield name, _convert(data, fw)
@@ -465,9 +495,10 @@ def weights_iterator(
         stream.close()
 
 
-def _tp_items(path: str, fw: str, select, backend: str, tp, rules) -> Iterator[Tuple[str, Any]]:
-    """``weights_iterator``'s items under ``tp=``: one sharded load, in file order."""
-    datas, _ = _native.load(path, select, backend, None, "owned", None, None, tp, rules)
+def _tp_items(path: str, fw: str, select, backend: str, tp, rules, dtype) -> Iterator[Tuple[str, Any]]:
+    """``weights_iterator``'s items under ``tp=``: one sharded load, in file order (a ``dtype``
+    cast is refused by name: sharded loads deliver the stored dtype)."""
+    datas, _ = _native.load(path, select, backend, None, "owned", None, None, tp, rules, _dtype_name(dtype))
     order = {name: i for i, name in enumerate(_native.Mapped(path).offset_keys())}
     for name in sorted(datas, key=lambda n: order.get(n, len(order))):
         yield name, _convert(datas.pop(name), fw)
