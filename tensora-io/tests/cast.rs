@@ -100,8 +100,10 @@ fn views_become_an_owned_cast_copy_converted_from_the_mapping_under_mapped() {
     let (g, stored) = mixed();
     let ckpt = g.open();
     for (residence, source) in [
-        (Residence::Mapped(files_unchanged()), "straight from views of the files"),
-        (Residence::Auto(files_unchanged()), "staging window"),
+        (Residence::Mapped(files_unchanged()), "straight from views of the files (residence mapped)"),
+        // Just written, so warm: auto converts from the page cache instead of staging a copy.
+        (Residence::Auto(files_unchanged()), "straight from views of the files (auto: warm"),
+        (Residence::Owned, "staging window"),
     ] {
         let opts = LoadOptions { residence, dtype: DtypeTarget::BF16, ..LoadOptions::default() };
         let loaded = load(&ckpt, &opts).unwrap();
