@@ -6,7 +6,8 @@ venv, target/vllm-venv, one fresh process per start).
 
 Starts ``vllm.LLM`` on vLLM's CPU build (in-process engine, eager, no tokenizer: prompts are
 token ids), and writes JSON: ``ok``; ``start_seconds`` (the whole ``LLM()``);
-``loading_weights_seconds`` (vLLM's own "Loading weights took" line); with ``--generate`` the
+``loading_weights_seconds`` (vLLM's own "Loading weights took" line, ``None`` for a loader that
+logs none); ``load_weights_seconds`` (the loader's ``load_weights``, timed here); with ``--generate`` the
 greedy ``token_ids`` and ``logprobs`` of fixed prompts; with ``--digests`` the SHA-256 of every
 model parameter's bytes (``llm.apply_model``). An engine that refuses to start writes ``ok:
 false`` and the error's type and message, and exits 3.
@@ -63,6 +64,24 @@ def digests(model) -> dict:
     return out
 
 
+def time_load_weights(into: dict) -> None:
+    """Time every ``load_weights`` of vLLM's loaders (``into["load_weights_seconds"]``): the same
+    span for every load format (Run:ai's loader logs no "Loading weights took" line)."""
+    from vllm.model_executor.model_loader import DefaultModelLoader, RunaiModelStreamerLoader
+
+    for cls in (DefaultModelLoader, RunaiModelStreamerLoader):
+        inner = cls.load_weights
+
+        def timed(self, model, model_config, _inner=inner):
+            t = time.perf_counter()
+            try:
+                return _inner(self, model, model_config)
+            finally:
+                into["load_weights_seconds"] = time.perf_counter() - t
+
+        cls.load_weights = timed
+
+
 def start(model_dir: str, load_format: str, extra: dict):
     from vllm import LLM
 
@@ -104,6 +123,7 @@ def main(argv=None) -> int:
     lines = _Lines()
     logging.getLogger("vllm").addHandler(lines)
     result = {"load_format": a.load_format}
+    time_load_weights(result)
     t0 = time.perf_counter()
     try:
         llm = start(a.model_dir, a.load_format, json.loads(a.extra))
