@@ -30,6 +30,7 @@ TOP_LOGPROBS = 5
 KV_CACHE_GIB = 1
 # The exit code of an engine that refused to start (the error is in the JSON).
 REFUSED_EXIT = 3
+LOADING_LOGGER = "vllm.model_executor.model_loader.default_loader"
 LOADING_LINE = re.compile(r"Loading weights took ([0-9.]+) seconds")
 
 
@@ -121,7 +122,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     _env()
     lines = _Lines()
-    logging.getLogger("vllm").addHandler(lines)
+    # On the logger of the module that logs the line: vLLM configures its "vllm" logger again
+    # when an engine starts, which drops the handlers put there.
+    logging.getLogger(LOADING_LOGGER).addHandler(lines)
     result = {"load_format": a.load_format}
     time_load_weights(result)
     t0 = time.perf_counter()

@@ -70,6 +70,10 @@ class Settings:
     allow_untested_vllm: bool = False
     remote: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def load_kwargs(self) -> Dict[str, Any]:
+        """The arguments every tensora load of the loader takes."""
+        return {"framework": "pt", "backend": self.backend, "residence": self.residence, "manifest": self.manifest}
+
     @property
     def is_remote(self) -> bool:
         return self.weights is not None and self.weights.startswith(_URL_SCHEMES)
@@ -216,14 +220,7 @@ def _local_weights(files, s: Settings) -> Iterator[Tuple[str, Any]]:
     manifest)."""
     import tensora
 
-    return tensora.weights_iterator(
-        files,
-        framework="pt",
-        budget=s.budget_bytes,
-        backend=s.backend,
-        residence=s.residence,
-        manifest=s.manifest,
-    )
+    return tensora.weights_iterator(files, budget=s.budget_bytes, **s.load_kwargs())
 
 
 def _remote_weights(url: str, s: Settings) -> Iterator[Tuple[str, Any]]:
@@ -232,15 +229,7 @@ def _remote_weights(url: str, s: Settings) -> Iterator[Tuple[str, Any]]:
     import tensora
 
     remote = tensora.RemoteOptions(**s.remote) if s.remote else None
-    tensors = tensora.load_file(
-        url,
-        framework="pt",
-        backend=s.backend,
-        residence=s.residence,
-        manifest=s.manifest,
-        cache=s.cache,
-        remote=remote,
-    )
+    tensors = tensora.load_file(url, cache=s.cache, remote=remote, **s.load_kwargs())
     while tensors:
         # Handed out and dropped one by one, file order.
         name = next(iter(tensors))
