@@ -173,12 +173,13 @@ def main():
     }
     for temp in [t for t in args.temps.split(",") if t]:
         doc["temps"][temp] = run_temperature(args, temp, model, files)
-    doc["machine"]["load_after"] = os.getloadavg()
-    doc["acceptance"] = acceptance(doc)
+        doc["machine"]["load_after"] = os.getloadavg()
+        doc["acceptance"] = acceptance(doc)
+        if args.json:  # after each temperature: a long run interrupted keeps what it measured
+            with open(args.json + ".tmp", "w") as f:
+                json.dump(doc, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
     print(markdown(doc))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
     failed = [f for t in doc["temps"].values() for f, r in t.items() if "error" in r]
     return 1 if failed and set(failed) >= set(args.formats) else 0
 

@@ -124,10 +124,9 @@ def assert_same_model(got: dict, want: dict) -> None:
 
 
 def test_tensora_loads_what_vllms_loader_loads(model, work, auto_result):
-    r = engine(model, "tensora", work)
+    # A small budget: the weights come in many runs of the iterator (the default is one run here).
+    r = engine(model, "tensora", work, {"budget_bytes": 8 << 20})
     assert_same_model(r, auto_result)
-    owned = engine(model, "tensora", work, {"residence": "owned", "budget_bytes": 8 << 20})
-    assert_same_model(owned, auto_result)
 
 
 def test_an_http_location_through_the_verified_cache(model, work, auto_result):
