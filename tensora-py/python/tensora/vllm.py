@@ -181,19 +181,22 @@ def _loader_class():
                 allow_patterns_overrides=getattr(model, "allow_patterns_overrides", None),
                 is_unused_weight=getattr(model, "is_unused_checkpoint_weight", None),
             )
-            yield from self._tensora_weights(primary, self.tensora.weights)
+            yield from self._tensora_weights(primary, self.tensora.weights, self.tensora)
+            # A model's secondary weights (their own files, local) are not in the primary
+            # checkpoint's manifest: loaded as vLLM's default loader loads them, unverified.
+            secondary = dataclasses.replace(self.tensora, weights=None, manifest=None)
             for source in getattr(model, "secondary_weights", ()):
-                yield from self._tensora_weights(source, None)
+                yield from self._tensora_weights(source, None, secondary)
 
-        def _tensora_weights(self, source, location: Optional[str]) -> Iterator[Tuple[str, Any]]:
-            if self.counter_before_loading_weights == 0.0:
-                self.counter_before_loading_weights = time.perf_counter()
-            s = self.tensora
+        def _tensora_weights(self, source, location: Optional[str], s: Settings) -> Iterator[Tuple[str, Any]]:
             if location is not None and s.is_remote:
                 tensors = _remote_weights(location, s)
             else:
-                files = self._local_files(source, location)
-                tensors = _local_weights(files, s)
+                tensors = _local_weights(self._local_files(source, location), s)
+            # Where vLLM's loader starts its clock: the files found, nothing read yet (both
+            # iterators start reading at their first item).
+            if self.counter_before_loading_weights == 0.0:
+                self.counter_before_loading_weights = time.perf_counter()
             for name, tensor in tensors:
                 yield source.prefix + name, tensor
 
