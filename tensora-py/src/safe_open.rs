@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensora_format::Checkpoint;
 use tensora_io::LoadError;
-use tensora_io::map::populate::{PopulateConfig, PopulateError, Span, populate};
+use tensora_io::map::populate::{PopulateConfig, PopulateError, ReadAhead, Span, populate};
 
 use crate::exc::{CancelledError, SelectionError};
 use crate::owner::{self, Owner, Storage, TensorBytes};
@@ -38,6 +38,9 @@ pub struct Mapped {
     check: Option<Arc<ManifestCheck>>,
     /// How `get_tensor` reads the bytes.
     read: Read,
+    /// The files being read into the page cache since open, when they were cold and fit
+    /// ([`tensora_io::auto::read_ahead_at_open`]); stopped and joined when this is dropped.
+    prefetch: Option<tensora_io::map::readahead::Prefetch>,
 }
 
 /// How a [`Mapped`] serves tensors (`backend=` of `safe_open`).
@@ -101,6 +104,9 @@ impl Mapped {
         py.detach(|| {
             let mut m = open_checkpoint_files(&path)?;
             m.read = read;
+            if read == Read::Map {
+                m.prefetch = prefetch_if_cold(&m.ckpt, &m.files);
+            }
             if let Some(manifest) = manifest {
                 m.check = Some(crate::manifest_check(&m.ckpt, &crate::read_manifest(&manifest)?)?);
             }
@@ -327,7 +333,36 @@ fn open_checkpoint_files(path: &Path) -> PyResult<Mapped> {
         copies: CopyTally::default(),
         check: None,
         read: Read::Map,
+        prefetch: None,
     })
+}
+
+/// Start reading the checkpoint's files into the page cache when `auto`'s rule says so (cold,
+/// local, the pages fit): the caller's page faults then find them cached or in flight, at the
+/// device's speed instead of one fault-around window at a time. `None` otherwise, or when the
+/// thread or a descriptor cannot be had (read-ahead is only a hint).
+fn prefetch_if_cold(
+    ckpt: &Checkpoint,
+    files: &[std::fs::File],
+) -> Option<tensora_io::map::readahead::Prefetch> {
+    use tensora_io::auto::{Asked, Delivery, gather, read_ahead_at_open};
+    let all: Vec<usize> = (0..ckpt.tensors().len()).collect();
+    // Views, read on demand: the facts of a mapped load of everything.
+    // SAFETY: only `gather` sees this promise, which maps nothing; the views `safe_open` hands
+    // out are made under the promise its documentation states (see `map_file`).
+    let promise = unsafe { tensora_io::FilesUnchanged::promise() };
+    let asked = Asked {
+        delivery: Delivery::Owned,
+        residence: tensora_io::Residence::Mapped(promise),
+        io_mode: tensora_io::IoMode::Auto,
+        budget_bytes: 0,
+    };
+    read_ahead_at_open(&gather(ckpt, &all, asked)).ok()?;
+    let mut own = Vec::with_capacity(files.len());
+    for (f, entry) in files.iter().zip(ckpt.files()) {
+        own.push((f.try_clone().ok()?, entry.len_bytes()));
+    }
+    tensora_io::map::readahead::Prefetch::start(own).ok()
 }
 
 /// Map all of `file` (whose stamp was just checked) privately and writable, nothing read in;
@@ -358,7 +393,7 @@ unsafe fn populate_tensor(
     len_bytes: usize,
 ) -> PyResult<()> {
     let never = AtomicBool::new(false);
-    let cfg = PopulateConfig { threads: 1, cancel: &never, progress: None };
+    let cfg = PopulateConfig { threads: 1, cancel: &never, progress: None, ahead: ReadAhead::Ahead };
     // SAFETY: per the contract.
     unsafe { populate(&[Span { addr, len_bytes }], &cfg) }.map(|_| ()).map_err(|e| match e {
         PopulateError::Io { piece_addr, piece_len_bytes, source, .. } => load_err(LoadError::Read {
