@@ -88,7 +88,7 @@ impl ExportMeta {
 /// (`tensora_verify::verified`), and the first that does not match raises `VerifyError` before
 /// anything is returned.
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None, cache_pages=true))]
 #[allow(clippy::too_many_arguments)] // the Python keyword arguments of `load_file`
 pub(crate) fn load<'py>(
     py: Python<'py>,
@@ -99,10 +99,13 @@ pub(crate) fn load<'py>(
     residence: &str,
     manifest: Option<PathBuf>,
     remote: Option<&Bound<'py, PyDict>>,
+    cache_pages: bool,
 ) -> PyResult<(Bound<'py, PyDict>, String)> {
     let cancel = Arc::new(AtomicBool::new(false));
     let mut opts = LoadOptions {
         backend: crate::backend(backend)?,
+        // `cache_pages=False`: a cold load reads around the page cache (O_DIRECT), as `--direct`.
+        io_mode: if cache_pages { tensora_io::IoMode::Auto } else { tensora_io::IoMode::Direct },
         residence: crate::residence(residence)?,
         selection: selection(select)?,
         cancel: Some(Arc::clone(&cancel)),

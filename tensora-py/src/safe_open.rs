@@ -96,15 +96,24 @@ impl Mapped {
     /// Open `path`; with `manifest`, every `tensor` / `tensor_lazy` fetch is checked against it
     /// (the whole tensor, even for a slice) before it is returned.
     /// `backend`: `"auto"` or `"mmap"` (views of a private mapping) or `"pread"` (copies read
-    /// into memory of their own).
+    /// into memory of their own). `read_ahead`: read the files into the page cache from open, in
+    /// a thread of their own, when `auto`'s rule says so (cold, local, the pages fit: see
+    /// [`prefetch_if_cold`]); for callers that read every tensor (HF's `safe_open` users), not
+    /// for those that read slices of a few.
     #[new]
-    #[pyo3(signature = (path, manifest=None, backend="auto"))]
-    fn new(py: Python<'_>, path: PathBuf, manifest: Option<PathBuf>, backend: &str) -> PyResult<Mapped> {
+    #[pyo3(signature = (path, manifest=None, backend="auto", read_ahead=false))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        manifest: Option<PathBuf>,
+        backend: &str,
+        read_ahead: bool,
+    ) -> PyResult<Mapped> {
         let read = Read::parse(backend)?;
         py.detach(|| {
             let mut m = open_checkpoint_files(&path)?;
             m.read = read;
-            if read == Read::Map {
+            if read_ahead && read == Read::Map {
                 m.prefetch = prefetch_if_cold(&m.ckpt, &m.files);
             }
             if let Some(manifest) = manifest {
