@@ -224,7 +224,10 @@ mod tests {
             "--restarts --sequences 1 --restarts 1 --subjects auto,cli --together 0 --cli /x/tensora --no-limited"
         );
         let full = restarts_options(PlanKind::Full, cli).join(" ");
-        assert!(full.starts_with("--restarts --sequences 3 --restarts 4 --subjects auto,owned,hf_torch"), "{full}");
+        assert!(
+            full.starts_with("--restarts --sequences 3 --restarts 4 --subjects auto,owned,hf_torch"),
+            "{full}"
+        );
         assert!(full.contains("--together 4") && !full.contains("--no-limited"), "{full}");
         assert!(restarts_options(PlanKind::Default, cli).join(" ").contains("--together 4"));
     }
