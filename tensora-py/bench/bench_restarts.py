@@ -1,8 +1,8 @@
 """Situation (c), restarts: what a cold start leaves for the next process on the node.
 
     python tensora-py/bench/bench_restarts.py CHECKPOINT [--cli PATH] [--sequences N]
-        [--restarts N] [--subjects a,b,...] [--together N] [--no-limited] [--timeout S]
-        [--json OUT.json]
+        [--restarts N] [--subjects a,b,...] [--together N] [--no-limited] [--scratch DIR]
+        [--timeout S] [--json OUT.json]
 
 Sequences: the checkpoint's pages are dropped from the page cache once (`POSIX_FADV_DONTNEED` on
 each file: the interpreter's and torch's libraries stay cached, as on a node that ran a job
@@ -202,8 +202,9 @@ def cached_fraction(path):
     return res / size if size else 1.0
 
 
-def limited(subjects, path, cli, total_bytes, timeout_s):
-    """Each subject's load inside a memory cgroup too small to cache the checkpoint."""
+def limited(subjects, path, cli, total_bytes, timeout_s, scratch):
+    """Each subject's load inside a memory cgroup too small to cache the checkpoint; the neighbour
+    file is written under `scratch` (default: beside the checkpoint, on the same device)."""
     try:
         cg, limit_file = cgroup_dir()
         os.makedirs(cg, exist_ok=True)
@@ -214,7 +215,8 @@ def limited(subjects, path, cli, total_bytes, timeout_s):
     except (OSError, RuntimeError) as e:
         return {"skipped": f"no writable memory cgroup here ({e}); run as root on a cgroup v1 or v2 machine"}
     rows = {}
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(os.path.abspath(bench_load.files_of(path)[0]))) as neighbour:
+    scratch = scratch or os.path.dirname(os.path.abspath(bench_load.files_of(path)[0]))
+    with tempfile.NamedTemporaryFile(dir=scratch) as neighbour:
         neighbour.write(os.urandom(1 << 20) * (NEIGHBOUR_BYTES >> 20))
         neighbour.flush()
         os.fsync(neighbour.fileno())
@@ -287,6 +289,7 @@ def main():
     ap.add_argument("--subjects", default="auto,owned,hf_torch,hf_numpy,runai,fastsafetensors,cli")
     ap.add_argument("--together", type=int, default=4, help="processes started at once (0: skip)")
     ap.add_argument("--no-limited", action="store_true", help="skip the memory-limited case")
+    ap.add_argument("--scratch", help="directory for the limited case's neighbour file (default: the checkpoint's)")
     ap.add_argument("--timeout", type=int, default=STEP_TIMEOUT_DEFAULT_S)
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -315,7 +318,9 @@ def main():
                 + (f", errors: {row['errors']}" if row["errors"] else "")
             )
             print(lines[-1], flush=True)
-    limited_rows = {} if args.no_limited else limited([s for s in ("auto", "cli") if s in subjects], path, args.cli, total_bytes, args.timeout)
+    limited_rows = {} if args.no_limited else limited(
+        [s for s in ("auto", "cli") if s in subjects], path, args.cli, total_bytes, args.timeout, args.scratch
+    )
     for subject, row in limited_rows.items():
         if subject == "skipped":
             lines.append(f"limited: skipped: {row}")
