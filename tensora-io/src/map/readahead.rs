@@ -11,9 +11,11 @@
 //! steps. Advice is a hint: a failed call only costs read-ahead, the consumers read the bytes
 //! themselves.
 //!
-//! Measured on the cold 2.2 GB bench checkpoint (2 files, a shared 2-core machine): two threads
-//! of sequential 8 MiB `pread` took 7.0-19.6 s, the same with this helper 1.4-6.6 s; two threads
-//! of `MADV_POPULATE_READ` 1.9-6.7 s (see docs/performance.md "Restarts").
+//! Measured on the cold 2.2 GB bench checkpoint (2 files, the 2-core machine shared with five
+//! builds, load average 14), two runs each: two threads of sequential 8 MiB `pread` 11.7 and
+//! 19.6 s, the same with `WILLNEED` in 8 MiB steps ahead of them 2.7 and 1.4 s, and with one
+//! `WILLNEED` per 64 MiB (capped by the kernel to its first 8 MiB) 6.6 and 4.8 s; two threads of
+//! `MADV_POPULATE_READ` 1.9 and 1.9 s. Loads: docs/performance.md "Restarts".
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
