@@ -188,14 +188,13 @@ pub fn run(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<Report> {
     let cache_drop = runner.drop_method();
     runner.steps.close();
     pairs.extend(crate::save::measure_save_pairs(config, &prepared.fixtures, log)?);
-    let python_peers = prepared
-        .fixtures
-        .iter()
-        .find(|f| f.name == fixtures::TINYLLAMA)
-        .map(|main| crate::torch_peers::run(config, &main.open_path, log));
+    let main = prepared.fixtures.iter().find(|f| f.name == fixtures::TINYLLAMA);
+    let python_peers = main.map(|main| crate::torch_peers::run(config, &main.open_path, log));
+    let restarts = main.map(|main| crate::torch_peers::run_restarts(config, &main.open_path, log));
     let mut report = build_report(config, machine, prepared, cells, cache_drop);
     report.pairs = pairs;
     report.python_peers = python_peers;
+    report.restarts = restarts;
     report.run.seconds = started.elapsed().as_secs_f64();
     report.run.load_average = [load_start, crate::report::load_average()];
     Ok(report)
@@ -263,6 +262,7 @@ pub fn build_report(
         pairs: Vec::new(),
         versus: Vec::new(),
         python_peers: None,
+        restarts: None,
     };
     report.compute_rooflines();
     report

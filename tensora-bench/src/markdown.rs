@@ -20,7 +20,10 @@ impl Report {
             self.markdown_versus(&mut s);
         }
         if let Some(p) = &self.python_peers {
-            s.push_str(&p.markdown_section());
+            s.push_str(&p.markdown_section(crate::torch_peers::PEERS_TITLE));
+        }
+        if let Some(r) = &self.restarts {
+            s.push_str(&r.markdown_section(crate::torch_peers::RESTARTS_TITLE));
         }
         for f in &self.fixtures {
             self.markdown_fixture(f, &mut s);

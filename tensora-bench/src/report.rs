@@ -466,6 +466,9 @@ pub struct Report {
     /// The bindings' Python peers on the main fixture (see `crate::torch_peers`), when run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_peers: Option<crate::torch_peers::TorchPeers>,
+    /// The restarts sequences on the main fixture (`torch_peers.rs`, `bench_restarts.py`), when run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<crate::torch_peers::TorchPeers>,
 }
 
 /// Warm roofline: 2 `pread` threads into a fresh arena, as a load gets it (huge pages unless they

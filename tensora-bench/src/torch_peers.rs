@@ -9,8 +9,14 @@
 //! runs the hook on the main fixture and keeps its JSON and Markdown in the report; a skip is
 //! reported with its reason, never as a failure.
 //!
+//! The same hook runs `bench_restarts.py` (issue 40's situation (c): the checkpoint's pages
+//! dropped once, then a cold start and restarts, each a fresh process; `tensora.load_file`
+//! `residence="auto"`, the `tensora load` CLI built beside the bench, HF torch and the ideal):
+//! a short sequence in `--quick`, four restarts and four processes together by default, and with
+//! `--full` three sequences of every subject, four together and the memory-limited case.
+//!
 //! ```text
-//! cargo xtask bench                # the peers' table appears under "Python peers"
+//! cargo xtask bench                # the peers' table appears under "Python peers", then "Restarts"
 //! ```
 
 use std::path::Path;
@@ -52,9 +58,9 @@ impl TorchPeers {
         TorchPeers { status: status.to_owned(), why: Some(why), markdown: None, results: None, seconds }
     }
 
-    /// The Markdown section of the report.
-    pub fn markdown_section(&self) -> String {
-        let mut s = String::from("\n## Python peers (tensora-py/bench/bench_load.py)\n\n");
+    /// The Markdown section of the report, under `title`.
+    pub fn markdown_section(&self, title: &str) -> String {
+        let mut s = format!("\n## {title}\n\n");
         match (&self.markdown, &self.why) {
             (Some(table), _) => s.push_str(table.trim_end()),
             (None, Some(why)) => s.push_str(&format!("{}: {why}", self.status)),
@@ -80,6 +86,29 @@ fn hook_options(plan: PlanKind, runs: usize) -> Option<Vec<String>> {
     }
 }
 
+/// The hook's `bench_restarts.py` options for `plan` (`cli`: the `tensora` binary).
+fn restarts_options(plan: PlanKind, cli: &Path) -> Vec<String> {
+    let (sequences, restarts, subjects, together) = match plan {
+        // A small sequence keeps the quick bench short: one cold start and one restart.
+        PlanKind::Quick => ("1", "1", "auto,cli", "0"),
+        PlanKind::Default => ("1", "4", "auto,hf_torch,cli", "4"),
+        PlanKind::Full => ("3", "4", "auto,owned,hf_torch,hf_numpy,runai,fastsafetensors,cli", "4"),
+    };
+    let mut out = ["--restarts", "--sequences", sequences, "--restarts", restarts, "--subjects", subjects]
+        .map(String::from)
+        .to_vec();
+    out.extend(["--together".into(), together.into(), "--cli".into(), cli.display().to_string()]);
+    if plan != PlanKind::Full {
+        out.push("--no-limited".into());
+    }
+    out
+}
+
+/// The restarts section's title in the report.
+pub const RESTARTS_TITLE: &str = "Restarts (tensora-py/bench/bench_restarts.py)";
+/// The Python peers section's title in the report.
+pub const PEERS_TITLE: &str = "Python peers (tensora-py/bench/bench_load.py)";
+
 /// Run the hook on `fixture` (a checkpoint directory or file) for `config`'s plan.
 pub fn run(config: &BenchConfig, fixture: &Path, log: &mut dyn FnMut(&str)) -> TorchPeers {
     let started = Instant::now();
@@ -90,7 +119,21 @@ pub fn run(config: &BenchConfig, fixture: &Path, log: &mut dyn FnMut(&str)) -> T
             0.0,
         );
     };
-    match run_hook(config, fixture, &options, log) {
+    match run_hook(config, fixture, &options, "python-peers.json", log) {
+        Ok(peers) => peers,
+        Err(e) => TorchPeers::not_run("failed", format!("{e:#}"), started.elapsed().as_secs_f64()),
+    }
+}
+
+/// Run the restarts bench through the hook on `fixture` for `config`'s plan, with the `tensora`
+/// binary built beside the bench (`cargo xtask bench` builds it).
+pub fn run_restarts(config: &BenchConfig, fixture: &Path, log: &mut dyn FnMut(&str)) -> TorchPeers {
+    let started = Instant::now();
+    let cli = std::env::current_exe().ok().and_then(|e| e.parent().map(|d| d.join("tensora")));
+    let Some(cli) = cli.filter(|p| p.is_file()) else {
+        return TorchPeers::not_run("skipped", "no tensora binary beside the bench".into(), 0.0);
+    };
+    match run_hook(config, fixture, &restarts_options(config.plan, &cli), "restarts.json", log) {
         Ok(peers) => peers,
         Err(e) => TorchPeers::not_run("failed", format!("{e:#}"), started.elapsed().as_secs_f64()),
     }
@@ -100,11 +143,12 @@ fn run_hook(
     config: &BenchConfig,
     fixture: &Path,
     options: &[String],
+    out_name: &str,
     log: &mut dyn FnMut(&str),
 ) -> Result<TorchPeers> {
     let started = Instant::now();
     let hook = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tensora-py/bench/run_python_peers.sh");
-    let out = config.report_dir().join("python-peers.json");
+    let out = config.report_dir().join(out_name);
     std::fs::create_dir_all(config.report_dir())?;
     let _ = std::fs::remove_file(&out);
     log(&format!("python peers: {} {} ...", hook.display(), options.join(" ")));
@@ -165,9 +209,26 @@ mod tests {
     #[test]
     fn a_skip_is_reported_with_its_reason() {
         let p = TorchPeers::not_run("skipped", "python peers skipped: no venv".into(), 0.1);
-        let md = p.markdown_section();
+        let md = p.markdown_section(PEERS_TITLE);
         assert!(md.starts_with("\n## Python peers"), "{md}");
         assert!(md.contains("skipped: python peers skipped: no venv"), "{md}");
         assert_eq!(last_lines("a\nb\nc", 2), "b\nc");
+    }
+
+    #[test]
+    fn restarts_are_short_in_quick_and_complete_in_full() {
+        let cli = Path::new("/x/tensora");
+        let quick = restarts_options(PlanKind::Quick, cli).join(" ");
+        assert_eq!(
+            quick,
+            "--restarts --sequences 1 --restarts 1 --subjects auto,cli --together 0 --cli /x/tensora --no-limited"
+        );
+        let full = restarts_options(PlanKind::Full, cli).join(" ");
+        assert!(
+            full.starts_with("--restarts --sequences 3 --restarts 4 --subjects auto,owned,hf_torch"),
+            "{full}"
+        );
+        assert!(full.contains("--together 4") && !full.contains("--no-limited"), "{full}");
+        assert!(restarts_options(PlanKind::Default, cli).join(" ").contains("--together 4"));
     }
 }

@@ -66,7 +66,10 @@ pub use load::{
     TensorHook, TensorRef, UnknownBackend, load, load_path, load_runs, load_share, load_share_runs,
     load_streaming,
 };
-pub use map::populate::{POPULATE_PIECE_BYTES_MAX, PopulateConfig, PopulateError, Populated, Span, populate};
+pub use map::populate::{
+    POPULATE_PIECE_BYTES_MAX, PopulateConfig, PopulateError, Populated, ReadAhead, Span, populate,
+};
+pub use map::readahead::Prefetch;
 pub use map::{FileRange, MapMode, MappedFiles};
 pub use report::{CastReport, CastTensor, LoadReport, Phases, SliceCounts};
 pub use seam::{

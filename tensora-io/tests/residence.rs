@@ -101,6 +101,41 @@ fn auto_owns_when_a_backend_is_named_or_the_data_is_cold() {
 }
 
 #[test]
+fn an_owned_cold_copy_keeps_its_pages_unless_asked_for_o_direct() {
+    // A file on a disk-backed filesystem (the target dir, not a tmpfs), 16 MiB in 4 tensors.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let cold = generate(14, &[vec![(Dtype::F32, vec![1 << 20]); 4]]);
+    let path = dir.path().join("cold.safetensors");
+    std::fs::copy(cold.path().join("shard-00.safetensors"), &path).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    file.sync_all().unwrap();
+    let len_bytes = file.metadata().unwrap().len();
+    let resident = || tensora_sys::residency_sample(&file, len_bytes).unwrap();
+    let ckpt = tensora_format::open(&path).unwrap();
+    for (io_mode, kept) in [(IoMode::Direct, false), (IoMode::Auto, true)] {
+        tensora_sys::evict_file_cache(&file).unwrap();
+        assert_eq!(resident().resident_pages, 0, "ext4 drops clean pages on POSIX_FADV_DONTNEED");
+        let loaded = load(&ckpt, &LoadOptions { io_mode, ..LoadOptions::default() }).unwrap();
+        let r = loaded.report();
+        assert_eq!(r.residence, "owned");
+        for (name, want) in &cold.data {
+            assert_eq!(loaded.tensor(name).unwrap().bytes(), &want[..], "{name}");
+        }
+        let after = resident();
+        if kept {
+            assert!(r.reason.contains("cold, pages kept cached for the next load"), "{}", r.reason);
+            assert_eq!((r.backend.as_str(), r.io_mode.as_str()), ("sync", "buffered"), "{}", r.reason);
+            assert_eq!(after.resident_pages, after.sampled_pages, "the cold copy left its pages: {after:?}");
+        } else {
+            // O_DIRECT asked: read around the cache (a selection this small, by the sync backend).
+            assert!(!r.reason.contains("pages kept"), "{}", r.reason);
+            assert_eq!(r.io_mode, "direct", "{}", r.reason);
+            assert!(after.fraction() < tensora_io::WARM_FRACTION, "{after:?}");
+        }
+    }
+}
+
+#[test]
 fn residence_names_parse_and_unknown_ones_are_refused() {
     for r in [Residence::Owned, Residence::Mapped(files_unchanged()), Residence::Auto(files_unchanged())] {
         assert_eq!(Residence::from_name(r.as_str(), files_unchanged()), Ok(r));

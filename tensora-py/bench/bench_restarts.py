@@ -1,8 +1,8 @@
 """Situation (c), restarts: what a cold start leaves for the next process on the node.
 
     python tensora-py/bench/bench_restarts.py CHECKPOINT [--cli PATH] [--sequences N]
-        [--restarts N] [--subjects a,b,...] [--together N] [--no-limited] [--timeout S]
-        [--json OUT.json]
+        [--restarts N] [--subjects a,b,...] [--together N] [--no-limited] [--scratch DIR]
+        [--timeout S] [--json OUT.json]
 
 Sequences: the checkpoint's pages are dropped from the page cache once (`POSIX_FADV_DONTNEED` on
 each file: the interpreter's and torch's libraries stay cached, as on a node that ran a job
@@ -122,16 +122,17 @@ def fmt(summary):
     return f"{summary['median']:.2f} ({summary['min']:.2f}..{summary['max']:.2f})"
 
 
-def print_sequences(table, restarts):
+def sequence_lines(table, restarts):
+    """The sequences' Markdown table, one line per subject."""
     head = "| subject | total s | cold s | " + " | ".join(f"restart {i} s" for i in range(1, restarts + 1)) + " |"
-    print(head)
-    print("|" + "---|" * (3 + restarts))
+    lines = [head, "|" + "---|" * (3 + restarts)]
     for subject, row in table.items():
         if row["errors"] and not row["total_s"]:
-            print(f"| {subject} | error: {row['errors'][0]} |")
+            lines.append(f"| {subject} | error: {row['errors'][0]} |")
             continue
         steps = " | ".join(fmt(s) for s in row["steps_s"])
-        print(f"| {subject} | {fmt(row['total_s'])} | {steps} |")
+        lines.append(f"| {subject} | {fmt(row['total_s'])} | {steps} |")
+    return lines
 
 
 def device_of(path):
@@ -201,8 +202,9 @@ def cached_fraction(path):
     return res / size if size else 1.0
 
 
-def limited(subjects, path, cli, total_bytes, timeout_s):
-    """Each subject's load inside a memory cgroup too small to cache the checkpoint."""
+def limited(subjects, path, cli, total_bytes, timeout_s, scratch):
+    """Each subject's load inside a memory cgroup too small to cache the checkpoint; the neighbour
+    file is written under `scratch` (default: beside the checkpoint, on the same device)."""
     try:
         cg, limit_file = cgroup_dir()
         os.makedirs(cg, exist_ok=True)
@@ -213,7 +215,8 @@ def limited(subjects, path, cli, total_bytes, timeout_s):
     except (OSError, RuntimeError) as e:
         return {"skipped": f"no writable memory cgroup here ({e}); run as root on a cgroup v1 or v2 machine"}
     rows = {}
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(os.path.abspath(bench_load.files_of(path)[0]))) as neighbour:
+    scratch = scratch or os.path.dirname(os.path.abspath(bench_load.files_of(path)[0]))
+    with tempfile.NamedTemporaryFile(dir=scratch) as neighbour:
         neighbour.write(os.urandom(1 << 20) * (NEIGHBOUR_BYTES >> 20))
         neighbour.flush()
         os.fsync(neighbour.fileno())
@@ -261,11 +264,11 @@ def acceptance(table, together_rows, one_cold):
 
     def check(name, num, den, goal, higher_is_better=False):
         if num is None or den is None:
-            out.append({"check": name, "value": None, "goal": goal, "pass": None})
+            out.append({"check": name, "value": None, "goal": goal, "pass": None, "higher_is_better": higher_is_better})
             return
         value = num / den
         ok = value >= goal if higher_is_better else value <= goal
-        out.append({"check": name, "value": value, "goal": goal, "pass": ok})
+        out.append({"check": name, "value": value, "goal": goal, "pass": ok, "higher_is_better": higher_is_better})
 
     check("auto total / HF torch total", total("auto"), total("hf_torch"), 0.8)
     check("auto total / ideal", total("auto"), total("ideal"), 1.15)
@@ -286,6 +289,7 @@ def main():
     ap.add_argument("--subjects", default="auto,owned,hf_torch,hf_numpy,runai,fastsafetensors,cli")
     ap.add_argument("--together", type=int, default=4, help="processes started at once (0: skip)")
     ap.add_argument("--no-limited", action="store_true", help="skip the memory-limited case")
+    ap.add_argument("--scratch", help="directory for the limited case's neighbour file (default: the checkpoint's)")
     ap.add_argument("--timeout", type=int, default=STEP_TIMEOUT_DEFAULT_S)
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -296,7 +300,9 @@ def main():
     total_bytes = sum(os.path.getsize(f) for f in bench_load.files_of(path))
     print(f"restarts: {path}, {total_bytes / 1e9:.2f} GB, {args.sequences} sequences of 1 cold + {args.restarts} restarts")
     table = run_sequences(args, subjects + ["ideal"], path)
-    print_sequences(table, args.restarts)
+    table_lines = sequence_lines(table, args.restarts)
+    print("\n".join(table_lines))
+    lines = []  # every other result, one line each
     together_rows, one_cold = {}, {}
     if args.together > 0:
         for subject in [s for s in ("auto", "cli") if s in subjects]:
@@ -306,31 +312,47 @@ def main():
             row = together(subject, path, args.cli, args.together, args.timeout)
             row.update(count=args.together, checkpoint_bytes=total_bytes, one_wall_s=one_cold[subject])
             together_rows[subject] = row
-            print(
+            lines.append(
                 f"together: {args.together} x {subject}: wall {row['wall_s']:.2f} s (one alone {row['one_wall_s']:.2f} s), "
                 f"{row['device_bytes'] / 1e9:.2f} GB from the device ({row['device_bytes'] / total_bytes:.2f}x the checkpoint)"
                 + (f", errors: {row['errors']}" if row["errors"] else "")
             )
-    limited_rows = {} if args.no_limited else limited([s for s in ("auto", "cli") if s in subjects], path, args.cli, total_bytes, args.timeout)
+            print(lines[-1], flush=True)
+    limited_rows = {} if args.no_limited else limited(
+        [s for s in ("auto", "cli") if s in subjects], path, args.cli, total_bytes, args.timeout, args.scratch
+    )
     for subject, row in limited_rows.items():
         if subject == "skipped":
-            print(f"limited: skipped: {row}")
-            continue
-        print(
-            f"limited: {subject} under a {row['limit_bytes'] / 1e9:.2f} GB cgroup: {row['seconds'] or row['error']} s; "
-            f"neighbour cached {row['neighbour_cached_before']:.0%} -> {row['neighbour_cached_after']:.0%}; reason: {row['reason']}"
-        )
+            lines.append(f"limited: skipped: {row}")
+        else:
+            lines.append(
+                f"limited: {subject} under a {row['limit_bytes'] / 1e9:.2f} GB cgroup: {row['seconds'] or row['error']} s; "
+                f"neighbour cached {row['neighbour_cached_before']:.0%} -> {row['neighbour_cached_after']:.0%}; reason: {row['reason']}"
+            )
+        print(lines[-1])
     checks = acceptance(table, together_rows, one_cold)
     for c in checks:
         value = "n/a" if c["value"] is None else f"{c['value']:.2f}"
         verdict = {True: "pass", False: "FAIL", None: "no data"}[c["pass"]]
-        print(f"check: {c['check']}: {value} (goal {'<=' if 'together, device' in c['check'] or 'total' in c['check'] or 'wall' in c['check'] else '>='} {c['goal']}) {verdict}")
+        lines.append(f"check: {c['check']}: {value} (goal {'>=' if c.get('higher_is_better') else '<='} {c['goal']}) {verdict}")
+        print(lines[-1])
     for subject, row in table.items():
         for reason in row["reasons"]:
-            print(f"reason: {subject}: {reason}")
+            lines.append(f"reason: {subject}: {reason}")
+            print(lines[-1])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"sequences": table, "together": together_rows, "limited": limited_rows, "checks": checks}, f, indent=1)
+            json.dump(
+                {
+                    "sequences": table,
+                    "together": together_rows,
+                    "limited": limited_rows,
+                    "checks": checks,
+                    "markdown": "\n".join(table_lines) + "\n\n" + "\n".join(f"- {line}" for line in lines),
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

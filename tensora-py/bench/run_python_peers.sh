@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The hook for `cargo xtask bench`: run the Python peers' bench (bench_load.py) on a fixture when a
-# Python with torch, the peers and tensora is available, else say why it is skipped.
+# The hook for `cargo xtask bench`: run the Python peers' bench (bench_load.py), or with --restarts
+# the restarts bench (bench_restarts.py), on a fixture when a Python with torch, the peers and
+# tensora is available, else say why it is skipped.
 #   tensora-py/bench/run_python_peers.sh FIXTURE OUT.json [bench_load.py options...]
+#   tensora-py/bench/run_python_peers.sh FIXTURE OUT.json --restarts [bench_restarts.py options...]
 # Python: $TENSORA_PY_VENV/bin/python, else $CARGO_TARGET_DIR/py-venv or target/py-venv (what
 # `cargo xtask provision --python` fills, with tensora installed by maturin), else $PYTHON.
 # Exit 0: ran, OUT.json written (schema 2: temps.{warm,cold}.results.SUBJECT.{gbps_median,
@@ -26,4 +28,9 @@ if ! why="$("$python" -c 'import torch, tensora, safetensors, runai_model_stream
     echo "python peers skipped: $python cannot import the peers (run \`cargo xtask provision --python\` once): ${why##*$'\n'}"
     exit 3
 fi
-exec "$python" "$bench_dir/bench_load.py" "$fixture" --json "$out" "$@"
+script="bench_load.py"
+if [ "${1:-}" = "--restarts" ]; then
+    script="bench_restarts.py"
+    shift
+fi
+exec "$python" "$bench_dir/$script" "$fixture" --json "$out" "$@"

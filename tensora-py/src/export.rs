@@ -94,7 +94,7 @@ impl ExportMeta {
 /// tensors delivered in that dtype, each read converted as it lands into an owned buffer at the
 /// target dtype (`tensora_io::cast`); the report's `cast` names the converted tensors.
 #[pyfunction]
-#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None, tp=None, rules=None, dtype=None))]
+#[pyo3(signature = (path, select=None, backend="auto", progress=None, residence="owned", manifest=None, remote=None, tp=None, rules=None, dtype=None, cache_pages=true))]
 #[allow(clippy::too_many_arguments)] // the Python keyword arguments of `load_file`
 pub(crate) fn load<'py>(
     py: Python<'py>,
@@ -108,6 +108,7 @@ pub(crate) fn load<'py>(
     tp: Option<(u32, u32)>,
     rules: Option<&Bound<'py, PyAny>>,
     dtype: Option<&str>,
+    cache_pages: bool,
 ) -> PyResult<(Bound<'py, PyDict>, String)> {
     let cancel = Arc::new(AtomicBool::new(false));
     let shard = crate::tp::shard(tp, rules)?;
@@ -120,6 +121,8 @@ pub(crate) fn load<'py>(
         shard,
         dtype: crate::dtype_target(dtype)?,
         backend: crate::backend(backend)?,
+        // `cache_pages=False`: a cold load reads around the page cache (O_DIRECT), as `--direct`.
+        io_mode: if cache_pages { tensora_io::IoMode::Auto } else { tensora_io::IoMode::Direct },
         residence: crate::residence(residence)?,
         selection: selection(select)?,
         cancel: Some(Arc::clone(&cancel)),

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tensora_format::Checkpoint;
 use tensora_io::LoadError;
-use tensora_io::{PopulateConfig, PopulateError, Span, populate};
+use tensora_io::{PopulateConfig, PopulateError, ReadAhead, Span, populate};
 
 use crate::exc::{CancelledError, SelectionError};
 use crate::owner::{self, Owner, Storage, TensorBytes};
@@ -38,6 +38,9 @@ pub struct Mapped {
     check: Option<Arc<ManifestCheck>>,
     /// How `get_tensor` reads the bytes.
     read: Read,
+    /// The files being read into the page cache since open, when they were cold and fit
+    /// (`tensora_io::Prefetch::if_cold`); stopped and joined when this is dropped.
+    prefetch: Option<tensora_io::Prefetch>,
 }
 
 /// How a [`Mapped`] serves tensors (`backend=` of `safe_open`).
@@ -93,14 +96,26 @@ impl Mapped {
     /// Open `path`; with `manifest`, every `tensor` / `tensor_lazy` fetch is checked against it
     /// (the whole tensor, even for a slice) before it is returned.
     /// `backend`: `"auto"` or `"mmap"` (views of a private mapping) or `"pread"` (copies read
-    /// into memory of their own).
+    /// into memory of their own). `read_ahead`: read the files into the page cache from open, in
+    /// a thread of their own, when `auto`'s rule says so (cold, local, the pages fit: see
+    /// [`prefetch_if_cold`]); for callers that read every tensor (HF's `safe_open` users), not
+    /// for those that read slices of a few.
     #[new]
-    #[pyo3(signature = (path, manifest=None, backend="auto"))]
-    fn new(py: Python<'_>, path: PathBuf, manifest: Option<PathBuf>, backend: &str) -> PyResult<Mapped> {
+    #[pyo3(signature = (path, manifest=None, backend="auto", read_ahead=false))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        manifest: Option<PathBuf>,
+        backend: &str,
+        read_ahead: bool,
+    ) -> PyResult<Mapped> {
         let read = Read::parse(backend)?;
         py.detach(|| {
             let mut m = open_checkpoint_files(&path)?;
             m.read = read;
+            if read_ahead && read == Read::Map {
+                m.prefetch = tensora_io::Prefetch::if_cold(&m.ckpt, &m.files);
+            }
             if let Some(manifest) = manifest {
                 m.check = Some(crate::manifest_check(&m.ckpt, &crate::read_manifest(&manifest)?)?);
             }
@@ -359,6 +374,7 @@ fn open_checkpoint_files(path: &Path) -> PyResult<Mapped> {
         copies: CopyTally::default(),
         check: None,
         read: Read::Map,
+        prefetch: None,
     })
 }
 
@@ -390,7 +406,7 @@ unsafe fn populate_tensor(
     len_bytes: usize,
 ) -> PyResult<()> {
     let never = AtomicBool::new(false);
-    let cfg = PopulateConfig { threads: 1, cancel: &never, progress: None };
+    let cfg = PopulateConfig { threads: 1, cancel: &never, progress: None, ahead: ReadAhead::Ahead };
     // SAFETY: per the contract.
     unsafe { populate(&[Span { addr, len_bytes }], &cfg) }.map(|_| ()).map_err(|e| match e {
         PopulateError::Io { piece_addr, piece_len_bytes, source, .. } => load_err(LoadError::Read {

@@ -70,6 +70,37 @@ def test_cold_files_are_read_in_as_views_and_left_cached_for_the_next_load(tmp_p
     assert again["reason"].startswith("mapped: warm"), again["reason"]
 
 
+def test_cache_pages_false_reads_cold_files_around_the_page_cache(tmp_path):
+    path = tmp_path / "cold.safetensors"
+    save_file({"w": np.arange(1 << 20, dtype=np.float32)}, str(path))  # 4 MiB
+    _evict(path)
+    d, report = tensora.load_file_with_report(path, residence="auto", cache_pages=False)
+    assert not _mapped(report), report
+    assert report["reason"].startswith("owned: cold, around the page cache (O_DIRECT asked)"), report["reason"]
+    assert d["w"].tobytes() == np.arange(1 << 20, dtype=np.float32).tobytes()
+    with pytest.raises(TypeError):
+        tensora.load_file(path, "np", None, "auto", None, None, None, None, None, False)  # keyword only
+
+
+def test_the_drop_in_safe_open_reads_a_cold_file_ahead_from_open(tmp_path):
+    import time
+
+    from tensora.safetensors import safe_open as dropin_safe_open
+
+    path = tmp_path / "cold.safetensors"
+    save_file({"w": np.arange(4 << 20, dtype=np.float32)}, str(path))  # 16 MiB
+    _evict(path)
+    if _resident_fraction(path) > 0.05:
+        pytest.skip("this filesystem keeps the pages cached after DONTNEED")
+    with dropin_safe_open(str(path), "np") as f:
+        deadline = time.monotonic() + 10
+        while _resident_fraction(path) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # Nothing was read by the caller: the pages came from the read-ahead started at open.
+        assert _resident_fraction(path) == 1.0
+        assert f.get_tensor("w").tobytes() == np.arange(4 << 20, dtype=np.float32).tobytes()
+
+
 @pytest.mark.parametrize("residence", ["owned", "mapped"])
 def test_loads_are_independent_and_private(every_dtype_file, residence):
     before = file_sha256(every_dtype_file)

@@ -84,6 +84,7 @@ pub(crate) fn example() -> Report {
         }],
         versus: Vec::new(),
         python_peers: None,
+        restarts: None,
     };
     r.compute_rooflines();
     r

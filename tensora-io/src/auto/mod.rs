@@ -20,10 +20,11 @@
 //! they do not fit, when that memory cannot be read, or when the caller asks for `O_DIRECT`
 //! ([`IoMode::Direct`]), a cold load reads around the cache as before, which leaves other
 //! processes' cached pages where they are. An owned copy ([`Residence::Owned`]) of cold data
-//! still reads around the cache: a buffered 2-thread `pread` of the cold 2.2 GB bench checkpoint
-//! reached 0.67-0.78 of the direct queue's speed here, and mapped views 0.93-1.0 (3 alternating
-//! rounds, `tensora load --json` with `--buffered`, `--direct`, `--mapped`, on an idle machine);
-//! its reason says whether the pages would have fit.
+//! keeps its pages by the same rule, its arena counted as its destination: it reads buffered,
+//! with a helper thread reading each file into the page cache ahead of the copies
+//! ([`crate::map::readahead`]), so the device sees a deep queue as with `O_DIRECT` (measured in
+//! docs/performance.md "Restarts"); when pages and arena do not both fit it reads around the
+//! cache with the direct queue.
 //!
 //! Residence, when the caller asks for [`Residence::Auto`] (first match wins):
 //!
@@ -41,8 +42,9 @@
 //! |---|---|---|
 //! | network/FUSE filesystem | sync, buffered | never lazy mmap there; O_DIRECT semantics vary |
 //! | warm | sync, buffered | one copy from the page cache into the hugepage arena is the roofline; copying from a mapping measured within noise of it, with deeper dips and a truncation fault window |
+//! | cold, pages and arena fit in the page cache ([`page_cache`]) | sync, buffered, read ahead | the next process finds the pages cached; the read-ahead helper keeps the device's queue deep |
 //! | cold, O_DIRECT works, io_uring available, ≥ [`DIRECT_MIN_BYTES`] selected | io-uring, direct | deep queue of large aligned reads, no page-cache copy |
-//! | cold otherwise | sync, buffered | kernel readahead with several threads |
+//! | cold otherwise | sync, buffered | the same read-ahead helper, several threads |
 //!
 //! Mapped views never run a backend (the report names `mmap`); every selected page is read in
 //! before the load returns ([`crate::map::populate`]).
@@ -254,6 +256,29 @@ pub fn pages_fit(uncached_bytes: u64, destination_bytes: u64, memory: Option<Mem
     if need_bytes <= room.available_bytes { PageCache::Keep(sums) } else { PageCache::Around(sums) }
 }
 
+/// Whether a checkpoint opened for views read on demand (HF's `safe_open`, whose callers fault
+/// each tensor's pages in as they use them) should be read into the page cache at open, ahead of
+/// them ([`crate::map::readahead::Prefetch`]): when it is cold, on a local filesystem, and its
+/// pages fit by the page-cache rule (no destination: views). `Ok` with the reason to read ahead,
+/// `Err` with the reason not to.
+pub fn read_ahead_at_open(f: &Facts) -> Result<String, String> {
+    match &f.filesystem {
+        None => return Err("filesystem unknown".to_owned()),
+        Some(fs) if fs.remote => return Err(format!("{} is a network/FUSE filesystem", fs.name)),
+        Some(_) => {}
+    }
+    if f.residency.sampled_pages == 0 {
+        return Err("nothing sampled".to_owned());
+    }
+    if f.warm() {
+        return Err(format!("warm ({:.0}% of sampled pages cached)", f.residency.fraction() * 100.0));
+    }
+    match page_cache(f, 0) {
+        PageCache::Keep(why) => Ok(format!("cold, pages fit ({why})")),
+        PageCache::Around(why) => Err(format!("cold, pages do not fit ({why})")),
+    }
+}
+
 /// The rule tables (see the module docs): residence first, then the backend of an owned load.
 pub fn choose(f: &Facts) -> Choice {
     let fs_name = f.filesystem.as_ref().map_or("unknown fs", |fs| fs.name.as_str());
@@ -345,18 +370,26 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
             format!("warm: one pread copy from the page cache into the hugepage arena; {facts}"),
         );
     }
+    if let PageCache::Keep(why) = page_cache(f, f.owned_destination_bytes) {
+        // The pages and the arena fit: read through the page cache, the files read ahead of the
+        // copies, so the next process finds them cached (see the module docs).
+        return owned(
+            "sync",
+            Access::Buffered,
+            format!(
+                "cold, pages kept cached for the next load ({why}): buffered pread, the files read ahead \
+                 of the copies; {facts}"
+            ),
+        );
+    }
     let direct_ok = matches!(f.direct, Some(Ok(())));
     if direct_ok && f.uring.is_ok() && f.bytes_selected >= DIRECT_MIN_BYTES {
-        // An owned copy reads around the page cache even when its pages would fit: a buffered
-        // cold read measured under 0.8 of this queue here (see the module docs).
-        let cache = match page_cache(f, f.owned_destination_bytes) {
-            PageCache::Keep(_) => "pages not kept: residence auto keeps them",
-            PageCache::Around(_) => "around the page cache",
-        };
         return owned(
             "io-uring",
             Access::Direct,
-            format!("cold, {cache}, O_DIRECT and io_uring available: deep direct queue; {facts}"),
+            format!(
+                "cold, around the page cache, O_DIRECT and io_uring available: deep direct queue; {facts}"
+            ),
         );
     }
     let why = match (&f.direct, &f.uring) {
@@ -520,17 +553,53 @@ mod tests {
         f.memory = None;
         assert!(page_cache(&f, 0) == PageCache::Around("available memory unknown".to_owned()));
         assert_eq!(choose(&f).backend, "io-uring");
-        // An owned copy reads around the cache and says whether the pages would have fit.
+        // An owned copy whose pages and arena fit keeps the pages too: buffered, read ahead.
         f.memory = facts().memory;
         f.residence = Residence::Owned;
         let c = choose(&f);
-        assert_eq!((c.backend, c.direct), ("io-uring", true));
+        assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "sync", false));
         assert!(
-            c.reason
-                .starts_with("owned: residence \"owned\"; cold, pages not kept: residence auto keeps them"),
+            c.reason.starts_with(
+                "owned: residence \"owned\"; cold, pages kept cached for the next load (2.15 GB to cache + \
+                 2.15 GB destination"
+            ),
             "{}",
             c.reason
         );
+        assert!(c.reason.contains("buffered pread, the files read ahead of the copies"), "{}", c.reason);
+    }
+
+    #[test]
+    fn an_owned_cold_copy_keeps_its_pages_exactly_when_pages_and_arena_fit() {
+        let mut f = cold_around();
+        f.direct = Some(Ok(()));
+        // 2 GiB of pages + 2 GiB of arena + 3 GiB of margin (24 GiB / 8): 7 GiB needed.
+        let need_bytes = 7u64 << 30;
+        f.memory =
+            Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: need_bytes, cgroup_limit_bytes: None });
+        let c = choose(&f);
+        assert_eq!((c.backend, c.direct), ("sync", false), "{}", c.reason);
+        assert!(c.reason.contains("<= 7.52 GB available"), "{}", c.reason);
+        f.memory = Some(MemoryRoom {
+            total_bytes: 24 << 30,
+            available_bytes: need_bytes - 1,
+            cgroup_limit_bytes: None,
+        });
+        let c = choose(&f);
+        assert_eq!((c.backend, c.direct), ("io-uring", true), "{}", c.reason);
+        assert!(
+            c.reason.starts_with("owned: residence \"owned\"; cold, around the page cache, O_DIRECT"),
+            "{}",
+            c.reason
+        );
+        // --direct / cache_pages=False: around the cache however much room there is.
+        f.memory = facts().memory;
+        f.io_mode = IoMode::Direct;
+        assert_eq!(choose(&f).backend, "io-uring");
+        // Without O_DIRECT or io_uring a cold copy that fits still says it keeps its pages.
+        f.io_mode = IoMode::Auto;
+        f.direct = Some(Err("EINVAL".into()));
+        assert!(choose(&f).reason.contains("cold, pages kept cached"));
     }
 
     #[test]
@@ -559,6 +628,33 @@ mod tests {
         });
         let PageCache::Around(why) = page_cache(&f, 0) else { panic!("1 GiB of room cannot hold 2 GiB") };
         assert!(why.ends_with("1.07 GB available (cgroup limit)"), "{why}");
+    }
+
+    #[test]
+    fn a_view_opened_cold_is_read_ahead_exactly_when_local_and_its_pages_fit() {
+        let mut f = cold_around();
+        // 2 GiB of pages + 3 GiB of margin: 5 GiB needed, no destination for views.
+        f.memory =
+            Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: 5 << 30, cgroup_limit_bytes: None });
+        let why = read_ahead_at_open(&f).unwrap();
+        assert!(why.starts_with("cold, pages fit (2.15 GB to cache + 0.00 GB destination"), "{why}");
+        f.memory = Some(MemoryRoom {
+            total_bytes: 24 << 30,
+            available_bytes: (5 << 30) - 1,
+            cgroup_limit_bytes: None,
+        });
+        assert!(read_ahead_at_open(&f).unwrap_err().starts_with("cold, pages do not fit"));
+        f.memory = facts().memory;
+        f.io_mode = IoMode::Direct;
+        assert!(read_ahead_at_open(&f).is_err(), "O_DIRECT asked: nothing kept");
+        f.io_mode = IoMode::Auto;
+        f.residency.resident_pages = 50;
+        assert_eq!(read_ahead_at_open(&f).unwrap_err(), "warm (50% of sampled pages cached)");
+        f.residency.resident_pages = 0;
+        f.filesystem = Some(probe::classify_filesystem(0x6969));
+        assert!(read_ahead_at_open(&f).unwrap_err().contains("network/FUSE"));
+        f.filesystem = None;
+        assert!(read_ahead_at_open(&f).is_err());
     }
 
     proptest! {

@@ -4,7 +4,9 @@
 //! Workers pull reads from the plan's per-file queues. Worker `w` starts on queue `w mod files`
 //! (queue 0, the most urgent, under a priority order) and, when that queue runs dry, moves on to the
 //! next queue with work, so several files stay busy at once and a single file is shared by all
-//! workers (each read is positional, so there is no shared cursor). Before a read is issued its
+//! workers (each read is positional, so there is no shared cursor). A buffered job has one more
+//! thread, which reads each queue into the page cache ahead of the workers' claims
+//! ([`crate::map::readahead`]): a cold file is then read with a deep queue. Before a read is issued its
 //! bytes are acquired from the job's [`Budget`](crate::Budget); the permit is released
 //! once the read has landed.
 //!
@@ -31,7 +33,9 @@ use std::sync::Arc;
 use tensora_plan::Read;
 
 use super::read_progress::{ReadProgress, Step};
-use super::runtime::{DestPtr, RunState, direct_align_bytes, direct_aligned, run_workers, validate_job};
+use super::runtime::{
+    DestPtr, RunState, direct_align_bytes, direct_aligned, run_workers_reading_ahead, validate_job,
+};
 use crate::seam::{Access, CompletionSink, IoBackend, IoStats, Job, ReadError, SourceFile};
 
 /// Upper bound on worker threads, whatever the job asks.
@@ -212,7 +216,8 @@ impl IoBackend for SyncBackend {
         let state = RunState::new(job);
         let threads = job.config.threads.clamp(1, THREADS_MAX).min(reads_total);
         let reader = &*self.reader;
-        let per_worker = run_workers(threads, |w| worker(job, sink, reader, &state, w));
+        let per_worker =
+            run_workers_reading_ahead(job, &state, threads, |w| worker(job, sink, reader, &state, w));
         state.finish(per_worker)
     }
 }

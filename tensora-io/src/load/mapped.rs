@@ -9,7 +9,7 @@ use super::loaded::{Entry, Storage};
 use super::session::{Session, Tally, touched_files};
 use super::{ArenaReuse, Loaded, PieceRef, Residence};
 use crate::error::LoadError;
-use crate::map::populate::{PopulateConfig, PopulateError, Span, populate};
+use crate::map::populate::{PopulateConfig, PopulateError, ReadAhead, Span, populate};
 use crate::map::{FileRange, MapMode, MappedFiles};
 use crate::report::{Faults, LoadReport, Phases};
 use crate::seam::ReadErrorKind;
@@ -92,6 +92,8 @@ fn read_in(session: &Session<'_>, entries: &[Entry], mapped: &MappedFiles) -> Re
         threads: opts.threads,
         cancel: opts.cancel.as_deref().unwrap_or(&never),
         progress: opts.progress.as_ref(),
+        // Cold pages are read with a deep queue; over cached ones the advice costs a lookup.
+        ahead: ReadAhead::Ahead,
     };
     // SAFETY: every span lies inside one of `mapped`'s live, page-aligned mappings (checked by
     // `span_of`), which stay mapped for the call (`mapped` is borrowed).

@@ -62,8 +62,9 @@ use std::sync::atomic::AtomicBool;
 use memmap2::{Advice, Mmap, MmapMut, MmapOptions};
 
 pub mod populate;
+pub mod readahead;
 
-use populate::{PopulateConfig, PopulateError, Span};
+use populate::{PopulateConfig, PopulateError, ReadAhead, Span};
 use tensora_plan::{Extent, Read};
 
 use crate::seam::SourceFile;
@@ -312,7 +313,7 @@ impl MappedFiles {
     pub fn prewarm(&self, ranges: &[FileRange], threads: usize) -> io::Result<u64> {
         let spans = ranges.iter().map(|r| self.span_of(r)).collect::<io::Result<Vec<Span>>>()?;
         let never = AtomicBool::new(false);
-        let cfg = PopulateConfig { threads, cancel: &never, progress: None };
+        let cfg = PopulateConfig { threads, cancel: &never, progress: None, ahead: ReadAhead::Ahead };
         // SAFETY: every span lies inside one of this object's mappings (checked by `span_of`),
         // which start on page boundaries and stay mapped while `self` is borrowed.
         match unsafe { populate::populate(&spans, &cfg) } {

@@ -12,12 +12,12 @@
 //!
 //! ```
 //! use std::sync::atomic::AtomicBool;
-//! use tensora_io::{PopulateConfig, Span, populate};
+//! use tensora_io::{PopulateConfig, ReadAhead, Span, populate};
 //!
 //! let mut map = memmap2::MmapMut::map_anon(1 << 20)?;
 //! let base = map.as_mut_ptr() as usize;
 //! let never = AtomicBool::new(false);
-//! let cfg = PopulateConfig { threads: 2, cancel: &never, progress: None };
+//! let cfg = PopulateConfig { threads: 2, cancel: &never, progress: None, ahead: ReadAhead::Ahead };
 //! // SAFETY: the span is the first half of `map`, which lives across the call.
 //! let done = unsafe { populate(&[Span { addr: base, len_bytes: 512 << 10 }], &cfg) }?;
 //! assert_eq!(done.bytes, 512 << 10);
@@ -28,6 +28,7 @@ use std::io;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use super::readahead::{AheadQueue, read_ahead, willneed_mapped};
 use crate::load::ProgressHook;
 
 /// Largest piece one populate call covers (progress and cancel are checked between pieces).
@@ -54,6 +55,19 @@ pub struct PopulateConfig<'a> {
     pub cancel: &'a AtomicBool,
     /// Called with `(bytes_done, bytes_total)`, in increasing order, after each piece.
     pub progress: Option<&'a ProgressHook>,
+    /// Whether a helper thread reads the pieces into the page cache ahead of the workers.
+    pub ahead: ReadAhead,
+}
+
+/// Whether [`populate`] reads ahead of its workers (`map/readahead.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadAhead {
+    /// Only the workers' `MADV_POPULATE_READ`: each waits for its own piece (two 8 MiB pieces in
+    /// flight with two workers). For pages that are likely cached already.
+    Off,
+    /// A helper thread `MADV_WILLNEED`s the pieces ahead of the workers (at most
+    /// `READAHEAD_LEAD_BYTES`), so a cold file is read with a deep queue.
+    Ahead,
 }
 
 impl std::fmt::Debug for PopulateConfig<'_> {
@@ -62,6 +76,7 @@ impl std::fmt::Debug for PopulateConfig<'_> {
             .field("threads", &self.threads)
             .field("cancel", &self.cancel)
             .field("progress", &self.progress.is_some())
+            .field("ahead", &self.ahead)
             .finish()
     }
 }
@@ -126,7 +141,14 @@ pub unsafe fn populate(spans: &[Span], cfg: &PopulateConfig<'_>) -> Result<Popul
         unsupported: AtomicBool::new(false),
     };
     let threads = cfg.threads.clamp(1, POPULATE_THREADS_MAX).min(pieces.len().max(1));
+    let lens: Vec<u64> = pieces.iter().map(|(_, p)| p.len_bytes as u64).collect();
+    let ahead_done = AtomicBool::new(false);
     std::thread::scope(|s| {
+        let reader = (cfg.ahead == ReadAhead::Ahead && pieces.len() > 1).then(|| {
+            let queue = PieceQueue { run: &run, lens: &lens };
+            let done = &ahead_done;
+            s.spawn(move || read_ahead(&[&queue], done))
+        });
         let helpers: Vec<_> = (1..threads)
             .map(|_| {
                 // SAFETY: every piece lies inside a live mapping (this function's contract).
@@ -141,6 +163,12 @@ pub unsafe fn populate(spans: &[Span], cfg: &PopulateConfig<'_>) -> Result<Popul
                 std::panic::resume_unwind(payload);
             }
         }
+        ahead_done.store(true, Ordering::Release);
+        if let Some(h) = reader
+            && let Err(payload) = h.join()
+        {
+            std::panic::resume_unwind(payload);
+        }
     });
     if let Some(e) = run.failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
@@ -153,6 +181,29 @@ pub unsafe fn populate(spans: &[Span], cfg: &PopulateConfig<'_>) -> Result<Popul
         p(total, total);
     }
     Ok(Populated { bytes: total, read_in })
+}
+
+/// The pieces of one [`populate`] call as the read-ahead helper sees them.
+struct PieceQueue<'a> {
+    run: &'a Run<'a>,
+    lens: &'a [u64],
+}
+
+impl AheadQueue for PieceQueue<'_> {
+    fn piece_lens(&self) -> &[u64] {
+        self.lens
+    }
+
+    fn claimed(&self) -> usize {
+        self.run.next.load(Ordering::Relaxed)
+    }
+
+    fn advise(&self, piece: usize, offset_bytes: u64, len_bytes: u64) {
+        let (_, span) = self.run.pieces[piece];
+        // SAFETY: the range lies inside the piece, which lies inside a live mapping for the whole
+        // call (`populate`'s contract); the helper is joined before `populate` returns.
+        unsafe { willneed_mapped(span.addr + offset_bytes as usize, len_bytes as usize) };
+    }
 }
 
 /// The shared state of one [`populate`] call.
@@ -273,7 +324,8 @@ mod tests {
             let s2 = std::sync::Arc::clone(&seen);
             let hook: ProgressHook = std::sync::Arc::new(move |d, t| s2.lock().unwrap().push((d, t)));
             let cancel = AtomicBool::new(false);
-            let cfg = PopulateConfig { threads, cancel: &cancel, progress: Some(&hook) };
+            let ahead = if threads % 2 == 0 { ReadAhead::Ahead } else { ReadAhead::Off };
+            let cfg = PopulateConfig { threads, cancel: &cancel, progress: Some(&hook), ahead };
             // SAFETY: every span lies inside `map` (offset < 768 KiB, len < 256 KiB, map 1 MiB).
             let done = unsafe { populate(&spans, &cfg) }.unwrap();
             let total = spans.iter().map(|s| s.len_bytes as u64).sum::<u64>();
@@ -292,7 +344,7 @@ mod tests {
         let mut map = memmap2::MmapMut::map_anon(1 << 20).unwrap();
         let base = map.as_mut_ptr() as usize;
         let cancel = AtomicBool::new(true);
-        let cfg = PopulateConfig { threads: 2, cancel: &cancel, progress: None };
+        let cfg = PopulateConfig { threads: 2, cancel: &cancel, progress: None, ahead: ReadAhead::Ahead };
         // SAFETY: the span is the whole live mapping.
         let r = unsafe { populate(&[Span { addr: base, len_bytes: 1 << 20 }], &cfg) };
         assert!(matches!(r, Err(PopulateError::Cancelled)), "{r:?}");
@@ -309,7 +361,7 @@ mod tests {
         f.set_len(4096).unwrap();
         let base = map.as_mut_ptr() as usize;
         let cancel = AtomicBool::new(false);
-        let cfg = PopulateConfig { threads: 1, cancel: &cancel, progress: None };
+        let cfg = PopulateConfig { threads: 1, cancel: &cancel, progress: None, ahead: ReadAhead::Ahead };
         // SAFETY: the span is the whole live mapping.
         let r = unsafe { populate(&[Span { addr: base, len_bytes: 64 << 10 }], &cfg) };
         let Err(PopulateError::Io { span: 0, piece_addr, source, .. }) = r else {

@@ -187,6 +187,8 @@ def load_file(
     tp: Optional[Tuple[int, int]] = None,
     rules: Rules = None,
     dtype: Any = None,
+    *,
+    cache_pages: bool = True,
 ) -> Dict[str, Any]:
     """Load every tensor (or the selected ones) of a checkpoint, like
     ``safetensors.numpy.load_file`` (``framework="np"``) or ``safetensors.torch.load_file``
@@ -212,9 +214,15 @@ def load_file(
     - ``"owned"``: one copy into a buffer this process owns, a snapshot of the files: nothing
       done to the files afterwards, ``save_file(load_file(p), p)`` included, affects the arrays.
     - ``"auto"``: when ``backend`` is ``"auto"`` and the files are on a local filesystem and
-      (mostly) in the page cache, zero-copy views of private copy-on-write mappings of the files,
-      otherwise ``"owned"`` (cold or remote data: the disk is the bound, and a snapshot is safer).
+      (mostly) in the page cache, or cold but small enough for the page cache to keep them for
+      the next process, zero-copy views of private copy-on-write mappings of the files, otherwise
+      ``"owned"`` (remote data, or cold data too large to keep cached: a snapshot is safer).
       ``load_file_with_report`` says which and why.
+
+    A cold load reads through the page cache, so the next process on the node finds the pages
+    cached, whenever they fit in the memory the machine (or its cgroup) can give the cache
+    beside the load's own; ``cache_pages=False`` (keyword) reads cold data around the cache
+    (``O_DIRECT``, as ``tensora load --direct``), leaving other files' cached pages in place.
     - ``"mapped"``: the mapped views, whatever the facts.
 
     Mapped views have every page read in before this returns, so an I/O error or a file already
@@ -266,7 +274,7 @@ def load_file(
     seconds spent converting.
     """
     return load_file_with_report(
-        path, framework, select, backend, progress, residence, manifest, cache, remote, tp, rules, dtype
+        path, framework, select, backend, progress, residence, manifest, cache, remote, tp, rules, dtype, cache_pages=cache_pages
     )[0]
 
 
@@ -283,6 +291,8 @@ def load_file_with_report(
     tp: Optional[Tuple[int, int]] = None,
     rules: Rules = None,
     dtype: Any = None,
+    *,
+    cache_pages: bool = True,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """``load_file``, plus the load report: ``backend``, ``reason`` (which residence was chosen
     and why, then the backend's own reason), ``io_mode`` (``"mapped"`` for zero-copy views),
@@ -299,7 +309,7 @@ def load_file_with_report(
     m = None if manifest is None else os.fspath(manifest)
     residence = _default_residence(fw) if residence is None else residence
     r = _remote_dict(remote, cache)
-    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m, r, tp, rules, _dtype_name(dtype))
+    datas, report = _native.load(os.fspath(path), select, backend, progress, residence, m, r, tp, rules, _dtype_name(dtype), cache_pages)
     return {name: _convert(d, fw) for name, d in datas.items()}, json.loads(report)
 
 

@@ -153,7 +153,9 @@ class safe_open(_tensora_safe_open):
 
     ``backend="mmap"`` (HF's default) hands out zero-copy views of a private copy-on-write
     mapping of the file, pages read in before returning; ``"pread"`` reads each tensor into
-    memory of its own. ``get_tensor`` on a non-CPU ``device`` loads on the CPU and moves the
+    memory of its own. With ``"mmap"``, a cold local file whose pages fit in the page cache
+    (``tensora.load_file``'s rule) is read into it by a thread of its own from open, so the
+    caller's reads (``get_slice`` views paged in as used) find the pages cached or in flight. ``get_tensor`` on a non-CPU ``device`` loads on the CPU and moves the
     tensor there (torch's error where the device is absent). ``manifest=`` (keyword, Tensora's
     extra) checks every tensor against a manifest (``tensora.VerifyError`` otherwise). The rest
     (``keys``, ``offset_keys``, closing) is ``tensora.safe_open``'s.
@@ -175,7 +177,9 @@ class safe_open(_tensora_safe_open):
         self._path = check_exists(filename)
         self._backend = backend
         m = None if manifest is None else os.fspath(manifest)
-        self._mapped = _native.Mapped(self._path, m, backend)
+        # HF's callers (transformers, diffusers) read every tensor: a cold file that fits in the
+        # page cache is read into it from open, ahead of their page faults (auto's rule).
+        self._mapped = _native.Mapped(self._path, m, backend, read_ahead=True)
 
     def metadata(self) -> Optional[Dict[str, str]]:
         m = self._m().metadata()

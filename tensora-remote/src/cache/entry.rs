@@ -139,7 +139,7 @@ impl Log {
     }
 }
 
-/// Where a written copy's pages go: the page cache's rule ([`tensora_io::auto::pages_fit`]),
+/// Where a written copy's pages go: the page cache's rule ([`tensora_io::pages_fit`]),
 /// decided once per load by its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pages {

@@ -18,7 +18,7 @@
 //! store's fetcher into a source of ranges, which decides per range whether it is read from a
 //! copy, written behind the load, through a lane thread, or copied to the writers. A load's
 //! copies are written through the page cache when they fit in it (the page cache's rule,
-//! `tensora_io::auto::pages_fit`, over the load's selection and destination), so a load right
+//! `tensora_io::pages_fit`, over the load's selection and destination), so a load right
 //! after the fill reads memory, as a warm local load does; otherwise with `O_DIRECT`, around it,
 //! leaving the node's other cached pages where they are ([`CacheReport::pages`] says which).
 //!
@@ -122,7 +122,7 @@ pub struct CacheReport {
     /// Bytes fetched from the network and written into the cache.
     pub written_bytes: u64,
     /// Where this load's copies keep their pages, and why (the page cache's rule,
-    /// `tensora_io::auto::pages_fit`): through the page cache, so that the next load of them
+    /// `tensora_io::pages_fit`): through the page cache, so that the next load of them
     /// reads memory, when the load fits; else around it, with `O_DIRECT`. Empty when nothing
     /// was to be written.
     pub pages: String,
