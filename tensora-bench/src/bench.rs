@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 use crate::cache::{CacheDropper, DropMethod};
-pub use crate::cells::{CellSpec, PlanKind, RooflinePages, Subject, plan_cells};
+pub use crate::cells::{CastTo, CellSpec, PlanKind, RooflinePages, Subject, plan_cells};
 use crate::child::{self, ChildSpec, Measured};
 use crate::fixtures::{self, Fixture, Size};
 use crate::memory::{MemoryState, Relay, Wants, relay_bytes};
@@ -185,6 +185,7 @@ pub fn run(config: &BenchConfig, log: &mut dyn FnMut(&str)) -> Result<Report> {
         Some(main) => crate::paired::measure_pairs(&mut runner, main)?,
         None => Vec::new(),
     };
+    pairs.extend(crate::casts::measure_cast_pairs(&mut runner, &prepared.fixtures)?);
     let cache_drop = runner.drop_method();
     runner.steps.close();
     pairs.extend(crate::save::measure_save_pairs(config, &prepared.fixtures, log)?);
@@ -211,6 +212,7 @@ pub fn measure_acceptance_pairs(
     let python = PythonEnv::not_prepared(&config.out_dir, "not needed by the paired runs");
     let mut runner = Runner::new(config, &python, std::slice::from_ref(main), Pairs::Only, log)?;
     let mut pairs = crate::paired::measure_pairs(&mut runner, main)?;
+    pairs.extend(crate::casts::measure_cast_pairs(&mut runner, fixtures)?);
     runner.steps.close();
     pairs.extend(crate::save::measure_save_pairs(config, fixtures, log)?);
     Ok(pairs)
@@ -446,6 +448,7 @@ impl<'a> Runner<'a> {
         }
         if pairs != Pairs::Skip {
             keys.extend(crate::paired::step_keys(config));
+            keys.extend(crate::casts::step_keys(config));
         }
         runner.steps.progress = Progress::new(keys, Output::detect());
         Ok(runner)
@@ -590,9 +593,9 @@ impl<'a> Runner<'a> {
         };
         // After the page cache was filled above, so that the read does not take the memory.
         let wants = match spec.subject {
-            Subject::Tensora(_) | Subject::RooflineWarm { pages: RooflinePages::Arena, .. } => {
-                Wants::HugePages
-            }
+            Subject::Tensora(_)
+            | Subject::Cast(_)
+            | Subject::RooflineWarm { pages: RooflinePages::Arena, .. } => Wants::HugePages,
             _ => Wants::BasePages,
         };
         self.relay.hand_over(relay_bytes(fixture.data_len_bytes), wants)?;

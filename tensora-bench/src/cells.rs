@@ -95,6 +95,37 @@ pub enum Subject {
     PeerMmap,
     /// A Python peer, by its key in [`crate::python::PEERS`].
     PeerPython(String),
+    /// `auto` with Python's default residence (`Residence::Auto`), every tensor cast while it
+    /// lands ([`crate::casts`]).
+    Cast(CastTo),
+}
+
+/// The dtype a [`Subject::Cast`] load asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CastTo {
+    /// `--dtype f32`.
+    F32,
+    /// `--dtype bf16`.
+    Bf16,
+}
+
+impl CastTo {
+    /// What the load options ask for.
+    pub fn target(self) -> tensora_io::DtypeTarget {
+        match self {
+            CastTo::F32 => tensora_io::DtypeTarget::F32,
+            CastTo::Bf16 => tensora_io::DtypeTarget::BF16,
+        }
+    }
+
+    /// The subject's name in reports.
+    pub const fn subject_name(self) -> &'static str {
+        match self {
+            CastTo::F32 => "auto, cast to F32",
+            CastTo::Bf16 => "auto, cast to BF16",
+        }
+    }
 }
 
 impl Subject {
@@ -113,6 +144,7 @@ impl Subject {
             Subject::PeerRead => PEER_ST_READ,
             Subject::PeerMmap => PEER_ST_MMAP,
             Subject::PeerPython(key) => crate::python::peer(key).map_or(key.as_str(), |p| p.name),
+            Subject::Cast(to) => to.subject_name(),
         }
     }
 
@@ -122,7 +154,7 @@ impl Subject {
             Subject::RooflineWarm { .. }
             | Subject::RooflineDirect { .. }
             | Subject::RooflineBuffered { .. } => Kind::Roofline,
-            Subject::Tensora(_) => Kind::Backend,
+            Subject::Tensora(_) | Subject::Cast(_) => Kind::Backend,
             Subject::PeerRead | Subject::PeerMmap | Subject::PeerPython(_) => Kind::Peer,
         }
     }
@@ -177,6 +209,9 @@ impl CellSpec {
 /// unavailable ones end up skipped with their enabling command). Cold cells only when
 /// `config.cold`.
 pub fn plan_cells(config: &BenchConfig, fixture: &str, backends: &[&str], python: &[&str]) -> Vec<CellSpec> {
+    if fixtures::casts_only(fixture) {
+        return Vec::new();
+    }
     let plan = Plan { cold: config.cold, fixture, python };
     match config.plan {
         PlanKind::Quick => plan.quick(backends),

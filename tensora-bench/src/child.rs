@@ -256,8 +256,12 @@ fn load_once(spec: &ChildSpec, selected: Option<&[String]>, previous: Option<Hel
             let details = serde_json::json!({ "huge_pages_advised": arena.huge_pages_advised() });
             Ok((seconds, bytes, Some(details), Box::new(arena)))
         }
-        Subject::Tensora(backend) => {
+        Subject::Tensora(_) | Subject::Cast(_) => {
             drop(previous);
+            let backend = match &spec.subject {
+                Subject::Tensora(name) => name.as_str(),
+                _ => crate::bench::AUTO,
+            };
             let cell = crate::loaders::TensoraCell {
                 open_path: &spec.open_path,
                 backend,
@@ -269,6 +273,12 @@ fn load_once(spec: &ChildSpec, selected: Option<&[String]>, previous: Option<Hel
             let mut opts = cell.options();
             if spec.situation == Situation::RepeatLoad {
                 opts.arena_reuse = tensora_io::ArenaReuse::Recycle;
+            }
+            if let Subject::Cast(to) = spec.subject {
+                // Python's default for torch: `Residence::Auto`, which converts straight from
+                // views of warm local files.
+                opts.residence = tensora_io::Residence::Auto(crate::loaders::fixtures_unchanged());
+                opts.dtype = to.target();
             }
             let mut loaded = None;
             let (seconds, bytes, report) = crate::loaders::run_tensora_once(&cell, &opts, &mut loaded)?;

@@ -71,23 +71,28 @@ impl LlamaDims {
     /// Tensors in the order the Hugging Face export writes them: embeddings, each layer's nine
     /// tensors, final norm, LM head. `3 + 9 × layers` tensors, all F16.
     pub fn tensors(&self) -> Vec<TensorDef> {
+        self.tensors_of(Dtype::F16)
+    }
+
+    /// [`LlamaDims::tensors`], all of `dtype` (the cast pairs' BF16 and F32 copies).
+    pub fn tensors_of(&self, dtype: Dtype) -> Vec<TensorDef> {
         let (h, i, kv) = (self.hidden, self.intermediate, self.kv_dim);
         let mut out = Vec::with_capacity(3 + 9 * self.layers as usize);
-        out.push(TensorDef::new("model.embed_tokens.weight", Dtype::F16, &[self.vocab, h]));
+        out.push(TensorDef::new("model.embed_tokens.weight", dtype, &[self.vocab, h]));
         for l in 0..self.layers {
             let p = format!("model.layers.{l}");
-            out.push(TensorDef::new(format!("{p}.input_layernorm.weight"), Dtype::F16, &[h]));
-            out.push(TensorDef::new(format!("{p}.self_attn.q_proj.weight"), Dtype::F16, &[h, h]));
-            out.push(TensorDef::new(format!("{p}.self_attn.k_proj.weight"), Dtype::F16, &[kv, h]));
-            out.push(TensorDef::new(format!("{p}.self_attn.v_proj.weight"), Dtype::F16, &[kv, h]));
-            out.push(TensorDef::new(format!("{p}.self_attn.o_proj.weight"), Dtype::F16, &[h, h]));
-            out.push(TensorDef::new(format!("{p}.mlp.gate_proj.weight"), Dtype::F16, &[i, h]));
-            out.push(TensorDef::new(format!("{p}.mlp.up_proj.weight"), Dtype::F16, &[i, h]));
-            out.push(TensorDef::new(format!("{p}.mlp.down_proj.weight"), Dtype::F16, &[h, i]));
-            out.push(TensorDef::new(format!("{p}.post_attention_layernorm.weight"), Dtype::F16, &[h]));
+            out.push(TensorDef::new(format!("{p}.input_layernorm.weight"), dtype, &[h]));
+            out.push(TensorDef::new(format!("{p}.self_attn.q_proj.weight"), dtype, &[h, h]));
+            out.push(TensorDef::new(format!("{p}.self_attn.k_proj.weight"), dtype, &[kv, h]));
+            out.push(TensorDef::new(format!("{p}.self_attn.v_proj.weight"), dtype, &[kv, h]));
+            out.push(TensorDef::new(format!("{p}.self_attn.o_proj.weight"), dtype, &[h, h]));
+            out.push(TensorDef::new(format!("{p}.mlp.gate_proj.weight"), dtype, &[i, h]));
+            out.push(TensorDef::new(format!("{p}.mlp.up_proj.weight"), dtype, &[i, h]));
+            out.push(TensorDef::new(format!("{p}.mlp.down_proj.weight"), dtype, &[h, i]));
+            out.push(TensorDef::new(format!("{p}.post_attention_layernorm.weight"), dtype, &[h]));
         }
-        out.push(TensorDef::new("model.norm.weight", Dtype::F16, &[h]));
-        out.push(TensorDef::new("lm_head.weight", Dtype::F16, &[self.vocab, h]));
+        out.push(TensorDef::new("model.norm.weight", dtype, &[h]));
+        out.push(TensorDef::new("lm_head.weight", dtype, &[self.vocab, h]));
         out
     }
 }
@@ -200,6 +205,15 @@ pub const SINGLE_FILE: &str = "single-file";
 pub const MANY_SMALL: &str = "many-small";
 /// Name of the ServerlessLLM conversion of the TinyLlama fixture.
 pub const TINYLLAMA_SLLM: &str = "tinyllama-sllm";
+/// The TinyLlama-shaped fixture in BF16 (the cast pairs, `crate::casts`; no cells of its own).
+pub const TINYLLAMA_BF16: &str = "tinyllama-bf16";
+/// The TinyLlama-shaped fixture in F32 (the cast pairs, `crate::casts`; no cells of its own).
+pub const TINYLLAMA_F32: &str = "tinyllama-f32";
+
+/// Whether `name` is a fixture only the cast pairs load.
+pub fn casts_only(name: &str) -> bool {
+    name == TINYLLAMA_BF16 || name == TINYLLAMA_F32
+}
 
 /// Number of tensors in the many-small fixture, at every size.
 pub const MANY_SMALL_COUNT: u64 = 100_000;
@@ -214,6 +228,8 @@ pub fn specs(size: Size, seed: u64) -> Vec<FixtureSpec> {
         FixtureSpec::sharded(TINYLLAMA, &dims.tensors(), 2),
         FixtureSpec::single(SINGLE_FILE, even_tensors(200, single_bytes)),
         FixtureSpec::single(MANY_SMALL, small_tensors(MANY_SMALL_COUNT, small_cols, small_rows_max, seed)),
+        FixtureSpec::sharded(TINYLLAMA_BF16, &dims.tensors_of(Dtype::BF16), 2),
+        FixtureSpec::sharded(TINYLLAMA_F32, &dims.tensors_of(Dtype::F32), 2),
     ]
 }
 
@@ -382,8 +398,11 @@ mod tests {
         assert_eq!(s[1].tensor_count(), 200);
         assert_eq!(s[1].data_len_bytes(), 1 << 30);
         assert_eq!(s[2].tensor_count(), 100_000);
+        assert_eq!((s[3].name.as_str(), s[3].data_len_bytes()), (TINYLLAMA_BF16, s[0].data_len_bytes()));
+        assert_eq!((s[4].name.as_str(), s[4].data_len_bytes()), (TINYLLAMA_F32, 2 * s[0].data_len_bytes()));
+        assert!(s.iter().filter(|f| casts_only(&f.name)).count() == 2);
         let small_total: u64 = specs(Size::Small, DEFAULT_SEED).iter().map(FixtureSpec::data_len_bytes).sum();
-        assert!(small_total < 256 << 20, "small fixtures total {small_total} bytes");
+        assert!(small_total < 512 << 20, "small fixtures total {small_total} bytes");
     }
 
     fn tiny_spec() -> FixtureSpec {

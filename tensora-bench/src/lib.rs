@@ -39,6 +39,7 @@
 
 mod bench;
 mod cache;
+mod casts;
 mod cells;
 mod chart;
 mod child;

@@ -102,7 +102,11 @@ fn first_load(subject: Subject, cache: Cache, mode: Mode) -> CellSpec {
 }
 
 /// One run of a side of a pair: GB/s and, for `auto`, what it ran.
-fn side(runner: &mut Runner<'_>, fixture: &Fixture, spec: &CellSpec) -> Result<(f64, Option<String>)> {
+pub(crate) fn side(
+    runner: &mut Runner<'_>,
+    fixture: &Fixture,
+    spec: &CellSpec,
+) -> Result<(f64, Option<String>)> {
     let m = runner.sample(fixture, spec).with_context(|| spec.label())?;
     Ok((m.sample.gbps, m.details.as_ref().and_then(auto_subject)))
 }
@@ -218,7 +222,7 @@ fn auto_subject(report: &serde_json::Value) -> Option<String> {
 
 impl Pair {
     /// A pair with no runs yet; its subject is [`AUTO`] until a run says what `auto` chose.
-    fn new(fixture: &str, cache: Cache, anchor: String, goal: f64) -> Pair {
+    pub(crate) fn new(fixture: &str, cache: Cache, anchor: String, goal: f64) -> Pair {
         Pair {
             fixture: fixture.to_owned(),
             cache,
@@ -231,7 +235,7 @@ impl Pair {
         }
     }
 
-    fn push(&mut self, subject_gbps: f64, anchor_gbps: f64) {
+    pub(crate) fn push(&mut self, subject_gbps: f64, anchor_gbps: f64) {
         self.subject_gbps.push(subject_gbps);
         self.anchor_gbps.push(anchor_gbps);
         if let Some(r) = ratio(subject_gbps, anchor_gbps) {
