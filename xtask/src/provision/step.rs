@@ -20,6 +20,11 @@ const TAIL_LINES_MAX: usize = 12;
 const LINE_QUEUE_MAX: usize = 256;
 /// Longest piece of an output line handled at once; a longer line arrives in pieces.
 const LINE_BYTES_MAX: u64 = 512;
+/// How often the step checks whether the command has exited while its output is quiet.
+const EXIT_POLL: Duration = Duration::from_millis(200);
+/// After the command exits, its last lines are read for at most this long: a process it left
+/// behind (a daemon a package started) may hold the output pipes open for ever.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_secs(2);
 
 /// Which output lines of a command are shown while it runs (all are kept for a failure's message).
 #[derive(Debug, Clone, Copy)]
@@ -65,13 +70,21 @@ pub fn run(label: &str, what: &str, cmd: &mut Command, show: Show) -> Result<Dur
     let deadline = started + Duration::from_secs(STEP_SECONDS_MAX);
     let mut tail = VecDeque::with_capacity(TAIL_LINES_MAX);
     let mut next_heartbeat = started + HEARTBEAT;
-    loop {
+    let mut exited = None;
+    let outputs = loop {
         let now = Instant::now();
         if now >= deadline {
             kill(&mut child);
             bail!("{label}: {what} ran past {STEP_SECONDS_MAX} s; its last lines:\n{}", joined(&tail));
         }
-        let wait = next_heartbeat.min(deadline).saturating_duration_since(now);
+        if exited.is_none() {
+            let polled = child.try_wait().with_context(|| format!("{label}: wait for {program}"))?;
+            exited = polled.map(|status| (status, now));
+        }
+        if exited.is_some_and(|(_, at)| now >= at + DRAIN_AFTER_EXIT) {
+            break Outputs::HeldOpen;
+        }
+        let wait = next_heartbeat.min(deadline).min(now + EXIT_POLL).saturating_duration_since(now);
         match rx.recv_timeout(wait) {
             Ok(line) => {
                 if show.shows(&line) {
@@ -84,7 +97,7 @@ pub fn run(label: &str, what: &str, cmd: &mut Command, show: Show) -> Result<Dur
             }
             Err(RecvTimeoutError::Timeout) => {}
             // Both outputs closed: the command is exiting.
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Disconnected) => break Outputs::Closed,
         }
         // Quiet or not, a long step says what it is at.
         if Instant::now() >= next_heartbeat {
@@ -92,11 +105,18 @@ pub fn run(label: &str, what: &str, cmd: &mut Command, show: Show) -> Result<Dur
             say(label, &format!("still running ({} s{last})", started.elapsed().as_secs()));
             next_heartbeat += HEARTBEAT;
         }
+    };
+    // Readers of pipes that a leftover process holds open stay blocked: they are left to end
+    // with it (or with this process) rather than joined.
+    if outputs == Outputs::Closed {
+        for reader in readers.into_iter().flatten() {
+            let _ = reader.join();
+        }
     }
-    for reader in readers.into_iter().flatten() {
-        let _ = reader.join();
-    }
-    let status = child.wait().with_context(|| format!("{label}: wait for {program}"))?;
+    let status = match exited {
+        Some((status, _)) => status,
+        None => child.wait().with_context(|| format!("{label}: wait for {program}"))?,
+    };
     let took = started.elapsed();
     if !status.success() {
         bail!(
@@ -107,6 +127,15 @@ pub fn run(label: &str, what: &str, cmd: &mut Command, show: Show) -> Result<Dur
     }
     say(label, &format!("done in {:.1} s", took.as_secs_f64()));
     Ok(took)
+}
+
+/// How the output of a step's command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outputs {
+    /// Both pipes closed.
+    Closed,
+    /// The command exited [`DRAIN_AFTER_EXIT`] ago and something still holds a pipe open.
+    HeldOpen,
 }
 
 /// Run `cmd` to ask a question (a version, an import): its stdout when it succeeds, `None` when it
@@ -176,6 +205,30 @@ mod tests {
         let pieces: Vec<String> = rx.iter().collect();
         assert_eq!(pieces.iter().map(String::len).sum::<usize>(), 2000);
         assert!(pieces.iter().all(|p| p.len() as u64 <= LINE_BYTES_MAX), "{:?}", pieces.len());
+    }
+
+    #[test]
+    fn a_step_ends_when_its_command_exits_even_if_a_leftover_process_holds_the_output() {
+        // The background sleep keeps stdout open for 60 s after `sh` exits: the step must end
+        // about DRAIN_AFTER_EXIT after the exit, not when the pipe closes.
+        let started = Instant::now();
+        let took = run(
+            "test",
+            "leave a process behind",
+            Command::new("sh").args(["-c", "sleep 60 & echo started"]),
+            Show::Nothing,
+        )
+        .expect("the command itself succeeds");
+        assert!(took < Duration::from_secs(30), "waited {took:?} for a pipe the leftover held");
+        assert!(started.elapsed() >= DRAIN_AFTER_EXIT);
+        let failing = run(
+            "test",
+            "fail and leave a process behind",
+            Command::new("sh").args(["-c", "sleep 60 & exit 3"]),
+            Show::Nothing,
+        );
+        let message = format!("{:#}", failing.expect_err("exit 3 is a failure"));
+        assert!(message.contains("failed"), "{message}");
     }
 
     #[test]
