@@ -27,12 +27,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod ahead;
 mod cast;
+mod decide;
 mod files;
 mod loaded;
 mod mapped;
 mod options;
-mod owned;
 mod run;
 mod runs;
 mod session;
@@ -54,8 +55,8 @@ pub use options::{
     ArenaReuse, BackendChoice, FilesUnchanged, IoMode, LoadOptions, ON_READ_STEP_BYTES, PieceRef,
     ProgressHook, ReadHook, Residence, SPARSE_MIN_LEN_BYTES, SPARSE_RATIO, TensorHook, UnknownBackend,
 };
-pub use owned::load;
 pub use runs::{Runs, load_runs};
+pub use session::load;
 pub use share::{ShareLoad, ShareOf, ShareRuns, load_share, load_share_runs};
 pub use streaming::load_streaming;
 
