@@ -12,6 +12,9 @@ use crate::arena::Arena;
 use crate::error::LoadError;
 use crate::seam::{CompletionSink, Destination, ReadErrorKind, StopReason};
 
+/// A streaming load's receiver of each completed tensor's tag (see [`Tracker::complete`]).
+pub(super) type Notify<'a> = &'a (dyn Fn(u32) -> Result<(), StopReason> + Sync);
+
 /// Counts outstanding reads per tensor and fires hooks on the completing worker.
 pub(super) struct Tracker<'a> {
     pub(super) session: &'a Session<'a>,
@@ -21,7 +24,9 @@ pub(super) struct Tracker<'a> {
     /// Per read: bytes from its start already handed to `on_read` (landed prefixes). Written only
     /// by the one worker filling that read.
     pub(super) reported: Vec<AtomicU64>,
-    pub(super) notify: &'a (dyn Fn(u32) -> Result<(), StopReason> + Sync),
+    /// Where each completed tensor's tag goes after `on_tensor`: a streaming load's channel, or
+    /// nowhere (an owned load's tensors stay in its arena).
+    pub(super) notify: Option<Notify<'a>>,
     pub(super) hook_error: Mutex<Option<LoadError>>,
 }
 
@@ -38,7 +43,10 @@ impl Tracker<'_> {
                 return Err(StopReason);
             }
         }
-        (self.notify)(tag)
+        match self.notify {
+            Some(notify) => notify(tag),
+            None => Ok(()),
+        }
     }
 
     /// Runs the per-read hook on one landed piece.

@@ -21,7 +21,7 @@ use super::decide::Decided;
 use super::files::{Descriptors, FileSet, SparseFiles};
 use super::loaded::{Entry, Storage};
 use super::mapped::{read_in, run_hooks};
-use super::run::{Outlives, SubDest, Tracker};
+use super::run::{Notify, Outlives, SubDest, Tracker};
 use super::{ArenaReuse, IoMode, LoadOptions, Loaded, ON_READ_STEP_BYTES, Residence};
 use crate::arena::Arena;
 use crate::auto::Delivery;
@@ -29,9 +29,7 @@ use crate::cast::DtypeTarget;
 use crate::error::LoadError;
 use crate::map::{MapMode, MappedFiles};
 use crate::report::{Faults, LoadReport, Phases, peak_rss_bytes};
-use crate::seam::{
-    Access, Budget, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
-};
+use crate::seam::{Access, Budget, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile};
 
 /// Load the selected tensors: into one owned hugepage arena
 /// ([`Residence::Owned`](super::Residence::Owned), the default), or as zero-copy views of the files
@@ -401,8 +399,7 @@ impl<'c> Session<'c> {
             let mut stats = Vec::with_capacity(plans.len());
             for (base, wp) in plans {
                 let dest = SubDest::new(arena, *base, wp.plan.arena_len_bytes(), Outlives::Load);
-                let no_stream = |_: u32| Ok(());
-                stats.push(self.run_window(files, wp, &dest, &no_stream)?);
+                stats.push(self.run_window(files, wp, &dest, None)?);
             }
             Ok(stats)
         })
@@ -439,14 +436,14 @@ impl<'c> Session<'c> {
         })
     }
 
-    /// Open the window's files, run the backend, and report each completed tensor to `notify`
-    /// (after the `on_tensor` hook).
+    /// Open the window's files, run the backend, and report each completed tensor to `notify`, if
+    /// given (after the `on_tensor` hook).
     pub(super) fn run_window(
         &self,
         files: &mut FileSet,
         wp: &WindowPlan,
         dest: &SubDest<'_>,
-        notify: &(dyn Fn(u32) -> Result<(), StopReason> + Sync),
+        notify: Option<Notify<'_>>,
     ) -> Result<IoStats, LoadError> {
         if !self.backend.reads_local_files() {
             // The backend reaches the files its own way (an object store): nothing to open here.
@@ -463,7 +460,7 @@ impl<'c> Session<'c> {
         sources: &[SourceFile],
         wp: &WindowPlan,
         dest: &SubDest<'_>,
-        notify: &(dyn Fn(u32) -> Result<(), StopReason> + Sync),
+        notify: Option<Notify<'_>>,
     ) -> Result<IoStats, LoadError> {
         let plan = &wp.plan;
         let mut remaining: Vec<u32> = vec![0; wp.tensors.len()];

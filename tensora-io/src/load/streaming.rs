@@ -116,7 +116,7 @@ pub fn load_streaming(
                     tx.send(tag).map_err(|_| StopReason)
                 };
                 session.populating_ahead(arena_ref, std::slice::from_ref(&planned), memory, || {
-                    session.run_window(&mut files, wp, &dest, &notify)
+                    session.run_window(&mut files, wp, &dest, Some(&notify))
                 })
             });
             for tag in rx {
