@@ -12,6 +12,8 @@
 //! 5. every file is `fstat`ed (descriptor) and `stat`ed (path) again: a size, mtime or inode change
 //!    fails the load. A `Loaded` never has missing bytes.
 //!
+//! Each step is a function of `session.rs`, in this order, so that file reads as a load runs.
+//!
 //! # Example
 //!
 //! ```

@@ -31,10 +31,9 @@ use crate::map::{MapMode, MappedFiles};
 use crate::report::{Faults, LoadReport, Phases, peak_rss_bytes};
 use crate::seam::{Access, Budget, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile};
 
-/// Load the selected tensors: into one owned hugepage arena
-/// ([`Residence::Owned`](super::Residence::Owned), the default), or as zero-copy views of the files
-/// ([`Residence::Mapped`](super::Residence::Mapped)), or whichever `auto` picks
-/// ([`Residence::Auto`](super::Residence::Auto)). See the module docs.
+/// Load the selected tensors: into one owned hugepage arena ([`Residence::Owned`], the default),
+/// or as zero-copy views of the files ([`Residence::Mapped`]), or whichever `auto` picks
+/// ([`Residence::Auto`]). See the module docs.
 ///
 /// With [`LoadOptions::dtype`] other than `Stored`, an owned copy at the target dtype, each read
 /// converted as it lands (see [`LoadOptions::dtype`]).
@@ -137,6 +136,8 @@ pub(super) enum Layout {
 }
 
 impl<'c> Session<'c> {
+    /// Fix everything for one load of `selected`: what the caller named or `auto` chose
+    /// ([`Decided`]), checked against the backend, and the in-flight budget.
     pub(super) fn new(
         ckpt: &'c Checkpoint,
         opts: &'c LoadOptions,
@@ -270,6 +271,7 @@ impl<'c> Session<'c> {
         Ok(OwnedPlan { plans, arena_len_bytes })
     }
 
+    /// Plan `tensors` (part of the selection, in delivery order) as one backend run.
     pub(super) fn plan_window(&self, tensors: &[usize]) -> Result<WindowPlan, LoadError> {
         let ckpt = self.ckpt;
         let mut files: Vec<u32> = Vec::new();
@@ -304,6 +306,8 @@ impl<'c> Session<'c> {
         Ok(WindowPlan { plan, tensors: tensors.to_vec(), files })
     }
 
+    /// The planner's alignment (the backend's; a block for direct reads and collective loads),
+    /// chunk and budget.
     pub(super) fn plan_config(&self) -> PlanConfig {
         let wanted = self.backend.read_align_bytes();
         let backend_align =
@@ -455,6 +459,8 @@ impl<'c> Session<'c> {
         result
     }
 
+    /// Run the backend over `sources` into `dest` for one window, a [`Tracker`] counting each
+    /// tensor's reads; a failure names file, offset and tensor ([`Session::read_error`]).
     pub(super) fn execute(
         &self,
         sources: &[SourceFile],
