@@ -121,13 +121,8 @@ fn copy_worker(
 ) -> IoStats {
     let mut stats = IoStats::default();
     let reads = job.plan.reads();
-    let home = state.home(worker);
-    while !state.stopped() {
-        let Some(index) = state.claim(home) else { break };
+    while let Some(index) = state.next_read(job, worker) {
         let read = &reads[index as usize];
-        if state.check_cancel(job, read) {
-            break;
-        }
         if config.willneed_lookahead_reads > 0 {
             let ahead = reads.get(index as usize + config.willneed_lookahead_reads as usize);
             if let Some(ahead) = ahead.filter(|a| a.file == read.file) {

@@ -183,6 +183,17 @@ impl RunState {
         self.stopped()
     }
 
+    /// The next read worker `worker` issues: claimed from its home queue or the next one with
+    /// work ([`RunState::claim`]); `None` once the run stopped, every queue is drained, or the
+    /// caller cancelled (which stops the run: [`RunState::check_cancel`]).
+    pub(crate) fn next_read(&self, job: &Job<'_>, worker: usize) -> Option<u32> {
+        if self.stopped() {
+            return None;
+        }
+        let index = self.claim(self.home(worker))?;
+        if self.check_cancel(job, &job.plan.reads()[index as usize]) { None } else { Some(index) }
+    }
+
     pub(crate) fn begin_inflight(&self, len_bytes: u64) {
         let now = self.inflight_bytes.fetch_add(len_bytes, Ordering::AcqRel) + len_bytes;
         self.peak_inflight_bytes.fetch_max(now, Ordering::AcqRel);
@@ -346,7 +357,47 @@ pub(crate) fn direct_align_bytes(job: &Job<'_>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::seam::{Budget, JobConfig};
     use proptest::prelude::*;
+
+    /// Bytes of each of the four reads of [`four_reads`]' plan.
+    const READ_BYTES: u64 = 64 << 10;
+
+    /// A plan of one file read in four reads of [`READ_BYTES`], and that file.
+    fn four_reads() -> (tempfile::NamedTempFile, crate::seam::SourceFile, tensora_plan::Plan) {
+        let (tmp, f) = crate::seam::temp_source(&vec![5u8; 4 * READ_BYTES as usize]);
+        let extents = [tensora_plan::Extent { file: 0, offset_bytes: 0, len_bytes: 4 * READ_BYTES, tag: 0 }];
+        let config =
+            tensora_plan::PlanConfig { chunk_bytes: READ_BYTES, ..tensora_plan::PlanConfig::default() };
+        let plan = tensora_plan::Plan::build(&extents, &config, &tensora_plan::Order::File).unwrap();
+        assert_eq!(plan.reads().len(), 4);
+        (tmp, f, plan)
+    }
+
+    #[test]
+    fn next_read_hands_out_each_read_once_then_stops_on_cancel_naming_the_claimed_read() {
+        let (_tmp, f, plan) = four_reads();
+        let arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
+        let budget = Budget::new(1 << 20);
+        let config = JobConfig { threads: 2, queue_depth: 1, direct: false, retries_max: 0 };
+        let files = [f];
+        let cancel = AtomicBool::new(false);
+        // SAFETY: nothing reads or writes the destination: this test issues no read.
+        let job = unsafe { Job::new(&plan, &files, &arena, &budget, &cancel, config) };
+        let state = RunState::new(&job);
+        let taken: Vec<Option<u32>> = (0..5).map(|w| state.next_read(&job, w)).collect();
+        assert_eq!(taken, [Some(0), Some(1), Some(2), Some(3), None]);
+        assert!(!state.stopped(), "a drained run is not stopped");
+
+        let state = RunState::new(&job);
+        assert_eq!(state.next_read(&job, 0), Some(0));
+        cancel.store(true, Ordering::Release);
+        assert_eq!(state.next_read(&job, 1), None);
+        assert!(state.stopped());
+        let err = state.finish(Vec::new()).unwrap_err();
+        assert!(matches!(err.kind, ReadErrorKind::Cancelled), "{err}");
+        assert_eq!(err.offset_bytes, READ_BYTES, "the cancel names the read it claimed: {err}");
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(128))]

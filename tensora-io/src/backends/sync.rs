@@ -102,8 +102,8 @@ impl SyncBackend {
     }
 }
 
-/// One worker of a run: claims reads round-robin from its home queue (see [`RunState::claim`])
-/// until every queue is drained or the run stops.
+/// One worker of a run: takes reads round-robin from its home queue (see
+/// [`RunState::next_read`]) until every queue is drained or the run stops.
 fn worker(
     job: &Job<'_>,
     sink: &dyn CompletionSink,
@@ -112,13 +112,8 @@ fn worker(
     w: usize,
 ) -> IoStats {
     let mut stats = IoStats::default();
-    let home = state.home(w);
-    while !state.stopped() {
-        let Some(index) = state.claim(home) else { break };
+    while let Some(index) = state.next_read(job, w) {
         let read = &job.plan.reads()[index as usize];
-        if state.check_cancel(job, read) {
-            break;
-        }
         let permit = job.budget.acquire(read.len_bytes);
         state.begin_inflight(permit.bytes());
         let result = fill(job, sink, reader, state, index, &mut stats);

@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use tensora_format::{Checkpoint, Dtype, Selection};
 
+use super::ahead::Memory;
 use super::loaded::Entry;
-use super::owned::Memory;
 use super::session::select;
 use super::{
     ArenaReuse, BackendChoice, FilesUnchanged, LoadOptions, Loaded, PieceRef, Residence, load_streaming,
@@ -255,7 +255,7 @@ fn from_views(
 const FAULT_AHEAD_STEP_BYTES: u64 = 8 << 20;
 
 /// Fault the cast arena's fresh huge pages in, in order, ahead of the conversions that write
-/// them, until `done` (as an owned load's buffered helper, `owned::Ahead::WhileHuge`): when huge
+/// them, until `done` (as an owned load's buffered helper, `ahead::Ahead::WhileHuge`): when huge
 /// pages fault in slowly (this VM hands free memory back to its host) the arena switches to base
 /// pages and this stops, leaving the converting workers to fault base pages in as they write.
 /// Without it the workers faulted every huge page in themselves: 2.2 GB BF16 to F32 took 46 s

@@ -1,82 +1,26 @@
-//! The mapped load: zero-copy views into private copy-on-write mappings of the files, every
-//! selected page read in before the load returns.
+//! The two steps of a mapped load (`Session::load_mapped`: zero-copy views into private
+//! copy-on-write mappings of the files) after the files are mapped: every selected page read in
+//! before the load returns ([`read_in`]), then the hooks ([`run_hooks`]).
 
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
 
-use super::files::{Descriptors, FileSet};
-use super::loaded::{Entry, Storage};
-use super::session::{Session, Tally, touched_files};
-use super::{ArenaReuse, Loaded, PieceRef, Residence};
+use super::loaded::Entry;
+use super::session::Session;
+use super::{Loaded, PieceRef};
 use crate::error::LoadError;
+use crate::map::FileRange;
+use crate::map::MappedFiles;
 use crate::map::populate::{PopulateConfig, PopulateError, ReadAhead, Span, populate};
-use crate::map::{FileRange, MapMode, MappedFiles};
-use crate::report::{Faults, LoadReport, Phases};
 use crate::seam::ReadErrorKind;
-
-/// Zero-copy load of `part` (tensor indexes): map every touched file privately, read every
-/// selected page in, and hand out views.
-pub(super) fn load_mapped(
-    session: &Session<'_>,
-    part: &[usize],
-    mut phases: Phases,
-    faults_before: Faults,
-) -> Result<Loaded, LoadError> {
-    let ckpt = session.ckpt;
-    let t = Instant::now();
-    let ids = touched_files(ckpt, part);
-    let mut files = FileSet::new(ids.len().max(1));
-    let sources = files.take(ckpt, &ids, Descriptors::Buffered, session.sparse())?;
-    // Copy-on-write, so `Loaded::tensor_mut_ptr` can hand out writable views that never reach
-    // the files.
-    // Only a mapped session comes here, and only the caller's promise makes one.
-    let Residence::Mapped(_promise) = session.residence else {
-        return Err(LoadError::Map(std::io::Error::other(
-            "internal: a mapped load without the files-unchanged promise",
-        )));
-    };
-    // SAFETY: the caller promised, with `FilesUnchanged::promise`, that the files stay unchanged
-    // while the views live (the contract of `MappedFiles::map`).
-    let mapped = unsafe { MappedFiles::map_with(&sources, MapMode::CopyOnWrite) }.map_err(LoadError::Map);
-    files.give_back(&ids, sources);
-    let mapped = mapped?;
-    // Mapped index of each checkpoint file, by checkpoint file id.
-    let mut local: Vec<u32> = vec![0; ckpt.files().len()];
-    for (i, &f) in ids.iter().enumerate() {
-        local[f as usize] = i as u32;
-    }
-    let entries: Vec<Entry> = part
-        .iter()
-        .map(|&ti| {
-            let info = ckpt.tensors()[ti].clone();
-            Entry { offset_bytes: info.offset_bytes(), file: local[info.file().index()], info }
-        })
-        .collect();
-    read_in(session, &entries, &mapped)?;
-    let storage = Storage::Mapped(mapped);
-    let mut loaded = Loaded {
-        storage,
-        arena_reuse: ArenaReuse::Fresh,
-        entries,
-        by_name: Default::default(),
-        report: LoadReport::default(),
-    };
-    run_hooks(session, &loaded, part)?;
-    phases.io += t.elapsed().as_secs_f64();
-    files.bill_open(&mut phases);
-    let t = Instant::now();
-    files.close_and_check(ckpt)?;
-    phases.finish += t.elapsed().as_secs_f64();
-    let tally =
-        Tally { tensors: loaded.entries.len(), bytes_selected: ckpt.distinct_bytes(part), windows: 1 };
-    loaded.report = session.report(phases, &[], tally, faults_before);
-    Ok(loaded)
-}
 
 /// Read in the pages of every tensor (`MADV_POPULATE_READ`, [`crate::map::populate`]) with
 /// `threads` workers, reporting progress and honouring the cancel flag. A failure names the file,
 /// the file offset of the failing piece and the tensor.
-fn read_in(session: &Session<'_>, entries: &[Entry], mapped: &MappedFiles) -> Result<(), LoadError> {
+pub(super) fn read_in(
+    session: &Session<'_>,
+    entries: &[Entry],
+    mapped: &MappedFiles,
+) -> Result<(), LoadError> {
     let opts = session.opts;
     let spans = entries
         .iter()
@@ -115,7 +59,7 @@ fn read_in(session: &Session<'_>, entries: &[Entry], mapped: &MappedFiles) -> Re
 }
 
 /// The `on_read` hook (once per tensor, the whole tensor as one piece), then `on_tensor`.
-fn run_hooks(session: &Session<'_>, loaded: &Loaded, part: &[usize]) -> Result<(), LoadError> {
+pub(super) fn run_hooks(session: &Session<'_>, loaded: &Loaded, part: &[usize]) -> Result<(), LoadError> {
     if let Some(hook) = &session.opts.on_read {
         for (t, &ti) in loaded.tensors().zip(part) {
             let piece =

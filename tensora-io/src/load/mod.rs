@@ -12,6 +12,8 @@
 //! 5. every file is `fstat`ed (descriptor) and `stat`ed (path) again: a size, mtime or inode change
 //!    fails the load. A `Loaded` never has missing bytes.
 //!
+//! Each step is a function of `session.rs`, in this order, so that file reads as a load runs.
+//!
 //! # Example
 //!
 //! ```
@@ -27,12 +29,13 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod ahead;
 mod cast;
+mod decide;
 mod files;
 mod loaded;
 mod mapped;
 mod options;
-mod owned;
 mod run;
 mod runs;
 mod session;
@@ -54,8 +57,8 @@ pub use options::{
     ArenaReuse, BackendChoice, FilesUnchanged, IoMode, LoadOptions, ON_READ_STEP_BYTES, PieceRef,
     ProgressHook, ReadHook, Residence, SPARSE_MIN_LEN_BYTES, SPARSE_RATIO, TensorHook, UnknownBackend,
 };
-pub use owned::load;
 pub use runs::{Runs, load_runs};
+pub use session::load;
 pub use share::{ShareLoad, ShareOf, ShareRuns, load_share, load_share_runs};
 pub use streaming::load_streaming;
 

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use tensora_format::{Selection, Shard, TensorInfo};
 
 use super::TensorRef;
-use super::owned::Memory;
+use super::ahead::Memory;
 use crate::arena::Arena;
 use crate::cast::DtypeTarget;
 use crate::error::BoxError;

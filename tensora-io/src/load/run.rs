@@ -1,163 +1,19 @@
-//! Running one window: the backend job, the [`Tracker`] that counts each tensor's outstanding
-//! reads and fires the hooks on the worker that completes them, and the sub-destination a window
-//! writes into.
+//! What one backend run (`Session::execute`) reports to and writes into: the [`Tracker`] that
+//! counts each tensor's outstanding reads and fires the hooks on the worker that completes them,
+//! and the sub-destination ([`SubDest`]) a window writes into.
 
-use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use tensora_format::FileId;
-
-use super::files::FileSet;
 use super::session::{Session, WindowPlan};
-use super::{ON_READ_STEP_BYTES, PieceRef, ReadHook, TensorRef};
+use super::{PieceRef, ReadHook, TensorRef};
 use crate::arena::Arena;
 use crate::error::LoadError;
-use crate::seam::{
-    CompletionSink, Destination, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
-};
+use crate::seam::{CompletionSink, Destination, ReadErrorKind, StopReason};
 
-impl Session<'_> {
-    /// Open the window's files, run the backend, and report each completed tensor to `notify`
-    /// (after the `on_tensor` hook).
-    pub(super) fn run_window(
-        &self,
-        files: &mut FileSet,
-        wp: &WindowPlan,
-        dest: &SubDest<'_>,
-        notify: &(dyn Fn(u32) -> Result<(), StopReason> + Sync),
-    ) -> Result<IoStats, LoadError> {
-        if !self.backend.reads_local_files() {
-            // The backend reaches the files its own way (an object store): nothing to open here.
-            return self.execute(&[], wp, dest, notify);
-        }
-        let sources = files.take(self.ckpt, &wp.files, self.descriptors(), self.sparse())?;
-        let result = self.execute(&sources, wp, dest, notify);
-        files.give_back(&wp.files, sources);
-        result
-    }
-
-    pub(super) fn execute(
-        &self,
-        sources: &[SourceFile],
-        wp: &WindowPlan,
-        dest: &SubDest<'_>,
-        notify: &(dyn Fn(u32) -> Result<(), StopReason> + Sync),
-    ) -> Result<IoStats, LoadError> {
-        let plan = &wp.plan;
-        let mut remaining: Vec<u32> = vec![0; wp.tensors.len()];
-        for p in plan.pieces() {
-            remaining[p.tag as usize] += 1;
-        }
-        let tracker = Tracker {
-            session: self,
-            wp,
-            dest,
-            remaining: remaining.iter().map(|&n| AtomicU32::new(n)).collect(),
-            reported: if self.opts.on_read.is_some() {
-                plan.reads().iter().map(|_| AtomicU64::new(0)).collect()
-            } else {
-                Vec::new()
-            },
-            notify,
-            hook_error: Mutex::new(None),
-        };
-        // Tensors with no bytes are complete before any read.
-        for (tag, &n) in remaining.iter().enumerate() {
-            if n == 0 && tracker.complete(tag as u32).is_err() {
-                return Err(tracker.stop_error());
-            }
-        }
-        let cancel = self.opts.cancel.as_deref().unwrap_or(&self.no_cancel);
-        // SAFETY: `dest` is this window's own part of the arena (windows and file groups get
-        // disjoint parts, run one after another); nothing else writes it while the job runs, and
-        // the only reads of it during the run are of tensors whose reads all completed
-        // (`TensorRef`s handed to hooks and the streaming callback).
-        let job = unsafe {
-            Job::new(
-                plan,
-                sources,
-                dest,
-                &self.budget,
-                cancel,
-                JobConfig {
-                    threads: self.opts.threads.max(1),
-                    queue_depth: self.opts.queue_depth.max(1),
-                    direct: self.direct,
-                    retries_max: self.opts.retries_max,
-                },
-            )
-        }
-        .with_file_ids(&wp.files);
-        let job = match &dest.kept {
-            Some(kept) => job.with_kept_mapping(kept.clone()),
-            None => job,
-        };
-        // Hand pieces to `on_read` while they are still in the landing core's cache.
-        let job = if self.opts.on_read.is_some() { job.with_landed_step(ON_READ_STEP_BYTES) } else { job };
-        let stats = if plan.reads().is_empty() {
-            IoStats::default()
-        } else {
-            match self.backend.execute(&job, &tracker) {
-                Ok(s) => s,
-                Err(e) => return Err(self.read_error(&tracker, sources, e)),
-            }
-        };
-        if let Some(tag) = tracker.remaining.iter().position(|n| n.load(Ordering::Acquire) != 0) {
-            return Err(LoadError::Incomplete {
-                backend: self.backend_name.clone(),
-                tensor: self.ckpt.tensors()[wp.tensors[tag]].name().to_owned(),
-            });
-        }
-        Ok(stats)
-    }
-
-    /// Turn a backend error into a `LoadError` naming path, offset and tensor.
-    pub(super) fn read_error(
-        &self,
-        tracker: &Tracker<'_>,
-        sources: &[SourceFile],
-        e: ReadError,
-    ) -> LoadError {
-        match e.kind {
-            ReadErrorKind::Stopped => return tracker.stop_error(),
-            ReadErrorKind::Cancelled => return LoadError::Cancelled,
-            ReadErrorKind::Unavailable(reason) => {
-                return LoadError::BackendUnavailable { backend: self.backend_name.clone(), reason };
-            }
-            _ if e.file == ReadError::NO_FILE => {
-                return LoadError::Backend { backend: self.backend_name.clone(), kind: e.kind };
-            }
-            _ => {}
-        }
-        let wp = tracker.wp;
-        let path = match (sources.get(e.file as usize), wp.files.get(e.file as usize)) {
-            (Some(s), _) => s.path.clone(),
-            (None, Some(&f)) => self.ckpt.file(FileId(f)).path().to_owned(),
-            (None, None) => PathBuf::new(),
-        };
-        let covering = wp.plan.reads().iter().find(|r| {
-            r.file == e.file
-                && r.offset_bytes <= e.offset_bytes
-                && e.offset_bytes < r.offset_bytes + r.len_bytes.max(1)
-        });
-        let tensor = covering
-            .and_then(|r| {
-                let pieces = wp.plan.read_pieces(r);
-                pieces
-                    .iter()
-                    .find(|p| {
-                        let start = r.offset_bytes + p.read_offset_bytes;
-                        (start..start + p.len_bytes).contains(&e.offset_bytes)
-                    })
-                    .or(pieces.first())
-                    .map(|p| self.ckpt.tensors()[wp.tensors[p.tag as usize]].name().to_owned())
-            })
-            .unwrap_or_default();
-        LoadError::Read { path, offset_bytes: e.offset_bytes, len_bytes: e.len_bytes, tensor, kind: e.kind }
-    }
-}
+/// A streaming load's receiver of each completed tensor's tag (see [`Tracker::complete`]).
+pub(super) type Notify<'a> = &'a (dyn Fn(u32) -> Result<(), StopReason> + Sync);
 
 /// Counts outstanding reads per tensor and fires hooks on the completing worker.
 pub(super) struct Tracker<'a> {
@@ -168,7 +24,9 @@ pub(super) struct Tracker<'a> {
     /// Per read: bytes from its start already handed to `on_read` (landed prefixes). Written only
     /// by the one worker filling that read.
     pub(super) reported: Vec<AtomicU64>,
-    pub(super) notify: &'a (dyn Fn(u32) -> Result<(), StopReason> + Sync),
+    /// Where each completed tensor's tag goes after `on_tensor`: a streaming load's channel, or
+    /// nowhere (an owned load's tensors stay in its arena).
+    pub(super) notify: Option<Notify<'a>>,
     pub(super) hook_error: Mutex<Option<LoadError>>,
 }
 
@@ -185,7 +43,10 @@ impl Tracker<'_> {
                 return Err(StopReason);
             }
         }
-        (self.notify)(tag)
+        match self.notify {
+            Some(notify) => notify(tag),
+            None => Ok(()),
+        }
     }
 
     /// Runs the per-read hook on one landed piece.

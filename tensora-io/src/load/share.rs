@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use tensora_format::Checkpoint;
 
-use super::owned::OwnedPlan;
+use super::session::OwnedPlan;
 use super::session::{Layout, Session, WindowPlan, begin};
 use super::{LoadOptions, Loaded, Residence};
 use crate::auto::Delivery;

@@ -13,7 +13,7 @@ use tensora_format::{Checkpoint, FileId, Shard, TensorInfo};
 use tensora_plan::{Extent, Order, Plan, SliceKind, SliceRead, SourceCost, StridedRows};
 
 use super::loaded::Entry;
-use super::owned::{OwnedPlan, file_groups};
+use super::session::{OwnedPlan, file_groups};
 use super::session::{Session, WindowPlan, begin};
 use super::{LoadOptions, Loaded, Residence};
 use crate::auto::Delivery;

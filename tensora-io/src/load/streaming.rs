@@ -11,9 +11,8 @@ use std::time::Instant;
 
 use tensora_format::Checkpoint;
 
+use super::ahead::Memory;
 use super::files::FileSet;
-use super::mapped::load_mapped;
-use super::owned::Memory;
 use super::run::{Outlives, SubDest};
 use super::session::{Tally, begin, refuse_cast};
 use super::{LoadOptions, TensorRef};
@@ -58,7 +57,7 @@ pub fn load_streaming(
     let (session, selected, mut phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
 
     if session.residence.is_mapped() {
-        let mut loaded = load_mapped(&session, &selected, phases, faults_before)?;
+        let mut loaded = session.load_mapped(&selected, phases, faults_before)?;
         for t in loaded.tensors() {
             f(&t).map_err(|source| LoadError::Callback { tensor: t.name().to_owned(), source })?;
         }
@@ -117,7 +116,7 @@ pub fn load_streaming(
                     tx.send(tag).map_err(|_| StopReason)
                 };
                 session.populating_ahead(arena_ref, std::slice::from_ref(&planned), memory, || {
-                    session.run_window(&mut files, wp, &dest, &notify)
+                    session.run_window(&mut files, wp, &dest, Some(&notify))
                 })
             });
             for tag in rx {
