@@ -19,11 +19,10 @@ use tensora_format::safetensors::{header_span_bytes, parse_header_with_path};
 use tensora_format::sharded::{INDEX_BYTES_MAX, INDEX_SUFFIX, parse_index};
 use tensora_format::{Checkpoint, FileStamp, Format, TensorInfo};
 
-use crate::cache::{Cache, CacheOptions, CacheReport, CacheSession, LocationRecord, WriteLocks};
 use crate::client::{Client, CounterSnapshot, off_runtime};
-use crate::fetch::{Counters, Fetcher, RemoteObject};
+use crate::fetch::{Counters, Fetcher, Front, Layer, RemoteObject};
 use crate::rebuild::{Rebuild, ShardLayout};
-use crate::{Location, RemoteError};
+use crate::{CacheOptions, CacheReport, Location, RemoteError};
 
 /// The HF index name probed in a directory on a plain HTTP server (after [`SLLM_INDEX_NAME`]).
 pub const HF_INDEX_NAME: &str = "model.safetensors.index.json";
@@ -62,8 +61,8 @@ pub struct RemoteCheckpoint {
     open_counts: CounterSnapshot,
     /// What the checkpoint was assembled from, to assemble it again over cached copies.
     rebuild: Arc<Rebuild>,
-    /// The local cache, when the options name one.
-    cache: Option<Cache>,
+    /// What stands in front of the store (the local cache), when the options name it.
+    front: Option<Arc<dyn Front>>,
     /// What the cache did for the open.
     open_cache: Option<CacheReport>,
 }
@@ -120,8 +119,8 @@ impl RemoteCheckpoint {
     pub(crate) fn rebuild(&self) -> &Rebuild {
         &self.rebuild
     }
-    pub(crate) fn cache(&self) -> Option<&Cache> {
-        self.cache.as_ref()
+    pub(crate) fn front(&self) -> Option<&dyn Front> {
+        self.front.as_deref()
     }
     /// What the cache did while opening (`None` without a cache).
     pub fn open_cache_report(&self) -> Option<&CacheReport> {
@@ -173,18 +172,17 @@ pub(crate) fn open(
     // This open's own counters: a concurrent open or load on the same client counts its own.
     let counters = Counters::default();
     let url = root_url(location);
-    let cache = cache.map(Cache::open).transpose()?;
+    let front = crate::fetch::open_front(cache)?;
     // Blocking on the client's runtime panics inside another runtime: open from a plain thread.
     // The whole open (probes, listing, indexes, headers and their retries) has one deadline.
     let deadline = client.opts.open_deadline;
-    let (opened, session) = off_runtime(|| {
+    let (opened, layer) = off_runtime(|| {
         client.runtime().block_on(async {
             let work = async {
-                let session =
-                    open_session(cache.as_ref(), location, &url, &client.fetcher(&counters)).await?;
-                let fetcher = client.fetcher(&counters).with_cache(session.as_ref());
+                let layer = open_layer(front.as_deref(), location, &url, &client.fetcher(&counters)).await?;
+                let fetcher = client.fetcher(&counters).with_layer(layer.as_deref());
                 let opened = open_async(location, &fetcher).await?;
-                Ok::<_, RemoteError>((opened, session))
+                Ok::<_, RemoteError>((opened, layer))
             };
             match tokio::time::timeout(deadline, work).await {
                 Ok(result) => result,
@@ -196,17 +194,7 @@ pub(crate) fn open(
             }
         })
     })?;
-    let open_cache = session.map(|s| {
-        if s.record.is_none() {
-            let record = LocationRecord { url: url.clone(), objects: s.seen() };
-            if let Err(e) = s.cache.record_location(&record) {
-                let mut report = s.finish();
-                report.skipped.push(format!("{url}: cannot record the location: {e}"));
-                return report;
-            }
-        }
-        s.finish()
-    });
+    let open_cache = layer.map(|l| l.finish());
     let Opened { checkpoint, objects, rebuild } = opened;
     Ok(RemoteCheckpoint {
         location: location.clone(),
@@ -217,30 +205,30 @@ pub(crate) fn open(
         parse_seconds: t.elapsed().as_secs_f64(),
         open_counts: counters.snapshot(),
         rebuild: Arc::new(rebuild),
-        cache,
+        front,
         open_cache,
     })
 }
 
-/// The open's cache session: in record mode when the location was opened with this cache before,
-/// each recorded object is unchanged (one HEAD each, [`HEADER_FETCHES_INFLIGHT_MAX`] at a time)
-/// and, for a prefix of a store that lists, a listing (one request) names no checkpoint object
-/// the record lacks; trusted without a request offline.
-async fn open_session(
-    cache: Option<&Cache>,
+/// The open's layer (from `front`, the cache): in record mode when the location was opened
+/// through it before, each recorded object is unchanged (one HEAD each,
+/// [`HEADER_FETCHES_INFLIGHT_MAX`] at a time) and, for a prefix of a store that lists, a listing
+/// (one request) names no checkpoint object the record lacks; trusted without a request offline.
+async fn open_layer(
+    front: Option<&dyn Front>,
     location: &Location,
     url: &str,
     network: &Fetcher<'_>,
-) -> Result<Option<CacheSession>, RemoteError> {
-    let Some(cache) = cache else { return Ok(None) };
-    let offline = cache.options().offline;
-    let record = match cache.location(url) {
+) -> Result<Option<Arc<dyn Layer>>, RemoteError> {
+    let Some(front) = front else { return Ok(None) };
+    let offline = front.offline();
+    let record = match front.record(url) {
         Some(record) if offline => Some(record),
         Some(record) => {
-            let heads = futures::stream::iter(record.objects.iter())
-                .map(|d| async move {
-                    match network.head(&ObjectPath::from(d.path.as_str()), &d.url).await {
-                        Ok(meta) => Ok(crate::cache::describe_meta(&d.url, &meta) == *d),
+            let heads = futures::stream::iter(record.iter())
+                .map(|recorded| async move {
+                    match network.head(recorded.path(), &recorded.url).await {
+                        Ok(meta) => Ok(front.unchanged(recorded, &meta)),
                         Err(RemoteError::NotFound { .. }) => Ok(false),
                         Err(e) => Err(e),
                     }
@@ -259,7 +247,7 @@ async fn open_session(
         }
         None => None,
     };
-    Ok(Some(CacheSession::new(cache.clone(), record, WriteLocks::WhenFree)))
+    Ok(Some(front.open_layer(url, record)))
 }
 
 /// Whether a listing of `location`'s prefix (one request; none for a single object or a store
@@ -269,7 +257,7 @@ async fn open_session(
 /// to their HEADs.
 async fn listed_beyond(
     location: &Location,
-    record: &LocationRecord,
+    record: &[RemoteObject],
     network: &Fetcher<'_>,
 ) -> Result<bool, RemoteError> {
     let Some(prefix) = location.object_path().filter(|_| location.is_dir() && location.can_list()) else {
@@ -278,7 +266,7 @@ async fn listed_beyond(
     let names = direct_children(network.list(prefix), prefix, LIST_ENTRIES_MAX)
         .await
         .map_err(|reason| RemoteError::NoCheckpoint { url: location.url_of(prefix), reason })?;
-    let recorded: BTreeSet<&str> = record.objects.iter().map(|d| d.path.as_str()).collect();
+    let recorded: BTreeSet<&str> = record.iter().map(|o| o.path().as_ref()).collect();
     Ok(layout_objects(&names).iter().any(|p| !recorded.contains(p.as_ref())))
 }
 

@@ -154,7 +154,7 @@ impl Client {
             request_overhead: self.opts.request_overhead,
             unversioned: self.opts.unversioned,
             counters,
-            cache: None,
+            layer: None,
         }
     }
 }

@@ -29,6 +29,22 @@ pub enum RemoteError {
         /// object_store's reason, with any URL in it redacted.
         reason: String,
     },
+    /// An Azure URL names one storage account (`az://container@account/`) while the access key
+    /// that would sign its requests is another account's (the credentials', or
+    /// `AZURE_STORAGE_ACCOUNT_NAME`'s with `AZURE_STORAGE_ACCOUNT_KEY`): refused before any
+    /// request, as every request would be signed for the URL's account with that key.
+    #[error(
+        "{url}: the URL names storage account {url_account:?}, but the access key given is account \
+         {key_account:?}'s; name {key_account:?} in the URL, or give {url_account:?}'s key"
+    )]
+    AccountMismatch {
+        /// The store's root (`az://container@account/`).
+        url: String,
+        /// The account the URL names.
+        url_account: String,
+        /// The account whose key was given.
+        key_account: String,
+    },
     /// The object does not exist.
     #[error("{url}: not found")]
     NotFound {

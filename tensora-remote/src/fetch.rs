@@ -9,7 +9,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStore};
 
 use crate::RemoteError;
-use crate::cache::{CacheSession, Crc32c};
+use crate::crc::Crc32c;
 use crate::redact::redact;
 
 /// Bytes an attempt must move at the link's pace before it fails, or the load's other ranges
@@ -179,8 +179,9 @@ pub(crate) struct Fetcher<'a> {
     /// Whether objects without any version may be read in more than one request.
     pub unversioned: Unversioned,
     pub counters: &'a Counters,
-    /// The cache this operation reads from and writes through, if any.
-    pub cache: Option<&'a CacheSession>,
+    /// What this operation reads from and writes through in front of the store (the cache),
+    /// if anything.
+    pub layer: Option<&'a dyn Layer>,
 }
 
 /// What a response must match.
@@ -212,13 +213,13 @@ impl Failure {
 }
 
 impl<'a> Fetcher<'a> {
-    /// This fetcher reading from and writing through `cache`.
-    pub fn with_cache(self, cache: Option<&'a CacheSession>) -> Fetcher<'a> {
-        Fetcher { cache, ..self }
+    /// This fetcher reading from and writing through `layer`.
+    pub fn with_layer(self, layer: Option<&'a dyn Layer>) -> Fetcher<'a> {
+        Fetcher { layer, ..self }
     }
 
     fn offline(&self) -> bool {
-        self.cache.is_some_and(|c| c.cache.options().offline)
+        self.layer.is_some_and(|l| l.offline())
     }
 
     /// Everything under `prefix` (a recorded location's objects in record mode).
@@ -226,7 +227,7 @@ impl<'a> Fetcher<'a> {
         &self,
         prefix: &ObjectPath,
     ) -> futures::stream::BoxStream<'a, object_store::Result<ObjectMeta>> {
-        if let Some(listed) = self.cache.and_then(|c| c.list(prefix)) {
+        if let Some(listed) = self.layer.and_then(|l| l.recorded_list(prefix)) {
             return futures::stream::iter(listed.into_iter().map(Ok)).boxed();
         }
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
@@ -239,20 +240,20 @@ impl<'a> Fetcher<'a> {
         self.request_overhead + Duration::from_secs_f64(remaining_bytes as f64 / rate as f64)
     }
 
-    /// Whether a cache's record answers for `path` (a location opened before, confirmed): its
+    /// Whether the layer's record answers for `path` (a location opened before, confirmed): its
     /// HEAD is then answered without a request.
     pub fn recorded(&self, path: &ObjectPath) -> bool {
-        self.cache.and_then(|c| c.head(path)).is_some()
+        self.layer.and_then(|l| l.recorded_head(path)).is_some()
     }
 
     /// The object's current metadata (a `HEAD` request), retried under the policy.
     pub async fn head(&self, path: &ObjectPath, url: &str) -> Result<ObjectMeta, RemoteError> {
-        if let Some(answer) = self.cache.and_then(|c| c.head(path)) {
+        if let Some(answer) = self.layer.and_then(|l| l.recorded_head(path)) {
             return answer.ok_or_else(|| RemoteError::NotFound { url: url.to_owned() });
         }
         let meta = self.head_from_store(path, url).await?;
-        if let Some(cache) = self.cache {
-            cache.saw(url, &meta);
+        if let Some(layer) = self.layer {
+            layer.saw(url, &meta);
         }
         Ok(meta)
     }
@@ -279,33 +280,33 @@ impl<'a> Fetcher<'a> {
     /// Fill `dest` with the object's bytes from `offset_bytes`, conditional on the version in
     /// `object`. The body is copied chunk by chunk as it arrives; after a failure the next
     /// attempt asks only for the bytes that have not landed. A range fetched from the store is
-    /// written through to the cache (copied into its writers' buffers).
+    /// written through to the layer (the cache: copied into its writers' buffers).
     pub async fn fetch(
         &self,
         object: &RemoteObject,
         offset_bytes: u64,
         dest: &mut [u8],
     ) -> Result<(), RemoteError> {
-        if let (Source::Store { crc32c: Some(crc32c) }, Some(cache)) =
-            (self.fetch_unwritten(object, offset_bytes, dest).await?, self.cache)
+        if let (Source::Store { crc32c: Some(crc32c) }, Some(layer)) =
+            (self.fetch_unwritten(object, offset_bytes, dest).await?, self.layer)
         {
-            cache.write(object, offset_bytes, dest, crc32c).await;
+            layer.write(object, offset_bytes, dest, crc32c).await;
         }
         Ok(())
     }
 
     /// Record `bytes` (the object's from `offset_bytes`, just fetched from the store) in the
-    /// cache, if there is one, with the CRC-32C of the memory they landed in.
+    /// layer, if there is one, with the CRC-32C of the memory they landed in.
     pub async fn write_through(&self, object: &RemoteObject, offset_bytes: u64, bytes: &[u8]) {
-        if let Some(cache) = self.cache {
+        if let Some(layer) = self.layer {
             let mut crc = Crc32c::new();
             crc.append(bytes);
-            cache.write(object, offset_bytes, bytes, crc.value()).await;
+            layer.write(object, offset_bytes, bytes, crc.value()).await;
         }
     }
 
     /// [`Fetcher::fetch`] without the write-through: where the bytes came from, for a caller that
-    /// writes them into the cache itself.
+    /// writes them into the layer itself.
     pub async fn fetch_unwritten(
         &self,
         object: &RemoteObject,
@@ -315,13 +316,13 @@ impl<'a> Fetcher<'a> {
         if self.read_cached(object, offset_bytes, dest)? {
             return Ok(Source::Cache);
         }
-        let mut fill = SliceFill { dest, crc32c: self.cache.map(|_| Crc32c::new()) };
+        let mut fill = SliceFill { dest, crc32c: self.layer.map(|_| Crc32c::new()) };
         self.fetch_filling(object, offset_bytes, &mut fill).await?;
         Ok(Source::Store { crc32c: fill.crc32c.map(|c| c.value()) })
     }
 
     /// Fill `dest` with the object's bytes from `offset_bytes`, from the store only: neither read
-    /// from nor written to the cache, no CRC.
+    /// from nor written to the layer, no CRC.
     pub async fn fetch_store(
         &self,
         object: &RemoteObject,
@@ -334,9 +335,9 @@ impl<'a> Fetcher<'a> {
         self.fetch_filling(object, offset_bytes, &mut SliceFill { dest, crc32c: None }).await
     }
 
-    /// Whether `dest` (the object's bytes from `offset_bytes`) was filled from the cache: `true`
-    /// for an empty range too; `false` if the store must be asked, an error if it may not be
-    /// (offline).
+    /// Whether `dest` (the object's bytes from `offset_bytes`) was filled from the layer (the
+    /// cache): `true` for an empty range too; `false` if the store must be asked, an error if it
+    /// may not be (offline).
     pub fn read_cached(
         &self,
         object: &RemoteObject,
@@ -346,8 +347,8 @@ impl<'a> Fetcher<'a> {
         if dest.is_empty() {
             return Ok(true);
         }
-        let Some(cache) = self.cache else { return Ok(false) };
-        if cache.read(object, offset_bytes, dest) {
+        let Some(layer) = self.layer else { return Ok(false) };
+        if layer.read(object, offset_bytes, dest) {
             return Ok(true);
         }
         if self.offline() {
@@ -500,8 +501,8 @@ impl<'a> Fetcher<'a> {
             let failure = match tokio::time::timeout(timeout, attempt).await {
                 Ok(Ok(meta)) => {
                     self.counters.add_retry_time(first_failure);
-                    if let Some(cache) = self.cache {
-                        cache.saw(&listed.url, &meta);
+                    if let Some(layer) = self.layer {
+                        layer.saw(&listed.url, &meta);
                     }
                     return Ok(meta);
                 }
@@ -694,4 +695,4 @@ mod source;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use source::{Land, Layer, RangeSource, ToLand};
+pub(crate) use source::{Footprint, Front, Land, Layer, RangeSource, ToLand, open_front};

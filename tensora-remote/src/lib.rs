@@ -39,6 +39,7 @@ mod backend;
 mod cache;
 mod checkpoint;
 mod client;
+mod crc;
 mod error;
 mod fetch;
 mod load;

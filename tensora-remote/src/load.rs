@@ -13,14 +13,12 @@ use tensora_format::Checkpoint;
 use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, ShareLoad, ShareOf, TensorRef};
 
 use crate::backend::RemoteBackend;
-use crate::cache::{CacheOptions, CacheReport, CacheSession, CacheSync, Caching, Footprint, WriteLocks};
 use crate::checkpoint::RemoteCheckpoint;
 use crate::client::Client;
-use crate::fetch::Layer;
-use crate::fetch::{RetryPolicy, Unversioned};
+use crate::fetch::{Footprint, Layer, RetryPolicy, Unversioned};
 use crate::location::ClientTimeouts;
 use crate::tune::{TuneReport, Tuning};
-use crate::{Location, RemoteError, StoreConfig};
+use crate::{CacheOptions, CacheReport, CacheSync, Location, RemoteError, StoreConfig};
 
 /// Most ranges in flight that [`RemoteOptions::validate`] accepts.
 pub const READS_INFLIGHT_LIMIT: usize = 1024;
@@ -349,11 +347,12 @@ pub fn load_remote(location: &Location, opts: &RemoteOptions) -> Result<RemoteLo
 
 /// Where one load reads from.
 enum Route {
-    /// The store, with the cache (when there is one) read first and written through.
-    Remote(Option<Arc<CacheSession>>),
+    /// The store, with the layer in front of it (the cache, when there is one) read first and
+    /// written through.
+    Remote(Option<Arc<dyn Layer>>),
     /// Complete local copies in the cache, loaded by `tensora_io` like any local checkpoint,
-    /// each held with a shared lock until the load ends.
-    Local(Checkpoint, Arc<CacheSession>),
+    /// each held by the layer (a shared lock) until the load ends.
+    Local(Checkpoint, Arc<dyn Layer>),
 }
 
 impl RemoteCheckpoint {
@@ -361,19 +360,17 @@ impl RemoteCheckpoint {
     /// is complete there. The copies a load writes keep their pages cached when its footprint
     /// (`load`'s selection, landing as `landing` says) fits the page cache's rule.
     fn route(&self, load: &LoadOptions, landing: Landing) -> Route {
-        let Some(cache) = self.cache() else { return Route::Remote(None) };
-        let session = Arc::new(CacheSession::new(cache.clone(), None, WriteLocks::HeldOnly));
-        if session.hold(self.objects(), self.footprint(load, landing))
-            && let Some(files) = session.local_files(self.objects())
-        {
+        let Some(front) = self.front() else { return Route::Remote(None) };
+        let (layer, files) = front.load_layer(self.objects(), self.footprint(load, landing));
+        if let Some(files) = files {
             let local: HashMap<String, PathBuf> =
                 self.objects().iter().map(|o| o.url.clone()).zip(files).collect();
             match self.rebuild().relocated(self.checkpoint(), &local) {
-                Ok(checkpoint) => return Route::Local(checkpoint, session),
-                Err(why) => session.note(format!("{}: the cached copies were not used: {why}", self.url())),
+                Ok(checkpoint) => return Route::Local(checkpoint, layer),
+                Err(why) => layer.note(format!("{}: the cached copies were not used: {why}", self.url())),
             }
         }
-        Route::Remote(Some(session))
+        Route::Remote(Some(layer))
     }
 
     /// What a load with `load` puts in memory: its selection (all of it when the selection does
@@ -401,10 +398,9 @@ impl RemoteCheckpoint {
     fn load_options(
         &self,
         load: &LoadOptions,
-        cache: Option<Arc<CacheSession>>,
+        layer: Option<Arc<dyn Layer>>,
         landing: Landing,
     ) -> (LoadOptions, Arc<RemoteBackend>, u64) {
-        let layer = cache.map(|session| Arc::new(Caching::new(session)) as Arc<dyn Layer>);
         let backend = Arc::new(RemoteBackend::new(self).with_layer(layer));
         let remote = &self.client().opts;
         let cap = remote.inflight_bytes_max(landing).unwrap_or(u64::MAX).min(load.budget_bytes);
@@ -425,7 +421,7 @@ impl RemoteCheckpoint {
         (opts, backend, cap)
     }
 
-    /// The report of a load through `backend`, with `cache`'s report (the disk tail filled in).
+    /// The report of a load through `backend`, with the cache's report (the disk tail filled in).
     fn finish_report(
         &self,
         mut load: LoadReport,
@@ -524,24 +520,24 @@ impl RemoteCheckpoint {
     /// copies are loaded as local files, other objects are read from the store and written
     /// through.
     pub fn load(&self, load: &LoadOptions) -> Result<RemoteLoaded, RemoteError> {
-        let session = match self.route(load, Landing::Whole) {
-            Route::Local(checkpoint, session) => {
+        let layer = match self.route(load, Landing::Whole) {
+            Route::Local(checkpoint, layer) => {
                 let loaded = tensora_io::load(&checkpoint, load);
-                session.add_local(
+                layer.add_local(
                     checkpoint.files().len() as u64,
                     loaded.as_ref().map_or(0, |l| l.report().bytes_read),
                 );
-                let cache = session.finish();
+                let cache = layer.finish();
                 let loaded = loaded?;
                 let report = self.local_report(loaded.report().clone(), cache);
                 return Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report, cache_sync: None });
             }
-            Route::Remote(session) => session,
+            Route::Remote(layer) => layer,
         };
-        let (opts, backend, cap) = self.load_options(load, session.clone(), Landing::Whole);
+        let (opts, backend, cap) = self.load_options(load, layer.clone(), Landing::Whole);
         let loaded = tensora_io::load(self.checkpoint(), &opts).map_err(RemoteCheckpoint::error);
         // On failure too: copies this load completed before it failed are kept (behind it).
-        let (cache, cache_sync) = session.map(|s| s.finish_behind()).unzip();
+        let (cache, cache_sync) = layer.map(|l| l.finish_behind()).unzip();
         let loaded = loaded?;
         let report = self.finish_report(loaded.report().clone(), &backend, cap, cache);
         Ok(RemoteLoaded { checkpoint: self.clone(), loaded, report, cache_sync: cache_sync.flatten() })
@@ -554,22 +550,22 @@ impl RemoteCheckpoint {
         load: &LoadOptions,
         f: impl FnMut(&TensorRef<'_>) -> Result<(), BoxError>,
     ) -> Result<RemoteReport, RemoteError> {
-        let session = match self.route(load, Landing::Window) {
-            Route::Local(checkpoint, session) => {
+        let layer = match self.route(load, Landing::Window) {
+            Route::Local(checkpoint, layer) => {
                 let streamed = tensora_io::load_streaming(&checkpoint, load, f);
-                session.add_local(
+                layer.add_local(
                     checkpoint.files().len() as u64,
                     streamed.as_ref().map_or(0, |r| r.bytes_read),
                 );
-                let cache = session.finish();
+                let cache = layer.finish();
                 return Ok(self.local_report(streamed?, cache));
             }
-            Route::Remote(session) => session,
+            Route::Remote(layer) => layer,
         };
-        let (opts, backend, cap) = self.load_options(load, session.clone(), Landing::Window);
+        let (opts, backend, cap) = self.load_options(load, layer.clone(), Landing::Window);
         let streamed =
             tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(RemoteCheckpoint::error);
-        let cache = session.map(|s| s.finish());
+        let cache = layer.map(|l| l.finish());
         Ok(self.finish_report(streamed?, &backend, cap, cache))
     }
 
@@ -615,7 +611,7 @@ impl RemoteCheckpoint {
     }
 
     fn refuse_shared_cache(&self) -> Result<(), RemoteError> {
-        if self.cache().is_none() {
+        if self.front().is_none() {
             return Ok(());
         }
         Err(RemoteError::Load(tensora_io::LoadError::Unsupported {

@@ -308,6 +308,7 @@ pub(crate) fn build_store(
         Location::Http { origin, .. } => http_store(origin, config, client).map_err(failed),
         Location::S3 { bucket, .. } => s3_store(bucket, config, client)?.map_err(failed),
         Location::Azure { container, account, .. } => {
+            check_azure_account(&root, account.as_deref(), config)?;
             azure_store(container, account.as_deref(), config, client).map_err(failed)
         }
         Location::Gcs { bucket, .. } => gcs_store(bucket, config, client).map_err(failed),
@@ -422,6 +423,39 @@ fn azure_store(
         builder = builder.with_account(account);
     }
     Ok(Arc::new(builder.build()?))
+}
+
+/// Refuses an Azure URL naming storage account `account` (`az://container@account/`) when the
+/// access key that would sign its requests is another account's ([`azure_key_account`]): the
+/// store would sign every request for `account` with that key. The error names both accounts,
+/// never the key.
+fn check_azure_account(root: &str, account: Option<&str>, config: &StoreConfig) -> Result<(), RemoteError> {
+    match (account, azure_key_account(config)) {
+        (Some(url_account), Some(key_account)) if url_account != key_account => {
+            Err(RemoteError::AccountMismatch {
+                url: root.to_owned(),
+                url_account: url_account.to_owned(),
+                key_account,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The storage account whose access key signs an Azure store's requests: `config`'s credentials'
+/// (account, key), else `AZURE_STORAGE_ACCOUNT_NAME`'s when the environment holds an access key
+/// too. `None` when no access key signs them (anonymous, or a SAS or token from the environment).
+fn azure_key_account(config: &StoreConfig) -> Option<String> {
+    use object_store::azure::AzureConfigKey;
+    if config.anonymous {
+        return None;
+    }
+    if let Some((account, _)) = &config.credentials {
+        return Some(account.clone());
+    }
+    let env = object_store::azure::MicrosoftAzureBuilder::from_env();
+    env.get_config_value(&AzureConfigKey::AccessKey)?;
+    env.get_config_value(&AzureConfigKey::AccountName)
 }
 
 /// The storage account an Azure store is reached in without one in the URL: `config`'s
@@ -598,6 +632,41 @@ mod tests {
         let s3 = Location::parse("s3://b/m/").unwrap();
         assert_eq!(s3.in_account(&creds), s3);
         assert!(matches!(Location::parse("az://c:secret@acct/m/"), Err(RemoteError::Location { .. })));
+    }
+
+    /// An `az://container@account/` URL with another account's key is refused before any request
+    /// (the store would sign for `account` with that key), naming both accounts and not the key;
+    /// the key's own account, an anonymous store, or no account in the URL are built.
+    #[test]
+    fn an_azure_url_naming_another_account_than_the_key_is_refused() {
+        let timeouts = ClientTimeouts {
+            connect: Duration::from_secs(1),
+            request: Duration::from_secs(1),
+            idle_per_host: 1,
+        };
+        let config = StoreConfig {
+            endpoint: Some("http://127.0.0.1:9/acct".into()),
+            allow_http: true,
+            credentials: Some(("acct".into(), "a2V5LW9mLWFjY3Q=".into())),
+            ..StoreConfig::default()
+        };
+        let other = Location::parse("az://c@other/m/").unwrap();
+        match build_store(&other, &config, timeouts) {
+            Err(RemoteError::AccountMismatch { url, url_account, key_account }) => {
+                assert_eq!((url_account.as_str(), key_account.as_str()), ("other", "acct"));
+                assert!(url.starts_with("az://c@other"), "{url}");
+            }
+            Err(e) => panic!("not the account mismatch: {e}"),
+            Ok(_) => panic!("built a store that signs other's requests with acct's key"),
+        }
+        let message = build_store(&other, &config, timeouts).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("\"other\"") && message.contains("\"acct\""), "{message}");
+        assert!(!message.contains("a2V5LW9mLWFjY3Q="), "the key leaked: {message}");
+        for fine in ["az://c@acct/m/", "az://c/m/"] {
+            assert!(build_store(&Location::parse(fine).unwrap(), &config, timeouts).is_ok(), "{fine}");
+        }
+        let anonymous = StoreConfig { anonymous: true, ..config };
+        assert!(build_store(&other, &anonymous, timeouts).is_ok(), "nothing is signed");
     }
 
     #[test]

@@ -669,3 +669,29 @@ fn azure_and_gcs_emulators_load_like_s3() {
         assert!(err.is_changed(), "{url}: {err}");
     }
 }
+
+/// An `az://container@account/` URL naming another account than the key's (account A's key,
+/// account B's URL) is refused before any request, naming both accounts and not the key: the
+/// store would sign B's requests with A's key. The key's own account, named, loads.
+#[test]
+fn an_azure_url_naming_another_account_than_the_key_is_refused() {
+    let src = tempfile::tempdir().unwrap();
+    write_checkpoint(src.path(), 1, 2, 16 << 10);
+    let azurite = started(support::Azurite::start());
+    azurite.upload_dir(src.path(), "m").unwrap();
+    let opts = RemoteOptions { store: azurite.store_config(), ..small_opts() };
+    let (account, key) = support::AZURITE_ACCOUNT;
+    let own = format!("az://{}@{account}/m/", support::BUCKET);
+    let loaded = load_remote(&Location::parse(&own).unwrap(), &opts).unwrap_or_else(|e| panic!("{own}: {e}"));
+    assert_matches_local(&loaded, src.path());
+    let other = format!("az://{}@otheraccount/m/", support::BUCKET);
+    let err = open_remote(&Location::parse(&other).unwrap(), &opts).unwrap_err();
+    let text = format!("{err} {err:?}");
+    match &err {
+        RemoteError::AccountMismatch { url_account, key_account, .. } => {
+            assert_eq!((url_account.as_str(), key_account.as_str()), ("otheraccount", account), "{text}");
+        }
+        wrong => panic!("{wrong} is not the account mismatch"),
+    }
+    assert!(!text.contains(key), "the key leaked: {text}");
+}

@@ -42,7 +42,7 @@ fn marker_of(data: &File) -> std::io::Result<[u8; MARKER_BYTES]> {
     for (i, field) in fields.iter().enumerate() {
         out[8 + 8 * i..16 + 8 * i].copy_from_slice(&field.to_le_bytes());
     }
-    let own = super::crc::crc32c(&out[..MARKER_BYTES - 4]);
+    let own = crate::crc::crc32c(&out[..MARKER_BYTES - 4]);
     out[MARKER_BYTES - 4..].copy_from_slice(&own.to_le_bytes());
     Ok(out)
 }

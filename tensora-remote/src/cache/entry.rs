@@ -381,7 +381,7 @@ impl Entry {
     ) -> std::io::Result<u32> {
         let end = offset_bytes + dest.len() as u64;
         let (inside_start, inside_end) = (r.offset_bytes.max(offset_bytes), r.end_bytes().min(end));
-        let mut crc = super::Crc32c::new();
+        let mut crc = crate::crc::Crc32c::new();
         self.crc32c_from_disk(r.offset_bytes..inside_start, &mut crc, scratch)?;
         crc.append(&dest[(inside_start - offset_bytes) as usize..(inside_end - offset_bytes) as usize]);
         self.crc32c_from_disk(inside_end..r.end_bytes(), &mut crc, scratch)?;
@@ -393,7 +393,7 @@ impl Entry {
     fn crc32c_from_disk(
         &self,
         range: std::ops::Range<u64>,
-        crc: &mut super::Crc32c,
+        crc: &mut crate::crc::Crc32c,
         scratch: &mut Vec<u8>,
     ) -> std::io::Result<()> {
         let mut at = range.start;
@@ -416,7 +416,7 @@ impl Entry {
     /// Write a landed range, then record it with `crc32c`, its CRC-32C as the caller computed it
     /// when the bytes arrived (recorded as is). Only an entry opened with [`Entry::create`] writes.
     pub fn write(&self, offset_bytes: u64, bytes: &[u8], crc32c: u32) -> std::io::Result<()> {
-        debug_assert_eq!(crc32c, super::crc::crc32c(bytes), "the caller's CRC-32C of the range");
+        debug_assert_eq!(crc32c, crate::crc::crc32c(bytes), "the caller's CRC-32C of the range");
         self.check_bounds(offset_bytes, bytes.len())?;
         self.write_data(offset_bytes, Bytes::Slice(bytes))?;
         self.record(RangeRecord { offset_bytes, len_bytes: bytes.len() as u64, crc32c })
@@ -531,7 +531,7 @@ impl Entry {
         len_bytes: usize,
         scratch: &mut Vec<u8>,
     ) -> std::io::Result<u32> {
-        Ok(super::crc::crc32c(self.read_on_disk(offset_bytes, len_bytes, scratch)?))
+        Ok(crate::crc::crc32c(self.read_on_disk(offset_bytes, len_bytes, scratch)?))
     }
 
     /// `len_bytes` at `offset_bytes` of the copy, read into `scratch` (grown to the whole pages
@@ -638,7 +638,7 @@ impl Entry {
         let mut bad = Vec::new();
         let mut scratch = Vec::new();
         for r in records {
-            let mut crc = super::Crc32c::new();
+            let mut crc = crate::crc::Crc32c::new();
             self.crc32c_from_disk(r.offset_bytes..r.end_bytes(), &mut crc, &mut scratch)?;
             if crc.value() != r.crc32c {
                 bad.push(r);

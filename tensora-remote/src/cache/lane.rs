@@ -29,7 +29,8 @@ use std::sync::mpsc::Sender;
 
 use tensora_io::{Filled, Permit, ReadTarget};
 
-use super::{CacheSession, Crc32c, Entry};
+use super::{CacheSession, Entry};
+use crate::crc::Crc32c;
 use crate::fetch::Fill;
 
 /// Threads writing a load's ranges into the copies.

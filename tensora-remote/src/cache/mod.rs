@@ -14,9 +14,10 @@
 //! is complete here, reads the index and headers from the copies and loads through `tensora_io`
 //! from local files.
 //!
-//! The backend reaches the cache through one door, `source.rs`: a layer whose runs wrap the
-//! store's fetcher into a source of ranges, which decides per range whether it is read from a
-//! copy, written behind the load, through a lane thread, or copied to the writers. A load's
+//! The rest of the crate reaches the cache through one door, `crate::fetch`'s `open_front`: the
+//! cache directory is a `Front` and each open's or load's session a `Layer` (`source.rs`), whose
+//! runs wrap the store's fetcher into a source of ranges, which decides per range whether it is
+//! read from a copy, written behind the load, through a lane thread, or copied to the writers. A load's
 //! copies are written through the page cache when they fit in it (the page cache's rule,
 //! `tensora_io::pages_fit`, over the load's selection and destination), so a load right
 //! after the fill reads memory, as a warm local load does; otherwise with `O_DIRECT`, around it,
@@ -39,7 +40,6 @@
 //! objects that nobody holds.
 
 mod check;
-mod crc;
 mod entry;
 mod files;
 mod lane;
@@ -57,14 +57,12 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
-pub(crate) use crc::Crc32c;
 pub use entry::{DIRECT_ALIGN_BYTES, Description, Entry};
 pub use lane::{LANE_THREADS, PIECE_BYTES};
 pub(crate) use lane::{LaneFill, LaneWork, PiecesTo};
 pub use lock::LOCKS_HELD_MAX;
 pub use ranges::{RECORDS_MAX, RangeRecord};
-pub(crate) use session::{CacheSession, Footprint, WriteLocks, describe_meta};
-pub(crate) use source::Caching;
+pub(crate) use session::CacheSession;
 pub use sync::CacheSync;
 pub use writer::{WRITE_BEHIND_BYTES, WRITER_THREADS};
 

@@ -7,7 +7,7 @@
 //! before anything is appended to it (`Entry::create`), so a record appended after a tear is
 //! never read out of step.
 
-use super::crc::crc32c;
+use crate::crc::crc32c;
 
 /// Bytes of one record of the range log, little-endian: offset (u64), length (u64), the range's
 /// CRC-32C (u32), and the CRC-32C of those 20 bytes (u32), the record's own checksum.

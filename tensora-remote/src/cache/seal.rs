@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tensora_io::HeldPiece;
 
-use super::crc::crc32c;
+use crate::crc::crc32c;
 
 /// The state of one held piece.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

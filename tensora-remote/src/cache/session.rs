@@ -1,6 +1,7 @@
-//! [`CacheSession`]: the cache as one operation (an open or a load) uses it, through the fetcher:
-//! ranges read from copies, fetched ranges written through, HEADs and listings answered from a
-//! location record, and the locks the operation holds until [`CacheSession::finish`].
+//! [`CacheSession`]: the cache as one operation (an open or a load) uses it, behind its layer
+//! (`source.rs`): ranges read from copies, fetched ranges written through, HEADs and listings
+//! answered from a location record, and the locks the operation holds until
+//! [`CacheSession::finish`].
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,7 +16,7 @@ use super::entry::{Pages, Served};
 use super::lock::{Mode, ObjectLock};
 use super::writer::Writers;
 use super::{Cache, CacheReport, CacheSync, Description, Entry, LOCK_WAIT_MAX, LocationRecord, object_key};
-use crate::fetch::{RemoteObject, Versioning};
+use crate::fetch::{Footprint, RemoteObject, Versioning};
 
 /// How a session gets the right to write an object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,16 +76,6 @@ pub(crate) struct CacheSession {
     /// Where the copies this session writes keep their pages ([`CacheSession::hold`] decides;
     /// an open's headers and indexes, a few KiB, go through the page cache).
     pages: Mutex<Pages>,
-}
-
-/// What a load puts in memory: the bytes it may write into the cache's copies and its own
-/// destination (its arena, or a streamed load's window), for the page cache's rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Footprint {
-    /// Bytes the load fetches and writes into copies at most (its selection).
-    pub to_cache_bytes: u64,
-    /// The load's own memory beside the page cache.
-    pub destination_bytes: u64,
 }
 
 /// Where a load's copies keep their pages under the page cache's rule
@@ -513,7 +504,7 @@ mod tests {
         let o = object(100);
         let key = object_key(&describe(&o));
         let entry = Entry::create(&cache.partial_dir(&key), &describe(&o), Pages::Around).unwrap();
-        entry.write(0, &[9u8; 100], super::super::crc::crc32c(&[9u8; 100])).unwrap();
+        entry.write(0, &[9u8; 100], crate::crc::crc32c(&[9u8; 100])).unwrap();
         assert_eq!(entry.promote(&cache.complete_dir(&key)).unwrap(), Promoted::Done);
         // An evictor holds the object's lock; the load sees the complete copy and waits, shared.
         let mut evictor = cache.lock_file(&key).unwrap();

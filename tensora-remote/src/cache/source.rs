@@ -1,6 +1,8 @@
-//! The cache's one door for the backend: [`Caching`], a `Layer` whose runs wrap the store's
-//! fetcher into [`CachedRanges`], a source of ranges like the fetcher itself. Per range it takes
-//! one of four ways:
+//! The cache behind the crate's one door (`crate::fetch::open_front`): the cache directory
+//! ([`Cache`]) is the checkpoint's `Front`, and each open's or load's session a [`Caching`], the
+//! `Layer` the fetcher asks (record-mode HEADs and listings, ranges read from copies, ranges
+//! written through) and whose runs wrap the store's fetcher into [`CachedRanges`], a source of
+//! ranges like the fetcher itself. Per range it takes one of four ways:
 //!
 //! - **a hit**: every byte of the range is in a copy and matches its records (`Entry::read`):
 //!   read from there (offline, a miss is [`RemoteError::NotCached`]);
@@ -13,32 +15,129 @@
 //! An object this session does not write (another process holds it, or it has no version) is
 //! read from the store only.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
+use object_store::ObjectMeta;
+use object_store::path::Path as ObjectPath;
 use tensora_io::{Permit, ReadTarget};
 
-use super::{CacheSession, CacheWrites, DIRECT_ALIGN_BYTES, LANE_THREADS, LaneFill, LaneWork, PiecesTo};
+use super::session::{WriteLocks, describe, describe_meta, meta_of};
+use super::{
+    Cache, CacheReport, CacheSession, CacheSync, CacheWrites, DIRECT_ALIGN_BYTES, LANE_THREADS, LaneFill,
+    LaneWork, LocationRecord, PiecesTo,
+};
 use crate::RemoteError;
-use crate::fetch::{Fetcher, Land, Layer, RangeSource, RemoteObject, Source, ToLand};
+use crate::fetch::{Fetcher, Footprint, Front, Land, Layer, RangeSource, RemoteObject, Source, ToLand};
 
-/// The cache in front of the store, as a backend holds it: one load's session.
-#[derive(Debug)]
-pub(crate) struct Caching {
-    session: Arc<CacheSession>,
-}
+/// The cache directory in front of a checkpoint's store.
+impl Front for Cache {
+    fn offline(&self) -> bool {
+        self.options().offline
+    }
 
-impl Caching {
-    /// The layer of `session`'s load.
-    pub fn new(session: Arc<CacheSession>) -> Caching {
-        Caching { session }
+    fn record(&self, url: &str) -> Option<Vec<RemoteObject>> {
+        let record = self.location(url)?;
+        Some(record.objects.iter().map(|d| RemoteObject { url: d.url.clone(), meta: meta_of(d) }).collect())
+    }
+
+    /// As the cache describes both (path, size, ETag, last-modified).
+    fn unchanged(&self, recorded: &RemoteObject, found: &ObjectMeta) -> bool {
+        describe_meta(&recorded.url, found) == describe(recorded)
+    }
+
+    /// Its objects are written when their locks are free (another process writing one leaves it
+    /// to that process).
+    fn open_layer(&self, url: &str, record: Option<Vec<RemoteObject>>) -> Arc<dyn Layer> {
+        let record = record.map(|objects| LocationRecord {
+            url: url.to_owned(),
+            objects: objects.iter().map(describe).collect(),
+        });
+        let session = CacheSession::new(self.clone(), record, WriteLocks::WhenFree);
+        Arc::new(Caching { session, opened: Some(url.to_owned()) })
+    }
+
+    /// Every object locked up front ([`CacheSession::hold`]): those it writes, exclusive.
+    fn load_layer(
+        &self,
+        objects: &[RemoteObject],
+        footprint: Footprint,
+    ) -> (Arc<dyn Layer>, Option<Vec<PathBuf>>) {
+        let session = CacheSession::new(self.clone(), None, WriteLocks::HeldOnly);
+        let files = if session.hold(objects, footprint) { session.local_files(objects) } else { None };
+        (Arc::new(Caching { session, opened: None }), files)
     }
 }
 
+/// The cache in front of the store for one operation: its session.
+#[derive(Debug)]
+pub(crate) struct Caching {
+    session: CacheSession,
+    /// An open's URL, whose objects are recorded when it finishes (unless opened from the record).
+    opened: Option<String>,
+}
+
 impl Layer for Caching {
+    fn offline(&self) -> bool {
+        self.session.cache.options().offline
+    }
+
+    fn recorded_head(&self, path: &ObjectPath) -> Option<Option<ObjectMeta>> {
+        self.session.head(path)
+    }
+
+    fn recorded_list(&self, prefix: &ObjectPath) -> Option<Vec<ObjectMeta>> {
+        self.session.list(prefix)
+    }
+
+    fn saw(&self, url: &str, meta: &ObjectMeta) {
+        self.session.saw(url, meta);
+    }
+
+    fn read(&self, object: &RemoteObject, offset_bytes: u64, dest: &mut [u8]) -> bool {
+        self.session.read(object, offset_bytes, dest)
+    }
+
+    fn write<'a>(
+        &'a self,
+        object: &'a RemoteObject,
+        offset_bytes: u64,
+        bytes: &'a [u8],
+        crc32c: u32,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(self.session.write(object, offset_bytes, bytes, crc32c))
+    }
+
+    fn note(&self, why: String) {
+        self.session.note(why);
+    }
+
+    fn add_local(&self, objects: u64, bytes: u64) {
+        self.session.add_local(objects, bytes);
+    }
+
+    fn finish(&self) -> CacheReport {
+        let session = &self.session;
+        let Some(url) = self.opened.as_ref().filter(|_| session.record.is_none()) else {
+            return session.finish();
+        };
+        let record = LocationRecord { url: url.clone(), objects: session.seen() };
+        let recorded = session.cache.record_location(&record);
+        let mut report = session.finish();
+        if let Err(e) = recorded {
+            report.skipped.push(format!("{url}: cannot record the location: {e}"));
+        }
+        report
+    }
+
+    fn finish_behind(&self) -> (CacheReport, Option<CacheSync>) {
+        self.session.finish_behind()
+    }
+
     /// Whole blocks: each fetched range then goes into its copy with `O_DIRECT` from where it
     /// landed (`super::lane`).
     fn read_align_bytes(&self) -> u64 {
@@ -54,13 +153,13 @@ impl Layer for Caching {
         land: Land<'s, 'r>,
         issue: &mut dyn FnMut(&(dyn RangeSource<'r> + 's)),
     ) -> Option<Duration> {
-        let session = &*self.session;
+        let session = &self.session;
         let behind = keeps_mapping && session.cache.options().writes == CacheWrites::Behind;
         let arrived = std::thread::scope(|scope| {
             let lanes = if behind { Vec::new() } else { start_lanes(scope, session, land) };
             let started = !lanes.is_empty();
             let source = CachedRanges {
-                fetcher: fetcher.with_cache(Some(session)),
+                fetcher: fetcher.with_layer(Some(self)),
                 session,
                 behind,
                 lanes,

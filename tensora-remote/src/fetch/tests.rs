@@ -42,7 +42,7 @@ fn fetcher<'a>(store: &'a BreakingStore, counters: &'a Counters, retries: u32) -
         request_overhead: Duration::from_secs(5),
         unversioned: Unversioned::Refuse,
         counters,
-        cache: None,
+        layer: None,
     }
 }
 

@@ -1,7 +1,7 @@
-//! The CRC-32C of the cache's ranges and pieces, in one place: taken as the bytes arrive (a
-//! load's pieces, an open's ranges), from the memory of a piece written behind a load (or on its
-//! read-back, once sealed), and by
-//! `cache verify`. `crc-fast` (carry-less-multiply folding) runs at 30 GB/s on one core of the
+//! The CRC-32C of the cache's ranges and pieces, in one place: taken by the fetcher as a range
+//! arrives for the layer in front of the store (`fetch.rs`, an open's ranges), by a load's lanes
+//! as its pieces arrive, from the memory of a piece written behind a load (or on its read-back,
+//! once sealed), and by `cache verify`. `crc-fast` (carry-less-multiply folding) runs at 30 GB/s on one core of the
 //! 2-core VM against 14 GB/s for the `crc32c` crate's SSE4.2 loop, with the same values (the
 //! tests check them against that crate), so range logs written before read the same.
 
