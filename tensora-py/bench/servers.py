@@ -12,6 +12,19 @@ from pathlib import Path
 
 # How long nginx may take to listen.
 READY_TIMEOUT_S = 10.0
+# The most connections a total rate cap (`Nginx(rate_total_bytes=...)`) divides the rate among;
+# more connections writing at once each get the rate of this many.
+RATE_CONNECTIONS_MAX = 256
+
+
+def rate_map(rate_total_bytes: int) -> str:
+    """nginx config: `$tensora_rate`, the rate a response starts with when `$connections_writing`
+    connections (itself included) are sending: the total divided among them. nginx's `limit_rate`
+    is per connection and fixed when the response starts, so the total holds on average over many
+    ranged requests, not at every instant."""
+    lines = [f"        {n} {max(1, rate_total_bytes // max(1, n))};" for n in range(RATE_CONNECTIONS_MAX + 1)]
+    floor = max(1, rate_total_bytes // RATE_CONNECTIONS_MAX)
+    return "    map $connections_writing $tensora_rate {\n" + f"        default {floor};\n" + "\n".join(lines) + "\n    }\n"
 
 
 def free_port() -> int:
@@ -22,11 +35,13 @@ def free_port() -> int:
 
 class Nginx:
     """`with Nginx(root) as n: n.url("model/")`: serves `root` read-only on a free port (or
-    `port`), HTTP/1.1 with keep-alive, ranges, ETag and Last-Modified (nginx's static module)."""
+    `port`), HTTP/1.1 with keep-alive, ranges, ETag and Last-Modified (nginx's static module).
+    `rate_total_bytes` caps what all connections together are sent per second (see `rate_map`)."""
 
-    def __init__(self, root: Path, port: int = 0):
+    def __init__(self, root: Path, port: int = 0, rate_total_bytes: int = 0):
         self.root = Path(root).resolve()
         self.port = port or free_port()
+        self.rate_total_bytes = rate_total_bytes
         self._work = None
         self._proc = None
 
@@ -58,9 +73,11 @@ http {{
     fastcgi_temp_path {w}/fastcgi;
     uwsgi_temp_path {w}/uwsgi;
     scgi_temp_path {w}/scgi;
+{rate_map(self.rate_total_bytes) if self.rate_total_bytes else ""}
     server {{
         listen 127.0.0.1:{self.port};
         root {self.root};
+        {"limit_rate $tensora_rate;" if self.rate_total_bytes else ""}
     }}
 }}
 """)

@@ -73,6 +73,24 @@ fn remote_files(ckpt: &tensora_remote::RemoteCheckpoint) -> Vec<PlanItem> {
         .collect()
 }
 
+/// `(kind, what, key)` of every file of a local checkpoint, as [`Shared::plan`] gives them.
+pub(crate) fn plan_files_local(ckpt: &tensora_format::Checkpoint) -> Vec<(&'static str, String, String)> {
+    local_files(ckpt).into_iter().map(PlanItem::into_tuple).collect()
+}
+
+/// `(kind, what, key)` of every object of a remote checkpoint, as [`Shared::plan`] gives them.
+pub(crate) fn plan_files_remote(
+    ckpt: &tensora_remote::RemoteCheckpoint,
+) -> Vec<(&'static str, String, String)> {
+    remote_files(ckpt).into_iter().map(PlanItem::into_tuple).collect()
+}
+
+impl PlanItem {
+    fn into_tuple(self) -> (&'static str, String, String) {
+        (self.kind, self.what, self.key)
+    }
+}
+
 /// One rank's share, loaded: every region's place in the arena, the arena's owner, and the
 /// tensors to export once the regions are exchanged.
 #[pyclass(module = "tensora._native")]

@@ -236,3 +236,97 @@ def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path)
     # The two norms (64 bytes) read once across the group: block-aligned shares add at most two
     # blocks per tensor and file.
     assert 64 <= sum(replicated_read) <= 64 + 2 * 4096 * 3, replicated_read
+
+
+def llama_tp(path: Path) -> Path:
+    """A Llama-named checkpoint whose row-parallel weights have rows too narrow to skip between at
+    TP=4 (64 or 170 F16/BF16 columns: 32 to 86 bytes of every 128 to 340), so every source reads
+    them as covering ranges; uneven splits of rows and columns, and a rank past the last column."""
+    g = torch.Generator().manual_seed(44)
+    t = {}
+    for i, dt in enumerate((torch.float16, torch.bfloat16)):
+        p = f"model.layers.{i}"
+        t[f"{p}.self_attn.q_proj.weight"] = torch.randn(2048, 64, generator=g).to(dt)
+        t[f"{p}.self_attn.o_proj.weight"] = torch.randn(2048, 64, generator=g).to(dt)
+        t[f"{p}.mlp.up_proj.weight"] = torch.randn(170, 2048, generator=g).to(dt)
+        t[f"{p}.mlp.down_proj.weight"] = torch.randn(2047, 170, generator=g).to(dt)
+        t[f"{p}.input_layernorm.weight"] = torch.randn(64, generator=g).to(dt)
+    t["model.layers.2.self_attn.o_proj.weight"] = torch.randn(10, 3, generator=g)  # columns run out
+    t["model.norm.weight"] = torch.randn(64, generator=g)
+    from safetensors.torch import save_file as save_torch
+
+    save_torch(t, str(path))
+    return path
+
+
+@pytest.mark.parametrize("source", ["local", "http"])
+def test_tp_group_split_reads_each_byte_once_and_sends_only_slices(tmp_path, source):
+    """td.load_tp on 4 gloo ranks: each rank's tensors bit-equal to HF load_file + chunk; the
+    row-parallel tensors read as covering ranges are split among the ranks (each reads its rows)
+    and exchanged as slices, so the ranks read the checkpoint once in all: the sum of bytes_read
+    is at most 1.05x the checkpoint's tensor bytes plus the replicated tensors x 4. A small
+    exchange bound (4 KiB) makes every tensor go in many steps."""
+    from safetensors.torch import load_file as hf_load
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    path = llama_tp(d / "model.safetensors")
+    where = path
+    nginx = None
+    if source == "http":
+        nginx = Nginx(d).__enter__()
+        where = nginx.url("model.safetensors")
+    try:
+        out = tmp_path / "out"
+        out.mkdir()
+        nproc = 4
+        codes, err, results = launch(nproc, [where], out, "--mode", "tp", "--exchange-bytes", "4096")
+    finally:
+        if nginx is not None:
+            nginx.__exit__(None, None, None)
+    assert codes == [0] * nproc, err
+    hf = hf_load(str(path))
+    rows = [n for n in hf if n.endswith(("o_proj.weight", "down_proj.weight"))]
+    replicated = sum(v.nbytes for n, v in hf.items() if n.endswith("norm.weight"))
+    total = sum(v.nbytes for v in hf.values())
+    read, received = [], []
+    for r in range(nproc):
+        res = results[0][r]
+        assert "error" not in res, res["error"]
+        want = {}
+        for n, v in hf.items():
+            dim = 0 if n.endswith(("q_proj.weight", "up_proj.weight")) else 1 if n in rows else None
+            if dim is None:
+                want[n] = v
+            else:
+                parts = v.chunk(nproc, dim)
+                want[n] = parts[r] if r < len(parts) else v.narrow(dim, 0, 0)
+        assert res["tensors"] == {k: [digest(v), list(v.shape)] for k, v in want.items()}, f"rank {r}"
+        rep = res["report"]
+        assert rep["group_split"]["tensors"] == len(rows), rep
+        read.append(rep["bytes_read"])
+        received.append(rep["group_split"]["bytes_received"])
+    bound = 1.05 * total + replicated * nproc
+    print(f"{source}: bytes_read by rank {read}, sum {sum(read)} = {sum(read) / total:.3f}x the tensors "
+          f"(bound {bound:.0f}); slices received {received}")
+    assert sum(read) <= bound, (read, bound)
+    # Only slices cross the group: each rank receives at most its columns of the other ranks' rows.
+    for r in range(nproc):
+        mine = sum(v.chunk(nproc, 1)[r].nbytes for n, v in hf.items() if n in rows and r < len(v.chunk(nproc, 1)))
+        assert received[r] <= mine, (r, received[r], mine)
+
+
+@pytest.mark.parametrize("mode", ["missing", "die"])
+def test_a_failing_tp_rank_makes_every_rank_raise_naming_it(tmp_path, mode):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    path = llama_tp(d / "model.safetensors")
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, err, results = launch(3, [path], out, "--mode", mode, "--tp", "--timeout", "30")
+    survivors = [0, 2] if mode == "die" else [0, 1, 2]
+    assert [codes[r] for r in survivors] == [0] * len(survivors), err
+    assert sorted(results[0]) == survivors, err
+    for r in survivors:
+        e = results[0][r].get("error", "")
+        assert e.startswith("LoadError") and "rank 1" in e, f"rank {r}: {e or results[0][r]}"

@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use tensora_format::{Checkpoint, FileId, Shard, TensorInfo};
+use tensora_format::{Checkpoint, FileId, Shard, Slice, TensorInfo};
 use tensora_plan::{Extent, Order, Plan, SliceKind, SliceRead, SourceCost, StridedRows};
 
 use super::loaded::Entry;
@@ -37,6 +37,7 @@ struct Item {
     info: TensorInfo,
     rows: StridedRows,
     read: SliceRead,
+    slice: Option<Slice>,
 }
 
 /// Loads the selected tensors narrowed as `shard` says into one owned arena (see the module docs).
@@ -51,10 +52,47 @@ pub(super) fn load_sharded(
             what: "on_tensor and on_read hooks with a shard (they cover whole tensors)".to_owned(),
         });
     }
-    let owned_opts = LoadOptions { residence: Residence::Owned, shard: None, ..opts.clone() };
+    let owned_opts = owned_options(opts);
     let (session, selected, mut phases, faults_before) = begin(ckpt, &owned_opts, Delivery::Owned)?;
     let t = Instant::now();
-    let slices = shard.slices(ckpt, &selected).map_err(LoadError::Shard)?;
+    let items = items_of(ckpt, &session, &selected, shard)?;
+    refuse_packing_shared_bytes(&items)?;
+    let (owned, runs_of) = session.plan_sharded(&items, &selected)?;
+    phases.plan += t.elapsed().as_secs_f64();
+    let mut loaded =
+        session.load_owned_running(&owned, &owned.plans, &selected, phases, faults_before, None)?;
+    let t = Instant::now();
+    let mut entries = Vec::with_capacity(items.len());
+    let mut counts = SliceCounts::default();
+    for (item, first_tag) in items.iter().zip(runs_of) {
+        let offset_bytes = pack(&mut loaded, &owned, item, first_tag)?;
+        counts.add(item.read.kind, item.rows.rows > 1 && item.rows.width_bytes != item.rows.stride_bytes);
+        entries.push(Entry { info: item.info.clone(), file: 0, offset_bytes });
+    }
+    loaded.entries = entries;
+    let r = &mut loaded.report;
+    r.phases.finish += t.elapsed().as_secs_f64();
+    r.tensors = items.len();
+    r.bytes_selected = items.iter().map(|i| i.info.len_bytes()).sum();
+    r.slices = counts;
+    r.finalize();
+    Ok(loaded)
+}
+
+/// The options a sharded load's session is built with: owned, the shard taken out (the session
+/// is the unsharded load's; the slices are planned here).
+fn owned_options(opts: &LoadOptions) -> LoadOptions {
+    LoadOptions { residence: Residence::Owned, shard: None, ..opts.clone() }
+}
+
+/// Every selected tensor narrowed as `shard` says, with the read the session's source makes of it.
+fn items_of(
+    ckpt: &Checkpoint,
+    session: &Session<'_>,
+    selected: &[usize],
+    shard: &Shard,
+) -> Result<Vec<Item>, LoadError> {
+    let slices = shard.slices(ckpt, selected).map_err(LoadError::Shard)?;
     let cost = session.source_cost();
     let mut items = Vec::with_capacity(selected.len());
     for (&tensor, slice) in selected.iter().zip(slices) {
@@ -82,29 +120,45 @@ pub(super) fn load_sharded(
             }
         };
         let read = SliceRead::choose(&rows, &cost);
-        items.push(Item { tensor, info, rows, read });
+        items.push(Item { tensor, info, rows, read, slice });
     }
-    refuse_packing_shared_bytes(&items)?;
-    let (owned, runs_of) = session.plan_sharded(&items, &selected)?;
-    phases.plan += t.elapsed().as_secs_f64();
-    let mut loaded =
-        session.load_owned_running(&owned, &owned.plans, &selected, phases, faults_before, None)?;
-    let t = Instant::now();
-    let mut entries = Vec::with_capacity(items.len());
-    let mut counts = SliceCounts::default();
-    for (item, first_tag) in items.iter().zip(runs_of) {
-        let offset_bytes = pack(&mut loaded, &owned, item, first_tag)?;
-        counts.add(item.read.kind, item.rows.rows > 1 && item.rows.width_bytes != item.rows.stride_bytes);
-        entries.push(Entry { info: item.info.clone(), file: 0, offset_bytes });
-    }
-    loaded.entries = entries;
-    let r = &mut loaded.report;
-    r.phases.finish += t.elapsed().as_secs_f64();
-    r.tensors = items.len();
-    r.bytes_selected = items.iter().map(|i| i.info.len_bytes()).sum();
-    r.slices = counts;
-    r.finalize();
-    Ok(loaded)
+    Ok(items)
+}
+
+/// How a sharded load ([`LoadOptions::shard`]) reads one selected tensor: what [`shard_reads`]
+/// tells a caller before any byte is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardRead {
+    /// The tensor's index in the checkpoint.
+    pub tensor: usize,
+    /// Its slice, or `None` when it is read whole.
+    pub slice: Option<Slice>,
+    /// How its bytes are read: exactly, as runs of rows, or as one covering range.
+    pub kind: SliceKind,
+    /// The bytes that read takes, aligned as the load would align them.
+    pub bytes_read: u64,
+}
+
+/// How [`load`](crate::load) would read each selected tensor of `opts.shard` (which must be
+/// set), in selection order, decided exactly as the load decides it (the same session: backend,
+/// buffered or direct, alignment), without reading any tensor. A tensor-parallel group uses it to
+/// split the covering reads among its ranks (`tensora.distributed.load_tp`).
+pub fn shard_reads(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Vec<ShardRead>, LoadError> {
+    let Some(shard) = &opts.shard else {
+        return Err(LoadError::Unsupported { what: "shard_reads without a shard".to_owned() });
+    };
+    let owned_opts = owned_options(opts);
+    let (session, selected, _, _) = begin(ckpt, &owned_opts, Delivery::Owned)?;
+    let items = items_of(ckpt, &session, &selected, shard)?;
+    Ok(items
+        .into_iter()
+        .map(|i| ShardRead {
+            tensor: i.tensor,
+            slice: i.slice,
+            kind: i.read.kind,
+            bytes_read: i.read.bytes_read,
+        })
+        .collect())
 }
 
 /// Packing a slice in place moves bytes that another tensor sharing them (tied weights) would

@@ -38,7 +38,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 from . import RemoteOptions, _native, _convert, _check_framework, _remote_dict
 from ._native import LoadError
 
-__all__ = ["load_file", "load_file_with_report", "load_tp", "load_tp_with_report", "weights_iterator"]
+__all__ = ["load_file", "load_file_with_report", "load_tp", "load_tp_with_report", "weights_iterator",
+           "EXCHANGE_BYTES_MAX"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -383,12 +384,114 @@ def load_file(
 def load_tp(path: PathLike, group=None, **options: Any) -> Dict[str, Any]:
     """This rank's tensor-parallel share, the group being the tensor-parallel group: rank ``r`` of
     ``group`` (default: the world) of size ``world`` gets what ``tensora.load_file(path, tp=(r,
-    world), rules=rules)`` gives. The tensors the rules split are read by each rank itself, its
-    slices only (no slice crosses the group); the replicated ones are read once across the group
-    and exchanged, as :func:`load_file`. ``path`` is local (the rules are resolved against its
-    headers); every rank calls with the same arguments. ``options``: those of
-    :func:`load_tp_with_report`. See docs/tensor-parallel.md."""
+    world), rules=rules)`` gives, and the group reads each byte once in all (the group split):
+
+    - a split tensor its rank reads exactly or as runs of rows (a column-parallel block, or a
+      row-parallel one read strided): each rank reads its own slice;
+    - a split tensor the planner would read as a covering range on some rank (a row-parallel
+      weight whose rows are too narrow to skip between, on this source): rank ``r`` reads rows
+      ``torch.chunk(world)[r]`` of the whole tensor, one contiguous range, and sends every other
+      rank exactly that rank's columns of those rows (never a whole tensor);
+    - replicated tensors: read once across the group and exchanged, as :func:`load_file`.
+
+    ``path`` is local or a URL (``remote`` as in :func:`load_file`: no cache); every rank calls
+    with the same arguments and sees the same files (checked before any byte is exchanged). A
+    failure on any rank raises :class:`tensora.LoadError` on every rank, naming the rank (and the
+    tensor, in the exchange). ``options``: those of :func:`load_tp_with_report`. See
+    docs/tensor-parallel.md."""
     return load_tp_with_report(path, group, **options)[0]
+
+
+# Bytes a rank stages at once to send its pieces of the group-split tensors: each step of the
+# exchange sends one block of rows of one tensor (its columns for each other rank, copied
+# contiguous); a tensor with more rows than fit goes in several steps. What arrives lands in place.
+EXCHANGE_BYTES_MAX = 64 << 20
+
+
+def _glob_exact(name: str) -> str:
+    """A glob of the rules that matches exactly `name` (its metacharacters escaped)."""
+    return "".join("\\" + c if c in "*?[]{},\\" else c for c in name)
+
+
+def _chunks(size: int, world: int) -> List[Tuple[int, int]]:
+    """``(start, length)`` of each rank's part of ``size`` indexes, as ``torch.chunk`` splits them
+    (a rank past the last chunk gets an empty part)."""
+    import torch
+
+    parts = [c.shape[0] for c in torch.empty(size, device="meta").chunk(world)] if size else []
+    out, start = [], 0
+    for r in range(world):
+        n = parts[r] if r < len(parts) else 0
+        out.append((start, n))
+        start += n
+    return out
+
+
+def _as_bytes(t):
+    import torch
+
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _exchange_split(g: _Group, name: str, own, shape: List[int], dim: int):
+    """Rank ``g.rank``'s columns (``torch.chunk`` of ``dim``) of tensor ``name`` of ``shape``,
+    assembled from ``own`` (this rank's rows, ``torch.chunk`` of dimension 0, every column) and
+    the other ranks' rows of those columns. Returns ``(tensor, bytes sent, bytes received)``."""
+    import torch
+    import torch.distributed as dist
+
+    rows = _chunks(shape[0], g.world)
+    cols = _chunks(shape[dim], g.world)
+    (row0, nrows), (col0, ncols) = rows[g.rank], cols[g.rank]
+    out = torch.empty([ncols if d == dim else n for d, n in enumerate(shape)], dtype=own.dtype)
+    out[row0:row0 + nrows] = own.narrow(dim, col0, ncols)
+    row_bytes = own.element_size() * int(torch.Size(shape[1:]).numel())
+    if row_bytes == 0 or (ncols == 0 and nrows == 0):
+        return out, 0, 0
+    block = max(1, EXCHANGE_BYTES_MAX // row_bytes)
+    steps = max(-(-n // block) for _, n in rows)
+    sent = received = 0
+    for k in range(steps):
+        lo = k * block
+        works = []
+        for r, (start, n) in enumerate(rows):
+            if r != g.rank and lo < n and ncols:
+                buf = out[start + lo:start + min(n, lo + block)]
+                works.append((r, "send", dist.irecv(_as_bytes(buf), g.global_ranks[r], group=g.group)))
+                received += buf.nbytes
+        staged = []  # alive until every send of the step completed
+        if lo < nrows:
+            mine = own[lo:min(nrows, lo + block)]
+            for q, (c0, n) in enumerate(cols):
+                if q != g.rank and n:
+                    staged.append(mine.narrow(dim, c0, n).contiguous())
+                    works.append((q, "receive", dist.isend(_as_bytes(staged[-1]), g.global_ranks[q], group=g.group)))
+                    sent += staged[-1].nbytes
+        for peer, what, w in works:
+            try:
+                w.wait()
+            except Exception as e:  # a rank that left or failed: gloo raises on the pair
+                raise LoadError(
+                    f"tensor-parallel load: tensor {name!r}: rank {peer} did not {what} its slice of rows "
+                    f"{lo}.. ({type(e).__name__}: {e})") from e
+    return out, sent, received
+
+
+def _tp_plan(g: _Group, p: str, rules, backend: str, remote):
+    """Every rank's view of the checkpoint (``_native.tp_reads``), agreed on: the same files and
+    tensors on every rank (else every rank raises naming the first rank that differs), and the
+    group-split set, the tensors split on an inner dimension that some rank would read as a
+    covering range. Returns ``(reads, group-split names)``."""
+    reads, plan, error = [], None, None
+    try:
+        files, reads = _native.tp_reads(p, g.rank, g.world, rules, backend, remote)
+        plan = list(files) + [("tensor", n, f"{n} {dt} {shape} split {dim}") for n, dt, shape, dim, _ in reads]
+    except Exception as e:  # reported to every rank by `agree`, then raised there
+        error = f"{type(e).__name__}: {e}"
+    covering = [n for n, _, _, dim, kind in reads if dim is not None and dim > 0 and kind == "covering"]
+    statuses = g.agree({"error": error, "regions": ["tp"], "covering": covering}, plan)
+    union = set().union(*(s["covering"] for s in statuses))
+    return reads, [n for n, *_ in reads if n in union]
 
 
 def load_tp_with_report(
@@ -398,32 +501,67 @@ def load_tp_with_report(
     rules: Any = None,
     backend: str = "auto",
     budget: Optional[int] = None,
+    remote: Optional[RemoteOptions] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """:func:`load_tp`, plus this rank's report: ``rank``, ``world``, ``bytes_read`` (its slices
-    and its share of the replicated tensors), ``bytes_received``, and the two loads' own reports
-    under ``split`` and ``replicated``."""
+    """:func:`load_tp`, plus this rank's report: ``rank``, ``world``, ``bytes_read`` (from
+    storage, all three parts), ``bytes_received`` (from the other ranks), and each part's own
+    figures: ``split`` (the load of its own slices), ``group_split`` (``tensors``,
+    ``bytes_read``: its rows of them, ``bytes_sent``, ``bytes_received``, ``exchange_seconds``
+    and ``load``, that load's report) and ``replicated`` (the collective load's report)."""
     import tensora
 
     fw = _check_framework(framework)
     g = _Group(group)
     p = os.fspath(path)
-    splits = _native.tp_splits(p, g.world, rules)
-    split = [n for n, dim in splits if dim is not None]
-    replicated = [n for n, dim in splits if dim is None]
+    r = _remote_dict(remote, None)
+    reads, grouped = _tp_plan(g, p, rules, backend, r)
+    in_group = set(grouped)
+    own = [n for n, _, _, dim, _ in reads if dim is not None and n not in in_group]
+    replicated = [n for n, _, _, dim, _ in reads if dim is None]
     tensors: Dict[str, Any] = {}
     report: Dict[str, Any] = {"rank": g.rank, "world": g.world, "bytes_read": 0, "bytes_received": 0}
-    if split:
-        part, r = tensora.load_file_with_report(
-            p, framework=fw, select=split, backend=backend, tp=(g.rank, g.world), rules=rules)
-        tensors.update(part)
-        report["split"] = r
-        report["bytes_read"] += r["bytes_read"]
+    rows: Dict[str, Any] = {}
+    error = None
+    try:
+        if own:
+            part, rep = tensora.load_file_with_report(
+                p, framework="pt", select=own, backend=backend, remote=remote, tp=(g.rank, g.world), rules=rules)
+            tensors.update(part)
+            report["split"] = rep
+            report["bytes_read"] += rep["bytes_read"]
+        if grouped:
+            # This rank's rows of every group-split tensor: dimension 0, one range each.
+            by_rows = [(_glob_exact(n), "column") for n in grouped]
+            rows, rep = tensora.load_file_with_report(
+                p, framework="pt", select=grouped, backend=backend, remote=remote, tp=(g.rank, g.world),
+                rules=by_rows)
+            report["group_split"] = {"tensors": len(grouped), "bytes_read": rep["bytes_read"], "load": rep}
+            report["bytes_read"] += rep["bytes_read"]
+    except Exception as e:  # reported to every rank by `agree`, then raised there
+        error = f"{type(e).__name__}: {e}"
+    # Every rank read its part (or every rank raises, naming the first that failed) before any
+    # slice is exchanged.
+    g.agree({"error": error, "regions": ["tp-read"]})
+    if grouped:
+        t = time.perf_counter()
+        sent = received = 0
+        shapes = {n: (shape, dim) for n, _, shape, dim, _ in reads}
+        for n in grouped:
+            shape, dim = shapes[n]
+            tensors[n], s, rcv = _exchange_split(g, n, rows.pop(n), list(shape), dim)
+            sent += s
+            received += rcv
+        report["group_split"].update(
+            bytes_sent=sent, bytes_received=received, exchange_seconds=time.perf_counter() - t)
+        report["bytes_received"] += received
     if replicated:
-        whole, r = load_file_with_report(p, group, fw, replicated, backend, "owned", None, budget)
+        whole, rep = load_file_with_report(p, group, "pt", replicated, backend, "owned", remote, budget)
         tensors.update(whole)
-        report["replicated"] = r
-        report["bytes_read"] += r["bytes_read"]
-        report["bytes_received"] += r["bytes_received"]
+        report["replicated"] = rep
+        report["bytes_read"] += rep["bytes_read"]
+        report["bytes_received"] += rep["bytes_received"]
+    if fw == "np":
+        tensors = {n: t.numpy() for n, t in tensors.items()}
     return tensors, report
 
 
