@@ -20,9 +20,14 @@ use crate::auto::Delivery;
 use crate::error::LoadError;
 use crate::report::SliceCounts;
 
-/// What one request costs, in the bytes the page cache copies meanwhile: a `pread` call is about
-/// 2 µs, at the 8 GB/s a single core copies from the page cache.
-pub(crate) const PAGE_CACHE_REQUEST_COST_BYTES: u64 = 16 << 10;
+/// What one request costs, in the bytes a covering read moves meanwhile, reading through the page
+/// cache: measured here (`examples/slice_cost.rs`, a cached 256 MiB of the TinyLlama fixture,
+/// medians of 7 alternating rounds, shared machine) one `pread` of a row costs what the covering
+/// read (pieces of 8 MiB, then packing the rows in place) spends on 343 to 1,730 bytes (rows of
+/// 256 B to 4 KiB every 1 to 16 KiB; about 1 µs a call, 0.6 ns a byte); rounded up. So a row-parallel
+/// F16 slice at TP=4 (1 KiB of every 4 KiB, 2.75 of 11 KiB) is read strided: 1.7x and 2.5x faster
+/// than covering per row there, and the arena holds the slice, not the covering range.
+pub(crate) const PAGE_CACHE_REQUEST_COST_BYTES: u64 = 2 << 10;
 /// The same for `O_DIRECT` reads of a local NVMe drive kept busy by a queue: about 5 µs of a
 /// request's share of the drive's IOPS, at 3 GB/s.
 pub(crate) const DIRECT_REQUEST_COST_BYTES: u64 = 16 << 10;

@@ -35,7 +35,7 @@ import os
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from . import RemoteOptions, _native, _convert, _check_framework, _remote_dict
+from . import RemoteOptions, _native, _convert, _check_framework, _dtype_name, _remote_dict
 from ._native import LoadError
 
 __all__ = ["load_file", "load_file_with_report", "load_tp", "load_tp_with_report", "weights_iterator",
@@ -255,7 +255,7 @@ class _Group:
         return _agree(self, status, plan)
 
 
-def _window(g: _Group, outcome, fw):
+def _window(g: _Group, outcome, fw, dtype=None):
     """One window: every rank says how its read went (raising on every rank if one failed), the
     shares are exchanged, and the window's tensors come back with this rank's figures."""
     shared, error = outcome
@@ -265,7 +265,10 @@ def _window(g: _Group, outcome, fw):
     t = time.perf_counter()
     received, device_buffer = _exchange(shared, g.group, g.rank, g.world, g.global_ranks, g.backend)
     exchange_s = time.perf_counter() - t
-    datas = shared.tensors()
+    if device_buffer is not None and dtype is not None:
+        raise LoadError("tensora.distributed: dtype= casts in host memory; with NCCL the tensors live on the "
+                        "GPU: convert them there (tensor.to(dtype))")
+    datas = shared.tensors(dtype)
     if device_buffer is not None:
         if fw != "pt":
             raise LoadError("tensora.distributed: NCCL tensors live on the GPU; use framework='pt'")
@@ -275,7 +278,7 @@ def _window(g: _Group, outcome, fw):
     return tensors, json.loads(shared.report()), received, exchange_s
 
 
-def _windows(paths, g: _Group, fw, window_bytes, select, backend, remote):
+def _windows(paths, g: _Group, fw, window_bytes, select, backend, remote, dtype=None):
     """Every window of `paths` on every rank, as ``(tensors, report, bytes received, read
     seconds, exchange seconds)``. A thread reads this rank's share of the next window while this
     one is exchanged and consumed, and starts on the one after only when this one's successor is
@@ -295,7 +298,7 @@ def _windows(paths, g: _Group, fw, window_bytes, select, backend, remote):
             g.agree({"error": outcome[1], "regions": ["end" if done else "window"]})
             if done:
                 return
-            tensors, report, received, exchange_s = _window(g, outcome, fw)
+            tensors, report, received, exchange_s = _window(g, outcome, fw, dtype)
             outcome = None  # the share: its memory is the window's
             yield tensors, report, received, read_s, exchange_s
             del tensors
@@ -325,6 +328,7 @@ def load_file_with_report(
     residence: str = "owned",
     remote: Optional[RemoteOptions] = None,
     budget: Optional[int] = None,
+    dtype: Any = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """:func:`load_file`, plus this rank's report: ``rank``, ``bytes_read`` (from storage),
     ``bytes_received`` (from the other ranks), ``bytes_selected``, ``windows``, ``read_seconds``
@@ -342,7 +346,7 @@ def load_file_with_report(
                "read_seconds": 0.0, "exchange_seconds": 0.0}
     first = None
     for window, report, received, read_s, exchange_s in _windows(
-            _paths(path), g, fw, budget, select, backend, _remote_dict(remote, None)):
+            _paths(path), g, fw, budget, select, backend, _remote_dict(remote, None), _dtype_name(dtype)):
         tensors.update(window)
         first = first or report
         figures["bytes_read"] += report["bytes_read"]
@@ -370,6 +374,7 @@ def load_file(
     residence: str = "owned",
     remote: Optional[RemoteOptions] = None,
     budget: Optional[int] = None,
+    dtype: Any = None,
 ) -> Dict[str, Any]:
     """Every selected tensor of ``path`` on every rank of ``group`` (default: the world), each rank
     reading only its share from storage. ``path`` (local or a URL), ``select``, ``backend`` and
@@ -377,8 +382,11 @@ def load_file(
     cache: the ranks would wait on each other's locks). ``residence`` is ``"owned"``: the tensors
     are a snapshot in memory each rank owns (the other shares arrive by the exchange, so views of
     local files cannot hold them). The load runs in windows of ``budget`` bytes (256 MiB by
-    default): the ranks exchange one window while they read the next."""
-    return load_file_with_report(path, group, framework, select, backend, residence, remote, budget)[0]
+    default): the ranks exchange one window while they read the next. ``dtype`` is as in
+    :func:`tensora.load_file`: after each window's exchange its floating-point tensors are
+    converted (bit-exact with torch's ``.to()``) into a buffer of the window's own at the target
+    dtype (host memory: refused with NCCL)."""
+    return load_file_with_report(path, group, framework, select, backend, residence, remote, budget, dtype)[0]
 
 
 def load_tp(path: PathLike, group=None, **options: Any) -> Dict[str, Any]:
@@ -573,6 +581,7 @@ def weights_iterator(
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     remote: Optional[RemoteOptions] = None,
+    dtype: Any = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` on every rank, one window of at most ``budget / 2`` bytes (the
     budget is 256 MiB by default) at a time: each rank reads its share of the window, the ranks
@@ -580,14 +589,17 @@ def weights_iterator(
     and the one after only once the consumer has moved on, so a rank holds at most about
     ``2 x budget`` besides what the caller keeps: two windows, and the window a tensor the caller
     still holds belongs to (a tensor is a view of its window's memory). Paths may be URLs
-    (``remote`` as in :func:`load_file`)."""
+    (``remote`` as in :func:`load_file`). ``dtype`` is as in :func:`load_file`: each window's
+    floating-point tensors are converted after its exchange into a buffer of the window's own
+    (so a window holds its stored bytes and its converted ones until the caller moves on)."""
     fw = _check_framework(framework)
     g = _Group(group)
     budget = BUDGET_DEFAULT_BYTES if budget is None else budget
     if budget < 1:
         raise ValueError("budget must be at least 1 byte")
     window_bytes = _native.iterator_window_bytes(budget)  # half the budget
-    windows = _windows(_paths(path_or_files), g, fw, window_bytes, select, backend, _remote_dict(remote, None))
+    windows = _windows(_paths(path_or_files), g, fw, window_bytes, select, backend, _remote_dict(remote, None),
+                       _dtype_name(dtype))
     for window, *_ in windows:
         # Handed out of the dict one by one: once the caller has the last one, nothing here
         # pins the window while the next is exchanged.
