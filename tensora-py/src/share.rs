@@ -74,7 +74,7 @@ fn remote_files(ckpt: &tensora_remote::RemoteCheckpoint) -> Vec<PlanItem> {
 }
 
 /// `(kind, what, key)` of every file of a local checkpoint, as [`Shared::plan`] gives them.
-pub(crate) fn plan_files_local(ckpt: &tensora_format::Checkpoint) -> Vec<(&'static str, String, String)> {
+pub(crate) fn plan_files_local(ckpt: &tensora_format::Checkpoint) -> Vec<PlanTuple> {
     local_files(ckpt).into_iter().map(PlanItem::into_tuple).collect()
 }
 
@@ -85,8 +85,11 @@ pub(crate) fn plan_files_remote(
     remote_files(ckpt).into_iter().map(PlanItem::into_tuple).collect()
 }
 
+/// A [`PlanItem`] as Python gets it: `(kind, what, key)`.
+pub(crate) type PlanTuple = (&'static str, String, String);
+
 impl PlanItem {
-    fn into_tuple(self) -> (&'static str, String, String) {
+    fn into_tuple(self) -> PlanTuple {
         (self.kind, self.what, self.key)
     }
 }
@@ -246,14 +249,14 @@ impl Shared {
     }
 }
 
+/// A window's converted tensors: the words, and each tensor's `(offset, len_bytes)` in them.
+type CastWindow = (Box<[u64]>, Vec<(usize, usize)>);
+
 /// The tensors of `casts` (each with its target dtype) converted from `loaded`'s arena into one
 /// buffer of 8-byte words, each tensor at a multiple of 8 bytes; returns the words and each
 /// tensor's `(offset, len_bytes)` in them. The sizes are the parsed checkpoint's (checked at
 /// open), bounded by the window.
-fn cast_window(
-    loaded: &tensora_io::Loaded,
-    casts: &[(ExportMeta, Dtype)],
-) -> PyResult<(Box<[u64]>, Vec<(usize, usize)>)> {
+fn cast_window(loaded: &tensora_io::Loaded, casts: &[(ExportMeta, Dtype)]) -> PyResult<CastWindow> {
     let too_large = || exc::LoadError::new_err("a cast window larger than the address space");
     let mut at = Vec::with_capacity(casts.len());
     let mut words_len = 0usize;

@@ -68,6 +68,9 @@ pub(crate) fn shard(tp: Option<(u32, u32)>, rules_arg: Option<&Bound<'_, PyAny>>
     Ok(Some(Shard::TensorParallel(TensorParallel { rank, world, rules: rules(rules_arg)? })))
 }
 
+/// What [`tp_reads`] returns: the files, then the tensors.
+type TpReads = (Vec<crate::share::PlanTuple>, Vec<TpRead>);
+
 /// One tensor of [`tp_reads`]: name, dtype, shape, the dimension this rank's share narrows
 /// (`None`: replicated) and how the rank's sharded load would read it (`"contiguous"`,
 /// `"strided"` or `"covering"`).
@@ -89,7 +92,7 @@ pub(crate) fn tp_reads(
     rules: Option<&Bound<'_, PyAny>>,
     backend: &str,
     remote: Option<&Bound<'_, pyo3::types::PyDict>>,
-) -> PyResult<(Vec<(&'static str, String, String)>, Vec<TpRead>)> {
+) -> PyResult<TpReads> {
     let opts = tensora_io::LoadOptions {
         shard: shard(Some((rank, world)), rules)?,
         backend: crate::backend(backend)?,

@@ -330,3 +330,30 @@ def test_a_failing_tp_rank_makes_every_rank_raise_naming_it(tmp_path, mode):
     for r in survivors:
         e = results[0][r].get("error", "")
         assert e.startswith("LoadError") and "rank 1" in e, f"rank {r}: {e or results[0][r]}"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_the_streaming_form_casts_each_window_bit_exact_with_torch(tmp_path, dtype):
+    """td.weights_iterator(dtype=): floating-point tensors arrive converted as torch's .to()
+    converts them (NaN, +-Inf and subnormals included), integers as stored; windows of 64 KiB."""
+    from safetensors.torch import load_file as hf_load, save_file as save_torch
+
+    g = torch.Generator().manual_seed(7)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e-40, -0.0, 3.0e38, 1e-8])
+    t = {
+        "a.f32": torch.cat([torch.randn(20000, generator=g), special]),
+        "b.bf16": torch.randn(300, 70, generator=g).to(torch.bfloat16),
+        "c.f16": torch.cat([torch.randn(9000, generator=g), special]).to(torch.float16),
+        "d.i64": torch.arange(5000, dtype=torch.int64),
+    }
+    path = tmp_path / "model.safetensors"
+    save_torch(t, str(path))
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, err, results = launch(2, [path], out, "--mode", "stream", "--dtype", dtype)
+    assert codes == [0, 0], err
+    to = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    want = {n: (v.to(to) if v.is_floating_point() else v) for n, v in hf_load(str(path)).items()}
+    for r, res in results[0].items():
+        assert "error" not in res, res["error"]
+        assert res["tensors"] == {k: [digest(v), list(v.shape)] for k, v in want.items()}, f"rank {r}"
