@@ -231,7 +231,11 @@ def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path)
         want = tensora.load_file(path, framework="pt", tp=(r, nproc))
         assert res["tensors"] == {k: [digest(v), list(v.shape)] for k, v in want.items()}, f"rank {r}"
         rep = res["report"]
-        assert rep["split"]["bytes_selected"] == 12 * 8 * 4 // nproc * 2
+        # q_proj's rows are this rank's slice; o_proj's 24-byte rows of every 48 are a covering read,
+        # split across the group: this rank reads its 4 of the 8 rows (every column).
+        assert rep["split"]["bytes_selected"] == 12 * 8 * 4 // nproc
+        assert rep["group_split"]["tensors"] == 1
+        assert rep["group_split"]["bytes_read"] == 8 * 12 * 4 // nproc
         replicated_read.append(rep["replicated"]["bytes_read"])
     # The two norms (64 bytes) read once across the group: block-aligned shares add at most two
     # blocks per tensor and file.
@@ -303,13 +307,14 @@ def test_tp_group_split_reads_each_byte_once_and_sends_only_slices(tmp_path, sou
                 want[n] = parts[r] if r < len(parts) else v.narrow(dim, 0, 0)
         assert res["tensors"] == {k: [digest(v), list(v.shape)] for k, v in want.items()}, f"rank {r}"
         rep = res["report"]
-        assert rep["group_split"]["tensors"] == len(rows), rep
         read.append(rep["bytes_read"])
-        received.append(rep["group_split"]["bytes_received"])
+        received.append(rep.get("group_split", {}).get("bytes_received"))
     bound = 1.05 * total + replicated * nproc
     print(f"{source}: bytes_read by rank {read}, sum {sum(read)} = {sum(read) / total:.3f}x the tensors "
           f"(bound {bound:.0f}); slices received {received}")
     assert sum(read) <= bound, (read, bound)
+    for r in range(nproc):
+        assert results[0][r]["report"]["group_split"]["tensors"] == len(rows), results[0][r]["report"]
     # Only slices cross the group: each rank receives at most its columns of the other ranks' rows.
     for r in range(nproc):
         mine = sum(v.chunk(nproc, 1)[r].nbytes for n, v in hf.items() if n in rows and r < len(v.chunk(nproc, 1)))
@@ -341,9 +346,11 @@ def test_the_streaming_form_casts_each_window_bit_exact_with_torch(tmp_path, dty
     g = torch.Generator().manual_seed(7)
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e-40, -0.0, 3.0e38, 1e-8])
     t = {
-        "a.f32": torch.cat([torch.randn(20000, generator=g), special]),
+        # The specials first: torch converts the last len % 8 elements in a scalar tail whose NaN
+        # differs from its vectorised loop's (tensora writes the loop's: tensora_io::cast's docs).
+        "a.f32": torch.cat([special, torch.randn(20000, generator=g)]),
         "b.bf16": torch.randn(300, 70, generator=g).to(torch.bfloat16),
-        "c.f16": torch.cat([torch.randn(9000, generator=g), special]).to(torch.float16),
+        "c.f16": torch.cat([special, torch.randn(9000, generator=g)]).to(torch.float16),
         "d.i64": torch.arange(5000, dtype=torch.int64),
     }
     path = tmp_path / "model.safetensors"
