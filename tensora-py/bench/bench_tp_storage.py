@@ -69,7 +69,7 @@ def child(mode, url, out_dir):
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     _, reads = tensora._native.tp_reads(url, rank, WORLD)
-    dims = {name: dim for name, _, _, dim, _ in reads}
+    dims = {name: dim for name, _, _, dim, *_ in reads}
     dist.barrier()
     t = time.perf_counter()
     if mode == "whole":
@@ -83,6 +83,7 @@ def child(mode, url, out_dir):
     dist.barrier()
     seconds = time.perf_counter() - t
     res = {"rank": rank, "seconds": seconds, "bytes_read": report["bytes_read"],
+           "exchange_seconds": report.get("group_split", {}).get("exchange_seconds", report.get("exchange_seconds")),
            "bytes_received": report.get("bytes_received", 0),
            "digests": {name: digest(v) for name, v in got.items()}}
     with open(os.path.join(out_dir, f"{mode}-rank{rank}.json"), "w") as f:
@@ -154,7 +155,8 @@ def main():
                 doc["served_bytes"][mode].append(served)
                 doc["bytes_read"][mode].append(sum(r["bytes_read"] for r in res.values()))
                 digests[mode] = {r: res[r]["digests"] for r in res}
-                print(f"run {run + 1} {mode}: {res[0]['seconds']:.2f} s, nginx sent {served / total:.3f}x the "
+                print(f"run {run + 1} {mode}: {res[0]['seconds']:.2f} s (rank 0 exchanging "
+                      f"{res[0]['exchange_seconds'] or 0:.2f} s), nginx sent {served / total:.3f}x the "
                       f"checkpoint ({served / res[0]['seconds'] / 1e6:.0f} MB/s), bytes_read by rank "
                       f"{[res[r]['bytes_read'] for r in range(WORLD)]}", flush=True)
             for mode in ("collective", "group"):

@@ -72,9 +72,9 @@ pub(crate) fn shard(tp: Option<(u32, u32)>, rules_arg: Option<&Bound<'_, PyAny>>
 type TpReads = (Vec<crate::share::PlanTuple>, Vec<TpRead>);
 
 /// One tensor of [`tp_reads`]: name, dtype, shape, the dimension this rank's share narrows
-/// (`None`: replicated) and how the rank's sharded load would read it (`"contiguous"`,
-/// `"strided"` or `"covering"`).
-type TpRead = (String, String, Vec<u64>, Option<usize>, &'static str);
+/// (`None`: replicated), how the rank's sharded load would read it (`"contiguous"`, `"strided"`
+/// or `"covering"`) and the whole tensor's bytes.
+type TpRead = (String, String, Vec<u64>, Option<usize>, &'static str, u64);
 
 /// What `tensora.distributed.load_tp` decides from before any tensor is read: the identity of every
 /// file of the checkpoint at `path` (local, or a URL reached with `remote`, a dict of
@@ -104,7 +104,8 @@ pub(crate) fn tp_reads(
             .map(|r| {
                 let t = &ckpt.tensors()[r.tensor];
                 let dim = r.slice.map(|s| s.dim);
-                (t.name().to_owned(), t.dtype().to_string(), t.shape().to_vec(), dim, r.kind.as_str())
+                let name = t.name().to_owned();
+                (name, t.dtype().to_string(), t.shape().to_vec(), dim, r.kind.as_str(), t.len_bytes())
             })
             .collect()
     };

@@ -211,7 +211,10 @@ def test_ranks_given_the_files_in_another_order_fail_naming_rank_and_file(tmp_pa
     assert_every_rank_names(results[0], 2, err, f"file '{first}'", f"file '{second}'")
 
 
-def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path):
+@pytest.mark.parametrize("replicated_own_bytes", [None, 0])
+def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path, replicated_own_bytes):
+    """Small replicated tensors (at most REPLICATED_OWN_BYTES_MAX) are read by every rank beside its
+    slices; larger ones (here with the bound at 0) once across the group, as load_file."""
     rng = np.random.default_rng(11)
     tensors = {
         "model.layers.0.self_attn.q_proj.weight": rng.standard_normal((12, 8)).astype(np.float32),
@@ -222,7 +225,8 @@ def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path)
     path = tmp_path / "model.safetensors"
     save_file(tensors, str(path))
     nproc = 2
-    codes, err, results = launch(nproc, [path], tmp_path, "--mode", "tp")
+    extra = [] if replicated_own_bytes is None else ["--replicated-own-bytes", str(replicated_own_bytes)]
+    codes, err, results = launch(nproc, [path], tmp_path, "--mode", "tp", *extra)
     assert codes == [0] * nproc, err
     replicated_read = []
     for r in range(nproc):
@@ -233,13 +237,18 @@ def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path)
         rep = res["report"]
         # q_proj's rows are this rank's slice; o_proj's 24-byte rows of every 48 are a covering read,
         # split across the group: this rank reads its 4 of the 8 rows (every column).
-        assert rep["split"]["bytes_selected"] == 12 * 8 * 4 // nproc
+        norms = 64 if replicated_own_bytes is None else 0
+        assert rep["split"]["bytes_selected"] == 12 * 8 * 4 // nproc + norms
         assert rep["group_split"]["tensors"] == 1
         assert rep["group_split"]["bytes_read"] == 8 * 12 * 4 // nproc
-        replicated_read.append(rep["replicated"]["bytes_read"])
+        if replicated_own_bytes is None:
+            assert "replicated" not in rep, rep
+        else:
+            replicated_read.append(rep["replicated"]["bytes_read"])
     # The two norms (64 bytes) read once across the group: block-aligned shares add at most two
     # blocks per tensor and file.
-    assert 64 <= sum(replicated_read) <= 64 + 2 * 4096 * 3, replicated_read
+    if replicated_own_bytes is not None:
+        assert 64 <= sum(replicated_read) <= 64 + 2 * 4096 * 3, replicated_read
 
 
 def llama_tp(path: Path) -> Path:

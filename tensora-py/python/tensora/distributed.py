@@ -39,7 +39,7 @@ from . import RemoteOptions, _native, _convert, _check_framework, _dtype_name, _
 from ._native import LoadError
 
 __all__ = ["load_file", "load_file_with_report", "load_tp", "load_tp_with_report", "weights_iterator",
-           "EXCHANGE_BYTES_MAX"]
+           "EXCHANGE_BYTES_MAX", "REPLICATED_OWN_BYTES_MAX"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -493,13 +493,35 @@ def _tp_plan(g: _Group, p: str, rules, backend: str, remote):
     reads, plan, error = [], None, None
     try:
         files, reads = _native.tp_reads(p, g.rank, g.world, rules, backend, remote)
-        plan = list(files) + [("tensor", n, f"{n} {dt} {shape} split {dim}") for n, dt, shape, dim, _ in reads]
+        plan = list(files) + [("tensor", n, f"{n} {dt} {shape} split {dim}") for n, dt, shape, dim, *_ in reads]
     except Exception as e:  # reported to every rank by `agree`, then raised there
         error = f"{type(e).__name__}: {e}"
-    covering = [n for n, _, _, dim, kind in reads if dim is not None and dim > 0 and kind == "covering"]
+    covering = [n for n, _, _, dim, kind, _ in reads if dim is not None and dim > 0 and kind == "covering"]
     statuses = g.agree({"error": error, "regions": ["tp"], "covering": covering}, plan)
     union = set().union(*(s["covering"] for s in statuses))
     return reads, [n for n, *_ in reads if n in union]
+
+
+# Replicated tensors of at most this many bytes in all are read by every rank itself, in the load
+# of its own slices (Llama's norms are 184 KiB: a collective load's agreement rounds and windows
+# cost more than reading them); more are read once across the group and exchanged, as load_file.
+REPLICATED_OWN_BYTES_MAX = 64 << 20
+
+
+def _load_part(out: Dict[str, Any], key: str, p: str, names, rules, backend, remote, tp):
+    """One sharded load: ``out[key]`` is ``(tensors, report)``, or the error's text."""
+    import tensora
+
+    try:
+        out[key] = tensora.load_file_with_report(
+            p, framework="pt", select=names, backend=backend, remote=remote, tp=tp, rules=rules)
+    except Exception as e:  # reported to every rank by `agree`, then raised there
+        out[key] = f"{type(e).__name__}: {e}"
+
+
+def _part_error(parts: Dict[str, Any], key: str) -> Optional[str]:
+    got = parts.get(key)
+    return got if isinstance(got, str) else None
 
 
 def load_tp_with_report(
@@ -512,57 +534,63 @@ def load_tp_with_report(
     remote: Optional[RemoteOptions] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """:func:`load_tp`, plus this rank's report: ``rank``, ``world``, ``bytes_read`` (from
-    storage, all three parts), ``bytes_received`` (from the other ranks), and each part's own
-    figures: ``split`` (the load of its own slices), ``group_split`` (``tensors``,
-    ``bytes_read``: its rows of them, ``bytes_sent``, ``bytes_received``, ``exchange_seconds``
-    and ``load``, that load's report) and ``replicated`` (the collective load's report)."""
-    import tensora
+    storage, every part), ``bytes_received`` (from the other ranks), and each part's own figures:
+    ``split`` (the load of its own slices, and of the replicated tensors when they are small),
+    ``group_split`` (``tensors``, ``bytes_read``: its rows of them, ``bytes_sent``,
+    ``bytes_received``, ``exchange_seconds`` and ``load``, that load's report) and ``replicated``
+    (the collective load's report, when the replicated tensors are read that way)."""
+    import threading
 
     fw = _check_framework(framework)
     g = _Group(group)
     p = os.fspath(path)
-    r = _remote_dict(remote, None)
-    reads, grouped = _tp_plan(g, p, rules, backend, r)
+    reads, grouped = _tp_plan(g, p, rules, backend, _remote_dict(remote, None))
     in_group = set(grouped)
-    own = [n for n, _, _, dim, _ in reads if dim is not None and n not in in_group]
-    replicated = [n for n, _, _, dim, _ in reads if dim is None]
-    tensors: Dict[str, Any] = {}
+    replicated = [n for n, _, _, dim, _, _ in reads if dim is None]
+    small = sum(nbytes for _, _, _, dim, _, nbytes in reads if dim is None) <= REPLICATED_OWN_BYTES_MAX
+    own = [n for n, _, _, dim, _, _ in reads if dim is not None and n not in in_group] + (replicated if small else [])
+    tp = (g.rank, g.world)
     report: Dict[str, Any] = {"rank": g.rank, "world": g.world, "bytes_read": 0, "bytes_received": 0}
-    rows: Dict[str, Any] = {}
-    error = None
+    tensors: Dict[str, Any] = {}
+    parts: Dict[str, Any] = {}
+    # This rank's own slices load on a thread while it reads its rows of the group-split tensors
+    # and exchanges them.
+    mine = threading.Thread(target=_load_part, args=(parts, "own", p, own, rules, backend, remote, tp),
+                            name="tensora-tp-own") if own else None
+    if mine is not None:
+        mine.start()
     try:
-        if own:
-            part, rep = tensora.load_file_with_report(
-                p, framework="pt", select=own, backend=backend, remote=remote, tp=(g.rank, g.world), rules=rules)
-            tensors.update(part)
-            report["split"] = rep
-            report["bytes_read"] += rep["bytes_read"]
         if grouped:
-            # This rank's rows of every group-split tensor: dimension 0, one range each.
-            by_rows = [(_glob_exact(n), "column") for n in grouped]
-            rows, rep = tensora.load_file_with_report(
-                p, framework="pt", select=grouped, backend=backend, remote=remote, tp=(g.rank, g.world),
-                rules=by_rows)
-            report["group_split"] = {"tensors": len(grouped), "bytes_read": rep["bytes_read"], "load": rep}
+            # Rows torch.chunk(world, 0)[rank] of every group-split tensor: one range each.
+            _load_part(parts, "rows", p, grouped, [(_glob_exact(n), "column") for n in grouped], backend, remote, tp)
+        # Every rank read its rows (or every rank raises, naming the first that failed) before any
+        # slice is exchanged.
+        g.agree({"error": _part_error(parts, "rows"), "regions": ["tp-rows"]})
+        if grouped:
+            rows, rep = parts.pop("rows")
+            t = time.perf_counter()
+            sent = received = 0
+            shapes = {n: (shape, dim) for n, _, shape, dim, _, _ in reads}
+            for n in grouped:
+                shape, dim = shapes[n]
+                tensors[n], s, rcv = _exchange_split(g, n, rows.pop(n), list(shape), dim)
+                sent += s
+                received += rcv
+            report["group_split"] = {"tensors": len(grouped), "bytes_read": rep["bytes_read"], "bytes_sent": sent,
+                                     "bytes_received": received, "exchange_seconds": time.perf_counter() - t,
+                                     "load": rep}
             report["bytes_read"] += rep["bytes_read"]
-    except Exception as e:  # reported to every rank by `agree`, then raised there
-        error = f"{type(e).__name__}: {e}"
-    # Every rank read its part (or every rank raises, naming the first that failed) before any
-    # slice is exchanged.
-    g.agree({"error": error, "regions": ["tp-read"]})
-    if grouped:
-        t = time.perf_counter()
-        sent = received = 0
-        shapes = {n: (shape, dim) for n, _, shape, dim, _ in reads}
-        for n in grouped:
-            shape, dim = shapes[n]
-            tensors[n], s, rcv = _exchange_split(g, n, rows.pop(n), list(shape), dim)
-            sent += s
-            received += rcv
-        report["group_split"].update(
-            bytes_sent=sent, bytes_received=received, exchange_seconds=time.perf_counter() - t)
-        report["bytes_received"] += received
-    if replicated:
+            report["bytes_received"] += received
+    finally:
+        if mine is not None:
+            mine.join()
+    g.agree({"error": _part_error(parts, "own"), "regions": ["tp-own"]})
+    if own:
+        part, rep = parts.pop("own")
+        tensors.update(part)
+        report["split"] = rep
+        report["bytes_read"] += rep["bytes_read"]
+    if replicated and not small:
         whole, rep = load_file_with_report(p, group, "pt", replicated, backend, "owned", remote, budget)
         tensors.update(whole)
         report["replicated"] = rep

@@ -7,7 +7,7 @@ the rank's report, or the error it raised. `--mode` picks what the rank does: `l
 (weights_iterator, with `--dtype` if given), `missing` (rank 1 asks for a path that does not exist), `die` (rank 1 exits at
 once, before loading), `other` (rank 1 loads `--other` instead of the path), `select` (every rank
 loads `--select`, rank 1 `--select1`), `tp` (td.load_tp_with_report, Llama rules; `--tp` makes `missing` and `die` call it too,
-`--exchange-bytes` sets its exchange bound), `files` (one `weights_iterator` over every `--path` as a
+`--exchange-bytes` and `--replicated-own-bytes` set its bounds), `files` (one `weights_iterator` over every `--path` as a
 file list, written as the first path's result; rank 1 gets the list reversed).
 """
 
@@ -57,6 +57,8 @@ def run(a, rank: int, path: str) -> dict:
         if a.mode == "tp" or a.tp:
             if a.exchange_bytes is not None:
                 td.EXCHANGE_BYTES_MAX = a.exchange_bytes
+            if a.replicated_own_bytes is not None:
+                td.REPLICATED_OWN_BYTES_MAX = a.replicated_own_bytes
             got, report = td.load_tp_with_report(path)
             out["report"] = report
         else:
@@ -80,6 +82,7 @@ def main() -> None:
     ap.add_argument("--tp", action="store_true")
     ap.add_argument("--dtype")
     ap.add_argument("--exchange-bytes", type=int)
+    ap.add_argument("--replicated-own-bytes", type=int)
     ap.add_argument("--select", action="append")
     ap.add_argument("--select1", action="append")
     a = ap.parse_args()
