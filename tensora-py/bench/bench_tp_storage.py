@@ -1,5 +1,5 @@
 """The storage-bound tensor-parallel cell (issue 44): 4 `torchrun` ranks on gloo load their TP=4
-shares of a checkpoint from nginx capped at a total rate (~200 MB/s for all connections together),
+shares of a checkpoint from nginx capped at a total rate (200 MB/s for all connections together),
 three ways, alternated in every round:
 
 - whole: each rank loads every tensor (`tensora.load_file(url, framework="pt")`) and narrows it to
@@ -11,6 +11,11 @@ three ways, alternated in every round:
 
     python tensora-py/bench/bench_tp_storage.py CHECKPOINT_DIR [--runs 3] [--rate 200e6] [--json OUT]
 
+The cap: nginx runs in a network namespace of its own, reached over a veth pair whose namespace
+side sends at most `--rate` bytes per second in all (`tc` token bucket). Loopback, which gloo's
+exchange uses, is not shaped. (nginx's own `limit_rate` is per connection: a loader that opens more
+connections would get more.) Needs root (`ip netns`, `tc`).
+
 Seconds per load are rank 0's, from a barrier before the load to a barrier after it (so the slowest
 rank counts); torch and tensora are imported before the first barrier. Each round checks that
 every rank's `group` tensors are bit-equal to its `whole` ones (digests). Also printed: the bytes
@@ -19,6 +24,7 @@ than whole, and faster than collective. The machine may be shared: say so with t
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +39,13 @@ sys.path.insert(0, HERE)
 from servers import Nginx  # noqa: E402
 
 MODES = ("whole", "collective", "group")
+# The namespace nginx serves from, its veth pair and their addresses.
+NETNS = "tensora-tp-bench"
+VETH_HOST, VETH_NS = "tptb-h", "tptb-n"
+HOST_ADDR, NS_ADDR = "10.231.0.1", "10.231.0.2"
+# The token bucket's burst: well above the rate over the kernel's tick (200 KB at 1000 Hz) and a
+# segmentation offload's 64 KiB.
+TBF_BURST_BYTES = 4 << 20
 WORLD = 4
 # The most seconds one torchrun of one mode may take (a 2.2 GB checkpoint read 4 times at 200 MB/s
 # is 44 s).
@@ -106,6 +119,35 @@ def launch(mode, url):
         return results
 
 
+@contextlib.contextmanager
+def capped_link(rate_bytes):
+    """A network namespace reached from here over a veth pair whose namespace side sends at most
+    `rate_bytes` per second in all; yields the command prefix that runs in it and its address.
+    Removed on exit (and a leftover of a killed run first)."""
+    def run(*cmd):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)}: {r.stderr.strip()}")
+
+    ns = ["ip", "netns", "exec", NETNS]
+    subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+    run("ip", "netns", "add", NETNS)
+    try:
+        run("ip", "link", "add", VETH_HOST, "type", "veth", "peer", "name", VETH_NS)
+        run("ip", "link", "set", VETH_NS, "netns", NETNS)
+        run("ip", "addr", "add", f"{HOST_ADDR}/30", "dev", VETH_HOST)
+        run("ip", "link", "set", VETH_HOST, "up")
+        run(*ns, "ip", "addr", "add", f"{NS_ADDR}/30", "dev", VETH_NS)
+        run(*ns, "ip", "link", "set", VETH_NS, "up")
+        run(*ns, "ip", "link", "set", "lo", "up")
+        run(*ns, "tc", "qdisc", "add", "dev", VETH_NS, "root", "tbf", "rate", f"{int(rate_bytes) * 8}bit",
+            "burst", str(TBF_BURST_BYTES), "latency", "100ms")
+        yield ns, NS_ADDR
+    finally:
+        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+        subprocess.run(["ip", "link", "del", VETH_HOST], capture_output=True)
+
+
 def med(xs):
     xs = sorted(xs)
     return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1]}
@@ -141,9 +183,9 @@ def main():
     doc = {"path": path, "bytes": total, "runs": args.runs, "rate": args.rate, "world": WORLD,
            "loadavg_before": os.getloadavg(), "seconds": {m: [] for m in MODES},
            "served_bytes": {m: [] for m in MODES}, "bytes_read": {m: [] for m in MODES}}
-    print(f"{path}: {total} bytes; nginx capped at {args.rate / 1e6:.0f} MB/s in all; {WORLD} torchrun ranks "
+    print(f"{path}: {total} bytes; nginx capped at {args.rate / 1e6:.0f} MB/s in all (tc tbf on its veth); {WORLD} torchrun ranks "
           f"on gloo; load average {os.getloadavg()[0]:.1f}")
-    with Nginx(os.path.dirname(path), rate_total_bytes=int(args.rate)) as n:
+    with capped_link(args.rate) as (launcher, addr), Nginx(os.path.dirname(path), host=addr, launcher=launcher) as n:
         url = n.url(os.path.basename(path) + "/")
         for run in range(args.runs):
             digests = {}

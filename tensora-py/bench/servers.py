@@ -9,22 +9,10 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 # How long nginx may take to listen.
 READY_TIMEOUT_S = 10.0
-# The most connections a total rate cap (`Nginx(rate_total_bytes=...)`) divides the rate among;
-# more connections writing at once each get the rate of this many.
-RATE_CONNECTIONS_MAX = 256
-
-
-def rate_map(rate_total_bytes: int) -> str:
-    """nginx config: `$tensora_rate`, the rate a response starts with when `$connections_writing`
-    connections (itself included) are sending: the total divided among them. nginx's `limit_rate`
-    is per connection and fixed when the response starts, so the total holds on average over many
-    ranged requests, not at every instant."""
-    lines = [f"        {n} {max(1, rate_total_bytes // max(1, n))};" for n in range(RATE_CONNECTIONS_MAX + 1)]
-    floor = max(1, rate_total_bytes // RATE_CONNECTIONS_MAX)
-    return "    map $connections_writing $tensora_rate {\n" + f"        default {floor};\n" + "\n".join(lines) + "\n    }\n"
 
 
 def free_port() -> int:
@@ -36,17 +24,19 @@ def free_port() -> int:
 class Nginx:
     """`with Nginx(root) as n: n.url("model/")`: serves `root` read-only on a free port (or
     `port`), HTTP/1.1 with keep-alive, ranges, ETag and Last-Modified (nginx's static module).
-    `rate_total_bytes` caps what all connections together are sent per second (see `rate_map`)."""
+    `host` and `launcher` serve from elsewhere: e.g. inside a network namespace
+    (`launcher=["ip", "netns", "exec", NAME]`, `host` its address: bench_tp_storage.py)."""
 
-    def __init__(self, root: Path, port: int = 0, rate_total_bytes: int = 0):
+    def __init__(self, root: Path, port: int = 0, host: str = "127.0.0.1", launcher: Sequence[str] = ()):
         self.root = Path(root).resolve()
+        self.host = host
+        self.launcher = list(launcher)
         self.port = port or free_port()
-        self.rate_total_bytes = rate_total_bytes
         self._work = None
         self._proc = None
 
     def url(self, path: str = "") -> str:
-        return f"http://127.0.0.1:{self.port}/{path}"
+        return f"http://{self.host}:{self.port}/{path}"
 
     def __enter__(self) -> "Nginx":
         if shutil.which("nginx") is None:
@@ -73,15 +63,13 @@ http {{
     fastcgi_temp_path {w}/fastcgi;
     uwsgi_temp_path {w}/uwsgi;
     scgi_temp_path {w}/scgi;
-{rate_map(self.rate_total_bytes) if self.rate_total_bytes else ""}
     server {{
-        listen 127.0.0.1:{self.port};
+        listen {self.host}:{self.port};
         root {self.root};
-        {"limit_rate $tensora_rate;" if self.rate_total_bytes else ""}
     }}
 }}
 """)
-        self._proc = subprocess.Popen(["nginx", "-c", str(w / "nginx.conf"), "-p", str(w)],
+        self._proc = subprocess.Popen([*self.launcher, "nginx", "-c", str(w / "nginx.conf"), "-p", str(w)],
                                       stderr=subprocess.PIPE)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -90,12 +78,12 @@ http {{
                 self._cleanup()
                 raise RuntimeError(f"nginx exited before listening on {self.port}: {err}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                with socket.create_connection((self.host, self.port), timeout=0.5):
                     return self
             except OSError:
                 time.sleep(0.05)
         self._cleanup()
-        raise RuntimeError(f"nginx did not listen on 127.0.0.1:{self.port} within {READY_TIMEOUT_S} s")
+        raise RuntimeError(f"nginx did not listen on {self.host}:{self.port} within {READY_TIMEOUT_S} s")
 
     def __exit__(self, *exc) -> None:
         self._cleanup()
