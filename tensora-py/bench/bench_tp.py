@@ -9,10 +9,11 @@ Cells, every measurement a fresh process with the page cache dropped first (as b
   what the disk delivered), and the sum over ranks against the checkpoint plus 4 x the
   replicated tensors. Once, untimed: every rank's tensors bit-equal to HF
   `safetensors.torch.load_file` + `torch.chunk(4, dim)[rank]`.
-- tp4together: the 4 ranks' processes started at once, cold (one drop before them): each report's
-  bytes_read, their sum against the checkpoint, and what the device delivered meanwhile
-  (/proc/diskstats of the fixture's block device: the page cache serves a page one rank read to
-  the others).
+- tp4together: the 4 ranks' processes loading at once, cold (one drop before them; each loads
+  once all have imported torch and tensora): each report's bytes_read, their sum against the
+  checkpoint, and what the device delivered meanwhile (/proc/diskstats of the fixture's block
+  device, which other processes on it add to: the page cache serves a page one rank read to the
+  others).
 - get_slice: 1/8 of a 512 MiB F32 tensor [8192, 16384] along dimension 0 and along dimension 1
   (`safe_open(...).get_slice("w")[...]`), bytes read per the report and /proc/self/io.
 - tp2: rank 0 of 2, cold, GB/s of the bytes it needs (`bytes_selected / seconds`) against the
@@ -42,11 +43,14 @@ def read_bytes():
         return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
 
 
-def child_tp(path, rank, world):
+def child_tp(path, rank, world, wait=False):
     import torch  # noqa: F401  (imported untimed, as bench_load.py's children: its libraries are cold too)
 
     import tensora
 
+    if wait:  # started together: say so once imported, and load when told
+        print("ready", flush=True)
+        sys.stdin.readline()
     before = read_bytes()
     t = time.perf_counter()
     weights, report = tensora.load_file_with_report(path, framework="pt", tp=(rank, world), rules="llama")
@@ -70,12 +74,21 @@ def device_read_bytes(path):
 
 
 def together(path, files, world):
-    """`world` rank processes started at once after one drop: their results, and the device bytes."""
+    """`world` rank processes, each told to load once all of them imported torch and tensora, after
+    one drop: their results, the device bytes from the go to the last result (torch's libraries
+    read in by the imports not counted; other processes' reads on the device are), and that wall."""
     drop_caches(files)
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), path, "--child", "tp", str(rank), str(world),
+                               "wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(world)]
+    for p in procs:
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit(f"together: a rank did not start: {p.stderr.read()[-500:]}")
     before = device_read_bytes(path)
     t = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), path, "--child", "tp", str(rank), str(world)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(world)]
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
     results = []
     for rank, p in enumerate(procs):
         out, err = p.communicate(timeout=900)
@@ -197,7 +210,7 @@ def main():
     if args.child:
         kind, *params = args.child + rest
         if kind == "tp":
-            return child_tp(args.path, int(params[0]), int(params[1]))
+            return child_tp(args.path, int(params[0]), int(params[1]), params[2:] == ["wait"])
         if kind == "slice":
             return child_slice(args.path, int(params[0]))
         if kind == "verify":
