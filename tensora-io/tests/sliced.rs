@@ -168,3 +168,35 @@ fn strided_slices_read_only_their_rows() {
     let want = narrow(&g.data["s0.t0"], &[16, 65_536], 1, Slice { dim: 1, start: 0, len: 4096 });
     assert_eq!(loaded.tensor("s0.t0").unwrap().bytes(), &want[..]);
 }
+
+/// TinyLlama's o_proj at TP=4 (F16 rows of 4 KiB, 1 KiB each rank's): through the page cache the
+/// rows are read one by one (a `pread` of a cached row costs less than copying the 3 KiB gap:
+/// `examples/slice_cost.rs`), with `O_DIRECT` as one covering range (a request costs more than a
+/// gap's 4 KiB block). `shard_reads` says the same as the load's report, before any read.
+#[test]
+fn row_parallel_f16_rows_are_read_strided_buffered_and_shard_reads_says_how() {
+    let g = generate(5, &[vec![(Dtype::F16, vec![64, 2048])]]);
+    let ckpt = g.open();
+    let slice = Slice { dim: 1, start: 512, len: 512 };
+    let want = narrow(&g.data["s0.t0"], &[64, 2048], 2, slice);
+    for (io_mode, kind, read_bytes) in
+        [(IoMode::Buffered, "strided", 64 * 1024), (IoMode::Direct, "covering", 64 * 4096)]
+    {
+        let opts = options("sync", io_mode, Shard::Slices(vec![("s0.t0".into(), slice)]));
+        let planned = tensora_io::shard_reads(&ckpt, &opts).unwrap();
+        assert_eq!(planned.len(), 1);
+        assert_eq!((planned[0].kind.as_str(), planned[0].slice), (kind, Some(slice)), "{io_mode:?}");
+        let loaded = load(&ckpt, &opts).unwrap();
+        let r = loaded.report();
+        let counted = if kind == "strided" { r.slices.strided } else { r.slices.covering };
+        assert_eq!((counted, r.bytes_read), (1, planned[0].bytes_read), "{io_mode:?}: {r:?}");
+        if io_mode == IoMode::Buffered {
+            assert_eq!(r.bytes_read, read_bytes);
+        } else {
+            assert!(r.bytes_read >= read_bytes, "{r:?}");
+        }
+        assert_eq!(loaded.tensor("s0.t0").unwrap().bytes(), &want[..]);
+    }
+    let e = tensora_io::shard_reads(&ckpt, &LoadOptions::default()).unwrap_err();
+    assert!(matches!(e, LoadError::Unsupported { .. }), "{e}");
+}

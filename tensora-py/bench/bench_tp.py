@@ -9,6 +9,11 @@ Cells, every measurement a fresh process with the page cache dropped first (as b
   what the disk delivered), and the sum over ranks against the checkpoint plus 4 x the
   replicated tensors. Once, untimed: every rank's tensors bit-equal to HF
   `safetensors.torch.load_file` + `torch.chunk(4, dim)[rank]`.
+- tp4together: the 4 ranks' processes loading at once, cold (one drop before them; each loads
+  once all have imported torch and tensora): each report's bytes_read, their sum against the
+  checkpoint, and what the device delivered meanwhile (/proc/diskstats of the fixture's block
+  device, which other processes on it add to: the page cache serves a page one rank read to the
+  others).
 - get_slice: 1/8 of a 512 MiB F32 tensor [8192, 16384] along dimension 0 and along dimension 1
   (`safe_open(...).get_slice("w")[...]`), bytes read per the report and /proc/self/io.
 - tp2: rank 0 of 2, cold, GB/s of the bytes it needs (`bytes_selected / seconds`) against the
@@ -38,11 +43,14 @@ def read_bytes():
         return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
 
 
-def child_tp(path, rank, world):
+def child_tp(path, rank, world, wait=False):
     import torch  # noqa: F401  (imported untimed, as bench_load.py's children: its libraries are cold too)
 
     import tensora
 
+    if wait:  # started together: say so once imported, and load when told
+        print("ready", flush=True)
+        sys.stdin.readline()
     before = read_bytes()
     t = time.perf_counter()
     weights, report = tensora.load_file_with_report(path, framework="pt", tp=(rank, world), rules="llama")
@@ -51,6 +59,43 @@ def child_tp(path, rank, world):
     print(json.dumps({"seconds": seconds, "disk_bytes": disk, "bytes_read": report["bytes_read"],
                       "bytes_selected": report["bytes_selected"], "slices": report["slices"],
                       "io_mode": report["io_mode"], "tensors": len(weights)}))
+
+
+def device_read_bytes(path):
+    """Bytes read so far from the block device holding `path` (/proc/diskstats, 512-byte sectors)."""
+    st = os.stat(path)
+    major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+    with open("/proc/diskstats") as f:
+        for line in f:
+            fields = line.split()
+            if int(fields[0]) == major and int(fields[1]) == minor:
+                return int(fields[5]) * 512
+    raise SystemExit(f"{path}: device {major}:{minor} is not in /proc/diskstats")
+
+
+def together(path, files, world):
+    """`world` rank processes, each told to load once all of them imported torch and tensora, after
+    one drop: their results, the device bytes from the go to the last result (torch's libraries
+    read in by the imports not counted; other processes' reads on the device are), and that wall."""
+    drop_caches(files)
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), path, "--child", "tp", str(rank), str(world),
+                               "wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(world)]
+    for p in procs:
+        if p.stdout.readline().strip() != "ready":
+            raise SystemExit(f"together: a rank did not start: {p.stderr.read()[-500:]}")
+    before = device_read_bytes(path)
+    t = time.perf_counter()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = []
+    for rank, p in enumerate(procs):
+        out, err = p.communicate(timeout=900)
+        if p.returncode != 0:
+            raise SystemExit(f"together rank {rank}: exit {p.returncode}: {err.strip()[-500:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results, device_read_bytes(path) - before, time.perf_counter() - t
 
 
 def child_slice(path, dim):
@@ -158,14 +203,14 @@ def main():
     ap.add_argument("path")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--slice-dir", default=os.path.join(HERE, "..", "..", "target", "bench-tp"))
-    ap.add_argument("--cells", default="verify,tp4,get_slice,tp2")
+    ap.add_argument("--cells", default="verify,tp4,tp4together,get_slice,tp2")
     ap.add_argument("--json")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args, rest = ap.parse_known_args()
     if args.child:
         kind, *params = args.child + rest
         if kind == "tp":
-            return child_tp(args.path, int(params[0]), int(params[1]))
+            return child_tp(args.path, int(params[0]), int(params[1]), params[2:] == ["wait"])
         if kind == "slice":
             return child_slice(args.path, int(params[0]))
         if kind == "verify":
@@ -206,6 +251,16 @@ def main():
         rep = doc.get("verify", {}).get("replicated_bytes")
         bound = f", bound 1.05 x {total} + 4 x {rep} = {1.05 * total + 4 * rep:.0f}" if rep is not None else ""
         print(f"tp4 sum of bytes read over ranks: {sums[0]} = {sums[0] / total:.3f} x checkpoint{bound}")
+    if "tp4together" in cells:
+        rounds = [together(args.path, files, 4) for _ in range(args.runs)]
+        doc["tp4together"] = [{"ranks": r, "device_bytes": d, "wall_seconds": w} for r, d, w in rounds]
+        sums = [sum(x["bytes_read"] for x in r) for r, _, _ in rounds]
+        device = [d for _, d, _ in rounds]
+        walls = [w for _, _, w in rounds]
+        last = rounds[-1][0]
+        print(f"tp4together: bytes_read by rank {[x['bytes_read'] for x in last]} ({[x['io_mode'] for x in last]}, "
+              f"slices {last[0]['slices']}); sum {fmt(med(sums), total, 3)} x checkpoint; device "
+              f"{fmt(med(device), total, 3)} x checkpoint; wall {fmt(med(walls), 1, 2)} s")
     if "get_slice" in cells:
         spath = write_slice_fixture(args.slice_dir)
         out = {0: [], 1: []}

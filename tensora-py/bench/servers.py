@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 # How long nginx may take to listen.
 READY_TIMEOUT_S = 10.0
@@ -22,16 +23,20 @@ def free_port() -> int:
 
 class Nginx:
     """`with Nginx(root) as n: n.url("model/")`: serves `root` read-only on a free port (or
-    `port`), HTTP/1.1 with keep-alive, ranges, ETag and Last-Modified (nginx's static module)."""
+    `port`), HTTP/1.1 with keep-alive, ranges, ETag and Last-Modified (nginx's static module).
+    `host` and `launcher` serve from elsewhere: e.g. inside a network namespace
+    (`launcher=["ip", "netns", "exec", NAME]`, `host` its address: bench_tp_storage.py)."""
 
-    def __init__(self, root: Path, port: int = 0):
+    def __init__(self, root: Path, port: int = 0, host: str = "127.0.0.1", launcher: Sequence[str] = ()):
         self.root = Path(root).resolve()
+        self.host = host
+        self.launcher = list(launcher)
         self.port = port or free_port()
         self._work = None
         self._proc = None
 
     def url(self, path: str = "") -> str:
-        return f"http://127.0.0.1:{self.port}/{path}"
+        return f"http://{self.host}:{self.port}/{path}"
 
     def __enter__(self) -> "Nginx":
         if shutil.which("nginx") is None:
@@ -59,12 +64,12 @@ http {{
     uwsgi_temp_path {w}/uwsgi;
     scgi_temp_path {w}/scgi;
     server {{
-        listen 127.0.0.1:{self.port};
+        listen {self.host}:{self.port};
         root {self.root};
     }}
 }}
 """)
-        self._proc = subprocess.Popen(["nginx", "-c", str(w / "nginx.conf"), "-p", str(w)],
+        self._proc = subprocess.Popen([*self.launcher, "nginx", "-c", str(w / "nginx.conf"), "-p", str(w)],
                                       stderr=subprocess.PIPE)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -73,12 +78,12 @@ http {{
                 self._cleanup()
                 raise RuntimeError(f"nginx exited before listening on {self.port}: {err}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                with socket.create_connection((self.host, self.port), timeout=0.5):
                     return self
             except OSError:
                 time.sleep(0.05)
         self._cleanup()
-        raise RuntimeError(f"nginx did not listen on 127.0.0.1:{self.port} within {READY_TIMEOUT_S} s")
+        raise RuntimeError(f"nginx did not listen on {self.host}:{self.port} within {READY_TIMEOUT_S} s")
 
     def __exit__(self, *exc) -> None:
         self._cleanup()

@@ -47,6 +47,18 @@ impl ExportMeta {
         &self.name
     }
 
+    pub(crate) fn dtype(&self) -> tensora_format::Dtype {
+        self.dtype
+    }
+
+    pub(crate) fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    pub(crate) fn strides(&self) -> Option<&[u64]> {
+        self.strides.as_deref()
+    }
+
     /// The buffer for this tensor of `loaded` (which `owner` holds): zero copy, or an aligned
     /// copy when its address does not suit its dtype ([`TensorData::export`]).
     pub(crate) fn export(self, owner: &Arc<Owner>, loaded: &tensora_io::Loaded) -> PyResult<TensorData> {

@@ -73,6 +73,27 @@ fn remote_files(ckpt: &tensora_remote::RemoteCheckpoint) -> Vec<PlanItem> {
         .collect()
 }
 
+/// `(kind, what, key)` of every file of a local checkpoint, as [`Shared::plan`] gives them.
+pub(crate) fn plan_files_local(ckpt: &tensora_format::Checkpoint) -> Vec<PlanTuple> {
+    local_files(ckpt).into_iter().map(PlanItem::into_tuple).collect()
+}
+
+/// `(kind, what, key)` of every object of a remote checkpoint, as [`Shared::plan`] gives them.
+pub(crate) fn plan_files_remote(
+    ckpt: &tensora_remote::RemoteCheckpoint,
+) -> Vec<(&'static str, String, String)> {
+    remote_files(ckpt).into_iter().map(PlanItem::into_tuple).collect()
+}
+
+/// A [`PlanItem`] as Python gets it: `(kind, what, key)`.
+pub(crate) type PlanTuple = (&'static str, String, String);
+
+impl PlanItem {
+    fn into_tuple(self) -> PlanTuple {
+        (self.kind, self.what, self.key)
+    }
+}
+
 /// One rank's share, loaded: every region's place in the arena, the arena's owner, and the
 /// tensors to export once the regions are exchanged.
 #[pyclass(module = "tensora._native")]
@@ -163,15 +184,46 @@ impl Shared {
         })
     }
 
-    /// Every tensor of the selection, `{name: TensorData}` (call once, after the exchange).
-    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// Every tensor of the selection, `{name: TensorData}` (call once, after the exchange). With
+    /// `dtype` (as `load_file(dtype=)`), floating-point tensors come converted into one buffer of
+    /// the window's own at the target dtype (`tensora_io::convert`, bit-exact with torch's
+    /// `.to()`); the others stay views of the arena.
+    #[pyo3(signature = (dtype=None))]
+    fn tensors<'py>(&self, py: Python<'py>, dtype: Option<&str>) -> PyResult<Bound<'py, PyDict>> {
+        let target = crate::dtype_target(dtype)?;
         let metas = self.metas.lock().unwrap_or_else(|e| e.into_inner()).take();
         let metas = metas.ok_or_else(|| exc::TensoraError::new_err("the tensors were taken already"))?;
         let loaded = self.loaded()?;
         let d = PyDict::new(py);
+        let mut casts = Vec::new();
         for m in metas {
-            let name = m.name().to_owned();
-            d.set_item(name, m.export(&self.owner, loaded)?)?;
+            let to = target
+                .cast_of(m.dtype())
+                .map_err(|source| load_err(LoadError::Cast { tensor: m.name().to_owned(), source }))?;
+            match to {
+                Some(to) => casts.push((m, to)),
+                None => {
+                    let name = m.name().to_owned();
+                    d.set_item(name, m.export(&self.owner, loaded)?)?;
+                }
+            }
+        }
+        if !casts.is_empty() {
+            let (words, at) = py.detach(|| cast_window(loaded, &casts))?;
+            let base = words.as_ptr() as usize;
+            let owner = Owner::new(Storage::Heap(words));
+            for ((m, to), (start, len)) in casts.into_iter().zip(at) {
+                let data = TensorData::export(TensorBytes {
+                    owner: Arc::clone(&owner),
+                    addr: base + start,
+                    len_bytes: len,
+                    name: m.name().to_owned(),
+                    dtype: to,
+                    shape: m.shape().to_vec(),
+                    strides: m.strides().map(<[u64]>::to_vec),
+                })?;
+                d.set_item(m.name(), data)?;
+            }
         }
         Ok(d)
     }
@@ -195,6 +247,37 @@ impl Shared {
     fn report(&self) -> String {
         self.report.clone()
     }
+}
+
+/// A window's converted tensors: the words, and each tensor's `(offset, len_bytes)` in them.
+type CastWindow = (Box<[u64]>, Vec<(usize, usize)>);
+
+/// The tensors of `casts` (each with its target dtype) converted from `loaded`'s arena into one
+/// buffer of 8-byte words, each tensor at a multiple of 8 bytes; returns the words and each
+/// tensor's `(offset, len_bytes)` in them. The sizes are the parsed checkpoint's (checked at
+/// open), bounded by the window.
+fn cast_window(loaded: &tensora_io::Loaded, casts: &[(ExportMeta, Dtype)]) -> PyResult<CastWindow> {
+    let too_large = || exc::LoadError::new_err("a cast window larger than the address space");
+    let mut at = Vec::with_capacity(casts.len());
+    let mut words_len = 0usize;
+    for (m, to) in casts {
+        let elems: u64 = m.shape().iter().product();
+        let len = elems.checked_mul(to.size_bytes().unwrap_or(0)).and_then(|n| usize::try_from(n).ok());
+        let len = len.ok_or_else(too_large)?;
+        at.push((words_len.checked_mul(8).ok_or_else(too_large)?, len));
+        words_len = words_len.checked_add(len.div_ceil(8)).ok_or_else(too_large)?;
+    }
+    let mut words = vec![0u64; words_len].into_boxed_slice();
+    // SAFETY: the words are `8 * words_len` initialised bytes, any pattern is a valid u64, and no
+    // other reference to them exists while this slice lives.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words_len * 8) };
+    let sources: HashMap<&str, &[u8]> = loaded.tensors().map(|t| (t.name(), t.bytes())).collect();
+    for ((m, to), &(start, len)) in casts.iter().zip(&at) {
+        let src = sources.get(m.name()).copied().unwrap_or(&[]);
+        tensora_io::convert(m.dtype(), *to, src, &mut bytes[start..start + len])
+            .map_err(|source| load_err(LoadError::Cast { tensor: m.name().to_owned(), source }))?;
+    }
+    Ok((words, at))
 }
 
 /// What a collective load of one checkpoint needs.

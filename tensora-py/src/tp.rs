@@ -68,22 +68,56 @@ pub(crate) fn shard(tp: Option<(u32, u32)>, rules_arg: Option<&Bound<'_, PyAny>>
     Ok(Some(Shard::TensorParallel(TensorParallel { rank, world, rules: rules(rules_arg)? })))
 }
 
-/// `(name, dim)` of every tensor of the local checkpoint at `path` under `rules` for a group of
-/// `world`: the dimension a rank's share narrows, or `None` for a replicated tensor (what
-/// `tensora.distributed` reads collectively). Checked as a load would check it.
+/// What [`tp_reads`] returns: the files, then the tensors.
+type TpReads = (Vec<crate::share::PlanTuple>, Vec<TpRead>);
+
+/// One tensor of [`tp_reads`]: name, dtype, shape, the dimension this rank's share narrows
+/// (`None`: replicated), how the rank's sharded load would read it (`"contiguous"`, `"strided"`
+/// or `"covering"`) and the whole tensor's bytes.
+type TpRead = (String, String, Vec<u64>, Option<usize>, &'static str, u64);
+
+/// What `tensora.distributed.load_tp` decides from before any tensor is read: the identity of every
+/// file of the checkpoint at `path` (local, or a URL reached with `remote`, a dict of
+/// `tensora.RemoteOptions`' fields) as `(kind, what, key)` (the items every rank of a collective
+/// load agrees on), and every tensor as rank `rank` of `world` under `rules` sees it: how
+/// `load_file(path, tp=(rank, world), rules=rules, backend=backend)` would read it, decided by the
+/// load's own session (`tensora_io::shard_reads`).
 #[pyfunction]
-#[pyo3(signature = (path, world, rules=None))]
-pub(crate) fn tp_splits(
+#[pyo3(signature = (path, rank, world, rules=None, backend="auto", remote=None))]
+pub(crate) fn tp_reads(
     py: Python<'_>,
     path: std::path::PathBuf,
+    rank: u32,
     world: u32,
     rules: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Vec<(String, Option<usize>)>> {
-    let Some(Shard::TensorParallel(tp)) = shard(Some((0, world)), rules)? else {
-        return Err(PyValueError::new_err("internal: tp= gave no tensor-parallel shard"));
+    backend: &str,
+    remote: Option<&Bound<'_, pyo3::types::PyDict>>,
+) -> PyResult<TpReads> {
+    let opts = tensora_io::LoadOptions {
+        shard: shard(Some((rank, world)), rules)?,
+        backend: crate::backend(backend)?,
+        ..tensora_io::LoadOptions::default()
     };
+    let describe = |ckpt: &tensora_format::Checkpoint, reads: Vec<tensora_io::ShardRead>| -> Vec<TpRead> {
+        reads
+            .into_iter()
+            .map(|r| {
+                let t = &ckpt.tensors()[r.tensor];
+                let dim = r.slice.map(|s| s.dim);
+                let name = t.name().to_owned();
+                (name, t.dtype().to_string(), t.shape().to_vec(), dim, r.kind.as_str(), t.len_bytes())
+            })
+            .collect()
+    };
+    if let Some(location) = crate::remote::location(&path)? {
+        let ckpt = crate::remote::open(py, &location, &crate::remote::options(remote)?)?;
+        let reads = py.detach(|| ckpt.shard_reads(&opts)).map_err(crate::remote::remote_err)?;
+        return Ok((crate::share::plan_files_remote(&ckpt), describe(ckpt.checkpoint(), reads)));
+    }
+    if remote.is_some() {
+        return Err(PyValueError::new_err("remote= applies to URLs only, not to a local path"));
+    }
     let ckpt = py.detach(|| tensora_format::open(&path)).map_err(crate::format_err)?;
-    let all: Vec<usize> = (0..ckpt.tensors().len()).collect();
-    let slices = tp.slices(&ckpt, &all).map_err(|e| crate::exc::LoadError::new_err(e.to_string()))?;
-    Ok(ckpt.tensors().iter().zip(slices).map(|(t, s)| (t.name().to_owned(), s.map(|s| s.dim))).collect())
+    let reads = py.detach(|| tensora_io::shard_reads(&ckpt, &opts)).map_err(crate::load_err)?;
+    Ok((crate::share::plan_files_local(&ckpt), describe(&ckpt, reads)))
 }

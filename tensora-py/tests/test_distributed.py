@@ -211,7 +211,10 @@ def test_ranks_given_the_files_in_another_order_fail_naming_rank_and_file(tmp_pa
     assert_every_rank_names(results[0], 2, err, f"file '{first}'", f"file '{second}'")
 
 
-def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path):
+@pytest.mark.parametrize("replicated_own_bytes", [None, 0])
+def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path, replicated_own_bytes):
+    """Small replicated tensors (at most REPLICATED_OWN_BYTES_MAX) are read by every rank beside its
+    slices; larger ones (here with the bound at 0) once across the group, as load_file."""
     rng = np.random.default_rng(11)
     tensors = {
         "model.layers.0.self_attn.q_proj.weight": rng.standard_normal((12, 8)).astype(np.float32),
@@ -222,7 +225,8 @@ def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path)
     path = tmp_path / "model.safetensors"
     save_file(tensors, str(path))
     nproc = 2
-    codes, err, results = launch(nproc, [path], tmp_path, "--mode", "tp")
+    extra = [] if replicated_own_bytes is None else ["--replicated-own-bytes", str(replicated_own_bytes)]
+    codes, err, results = launch(nproc, [path], tmp_path, "--mode", "tp", *extra)
     assert codes == [0] * nproc, err
     replicated_read = []
     for r in range(nproc):
@@ -231,8 +235,141 @@ def test_tp_ranks_get_their_share_and_replicated_tensors_are_read_once(tmp_path)
         want = tensora.load_file(path, framework="pt", tp=(r, nproc))
         assert res["tensors"] == {k: [digest(v), list(v.shape)] for k, v in want.items()}, f"rank {r}"
         rep = res["report"]
-        assert rep["split"]["bytes_selected"] == 12 * 8 * 4 // nproc * 2
-        replicated_read.append(rep["replicated"]["bytes_read"])
+        # q_proj's rows are this rank's slice; o_proj's 24-byte rows of every 48 are a covering read,
+        # split across the group: this rank reads its 4 of the 8 rows (every column).
+        norms = 64 if replicated_own_bytes is None else 0
+        assert rep["split"]["bytes_selected"] == 12 * 8 * 4 // nproc + norms
+        assert rep["group_split"]["tensors"] == 1
+        assert rep["group_split"]["bytes_read"] == 8 * 12 * 4 // nproc
+        if replicated_own_bytes is None:
+            assert "replicated" not in rep, rep
+        else:
+            replicated_read.append(rep["replicated"]["bytes_read"])
     # The two norms (64 bytes) read once across the group: block-aligned shares add at most two
     # blocks per tensor and file.
-    assert 64 <= sum(replicated_read) <= 64 + 2 * 4096 * 3, replicated_read
+    if replicated_own_bytes is not None:
+        assert 64 <= sum(replicated_read) <= 64 + 2 * 4096 * 3, replicated_read
+
+
+def llama_tp(path: Path) -> Path:
+    """A Llama-named checkpoint whose row-parallel weights have rows too narrow to skip between at
+    TP=4 (64 or 170 F16/BF16 columns: 32 to 86 bytes of every 128 to 340), so every source reads
+    them as covering ranges; uneven splits of rows and columns, and a rank past the last column."""
+    g = torch.Generator().manual_seed(44)
+    t = {}
+    for i, dt in enumerate((torch.float16, torch.bfloat16)):
+        p = f"model.layers.{i}"
+        t[f"{p}.self_attn.q_proj.weight"] = torch.randn(2048, 64, generator=g).to(dt)
+        t[f"{p}.self_attn.o_proj.weight"] = torch.randn(2048, 64, generator=g).to(dt)
+        t[f"{p}.mlp.up_proj.weight"] = torch.randn(170, 2048, generator=g).to(dt)
+        t[f"{p}.mlp.down_proj.weight"] = torch.randn(2047, 170, generator=g).to(dt)
+        t[f"{p}.input_layernorm.weight"] = torch.randn(64, generator=g).to(dt)
+    t["model.layers.2.self_attn.o_proj.weight"] = torch.randn(10, 3, generator=g)  # columns run out
+    t["model.norm.weight"] = torch.randn(64, generator=g)
+    from safetensors.torch import save_file as save_torch
+
+    save_torch(t, str(path))
+    return path
+
+
+@pytest.mark.parametrize("source", ["local", "http"])
+def test_tp_group_split_reads_each_byte_once_and_sends_only_slices(tmp_path, source):
+    """td.load_tp on 4 gloo ranks: each rank's tensors bit-equal to HF load_file + chunk; the
+    row-parallel tensors read as covering ranges are split among the ranks (each reads its rows)
+    and exchanged as slices, so the ranks read the checkpoint once in all: the sum of bytes_read
+    is at most 1.05x the checkpoint's tensor bytes plus the replicated tensors x 4. A small
+    exchange bound (4 KiB) makes every tensor go in many steps."""
+    from safetensors.torch import load_file as hf_load
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    path = llama_tp(d / "model.safetensors")
+    where = path
+    nginx = None
+    if source == "http":
+        nginx = Nginx(d).__enter__()
+        where = nginx.url("model.safetensors")
+    try:
+        out = tmp_path / "out"
+        out.mkdir()
+        nproc = 4
+        codes, err, results = launch(nproc, [where], out, "--mode", "tp", "--exchange-bytes", "4096")
+    finally:
+        if nginx is not None:
+            nginx.__exit__(None, None, None)
+    assert codes == [0] * nproc, err
+    hf = hf_load(str(path))
+    rows = [n for n in hf if n.endswith(("o_proj.weight", "down_proj.weight"))]
+    replicated = sum(v.nbytes for n, v in hf.items() if n.endswith("norm.weight"))
+    total = sum(v.nbytes for v in hf.values())
+    read, received = [], []
+    for r in range(nproc):
+        res = results[0][r]
+        assert "error" not in res, res["error"]
+        want = {}
+        for n, v in hf.items():
+            dim = 0 if n.endswith(("q_proj.weight", "up_proj.weight")) else 1 if n in rows else None
+            if dim is None:
+                want[n] = v
+            else:
+                parts = v.chunk(nproc, dim)
+                want[n] = parts[r] if r < len(parts) else v.narrow(dim, 0, 0)
+        assert res["tensors"] == {k: [digest(v), list(v.shape)] for k, v in want.items()}, f"rank {r}"
+        rep = res["report"]
+        read.append(rep["bytes_read"])
+        received.append(rep.get("group_split", {}).get("bytes_received"))
+    bound = 1.05 * total + replicated * nproc
+    print(f"{source}: bytes_read by rank {read}, sum {sum(read)} = {sum(read) / total:.3f}x the tensors "
+          f"(bound {bound:.0f}); slices received {received}")
+    assert sum(read) <= bound, (read, bound)
+    for r in range(nproc):
+        assert results[0][r]["report"]["group_split"]["tensors"] == len(rows), results[0][r]["report"]
+    # Only slices cross the group: each rank receives at most its columns of the other ranks' rows.
+    for r in range(nproc):
+        mine = sum(v.chunk(nproc, 1)[r].nbytes for n, v in hf.items() if n in rows and r < len(v.chunk(nproc, 1)))
+        assert received[r] <= mine, (r, received[r], mine)
+
+
+@pytest.mark.parametrize("mode", ["missing", "die"])
+def test_a_failing_tp_rank_makes_every_rank_raise_naming_it(tmp_path, mode):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    path = llama_tp(d / "model.safetensors")
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, err, results = launch(3, [path], out, "--mode", mode, "--tp", "--timeout", "30")
+    survivors = [0, 2] if mode == "die" else [0, 1, 2]
+    assert [codes[r] for r in survivors] == [0] * len(survivors), err
+    assert sorted(results[0]) == survivors, err
+    for r in survivors:
+        e = results[0][r].get("error", "")
+        assert e.startswith("LoadError") and "rank 1" in e, f"rank {r}: {e or results[0][r]}"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_the_streaming_form_casts_each_window_bit_exact_with_torch(tmp_path, dtype):
+    """td.weights_iterator(dtype=): floating-point tensors arrive converted as torch's .to()
+    converts them (NaN, +-Inf and subnormals included), integers as stored; windows of 64 KiB."""
+    from safetensors.torch import load_file as hf_load, save_file as save_torch
+
+    g = torch.Generator().manual_seed(7)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e-40, -0.0, 3.0e38, 1e-8])
+    t = {
+        # The specials first: torch converts the last len % 8 elements in a scalar tail whose NaN
+        # differs from its vectorised loop's (tensora writes the loop's: tensora_io::cast's docs).
+        "a.f32": torch.cat([special, torch.randn(20000, generator=g)]),
+        "b.bf16": torch.randn(300, 70, generator=g).to(torch.bfloat16),
+        "c.f16": torch.cat([special, torch.randn(9000, generator=g)]).to(torch.float16),
+        "d.i64": torch.arange(5000, dtype=torch.int64),
+    }
+    path = tmp_path / "model.safetensors"
+    save_torch(t, str(path))
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, err, results = launch(2, [path], out, "--mode", "stream", "--dtype", dtype)
+    assert codes == [0, 0], err
+    to = {"f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    want = {n: (v.to(to) if v.is_floating_point() else v) for n, v in hf_load(str(path)).items()}
+    for r, res in results[0].items():
+        assert "error" not in res, res["error"]
+        assert res["tensors"] == {k: [digest(v), list(v.shape)] for k, v in want.items()}, f"rank {r}"

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tensora_format::Checkpoint;
-use tensora_io::{BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, ShareLoad, ShareOf, TensorRef};
+use tensora_io::{
+    BackendChoice, BoxError, LoadOptions, LoadReport, Loaded, ShardRead, ShareLoad, ShareOf, TensorRef,
+};
 
 use crate::backend::RemoteBackend;
 use crate::checkpoint::RemoteCheckpoint;
@@ -567,6 +569,13 @@ impl RemoteCheckpoint {
             tensora_io::load_streaming(self.checkpoint(), &opts, f).map_err(RemoteCheckpoint::error);
         let cache = layer.map(|l| l.finish());
         Ok(self.finish_report(streamed?, &backend, cap, cache))
+    }
+
+    /// How a sharded load (`load.shard`) would read each selected tensor from the objects
+    /// (`tensora_io::shard_reads` through this store's backend), without reading any tensor.
+    pub fn shard_reads(&self, load: &LoadOptions) -> Result<Vec<ShardRead>, RemoteError> {
+        let (opts, _, _) = self.load_options(load, None, Landing::Whole);
+        tensora_io::shard_reads(self.checkpoint(), &opts).map_err(RemoteCheckpoint::error)
     }
 
     /// Rank `share`'s share of a collective load from the objects (`tensora_io::load_share` with a

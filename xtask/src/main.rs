@@ -40,7 +40,9 @@ const USAGE: &str = "usage: cargo xtask <test|provision|selfcheck|bench|fixtures
       --full           the whole matrix: every fixture, backend, scope and mode; reports go to
                        target/tensora-bench/full/; then, when the vLLM venv exists (`provision`
                        makes it), the load formats inside vLLM (tensora-py/bench/bench_vllm.py:
-                       vllm.{md,json}), else a line saying how to make it
+                       vllm.{md,json}), else a line saying how to make it; and the storage-bound
+                       tensor-parallel cell (tensora-py/bench/bench_tp_storage.py: 4 torchrun
+                       ranks against nginx capped at 200 MB/s; tp_storage.{md,json})
       --quick          small fixtures, 3 runs, a subset of the cells; reports go to
                        target/tensora-bench/quick/
       --pairs-only     only the paired acceptance runs (target/tensora-bench/pairs.json)
@@ -269,12 +271,15 @@ fn bench(args: &[String]) -> Result<()> {
     run_bench_binary(bench_args.clone(), &provision(Scope::Python)?)?;
     if bench_args.iter().any(|a| a == "--full") && !bench_args.iter().any(|a| a.ends_with("-only")) {
         bench_vllm()?;
+        bench_tp_storage()?;
     }
     Ok(())
 }
 
 /// Engine starts per load format and temperature in the vLLM cell (medians of these).
 const VLLM_BENCH_RUNS: &str = "5";
+/// Rounds of the storage-bound tensor-parallel cell (medians of these; a round is about 80 s).
+const TP_STORAGE_BENCH_RUNS: &str = "3";
 
 /// The vLLM cell of `bench --full` (tensora-py/bench/bench_vllm.py on the full TinyLlama-shaped
 /// fixture, in the vLLM venv; report in target/tensora-bench/full/vllm.{md,json}), or, when that
@@ -290,25 +295,42 @@ fn bench_vllm() -> Result<()> {
         );
         return Ok(());
     }
+    python_cell(&python, "bench_vllm.py", VLLM_BENCH_RUNS, "vllm")
+}
+
+/// The storage-bound tensor-parallel cell of `bench --full` (tensora-py/bench/bench_tp_storage.py:
+/// 4 torchrun ranks on gloo against nginx capped at 200 MB/s in all; report in
+/// target/tensora-bench/full/tp_storage.{md,json}), in the Python venv.
+fn bench_tp_storage() -> Result<()> {
+    let (root, target) = (workspace_root(), target_dir());
+    let python = provision::location(&provision::PY_VENV, &root, &target).join("bin").join("python");
+    python_cell(&python, "bench_tp_storage.py", TP_STORAGE_BENCH_RUNS, "tp_storage")
+}
+
+/// Runs `python tensora-py/bench/SCRIPT FIXTURE --runs RUNS --json NAME.json` on the full
+/// TinyLlama-shaped fixture; its output is the report NAME.md, both in target/tensora-bench/full/.
+fn python_cell(python: &std::path::Path, script: &str, runs: &str, name: &str) -> Result<()> {
+    let (root, target) = (workspace_root(), target_dir());
     let out = target.join("tensora-bench").join("full");
     let fixture = target.join("tensora-bench").join("fixtures").join("full").join("tinyllama");
-    let script = root.join("tensora-py").join("bench").join("bench_vllm.py");
-    let (json, md) = (out.join("vllm.json"), out.join("vllm.md"));
+    let script = root.join("tensora-py").join("bench").join(script);
+    let (json, md) = (out.join(format!("{name}.json")), out.join(format!("{name}.md")));
     let text = |p: &std::path::Path| p.to_str().map(str::to_owned).context("non-UTF-8 path");
-    let args = [
-        text(&script)?,
-        text(&fixture)?,
-        "--runs".into(),
-        VLLM_BENCH_RUNS.into(),
-        "--json".into(),
-        text(&json)?,
-    ];
+    let args = [text(&script)?, text(&fixture)?, "--runs".into(), runs.into(), "--json".into(), text(&json)?];
     eprintln!("$ {} {}", python.display(), args.join(" "));
-    let report = Command::new(&python).args(&args).output().context("cannot start the vLLM venv's python")?;
+    let report = Command::new(python)
+        .args(&args)
+        .output()
+        .with_context(|| format!("cannot start {}", python.display()))?;
     std::fs::write(&md, &report.stdout).with_context(|| format!("write {}", md.display()))?;
     print!("{}", String::from_utf8_lossy(&report.stdout));
     if !report.status.success() {
-        bail!("bench_vllm.py failed ({}): {}", report.status, String::from_utf8_lossy(&report.stderr).trim());
+        bail!(
+            "{} failed ({}): {}",
+            script.display(),
+            report.status,
+            String::from_utf8_lossy(&report.stderr).trim()
+        );
     }
     Ok(())
 }

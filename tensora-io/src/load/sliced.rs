@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use tensora_format::{Checkpoint, FileId, Shard, TensorInfo};
+use tensora_format::{Checkpoint, FileId, Shard, Slice, TensorInfo};
 use tensora_plan::{Extent, Order, Plan, SliceKind, SliceRead, SourceCost, StridedRows};
 
 use super::loaded::Entry;
@@ -20,9 +20,14 @@ use crate::auto::Delivery;
 use crate::error::LoadError;
 use crate::report::SliceCounts;
 
-/// What one request costs, in the bytes the page cache copies meanwhile: a `pread` call is about
-/// 2 µs, at the 8 GB/s a single core copies from the page cache.
-pub(crate) const PAGE_CACHE_REQUEST_COST_BYTES: u64 = 16 << 10;
+/// What one request costs, in the bytes a covering read moves meanwhile, reading through the page
+/// cache: measured here (`examples/slice_cost.rs`, a cached 256 MiB of the TinyLlama fixture,
+/// medians of 7 alternating rounds, shared machine) one `pread` of a row costs what the covering
+/// read (pieces of 8 MiB, then packing the rows in place) spends on 343 to 1,730 bytes (rows of
+/// 256 B to 4 KiB every 1 to 16 KiB; about 1 µs a call, 0.6 ns a byte); rounded up. So a row-parallel
+/// F16 slice at TP=4 (1 KiB of every 4 KiB, 2.75 of 11 KiB) is read strided: 1.7x and 2.5x faster
+/// than covering per row there, and the arena holds the slice, not the covering range.
+pub(crate) const PAGE_CACHE_REQUEST_COST_BYTES: u64 = 2 << 10;
 /// The same for `O_DIRECT` reads of a local NVMe drive kept busy by a queue: about 5 µs of a
 /// request's share of the drive's IOPS, at 3 GB/s.
 pub(crate) const DIRECT_REQUEST_COST_BYTES: u64 = 16 << 10;
@@ -37,6 +42,7 @@ struct Item {
     info: TensorInfo,
     rows: StridedRows,
     read: SliceRead,
+    slice: Option<Slice>,
 }
 
 /// Loads the selected tensors narrowed as `shard` says into one owned arena (see the module docs).
@@ -51,10 +57,47 @@ pub(super) fn load_sharded(
             what: "on_tensor and on_read hooks with a shard (they cover whole tensors)".to_owned(),
         });
     }
-    let owned_opts = LoadOptions { residence: Residence::Owned, shard: None, ..opts.clone() };
+    let owned_opts = owned_options(opts);
     let (session, selected, mut phases, faults_before) = begin(ckpt, &owned_opts, Delivery::Owned)?;
     let t = Instant::now();
-    let slices = shard.slices(ckpt, &selected).map_err(LoadError::Shard)?;
+    let items = items_of(ckpt, &session, &selected, shard)?;
+    refuse_packing_shared_bytes(&items)?;
+    let (owned, runs_of) = session.plan_sharded(&items, &selected)?;
+    phases.plan += t.elapsed().as_secs_f64();
+    let mut loaded =
+        session.load_owned_running(&owned, &owned.plans, &selected, phases, faults_before, None)?;
+    let t = Instant::now();
+    let mut entries = Vec::with_capacity(items.len());
+    let mut counts = SliceCounts::default();
+    for (item, first_tag) in items.iter().zip(runs_of) {
+        let offset_bytes = pack(&mut loaded, &owned, item, first_tag)?;
+        counts.add(item.read.kind, item.rows.rows > 1 && item.rows.width_bytes != item.rows.stride_bytes);
+        entries.push(Entry { info: item.info.clone(), file: 0, offset_bytes });
+    }
+    loaded.entries = entries;
+    let r = &mut loaded.report;
+    r.phases.finish += t.elapsed().as_secs_f64();
+    r.tensors = items.len();
+    r.bytes_selected = items.iter().map(|i| i.info.len_bytes()).sum();
+    r.slices = counts;
+    r.finalize();
+    Ok(loaded)
+}
+
+/// The options a sharded load's session is built with: owned, the shard taken out (the session
+/// is the unsharded load's; the slices are planned here).
+fn owned_options(opts: &LoadOptions) -> LoadOptions {
+    LoadOptions { residence: Residence::Owned, shard: None, ..opts.clone() }
+}
+
+/// Every selected tensor narrowed as `shard` says, with the read the session's source makes of it.
+fn items_of(
+    ckpt: &Checkpoint,
+    session: &Session<'_>,
+    selected: &[usize],
+    shard: &Shard,
+) -> Result<Vec<Item>, LoadError> {
+    let slices = shard.slices(ckpt, selected).map_err(LoadError::Shard)?;
     let cost = session.source_cost();
     let mut items = Vec::with_capacity(selected.len());
     for (&tensor, slice) in selected.iter().zip(slices) {
@@ -82,29 +125,45 @@ pub(super) fn load_sharded(
             }
         };
         let read = SliceRead::choose(&rows, &cost);
-        items.push(Item { tensor, info, rows, read });
+        items.push(Item { tensor, info, rows, read, slice });
     }
-    refuse_packing_shared_bytes(&items)?;
-    let (owned, runs_of) = session.plan_sharded(&items, &selected)?;
-    phases.plan += t.elapsed().as_secs_f64();
-    let mut loaded =
-        session.load_owned_running(&owned, &owned.plans, &selected, phases, faults_before, None)?;
-    let t = Instant::now();
-    let mut entries = Vec::with_capacity(items.len());
-    let mut counts = SliceCounts::default();
-    for (item, first_tag) in items.iter().zip(runs_of) {
-        let offset_bytes = pack(&mut loaded, &owned, item, first_tag)?;
-        counts.add(item.read.kind, item.rows.rows > 1 && item.rows.width_bytes != item.rows.stride_bytes);
-        entries.push(Entry { info: item.info.clone(), file: 0, offset_bytes });
-    }
-    loaded.entries = entries;
-    let r = &mut loaded.report;
-    r.phases.finish += t.elapsed().as_secs_f64();
-    r.tensors = items.len();
-    r.bytes_selected = items.iter().map(|i| i.info.len_bytes()).sum();
-    r.slices = counts;
-    r.finalize();
-    Ok(loaded)
+    Ok(items)
+}
+
+/// How a sharded load ([`LoadOptions::shard`]) reads one selected tensor: what [`shard_reads`]
+/// tells a caller before any byte is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardRead {
+    /// The tensor's index in the checkpoint.
+    pub tensor: usize,
+    /// Its slice, or `None` when it is read whole.
+    pub slice: Option<Slice>,
+    /// How its bytes are read: exactly, as runs of rows, or as one covering range.
+    pub kind: SliceKind,
+    /// The bytes that read takes, aligned as the load would align them.
+    pub bytes_read: u64,
+}
+
+/// How [`load`](crate::load) would read each selected tensor of `opts.shard` (which must be
+/// set), in selection order, decided exactly as the load decides it (the same session: backend,
+/// buffered or direct, alignment), without reading any tensor. A tensor-parallel group uses it to
+/// split the covering reads among its ranks (`tensora.distributed.load_tp`).
+pub fn shard_reads(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Vec<ShardRead>, LoadError> {
+    let Some(shard) = &opts.shard else {
+        return Err(LoadError::Unsupported { what: "shard_reads without a shard".to_owned() });
+    };
+    let owned_opts = owned_options(opts);
+    let (session, selected, _, _) = begin(ckpt, &owned_opts, Delivery::Owned)?;
+    let items = items_of(ckpt, &session, &selected, shard)?;
+    Ok(items
+        .into_iter()
+        .map(|i| ShardRead {
+            tensor: i.tensor,
+            slice: i.slice,
+            kind: i.read.kind,
+            bytes_read: i.read.bytes_read,
+        })
+        .collect())
 }
 
 /// Packing a slice in place moves bytes that another tensor sharing them (tied weights) would

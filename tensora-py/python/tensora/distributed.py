@@ -35,10 +35,11 @@ import os
 import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
-from . import RemoteOptions, _native, _convert, _check_framework, _remote_dict
+from . import RemoteOptions, _native, _convert, _check_framework, _dtype_name, _remote_dict
 from ._native import LoadError
 
-__all__ = ["load_file", "load_file_with_report", "load_tp", "load_tp_with_report", "weights_iterator"]
+__all__ = ["load_file", "load_file_with_report", "load_tp", "load_tp_with_report", "weights_iterator",
+           "EXCHANGE_BYTES_MAX", "REPLICATED_OWN_BYTES_MAX"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -254,7 +255,7 @@ class _Group:
         return _agree(self, status, plan)
 
 
-def _window(g: _Group, outcome, fw):
+def _window(g: _Group, outcome, fw, dtype=None):
     """One window: every rank says how its read went (raising on every rank if one failed), the
     shares are exchanged, and the window's tensors come back with this rank's figures."""
     shared, error = outcome
@@ -264,7 +265,10 @@ def _window(g: _Group, outcome, fw):
     t = time.perf_counter()
     received, device_buffer = _exchange(shared, g.group, g.rank, g.world, g.global_ranks, g.backend)
     exchange_s = time.perf_counter() - t
-    datas = shared.tensors()
+    if device_buffer is not None and dtype is not None:
+        raise LoadError("tensora.distributed: dtype= casts in host memory; with NCCL the tensors live on the "
+                        "GPU: convert them there (tensor.to(dtype))")
+    datas = shared.tensors(dtype)
     if device_buffer is not None:
         if fw != "pt":
             raise LoadError("tensora.distributed: NCCL tensors live on the GPU; use framework='pt'")
@@ -274,7 +278,7 @@ def _window(g: _Group, outcome, fw):
     return tensors, json.loads(shared.report()), received, exchange_s
 
 
-def _windows(paths, g: _Group, fw, window_bytes, select, backend, remote):
+def _windows(paths, g: _Group, fw, window_bytes, select, backend, remote, dtype=None):
     """Every window of `paths` on every rank, as ``(tensors, report, bytes received, read
     seconds, exchange seconds)``. A thread reads this rank's share of the next window while this
     one is exchanged and consumed, and starts on the one after only when this one's successor is
@@ -294,7 +298,7 @@ def _windows(paths, g: _Group, fw, window_bytes, select, backend, remote):
             g.agree({"error": outcome[1], "regions": ["end" if done else "window"]})
             if done:
                 return
-            tensors, report, received, exchange_s = _window(g, outcome, fw)
+            tensors, report, received, exchange_s = _window(g, outcome, fw, dtype)
             outcome = None  # the share: its memory is the window's
             yield tensors, report, received, read_s, exchange_s
             del tensors
@@ -324,6 +328,7 @@ def load_file_with_report(
     residence: str = "owned",
     remote: Optional[RemoteOptions] = None,
     budget: Optional[int] = None,
+    dtype: Any = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """:func:`load_file`, plus this rank's report: ``rank``, ``bytes_read`` (from storage),
     ``bytes_received`` (from the other ranks), ``bytes_selected``, ``windows``, ``read_seconds``
@@ -341,7 +346,7 @@ def load_file_with_report(
                "read_seconds": 0.0, "exchange_seconds": 0.0}
     first = None
     for window, report, received, read_s, exchange_s in _windows(
-            _paths(path), g, fw, budget, select, backend, _remote_dict(remote, None)):
+            _paths(path), g, fw, budget, select, backend, _remote_dict(remote, None), _dtype_name(dtype)):
         tensors.update(window)
         first = first or report
         figures["bytes_read"] += report["bytes_read"]
@@ -369,6 +374,7 @@ def load_file(
     residence: str = "owned",
     remote: Optional[RemoteOptions] = None,
     budget: Optional[int] = None,
+    dtype: Any = None,
 ) -> Dict[str, Any]:
     """Every selected tensor of ``path`` on every rank of ``group`` (default: the world), each rank
     reading only its share from storage. ``path`` (local or a URL), ``select``, ``backend`` and
@@ -376,19 +382,146 @@ def load_file(
     cache: the ranks would wait on each other's locks). ``residence`` is ``"owned"``: the tensors
     are a snapshot in memory each rank owns (the other shares arrive by the exchange, so views of
     local files cannot hold them). The load runs in windows of ``budget`` bytes (256 MiB by
-    default): the ranks exchange one window while they read the next."""
-    return load_file_with_report(path, group, framework, select, backend, residence, remote, budget)[0]
+    default): the ranks exchange one window while they read the next. ``dtype`` is as in
+    :func:`tensora.load_file`: after each window's exchange its floating-point tensors are
+    converted (bit-exact with torch's ``.to()``) into a buffer of the window's own at the target
+    dtype (host memory: refused with NCCL)."""
+    return load_file_with_report(path, group, framework, select, backend, residence, remote, budget, dtype)[0]
 
 
 def load_tp(path: PathLike, group=None, **options: Any) -> Dict[str, Any]:
     """This rank's tensor-parallel share, the group being the tensor-parallel group: rank ``r`` of
     ``group`` (default: the world) of size ``world`` gets what ``tensora.load_file(path, tp=(r,
-    world), rules=rules)`` gives. The tensors the rules split are read by each rank itself, its
-    slices only (no slice crosses the group); the replicated ones are read once across the group
-    and exchanged, as :func:`load_file`. ``path`` is local (the rules are resolved against its
-    headers); every rank calls with the same arguments. ``options``: those of
-    :func:`load_tp_with_report`. See docs/tensor-parallel.md."""
+    world), rules=rules)`` gives, and the group reads each byte once in all (the group split):
+
+    - a split tensor its rank reads exactly or as runs of rows (a column-parallel block, or a
+      row-parallel one read strided): each rank reads its own slice;
+    - a split tensor the planner would read as a covering range on some rank (a row-parallel
+      weight whose rows are too narrow to skip between, on this source): rank ``r`` reads rows
+      ``torch.chunk(world)[r]`` of the whole tensor, one contiguous range, and sends every other
+      rank exactly that rank's columns of those rows (never a whole tensor);
+    - replicated tensors: read once across the group and exchanged, as :func:`load_file`.
+
+    ``path`` is local or a URL (``remote`` as in :func:`load_file`: no cache); every rank calls
+    with the same arguments and sees the same files (checked before any byte is exchanged). A
+    failure on any rank raises :class:`tensora.LoadError` on every rank, naming the rank (and the
+    tensor, in the exchange). ``options``: those of :func:`load_tp_with_report`. See
+    docs/tensor-parallel.md."""
     return load_tp_with_report(path, group, **options)[0]
+
+
+# Bytes a rank stages at once to send its pieces of the group-split tensors: each step of the
+# exchange sends one block of rows of one tensor (its columns for each other rank, copied
+# contiguous); a tensor with more rows than fit goes in several steps. What arrives lands in place.
+EXCHANGE_BYTES_MAX = 64 << 20
+
+
+def _glob_exact(name: str) -> str:
+    """A glob of the rules that matches exactly `name` (its metacharacters escaped)."""
+    return "".join("\\" + c if c in "*?[]{},\\" else c for c in name)
+
+
+def _chunks(size: int, world: int) -> List[Tuple[int, int]]:
+    """``(start, length)`` of each rank's part of ``size`` indexes, as ``torch.chunk`` splits them
+    (a rank past the last chunk gets an empty part)."""
+    import torch
+
+    parts = [c.shape[0] for c in torch.empty(size, device="meta").chunk(world)] if size else []
+    out, start = [], 0
+    for r in range(world):
+        n = parts[r] if r < len(parts) else 0
+        out.append((start, n))
+        start += n
+    return out
+
+
+def _as_bytes(t):
+    import torch
+
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _exchange_split(g: _Group, name: str, own, shape: List[int], dim: int):
+    """Rank ``g.rank``'s columns (``torch.chunk`` of ``dim``) of tensor ``name`` of ``shape``,
+    assembled from ``own`` (this rank's rows, ``torch.chunk`` of dimension 0, every column) and
+    the other ranks' rows of those columns. Returns ``(tensor, bytes sent, bytes received)``."""
+    import torch
+    import torch.distributed as dist
+
+    rows = _chunks(shape[0], g.world)
+    cols = _chunks(shape[dim], g.world)
+    (row0, nrows), (col0, ncols) = rows[g.rank], cols[g.rank]
+    out = torch.empty([ncols if d == dim else n for d, n in enumerate(shape)], dtype=own.dtype)
+    out[row0:row0 + nrows] = own.narrow(dim, col0, ncols)
+    row_bytes = own.element_size() * int(torch.Size(shape[1:]).numel())
+    if row_bytes == 0 or (ncols == 0 and nrows == 0):
+        return out, 0, 0
+    block = max(1, EXCHANGE_BYTES_MAX // row_bytes)
+    steps = max(-(-n // block) for _, n in rows)
+    sent = received = 0
+    for k in range(steps):
+        lo = k * block
+        works = []
+        for r, (start, n) in enumerate(rows):
+            if r != g.rank and lo < n and ncols:
+                buf = out[start + lo:start + min(n, lo + block)]
+                works.append((r, "send", dist.irecv(_as_bytes(buf), g.global_ranks[r], group=g.group)))
+                received += buf.nbytes
+        staged = []  # alive until every send of the step completed
+        if lo < nrows:
+            mine = own[lo:min(nrows, lo + block)]
+            for q, (c0, n) in enumerate(cols):
+                if q != g.rank and n:
+                    staged.append(mine.narrow(dim, c0, n).contiguous())
+                    works.append((q, "receive", dist.isend(_as_bytes(staged[-1]), g.global_ranks[q], group=g.group)))
+                    sent += staged[-1].nbytes
+        for peer, what, w in works:
+            try:
+                w.wait()
+            except Exception as e:  # a rank that left or failed: gloo raises on the pair
+                raise LoadError(
+                    f"tensor-parallel load: tensor {name!r}: rank {peer} did not {what} its slice of rows "
+                    f"{lo}.. ({type(e).__name__}: {e})") from e
+    return out, sent, received
+
+
+def _tp_plan(g: _Group, p: str, rules, backend: str, remote):
+    """Every rank's view of the checkpoint (``_native.tp_reads``), agreed on: the same files and
+    tensors on every rank (else every rank raises naming the first rank that differs), and the
+    group-split set, the tensors split on an inner dimension that some rank would read as a
+    covering range. Returns ``(reads, group-split names)``."""
+    reads, plan, error = [], None, None
+    try:
+        files, reads = _native.tp_reads(p, g.rank, g.world, rules, backend, remote)
+        plan = list(files) + [("tensor", n, f"{n} {dt} {shape} split {dim}") for n, dt, shape, dim, *_ in reads]
+    except Exception as e:  # reported to every rank by `agree`, then raised there
+        error = f"{type(e).__name__}: {e}"
+    covering = [n for n, _, _, dim, kind, _ in reads if dim is not None and dim > 0 and kind == "covering"]
+    statuses = g.agree({"error": error, "regions": ["tp"], "covering": covering}, plan)
+    union = set().union(*(s["covering"] for s in statuses))
+    return reads, [n for n, *_ in reads if n in union]
+
+
+# Replicated tensors of at most this many bytes in all are read by every rank itself, in the load
+# of its own slices (Llama's norms are 184 KiB: a collective load's agreement rounds and windows
+# cost more than reading them); more are read once across the group and exchanged, as load_file.
+REPLICATED_OWN_BYTES_MAX = 64 << 20
+
+
+def _load_part(out: Dict[str, Any], key: str, p: str, names, rules, backend, remote, tp):
+    """One sharded load: ``out[key]`` is ``(tensors, report)``, or the error's text."""
+    import tensora
+
+    try:
+        out[key] = tensora.load_file_with_report(
+            p, framework="pt", select=names, backend=backend, remote=remote, tp=tp, rules=rules)
+    except Exception as e:  # reported to every rank by `agree`, then raised there
+        out[key] = f"{type(e).__name__}: {e}"
+
+
+def _part_error(parts: Dict[str, Any], key: str) -> Optional[str]:
+    got = parts.get(key)
+    return got if isinstance(got, str) else None
 
 
 def load_tp_with_report(
@@ -398,32 +531,73 @@ def load_tp_with_report(
     rules: Any = None,
     backend: str = "auto",
     budget: Optional[int] = None,
+    remote: Optional[RemoteOptions] = None,
 ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """:func:`load_tp`, plus this rank's report: ``rank``, ``world``, ``bytes_read`` (its slices
-    and its share of the replicated tensors), ``bytes_received``, and the two loads' own reports
-    under ``split`` and ``replicated``."""
-    import tensora
+    """:func:`load_tp`, plus this rank's report: ``rank``, ``world``, ``bytes_read`` (from
+    storage, every part), ``bytes_received`` (from the other ranks), and each part's own figures:
+    ``split`` (the load of its own slices, and of the replicated tensors when they are small),
+    ``group_split`` (``tensors``, ``bytes_read``: its rows of them, ``bytes_sent``,
+    ``bytes_received``, ``exchange_seconds`` and ``load``, that load's report) and ``replicated``
+    (the collective load's report, when the replicated tensors are read that way)."""
+    import threading
 
     fw = _check_framework(framework)
     g = _Group(group)
     p = os.fspath(path)
-    splits = _native.tp_splits(p, g.world, rules)
-    split = [n for n, dim in splits if dim is not None]
-    replicated = [n for n, dim in splits if dim is None]
-    tensors: Dict[str, Any] = {}
+    reads, grouped = _tp_plan(g, p, rules, backend, _remote_dict(remote, None))
+    in_group = set(grouped)
+    replicated = [n for n, _, _, dim, _, _ in reads if dim is None]
+    small = sum(nbytes for _, _, _, dim, _, nbytes in reads if dim is None) <= REPLICATED_OWN_BYTES_MAX
+    own = [n for n, _, _, dim, _, _ in reads if dim is not None and n not in in_group] + (replicated if small else [])
+    tp = (g.rank, g.world)
     report: Dict[str, Any] = {"rank": g.rank, "world": g.world, "bytes_read": 0, "bytes_received": 0}
-    if split:
-        part, r = tensora.load_file_with_report(
-            p, framework=fw, select=split, backend=backend, tp=(g.rank, g.world), rules=rules)
+    tensors: Dict[str, Any] = {}
+    parts: Dict[str, Any] = {}
+    # This rank's own slices load on a thread while it reads its rows of the group-split tensors
+    # and exchanges them.
+    mine = threading.Thread(target=_load_part, args=(parts, "own", p, own, rules, backend, remote, tp),
+                            name="tensora-tp-own") if own else None
+    if mine is not None:
+        mine.start()
+    try:
+        if grouped:
+            # Rows torch.chunk(world, 0)[rank] of every group-split tensor: one range each.
+            _load_part(parts, "rows", p, grouped, [(_glob_exact(n), "column") for n in grouped], backend, remote, tp)
+        # Every rank read its rows (or every rank raises, naming the first that failed) before any
+        # slice is exchanged.
+        g.agree({"error": _part_error(parts, "rows"), "regions": ["tp-rows"]})
+        if grouped:
+            rows, rep = parts.pop("rows")
+            t = time.perf_counter()
+            sent = received = 0
+            shapes = {n: (shape, dim) for n, _, shape, dim, _, _ in reads}
+            for n in grouped:
+                shape, dim = shapes[n]
+                tensors[n], s, rcv = _exchange_split(g, n, rows.pop(n), list(shape), dim)
+                sent += s
+                received += rcv
+            report["group_split"] = {"tensors": len(grouped), "bytes_read": rep["bytes_read"], "bytes_sent": sent,
+                                     "bytes_received": received, "exchange_seconds": time.perf_counter() - t,
+                                     "load": rep}
+            report["bytes_read"] += rep["bytes_read"]
+            report["bytes_received"] += received
+    finally:
+        if mine is not None:
+            mine.join()
+    g.agree({"error": _part_error(parts, "own"), "regions": ["tp-own"]})
+    if own:
+        part, rep = parts.pop("own")
         tensors.update(part)
-        report["split"] = r
-        report["bytes_read"] += r["bytes_read"]
-    if replicated:
-        whole, r = load_file_with_report(p, group, fw, replicated, backend, "owned", None, budget)
+        report["split"] = rep
+        report["bytes_read"] += rep["bytes_read"]
+    if replicated and not small:
+        whole, rep = load_file_with_report(p, group, "pt", replicated, backend, "owned", remote, budget)
         tensors.update(whole)
-        report["replicated"] = r
-        report["bytes_read"] += r["bytes_read"]
-        report["bytes_received"] += r["bytes_received"]
+        report["replicated"] = rep
+        report["bytes_read"] += rep["bytes_read"]
+        report["bytes_received"] += rep["bytes_received"]
+    if fw == "np":
+        tensors = {n: t.numpy() for n, t in tensors.items()}
     return tensors, report
 
 
@@ -435,6 +609,7 @@ def weights_iterator(
     select: Union[None, str, List[str]] = None,
     backend: str = "auto",
     remote: Optional[RemoteOptions] = None,
+    dtype: Any = None,
 ) -> Iterator[Tuple[str, Any]]:
     """Yield ``(name, tensor)`` on every rank, one window of at most ``budget / 2`` bytes (the
     budget is 256 MiB by default) at a time: each rank reads its share of the window, the ranks
@@ -442,14 +617,17 @@ def weights_iterator(
     and the one after only once the consumer has moved on, so a rank holds at most about
     ``2 x budget`` besides what the caller keeps: two windows, and the window a tensor the caller
     still holds belongs to (a tensor is a view of its window's memory). Paths may be URLs
-    (``remote`` as in :func:`load_file`)."""
+    (``remote`` as in :func:`load_file`). ``dtype`` is as in :func:`load_file`: each window's
+    floating-point tensors are converted after its exchange into a buffer of the window's own
+    (so a window holds its stored bytes and its converted ones until the caller moves on)."""
     fw = _check_framework(framework)
     g = _Group(group)
     budget = BUDGET_DEFAULT_BYTES if budget is None else budget
     if budget < 1:
         raise ValueError("budget must be at least 1 byte")
     window_bytes = _native.iterator_window_bytes(budget)  # half the budget
-    windows = _windows(_paths(path_or_files), g, fw, window_bytes, select, backend, _remote_dict(remote, None))
+    windows = _windows(_paths(path_or_files), g, fw, window_bytes, select, backend, _remote_dict(remote, None),
+                       _dtype_name(dtype))
     for window, *_ in windows:
         # Handed out of the dict one by one: once the caller has the last one, nothing here
         # pins the window while the next is exchanged.

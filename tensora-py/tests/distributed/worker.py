@@ -4,9 +4,10 @@ kill the surviving ranks when one dies and so hide what they do.
 
 For each `--path` in turn, writes `<out>/<index>-rank<N>.json`: each tensor's sha256 and shape, and
 the rank's report, or the error it raised. `--mode` picks what the rank does: `load` (tensora.distributed.load_file), `stream`
-(weights_iterator), `missing` (rank 1 asks for a path that does not exist), `die` (rank 1 exits at
+(weights_iterator, with `--dtype` if given), `missing` (rank 1 asks for a path that does not exist), `die` (rank 1 exits at
 once, before loading), `other` (rank 1 loads `--other` instead of the path), `select` (every rank
-loads `--select`, rank 1 `--select1`), `tp` (td.load_tp_with_report, Llama rules), `files` (one `weights_iterator` over every `--path` as a
+loads `--select`, rank 1 `--select1`), `tp` (td.load_tp_with_report, Llama rules; `--tp` makes `missing` and `die` call it too,
+`--exchange-bytes` and `--replicated-own-bytes` set its bounds), `files` (one `weights_iterator` over every `--path` as a
 file list, written as the first path's result; rank 1 gets the list reversed).
 """
 
@@ -47,13 +48,17 @@ def run(a, rank: int, path: str) -> dict:
             # last one stays bound to `t` while the iterator fetches the next window.
             rss_before = rss_kib("VmRSS")
             got = {}
-            for name, t in td.weights_iterator(path, budget=a.budget):
+            for name, t in td.weights_iterator(path, budget=a.budget, dtype=a.dtype):
                 got[name] = [digest(t), list(t.shape)]
             out["rss_before_kib"] = rss_before
             out["rss_peak_kib"] = rss_kib("VmHWM")
             out["tensors"] = got
             return out
-        if a.mode == "tp":
+        if a.mode == "tp" or a.tp:
+            if a.exchange_bytes is not None:
+                td.EXCHANGE_BYTES_MAX = a.exchange_bytes
+            if a.replicated_own_bytes is not None:
+                td.REPLICATED_OWN_BYTES_MAX = a.replicated_own_bytes
             got, report = td.load_tp_with_report(path)
             out["report"] = report
         else:
@@ -74,6 +79,10 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=64 << 10)
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--other")
+    ap.add_argument("--tp", action="store_true")
+    ap.add_argument("--dtype")
+    ap.add_argument("--exchange-bytes", type=int)
+    ap.add_argument("--replicated-own-bytes", type=int)
     ap.add_argument("--select", action="append")
     ap.add_argument("--select1", action="append")
     a = ap.parse_args()
