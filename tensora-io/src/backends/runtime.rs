@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use tensora_plan::Read;
 
 use crate::map::readahead::{AheadQueue, read_ahead, willneed_file};
-use crate::seam::{CompletionSink, IoStats, Job, ReadError, ReadErrorKind, StopReason};
+use crate::seam::{CompletionSink, IoStats, Job, ReadError, ReadErrorKind, Reading, StopReason};
 
 /// Smallest alignment `O_DIRECT` is attempted with (the smallest logical block size in use).
 pub(crate) const DIRECT_ALIGN_BYTES_MIN: u64 = 512;
@@ -266,10 +266,12 @@ where
     })
 }
 
-/// Runs `workers` like [`run_workers`] with, for a buffered job, a helper thread that reads each
-/// file queue into the page cache ahead of the workers' claims ([`crate::map::readahead`]): the
-/// device gets a deep queue and every byte stays cached for the next process. Measured on the cold
-/// 2.2 GB bench checkpoint: see docs/performance.md "Restarts".
+/// Runs `workers` like [`run_workers`] with, for a job reading cold data through the page cache
+/// ([`Reading::ReadAhead`]), a helper thread that reads each file queue into the page cache ahead
+/// of the workers' claims ([`crate::map::readahead`]): the device gets a deep queue and every byte
+/// stays cached for the next process. Measured on the cold 2.2 GB bench checkpoint: see
+/// docs/performance.md "Restarts". A warm job ([`Reading::Cached`]) or a direct one runs the
+/// workers alone.
 pub(crate) fn run_workers_reading_ahead<F>(
     job: &Job<'_>,
     state: &RunState,
@@ -279,8 +281,9 @@ pub(crate) fn run_workers_reading_ahead<F>(
 where
     F: Fn(usize) -> IoStats + Sync,
 {
-    if job.config.direct {
-        return run_workers(workers, f);
+    match job.config.reading {
+        Reading::Direct | Reading::Cached => return run_workers(workers, f),
+        Reading::ReadAhead => {}
     }
     let reads = job.plan.reads();
     let queues: Vec<FileQueue<'_>> = job

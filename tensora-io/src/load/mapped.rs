@@ -12,7 +12,7 @@ use crate::error::LoadError;
 use crate::map::populate::{PopulateConfig, PopulateError, ReadAhead, Span, populate};
 use crate::map::{FileRange, MapMode, MappedFiles};
 use crate::report::{Faults, LoadReport, Phases};
-use crate::seam::ReadErrorKind;
+use crate::seam::{ReadErrorKind, Reading};
 
 /// Zero-copy load of `part` (tensor indexes): map every touched file privately, read every
 /// selected page in, and hand out views.
@@ -92,8 +92,8 @@ fn read_in(session: &Session<'_>, entries: &[Entry], mapped: &MappedFiles) -> Re
         threads: opts.threads,
         cancel: opts.cancel.as_deref().unwrap_or(&never),
         progress: opts.progress.as_ref(),
-        // Cold pages are read with a deep queue; over cached ones the advice costs a lookup.
-        ahead: ReadAhead::Ahead,
+        // Cold pages are read with a deep queue; warm ones need no advice.
+        ahead: if session.reading == Reading::Cached { ReadAhead::Off } else { ReadAhead::Ahead },
     };
     // SAFETY: every span lies inside one of `mapped`'s live, page-aligned mappings (checked by
     // `span_of`), which stay mapped for the call (`mapped` is borrowed).

@@ -114,7 +114,7 @@ impl Session<'_> {
             }
             None => opts
                 .arena_reuse
-                .arena(len_bytes, Access::direct_if(self.direct))
+                .arena(len_bytes, Access::direct_if(self.direct()))
                 .map_err(|source| LoadError::Arena { len_bytes, source })?,
         };
         let mut files = FileSet::new(opts.files_open_max);
@@ -177,7 +177,7 @@ impl Session<'_> {
     ) -> Result<T, LoadError> {
         let io_done = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let helper = match (memory, self.direct) {
+            let helper = match (memory, self.direct()) {
                 (Memory::FaultedIn, _) => None,
                 (Memory::Fresh, true) => Some(Ahead::DirectReads),
                 (Memory::Fresh, false) if arena.huge_pages_advised() => Some(Ahead::WhileHuge),

@@ -84,7 +84,7 @@ impl Session<'_> {
                 JobConfig {
                     threads: self.opts.threads.max(1),
                     queue_depth: self.opts.queue_depth.max(1),
-                    direct: self.direct,
+                    reading: self.reading,
                     retries_max: self.opts.retries_max,
                 },
             )

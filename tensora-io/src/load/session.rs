@@ -15,7 +15,7 @@ use crate::arena::Arena;
 use crate::auto::{self, Delivery};
 use crate::error::LoadError;
 use crate::report::{Faults, LoadReport, Phases, peak_rss_bytes};
-use crate::seam::{Budget, IoBackend, IoStats};
+use crate::seam::{Budget, IoBackend, IoStats, Reading};
 
 /// Refuse a dtype cast in `api`, a load that hands out views of its own arena at the stored
 /// dtype (only `load` and `load_runs` build arenas at the target dtype, in `super::cast`).
@@ -115,7 +115,8 @@ pub(super) struct Session<'c> {
     pub(super) backend_name: String,
     /// Where the tensors live: `Owned` or `Mapped`, never `Auto` (decided here).
     pub(super) residence: Residence,
-    pub(super) direct: bool,
+    /// How the reads meet the page cache (never `Direct` for mapped views).
+    pub(super) reading: Reading,
     pub(super) reason: String,
     pub(super) budget: Budget,
     pub(super) bytes_selected: u64,
@@ -154,10 +155,11 @@ impl<'c> Session<'c> {
                 reason: "mapped residence needs local files; this backend reads from elsewhere".to_owned(),
             });
         }
-        let direct = match opts.io_mode {
-            IoMode::Auto => decided.direct && direct_plannable(opts),
-            IoMode::Buffered => false,
-            IoMode::Direct => true,
+        let through_cache = if decided.reading.is_direct() { Reading::ReadAhead } else { decided.reading };
+        let reading = match opts.io_mode {
+            IoMode::Auto if decided.reading.is_direct() && direct_plannable(opts) => Reading::Direct,
+            IoMode::Direct if !mapped => Reading::Direct,
+            IoMode::Auto | IoMode::Buffered | IoMode::Direct => through_cache,
         };
         Ok(Session {
             ckpt,
@@ -165,7 +167,7 @@ impl<'c> Session<'c> {
             backend: decided.backend,
             backend_name: decided.backend_name,
             residence: decided.residence,
-            direct: direct && !mapped,
+            reading,
             reason: decided.reason,
             budget: Budget::new(opts.budget_bytes),
             bytes_selected: ckpt.distinct_bytes(selected),
@@ -176,9 +178,14 @@ impl<'c> Session<'c> {
         })
     }
 
+    /// Whether reads go around the page cache (`O_DIRECT`).
+    pub(super) fn direct(&self) -> bool {
+        self.reading.is_direct()
+    }
+
     /// The descriptors each file is opened with.
     pub(super) fn descriptors(&self) -> Descriptors {
-        if self.direct { Descriptors::BufferedAndDirect } else { Descriptors::Buffered }
+        if self.direct() { Descriptors::BufferedAndDirect } else { Descriptors::Buffered }
     }
 
     /// What to do with sparse files.
@@ -191,7 +198,7 @@ impl<'c> Session<'c> {
         let backend_align =
             if wanted.is_power_of_two() && aligned_plannable(self.opts, wanted) { wanted } else { 1 };
         PlanConfig {
-            align_bytes: if self.direct || self.layout == Layout::SameOnEveryRank {
+            align_bytes: if self.direct() || self.layout == Layout::SameOnEveryRank {
                 crate::backends::DIRECT_BLOCK_BYTES.max(backend_align)
             } else {
                 backend_align
@@ -244,7 +251,7 @@ impl<'c> Session<'c> {
         faults_before: Faults,
     ) -> LoadReport {
         let faults = Faults::now().since(faults_before);
-        let io_mode = match (self.residence, self.direct) {
+        let io_mode = match (self.residence, self.direct()) {
             (Residence::Mapped(_), _) => "mapped",
             (_, true) => "direct",
             (_, false) => "buffered",
@@ -287,7 +294,7 @@ struct Decided {
     residence: Residence,
     backend: Arc<dyn IoBackend>,
     backend_name: String,
-    direct: bool,
+    reading: Reading,
     reason: String,
 }
 
@@ -314,7 +321,7 @@ impl Decided {
                     residence: choice.residence,
                     backend,
                     backend_name,
-                    direct: choice.direct,
+                    reading: choice.reading,
                     reason: choice.reason,
                 });
             }
@@ -328,17 +335,21 @@ impl Decided {
                 residence: Residence::Mapped(promise),
                 backend,
                 backend_name: "mmap".to_owned(),
-                direct: false,
+                reading: Reading::ReadAhead,
                 reason: format!("mapped: residence \"mapped\" (views run no backend; {reason})"),
             },
-            Residence::Owned => {
-                Decided { residence: Residence::Owned, backend, backend_name, direct: false, reason }
-            }
+            Residence::Owned => Decided {
+                residence: Residence::Owned,
+                backend,
+                backend_name,
+                reading: Reading::ReadAhead,
+                reason,
+            },
             Residence::Auto(_) => Decided {
                 residence: Residence::Owned,
                 backend,
                 backend_name,
-                direct: false,
+                reading: Reading::ReadAhead,
                 reason: format!("owned: a backend was named (it copies into the arena); {reason}"),
             },
         })
