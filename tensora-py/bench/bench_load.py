@@ -31,7 +31,9 @@ round runs every subject once, in an order shuffled per round (seeded by the rou
 machine's drift, and what the subject run just before leaves behind, spread over all of them.
 Warm: one untimed run of each subject first (which also fills the page cache).
 Cold: the page cache is dropped before every run (`echo 3 > /proc/sys/vm/drop_caches`, as root;
-otherwise `POSIX_FADV_DONTNEED` on each file, said in the output). Restart (a restart after a cold
+otherwise `POSIX_FADV_DONTNEED` on each file, said in the output; `--evict checkpoint` drops
+only the checkpoint's pages, so the modules a subject imports inside its timed region, such as
+transformers' model code, stay cached and cold differs from warm by the weights alone). Restart (a restart after a cold
 start): the page cache dropped, one untimed run of the same subject (its cold start, in a process
 of its own), then the timed run in a fresh process: what the subject's cold start left in the page
 cache for the next process. GB = 1e9 bytes of tensor data.
@@ -312,6 +314,15 @@ def drop_caches(files):
         return "fadvise"
 
 
+def evict_checkpoint(files):
+    """Drop only the checkpoint's pages (`--evict checkpoint`): a subject's own code (torch's and
+    transformers' modules, imported lazily inside the timed region) stays cached, so a cold run
+    differs from a warm one by the weights alone."""
+    os.sync()
+    evict(files)
+    return "fadvise, checkpoint only"
+
+
 def measure(subject, path, temp, timeout_s):
     env = dict(os.environ)
     if subject in RAW and temp == "cold":
@@ -366,7 +377,7 @@ def run_temperature(args, temp, subjects, total, tensors, files):
             if s in errors:
                 continue
             if temp in ("cold", "restart"):
-                how = drop_caches(files)
+                how = drop_caches(files) if args.evict == "all" else evict_checkpoint(files)
             if temp == "restart":
                 first = measure(s, args.path, temp, args.timeout)  # the cold start, untimed
                 if "error" in first:
@@ -462,6 +473,8 @@ def main():
     )
     ap.add_argument("--with-models", action="store_true", help="add " + ", ".join(MODELS) + " (Llama-shaped checkpoints)")
     ap.add_argument("--warmups", type=int, default=1, help="untimed warm runs of each subject first")
+    ap.add_argument("--evict", choices=("all", "checkpoint"), default="all",
+                    help="cold and restart: drop the whole page cache (all) or the checkpoint's pages only")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one measurement may take")
     ap.add_argument("--json", help="write every sample and the load reports here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
