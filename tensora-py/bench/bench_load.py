@@ -33,10 +33,11 @@ Warm: one untimed run of each subject first (which also fills the page cache).
 Cold: the page cache is dropped before every run (`echo 3 > /proc/sys/vm/drop_caches`, as root;
 otherwise `POSIX_FADV_DONTNEED` on each file, said in the output; `--evict checkpoint` drops
 only the checkpoint's pages, so the modules a subject imports inside its timed region, such as
-transformers' model code, stay cached and cold differs from warm by the weights alone). Restart (a restart after a cold
-start): the page cache dropped, one untimed run of the same subject (its cold start, in a process
-of its own), then the timed run in a fresh process: what the subject's cold start left in the page
-cache for the next process. GB = 1e9 bytes of tensor data.
+transformers' model code, stay cached and cold differs from warm by the weights alone).
+Restart (a restart after a cold start): the page cache dropped, one untimed run of the same
+subject (its cold start, in a process of its own), then the timed run in a fresh process: what
+the subject's cold start left in the page cache for the next process. GB = 1e9 bytes of tensor
+data.
 A subject that fails or is not installed gets a cell saying why; it is never dropped silently.
 
 Prints a table per temperature, the acceptance ratios of issue 18 (medians of seconds), then the
