@@ -74,8 +74,8 @@ pub use map::{FileRange, MapMode, MappedFiles};
 pub use report::{CastReport, CastTensor, LoadReport, Phases, SliceCounts};
 pub use seam::{
     Access, Budget, CallerBuffer, CompletionSink, Destination, Filled, HeldPiece, IoBackend, IoStats, Job,
-    JobConfig, KeepMapped, Landed, LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, SourceFile,
-    StopReason,
+    JobConfig, KeepMapped, Landed, LandedPrefix, Permit, ReadError, ReadErrorKind, ReadTarget, Reading,
+    SourceFile, StopReason,
 };
 
 /// The README's Rust examples, compiled as doctests so they cannot rot.

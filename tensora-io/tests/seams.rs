@@ -14,7 +14,7 @@ use tensora_format::{Checkpoint, Dtype};
 use tensora_io::Budget;
 use tensora_io::{
     BackendChoice, CompletionSink, IoBackend, IoStats, Job, JobConfig, LoadError, LoadOptions, ReadError,
-    ReadErrorKind, Residence, StopReason, load, load_streaming,
+    ReadErrorKind, Reading, Residence, StopReason, load, load_streaming,
 };
 use tensora_plan::{Extent, Order, Plan, PlanConfig};
 
@@ -37,7 +37,8 @@ fn small_job_parts() -> (Plan, tensora_io::Arena, Budget, AtomicBool) {
     (plan, arena, Budget::new(1 << 20), AtomicBool::new(false))
 }
 
-const CONFIG: JobConfig = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+const CONFIG: JobConfig =
+    JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
 
 #[test]
 fn claim_hands_out_each_read_once_and_checks_the_index() {

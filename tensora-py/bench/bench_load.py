@@ -1,6 +1,6 @@
 """The loaders a torch user picks between, in one interleaved run, warm and cold.
 
-    python tensora-py/bench/bench_load.py CHECKPOINT [--runs N] [--temps warm,cold]
+    python tensora-py/bench/bench_load.py CHECKPOINT [--runs N] [--temps warm,cold,restart]
         [--subjects a,b,...] [--warmups N] [--timeout S] [--json OUT.json]
 
 Subjects (each ends with every tensor of the checkpoint as a torch tensor, kept, with one byte of
@@ -31,7 +31,13 @@ round runs every subject once, in an order shuffled per round (seeded by the rou
 machine's drift, and what the subject run just before leaves behind, spread over all of them.
 Warm: one untimed run of each subject first (which also fills the page cache).
 Cold: the page cache is dropped before every run (`echo 3 > /proc/sys/vm/drop_caches`, as root;
-otherwise `POSIX_FADV_DONTNEED` on each file, said in the output). GB = 1e9 bytes of tensor data.
+otherwise `POSIX_FADV_DONTNEED` on each file, said in the output; `--evict checkpoint` drops
+only the checkpoint's pages, so the modules a subject imports inside its timed region, such as
+transformers' model code, stay cached and cold differs from warm by the weights alone).
+Restart (a restart after a cold start): the page cache dropped, one untimed run of the same
+subject (its cold start, in a process of its own), then the timed run in a fresh process: what
+the subject's cold start left in the page cache for the next process. GB = 1e9 bytes of tensor
+data.
 A subject that fails or is not installed gets a cell saying why; it is never dropped silently.
 
 Prints a table per temperature, the acceptance ratios of issue 18 (medians of seconds), then the
@@ -75,6 +81,9 @@ MODELS = ("from_pretrained", "from_pretrained_tensora")
 # Subjects that read raw bytes (one uint8 tensor per file), not the checkpoint's tensors.
 RAW = ("roofline", "device")
 OURS = ("owned", "auto", "stream")
+# warm: the page cache filled first; cold: dropped before each run; restart: dropped, then one
+# untimed cold start of the subject, then the timed run (see the module docs).
+TEMPS = ("warm", "cold", "restart")
 
 
 def files_of(path):
@@ -253,17 +262,32 @@ def read_into(path, buf):
 def child(subject, path):
     run = prepare(subject, path)
     gc.collect()
+    read_before = device_read_bytes()
     t = time.perf_counter()
     tensors, report = run(path)
     touch(tensors.values())
     seconds = time.perf_counter() - t
+    read_after = device_read_bytes()
+    read_bytes = None if read_before is None or read_after is None else read_after - read_before
     n_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     t = time.perf_counter()
     count = len(tensors)
     del tensors
     gc.collect()
     drop_seconds = time.perf_counter() - t
-    print(json.dumps({"seconds": seconds, "drop_seconds": drop_seconds, "bytes": n_bytes, "tensors": count, "report": report}))
+    print(json.dumps({"seconds": seconds, "drop_seconds": drop_seconds, "bytes": n_bytes, "tensors": count,
+                      "read_bytes": read_bytes, "report": report}))
+
+
+def device_read_bytes():
+    """Bytes this process had read from the device so far (`read_bytes` of /proc/self/io: its
+    reads, page faults and read-ahead; the child reports those of its timed region), or None
+    where the kernel does not count them."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------- parent: the interleaved run
@@ -289,6 +313,15 @@ def drop_caches(files):
     except OSError:
         evict(files)
         return "fadvise"
+
+
+def evict_checkpoint(files):
+    """Drop only the checkpoint's pages (`--evict checkpoint`): a subject's own code (torch's and
+    transformers' modules, imported lazily inside the timed region) stays cached, so a cold run
+    differs from a warm one by the weights alone."""
+    os.sync()
+    evict(files)
+    return "fadvise, checkpoint only"
 
 
 def measure(subject, path, temp, timeout_s):
@@ -344,8 +377,13 @@ def run_temperature(args, temp, subjects, total, tensors, files):
         for s in order:
             if s in errors:
                 continue
-            if temp == "cold":
-                how = drop_caches(files)
+            if temp in ("cold", "restart"):
+                how = drop_caches(files) if args.evict == "all" else evict_checkpoint(files)
+            if temp == "restart":
+                first = measure(s, args.path, temp, args.timeout)  # the cold start, untimed
+                if "error" in first:
+                    errors[s] = first["error"]
+                    continue
             m = measure(s, args.path, temp, args.timeout)
             if "error" in m:
                 errors[s] = m["error"]
@@ -391,6 +429,17 @@ def acceptance(doc):
         b = min(best, key=lambda s: cold[s]["seconds_median"])
         out[f"cold best ({b}) / hf_torch (goal >= 1.3)"] = ratio(cold, b, "hf_torch")
         out[f"cold best ({b}) / runai (goal >= 2.0)"] = ratio(cold, b, "runai")
+    # Issue 42: from_pretrained patched against unpatched, each temperature; cold over warm
+    # against the device time of the same bytes.
+    for temp, results in doc["temps"].items():
+        r = ratio(results["results"], "from_pretrained_tensora", "from_pretrained")
+        if r is not None:
+            out[f"{temp} from_pretrained / patched (goal >= 1.0)"] = r
+    device = cold.get("device", {}).get("seconds_median")
+    for s in MODELS:
+        c, w = cold.get(s, {}).get("seconds_median"), warm.get(s, {}).get("seconds_median")
+        if device and c and w:
+            out[f"{s}: (cold - warm) / device (goal <= 1.1)"] = (c - w) / device
     return out
 
 
@@ -417,7 +466,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("path")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--temps", default="warm,cold", help="warm, cold or both (comma-separated)")
+    ap.add_argument("--temps", default="warm,cold", help="warm, cold, restart (comma-separated)")
     ap.add_argument(
         "--subjects",
         default=",".join(s for s in SUBJECTS if s not in MODELS),
@@ -425,6 +474,8 @@ def main():
     )
     ap.add_argument("--with-models", action="store_true", help="add " + ", ".join(MODELS) + " (Llama-shaped checkpoints)")
     ap.add_argument("--warmups", type=int, default=1, help="untimed warm runs of each subject first")
+    ap.add_argument("--evict", choices=("all", "checkpoint"), default="all",
+                    help="cold and restart: drop the whole page cache (all) or the checkpoint's pages only")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one measurement may take")
     ap.add_argument("--json", help="write every sample and the load reports here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -436,7 +487,7 @@ def main():
     subjects = [s for s in args.subjects.split(",") if s] + (list(MODELS) if args.with_models else [])
     unknown = [s for s in subjects if s not in SUBJECTS]
     temps = [t for t in args.temps.split(",") if t]
-    if unknown or not subjects or any(t not in ("warm", "cold") for t in temps):
+    if unknown or not subjects or any(t not in TEMPS for t in temps):
         ap.error(f"unknown subject or temperature: {unknown or temps}")
     import tensora
 
@@ -449,7 +500,8 @@ def main():
     doc = {"schema": 2, "path": args.path, "bytes": total, "runs": args.runs, "subjects": subjects, "temps": {}}
     for temp in temps:
         doc["temps"][temp] = run_temperature(args, temp, subjects, total, len(info["tensors"]), files)
-        print(f"\n{temp}" + (f" (cache dropped by {doc['temps'][temp]['cache_drop']})" if temp == "cold" else ""))
+        dropped = f" (cache dropped by {doc['temps'][temp]['cache_drop']})" if temp != "warm" else ""
+        print(f"\n{temp}{dropped}")
         for s in subjects:
             r = doc["temps"][temp]["results"][s]
             extra = f"  x roofline {r['x_roofline']:.2f}" if "x_roofline" in r else ""

@@ -1,7 +1,7 @@
 """Load time inside vLLM: the load formats `auto`, `runai_streamer`, `fastsafetensors` and
 `tensora`, warm and cold, in one interleaved run (in the vLLM venv, target/vllm-venv).
 
-    python tensora-py/bench/bench_vllm.py CHECKPOINT [--runs N] [--temps warm,cold]
+    python tensora-py/bench/bench_vllm.py CHECKPOINT [--runs N] [--temps warm,cold,restart]
         [--formats a,b,...] [--timeout S] [--json OUT.json]
 
 CHECKPOINT is a Llama-shaped safetensors checkpoint (the bench's 2.2 GB TinyLlama-shaped fixture
@@ -14,7 +14,9 @@ vLLM's own "Loading weights took" figure (its `DefaultModelLoader`; Run:ai's loa
 Warm: one untimed start of each format first. Cold: the page cache dropped before every sample
 (bench_load.drop_caches), and each round also times `device`: the checkpoint's bytes read with
 `O_DIRECT` into memory faulted in beforehand (bench_load's `device` subject), the roofline the
-acceptance compares cold loads with. A format that fails gets a cell saying why.
+acceptance compares cold loads with. Restart (a restart after a cold start): the page cache
+dropped, one untimed start of the same format (its cold start), then the timed start in a fresh
+process, the way a server restarts on a node. A format that fails gets a cell saying why.
 """
 
 import argparse
@@ -78,8 +80,13 @@ def run_temperature(args, temp, model, files):
         for s in bench_load.round_order(subjects, r):
             if s in errors:
                 continue
-            if temp == "cold":
+            if temp in ("cold", "restart"):
                 bench_load.drop_caches(files)
+            if temp == "restart":
+                first = engine(model, s, args.timeout)  # the cold start, untimed
+                if "error" in first:
+                    errors[s] = first["error"]
+                    continue
             if s == "device":
                 m = bench_load.measure("device", args.checkpoint, "cold", args.timeout)
                 if "error" in m:
@@ -115,7 +122,7 @@ def acceptance(doc):
     dev = med("cold", "device", "seconds")
     if t and dev:
         out["cold tensora / device roofline (goal <= 1.10)"] = t / dev
-    for temp in ("cold", "warm"):
+    for temp in ("cold", "warm", "restart"):
         for other in FORMATS[:-1]:
             o = med(temp, other)
             if t and o and med(temp, "tensora"):
@@ -157,8 +164,10 @@ def main():
     args = ap.parse_args()
     args.formats = [f for f in args.formats.split(",") if f]
     unknown = sorted(set(args.formats) - set(FORMATS))
-    if unknown or args.runs < 1:
-        ap.error(f"--formats takes {FORMATS}, --runs at least 1 (got {unknown}, {args.runs})")
+    bad_temps = [t for t in args.temps.split(",") if t and t not in ("warm", "cold", "restart")]
+    if unknown or bad_temps or args.runs < 1:
+        ap.error(f"--formats takes {FORMATS}, --temps warm, cold, restart, --runs at least 1 "
+                 f"(got {unknown}, {bad_temps}, {args.runs})")
     model, dtype = model_dir(args.checkpoint)
     files = bench_load.files_of(args.checkpoint)
     doc = {

@@ -101,6 +101,35 @@ def test_the_drop_in_safe_open_reads_a_cold_file_ahead_from_open(tmp_path):
         assert f.get_tensor("w").tobytes() == np.arange(4 << 20, dtype=np.float32).tobytes()
 
 
+def test_a_whole_slice_of_the_drop_in_reads_its_pages_in_and_a_part_stays_lazy(tmp_path):
+    """transformers materialises every weight with `get_slice(name)[...]` on its loading
+    threads: the whole tensor's pages are read in there (as HF's slice reads them), not left to
+    be faulted in one by one by whoever touches them first; a part stays a lazy view."""
+    import time
+
+    import torch
+
+    from tensora.safetensors import safe_open as dropin_safe_open
+
+    path = tmp_path / "two.safetensors"
+    n = 8 << 20  # 32 MiB of float32 each (the kernel's own read-ahead, up to 8 MiB here, reads past a)
+    save_file({"a": np.arange(n, dtype=np.float32), "b": np.ones(n, dtype=np.float32)}, str(path))
+    with dropin_safe_open(str(path), "pt") as f:
+        deadline = time.monotonic() + 10
+        while _resident_fraction(path) < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the read-ahead from open
+        time.sleep(0.05)
+        _evict(path)
+        if _resident_fraction(path) > 0.05:
+            pytest.skip("this filesystem keeps the pages cached after DONTNEED")
+        a = f.get_slice("a")[...]
+        assert 0.49 <= _resident_fraction(path) <= 0.7, "the whole of a, and not all of b, read in"
+        b = f.get_slice("b")[0:1024]
+        assert _resident_fraction(path) <= 0.7, "a part of b stays lazy"
+        assert torch.equal(a, torch.arange(n, dtype=torch.float32))
+        assert torch.equal(b, torch.ones(1024))
+
+
 @pytest.mark.parametrize("residence", ["owned", "mapped"])
 def test_loads_are_independent_and_private(every_dtype_file, residence):
     before = file_sha256(every_dtype_file)

@@ -54,7 +54,7 @@ use std::path::Path;
 use tensora_format::Checkpoint;
 
 use crate::load::{FilesUnchanged, IoMode, Residence};
-use crate::seam::Access;
+use crate::seam::Reading;
 
 // The facts live in tensora-sys; `auto` reads them through these names.
 pub(crate) use tensora_sys as memory;
@@ -148,8 +148,10 @@ pub struct Choice {
     pub residence: Residence,
     /// The backend that runs the load (`"mmap"` for mapped views, which run none).
     pub backend: &'static str,
-    /// Whether reads use `O_DIRECT`.
-    pub direct: bool,
+    /// How the reads meet the page cache: `O_DIRECT`, or through it cold (read ahead of the
+    /// copies) or warm (the copies only). For mapped views, whether their pages are read ahead of
+    /// the populating threads.
+    pub reading: Reading,
     /// One line naming the deciding facts.
     pub reason: String,
 }
@@ -295,6 +297,7 @@ pub fn choose(f: &Facts) -> Choice {
     let owned_because = match f.residence {
         Residence::Mapped(promise) if remote => {
             return mapped(
+                f,
                 promise,
                 format!(
                     "mapped: residence \"mapped\" (note: {fs_name} is a network/FUSE filesystem: \
@@ -303,7 +306,7 @@ pub fn choose(f: &Facts) -> Choice {
             );
         }
         Residence::Mapped(promise) => {
-            return mapped(promise, format!("mapped: residence \"mapped\"; {facts}"));
+            return mapped(f, promise, format!("mapped: residence \"mapped\"; {facts}"));
         }
         Residence::Owned => Some("owned: residence \"owned\"".to_owned()),
         Residence::Auto(_) if remote => {
@@ -311,6 +314,7 @@ pub fn choose(f: &Facts) -> Choice {
         }
         Residence::Auto(promise) if f.warm() => {
             return mapped(
+                f,
                 promise,
                 format!(
                     "mapped: warm, on local {fs_name}: zero-copy copy-on-write views, pages read in at load; {facts}"
@@ -327,6 +331,7 @@ pub fn choose(f: &Facts) -> Choice {
         Residence::Auto(promise) => match page_cache(f, 0) {
             PageCache::Keep(why) => {
                 return mapped(
+                    f,
                     promise,
                     format!(
                         "mapped: cold, on local {fs_name}, pages kept cached for the next load ({why}): \
@@ -344,29 +349,31 @@ pub fn choose(f: &Facts) -> Choice {
     choice
 }
 
-fn mapped(promise: FilesUnchanged, reason: String) -> Choice {
-    Choice { residence: Residence::Mapped(promise), backend: "mmap", direct: false, reason }
+fn mapped(f: &Facts, promise: FilesUnchanged, reason: String) -> Choice {
+    Choice { residence: Residence::Mapped(promise), backend: "mmap", reading: buffered(f), reason }
+}
+
+/// How a read through the page cache goes: warm data is copied (or mapped) as it is; anything
+/// else is read ahead of the copies ([`Reading::ReadAhead`]), so the device sees a deep queue.
+pub fn buffered(f: &Facts) -> Reading {
+    if f.warm() { Reading::Cached } else { Reading::ReadAhead }
 }
 
 /// The backend of an owned load.
 fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
-    let owned = |backend, access: Access, reason| Choice {
-        residence: Residence::Owned,
-        backend,
-        direct: access == Access::Direct,
-        reason,
-    };
+    let owned =
+        |backend, reading: Reading, reason| Choice { residence: Residence::Owned, backend, reading, reason };
     if remote {
         return owned(
             "sync",
-            Access::Buffered,
+            buffered(f),
             format!("{fs_name} is a network/FUSE filesystem: buffered pread, never lazy mmap; {facts}"),
         );
     }
     if f.warm() {
         return owned(
             "sync",
-            Access::Buffered,
+            Reading::Cached,
             format!("warm: one pread copy from the page cache into the hugepage arena; {facts}"),
         );
     }
@@ -375,7 +382,7 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         // copies, so the next process finds them cached (see the module docs).
         return owned(
             "sync",
-            Access::Buffered,
+            Reading::ReadAhead,
             format!(
                 "cold, pages kept cached for the next load ({why}): buffered pread, the files read ahead \
                  of the copies; {facts}"
@@ -386,7 +393,7 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
     if direct_ok && f.uring.is_ok() && f.bytes_selected >= DIRECT_MIN_BYTES {
         return owned(
             "io-uring",
-            Access::Direct,
+            Reading::Direct,
             format!(
                 "cold, around the page cache, O_DIRECT and io_uring available: deep direct queue; {facts}"
             ),
@@ -398,7 +405,7 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         _ if f.bytes_selected < DIRECT_MIN_BYTES => "small selection".to_owned(),
         _ => "O_DIRECT not probed".to_owned(),
     };
-    owned("sync", Access::Buffered, format!("cold, {why}: buffered pread with readahead; {facts}"))
+    owned("sync", Reading::ReadAhead, format!("cold, {why}: buffered pread with readahead; {facts}"))
 }
 
 #[cfg(test)]
@@ -447,7 +454,7 @@ mod tests {
     #[test]
     fn warm_picks_sync_buffered_and_names_the_facts() {
         let c = choose(&facts());
-        assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "sync", false));
+        assert_eq!((c.residence, c.backend, c.reading.is_direct()), (Residence::Owned, "sync", false));
         assert!(
             c.reason.contains("warm") && c.reason.contains("100% of sampled pages cached"),
             "{}",
@@ -457,16 +464,42 @@ mod tests {
         assert!(!c.reason.contains('\n'));
     }
 
+    /// Only a load of cold data through the page cache reads ahead of its copies: a warm one
+    /// copies (or maps) what is cached, either side of `WARM_FRACTION`, owned and mapped.
+    #[test]
+    fn only_cold_reads_through_the_cache_read_ahead() {
+        let warm_pages = (WARM_FRACTION * 100.0) as u64;
+        for residence in [Residence::Owned, Residence::Auto(p()), Residence::Mapped(p())] {
+            let mut f = Facts { residence, ..facts() };
+            f.residency.resident_pages = warm_pages;
+            let c = choose(&f);
+            assert_eq!(c.reading, Reading::Cached, "{}", c.reason);
+            f.residency.resident_pages = warm_pages - 1;
+            let c = choose(&f);
+            assert_eq!(c.reading, Reading::ReadAhead, "{}", c.reason);
+            assert!(c.reason.contains("cold") || c.reason.contains("mapped"), "{}", c.reason);
+        }
+        // Cold and around the page cache: the direct queue, no read-ahead.
+        let mut f = cold_around();
+        f.direct = Some(Ok(()));
+        assert_eq!(choose(&f).reading, Reading::Direct);
+        // A network filesystem reads buffered: ahead when cold, not when warm.
+        f.filesystem = Some(probe::classify_filesystem(0x6969));
+        assert_eq!(choose(&f).reading, Reading::ReadAhead);
+        f.residency.resident_pages = 100;
+        assert_eq!(choose(&f).reading, Reading::Cached);
+    }
+
     #[test]
     fn cold_large_with_direct_and_uring_picks_uring_direct() {
         let mut f = cold_around();
         f.direct = Some(Ok(()));
         let c = choose(&f);
-        assert_eq!((c.backend, c.direct), ("io-uring", true));
+        assert_eq!((c.backend, c.reading.is_direct()), ("io-uring", true));
         assert!(c.reason.contains("cold, around the page cache"), "{}", c.reason);
         f.uring = Err("EPERM".into());
         let c = choose(&f);
-        assert_eq!((c.backend, c.direct), ("sync", false));
+        assert_eq!((c.backend, c.reading.is_direct()), ("sync", false));
         assert!(c.reason.contains("no io_uring (EPERM)"), "{}", c.reason);
         f.uring = Ok(());
         f.bytes_selected = 1 << 20;
@@ -483,7 +516,7 @@ mod tests {
         f.residency.resident_pages = 0;
         f.direct = Some(Ok(()));
         let c = choose(&f);
-        assert_eq!((c.backend, c.direct), ("sync", false));
+        assert_eq!((c.backend, c.reading.is_direct()), ("sync", false));
         assert!(c.reason.contains("nfs"));
         f.residence = Residence::Auto(p());
         f.residency.resident_pages = 100;
@@ -501,13 +534,13 @@ mod tests {
     fn auto_residence_maps_warm_local_data_and_owns_cold_data() {
         let mut f = Facts { residence: Residence::Auto(p()), ..facts() };
         let c = choose(&f);
-        assert_eq!((c.residence, c.backend, c.direct), (Residence::Mapped(p()), "mmap", false));
+        assert_eq!((c.residence, c.backend, c.reading.is_direct()), (Residence::Mapped(p()), "mmap", false));
         assert!(c.reason.starts_with("mapped: warm, on local ext4"), "{}", c.reason);
         f.memory = cold_around().memory;
         f.residency.resident_pages = 49;
         f.direct = Some(Ok(()));
         let c = choose(&f);
-        assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "io-uring", true));
+        assert_eq!((c.residence, c.backend, c.reading.is_direct()), (Residence::Owned, "io-uring", true));
         assert!(c.reason.starts_with("owned: cold, around the page cache ("), "{}", c.reason);
         assert!(c.reason.contains("; cold, around the page cache, O_DIRECT"), "{}", c.reason);
         f.residency = ResidencySample::default();
@@ -534,13 +567,13 @@ mod tests {
         f.direct = Some(Ok(()));
         // 2 GiB to cache + 3 GiB margin (24 GiB / 8) <= 20 GiB: mapped, pages kept.
         let c = choose(&f);
-        assert_eq!((c.residence, c.backend, c.direct), (Residence::Mapped(p()), "mmap", false));
+        assert_eq!((c.residence, c.backend, c.reading.is_direct()), (Residence::Mapped(p()), "mmap", false));
         assert!(c.reason.contains("pages kept cached for the next load (2.15 GB to cache"), "{}", c.reason);
         assert!(c.reason.contains("<= 21.47 GB available"), "{}", c.reason);
         // Asked for O_DIRECT: around the cache, whatever the room.
         f.io_mode = IoMode::Direct;
         let c = choose(&f);
-        assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "io-uring", true));
+        assert_eq!((c.residence, c.backend, c.reading.is_direct()), (Residence::Owned, "io-uring", true));
         assert!(c.reason.starts_with("owned: cold, around the page cache (O_DIRECT asked)"), "{}", c.reason);
         // Filesystem unknown: never cold views.
         f.io_mode = IoMode::Auto;
@@ -557,7 +590,7 @@ mod tests {
         f.memory = facts().memory;
         f.residence = Residence::Owned;
         let c = choose(&f);
-        assert_eq!((c.residence, c.backend, c.direct), (Residence::Owned, "sync", false));
+        assert_eq!((c.residence, c.backend, c.reading.is_direct()), (Residence::Owned, "sync", false));
         assert!(
             c.reason.starts_with(
                 "owned: residence \"owned\"; cold, pages kept cached for the next load (2.15 GB to cache + \
@@ -578,7 +611,7 @@ mod tests {
         f.memory =
             Some(MemoryRoom { total_bytes: 24 << 30, available_bytes: need_bytes, cgroup_limit_bytes: None });
         let c = choose(&f);
-        assert_eq!((c.backend, c.direct), ("sync", false), "{}", c.reason);
+        assert_eq!((c.backend, c.reading.is_direct()), ("sync", false), "{}", c.reason);
         assert!(c.reason.contains("<= 7.52 GB available"), "{}", c.reason);
         f.memory = Some(MemoryRoom {
             total_bytes: 24 << 30,
@@ -586,7 +619,7 @@ mod tests {
             cgroup_limit_bytes: None,
         });
         let c = choose(&f);
-        assert_eq!((c.backend, c.direct), ("io-uring", true), "{}", c.reason);
+        assert_eq!((c.backend, c.reading.is_direct()), ("io-uring", true), "{}", c.reason);
         assert!(
             c.reason.starts_with("owned: residence \"owned\"; cold, around the page cache, O_DIRECT"),
             "{}",
@@ -615,7 +648,7 @@ mod tests {
         assert!(c.reason.starts_with("mapped: cold, on local ext4, pages kept cached"), "{}", c.reason);
         f.residence = Residence::Owned;
         let c = choose(&f);
-        assert_eq!((c.backend, c.direct), ("io-uring", true), "{}", c.reason);
+        assert_eq!((c.backend, c.reading.is_direct()), ("io-uring", true), "{}", c.reason);
         // A streamed load's destination is one window: it fits again.
         f.delivery = Delivery::Streaming;
         f.owned_destination_bytes = 256 << 20;
@@ -683,7 +716,7 @@ mod tests {
             // Views need no destination: they keep the pages when the pages alone fit.
             let views_fit = matches!(page_cache(&f, 0), PageCache::Keep(_));
             prop_assert_eq!(c.residence == Residence::Mapped(p()), views_fit || resident >= 50, "{}", c.reason);
-            prop_assert!(!(views_fit && c.direct), "{}", c.reason);
+            prop_assert!(!(views_fit && c.reading.is_direct()), "{}", c.reason);
         }
     }
 
@@ -722,7 +755,7 @@ mod tests {
             };
             prop_assert_eq!(c.residence == Residence::Mapped(p()), want_mapped);
             prop_assert_eq!(c.backend == "mmap", want_mapped);
-            prop_assert!(!(want_mapped && c.direct));
+            prop_assert!(!(want_mapped && c.reading.is_direct()));
             let prefix = if want_mapped { "mapped:" } else { "owned:" };
             prop_assert!(c.reason.starts_with(prefix), "{}", c.reason);
         }

@@ -151,7 +151,7 @@ async fn drive(
             let spec = ReadSpec {
                 read: read.clone(),
                 buffered_fd: file.buffered.as_raw_fd(),
-                direct_fd: if job.config.direct && state.direct_allowed(read.file) {
+                direct_fd: if job.config.reading.is_direct() && state.direct_allowed(read.file) {
                     file.direct.as_ref().map(AsRawFd::as_raw_fd)
                 } else {
                     None

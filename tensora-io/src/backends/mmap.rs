@@ -191,7 +191,7 @@ fn populate_error(job: &Job<'_>, read: &Read, e: io::Error) -> ReadError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::seam::JobConfig;
+    use crate::seam::{JobConfig, Reading};
     use std::sync::atomic::Ordering;
     use tensora_plan::Extent;
 
@@ -230,7 +230,7 @@ mod tests {
                 &arena,
                 &budget,
                 &cancel,
-                JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 0 },
+                JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 0 },
             )
         };
         let sink = TruncateAfterFirst { path: tmp.path().to_path_buf(), done: Default::default() };

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use tensora_plan::Read;
 
 use crate::map::readahead::{AheadQueue, read_ahead, willneed_file};
-use crate::seam::{CompletionSink, IoStats, Job, ReadError, ReadErrorKind, StopReason};
+use crate::seam::{CompletionSink, IoStats, Job, ReadError, ReadErrorKind, Reading, StopReason};
 
 /// Smallest alignment `O_DIRECT` is attempted with (the smallest logical block size in use).
 pub(crate) const DIRECT_ALIGN_BYTES_MIN: u64 = 512;
@@ -277,10 +277,12 @@ where
     })
 }
 
-/// Runs `workers` like [`run_workers`] with, for a buffered job, a helper thread that reads each
-/// file queue into the page cache ahead of the workers' claims ([`crate::map::readahead`]): the
-/// device gets a deep queue and every byte stays cached for the next process. Measured on the cold
-/// 2.2 GB bench checkpoint: see docs/performance.md "Restarts".
+/// Runs `workers` like [`run_workers`] with, for a job reading cold data through the page cache
+/// ([`Reading::ReadAhead`]), a helper thread that reads each file queue into the page cache ahead
+/// of the workers' claims ([`crate::map::readahead`]): the device gets a deep queue and every byte
+/// stays cached for the next process. Measured on the cold 2.2 GB bench checkpoint: see
+/// docs/performance.md "Restarts". A warm job ([`Reading::Cached`]) or a direct one runs the
+/// workers alone.
 pub(crate) fn run_workers_reading_ahead<F>(
     job: &Job<'_>,
     state: &RunState,
@@ -290,8 +292,9 @@ pub(crate) fn run_workers_reading_ahead<F>(
 where
     F: Fn(usize) -> IoStats + Sync,
 {
-    if job.config.direct {
-        return run_workers(workers, f);
+    match job.config.reading {
+        Reading::Direct | Reading::Cached => return run_workers(workers, f),
+        Reading::ReadAhead => {}
     }
     let reads = job.plan.reads();
     let queues: Vec<FileQueue<'_>> = job
@@ -357,7 +360,7 @@ pub(crate) fn direct_align_bytes(job: &Job<'_>) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::seam::{Budget, JobConfig};
+    use crate::seam::{Budget, JobConfig, Reading};
     use proptest::prelude::*;
 
     /// Bytes of each of the four reads of [`four_reads`]' plan.
@@ -379,7 +382,7 @@ mod tests {
         let (_tmp, f, plan) = four_reads();
         let arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
         let budget = Budget::new(1 << 20);
-        let config = JobConfig { threads: 2, queue_depth: 1, direct: false, retries_max: 0 };
+        let config = JobConfig { threads: 2, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 0 };
         let files = [f];
         let cancel = AtomicBool::new(false);
         // SAFETY: nothing reads or writes the destination: this test issues no read.

@@ -15,7 +15,7 @@
 //! against the bound), zero-progress events (`EINTR`, `EAGAIN`) are retried at most
 //! `job.config.retries_max` times per read, `EAGAIN` backs off for [`super::read_progress::EAGAIN_BACKOFF_MAX`] at most, and a
 //! read that hits end of file before the file's known end fails with
-//! `ReadErrorKind::UnexpectedEof`. With `job.config.direct`, calls whose offset, length and destination
+//! `ReadErrorKind::UnexpectedEof`. With `Reading::Direct`, calls whose offset, length and destination
 //! address are block-aligned go through the `O_DIRECT` descriptor; `EINVAL` there turns direct
 //! I/O off for that file and the remainder is re-issued buffered (counted in
 //! [`IoStats::direct_fallbacks`]). The first error stops every worker before its next read and is
@@ -155,7 +155,8 @@ fn fill(
         if state.stopped() {
             return Err(None);
         }
-        let direct_ok = job.config.direct && file.direct.is_some() && state.direct_allowed(read.file);
+        let direct_ok =
+            job.config.reading.is_direct() && file.direct.is_some() && state.direct_allowed(read.file);
         let call = progress.next_call_within(direct_ok.then_some(align), step_bytes.unwrap_or(u64::MAX));
         // SAFETY: `validate_job` checked that `arena_offset_bytes .. + len_bytes` lies inside the
         // destination (whose length fits usize), and `done + len <= len_bytes`; the `Destination`

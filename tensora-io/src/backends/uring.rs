@@ -90,7 +90,7 @@ impl Default for UringConfig {
 /// use std::sync::atomic::AtomicBool;
 /// use tensora_io::Arena;
 /// use tensora_io::{UringBackend};
-/// use tensora_io::{CompletionSink, IoBackend, Job, JobConfig, SourceFile, StopReason};
+/// use tensora_io::{CompletionSink, IoBackend, Job, JobConfig, Reading, SourceFile, StopReason};
 /// use tensora_io::Budget;
 /// use tensora_plan::{Extent, Order, Plan, PlanConfig};
 ///
@@ -126,7 +126,7 @@ impl Default for UringConfig {
 ///             &arena,
 ///             &budget,
 ///             &cancel,
-///             JobConfig { threads: 2, queue_depth: 8, direct: false, retries_max: 4 },
+///             JobConfig { threads: 2, queue_depth: 8, reading: Reading::ReadAhead, retries_max: 4 },
 ///         )
 ///     };
 ///     let stats = UringBackend::default().execute(&job, &sink)?;
@@ -344,7 +344,7 @@ impl Ring {
         let (file_offset, len) = (call.file_offset_bytes, call.len_bytes);
         let ptr = base.at(read.arena_offset_bytes + call.done_bytes);
         let source = &job.files[read.file as usize];
-        let direct = job.config.direct
+        let direct = job.config.reading.is_direct()
             && source.direct.is_some()
             && state.direct_allowed(read.file)
             && direct_aligned(ptr, file_offset, len, align);

@@ -8,14 +8,14 @@ use tensora_format::Checkpoint;
 use super::{BackendChoice, LoadOptions, Residence};
 use crate::auto::{self, Delivery};
 use crate::error::LoadError;
-use crate::seam::IoBackend;
+use crate::seam::{IoBackend, Reading};
 
 /// The residence, backend and I/O mode of one load, and the one-line reason.
 pub(super) struct Decided {
     pub(super) residence: Residence,
     pub(super) backend: Arc<dyn IoBackend>,
     pub(super) backend_name: String,
-    pub(super) direct: bool,
+    pub(super) reading: Reading,
     pub(super) reason: String,
 }
 
@@ -42,7 +42,7 @@ impl Decided {
                     residence: choice.residence,
                     backend,
                     backend_name,
-                    direct: choice.direct,
+                    reading: choice.reading,
                     reason: choice.reason,
                 });
             }
@@ -56,17 +56,21 @@ impl Decided {
                 residence: Residence::Mapped(promise),
                 backend,
                 backend_name: "mmap".to_owned(),
-                direct: false,
+                reading: Reading::ReadAhead,
                 reason: format!("mapped: residence \"mapped\" (views run no backend; {reason})"),
             },
-            Residence::Owned => {
-                Decided { residence: Residence::Owned, backend, backend_name, direct: false, reason }
-            }
+            Residence::Owned => Decided {
+                residence: Residence::Owned,
+                backend,
+                backend_name,
+                reading: Reading::ReadAhead,
+                reason,
+            },
             Residence::Auto(_) => Decided {
                 residence: Residence::Owned,
                 backend,
                 backend_name,
-                direct: false,
+                reading: Reading::ReadAhead,
                 reason: format!("owned: a backend was named (it copies into the arena); {reason}"),
             },
         })

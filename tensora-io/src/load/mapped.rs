@@ -11,7 +11,7 @@ use crate::error::LoadError;
 use crate::map::FileRange;
 use crate::map::MappedFiles;
 use crate::map::populate::{PopulateConfig, PopulateError, ReadAhead, Span, populate};
-use crate::seam::ReadErrorKind;
+use crate::seam::{ReadErrorKind, Reading};
 
 /// Read in the pages of every tensor (`MADV_POPULATE_READ`, [`crate::map::populate`]) with
 /// `threads` workers, reporting progress and honouring the cancel flag. A failure names the file,
@@ -36,8 +36,8 @@ pub(super) fn read_in(
         threads: opts.threads,
         cancel: opts.cancel.as_deref().unwrap_or(&never),
         progress: opts.progress.as_ref(),
-        // Cold pages are read with a deep queue; over cached ones the advice costs a lookup.
-        ahead: ReadAhead::Ahead,
+        // Cold pages are read with a deep queue; warm ones need no advice.
+        ahead: if session.reading == Reading::Cached { ReadAhead::Off } else { ReadAhead::Ahead },
     };
     // SAFETY: every span lies inside one of `mapped`'s live, page-aligned mappings (checked by
     // `span_of`), which stay mapped for the call (`mapped` is borrowed).

@@ -234,7 +234,7 @@ impl Runs<'_> {
     /// Best effort: when planning or the thread fails, that run maps its own arena.
     fn fault_in_next_arena(&mut self) {
         let session = &self.session;
-        let direct_into_fresh = session.direct && session.opts.arena_reuse == ArenaReuse::Fresh;
+        let direct_into_fresh = session.direct() && session.opts.arena_reuse == ArenaReuse::Fresh;
         let cast = session.opts.dtype != DtypeTarget::Stored;
         if session.residence.is_mapped() || !direct_into_fresh || cast {
             return;

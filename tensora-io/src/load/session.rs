@@ -29,7 +29,9 @@ use crate::cast::DtypeTarget;
 use crate::error::LoadError;
 use crate::map::{MapMode, MappedFiles};
 use crate::report::{Faults, LoadReport, Phases, peak_rss_bytes};
-use crate::seam::{Access, Budget, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile};
+use crate::seam::{
+    Access, Budget, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, Reading, SourceFile,
+};
 
 /// Load the selected tensors: into one owned hugepage arena ([`Residence::Owned`], the default),
 /// or as zero-copy views of the files ([`Residence::Mapped`]), or whichever `auto` picks
@@ -114,7 +116,8 @@ pub(super) struct Session<'c> {
     pub(super) backend_name: String,
     /// Where the tensors live: `Owned` or `Mapped`, never `Auto` (decided here).
     pub(super) residence: Residence,
-    pub(super) direct: bool,
+    /// How the reads meet the page cache (never `Direct` for mapped views).
+    pub(super) reading: Reading,
     pub(super) reason: String,
     pub(super) budget: Budget,
     pub(super) bytes_selected: u64,
@@ -155,10 +158,11 @@ impl<'c> Session<'c> {
                 reason: "mapped residence needs local files; this backend reads from elsewhere".to_owned(),
             });
         }
-        let direct = match opts.io_mode {
-            IoMode::Auto => decided.direct && direct_plannable(opts),
-            IoMode::Buffered => false,
-            IoMode::Direct => true,
+        let through_cache = if decided.reading.is_direct() { Reading::ReadAhead } else { decided.reading };
+        let reading = match opts.io_mode {
+            IoMode::Auto if decided.reading.is_direct() && direct_plannable(opts) => Reading::Direct,
+            IoMode::Direct if !mapped => Reading::Direct,
+            IoMode::Auto | IoMode::Buffered | IoMode::Direct => through_cache,
         };
         Ok(Session {
             ckpt,
@@ -166,7 +170,7 @@ impl<'c> Session<'c> {
             backend: decided.backend,
             backend_name: decided.backend_name,
             residence: decided.residence,
-            direct: direct && !mapped,
+            reading,
             reason: decided.reason,
             budget: Budget::new(opts.budget_bytes),
             bytes_selected: ckpt.distinct_bytes(selected),
@@ -313,7 +317,7 @@ impl<'c> Session<'c> {
         let backend_align =
             if wanted.is_power_of_two() && aligned_plannable(self.opts, wanted) { wanted } else { 1 };
         PlanConfig {
-            align_bytes: if self.direct || self.layout == Layout::SameOnEveryRank {
+            align_bytes: if self.direct() || self.layout == Layout::SameOnEveryRank {
                 crate::backends::DIRECT_BLOCK_BYTES.max(backend_align)
             } else {
                 backend_align
@@ -358,7 +362,7 @@ impl<'c> Session<'c> {
             }
             None => opts
                 .arena_reuse
-                .arena(len_bytes, Access::direct_if(self.direct))
+                .arena(len_bytes, Access::direct_if(self.direct()))
                 .map_err(|source| LoadError::Arena { len_bytes, source })?,
         };
         let mut files = FileSet::new(opts.files_open_max);
@@ -420,7 +424,7 @@ impl<'c> Session<'c> {
     ) -> Result<T, LoadError> {
         let io_done = AtomicBool::new(false);
         std::thread::scope(|scope| {
-            let helpers: Vec<_> = helpers(memory, Access::direct_if(self.direct), arena)
+            let helpers: Vec<_> = helpers(memory, Access::direct_if(self.direct()), arena)
                 .into_iter()
                 .map(|(ahead, stride)| {
                     let io_done = &io_done;
@@ -507,7 +511,7 @@ impl<'c> Session<'c> {
                 JobConfig {
                     threads: self.opts.threads.max(1),
                     queue_depth: self.opts.queue_depth.max(1),
-                    direct: self.direct,
+                    reading: self.reading,
                     retries_max: self.opts.retries_max,
                 },
             )
@@ -581,9 +585,14 @@ impl<'c> Session<'c> {
         LoadError::Read { path, offset_bytes: e.offset_bytes, len_bytes: e.len_bytes, tensor, kind: e.kind }
     }
 
+    /// Whether reads go around the page cache (`O_DIRECT`).
+    pub(super) fn direct(&self) -> bool {
+        self.reading.is_direct()
+    }
+
     /// The descriptors each file is opened with.
     pub(super) fn descriptors(&self) -> Descriptors {
-        if self.direct { Descriptors::BufferedAndDirect } else { Descriptors::Buffered }
+        if self.direct() { Descriptors::BufferedAndDirect } else { Descriptors::Buffered }
     }
 
     /// What to do with sparse files.
@@ -599,7 +608,7 @@ impl<'c> Session<'c> {
         faults_before: Faults,
     ) -> LoadReport {
         let faults = Faults::now().since(faults_before);
-        let io_mode = match (self.residence, self.direct) {
+        let io_mode = match (self.residence, self.direct()) {
             (Residence::Mapped(_), _) => "mapped",
             (_, true) => "direct",
             (_, false) => "buffered",

@@ -230,7 +230,7 @@ impl Session<'_> {
     pub(super) fn source_cost(&self) -> SourceCost {
         let request_cost_bytes = if !self.backend.reads_local_files() {
             REMOTE_REQUEST_COST_BYTES
-        } else if self.direct {
+        } else if self.direct() {
             DIRECT_REQUEST_COST_BYTES
         } else {
             PAGE_CACHE_REQUEST_COST_BYTES

@@ -94,7 +94,7 @@ pub fn load_streaming(
             let len_bytes = need.max(opts.budget_bytes.min(session.bytes_selected.max(need)));
             let (new, new_memory) = opts
                 .arena_reuse
-                .arena(len_bytes, Access::direct_if(session.direct))
+                .arena(len_bytes, Access::direct_if(session.direct()))
                 .map_err(|source| LoadError::Arena { len_bytes, source })?;
             arena = Some(new);
             memory = new_memory;

@@ -19,11 +19,40 @@ pub struct JobConfig {
     pub threads: usize,
     /// Submission queue depth per ring (io_uring) or reads kept in flight per worker.
     pub queue_depth: u32,
-    /// Use the `O_DIRECT` descriptor where one is open. Backends fall back to buffered on `EINVAL`.
-    pub direct: bool,
+    /// How the run's reads meet the page cache: around it (`O_DIRECT`), or through it with or
+    /// without a helper reading the files ahead of the workers.
+    pub reading: Reading,
     /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read (see
     /// `read_progress`).
     pub retries_max: u32,
+}
+
+/// How a run's reads meet the page cache: the cold/warm decision `auto` makes, carried to the
+/// backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// Around the page cache: the `O_DIRECT` descriptor where one is open (backends fall back to
+    /// buffered on `EINVAL`).
+    Direct,
+    /// Through the page cache, the pages expected there already (warm): the workers' copies only.
+    Cached,
+    /// Through the page cache, the pages expected on the device (cold): a helper thread reads each
+    /// file queue into the page cache ahead of the workers (`map/readahead.rs`), so the device
+    /// sees a deep queue and the pages stay for the next process.
+    ReadAhead,
+}
+
+impl Reading {
+    /// Whether reads use the `O_DIRECT` descriptor.
+    pub fn is_direct(self) -> bool {
+        self == Reading::Direct
+    }
+
+    /// `Direct` when `direct` holds, else `ReadAhead` (a buffered read of data not known to be
+    /// cached).
+    pub fn direct_or_ahead(direct: bool) -> Reading {
+        if direct { Reading::Direct } else { Reading::ReadAhead }
+    }
 }
 
 /// Everything a backend needs for one run. Plan file ids index into `files`.
@@ -82,7 +111,7 @@ impl<'a> Job<'a> {
     ///
     /// ```
     /// use std::sync::atomic::AtomicBool;
-    /// use tensora_io::{Job, JobConfig};
+    /// use tensora_io::{Job, JobConfig, Reading};
     /// use tensora_io::Arena;
     /// use tensora_io::Budget;
     /// use tensora_plan::{Order, Plan, PlanConfig};
@@ -90,7 +119,7 @@ impl<'a> Job<'a> {
     /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
     /// let arena = Arena::with_len(4096)?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// assert_eq!(job.config.threads, 1);
@@ -164,13 +193,13 @@ impl<'a> Job<'a> {
     ///
     /// ```
     /// # use std::sync::atomic::AtomicBool;
-    /// # use tensora_io::{Job, JobConfig};
+    /// # use tensora_io::{Job, JobConfig, Reading};
     /// # use tensora_io::Budget;
     /// use tensora_plan::{Order, Plan, PlanConfig};
     /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
     /// let arena = tensora_io::Arena::with_len(4096)?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// assert_eq!(job.checkpoint_file(3), Some(3));
@@ -195,7 +224,7 @@ impl<'a> Job<'a> {
     ///
     /// ```
     /// # use std::sync::atomic::AtomicBool;
-    /// # use tensora_io::{Job, JobConfig, CompletionSink, StopReason};
+    /// # use tensora_io::{Job, JobConfig, CompletionSink, Reading, StopReason};
     /// # use tensora_io::Budget;
     /// use tensora_plan::{Extent, Order, Plan, PlanConfig};
     /// struct Count(std::sync::atomic::AtomicU32);
@@ -209,7 +238,7 @@ impl<'a> Job<'a> {
     /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
     /// let arena = tensora_io::Arena::with_len(plan.arena_len_bytes())?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// let mut target = job.claim(0)?;
@@ -397,7 +426,7 @@ impl<'j> ReadTarget<'j> {
     ///
     /// ```
     /// # use std::sync::atomic::AtomicBool;
-    /// # use tensora_io::{Job, JobConfig, CompletionSink, StopReason};
+    /// # use tensora_io::{Job, JobConfig, CompletionSink, Reading, StopReason};
     /// # use tensora_io::Budget;
     /// use tensora_plan::{Extent, Order, Plan, PlanConfig};
     /// # struct Sink;
@@ -408,7 +437,7 @@ impl<'j> ReadTarget<'j> {
     /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
     /// let arena = tensora_io::Arena::with_len(plan.arena_len_bytes())?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// let mut target = job.claim(0)?;
@@ -548,7 +577,7 @@ mod tests {
         let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File).unwrap();
         let arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
         let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-        let config = JobConfig { threads: 1, queue_depth: 1, direct: false, retries_max: 8 };
+        let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
         // SAFETY: nothing else touches `arena` while the jobs run, one after the other.
         let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
         assert!(!job.keeps_mapping());

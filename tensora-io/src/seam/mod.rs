@@ -21,7 +21,7 @@ pub use budget::{Budget, Permit};
 pub use dest::{CallerBuffer, Destination};
 pub use error::{ReadError, ReadErrorKind};
 pub use held::{HeldPiece, KeepMapped};
-pub use job::{Filled, Job, JobConfig, ReadTarget};
+pub use job::{Filled, Job, JobConfig, ReadTarget, Reading};
 pub use sink::{CompletionSink, Landed, LandedPrefix, StopReason};
 #[cfg(test)]
 pub(crate) use source::temp_source;

@@ -11,7 +11,8 @@ use proptest::prelude::*;
 use tensora_io::Arena;
 use tensora_io::Budget;
 use tensora_io::{
-    CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, SourceFile, StopReason,
+    CompletionSink, IoBackend, IoStats, Job, JobConfig, ReadError, ReadErrorKind, Reading, SourceFile,
+    StopReason,
 };
 use tensora_plan::{Extent, Order, Plan, PlanConfig};
 
@@ -91,7 +92,7 @@ pub fn run(backend: &dyn IoBackend, plan: &Plan, files: &[SourceFile], knobs: Kn
             JobConfig {
                 threads: knobs.threads,
                 queue_depth: knobs.queue_depth,
-                direct: knobs.direct,
+                reading: Reading::direct_or_ahead(knobs.direct),
                 retries_max: 4,
             },
         )
@@ -209,7 +210,7 @@ pub fn run_with_sink(
             &arena,
             budget,
             cancel,
-            JobConfig { threads: 2, queue_depth, direct: false, retries_max: 4 },
+            JobConfig { threads: 2, queue_depth, reading: Reading::ReadAhead, retries_max: 4 },
         )
     };
     backend.execute(&job, sink)

@@ -263,6 +263,15 @@ def hf_index(index, shape: List[int]) -> Tuple:
     return tuple(p if isinstance(p, int) else slice(*p) for p in parsed)
 
 
+def _whole(index: Tuple, shape: List[int]) -> bool:
+    """Whether ``index`` (from ``hf_index``) selects every element of a tensor of ``shape``, in
+    order and with its shape kept (``[...]``, ``[:]``, ``[:, :]``)."""
+    return len(index) <= len(shape) and all(
+        isinstance(i, slice) and i.step == 1 and (i.start or 0) == 0 and i.stop in (None, size)
+        for i, size in zip(index, shape)
+    )
+
+
 class _DeviceSlice:
     """HF's slice object: ``get_shape()``, ``get_dtype()``, ``[index]`` (the index checked as HF
     checks it; on the device; a view of the file's private mapping, or a copy)."""
@@ -279,8 +288,14 @@ class _DeviceSlice:
         return self._inner.get_dtype()
 
     def __getitem__(self, index):
-        index = hf_index(index, self.get_shape())
-        if self._how == "view":
+        shape = self.get_shape()
+        index = hf_index(index, shape)
+        if self._how == "view" and _whole(index, shape):
+            # The whole tensor (transformers' `[...]`): its pages read in now, with read-ahead,
+            # on the caller's thread (transformers' loading threads), as HF's slice reads them;
+            # left to the caller's first touch they would be faulted in one by one.
+            part = convert(self._inner._mapped.tensor(self._inner._name), "pt")
+        elif self._how == "view":
             part = convert(self._inner._mapped.tensor_lazy(self._inner._name), "pt")[index]
         else:
             part = self._inner[index]

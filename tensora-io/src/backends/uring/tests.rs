@@ -3,7 +3,7 @@
 use super::*;
 use std::sync::atomic::AtomicBool;
 
-use crate::seam::JobConfig;
+use crate::seam::{JobConfig, Reading};
 
 #[test]
 fn the_cached_probe_says_what_a_fresh_probe_says_and_matches_available() {
@@ -73,7 +73,7 @@ impl Harness {
                 &self.arena,
                 &self.budget,
                 &self.cancel,
-                JobConfig { threads: 1, queue_depth: 4, direct: false, retries_max },
+                JobConfig { threads: 1, queue_depth: 4, reading: Reading::ReadAhead, retries_max },
             )
         }
     }
@@ -236,7 +236,7 @@ fn workers_claim_round_robin_across_file_queues() {
                 &h.arena,
                 &h.budget,
                 &h.cancel,
-                JobConfig { threads: 2, queue_depth: 1, direct: false, retries_max: 0 },
+                JobConfig { threads: 2, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 0 },
             )
         };
         let state = RunState::new(&job);
