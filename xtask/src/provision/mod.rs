@@ -2,7 +2,7 @@
 //! and CI. It installs what the tests and the bench need beyond a Rust toolchain and python3, when
 //! it is missing, and prints a line per step (what, and how long it took).
 //!
-//! - **System packages** ([`system::PACKAGES`]: python3-venv, nginx-light, curl, nodejs, npm):
+//! - **System packages** ([`system::PACKAGES`]: python3-venv, nginx-light, curl, nodejs, npm, iproute2):
 //!   installed with apt-get when they are missing and this process is root with apt-get; otherwise
 //!   one line names the exact command and the run stops with exit code 2 ([`Refused`]) before
 //!   anything is built. `cargo fmt` and `cargo clippy` are added with rustup when missing.

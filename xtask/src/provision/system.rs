@@ -34,7 +34,7 @@ pub struct SystemPackage {
 }
 
 /// Every system package, in install order.
-pub const PACKAGES: [SystemPackage; 5] = [
+pub const PACKAGES: [SystemPackage; 6] = [
     SystemPackage {
         package: "python3-venv",
         probe: Probe::PythonModules("venv, ensurepip"),
@@ -64,6 +64,12 @@ pub const PACKAGES: [SystemPackage; 5] = [
         probe: Probe::Program("npm"),
         scope: Scope::Everything,
         needed_by: "installing s3rver and Azurite",
+    },
+    SystemPackage {
+        package: "iproute2",
+        probe: Probe::Program("ip"),
+        scope: Scope::Everything,
+        needed_by: "the storage-bound tensor-parallel bench cell (`ip netns`, `tc`)",
     },
 ];
 
