@@ -139,6 +139,10 @@ impl Facts {
     pub fn warm(&self) -> bool {
         self.residency.sampled_pages > 0 && self.residency.fraction() >= WARM_FRACTION
     }
+    /// Whether the files are known to be on a network or FUSE filesystem.
+    pub fn on_remote_fs(&self) -> bool {
+        self.filesystem.as_ref().is_some_and(|fs| fs.remote)
+    }
 }
 
 /// What `auto` chose.
@@ -281,10 +285,18 @@ pub fn read_ahead_at_open(f: &Facts) -> Result<String, String> {
     }
 }
 
+/// Whether a cast load under [`Residence::Auto`] converts straight from views of the files
+/// (`crate::load::cast`): when the selection is warm on a local filesystem, where converting from
+/// the page cache skips the staging copy; cold or remote data goes through the staging window.
+pub fn cast_from_views(f: &Facts) -> Option<&'static str> {
+    let local = f.filesystem.is_some() && !f.on_remote_fs();
+    (local && f.warm()).then_some("auto: warm, on a local filesystem")
+}
+
 /// The rule tables (see the module docs): residence first, then the backend of an owned load.
 pub fn choose(f: &Facts) -> Choice {
     let fs_name = f.filesystem.as_ref().map_or("unknown fs", |fs| fs.name.as_str());
-    let remote = f.filesystem.as_ref().is_some_and(|fs| fs.remote);
+    let remote = f.on_remote_fs();
     let facts = format!(
         "{} file(s), {:.2} GB selected ({:.0}% of files), {:.0}% of sampled pages cached, {fs_name}, {} CPU(s){}",
         f.files,
@@ -488,6 +500,21 @@ mod tests {
         assert_eq!(choose(&f).reading, Reading::ReadAhead);
         f.residency.resident_pages = 100;
         assert_eq!(choose(&f).reading, Reading::Cached);
+    }
+
+    #[test]
+    fn a_cast_converts_from_views_only_when_warm_on_a_local_filesystem() {
+        let warm_pages = (WARM_FRACTION * 100.0) as u64;
+        let mut f = facts();
+        f.residency.resident_pages = warm_pages;
+        assert!(cast_from_views(&f).is_some());
+        f.residency.resident_pages = warm_pages - 1;
+        assert_eq!(cast_from_views(&f), None);
+        f.residency.resident_pages = warm_pages;
+        f.filesystem = Some(probe::classify_filesystem(0x6969));
+        assert_eq!(cast_from_views(&f), None, "NFS");
+        f.filesystem = None;
+        assert_eq!(cast_from_views(&f), None, "filesystem unknown");
     }
 
     #[test]

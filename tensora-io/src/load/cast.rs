@@ -151,9 +151,7 @@ fn views_of(
                 io_mode: opts.io_mode,
                 budget_bytes: opts.budget_bytes,
             };
-            let facts = auto::gather(ckpt, selected, asked);
-            let local = facts.filesystem.as_ref().is_some_and(|fs| !fs.remote);
-            (local && facts.warm()).then_some((promise, "auto: warm, on a local filesystem"))
+            auto::cast_from_views(&auto::gather(ckpt, selected, asked)).map(|why| (promise, why))
         }
         Residence::Auto(_) | Residence::Owned => None,
     }
