@@ -346,9 +346,9 @@ fn parent(path: &ObjectPath) -> ObjectPath {
 
 /// Open the checkpoint at `location` (headers and index only).
 async fn open_async(location: &Location, fetcher: &Fetcher<'_>) -> Result<Opened, RemoteError> {
-    let path = location.object_path().ok_or_else(|| match location {
-        Location::Local(p) => RemoteError::NotRemote { path: p.clone() },
-        _ => RemoteError::NoCheckpoint { url: String::new(), reason: "no object path".to_owned() },
+    let path = location.object_path().ok_or_else(|| match location.local_path() {
+        Some(p) => RemoteError::NotRemote { path: p.to_owned() },
+        None => RemoteError::NoCheckpoint { url: String::new(), reason: "no object path".to_owned() },
     })?;
     if !location.is_dir() {
         let name = file_name(path);

@@ -63,26 +63,14 @@ pub const CLIENT_CACHE_MAX: usize = 8;
 /// Most recently used last.
 static CLIENTS: Mutex<Vec<(String, Arc<Client>)>> = Mutex::new(Vec::new());
 
-/// What makes two clients interchangeable: the store (HTTP origin or S3 bucket), every option
-/// but the cache (each open's own, see [`connection_options`]), and for S3 the `AWS_*`
-/// environment the store builder reads.
+/// What makes two clients interchangeable: the store (HTTP origin or bucket) and the environment
+/// its builder reads ([`Location::client_key`]), and every option but the cache (each open's own,
+/// see [`connection_options`]).
 fn cache_key(location: &Location, opts: &RemoteOptions) -> String {
-    let store = match location {
-        Location::Local(p) => format!("local {}", p.display()),
-        Location::Http { origin, .. } => origin.to_string(),
-        Location::S3 { .. } | Location::Azure { .. } | Location::Gcs { .. } => {
-            let mut env: Vec<(String, String)> = std::env::vars()
-                .filter(|(k, _)| k.starts_with("AWS_") || k.starts_with("AZURE_") || k.starts_with("GOOGLE_"))
-                .collect();
-            env.sort();
-            let root = location.url_of(&object_store::path::Path::default());
-            format!("{root} {env:?}")
-        }
-    };
     // `Debug` of the options redacts the secret key; two clients with different secrets differ.
     // The key stays in this process's memory and is never printed.
     let opts = connection_options(opts);
-    format!("{store} {opts:?} {:?}", opts.store.credentials)
+    format!("{} {opts:?} {:?}", location.client_key(), opts.store.credentials)
 }
 
 /// `opts` as a client keeps them: without the cache, which is not the client's but each open's

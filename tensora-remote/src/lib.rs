@@ -1,9 +1,11 @@
 //! Load checkpoints from S3-compatible object stores, Azure Blob Storage, Google Cloud Storage and
 //! HTTP servers at wire speed.
 //!
-//! - [`Location`]: `s3://bucket/prefix/`, `az://container/prefix/`, `gs://bucket/prefix/`,
-//!   `http(s)://host/path/`, for a file or a directory; [`StoreConfig`] (endpoint, plain HTTP,
-//!   anonymous, credentials; `AWS_*`, `AZURE_STORAGE_*` or `GOOGLE_*` variables otherwise).
+//! - [`Location`]: a file or a directory in one of the stores [`schemes`] lists (the one list of
+//!   them, from the crate's table of stores): `http://` and `https://` servers, `s3://` (or
+//!   `s3a://`) for S3 and S3-compatible servers, `az://` (or `azure://`) for Azure Blob Storage,
+//!   `gs://` for Google Cloud Storage. [`StoreConfig`]: endpoint, plain HTTP, anonymous,
+//!   credentials; each store's environment variables otherwise ([`Scheme::credentials`]).
 //! - [`open_remote`]: the index and every safetensors header through ranged reads (the first 8
 //!   bytes, then exactly `n` more) into a [`RemoteCheckpoint`]: a real `tensora_format::Checkpoint`
 //!   (assembled by `tensora_format::assemble` under the local rules) plus each object's version.
@@ -47,6 +49,7 @@ mod location;
 mod rebuild;
 mod redact;
 mod retry_after;
+mod stores;
 #[cfg(test)]
 mod test_store;
 mod tune;
@@ -68,5 +71,6 @@ pub use load::{
 };
 pub use location::{Location, StoreConfig};
 pub use redact::redact;
+pub use stores::{Scheme, schemes};
 pub use tune::{Probe, TuneReport, Tuning, range_bytes};
 pub use verify::{DigestError, digests, verify};

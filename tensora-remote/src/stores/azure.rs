@@ -1,0 +1,153 @@
+//! Azure Blob Storage: `az://container/blob` (or `azure://`), or `az://container@account/blob`
+//! naming the storage account; the `AZURE_*` environment unless the options set a field, and
+//! never another account's key ([`RemoteError::AccountMismatch`]).
+
+use std::sync::Arc;
+
+use object_store::path::Path as ObjectPath;
+use url::Url;
+
+use super::{Built, Scheme, Store, no_retries, object_path, refuse_query};
+use crate::RemoteError;
+use crate::location::StoreConfig;
+use crate::retry_after::RetryAfterConnector;
+
+pub(super) static STORE: Store = Store {
+    about: Scheme {
+        store: "Azure Blob Storage",
+        schemes: &["az", "azure"],
+        example: "az://container/prefix/ or az://container@account/prefix/",
+        endpoint: "the account URL (default: AZURE_STORAGE_ACCOUNT_NAME's; Azurite: \
+                   http://127.0.0.1:10000/devstoreaccount1)",
+        credentials: "AZURE_STORAGE_* variables (account name and key, SAS token, ...); the options' \
+                      credentials are (account, key)",
+        lists: true,
+        backend: "remote-azure",
+    },
+    env_prefixes: &["AZURE_"],
+    parse,
+    url_of,
+    resolve,
+    build,
+};
+
+/// The root `az://container/`, or `az://container@account/` when the URL names the account
+/// (`az://container@account/path`: the URL's user is the container).
+fn parse(url: &Url) -> Result<(Url, ObjectPath), String> {
+    refuse_query(url)?;
+    let host = url.host_str().filter(|b| !b.is_empty()).ok_or("no bucket")?;
+    if url.password().is_some() {
+        return Err("an az:// URL names a container and an account, not a password".to_owned());
+    }
+    let root = match url.username() {
+        "" => root_of(host, None),
+        container => root_of(container, Some(host)),
+    };
+    Ok((root.map_err(|e| e.to_string())?, object_path(url)?))
+}
+
+fn root_of(container: &str, account: Option<&str>) -> Result<Url, url::ParseError> {
+    match account {
+        Some(account) => Url::parse(&format!("az://{container}@{account}/")),
+        None => Url::parse(&format!("az://{container}/")),
+    }
+}
+
+/// The container and the storage account (when named) of a root.
+fn parts(root: &Url) -> (&str, Option<&str>) {
+    let host = root.host_str().unwrap_or_default();
+    match root.username() {
+        "" => (host, None),
+        container => (container, Some(host)),
+    }
+}
+
+fn url_of(root: &Url, path: &ObjectPath) -> String {
+    match parts(root) {
+        (container, None) => format!("az://{container}/{path}"),
+        (container, Some(account)) => format!("az://{container}@{account}/{path}"),
+    }
+}
+
+/// The root with its storage account: the one the URL names, else the one the store is reached
+/// in (`config`'s credentials, else `AZURE_STORAGE_ACCOUNT_NAME` and the other variables
+/// object_store reads), so that the URLs (and the cache keys made of them) tell accounts apart.
+fn resolve(root: &Url, config: &StoreConfig) -> Url {
+    match (parts(root), azure_account(config)) {
+        ((container, None), Some(account)) => {
+            root_of(container, Some(&account)).unwrap_or_else(|_| root.clone())
+        }
+        _ => root.clone(),
+    }
+}
+
+/// `credentials` is (account, access key), `endpoint` the account URL (Azurite:
+/// `http://127.0.0.1:10000/devstoreaccount1`).
+fn build(root: &Url, config: &StoreConfig, client: object_store::ClientOptions) -> Built {
+    let (container, account) = parts(root);
+    check_account(root, account, config)?;
+    let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env()
+        .with_http_connector(RetryAfterConnector)
+        .with_container_name(container)
+        .with_retry(no_retries())
+        .with_client_options(client);
+    if let Some(endpoint) = &config.endpoint {
+        builder = builder.with_endpoint(endpoint.clone());
+    }
+    if config.allow_http {
+        builder = builder.with_allow_http(true);
+    }
+    if config.anonymous {
+        builder = builder.with_skip_signature(true);
+    }
+    if let Some((account, key)) = &config.credentials {
+        builder = builder.with_account(account).with_access_key(key);
+    }
+    // The account the URL names is the one reached (and the one its cache keys name).
+    if let Some(account) = account {
+        builder = builder.with_account(account);
+    }
+    Ok(builder.build().map(|s| Arc::new(s) as Arc<dyn object_store::ObjectStore>))
+}
+
+/// Refuses a root naming storage account `account` (`az://container@account/`) when the access
+/// key that would sign its requests is another account's ([`key_account`]): the store would
+/// sign every request for `account` with that key. The error names both accounts, never the key.
+fn check_account(root: &Url, account: Option<&str>, config: &StoreConfig) -> Result<(), RemoteError> {
+    match (account, key_account(config)) {
+        (Some(url_account), Some(key_account)) if url_account != key_account => {
+            Err(RemoteError::AccountMismatch {
+                url: url_of(root, &ObjectPath::default()),
+                url_account: url_account.to_owned(),
+                key_account,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The storage account whose access key signs the store's requests: `config`'s credentials'
+/// (account, key), else `AZURE_STORAGE_ACCOUNT_NAME`'s when the environment holds an access key
+/// too. `None` when no access key signs them (anonymous, or a SAS or token from the environment).
+fn key_account(config: &StoreConfig) -> Option<String> {
+    use object_store::azure::AzureConfigKey;
+    if config.anonymous {
+        return None;
+    }
+    if let Some((account, _)) = &config.credentials {
+        return Some(account.clone());
+    }
+    let env = object_store::azure::MicrosoftAzureBuilder::from_env();
+    env.get_config_value(&AzureConfigKey::AccessKey)?;
+    env.get_config_value(&AzureConfigKey::AccountName)
+}
+
+/// The storage account the store is reached in without one in the URL: `config`'s credentials
+/// (account, key), else what object_store reads from the `AZURE_*` environment.
+fn azure_account(config: &StoreConfig) -> Option<String> {
+    if let Some((account, _)) = &config.credentials {
+        return Some(account.clone());
+    }
+    object_store::azure::MicrosoftAzureBuilder::from_env()
+        .get_config_value(&object_store::azure::AzureConfigKey::AccountName)
+}
