@@ -13,9 +13,10 @@ use tensora_verify::{HashOptions, hash_checkpoint};
 use crate::progress::{Progress, Show};
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = crate::remote::stores_help())]
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory; or a
-    /// remote location (s3://, az://, gs:// or http(s):// URL), digested inside a streamed
+    /// remote location (a URL of one of the stores listed at the end of this help), digested inside a streamed
     /// remote load (memory bounded by its in-flight cap).
     pub path: PathBuf,
     /// Digest algorithm: crc32c (fast, default), xxh3 (XXH3-128) or sha256.

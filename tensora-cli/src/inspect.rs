@@ -10,10 +10,12 @@ use tensora_format::{Checkpoint, Dtype, Inspection};
 
 /// Print a checkpoint's format, files, tensor count, bytes by dtype, metadata and a tensor table.
 #[derive(Debug, clap::Args)]
+#[command(after_help = crate::remote::stores_help())]
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a directory of shards (with or without
     /// *.safetensors.index.json), or a ServerlessLLM directory; or a remote location
-    /// (s3://, az://, gs:// or http(s):// URL), whose headers are read with ranged requests.
+    /// (a URL of one of the stores listed at the end of this help), whose headers are read with
+    /// ranged requests.
     pub path: std::path::PathBuf,
     /// Print JSON, the schema `tensora.inspect` returns in Python: {"path", "format", "files":
     /// [{"path", "len_bytes", "tensors"}], "metadata", "tensors": [{"name", "dtype", "shape",

@@ -16,9 +16,10 @@ use crate::units::parse_bytes;
 
 /// Load a checkpoint and report the backend, why it was chosen, and the time per phase.
 #[derive(Debug, clap::Args)]
+#[command(after_help = crate::remote::stores_help())]
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a directory of shards, or a ServerlessLLM directory;
-    /// or a remote location (s3://, az://, gs://, http(s)://). Remote loads read ranged GETs of
+    /// or a remote location (a URL of a store listed at the end of this help). Remote loads read ranged GETs of
     /// --chunk bytes (default 8 MiB; a load of fewer than 32 of them gets shorter ones, down to
     /// 1 MiB, unless --queue-depth is given); how many are in flight tunes itself (from 64,
     /// doubling while throughput grows, at most 128, 32 when streaming; "concurrency" in the

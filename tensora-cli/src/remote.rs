@@ -1,7 +1,7 @@
-//! Remote locations (`s3://bucket/prefix/`, `az://container/prefix/`, `gs://bucket/prefix/`,
-//! `http(s)://host/path/`) for `inspect`, `load`, `hash` and `verify`: the shared flags, and
-//! opening through `tensora_remote` (whose `digests` and `verify` do the work of `hash URL` and
-//! `verify URL`).
+//! Remote locations (a URL of one of the stores `tensora_remote::schemes()` lists, shown by
+//! [`stores_help`] after each command's help) for `inspect`, `load`, `hash` and `verify`: the
+//! shared flags, and opening through `tensora_remote` (whose `digests` and `verify` do the work of
+//! `hash URL` and `verify URL`).
 
 use std::path::Path;
 
@@ -13,9 +13,8 @@ use tensora_remote::{
 /// How to reach an object store; ignored for local paths.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct RemoteArgs {
-    /// Endpoint of an S3-compatible server, e.g. http://127.0.0.1:9000 (default: AWS, or
-    /// AWS_ENDPOINT); for az:// the account URL (default: AZURE_STORAGE_ACCOUNT_NAME's), for gs://
-    /// the base URL. Credentials come from AWS_*, AZURE_STORAGE_* or GOOGLE_* variables.
+    /// Endpoint of the store a remote PATH names: what it means for each store, and where each
+    /// store's credentials come from, is listed at the end of this help.
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
     /// Allow a plain http:// S3 endpoint (http:// origins of HTTP locations always are).
@@ -98,6 +97,25 @@ impl RemoteArgs {
     }
 }
 
+/// The stores a remote PATH may name, one line each with what `--endpoint` means for it and
+/// where its credentials come from: `tensora_remote::schemes()`, the one list of them. Each
+/// command that takes a remote PATH shows it after its help.
+pub fn stores_help() -> String {
+    let mut text = String::from("Remote locations (PATH as a URL), by store:");
+    for store in tensora_remote::schemes() {
+        let schemes: Vec<String> = store.schemes.iter().map(|s| format!("{s}://")).collect();
+        text.push_str(&format!(
+            "\n  {}  {}, e.g. {}\n      --endpoint: {}\n      credentials: {}",
+            schemes.join(", "),
+            store.store,
+            store.example,
+            store.endpoint,
+            store.credentials
+        ));
+    }
+    text
+}
+
 /// `path` as it may be printed: a URL with its password and query values redacted
 /// (`tensora_remote::redact`), a local path as it is.
 pub fn shown(path: &Path) -> String {
@@ -166,5 +184,31 @@ mod tests {
         assert_eq!(RemoteArgs::default().options(), RemoteOptions::default());
         assert_eq!(parse_seconds("2.5"), Ok(std::time::Duration::from_millis(2500)));
         assert!(parse_seconds("0").is_err() && parse_seconds("-1").is_err() && parse_seconds("x").is_err());
+    }
+
+    /// The help of every command that takes a remote PATH names every scheme of every store,
+    /// with what --endpoint means for it and its credentials (from `tensora_remote::schemes()`).
+    #[test]
+    fn each_remote_command_lists_every_store_in_its_help() {
+        use clap::Args as _;
+        let commands = [
+            crate::inspect::Args::augment_args(clap::Command::new("inspect")),
+            crate::load::Args::augment_args(clap::Command::new("load")),
+            crate::hash::Args::augment_args(clap::Command::new("hash")),
+            crate::verify::Args::augment_args(clap::Command::new("verify")),
+        ];
+        for mut command in commands {
+            let help = command.render_long_help().to_string();
+            for store in tensora_remote::schemes() {
+                for scheme in store.schemes {
+                    assert!(
+                        help.contains(&format!("{scheme}://")),
+                        "{}: no {scheme}:// in\n{help}",
+                        command.get_name()
+                    );
+                }
+                assert!(help.contains(store.endpoint) && help.contains(store.credentials), "{help}");
+            }
+        }
     }
 }

@@ -14,9 +14,10 @@ use tensora_verify::ScanConfig;
 use tensora_verify::{VerifyOptions, verify_path};
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = crate::remote::stores_help())]
 pub struct Args {
     /// Checkpoint path: a .safetensors file, a sharded directory or a ServerlessLLM directory; or a
-    /// remote location (s3://, az://, gs:// or http(s):// URL). A remote location is checked
+    /// remote location (a URL of one of the stores listed at the end of this help). A remote location is checked
     /// for structure (every header and index valid) and, with --manifest, object sizes and tensor
     /// digests from a streamed load; the local file-integrity checks (sparse files, readability
     /// to EOF, files changed on disk) and --cross-check do not apply to it.

@@ -196,10 +196,10 @@ impl std::fmt::Debug for Location {
     }
 }
 
-/// How to reach the store. Unset fields fall back to the usual `AWS_*` environment variables
-/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
-/// `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`) for S3; HTTP origins need none of them. Its `Debug`
-/// output shows the access key id but never the secret key.
+/// How to reach the store. Unset fields fall back to the environment variables of the store the
+/// location names (`AWS_*` for S3, `AZURE_*` for Azure, `GOOGLE_*` for GCS: [`crate::schemes`]
+/// lists each store's); HTTP origins need none of them. Its `Debug` output shows the access key id
+/// but never the secret key.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct StoreConfig {
     /// S3 endpoint, e.g. `http://127.0.0.1:4568` for a local server (path-style requests).
@@ -210,7 +210,7 @@ pub struct StoreConfig {
     pub anonymous: bool,
     /// S3 region; the environment or `us-east-1` when unset.
     pub region: Option<String>,
-    /// Access key id and secret; the environment when unset.
+    /// Access key id and secret (Azure: account name and access key); the environment when unset.
     pub credentials: Option<(String, String)>,
 }
 

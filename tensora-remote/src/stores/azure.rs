@@ -19,8 +19,7 @@ pub(super) static STORE: Store = Store {
         example: "az://container/prefix/ or az://container@account/prefix/",
         endpoint: "the account URL (default: AZURE_STORAGE_ACCOUNT_NAME's; Azurite: \
                    http://127.0.0.1:10000/devstoreaccount1)",
-        credentials: "AZURE_STORAGE_* variables (account name and key, SAS token, ...); the options' \
-                      credentials are (account, key)",
+        credentials: "AZURE_STORAGE_* variables (account name and key, SAS token, ...)",
         lists: true,
         backend: "remote-azure",
     },

@@ -1,8 +1,8 @@
 //! Azurite (Azure Blob Storage's emulator), started as the store's test server.
 
 use std::io::Write;
-use std::path::Path;
 use std::net::TcpStream;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use super::{BUCKET, Emulator, PROVISION_HINT, free_port, kill_child, tool_dir, upload_files, wait_ready};

@@ -454,7 +454,6 @@ pub fn write_checkpoint(dir: &Path, shards: usize, tensors_per_shard: usize, ten
     .expect("write sharded checkpoint");
 }
 
-
 /// How a missing server is installed.
 const PROVISION_HINT: &str = "run `cargo xtask provision` (as `cargo xtask test` does)";
 
