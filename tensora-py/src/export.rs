@@ -92,7 +92,7 @@ impl ExportMeta {
 /// `"auto"` (zero-copy mapped views when the files are local and warm and `backend` is `"auto"`,
 /// owned otherwise; decided by `tensora_io::auto`) or `"mapped"`.
 ///
-/// `path` may be a URL of a store (`s3://`, `http(s)://`, `az://`, `gs://`): then `remote` (a
+/// `path` may be a URL of a store (`tensora_remote::schemes()`): then `remote` (a
 /// dict of `tensora.RemoteOptions`' fields) says how to reach it, the load is owned, and the
 /// report is `tensora_remote`'s (requests, retries, cache, concurrency).
 ///

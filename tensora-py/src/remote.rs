@@ -1,7 +1,8 @@
-//! Remote checkpoints for the bindings: a path that is a URL of a store (`s3://`, `http(s)://`,
-//! `az://`, `gs://`) is opened and loaded by `tensora_remote`, with the options of the Python
-//! `remote=` dict (the fields of `tensora.RemoteOptions`, the CLI's flags). Errors carry
-//! `tensora_remote`'s messages, which never hold a secret.
+//! Remote checkpoints for the bindings: a path that is a URL of a store (one of those
+//! `tensora_remote::schemes()` lists, which Python reads as `tensora._native.schemes()`) is opened
+//! and loaded by `tensora_remote`, with the options of the Python `remote=` dict (the fields of
+//! `tensora.RemoteOptions`, the CLI's flags). Errors carry `tensora_remote`'s messages, which
+//! never hold a secret.
 
 use std::time::Duration;
 
@@ -56,6 +57,27 @@ pub(crate) fn behind(sync: CacheSync) {
     // A finished one joins at once.
     behind.retain(|(_, s)| !s.is_finished());
     behind.push((std::process::id(), sync));
+}
+
+/// The stores a URL path may name (`tensora._native.schemes()`), from `tensora_remote::schemes()`:
+/// one dict per store with `store`, `schemes` (without `://`), `example`, `endpoint` (what
+/// `RemoteOptions.endpoint` means for it), `credentials` (where they come from), `lists` (a
+/// directory is found by listing) and `backend` (the name load reports show).
+#[pyfunction]
+pub(crate) fn schemes(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    tensora_remote::schemes()
+        .map(|s| {
+            let d = PyDict::new(py);
+            d.set_item("store", s.store)?;
+            d.set_item("schemes", s.schemes.to_vec())?;
+            d.set_item("example", s.example)?;
+            d.set_item("endpoint", s.endpoint)?;
+            d.set_item("credentials", s.credentials)?;
+            d.set_item("lists", s.lists)?;
+            d.set_item("backend", s.backend)?;
+            Ok(d)
+        })
+        .collect()
 }
 
 /// Wait until the cache copies of every earlier remote load are written, durable and promoted

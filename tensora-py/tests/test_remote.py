@@ -124,3 +124,20 @@ def test_options_that_do_not_apply_are_errors(served, tmp_path):
         tensora.load_file(nginx.url("model/"), remote={"endpoint": "x"})
     with pytest.raises(tensora.TensoraError, match="cache"):
         tensora.load_file(nginx.url("nothing-here/"), remote=tensora.RemoteOptions(cache=tmp_path / "c2", offline=True))
+
+
+def test_the_stores_come_from_the_native_table():
+    """``tensora._native.schemes()`` is tensora_remote's table of stores (issue 45): every store
+    with its schemes, endpoint and credential help; the docstrings that name stores point there."""
+    stores = tensora._native.schemes()
+    schemes = [s for store in stores for s in store["schemes"]]
+    for scheme in ("http", "https", "s3", "s3a", "az", "azure", "gs"):
+        assert scheme in schemes
+    assert len(schemes) == len(set(schemes))
+    for store in stores:
+        assert store["endpoint"] and store["credentials"] and store["backend"].startswith("remote-")
+        assert store["example"].startswith(store["schemes"][0][:2])
+    by_backend = {store["backend"]: store for store in stores}
+    assert by_backend["remote-s3"]["lists"] and not by_backend["remote-http"]["lists"]
+    for documented in (tensora.RemoteOptions, tensora.load_file, tensora.verify):
+        assert "tensora._native.schemes()" in documented.__doc__

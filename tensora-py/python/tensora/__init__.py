@@ -127,8 +127,9 @@ def _convert(data: "_native.TensorData", fw: str):
 
 @dataclasses.dataclass(frozen=True)
 class RemoteOptions:
-    """How to reach the store of a URL path (``s3://``, ``http(s)://``, ``az://``, ``gs://``),
-    as the CLI's flags: ``endpoint`` (an S3-compatible server, path-style), ``allow_http``
+    """How to reach the store of a URL path (each store, its schemes, what ``endpoint`` means for
+    it and where its credentials come from: ``tensora._native.schemes()``),
+    as the CLI's flags: ``endpoint`` (the store's endpoint, e.g. an S3-compatible server's), ``allow_http``
     (plain-HTTP endpoints), ``anonymous`` (unsigned requests), ``region``, ``allow_unversioned``
     (load objects whose server sends neither ETag nor Last-Modified), ``open_timeout`` (seconds
     for opening: every request and retry; 120 by default), ``cache`` (a directory: a verified
@@ -138,8 +139,8 @@ class RemoteOptions:
     (the default: every range is on disk before the tensors are handed over, whatever is done
     with them next) or ``"behind"`` (the tensors come back as soon as they have arrived and the
     copies are written behind them, see :func:`wait_cache`; a tensor rewritten in place before
-    its pieces are written leaves them out of the cache). Credentials come from the environment (``AWS_*``,
-    ``AZURE_*``, ``GOOGLE_*``), never from here."""
+    its pieces are written leaves them out of the cache). Credentials come from the environment
+    (each store's variables: ``tensora._native.schemes()``), never from here."""
 
     endpoint: Optional[str] = None
     allow_http: bool = False
@@ -194,7 +195,7 @@ def load_file(
     ``safetensors.numpy.load_file`` (``framework="np"``) or ``safetensors.torch.load_file``
     (``framework="pt"``). ``path`` is a safetensors file, a sharded directory or index, or a
     ServerlessLLM directory, local or at a URL (``s3://bucket/model/``,
-    ``https://host/model/model.safetensors``, ``az://``, ``gs://``). ``select`` is a glob string
+    ``https://host/model/model.safetensors``; every store: ``tensora._native.schemes()``). ``select`` is a glob string
     or a list of exact names.
 
     A URL is loaded with ranged GETs straight into owned memory, every range conditional on the
@@ -535,8 +536,8 @@ def hash(
 
 def verify(path: PathLike, manifest: Optional[PathLike] = None, remote: Optional[RemoteOptions] = None) -> Dict[str, Any]:
     """Check structure and integrity (and digests against ``manifest``); the report as a dict
-    (``ok``, ``errors``, ``warnings``, ``findings``, ``summary``). ``path`` may be a URL (``s3://``,
-    ``az://``, ``gs://``, ``http(s)://``): structure, and with ``manifest`` object sizes and tensor
+    (``ok``, ``errors``, ``warnings``, ``findings``, ``summary``). ``path`` may be a URL of a store
+    (``tensora._native.schemes()``): structure, and with ``manifest`` object sizes and tensor
     digests from a streamed load; ``remote=`` holds its store settings."""
     m = None if manifest is None else os.fspath(manifest)
     return json.loads(_native.verify_json(os.fspath(path), m, _remote_dict(remote, None)))
