@@ -1,11 +1,10 @@
-//! Load checkpoints from S3-compatible object stores, Azure Blob Storage, Google Cloud Storage and
-//! HTTP servers at wire speed.
+//! Load checkpoints from object stores and HTTP servers at wire speed ([`schemes`] lists every
+//! store).
 //!
-//! - [`Location`]: a file or a directory in one of the stores [`schemes`] lists (the one list of
-//!   them, from the crate's table of stores): `http://` and `https://` servers, `s3://` (or
-//!   `s3a://`) for S3 and S3-compatible servers, `az://` (or `azure://`) for Azure Blob Storage,
-//!   `gs://` for Google Cloud Storage. [`StoreConfig`]: endpoint, plain HTTP, anonymous,
-//!   credentials; each store's environment variables otherwise ([`Scheme::credentials`]).
+//! - [`Location`]: a file or a directory (`s3://bucket/prefix/`, `https://host/path/`) in one of
+//!   the stores [`schemes`] lists, the one list of them (made from the crate's table of stores,
+//!   `stores/`). [`StoreConfig`]: endpoint, plain HTTP, anonymous, credentials; each store's
+//!   environment variables otherwise ([`Scheme::credentials`]).
 //! - [`open_remote`]: the index and every safetensors header through ranged reads (the first 8
 //!   bytes, then exactly `n` more) into a [`RemoteCheckpoint`]: a real `tensora_format::Checkpoint`
 //!   (assembled by `tensora_format::assemble` under the local rules) plus each object's version.
