@@ -27,8 +27,10 @@ use crate::stores::{Store, scheme_list, store_of};
 /// let http = Location::parse("http://127.0.0.1:8080/ckpt/model.safetensors")?;
 /// assert!(!http.is_dir());
 /// assert!(!Location::parse("/data/model.safetensors")?.is_remote());
-/// assert!(Location::parse("az://container/llama/")?.is_remote());
-/// assert!(Location::parse("gs://bucket/llama/model.safetensors")?.is_remote());
+/// // Every store's scheme (`tensora_remote::schemes()`, the one list of them).
+/// for store in tensora_remote::schemes() {
+///     assert!(Location::parse(&format!("{}://bucket/llama/", store.schemes[0]))?.is_remote());
+/// }
 /// assert!(Location::parse("ftp://host/x").is_err());
 /// # Ok::<(), tensora_remote::RemoteError>(())
 /// ```
@@ -280,14 +282,14 @@ mod tests {
         let Place::Remote(Remote { root: origin, path, dir, .. }) = &l.0 else { panic!("not remote") };
         assert_eq!((origin.as_str(), path.as_ref(), *dir), ("https://h:9/", "x/y.safetensors", false));
         assert_eq!((l.backend_name(), l.can_list()), ("remote-http", false));
-        for (url, backend) in
-            [("az://c/m/", "remote-azure"), ("azure://c/m/", "remote-azure"), ("gs://b/m/", "remote-gcs")]
-        {
-            let l = Location::parse(url).unwrap();
-            assert_eq!(
-                (l.backend_name(), l.can_list(), l.to_string().starts_with(&url[..2])),
-                (backend, true, true)
-            );
+        // Every scheme of every store of the table parses to that store, printed with one of its own.
+        for store in crate::schemes() {
+            for scheme in store.schemes {
+                let l = Location::parse(&format!("{scheme}://b/m/")).unwrap();
+                assert_eq!((l.backend_name(), l.can_list()), (store.backend, store.lists), "{scheme}");
+                let printed = l.to_string();
+                assert!(store.schemes.iter().any(|s| printed.starts_with(&format!("{s}://"))), "{printed}");
+            }
         }
         assert_eq!(Location::parse("file:///tmp/x").unwrap(), Location(Place::Local("/tmp/x".into())));
         assert_eq!(Location::parse("rel/dir").unwrap(), Location(Place::Local("rel/dir".into())));
@@ -348,63 +350,16 @@ mod tests {
     }
 
     #[test]
-    fn an_azure_location_names_its_account_from_the_url_or_the_credentials() {
-        let named = Location::parse("az://c@acct/m/").unwrap();
-        assert_eq!(named.to_string(), "az://c@acct/m");
-        assert_eq!(Location::parse(&named.to_string()).unwrap(), named);
-        let creds =
-            StoreConfig { credentials: Some(("other".into(), "key".into())), ..StoreConfig::default() };
-        // The URL's account wins; without one, the credentials' is taken.
-        assert_eq!(named.in_account(&creds), named);
-        let bare = Location::parse("az://c/m/").unwrap();
-        assert_eq!(bare.to_string(), "az://c/m");
-        assert_eq!(bare.in_account(&creds).to_string(), "az://c@other/m");
-        let s3 = Location::parse("s3://b/m/").unwrap();
-        assert_eq!(s3.in_account(&creds), s3);
-        assert!(matches!(Location::parse("az://c:secret@acct/m/"), Err(RemoteError::Location { .. })));
-    }
-
-    /// An `az://container@account/` URL with another account's key is refused before any request
-    /// (the store would sign for `account` with that key), naming both accounts and not the key;
-    /// the key's own account, an anonymous store, or no account in the URL are built.
-    #[test]
-    fn an_azure_url_naming_another_account_than_the_key_is_refused() {
-        let timeouts = ClientTimeouts {
-            connect: Duration::from_secs(1),
-            request: Duration::from_secs(1),
-            idle_per_host: 1,
-        };
-        let config = StoreConfig {
-            endpoint: Some("http://127.0.0.1:9/acct".into()),
-            allow_http: true,
-            credentials: Some(("acct".into(), "a2V5LW9mLWFjY3Q=".into())),
-            ..StoreConfig::default()
-        };
-        let other = Location::parse("az://c@other/m/").unwrap();
-        match build_store(&other, &config, timeouts) {
-            Err(RemoteError::AccountMismatch { url, url_account, key_account }) => {
-                assert_eq!((url_account.as_str(), key_account.as_str()), ("other", "acct"));
-                assert!(url.starts_with("az://c@other"), "{url}");
-            }
-            Err(e) => panic!("not the account mismatch: {e}"),
-            Ok(_) => panic!("built a store that signs other's requests with acct's key"),
-        }
-        let message = build_store(&other, &config, timeouts).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(message.contains("\"other\"") && message.contains("\"acct\""), "{message}");
-        assert!(!message.contains("a2V5LW9mLWFjY3Q="), "the key leaked: {message}");
-        for fine in ["az://c@acct/m/", "az://c/m/"] {
-            assert!(build_store(&Location::parse(fine).unwrap(), &config, timeouts).is_ok(), "{fine}");
-        }
-        let anonymous = StoreConfig { anonymous: true, ..config };
-        assert!(build_store(&other, &anonymous, timeouts).is_ok(), "nothing is signed");
-    }
-
-    #[test]
     fn url_of_round_trips_percent_encoding() {
         let l = Location::parse("http://h/a%20b/m.safetensors").unwrap();
         let p = l.object_path().unwrap().clone();
         assert_eq!(p.as_ref(), "a b/m.safetensors");
         assert_eq!(l.url_of(&p), "http://h/a%20b/m.safetensors");
+    }
+
+    /// Every scheme of the table, an unknown one and none: the parser's inputs.
+    fn schemes_and_others() -> Vec<&'static str> {
+        crate::schemes().flat_map(|store| store.schemes.iter().copied()).chain(["x", ""]).collect()
     }
 
     proptest! {
@@ -413,7 +368,11 @@ mod tests {
         /// parses back to the same location (issue 21: a property of each `Ok`), and every
         /// refusal is a `Location` error naming the input.
         #[test]
-        fn parse_never_panics(s in "(s3|http|https|gs|az|x)?(://)?[a-z0-9./%:_-]{0,24}") {
+        fn parse_never_panics(
+            scheme in prop::sample::select(schemes_and_others()),
+            rest in "(://)?[a-z0-9./%:_-]{0,24}",
+        ) {
+            let s = format!("{scheme}{rest}");
             match Location::parse(&s) {
                 Ok(l) => {
                     prop_assert_eq!(l.is_remote(), l.object_path().is_some());

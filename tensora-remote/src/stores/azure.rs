@@ -150,3 +150,63 @@ fn azure_account(config: &StoreConfig) -> Option<String> {
     object_store::azure::MicrosoftAzureBuilder::from_env()
         .get_config_value(&object_store::azure::AzureConfigKey::AccountName)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::location::{ClientTimeouts, build_store};
+    use crate::{Location, RemoteError, StoreConfig};
+
+    #[test]
+    fn an_azure_location_names_its_account_from_the_url_or_the_credentials() {
+        let named = Location::parse("az://c@acct/m/").unwrap();
+        assert_eq!(named.to_string(), "az://c@acct/m");
+        assert_eq!(Location::parse(&named.to_string()).unwrap(), named);
+        let creds =
+            StoreConfig { credentials: Some(("other".into(), "key".into())), ..StoreConfig::default() };
+        // The URL's account wins; without one, the credentials' is taken.
+        assert_eq!(named.in_account(&creds), named);
+        let bare = Location::parse("az://c/m/").unwrap();
+        assert_eq!(bare.to_string(), "az://c/m");
+        assert_eq!(bare.in_account(&creds).to_string(), "az://c@other/m");
+        let s3 = Location::parse("s3://b/m/").unwrap();
+        assert_eq!(s3.in_account(&creds), s3);
+        assert!(matches!(Location::parse("az://c:secret@acct/m/"), Err(RemoteError::Location { .. })));
+    }
+
+    /// An `az://container@account/` URL with another account's key is refused before any request
+    /// (the store would sign for `account` with that key), naming both accounts and not the key;
+    /// the key's own account, an anonymous store, or no account in the URL are built.
+    #[test]
+    fn an_azure_url_naming_another_account_than_the_key_is_refused() {
+        let timeouts = ClientTimeouts {
+            connect: Duration::from_secs(1),
+            request: Duration::from_secs(1),
+            idle_per_host: 1,
+        };
+        let config = StoreConfig {
+            endpoint: Some("http://127.0.0.1:9/acct".into()),
+            allow_http: true,
+            credentials: Some(("acct".into(), "a2V5LW9mLWFjY3Q=".into())),
+            ..StoreConfig::default()
+        };
+        let other = Location::parse("az://c@other/m/").unwrap();
+        match build_store(&other, &config, timeouts) {
+            Err(RemoteError::AccountMismatch { url, url_account, key_account }) => {
+                assert_eq!((url_account.as_str(), key_account.as_str()), ("other", "acct"));
+                assert!(url.starts_with("az://c@other"), "{url}");
+            }
+            Err(e) => panic!("not the account mismatch: {e}"),
+            Ok(_) => panic!("built a store that signs other's requests with acct's key"),
+        }
+        let message = build_store(&other, &config, timeouts).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("\"other\"") && message.contains("\"acct\""), "{message}");
+        assert!(!message.contains("a2V5LW9mLWFjY3Q="), "the key leaked: {message}");
+        for fine in ["az://c@acct/m/", "az://c/m/"] {
+            assert!(build_store(&Location::parse(fine).unwrap(), &config, timeouts).is_ok(), "{fine}");
+        }
+        let anonymous = StoreConfig { anonymous: true, ..config };
+        assert!(build_store(&other, &anonymous, timeouts).is_ok(), "nothing is signed");
+    }
+}
