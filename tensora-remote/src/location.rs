@@ -74,8 +74,7 @@ fn looks_like_dir(path: &str) -> bool {
 
 impl Location {
     /// Parse a URL of one of the stores [`crate::schemes`] lists (`s3://bucket/prefix/`,
-    /// `az://container/prefix/`, `gs://bucket/prefix/`, `http(s)://host/path/`, ...), a
-    /// `file:///path` or a plain path. A location is a directory when it ends with `/` or does
+    /// `https://host/path/`, ...), a `file:///path` or a plain path. A location is a directory when it ends with `/` or does
     /// not end in `.safetensors` or `.json`.
     pub fn parse(input: &str) -> Result<Location, RemoteError> {
         // The input may hold a password or a signature: errors show it redacted.
@@ -199,9 +198,8 @@ impl std::fmt::Debug for Location {
 }
 
 /// How to reach the store. Unset fields fall back to the environment variables of the store the
-/// location names (`AWS_*` for S3, `AZURE_*` for Azure, `GOOGLE_*` for GCS: [`crate::schemes`]
-/// lists each store's); HTTP origins need none of them. Its `Debug` output shows the access key id
-/// but never the secret key.
+/// location names (`AWS_*` for S3; [`crate::schemes`] lists each store's); HTTP origins need
+/// none of them. Its `Debug` output shows the access key id but never the secret key.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct StoreConfig {
     /// S3 endpoint, e.g. `http://127.0.0.1:4568` for a local server (path-style requests).

@@ -33,11 +33,11 @@ static STORES: [&Store; 4] = [&http::STORE, &s3::STORE, &azure::STORE, &gcs::STO
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Scheme {
-    /// The store, e.g. `"Google Cloud Storage"`.
+    /// The store, e.g. `"S3 and S3-compatible servers"`.
     pub store: &'static str,
     /// Its URL schemes (without `://`), the first the one its URLs print with.
     pub schemes: &'static [&'static str],
-    /// Locations it takes, e.g. `"gs://bucket/prefix/"`.
+    /// Locations it takes, e.g. `"s3://bucket/prefix/"`.
     pub example: &'static str,
     /// What the endpoint setting (`--endpoint`, [`StoreConfig::endpoint`]) means for it.
     pub endpoint: &'static str,
