@@ -128,8 +128,8 @@ def _convert(data: "_native.TensorData", fw: str):
 @dataclasses.dataclass(frozen=True)
 class RemoteOptions:
     """How to reach the store of a URL path (each store, its schemes, what ``endpoint`` means for
-    it and where its credentials come from: ``tensora._native.schemes()``),
-    as the CLI's flags: ``endpoint`` (the store's endpoint, e.g. an S3-compatible server's), ``allow_http``
+    it and where its credentials come from: ``tensora._native.schemes()``), as the CLI's flags:
+    ``endpoint`` (the store's endpoint, e.g. an S3-compatible server's), ``allow_http``
     (plain-HTTP endpoints), ``anonymous`` (unsigned requests), ``region``, ``allow_unversioned``
     (load objects whose server sends neither ETag nor Last-Modified), ``open_timeout`` (seconds
     for opening: every request and retry; 120 by default), ``cache`` (a directory: a verified
@@ -195,8 +195,8 @@ def load_file(
     ``safetensors.numpy.load_file`` (``framework="np"``) or ``safetensors.torch.load_file``
     (``framework="pt"``). ``path`` is a safetensors file, a sharded directory or index, or a
     ServerlessLLM directory, local or at a URL (``s3://bucket/model/``,
-    ``https://host/model/model.safetensors``; every store: ``tensora._native.schemes()``). ``select`` is a glob string
-    or a list of exact names.
+    ``https://host/model/model.safetensors``; every store: ``tensora._native.schemes()``).
+    ``select`` is a glob string or a list of exact names.
 
     A URL is loaded with ranged GETs straight into owned memory, every range conditional on the
     object's version seen at open (a replaced object fails the load, never mixes); ``remote``
