@@ -194,11 +194,13 @@ mod tests {
     #[test]
     fn each_remote_command_lists_every_store_in_its_help() {
         use clap::Args as _;
+        // The subcommands as clap builds them (named by `subcommand`, which starts no program).
+        let subcommand = |name: &'static str| clap::Command::new(name);
         let commands = [
-            crate::inspect::Args::augment_args(clap::Command::new("inspect")),
-            crate::load::Args::augment_args(clap::Command::new("load")),
-            crate::hash::Args::augment_args(clap::Command::new("hash")),
-            crate::verify::Args::augment_args(clap::Command::new("verify")),
+            crate::inspect::Args::augment_args(subcommand("inspect")),
+            crate::load::Args::augment_args(subcommand("load")),
+            crate::hash::Args::augment_args(subcommand("hash")),
+            crate::verify::Args::augment_args(subcommand("verify")),
         ];
         for mut command in commands {
             let help = command.render_long_help().to_string();
