@@ -37,6 +37,9 @@ impl Azurite {
             .arg(&script)
             .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string(), "--silent"])
             .args(["--skipApiVersionCheck", "--loose", "--disableProductStyleUrl"])
+            // No telemetry: its lookups of Azure's ingestion host (unreachable here) held the
+            // start up to 19 s on a loaded machine, past READY_TIMEOUT (3 to 5 s without them).
+            .arg("--disableTelemetry")
             .arg("--location")
             .arg(data_dir.path().join("data"))
             .stdin(Stdio::null())
