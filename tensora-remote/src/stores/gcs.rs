@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use object_store::path::Path as ObjectPath;
 use url::Url;
 
-use super::{Built, Scheme, Store, no_retries, parse_bucket, unchanged};
+use super::{Built, Scheme, Store, bucket_url, no_retries, parse_bucket, unchanged};
 use crate::location::StoreConfig;
 use crate::retry_after::RetryAfterConnector;
 
@@ -22,14 +21,10 @@ pub(super) static STORE: Store = Store {
     },
     env_prefixes: &["GOOGLE_"],
     parse: |url| parse_bucket(url, "gs"),
-    url_of,
+    url_of: |root, path| bucket_url(root, "gs", path),
     resolve: unchanged,
     build,
 };
-
-fn url_of(root: &Url, path: &ObjectPath) -> String {
-    format!("gs://{}/{path}", root.host_str().unwrap_or_default())
-}
 
 /// `endpoint` is the base URL (an emulator's), and `anonymous` sends unsigned requests.
 fn build(root: &Url, config: &StoreConfig, client: object_store::ClientOptions) -> Built {

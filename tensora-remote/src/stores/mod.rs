@@ -135,6 +135,11 @@ fn parse_bucket(url: &Url, scheme: &str) -> Result<(Url, ObjectPath), String> {
     Ok((bucket_root(scheme, bucket)?, object_path(url)?))
 }
 
+/// A bucket store's printable URL of `path`: `scheme://bucket/path`.
+fn bucket_url(root: &Url, scheme: &str, path: &ObjectPath) -> String {
+    format!("{scheme}://{}/{path}", root.host_str().unwrap_or_default())
+}
+
 /// Object stores' keys have no query: a URL with one is refused (and its values never shown).
 fn refuse_query(url: &Url) -> Result<(), String> {
     match url.query() {

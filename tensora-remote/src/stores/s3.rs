@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use object_store::path::Path as ObjectPath;
 use url::Url;
 
-use super::{Built, Scheme, Store, no_retries, parse_bucket, unchanged};
+use super::{Built, Scheme, Store, bucket_url, no_retries, parse_bucket, unchanged};
 use crate::RemoteError;
 use crate::location::StoreConfig;
 use crate::redact::redact;
@@ -26,14 +25,10 @@ pub(super) static STORE: Store = Store {
     },
     env_prefixes: &["AWS_"],
     parse: |url| parse_bucket(url, "s3"),
-    url_of,
+    url_of: |root, path| bucket_url(root, "s3", path),
     resolve: unchanged,
     build,
 };
-
-fn url_of(root: &Url, path: &ObjectPath) -> String {
-    format!("s3://{}/{path}", root.host_str().unwrap_or_default())
-}
 
 /// An S3 store; `Err` (outer) for a plain-http endpoint that was not allowed.
 fn build(root: &Url, config: &StoreConfig, client: object_store::ClientOptions) -> Built {
