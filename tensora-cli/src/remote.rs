@@ -17,10 +17,10 @@ pub struct RemoteArgs {
     /// store's credentials come from, is listed at the end of this help.
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
-    /// Allow a plain http:// S3 endpoint (http:// origins of HTTP locations always are).
+    /// Allow a plain http:// object-store endpoint (http:// origins of HTTP locations always are).
     #[arg(long)]
     pub allow_http: bool,
-    /// Send unsigned S3 requests (public buckets); no credentials needed.
+    /// Send unsigned object-store requests (public buckets and containers); no credentials needed.
     #[arg(long)]
     pub anonymous: bool,
     /// Load objects whose server sends neither an ETag nor a Last-Modified date (normally
