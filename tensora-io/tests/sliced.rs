@@ -200,3 +200,63 @@ fn row_parallel_f16_rows_are_read_strided_buffered_and_shard_reads_says_how() {
     let e = tensora_io::shard_reads(&ckpt, &LoadOptions::default()).unwrap_err();
     assert!(matches!(e, LoadError::Unsupported { .. }), "{e}");
 }
+
+/// Which pages of `file` (of `len_bytes`) are in the page cache (`mincore`), one flag per page.
+fn resident_pages(file: &std::fs::File, len_bytes: u64) -> Vec<bool> {
+    use std::os::fd::AsRawFd;
+    let len = usize::try_from(len_bytes).unwrap();
+    // SAFETY: a read-only shared mapping of a descriptor this test owns; the mapping is never
+    // read (mincore only asks the page tables) and is unmapped before returning.
+    let addr = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0)
+    };
+    assert_ne!(addr, libc::MAP_FAILED);
+    let mut vec = vec![0u8; len.div_ceil(4096)];
+    // SAFETY: `addr` maps `len` bytes (a whole number of pages rounded up by the kernel) and
+    // `vec` holds one byte per page of them.
+    let rc = unsafe { libc::mincore(addr, len, vec.as_mut_ptr()) };
+    // SAFETY: the mapping made above, not used after this.
+    unsafe { libc::munmap(addr, len) };
+    assert_eq!(rc, 0, "mincore");
+    vec.iter().map(|b| b & 1 == 1).collect()
+}
+
+/// A cold file read through the page cache (a named backend, buffered: the read-ahead helper runs
+/// ahead of the copies): the copies take only the slice's rows (strided, the cached side's rule:
+/// a gap of 8 KiB costs more than a `pread`), but the device reads the whole pages in each gap
+/// along with the rows (the cold side's rule, `COLD_DEVICE_COST`: a gap of at most two whole
+/// pages costs less than a device request), so after the load every page from the first row to
+/// the last is cached.
+#[test]
+fn a_cold_strided_slice_is_copied_row_by_row_while_the_device_reads_the_gap_pages_along() {
+    // F16 [128, 6144]: rows of 12,288 bytes; the first 2048 columns, 4096 bytes of each: gaps of
+    // 8192 bytes, one or two whole pages each.
+    let g = generate(9, &[vec![(Dtype::F16, vec![128, 6144])]]);
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("cold.safetensors");
+    std::fs::copy(g.path().join("shard-00.safetensors"), &path).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    file.sync_all().unwrap();
+    let len_bytes = file.metadata().unwrap().len();
+    tensora_sys::evict_file_cache(&file).unwrap();
+    assert!(
+        resident_pages(&file, len_bytes).iter().all(|r| !r),
+        "ext4 drops clean pages on POSIX_FADV_DONTNEED"
+    );
+    let ckpt = tensora_format::open(&path).unwrap();
+    let slice = Slice { dim: 1, start: 0, len: 2048 };
+    let opts = options("sync", IoMode::Buffered, Shard::Slices(vec![("s0.t0".into(), slice)]));
+    let loaded = load(&ckpt, &opts).unwrap();
+    let r = loaded.report();
+    assert_eq!((r.slices.strided, r.bytes_read), (1, 128 * 4096), "{r:?}");
+    assert_eq!(
+        loaded.tensor("s0.t0").unwrap().bytes(),
+        &narrow(&g.data["s0.t0"], &[128, 6144], 2, slice)[..]
+    );
+    let first = ckpt.tensors()[0].offset_bytes();
+    let last_end = first + 127 * 12_288 + 4096;
+    let resident = resident_pages(&file, len_bytes);
+    let missing: Vec<u64> =
+        (first / 4096..last_end.div_ceil(4096)).filter(|&p| !resident[p as usize]).collect();
+    assert!(missing.is_empty(), "pages not read along: {missing:?}");
+}

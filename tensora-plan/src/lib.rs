@@ -127,7 +127,7 @@ mod types;
 
 pub use error::PlanError;
 pub use plan::{EXTENTS_MAX, Order, PIECES_MAX, Plan, READS_MAX};
-pub use slice::{Run, STRIDED_RUNS_MAX, SliceKind, SliceRead, SourceCost, StridedRows};
+pub use slice::{DeviceCost, Run, STRIDED_RUNS_MAX, SliceKind, SliceRead, SourceCost, StridedRows};
 pub use types::{ARENA_PERIOD_MIN_BYTES, Extent, FileQueue, Piece, PlanConfig, Read, TagLocation};
 
 #[cfg(test)]

@@ -6,6 +6,12 @@
 //! that is when its block-aligned length is at most [`SourceCost::request_cost_bytes`]. With a
 //! cost of `request × request_cost + bytes read`, each gap's decision is independent of the others,
 //! so this greedy rule is the cheapest plan. Rows that touch are always one run.
+//!
+//! A cold source read through the page cache is weighed twice ([`DeviceCost`]): the copies
+//! still take only the runs (the cached side: [`SourceCost`], what a `pread` of a cached row
+//! costs), but the device reads a gap between two reads along with them when skipping it saves
+//! less than one more device request: it transfers whole pages, so a gap saves only the pages
+//! wholly inside it, and a small request costs the device what it transfers in several pages.
 
 use std::ops::Range;
 
@@ -33,6 +39,60 @@ pub struct SourceCost {
     /// The bytes the source transfers in the time one request's fixed cost takes (latency ×
     /// bandwidth): a gap up to this long is cheaper to read through than to skip.
     pub request_cost_bytes: u64,
+}
+
+/// What a cold source's device costs, for what to read ahead of the copies through the page
+/// cache: its transfer unit and one more request's fixed cost, measured by the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceCost {
+    /// The unit a read from the device fills (the page, for reads through the page cache): a
+    /// gap saves the device only the granules wholly inside it. A power of two.
+    pub granule_bytes: u64,
+    /// The bytes the device transfers in the time one more request's fixed cost takes.
+    pub request_cost_bytes: u64,
+}
+
+impl DeviceCost {
+    /// Whether the device should read the gap `gap` (the end of one read to the start of the next
+    /// one, in file order) along with the reads around it: the granules wholly inside it, what
+    /// skipping it saves, cost at most one request. A gap that runs backwards (reads out of file
+    /// order) is never read through.
+    ///
+    /// ```
+    /// use tensora_plan::DeviceCost;
+    /// let cold = DeviceCost { granule_bytes: 4096, request_cost_bytes: 8192 };
+    /// // A TP=2 row-parallel F16 gap of TinyLlama's down_proj: at most one whole page inside.
+    /// assert!(cold.reads_through(&(5632..11264)));
+    /// assert!(cold.reads_through(&(1..3 * 4096))); // two whole pages: 8 KiB, one request
+    /// assert!(!cold.reads_through(&(0..3 * 4096 + 1))); // three whole pages
+    /// assert!(!cold.reads_through(&(0..64 << 10)));
+    /// ```
+    pub fn reads_through(&self, gap: &Range<u64>) -> bool {
+        let g = self.granule_bytes.max(1);
+        if gap.end < gap.start {
+            return false;
+        }
+        align_down(gap.end, g).saturating_sub(align_up(gap.start, g)) <= self.request_cost_bytes
+    }
+
+    /// The file range the device should read ahead for each of `reads` (`(offset, len)`, in the
+    /// order they are read): each read's own range, widened back to the previous read's end where
+    /// [`reads_through`](Self::reads_through) says the gap between them is read with it. The
+    /// ranges are disjoint when the reads are; their union holds every read.
+    pub fn ahead_ranges(&self, reads: impl IntoIterator<Item = (u64, u64)>) -> Vec<Range<u64>> {
+        let mut out: Vec<Range<u64>> = Vec::new();
+        let mut prev_end: Option<u64> = None;
+        for (offset, len) in reads {
+            let end = offset.saturating_add(len);
+            let start = match prev_end {
+                Some(p) if p < offset && self.reads_through(&(p..offset)) => p,
+                _ => offset,
+            };
+            out.push(start..end);
+            prev_end = Some(end);
+        }
+        out
+    }
 }
 
 /// The most runs a strided read may have; a slice with more rows is read as one covering range
@@ -197,7 +257,74 @@ mod tests {
         assert_eq!((read.kind, read.runs.len()), (SliceKind::Covering, 1));
     }
 
+    #[test]
+    fn a_cold_device_reads_through_gaps_of_few_pages_and_a_cached_source_still_skips_them() {
+        let cold = DeviceCost { granule_bytes: 4096, request_cost_bytes: 8 << 10 };
+        // TinyLlama's row-parallel F16 slices: TP=2 down_proj (5632 of 11264), TP=4 down_proj
+        // (2816 of 11264) and o_proj (1024 of 4096).
+        for (width, stride) in [(5632u64, 11264u64), (2816, 11264), (1024, 4096)] {
+            let s = StridedRows { offset_bytes: 640, rows: 64, width_bytes: width, stride_bytes: stride };
+            // The cached side: each row its own run, only the rows read.
+            let cached = SliceRead::choose(&s, &SourceCost { align_bytes: 1, request_cost_bytes: 2 << 10 });
+            assert_eq!(
+                (cached.kind, cached.runs.len(), cached.bytes_read),
+                (SliceKind::Strided, 64, 64 * width)
+            );
+            // The cold side: the device reads every gap along, one range from the first row's
+            // start to the last row's end.
+            let ahead = cold.ahead_ranges(
+                cached.runs.iter().map(|r| (r.file_bytes.start, r.file_bytes.end - r.file_bytes.start)),
+            );
+            assert_eq!(ahead.len(), 64);
+            assert_eq!(ahead[0], 640..640 + width);
+            for (a, b) in ahead.windows(2).map(|w| (&w[0], &w[1])) {
+                assert_eq!(a.end, b.start, "width {width} stride {stride}");
+            }
+            assert_eq!(ahead[63].end, 640 + 63 * stride + width);
+        }
+        // Gaps of many pages (a 1/8 slice of a wide F32 row) are skipped by the device too.
+        let wide = StridedRows { offset_bytes: 0, rows: 4, width_bytes: 8192, stride_bytes: 65536 };
+        let runs = SliceRead::choose(&wide, &SourceCost { align_bytes: 1, request_cost_bytes: 2 << 10 }).runs;
+        let ahead = cold
+            .ahead_ranges(runs.iter().map(|r| (r.file_bytes.start, r.file_bytes.end - r.file_bytes.start)));
+        assert_eq!(ahead, runs.iter().map(|r| r.file_bytes.clone()).collect::<Vec<_>>());
+        // Reads out of file order, or touching, are advised as they are.
+        assert_eq!(cold.ahead_ranges([(8192, 100), (0, 100), (100, 50)]), vec![8192..8292, 0..100, 100..150]);
+    }
+
     proptest! {
+        /// The device's ranges hold every read, stay disjoint for disjoint reads in file order,
+        /// and widen a read only over a gap whose whole granules cost at most one request.
+        #[test]
+        fn ahead_ranges_hold_every_read_and_widen_only_over_cheap_gaps(
+            gaps in prop::collection::vec((0u64..40_000, 1u64..20_000), 0..32),
+            granule_log in 0u32..14,
+            request_cost_bytes in prop::sample::select(vec![0u64, 4096, 8192, 65_536]),
+        ) {
+            let cold = DeviceCost { granule_bytes: 1 << granule_log, request_cost_bytes };
+            let mut reads = Vec::new();
+            let mut at = 0;
+            for (gap, len) in gaps {
+                reads.push((at + gap, len));
+                at += gap + len;
+            }
+            let ahead = cold.ahead_ranges(reads.iter().copied());
+            prop_assert_eq!(ahead.len(), reads.len());
+            for (k, (r, (offset, len))) in ahead.iter().zip(&reads).enumerate() {
+                prop_assert_eq!(r.end, offset + len);
+                prop_assert!(r.start <= *offset);
+                if r.start < *offset {
+                    let prev_end = reads[k - 1].0 + reads[k - 1].1;
+                    prop_assert_eq!(r.start, prev_end);
+                    let g = cold.granule_bytes;
+                    prop_assert!(align_down(*offset, g).saturating_sub(align_up(prev_end, g)) <= request_cost_bytes);
+                }
+                if k > 0 {
+                    prop_assert!(ahead[k - 1].end <= r.start);
+                }
+            }
+        }
+
         /// The runs carry every row exactly once, in order, start and end on row boundaries, read
         /// only gaps cheaper than a request, and with a free request read exactly the slice.
         #[test]

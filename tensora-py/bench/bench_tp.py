@@ -38,9 +38,11 @@ from bench_load import drop_caches  # noqa: E402  (one eviction helper)
 SPLIT_DIMS = {"column": 0, "row": 1}
 
 
-def read_bytes():
+def read_bytes(field="read_bytes"):
+    """This process's `field` of /proc/self/io: `read_bytes` (what the disk delivered to it),
+    `syscr` (read system calls)."""
     with open("/proc/self/io") as f:
-        return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
+        return int(next(line for line in f if line.startswith(field + ":")).split()[1])
 
 
 def child_tp(path, rank, world, wait=False):
@@ -51,14 +53,15 @@ def child_tp(path, rank, world, wait=False):
     if wait:  # started together: say so once imported, and load when told
         print("ready", flush=True)
         sys.stdin.readline()
-    before = read_bytes()
+    before, calls, device = read_bytes(), read_bytes("syscr"), device_read_bytes(path)
     t = time.perf_counter()
     weights, report = tensora.load_file_with_report(path, framework="pt", tp=(rank, world), rules="llama")
     seconds = time.perf_counter() - t
     disk = read_bytes() - before
     print(json.dumps({"seconds": seconds, "disk_bytes": disk, "bytes_read": report["bytes_read"],
                       "bytes_selected": report["bytes_selected"], "slices": report["slices"],
-                      "io_mode": report["io_mode"], "tensors": len(weights)}))
+                      "io_mode": report["io_mode"], "backend": report.get("backend"), "tensors": len(weights),
+                      "read_calls": read_bytes("syscr") - calls, "device_bytes": device_read_bytes(path) - device}))
 
 
 def device_read_bytes(path):
@@ -285,6 +288,9 @@ def main():
             read.append(s["bytes_read"] / s["seconds"] / 1e9)
             roof.append(roofline(args.path, files))
         doc["tp2"] = {"gbps": tp, "read_gbps": read, "roofline_gbps": roof, "last": s}
+        print(f"tp2 rank 0: {s['io_mode']} via {s['backend']}, slices {s['slices']}, {s['read_calls']} read calls, "
+              f"disk {s['disk_bytes']} bytes to the process, device {s['device_bytes']} bytes (all readers), "
+              f"{s['seconds']:.2f} s (last run)")
         ratios = [a / b for a, b in zip(tp, roof)]
         read_ratios = [a / b for a, b in zip(read, roof)]
         print(f"tp2 rank 0 cold: {fmt(med(tp), 1, 2)} GB/s of the {s['bytes_selected']} bytes it needs, "

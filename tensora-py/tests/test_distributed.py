@@ -346,6 +346,54 @@ def test_a_failing_tp_rank_makes_every_rank_raise_naming_it(tmp_path, mode):
         assert e.startswith("LoadError") and "rank 1" in e, f"rank {r}: {e or results[0][r]}"
 
 
+def test_the_tp_group_split_exchanges_each_window_while_the_next_is_read_within_its_bound(tmp_path):
+    """The group split's pipeline at TP=4 with EXCHANGE_BYTES_MAX at 512 KiB (windows of at most
+    a third, 170 KiB: each row-parallel tensor of llama_tp a window of its own or nearly): every
+    rank still bit-equal to HF + chunk, several windows, exactly WINDOWS_IN_FLIGHT_MAX (2) held at
+    once (the next read while one is exchanged) and never more bytes in flight than the bound."""
+    from safetensors.torch import load_file as hf_load
+
+    import tensora.distributed as td
+
+    path = llama_tp(tmp_path / "model.safetensors")
+    out = tmp_path / "out"
+    out.mkdir()
+    bound = 512 << 10
+    codes, err, results = launch(4, [path], out, "--mode", "tp", "--exchange-bytes", str(bound))
+    assert codes == [0] * 4, err
+    hf = hf_load(str(path))
+    for r in range(4):
+        res = results[0][r]
+        assert "error" not in res, res["error"]
+        want = {}
+        for n, v in hf.items():
+            dim = 0 if n.endswith(("q_proj.weight", "up_proj.weight")) else 1 if "o_proj" in n or "down_proj" in n else None
+            parts = v.chunk(4, dim) if dim is not None else None
+            want[n] = v if dim is None else parts[r] if r < len(parts) else v.narrow(dim, 0, 0)
+        assert res["tensors"] == {k: [digest(v), list(v.shape)] for k, v in want.items()}, f"rank {r}"
+        split = res["report"]["group_split"]
+        assert split["tensors"] == 5 and split["windows"] >= 4, split
+        assert split["windows_in_flight_max"] == td.WINDOWS_IN_FLIGHT_MAX == 2, split
+        assert 0 < split["bytes_in_flight_max"] <= bound, split
+
+
+def test_a_tp_rank_dying_mid_pipeline_makes_every_rank_raise_naming_it(tmp_path):
+    """Rank 1 exits as it starts exchanging its second window (the first went through, the reader
+    thread may be reading the third): ranks 0 and 2 raise LoadError naming rank 1, within the
+    process group's timeout (30 s here; the launcher's 180 s bound fails a hang)."""
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    path = llama_tp(d / "model.safetensors")
+    out = tmp_path / "out"
+    out.mkdir()
+    codes, err, results = launch(3, [path], out, "--mode", "die-mid", "--exchange-bytes", "4096", "--timeout", "30")
+    assert codes[1] == 3 and [codes[0], codes[2]] == [0, 0], (codes, err)
+    assert sorted(results[0]) == [0, 2], err
+    for r in (0, 2):
+        e = results[0][r].get("error", "")
+        assert e.startswith("LoadError") and "rank 1" in e, f"rank {r}: {e or results[0][r]}"
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_the_streaming_form_casts_each_window_bit_exact_with_torch(tmp_path, dtype):
     """td.weights_iterator(dtype=): floating-point tensors arrive converted as torch's .to()

@@ -305,7 +305,12 @@ where
         .filter_map(|(index, q)| {
             let reads = reads.get(q.reads.start as usize..q.reads.end as usize)?;
             let file = &job.files.get(q.file as usize)?.buffered;
-            Some(FileQueue { index, state, reads, file, lens: reads.iter().map(|r| r.len_bytes).collect() })
+            // The device reads the small gaps between reads along (a strided slice's rows): the
+            // helper advises each read from where its range starts.
+            let ahead = crate::load::COLD_DEVICE_COST
+                .ahead_ranges(reads.iter().map(|r| (r.offset_bytes, r.len_bytes)));
+            let lens = ahead.iter().map(|r| r.end - r.start).collect();
+            Some(FileQueue { index, state, ahead, file, lens })
         })
         .collect();
     let queues: Vec<&dyn AheadQueue> = queues.iter().map(|q| q as &dyn AheadQueue).collect();
@@ -325,7 +330,9 @@ where
 struct FileQueue<'a> {
     index: usize,
     state: &'a RunState,
-    reads: &'a [Read],
+    /// The file range advised for each read: its own, widened back over a gap the device reads
+    /// along (`COLD_DEVICE_COST`).
+    ahead: Vec<std::ops::Range<u64>>,
     file: &'a std::fs::File,
     lens: Vec<u64>,
 }
@@ -340,8 +347,8 @@ impl AheadQueue for FileQueue<'_> {
     }
 
     fn advise(&self, piece: usize, offset_bytes: u64, len_bytes: u64) {
-        if let Some(read) = self.reads.get(piece) {
-            willneed_file(self.file, read.offset_bytes + offset_bytes, len_bytes);
+        if let Some(range) = self.ahead.get(piece) {
+            willneed_file(self.file, range.start + offset_bytes, len_bytes);
         }
     }
 }

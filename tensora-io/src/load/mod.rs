@@ -60,6 +60,7 @@ pub use options::{
 pub use runs::{Runs, load_runs};
 pub use session::load;
 pub use share::{ShareLoad, ShareOf, ShareRuns, load_share, load_share_runs};
+pub(crate) use sliced::COLD_DEVICE_COST;
 pub use sliced::{ShardRead, shard_reads};
 pub use streaming::load_streaming;
 

@@ -410,10 +410,25 @@ def load_tp(path: PathLike, group=None, **options: Any) -> Dict[str, Any]:
     return load_tp_with_report(path, group, **options)[0]
 
 
-# Bytes a rank stages at once to send its pieces of the group-split tensors: each step of the
-# exchange sends one block of rows of one tensor (its columns for each other rank, copied
-# contiguous); a tensor with more rows than fit goes in several steps. What arrives lands in place.
+# Bytes of the group split a rank holds in flight at once: the rows it has read and not yet
+# exchanged, and the pieces it stages to send. The rows of the group-split tensors are read in
+# windows (runs of consecutive tensors, in the order the ranks agreed on), each sent to the ranks
+# that need it as soon as it has landed while the next window is read; a window's rows, and the
+# pieces staged in one step of its exchange, are at most `_window_bytes()` (a third of this), so
+# the window being read, the window being exchanged and its staged step fit in this bound. A tensor
+# whose rows alone exceed a third is a window of its own (its read is one sharded load), and its
+# exchange still stages at most a third per step. What arrives lands in place.
 EXCHANGE_BYTES_MAX = 64 << 20
+# Windows of rows a rank holds at once: the one being exchanged and the one being read.
+WINDOWS_IN_FLIGHT_MAX = 2
+# The longest a rank waits for its reader thread to finish reading one window (torch's default
+# process-group timeout): past it, the rank reports the window as failed to every rank.
+WINDOW_READ_WAIT_S_MAX = 1800.0
+
+
+def _window_bytes() -> int:
+    """The bytes of one window of rows, and of one step's staged pieces (see EXCHANGE_BYTES_MAX)."""
+    return max(1, EXCHANGE_BYTES_MAX // (WINDOWS_IN_FLIGHT_MAX + 1))
 
 
 def _glob_exact(name: str) -> str:
@@ -441,10 +456,12 @@ def _as_bytes(t):
     return t.reshape(-1).view(torch.uint8)
 
 
-def _exchange_split(g: _Group, name: str, own, shape: List[int], dim: int):
+def _exchange_split(g: _Group, name: str, own, shape: List[int], dim: int, flight=None):
     """Rank ``g.rank``'s columns (``torch.chunk`` of ``dim``) of tensor ``name`` of ``shape``,
     assembled from ``own`` (this rank's rows, ``torch.chunk`` of dimension 0, every column) and
-    the other ranks' rows of those columns. Returns ``(tensor, bytes sent, bytes received)``."""
+    the other ranks' rows of those columns, one step of at most ``_window_bytes()`` staged at a
+    time (counted in ``flight``, a :class:`_Flight`, while staged). Returns ``(tensor, bytes
+    sent, bytes received)``."""
     import torch
     import torch.distributed as dist
 
@@ -456,7 +473,7 @@ def _exchange_split(g: _Group, name: str, own, shape: List[int], dim: int):
     row_bytes = own.element_size() * int(torch.Size(shape[1:]).numel())
     if row_bytes == 0 or (ncols == 0 and nrows == 0):
         return out, 0, 0
-    block = max(1, EXCHANGE_BYTES_MAX // row_bytes)
+    block = max(1, _window_bytes() // row_bytes)
     steps = max(-(-n // block) for _, n in rows)
     sent = received = 0
     for k in range(steps):
@@ -473,6 +490,8 @@ def _exchange_split(g: _Group, name: str, own, shape: List[int], dim: int):
             for q, (c0, n) in enumerate(cols):
                 if q != g.rank and n:
                     staged.append(mine.narrow(dim, c0, n).contiguous())
+                    if flight is not None:
+                        flight.add(0, staged[-1].nbytes)
                     works.append((q, "receive", dist.isend(_as_bytes(staged[-1]), g.global_ranks[q], group=g.group)))
                     sent += staged[-1].nbytes
         for peer, what, w in works:
@@ -482,7 +501,122 @@ def _exchange_split(g: _Group, name: str, own, shape: List[int], dim: int):
                 raise LoadError(
                     f"tensor-parallel load: tensor {name!r}: rank {peer} did not {what} its slice of rows "
                     f"{lo}.. ({type(e).__name__}: {e})") from e
+        if flight is not None:
+            flight.add(0, -sum(t.nbytes for t in staged))
     return out, sent, received
+
+
+class _Flight:
+    """What the group split holds in flight on this rank: windows read or being read and not yet
+    exchanged, and bytes (their rows, and the pieces staged to send), with the most of each seen
+    (the report's ``windows_in_flight_max`` and ``bytes_in_flight_max``). Shared by the reader
+    thread and the exchanging one."""
+
+    def __init__(self):
+        import threading
+
+        self._lock = threading.Lock()
+        self.windows = self.bytes = self.windows_max = self.bytes_max = 0
+
+    def add(self, windows: int, nbytes: int) -> None:
+        with self._lock:
+            self.windows += windows
+            self.bytes += nbytes
+            self.windows_max = max(self.windows_max, self.windows)
+            self.bytes_max = max(self.bytes_max, self.bytes)
+
+
+def _split_windows(reads, grouped, world: int) -> List[Tuple[List[str], int]]:
+    """The group-split tensors (``grouped``, in the agreed order) cut into windows: runs of
+    consecutive tensors whose rows at the rank with the most (``torch.chunk``'s first) total at most
+    ``_window_bytes()``; a tensor larger alone is a window of its own. The same on every rank (a
+    function of the agreed shapes). Returns each window's names and its rows' bytes (the most
+    any rank reads of it)."""
+    nbytes = {n: (shape, size) for n, _, shape, _, _, size in reads}
+    bound = _window_bytes()
+    windows: List[Tuple[List[str], int]] = []
+    for n in grouped:
+        shape, size = nbytes[n]
+        rows = int(shape[0]) if shape else 1
+        most = -(-rows // world) * (size // rows) if rows else 0
+        if windows and windows[-1][1] + most <= bound:
+            windows[-1][0].append(n)
+            windows[-1] = (windows[-1][0], windows[-1][1] + most)
+        else:
+            windows.append(([n], most))
+    return windows
+
+
+def _read_windows(windows, read, flight: _Flight, ready, slots, stop) -> None:
+    """The reader thread: reads each window's rows (``read(names)`` gives ``(tensors, report)``) in
+    order, once a slot is free (``slots``: a semaphore of ``WINDOWS_IN_FLIGHT_MAX``, released by the
+    exchanging thread when it has exchanged a window), and puts ``(tensors, report)`` or the
+    error's text on ``ready``. Stops at ``stop`` (the exchanging thread gave up)."""
+    for names, most in windows:
+        while not slots.acquire(timeout=1.0):
+            if stop.is_set():
+                return
+        if stop.is_set():
+            return
+        flight.add(1, most)
+        try:
+            got = read(names)
+        except Exception as e:  # reported to every rank by `agree`, then raised there
+            got = f"{type(e).__name__}: {e}"
+        ready.put(got)
+        if isinstance(got, str):
+            return
+
+
+def _exchange_windows(g: _Group, reads, grouped, read) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The group split's pipeline: a thread reads this rank's rows window by window
+    (:func:`_split_windows`) while this thread exchanges each landed window with the ranks that need
+    its columns, at most ``WINDOWS_IN_FLIGHT_MAX`` windows held at once. Before a window's bytes
+    move the ranks agree that every rank read it (else every rank raises naming the first that
+    failed). Returns the tensors and the ``group_split`` report."""
+    import queue
+    import threading
+
+    windows = _split_windows(reads, grouped, g.world)
+    flight = _Flight()
+    ready: "queue.Queue[Any]" = queue.Queue(maxsize=WINDOWS_IN_FLIGHT_MAX)
+    slots = threading.Semaphore(WINDOWS_IN_FLIGHT_MAX)
+    stop = threading.Event()
+    reader = threading.Thread(target=_read_windows, args=(windows, read, flight, ready, slots, stop),
+                              name="tensora-tp-rows")
+    reader.start()
+    shapes = {n: (shape, dim) for n, _, shape, dim, _, _ in reads}
+    tensors: Dict[str, Any] = {}
+    rep = {"tensors": len(grouped), "windows": len(windows), "bytes_read": 0, "bytes_sent": 0,
+           "bytes_received": 0, "exchange_seconds": 0.0, "read_wait_seconds": 0.0}
+    try:
+        for names, most in windows:
+            t = time.perf_counter()
+            try:
+                got = ready.get(timeout=WINDOW_READ_WAIT_S_MAX)
+            except queue.Empty:
+                got = f"TimeoutError: its rows of {names[0]!r} were not read in {WINDOW_READ_WAIT_S_MAX:.0f} s"
+            rep["read_wait_seconds"] += time.perf_counter() - t
+            # Every rank read this window's rows (or every rank raises, naming the first that
+            # failed) before any of its slices is exchanged.
+            g.agree({"error": got if isinstance(got, str) else None, "regions": ["tp-rows", names[0]]})
+            rows, load = got
+            rep["bytes_read"] += load["bytes_read"]
+            t = time.perf_counter()
+            for n in names:
+                shape, dim = shapes[n]
+                tensors[n], sent, received = _exchange_split(g, n, rows.pop(n), list(shape), dim, flight)
+                rep["bytes_sent"] += sent
+                rep["bytes_received"] += received
+            rep["exchange_seconds"] += time.perf_counter() - t
+            del rows, got
+            flight.add(-1, -most)
+            slots.release()
+    finally:
+        stop.set()
+        reader.join()
+    rep.update(windows_in_flight_max=flight.windows_max, bytes_in_flight_max=flight.bytes_max)
+    return tensors, rep
 
 
 def _tp_plan(g: _Group, p: str, rules, backend: str, remote):
@@ -536,10 +670,14 @@ def load_tp_with_report(
     """:func:`load_tp`, plus this rank's report: ``rank``, ``world``, ``bytes_read`` (from
     storage, every part), ``bytes_received`` (from the other ranks), and each part's own figures:
     ``split`` (the load of its own slices, and of the replicated tensors when they are small),
-    ``group_split`` (``tensors``, ``bytes_read``: its rows of them, ``bytes_sent``,
-    ``bytes_received``, ``exchange_seconds`` and ``load``, that load's report) and ``replicated``
-    (the collective load's report, when the replicated tensors are read that way)."""
+    ``group_split`` (``tensors``, ``windows``, ``bytes_read``: its rows of them, ``bytes_sent``,
+    ``bytes_received``, ``exchange_seconds``, ``read_wait_seconds``: the exchange waiting for a
+    window's rows, ``windows_in_flight_max`` and ``bytes_in_flight_max``: the most held at once,
+    see ``EXCHANGE_BYTES_MAX``) and ``replicated`` (the collective load's report, when the
+    replicated tensors are read that way)."""
     import threading
+
+    import tensora
 
     fw = _check_framework(framework)
     g = _Group(group)
@@ -562,25 +700,15 @@ def load_tp_with_report(
     try:
         if grouped:
             # Rows torch.chunk(world, 0)[rank] of every group-split tensor: one range each.
-            _load_part(parts, "rows", p, grouped, [(_glob_exact(n), "column") for n in grouped], backend, remote, tp)
-        # Every rank read its rows (or every rank raises, naming the first that failed) before any
-        # slice is exchanged.
-        g.agree({"error": _part_error(parts, "rows"), "regions": ["tp-rows"]})
-        if grouped:
-            rows, rep = parts.pop("rows")
-            t = time.perf_counter()
-            sent = received = 0
-            shapes = {n: (shape, dim) for n, _, shape, dim, _, _ in reads}
-            for n in grouped:
-                shape, dim = shapes[n]
-                tensors[n], s, rcv = _exchange_split(g, n, rows.pop(n), list(shape), dim)
-                sent += s
-                received += rcv
-            report["group_split"] = {"tensors": len(grouped), "bytes_read": rep["bytes_read"], "bytes_sent": sent,
-                                     "bytes_received": received, "exchange_seconds": time.perf_counter() - t,
-                                     "load": rep}
-            report["bytes_read"] += rep["bytes_read"]
-            report["bytes_received"] += received
+            def read(names):
+                column = [(_glob_exact(n), "column") for n in names]
+                return tensora.load_file_with_report(p, framework="pt", select=names, backend=backend,
+                                                     remote=remote, tp=tp, rules=column)
+
+            split, report["group_split"] = _exchange_windows(g, reads, grouped, read)
+            tensors.update(split)
+            report["bytes_read"] += report["group_split"]["bytes_read"]
+            report["bytes_received"] += report["group_split"]["bytes_received"]
     finally:
         if mine is not None:
             mine.join()

@@ -7,7 +7,8 @@ the rank's report, or the error it raised. `--mode` picks what the rank does: `l
 (weights_iterator, with `--dtype` if given), `missing` (rank 1 asks for a path that does not exist), `die` (rank 1 exits at
 once, before loading), `other` (rank 1 loads `--other` instead of the path), `select` (every rank
 loads `--select`, rank 1 `--select1`), `tp` (td.load_tp_with_report, Llama rules; `--tp` makes `missing` and `die` call it too,
-`--exchange-bytes` and `--replicated-own-bytes` set its bounds), `files` (one `weights_iterator` over every `--path` as a
+`--exchange-bytes` and `--replicated-own-bytes` set its bounds), `die-mid` (td.load_tp_with_report; rank 1 exits as
+it starts exchanging its second window of the group split), `files` (one `weights_iterator` over every `--path` as a
 file list, written as the first path's result; rank 1 gets the list reversed).
 """
 
@@ -54,7 +55,17 @@ def run(a, rank: int, path: str) -> dict:
             out["rss_peak_kib"] = rss_kib("VmHWM")
             out["tensors"] = got
             return out
-        if a.mode == "tp" or a.tp:
+        if a.mode == "die-mid" and rank == 1:
+            exchange, calls = td._exchange_split, []
+
+            def dying(*args, **kwargs):
+                calls.append(args[1])
+                if len(calls) == 2:
+                    os._exit(3)
+                return exchange(*args, **kwargs)
+
+            td._exchange_split = dying
+        if a.mode in ("tp", "die-mid") or a.tp:
             if a.exchange_bytes is not None:
                 td.EXCHANGE_BYTES_MAX = a.exchange_bytes
             if a.replicated_own_bytes is not None:
