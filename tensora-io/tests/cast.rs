@@ -114,6 +114,18 @@ fn views_become_an_owned_cast_copy_converted_from_the_mapping_under_mapped() {
     }
 }
 
+/// A safetensors file of `header` and `data`, the header padded to an odd length so the data (and
+/// every tensor) starts at an odd file offset.
+fn write_at_an_odd_offset(path: &std::path::Path, header: String, data: &[u8]) -> tensora_format::Checkpoint {
+    let header = if header.len().is_multiple_of(2) { format!("{header} ") } else { header };
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(header.as_bytes()).unwrap();
+    f.write_all(data).unwrap();
+    drop(f);
+    tensora_format::open(path).unwrap()
+}
+
 /// A file whose F32 and BF16 tensors start at odd offsets: chunks and the sync backend's steps
 /// split elements between pieces, which the load gathers and converts whole.
 #[test]
@@ -127,15 +139,8 @@ fn elements_split_between_pieces_are_converted_whole() {
         a + b,
         a + b + c
     );
-    // An odd header length, so the data (and every tensor) starts at an odd file offset.
-    let header = if header.len() % 2 == 0 { format!("{header} ") } else { header };
     let data = support::tensor_bytes(7, 0, (a + b + c) as usize);
-    let mut f = std::fs::File::create(&path).unwrap();
-    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
-    f.write_all(header.as_bytes()).unwrap();
-    f.write_all(&data).unwrap();
-    drop(f);
-    let ckpt = tensora_format::open(&path).unwrap();
+    let ckpt = write_at_an_odd_offset(&path, header, &data);
     assert_eq!(ckpt.tensor("b").unwrap().offset_bytes() % 4, 2);
     let stored: std::collections::BTreeMap<String, (Dtype, Vec<u8>)> = [
         ("a".to_owned(), (Dtype::U8, data[..a as usize].to_vec())),
@@ -260,14 +265,7 @@ fn a_warm_f32_to_bf16_cast_is_bit_exact_with_round_to_nearest_even() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("f32.safetensors");
     let header = format!(r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#, data.len());
-    // An odd header length: the tensor starts at an odd file offset.
-    let header = if header.len() % 2 == 0 { format!("{header} ") } else { header };
-    let mut f = std::fs::File::create(&path).unwrap();
-    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
-    f.write_all(header.as_bytes()).unwrap();
-    f.write_all(&data).unwrap();
-    drop(f);
-    let ckpt = tensora_format::open(&path).unwrap();
+    let ckpt = write_at_an_odd_offset(&path, header, &data);
     assert_eq!(ckpt.tensor("w").unwrap().offset_bytes() % 2, 1);
 
     let seen_bytes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
