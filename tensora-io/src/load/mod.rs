@@ -61,7 +61,7 @@ pub use runs::{Runs, load_runs};
 pub use session::load;
 pub use share::{ShareLoad, ShareOf, ShareRuns, load_share, load_share_runs};
 pub use sliced::{ShardRead, shard_reads};
-pub use streaming::load_streaming;
+pub use streaming::{COLD_MAPPED_RUN_BYTES_MAX, STREAM_LOOKAHEAD_BYTES, load_streaming};
 
 use crate::error::LoadError;
 
