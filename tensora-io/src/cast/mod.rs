@@ -19,7 +19,8 @@
 //! SIMD: AVX-512F (16 lanes) or AVX2 with F16C (8 lanes), detected at run time ([`Simd`]), with
 //! the scalar functions ([`scalar`]) as the fallback and for the tails; the tests check every
 //! level against the scalar functions on every 16-bit and 8-bit input. AVX-512 BF16's
-//! `vcvtneps2bf16` is not used: it flushes subnormals to zero, torch does not.
+//! `vcvtneps2bf16` is not used: it flushes subnormals to zero, torch does not. F32 → BF16 outputs
+//! of at least [`STREAMING_STORES_MIN_BYTES`] are written with streaming stores at AVX-512.
 
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
