@@ -61,10 +61,10 @@ pub use fault::{Fault, FaultPlan, FaultySource};
 #[cfg(feature = "async")]
 pub use load::load_async;
 pub use load::{
-    ArenaReuse, BackendChoice, CAST_ALIGN_BYTES, Element, FilesUnchanged, IoMode, LoadOptions, Loaded,
-    ON_READ_STEP_BYTES, PieceRef, ProgressHook, ReadHook, Residence, Runs, ShardRead, ShareLoad, ShareOf,
-    ShareRuns, TensorHook, TensorRef, UnknownBackend, load, load_path, load_runs, load_share,
-    load_share_runs, load_streaming, shard_reads,
+    ArenaReuse, BackendChoice, CAST_ALIGN_BYTES, COLD_MAPPED_RUN_BYTES_MAX, Element, FilesUnchanged, IoMode,
+    LoadOptions, Loaded, ON_READ_STEP_BYTES, PieceRef, ProgressHook, ReadHook, Residence, Runs,
+    STREAM_LOOKAHEAD_BYTES, ShardRead, ShareLoad, ShareOf, ShareRuns, TensorHook, TensorRef, UnknownBackend,
+    load, load_path, load_runs, load_share, load_share_runs, load_streaming, shard_reads,
 };
 pub use map::populate::{
     POPULATE_PIECE_BYTES_MAX, PopulateConfig, PopulateError, Populated, ReadAhead, Span, populate,

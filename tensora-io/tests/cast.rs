@@ -114,6 +114,18 @@ fn views_become_an_owned_cast_copy_converted_from_the_mapping_under_mapped() {
     }
 }
 
+/// A safetensors file of `header` and `data`, the header padded to an odd length so the data (and
+/// every tensor) starts at an odd file offset.
+fn write_at_an_odd_offset(path: &std::path::Path, header: String, data: &[u8]) -> tensora_format::Checkpoint {
+    let header = if header.len().is_multiple_of(2) { format!("{header} ") } else { header };
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
+    f.write_all(header.as_bytes()).unwrap();
+    f.write_all(data).unwrap();
+    drop(f);
+    tensora_format::open(path).unwrap()
+}
+
 /// A file whose F32 and BF16 tensors start at odd offsets: chunks and the sync backend's steps
 /// split elements between pieces, which the load gathers and converts whole.
 #[test]
@@ -127,15 +139,8 @@ fn elements_split_between_pieces_are_converted_whole() {
         a + b,
         a + b + c
     );
-    // An odd header length, so the data (and every tensor) starts at an odd file offset.
-    let header = if header.len() % 2 == 0 { format!("{header} ") } else { header };
     let data = support::tensor_bytes(7, 0, (a + b + c) as usize);
-    let mut f = std::fs::File::create(&path).unwrap();
-    f.write_all(&(header.len() as u64).to_le_bytes()).unwrap();
-    f.write_all(header.as_bytes()).unwrap();
-    f.write_all(&data).unwrap();
-    drop(f);
-    let ckpt = tensora_format::open(&path).unwrap();
+    let ckpt = write_at_an_odd_offset(&path, header, &data);
     assert_eq!(ckpt.tensor("b").unwrap().offset_bytes() % 4, 2);
     let stored: std::collections::BTreeMap<String, (Dtype, Vec<u8>)> = [
         ("a".to_owned(), (Dtype::U8, data[..a as usize].to_vec())),
@@ -209,5 +214,81 @@ fn runs_are_cast_loads_of_their_tensors() {
     assert_eq!(seen.len(), stored.len());
     for (name, (from, bytes)) in &stored {
         assert_eq!(seen[name], expected(*from, DtypeTarget::BF16, bytes), "{name}");
+    }
+}
+
+/// F32 to BF16 by round to nearest even, every NaN `0xFFFF` (torch's vectorised CPU cast),
+/// written here from the definition, independently of `tensora_io::cast`'s kernels.
+fn bf16_of(bits: u32) -> u16 {
+    if f32::from_bits(bits).is_nan() {
+        return 0xFFFF;
+    }
+    let (upper, lower) = (bits >> 16, bits & 0xFFFF);
+    let up = lower > 0x8000 || (lower == 0x8000 && upper & 1 == 1);
+    (upper + u32::from(up)) as u16
+}
+
+/// A warm F32 to BF16 cast under `Residence::Auto` (converted from views of the page cache, in
+/// work items long enough for the streaming-store kernel): every element bit-exact with round to
+/// nearest even (ties both ways, NaNs, ±Inf, subnormals, overflow to Inf), a tensor at an odd file
+/// offset with an odd element count (the kernel's scalar head and tail), and `on_read` sees every
+/// byte once.
+#[test]
+fn a_warm_f32_to_bf16_cast_is_bit_exact_with_round_to_nearest_even() {
+    let specials: [u32; 16] = [
+        0x3F80_8000, // a tie, even: stays
+        0x3F81_8000, // a tie, odd: up
+        0x3F80_8001,
+        0x3F80_7FFF,
+        0x7F7F_FFFF, // largest finite: rounds to +Inf
+        0xFF7F_8000, // a tie at -max: to -Inf
+        0x0000_0001, // subnormals, kept (no flush to zero)
+        0x8000_8000,
+        0x007F_FFFF,
+        0x7F80_0000, // +Inf
+        0xFF80_0000,
+        0x7FC0_0000, // NaNs
+        0xFF80_0001,
+        0x7FBF_FFFF,
+        0x0000_0000,
+        0x8000_0000,
+    ];
+    let n = 300_007usize; // 1.2 MB in, 600 KB out: above `STREAMING_STORES_MIN_BYTES`
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let values: Vec<u32> = (0..n)
+        .map(|i| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            if i % 3 == 0 { specials[(i / 3) % specials.len()] } else { (state >> 32) as u32 }
+        })
+        .collect();
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f32.safetensors");
+    let header = format!(r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#, data.len());
+    let ckpt = write_at_an_odd_offset(&path, header, &data);
+    assert_eq!(ckpt.tensor("w").unwrap().offset_bytes() % 2, 1);
+
+    let seen_bytes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = std::sync::Arc::clone(&seen_bytes);
+    let opts = LoadOptions {
+        residence: Residence::Auto(files_unchanged()),
+        dtype: DtypeTarget::BF16,
+        threads: 3,
+        on_read: Some(std::sync::Arc::new(move |p: &tensora_io::PieceRef<'_>| {
+            seen.fetch_add(p.bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        })),
+        ..LoadOptions::default()
+    };
+    let loaded = load(&ckpt, &opts).unwrap();
+    let reason = &loaded.report().reason;
+    assert!(reason.contains("straight from views of the files (auto: warm"), "{reason}");
+    assert_eq!(seen_bytes.load(std::sync::atomic::Ordering::Relaxed), data.len() as u64);
+    let t = loaded.tensor("w").unwrap();
+    assert_eq!(t.dtype(), Dtype::BF16);
+    let got: Vec<u16> = t.bytes().chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+    assert_eq!(got.len(), n);
+    for (i, (&x, &y)) in values.iter().zip(&got).enumerate() {
+        assert_eq!(y, bf16_of(x), "element {i}: {x:#010x} became {y:#06x}");
     }
 }

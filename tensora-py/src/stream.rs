@@ -2,6 +2,9 @@
 //! tensors of at most a third of the `budget` each (`tensora_io::load_runs`, which also decides
 //! where each run lives, and faults the next run's memory in while one loads) and hands each
 //! tensor, zero copy, over a [`Bounded`] queue. The Python side waits with the GIL released.
+//! Mapped runs of cold files are at most `tensora_io::COLD_MAPPED_RUN_BYTES_MAX` (32 MiB), read
+//! ahead up to `tensora_io::STREAM_LOOKAHEAD_BYTES` past the run being read in: each tensor is
+//! handed over soon after its own pages land, while the ones after it are read.
 //!
 //! Memory: the thread loads a run while the consumer works through the one before, and starts on
 //! the next only once the consumer has taken the first tensor of the run it queued (so it has

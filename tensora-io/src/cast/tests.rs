@@ -244,3 +244,29 @@ fn unsupported_casts_and_mismatched_lengths_are_typed_errors() {
         Err(CastError::Unsupported { from: Dtype::F8E4M3Fnuz, to: Dtype::F16 })
     );
 }
+
+/// Outputs of at least `STREAMING_STORES_MIN_BYTES` go through the streaming-store kernel (from
+/// the first 32-byte aligned element, the head and tail one at a time): every level, every skew
+/// of the destination, equal to the scalar rounding on ties, NaNs, infinities and subnormals.
+#[test]
+fn long_f32_to_bf16_outputs_written_around_the_cache_round_as_the_scalar_function() {
+    let n = STREAMING_STORES_MIN_BYTES / 2 + 1001;
+    let specials =
+        [0x3F80_8000u32, 0x3F81_8000, 0x7F7F_FFFF, 0x0000_0001, 0x8000_8000, 0x7FC0_0000, 0xFF80_0001];
+    let xs: Vec<u32> = (0..n as u32)
+        .map(|i| {
+            if i % 5 == 0 {
+                specials[(i / 5) as usize % specials.len()]
+            } else {
+                i.wrapping_mul(2_654_435_761)
+            }
+        })
+        .collect();
+    let want: Vec<u16> = xs.iter().map(|&x| f32_to_bf16(x, BF16_NAN_FROM_F32)).collect();
+    let src = le32(&xs);
+    for simd in Simd::available() {
+        for skew in 0..6 {
+            assert!(un16(&run(simd, Dtype::F32, Dtype::BF16, &src, skew)) == want, "{simd:?} skew {skew}");
+        }
+    }
+}

@@ -72,23 +72,49 @@ pub unsafe fn f32_to_f16_avx512(src: *const u8, dst: *mut u8, n: usize) -> usize
 /// As [`f32_to_f16_avx512`].
 #[target_feature(enable = "avx512f")]
 pub unsafe fn f32_to_bf16_avx512(src: *const u8, dst: *mut u8, n: usize, nan: u16) -> usize {
-    let one = _mm512_set1_epi32(1);
-    let bias = _mm512_set1_epi32(0x7FFF);
     let nan = _mm512_set1_epi32(i32::from(nan));
     let mut i = 0;
     while i + 16 <= n {
         // SAFETY: `i + 16 <= n`: inside both buffers.
         unsafe {
             let x = _mm512_loadu_si512(src.add(4 * i).cast());
-            let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), one);
-            let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(x, _mm512_add_epi32(lsb, bias)));
-            let xf = _mm512_castsi512_ps(x);
-            let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(xf, xf);
-            let r = _mm512_mask_blend_epi32(ordered, nan, r);
-            _mm256_storeu_si256(dst.add(2 * i).cast(), _mm512_cvtepi32_epi16(r));
+            _mm256_storeu_si256(dst.add(2 * i).cast(), round_bf16_avx512(x, nan));
         }
         i += 16;
     }
+    i
+}
+
+/// F32 bits to BF16, 16 lanes: the scalar rounding, lane-wise; NaN lanes `nan`.
+#[target_feature(enable = "avx512f")]
+fn round_bf16_avx512(x: __m512i, nan: __m512i) -> __m256i {
+    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(x), _mm512_set1_epi32(1));
+    let r = _mm512_srli_epi32::<16>(_mm512_add_epi32(x, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))));
+    let xf = _mm512_castsi512_ps(x);
+    let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(xf, xf);
+    _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(ordered, nan, r))
+}
+
+/// F32 → BF16 as [`f32_to_bf16_avx512`], written with streaming (non-temporal) stores that go
+/// around the cache: a long output is not read back soon, and a store that misses the cache then
+/// costs no read of the line first. Ends with a store fence.
+///
+/// # Safety
+/// As [`f32_to_f16_avx512`], and `dst` is 32-byte aligned.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn f32_to_bf16_avx512_streaming(src: *const u8, dst: *mut u8, n: usize, nan: u16) -> usize {
+    let nan = _mm512_set1_epi32(i32::from(nan));
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: `i + 16 <= n`: inside both buffers; `dst + 2i` is 32-byte aligned (`dst` is,
+        // and `i` is a multiple of 16).
+        unsafe {
+            let x = _mm512_loadu_si512(src.add(4 * i).cast());
+            _mm256_stream_si256(dst.add(2 * i).cast(), round_bf16_avx512(x, nan));
+        }
+        i += 16;
+    }
+    _mm_sfence();
     i
 }
 

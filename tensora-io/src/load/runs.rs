@@ -10,13 +10,14 @@ use tensora_format::{Checkpoint, Selection};
 
 use super::cast::load_cast_part;
 use super::session::{Session, begin};
-use super::streaming::stream_windows;
+use super::streaming::{COLD_MAPPED_RUN_BYTES_MAX, LookAhead, stream_windows};
 use super::{ArenaReuse, LoadOptions, Loaded};
 use crate::arena::{Arena, Pages};
 use crate::auto::Delivery;
 use crate::cast::DtypeTarget;
 use crate::error::LoadError;
 use crate::report::{Faults, Phases};
+use crate::seam::Reading;
 
 /// Load the selection as owned runs of consecutive tensors (in priority, then file order), each
 /// holding at most [`LoadOptions::budget_bytes`] of tensor data (plus alignment slack; a tensor
@@ -53,13 +54,19 @@ use crate::report::{Faults, Phases};
 /// [`Residence::Auto`]: crate::Residence::Auto
 pub fn load_runs<'c>(ckpt: &'c Checkpoint, opts: &'c LoadOptions) -> Result<Runs<'c>, LoadError> {
     let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
-    let pending = stream_windows(ckpt, &selected, opts).into();
+    // Mapped runs of cold files are short and read ahead across their ends (`LookAhead`).
+    let cold_mapped = session.residence.is_mapped() && session.reading != Reading::Cached;
+    let run_bytes =
+        if cold_mapped { opts.budget_bytes.min(COLD_MAPPED_RUN_BYTES_MAX) } else { opts.budget_bytes };
+    let pending = stream_windows(ckpt, &selected, opts, run_bytes).into();
+    let ahead = cold_mapped.then(|| LookAhead::new(ckpt, &pending, opts.files_open_max));
     Ok(Runs {
         session,
         pending,
         first: Some((phases, faults_before)),
         next_arena: None,
         pages: PagesAhead::default(),
+        ahead,
     })
 }
 
@@ -160,6 +167,8 @@ pub struct Runs<'c> {
     next_arena: Option<NextArena>,
     /// What the next arena to fault in starts with (see [`PagesAhead`]).
     pages: PagesAhead,
+    /// The read-ahead across the runs of a mapped stream over cold files.
+    ahead: Option<LookAhead>,
 }
 
 impl Drop for Runs<'_> {
@@ -196,6 +205,9 @@ impl Runs<'_> {
             return load_cast_part(ckpt, opts, &run, Selection::Names(names), t).map(Some);
         }
         if self.session.residence.is_mapped() {
+            if let Some(ahead) = &mut self.ahead {
+                ahead.run_starts(ckpt, run.iter().map(|&i| ckpt.tensors()[i].len_bytes()).sum());
+            }
             return self.session.load_part(&run, phases, faults_before).map(Some);
         }
         let t = Instant::now();

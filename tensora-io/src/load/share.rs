@@ -168,7 +168,7 @@ pub fn load_share_runs<'c>(
     super::session::refuse_cast(opts, "load_share_runs")?;
     let (mut session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
     session.layout = Layout::SameOnEveryRank;
-    let pending = super::streaming::stream_windows(ckpt, &selected, opts).into();
+    let pending = super::streaming::stream_windows(ckpt, &selected, opts, opts.budget_bytes).into();
     Ok(ShareRuns { session, share, pending, first: Some((phases, faults_before)) })
 }
 

@@ -474,7 +474,9 @@ def weights_iterator(
     ``residence`` is as in ``load_file`` (default: ``"auto"`` for torch, ``"owned"`` for numpy):
     ``"owned"`` gives each run an owned buffer; ``"auto"`` decides per file (warm local files:
     mapped views, each run's pages read in before it is yielded, with the same ``SIGBUS``
-    caveat).
+    caveat; cold local files whose pages fit the page cache: mapped views too, in runs of at most
+    32 MiB read ahead up to 256 MiB past the one being read in, so each tensor is yielded soon
+    after its own pages land while the next ones are read).
     ``manifest`` (one for the whole model, all files): each tensor is checked as it lands and is
     yielded only if it matches; the first that does not raises ``VerifyError`` from the loop.
     ``tp=(rank, world)`` and ``rules`` (as in ``load_file``, one checkpoint path only): the rank's
