@@ -28,6 +28,8 @@ import dataclasses
 import time
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+from . import _native
+
 # The vLLM versions this loader was tested on: [first, last_excluded).
 VLLM_TESTED = ("0.32.0", "0.33")
 # The weights iterator's budget when none is given (the most it holds is about 1.33 x this).
@@ -35,8 +37,8 @@ BUDGET_DEFAULT_BYTES = 1 << 30
 
 # Each key of model_loader_extra_config: its type and what it does.
 OPTIONS: Dict[str, Tuple[type, str]] = {
-    "weights": (str, "where the weights are, when not in the model directory: a URL (s3://, "
-                     "http(s)://, az://, gs://) or a local path"),
+    "weights": (str, "where the weights are, when not in the model directory: a URL of any store "
+                     "tensora._native.schemes() lists, or a local path"),
     "residence": (str, '"auto" (default), "owned" or "mapped" (tensora.load_file)'),
     "backend": (str, 'the I/O backend ("auto" by default; tensora.backends())'),
     "budget_bytes": (int, "the local weights iterator's memory budget (1 GiB by default)"),
@@ -50,7 +52,8 @@ _REMOTE_KEYS = {
     "allow_unversioned": bool, "open_timeout": (int, float), "cache_max": int, "offline": bool,
     "cache_writes": str,
 }
-_URL_SCHEMES = ("s3://", "http://", "https://", "az://", "gs://")
+# Every store's URL prefixes, from the one table of stores (``tensora._native.schemes()``).
+_URL_SCHEMES = tuple(f"{s}://" for store in _native.schemes() for s in store["schemes"])
 
 
 class UntestedVllmError(RuntimeError):
