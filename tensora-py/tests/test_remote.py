@@ -141,3 +141,9 @@ def test_the_stores_come_from_the_native_table():
     assert by_backend["remote-s3"]["lists"] and not by_backend["remote-http"]["lists"]
     for documented in (tensora.RemoteOptions, tensora.load_file, tensora.verify):
         assert "tensora._native.schemes()" in documented.__doc__
+    # The vLLM loader tells a URL from a path by the same table (it once missed s3a:// and azure://).
+    from tensora import vllm as tensora_vllm
+
+    for scheme in schemes:
+        assert tensora_vllm.Settings(weights=f"{scheme}://b/k/").is_remote, scheme
+    assert not tensora_vllm.Settings(weights="/models/llama").is_remote
