@@ -1,5 +1,7 @@
 //! How a cold checkpoint gets into memory *and* the page cache, and what that costs: wall time,
-//! the process's CPU (user + sys, `getrusage`), and the folio sizes the page cache ended with.
+//! the process's CPU (user + sys, `getrusage`), the machine's interrupt time and direct-compaction
+//! stalls (`/proc/stat`, `/proc/vmstat`: not the process's alone), and the folio sizes the page
+//! cache ended with.
 //!
 //! ```text
 //! cargo build --release -p tensora-io --example cold_fill
@@ -27,6 +29,8 @@
 //!   folios) instead of advising: the readers `pread` from a cache of large folios.
 //! - `i`   `f`'s populators (one per span) with one copier per span following each behind, out of
 //!   the `MADV_HUGEPAGE` mapping into the destination.
+//! - `j`   as `i`, the copiers `pread` from the descriptors (the page cache) instead; `j0` the
+//!   same without `MADV_HUGEPAGE` (a plain mapping populated).
 //! - `f0`  `f` without `MADV_HUGEPAGE` (a plain mapping, as the mapped views are populated today).
 //! - `c4`  as `c2` with 4 threads; `d8` as `d` with 8 MiB advice steps.
 //!
@@ -57,6 +61,8 @@ const ADVICE_LEAD_BYTES: u64 = 512 << 20;
 const FOLLOW_WAITS_MAX: u32 = 300_000;
 /// Alignment of `O_DIRECT` reads and of the destination.
 const ALIGN_BYTES: usize = 2 << 20;
+/// `POSIX_FADV_DONTNEED` passes before the probe drops every clean cache instead.
+const EVICT_TRIES_MAX: u32 = 10;
 /// Blocks compared per file after a variant.
 const CHECK_BLOCKS: u64 = 64;
 const PAGE_BYTES: u64 = 4096;
@@ -144,7 +150,14 @@ impl Mapping {
         let len_bytes = len_bytes as usize;
         // SAFETY: a fresh read-only shared mapping of a file we hold open.
         let ptr = unsafe {
-            libc::mmap(std::ptr::null_mut(), len_bytes, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len_bytes,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
         };
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error().into());
@@ -316,7 +329,20 @@ fn populate_spans(maps: &[Mapping], spans: &[Vec<Span>], done: &[AtomicU64]) -> 
 }
 
 /// Variant `i`'s copiers: each copies its spans out of the mapping behind its populator.
-fn copy_following(maps: &[Mapping], srcs: &[Src], dest: &Dest, spans: &[Vec<Span>], done: &[AtomicU64]) -> Res<()> {
+/// Where variant `i`/`j`'s copiers take the bytes from.
+#[derive(Clone, Copy)]
+enum CopyFrom<'a> {
+    Mapping(&'a [Mapping]),
+    Pread(&'a [File]),
+}
+
+fn copy_following(
+    from: CopyFrom<'_>,
+    srcs: &[Src],
+    dest: &Dest,
+    spans: &[Vec<Span>],
+    done: &[AtomicU64],
+) -> Res<()> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = spans
             .iter()
@@ -336,8 +362,15 @@ fn copy_following(maps: &[Mapping], srcs: &[Src], dest: &Dest, spans: &[Vec<Span
                                 }
                                 std::thread::sleep(Duration::from_micros(200));
                             }
-                            dest.at(srcs[sp.file].dest_offset_bytes + at, n as usize)
-                                .copy_from_slice(maps[sp.file].bytes(at, n as usize));
+                            let to = dest.at(srcs[sp.file].dest_offset_bytes + at, n as usize);
+                            match from {
+                                CopyFrom::Mapping(maps) => {
+                                    to.copy_from_slice(maps[sp.file].bytes(at, n as usize))
+                                }
+                                CopyFrom::Pread(files) => {
+                                    pread_all(&files[sp.file], to, at).map_err(|e| e.to_string())?
+                                }
+                            }
                             at += n;
                             copied += n;
                         }
@@ -363,7 +396,13 @@ enum Ahead<'a> {
 }
 
 /// Variant `d`'s helper: `WILLNEED` in steps, at most its share of the lead ahead of each reader.
-fn advise_ahead(ahead: Ahead<'_>, spans: &[Vec<Span>], done: &[AtomicU64], finished: &AtomicUsize, step: u64) {
+fn advise_ahead(
+    ahead: Ahead<'_>,
+    spans: &[Vec<Span>],
+    done: &[AtomicU64],
+    finished: &AtomicUsize,
+    step: u64,
+) {
     let lead = ADVICE_LEAD_BYTES / spans.len() as u64;
     let mut cursor: Vec<(usize, u64, u64)> = vec![(0, 0, 0); spans.len()]; // (span, offset, advised)
     while finished.load(Ordering::Acquire) == 0 {
@@ -408,7 +447,13 @@ enum MappedFill {
     PopulateOnly,
 }
 
-fn copy_mapped(maps: &[Mapping], srcs: &[Src], dest: &Dest, spans: &[Vec<Span>], fill: MappedFill) -> Res<()> {
+fn copy_mapped(
+    maps: &[Mapping],
+    srcs: &[Src],
+    dest: &Dest,
+    spans: &[Vec<Span>],
+    fill: MappedFill,
+) -> Res<()> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = spans
             .iter()
@@ -460,7 +505,13 @@ fn run_variant(v: &str, dir: &Path, srcs: &[Src], dest: &Dest, threads: usize) -
                 fadvise(f, 0, 0, libc::POSIX_FADV_SEQUENTIAL);
             }
             let n: usize = v[1..].parse()?;
-            read_spans(&files, srcs, dest, &spans(srcs, n), &(0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>())
+            read_spans(
+                &files,
+                srcs,
+                dest,
+                &spans(srcs, n),
+                &(0..n).map(|_| AtomicU64::new(0)).collect::<Vec<_>>(),
+            )
         }
         "d" | "d8" | "g" | "h" => {
             let step = if v == "d8" { 4 * ADVICE_STEP_BYTES } else { ADVICE_STEP_BYTES };
@@ -490,18 +541,19 @@ fn run_variant(v: &str, dir: &Path, srcs: &[Src], dest: &Dest, threads: usize) -
                 r
             })
         }
-        "i" => {
+        "i" | "j" | "j0" => {
             let files = open_all(srcs, false)?;
             let maps =
                 files.iter().zip(srcs).map(|(f, s)| Mapping::new(f, s.len_bytes)).collect::<Res<Vec<_>>>()?;
-            for m in &maps {
+            for m in maps.iter().filter(|_| v != "j0") {
                 m.advise(0, m.len_bytes as u64, libc::MADV_HUGEPAGE)?;
             }
             let sp = spans(srcs, threads);
             let done = zero();
             std::thread::scope(|scope| {
                 let fill = scope.spawn(|| populate_spans(&maps, &sp, &done));
-                let r = copy_following(&maps, srcs, dest, &sp, &done);
+                let from = if v == "i" { CopyFrom::Mapping(&maps) } else { CopyFrom::Pread(&files) };
+                let r = copy_following(from, srcs, dest, &sp, &done);
                 fill.join().map_err(|_| "populators panicked")??;
                 r
             })
@@ -538,6 +590,15 @@ fn irq_seconds() -> Res<f64> {
     Ok((f.get(5).copied().unwrap_or(0) + f.get(6).copied().unwrap_or(0)) as f64 / hz)
 }
 
+/// The machine's direct-compaction stalls so far (`/proc/vmstat` `compact_stall`): an allocation
+/// of a large folio that had to compact memory first.
+fn compact_stalls() -> Res<u64> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat")?;
+    let line =
+        vmstat.lines().find(|l| l.starts_with("compact_stall ")).ok_or("no compact_stall in /proc/vmstat")?;
+    Ok(line["compact_stall ".len()..].trim().parse()?)
+}
+
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage writes one struct we own.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
@@ -562,12 +623,26 @@ fn resident_pages(file: &File, len_bytes: u64) -> Res<u64> {
 
 /// Drops the files' pages; returns how many stayed cached (another process reading the files
 /// meanwhile keeps some: the run is then marked).
+///
+/// Large folios just unmapped can survive a first `POSIX_FADV_DONTNEED` (seen after the
+/// `MADV_HUGEPAGE` variants): it is retried [`EVICT_TRIES_MAX`] times, then the machine's clean
+/// caches are dropped (`drop_caches`).
 fn evict(srcs: &[Src]) -> Res<u64> {
     let mut left = 0;
-    for s in srcs {
-        let f = File::open(&s.path)?;
-        tensora_sys::evict_file_cache(&f)?;
-        left += resident_pages(&f, s.len_bytes)?;
+    for tries in 0..=EVICT_TRIES_MAX {
+        if tries == EVICT_TRIES_MAX {
+            tensora_sys::drop_caches_global()?;
+        }
+        left = 0;
+        for s in srcs {
+            let f = File::open(&s.path)?;
+            tensora_sys::evict_file_cache(&f)?;
+            left += resident_pages(&f, s.len_bytes)?;
+        }
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     Ok(left)
 }
@@ -642,7 +717,8 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = PathBuf::from(args.get(1).ok_or("usage: cold_fill DIR [--runs N] [--threads T] [--only a,b,...]")?);
+    let dir =
+        PathBuf::from(args.get(1).ok_or("usage: cold_fill DIR [--runs N] [--threads T] [--only a,b,...]")?);
     let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let runs: usize = flag("--runs").map_or(Ok(3), |s| s.parse())?;
     let threads: usize = flag("--threads").map_or(Ok(2), |s| s.parse())?;
@@ -663,18 +739,24 @@ fn main() -> Res<()> {
             if left != 0 {
                 println!("run {run} {v:<3} starts with {left} pages cached (another reader?)");
             }
-            let (cpu0, irq0, t0) = (cpu_seconds(), irq_seconds()?, Instant::now());
+            let (cpu0, irq0, stalls0, t0) =
+                (cpu_seconds(), irq_seconds()?, compact_stalls()?, Instant::now());
             run_variant(v, &dir, &srcs, &dest, threads)?;
             let (wall, cpu, irq) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0, irq_seconds()? - irq0);
+            let stalls = compact_stalls()? - stalls0;
             if !matches!(v, "b" | "f" | "f0" | "g") {
                 check(&srcs, &dest)?;
             }
             let kept: u64 =
                 srcs.iter().map(|s| resident_pages(&File::open(&s.path)?, s.len_bytes)).sum::<Res<u64>>()?;
-            let census = if kept * 100 >= total.div_ceil(PAGE_BYTES) * 99 { folio_census(&srcs)? } else { [0; ORDER_MAX + 1] };
+            let census = if kept * 100 >= total.div_ceil(PAGE_BYTES) * 99 {
+                folio_census(&srcs)?
+            } else {
+                [0; ORDER_MAX + 1]
+            };
             let folios: u64 = census.iter().sum();
             println!(
-                "run {run} {v:<3} wall {wall:6.3} s  {:5.2} GB/s  cpu {cpu:6.3} s  irq {irq:5.3} s  pages kept {:5.1}%  folios {folios} (mean {:.0} KiB) by order {census:?}",
+                "run {run} {v:<3} wall {wall:6.3} s  {:5.2} GB/s  cpu {cpu:6.3} s  irq {irq:5.3} s  compaction stalls {stalls:5}  pages kept {:5.1}%  folios {folios} (mean {:.0} KiB) by order {census:?}",
                 total as f64 / wall / 1e9,
                 kept as f64 * PAGE_BYTES as f64 * 100.0 / total as f64,
                 if folios > 0 { kept as f64 * 4.0 / folios as f64 } else { 0.0 },
