@@ -268,67 +268,60 @@ fn pread_at_least(file: &File, buf: &mut [u8], offset: u64, need: usize) -> io::
     Ok(())
 }
 
-/// Reads each thread's spans with `pread` in `CHUNK_BYTES`, publishing progress per thread.
+/// Runs one thread per entry of `spans`; each calls `chunk(thread, span, offset, len)` for its
+/// spans in order, `CHUNK_BYTES` at a time. The first error is returned.
+fn walk_spans<F>(spans: &[Vec<Span>], chunk: F) -> Res<()>
+where
+    F: Fn(usize, Span, u64, u64) -> Result<(), String> + Sync,
+{
+    std::thread::scope(|scope| {
+        let chunk = &chunk;
+        let handles: Vec<_> = spans
+            .iter()
+            .enumerate()
+            .map(|(t, mine)| {
+                scope.spawn(move || -> Result<(), String> {
+                    for &sp in mine {
+                        let mut at = sp.start_bytes;
+                        while at < sp.end_bytes {
+                            let n = (sp.end_bytes - at).min(CHUNK_BYTES as u64);
+                            chunk(t, sp, at, n)?;
+                            at += n;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| "a worker panicked")??;
+        }
+        Ok(())
+    })
+}
+
+/// Reads each thread's spans with `pread`, publishing progress per thread.
 fn read_spans(files: &[File], srcs: &[Src], dest: &Dest, spans: &[Vec<Span>], done: &[AtomicU64]) -> Res<()> {
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = spans
-            .iter()
-            .zip(done)
-            .map(|(mine, done)| {
-                scope.spawn(move || -> io::Result<()> {
-                    for sp in mine {
-                        let mut at = sp.start_bytes;
-                        while at < sp.end_bytes {
-                            let n = (sp.end_bytes - at).min(CHUNK_BYTES as u64);
-                            // O_DIRECT: the file's unaligned tail is read as a whole block
-                            // (the destination is padded to ALIGN_BYTES after each file).
-                            let len = (n as usize).div_ceil(PAGE_BYTES as usize) * PAGE_BYTES as usize;
-                            let buf = dest.at(srcs[sp.file].dest_offset_bytes + at, len);
-                            pread_at_least(&files[sp.file], buf, at, n as usize)?;
-                            at += n;
-                            done.fetch_add(n, Ordering::Release);
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| "reader panicked")??;
-        }
+    walk_spans(spans, |t, sp, at, n| {
+        // O_DIRECT: the file's unaligned tail is read as a whole block (the destination is
+        // padded to ALIGN_BYTES after each file).
+        let len = (n as usize).div_ceil(PAGE_BYTES as usize) * PAGE_BYTES as usize;
+        let buf = dest.at(srcs[sp.file].dest_offset_bytes + at, len);
+        pread_at_least(&files[sp.file], buf, at, n as usize).map_err(|e| e.to_string())?;
+        done[t].fetch_add(n, Ordering::Release);
         Ok(())
     })
 }
 
-/// Variant `g`'s readers: `MADV_POPULATE_READ` of a plain mapping behind the advice, no copy.
+/// Variant `g`'s readers (and `i`/`j`'s populators): `MADV_POPULATE_READ`, no copy.
 fn populate_spans(maps: &[Mapping], spans: &[Vec<Span>], done: &[AtomicU64]) -> Res<()> {
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = spans
-            .iter()
-            .zip(done)
-            .map(|(mine, done)| {
-                scope.spawn(move || -> io::Result<()> {
-                    for sp in mine {
-                        let mut at = sp.start_bytes;
-                        while at < sp.end_bytes {
-                            let n = (sp.end_bytes - at).min(CHUNK_BYTES as u64);
-                            maps[sp.file].advise(at, n, libc::MADV_POPULATE_READ)?;
-                            at += n;
-                            done.fetch_add(n, Ordering::Release);
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| "populator panicked")??;
-        }
+    walk_spans(spans, |t, sp, at, n| {
+        maps[sp.file].advise(at, n, libc::MADV_POPULATE_READ).map_err(|e| e.to_string())?;
+        done[t].fetch_add(n, Ordering::Release);
         Ok(())
     })
 }
 
-/// Variant `i`'s copiers: each copies its spans out of the mapping behind its populator.
 /// Where variant `i`/`j`'s copiers take the bytes from.
 #[derive(Clone, Copy)]
 enum CopyFrom<'a> {
@@ -336,6 +329,7 @@ enum CopyFrom<'a> {
     Pread(&'a [File]),
 }
 
+/// Variant `i`/`j`'s copiers: each copies its spans behind its populator (`done`).
 fn copy_following(
     from: CopyFrom<'_>,
     srcs: &[Src],
@@ -343,45 +337,23 @@ fn copy_following(
     spans: &[Vec<Span>],
     done: &[AtomicU64],
 ) -> Res<()> {
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = spans
-            .iter()
-            .zip(done)
-            .map(|(mine, done)| {
-                scope.spawn(move || -> Result<(), String> {
-                    let mut copied = 0u64;
-                    for sp in mine {
-                        let mut at = sp.start_bytes;
-                        while at < sp.end_bytes {
-                            let n = (sp.end_bytes - at).min(CHUNK_BYTES as u64);
-                            let mut waits = 0u32;
-                            while done.load(Ordering::Acquire) < copied + n {
-                                waits += 1;
-                                if waits > FOLLOW_WAITS_MAX {
-                                    return Err("populator stalled".into());
-                                }
-                                std::thread::sleep(Duration::from_micros(200));
-                            }
-                            let to = dest.at(srcs[sp.file].dest_offset_bytes + at, n as usize);
-                            match from {
-                                CopyFrom::Mapping(maps) => {
-                                    to.copy_from_slice(maps[sp.file].bytes(at, n as usize))
-                                }
-                                CopyFrom::Pread(files) => {
-                                    pread_all(&files[sp.file], to, at).map_err(|e| e.to_string())?
-                                }
-                            }
-                            at += n;
-                            copied += n;
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| "copier panicked")??;
+    let copied: Vec<AtomicU64> = spans.iter().map(|_| AtomicU64::new(0)).collect();
+    walk_spans(spans, |t, sp, at, n| {
+        let want = copied[t].load(Ordering::Relaxed) + n;
+        let mut waits = 0u32;
+        while done[t].load(Ordering::Acquire) < want {
+            waits += 1;
+            if waits > FOLLOW_WAITS_MAX {
+                return Err("populator stalled".into());
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
+        let to = dest.at(srcs[sp.file].dest_offset_bytes + at, n as usize);
+        match from {
+            CopyFrom::Mapping(maps) => to.copy_from_slice(maps[sp.file].bytes(at, n as usize)),
+            CopyFrom::Pread(files) => pread_all(&files[sp.file], to, at).map_err(|e| e.to_string())?,
+        }
+        copied[t].store(want, Ordering::Relaxed);
         Ok(())
     })
 }
@@ -454,32 +426,14 @@ fn copy_mapped(
     spans: &[Vec<Span>],
     fill: MappedFill,
 ) -> Res<()> {
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = spans
-            .iter()
-            .map(|mine| {
-                scope.spawn(move || -> io::Result<()> {
-                    for sp in mine {
-                        let mut at = sp.start_bytes;
-                        while at < sp.end_bytes {
-                            let n = (sp.end_bytes - at).min(CHUNK_BYTES as u64);
-                            let map = &maps[sp.file];
-                            if fill != MappedFill::Faults {
-                                map.advise(at, n, libc::MADV_POPULATE_READ)?;
-                            }
-                            if fill != MappedFill::PopulateOnly {
-                                dest.at(srcs[sp.file].dest_offset_bytes + at, n as usize)
-                                    .copy_from_slice(map.bytes(at, n as usize));
-                            }
-                            at += n;
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().map_err(|_| "copier panicked")??;
+    walk_spans(spans, |_, sp, at, n| {
+        let map = &maps[sp.file];
+        if fill != MappedFill::Faults {
+            map.advise(at, n, libc::MADV_POPULATE_READ).map_err(|e| e.to_string())?;
+        }
+        if fill != MappedFill::PopulateOnly {
+            dest.at(srcs[sp.file].dest_offset_bytes + at, n as usize)
+                .copy_from_slice(map.bytes(at, n as usize));
         }
         Ok(())
     })
