@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo build --release -p tensora-io --example cold_fill
-//! target/release/examples/cold_fill DIR [--runs N] [--threads T] [--only a,b,c1,...]
+//! target/release/examples/cold_fill DIR [--runs N] [--threads T] [--only a,b,c1,...] [--recycle-mib M]
 //! ```
 //!
 //! Every variant starts cold: the files' pages are dropped (`POSIX_FADV_DONTNEED`) and `mincore`
@@ -33,6 +33,10 @@
 //!   same without `MADV_HUGEPAGE` (a plain mapping populated).
 //! - `f0`  `f` without `MADV_HUGEPAGE` (a plain mapping, as the mapped views are populated today).
 //! - `c4`  as `c2` with 4 threads; `d8` as `d` with 8 MiB advice steps.
+//!
+//! `--recycle-mib M` faults in and frees M MiB of anonymous memory right before each variant's
+//! timer, so the page cache's folios come from memory freed a moment before (a VM that reports
+//! free 2 MiB blocks to its host, `page_reporting_order` 9, reports them only after a delay).
 //!
 //! The folio census after each buffered variant (outside the timer): the file is mapped and
 //! populated (its pages are all cached by then, so this reads nothing and moves no folio), each
@@ -671,10 +675,13 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
-    let dir =
-        PathBuf::from(args.get(1).ok_or("usage: cold_fill DIR [--runs N] [--threads T] [--only a,b,...]")?);
+    let dir = PathBuf::from(
+        args.get(1)
+            .ok_or("usage: cold_fill DIR [--runs N] [--threads T] [--only a,b,...] [--recycle-mib M]")?,
+    );
     let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let runs: usize = flag("--runs").map_or(Ok(3), |s| s.parse())?;
+    let recycle_bytes: usize = flag("--recycle-mib").map_or(Ok(0), |s| s.parse::<usize>())? << 20;
     let threads: usize = flag("--threads").map_or(Ok(2), |s| s.parse())?;
     let only = flag("--only").unwrap_or_else(|| "a,b,c1,c2,d,e1,e2".into());
     let variants: Vec<&str> = only.split(',').collect();
@@ -692,6 +699,10 @@ fn main() -> Res<()> {
             let left = evict(&srcs)?;
             if left != 0 {
                 println!("run {run} {v:<3} starts with {left} pages cached (another reader?)");
+            }
+            if recycle_bytes > 0 {
+                // Memory just freed is in the buddy lists before the host is told of it.
+                drop(Dest::new(recycle_bytes)?);
             }
             let (cpu0, irq0, stalls0, t0) =
                 (cpu_seconds(), irq_seconds()?, compact_stalls()?, Instant::now());
