@@ -8,8 +8,9 @@
 //! target/release/examples/cold_fill DIR [--runs N] [--threads T] [--only a,b,c1,...] [--recycle-mib M]
 //! ```
 //!
-//! Every variant starts cold: the files' pages are dropped (`POSIX_FADV_DONTNEED`) and `mincore`
-//! must then find none resident. The variants run alternately (the order rotates each run), each
+//! Every variant starts cold: the files' pages are dropped (`POSIX_FADV_DONTNEED`, retried, then
+//! `drop_caches`) and `mincore` checks that none stayed; a run that starts with pages cached (an
+//! other process reading the same files) is marked `starts with N pages cached`. The variants run alternately (the order rotates each run), each
 //! copying the whole files into one destination faulted in before the timers start (except `b`,
 //! which is the library's own load and allocates its arena as a load does):
 //!
