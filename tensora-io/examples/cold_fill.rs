@@ -5,7 +5,8 @@
 //!
 //! ```text
 //! cargo build --release -p tensora-io --example cold_fill
-//! target/release/examples/cold_fill DIR [--runs N] [--threads T] [--only a,b,c1,...] [--recycle-mib M]
+//! target/release/examples/cold_fill DIR [--runs N] [--threads T] [--only a,b,c1,...]
+//!     [--recycle-mib M] [--warm-after]
 //! ```
 //!
 //! Every variant starts cold: the files' pages are dropped (`POSIX_FADV_DONTNEED`, retried, then
@@ -34,6 +35,9 @@
 //!   same without `MADV_HUGEPAGE` (a plain mapping populated).
 //! - `f0`  `f` without `MADV_HUGEPAGE` (a plain mapping, as the mapped views are populated today).
 //! - `c4`  as `c2` with 4 threads; `d8` as `d` with 8 MiB advice steps.
+//!
+//! `--warm-after` times, after each variant that cached every page, a 2-thread `pread` copy of
+//! the files out of what it left in the page cache (the copy alone, by folio size).
 //!
 //! `--recycle-mib M` faults in and frees M MiB of anonymous memory right before each variant's
 //! timer, so the page cache's folios come from memory freed a moment before (a VM that reports
@@ -444,8 +448,13 @@ fn copy_mapped(
     })
 }
 
+/// One progress counter per thread.
+fn zero(threads: usize) -> Vec<AtomicU64> {
+    (0..threads).map(|_| AtomicU64::new(0)).collect()
+}
+
 fn run_variant(v: &str, dir: &Path, srcs: &[Src], dest: &Dest, threads: usize) -> Res<()> {
-    let zero = || (0..threads).map(|_| AtomicU64::new(0)).collect::<Vec<_>>();
+    let zero = || zero(threads);
     match v {
         "a" => {
             let files = open_all(srcs, true)?;
@@ -676,12 +685,12 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = PathBuf::from(
-        args.get(1)
-            .ok_or("usage: cold_fill DIR [--runs N] [--threads T] [--only a,b,...] [--recycle-mib M]")?,
-    );
+    let dir = PathBuf::from(args.get(1).ok_or(
+        "usage: cold_fill DIR [--runs N] [--threads T] [--only a,b,...] [--recycle-mib M] [--warm-after]",
+    )?);
     let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let runs: usize = flag("--runs").map_or(Ok(3), |s| s.parse())?;
+    let warm_after = args.iter().any(|a| a == "--warm-after");
     let recycle_bytes: usize = flag("--recycle-mib").map_or(Ok(0), |s| s.parse::<usize>())? << 20;
     let threads: usize = flag("--threads").map_or(Ok(2), |s| s.parse())?;
     let only = flag("--only").unwrap_or_else(|| "a,b,c1,c2,d,e1,e2".into());
@@ -721,6 +730,15 @@ fn main() -> Res<()> {
                 [0; ORDER_MAX + 1]
             };
             let folios: u64 = census.iter().sum();
+            if warm_after && kept == total.div_ceil(PAGE_BYTES) {
+                let (cpu0, t0) = (cpu_seconds(), Instant::now());
+                let files = open_all(&srcs, false)?;
+                read_spans(&files, &srcs, &dest, &spans(&srcs, threads), &zero(threads))?;
+                let (w, c) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+                println!(
+                    "run {run} {v:<3} then warm pread copy of what it cached: wall {w:6.3} s  cpu {c:6.3} s"
+                );
+            }
             println!(
                 "run {run} {v:<3} wall {wall:6.3} s  {:5.2} GB/s  cpu {cpu:6.3} s  irq {irq:5.3} s  compaction stalls {stalls:5}  pages kept {:5.1}%  folios {folios} (mean {:.0} KiB) by order {census:?}",
                 total as f64 / wall / 1e9,
