@@ -20,8 +20,7 @@
 //! the scalar functions ([`scalar`]) as the fallback and for the tails; the tests check every
 //! level against the scalar functions on every 16-bit and 8-bit input. AVX-512 BF16's
 //! `vcvtneps2bf16` is not used: it flushes subnormals to zero, torch does not. F32 → BF16 outputs
-//! of at least [`STREAMING_STORES_MIN_BYTES`] are written with streaming stores at AVX-512, unless
-//! the destination was just faulted in by the converting thread ([`DstCache::Hot`]).
+//! of at least [`STREAMING_STORES_MIN_BYTES`] are written with streaming stores at AVX-512.
 
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]

@@ -288,8 +288,8 @@ fn from_views(
 /// slowly ([`Arena::populate_write_adaptive`]).
 const FAULT_AHEAD_STEP_BYTES: u64 = 8 << 20;
 
-/// Fault the cast arena's fresh huge pages in, in order, ahead of the staging path's
-/// conversions that write them, until `done` (as an owned load's buffered helper, `ahead::Ahead::WhileHuge`): when huge
+/// Fault the cast arena's fresh huge pages in, in order, ahead of the conversions that write
+/// them, until `done` (as an owned load's buffered helper, `ahead::Ahead::WhileHuge`): when huge
 /// pages fault in slowly (this VM hands free memory back to its host) the arena switches to base
 /// pages and this stops, leaving the converting workers to fault base pages in as they write.
 /// Without it the workers faulted every huge page in themselves: 2.2 GB BF16 to F32 took 46 s
