@@ -193,31 +193,6 @@ pub fn convert(from: Dtype, to: Dtype, src: &[u8], dst: &mut [u8]) -> Result<(),
 
 /// [`convert`] with the level `simd` (clamped to what this CPU has: a level it lacks runs scalar).
 pub fn convert_with(simd: Simd, from: Dtype, to: Dtype, src: &[u8], dst: &mut [u8]) -> Result<(), CastError> {
-    convert_into(simd, DstCache::Cold, from, to, src, dst)
-}
-
-/// Whether a conversion's destination is in this core's cache, which picks the stores of a long
-/// F32 → BF16 output at AVX-512.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DstCache {
-    /// Not in cache (memory faulted in earlier, or by another thread): outputs of at least
-    /// [`STREAMING_STORES_MIN_BYTES`] go around the cache, so no line is read before it is written.
-    Cold,
-    /// Just faulted in (zeroed) by the converting thread, so its lines are in that core's cache:
-    /// ordinary stores overwrite the zeroed lines there, and each line goes to memory once, where
-    /// streaming stores would write it a second time after the kernel's zeroing.
-    Hot,
-}
-
-/// [`convert_with`], with the stores chosen for where the destination is ([`DstCache`]).
-pub fn convert_into(
-    simd: Simd,
-    dst_cache: DstCache,
-    from: Dtype,
-    to: Dtype,
-    src: &[u8],
-    dst: &mut [u8],
-) -> Result<(), CastError> {
     let simd = if Simd::available().contains(&simd) { simd } else { Simd::Scalar };
     let unsupported = CastError::Unsupported { from, to };
     let (Some(from_size), Some(to_size)) = (from.size_bytes(), to.size_bytes()) else {
@@ -227,7 +202,7 @@ pub fn convert_into(
     if !src.len().is_multiple_of(from_size as usize) || Some(dst.len()) != n.checked_mul(to_size as usize) {
         return Err(CastError::Length { from, to, src_len_bytes: src.len(), dst_len_bytes: dst.len() });
     }
-    let k = Kernels { simd, dst_cache };
+    let k = Kernels { simd };
     match (from, to) {
         _ if from == to => dst.copy_from_slice(src),
         (Dtype::BF16, Dtype::F32) => k.bf16_to_f32(src, dst),
@@ -256,7 +231,6 @@ const BLOCK_ELEMS: usize = 1024;
 #[derive(Clone, Copy)]
 struct Kernels {
     simd: Simd,
-    dst_cache: DstCache,
 }
 
 impl Kernels {
@@ -281,9 +255,7 @@ impl Kernels {
         // cache, from its first 32-byte aligned element on (the ones before it one at a time).
         let head = match self.simd {
             Simd::Avx512
-                if self.dst_cache == DstCache::Cold
-                    && dst.len() >= STREAMING_STORES_MIN_BYTES
-                    && (dst.as_ptr() as usize).is_multiple_of(2) =>
+                if dst.len() >= STREAMING_STORES_MIN_BYTES && (dst.as_ptr() as usize).is_multiple_of(2) =>
             {
                 (dst.as_ptr().align_offset(32) / 2).min(n)
             }

@@ -18,16 +18,11 @@ fn un32(b: &[u8]) -> Vec<u32> {
 
 /// `src` converted at `simd`, starting `skew` bytes into a buffer (so unaligned and with tails).
 fn run(simd: Simd, from: Dtype, to: Dtype, src: &[u8], skew: usize) -> Vec<u8> {
-    run_into(simd, DstCache::Cold, from, to, src, skew)
-}
-
-/// [`run`] with the stores for `dst_cache`.
-fn run_into(simd: Simd, dst_cache: DstCache, from: Dtype, to: Dtype, src: &[u8], skew: usize) -> Vec<u8> {
     let n = src.len() / from.size_bytes().unwrap() as usize;
     let mut s = vec![0u8; skew];
     s.extend_from_slice(src);
     let mut d = vec![0u8; skew + n * to.size_bytes().unwrap() as usize];
-    convert_into(simd, dst_cache, from, to, &s[skew..], &mut d[skew..]).unwrap();
+    convert_with(simd, from, to, &s[skew..], &mut d[skew..]).unwrap();
     d.split_off(skew)
 }
 
@@ -251,9 +246,8 @@ fn unsupported_casts_and_mismatched_lengths_are_typed_errors() {
 }
 
 /// Outputs of at least `STREAMING_STORES_MIN_BYTES` go through the streaming-store kernel (from
-/// the first 32-byte aligned element, the head and tail one at a time) into a cold destination,
-/// and through ordinary stores into a hot one: every level, every skew of the destination, equal
-/// to the scalar rounding on ties, NaNs, infinities and subnormals.
+/// the first 32-byte aligned element, the head and tail one at a time): every level, every skew
+/// of the destination, equal to the scalar rounding on ties, NaNs, infinities and subnormals.
 #[test]
 fn long_f32_to_bf16_outputs_written_around_the_cache_round_as_the_scalar_function() {
     let n = STREAMING_STORES_MIN_BYTES / 2 + 1001;
@@ -271,11 +265,8 @@ fn long_f32_to_bf16_outputs_written_around_the_cache_round_as_the_scalar_functio
     let want: Vec<u16> = xs.iter().map(|&x| f32_to_bf16(x, BF16_NAN_FROM_F32)).collect();
     let src = le32(&xs);
     for simd in Simd::available() {
-        for dst_cache in [DstCache::Cold, DstCache::Hot] {
-            for skew in 0..6 {
-                let got = un16(&run_into(simd, dst_cache, Dtype::F32, Dtype::BF16, &src, skew));
-                assert!(got == want, "{simd:?} {dst_cache:?} skew {skew}");
-            }
+        for skew in 0..6 {
+            assert!(un16(&run(simd, Dtype::F32, Dtype::BF16, &src, skew)) == want, "{simd:?} skew {skew}");
         }
     }
 }

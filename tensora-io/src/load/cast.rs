@@ -22,7 +22,7 @@ use super::{
 };
 use crate::arena::{Arena, Pages};
 use crate::auto::{self, Delivery};
-use crate::cast::{self, CastError, DstCache, DtypeTarget, Simd};
+use crate::cast::{self, CastError, DtypeTarget, Simd};
 use crate::error::{BoxError, LoadError};
 use crate::report::{CastReport, CastTensor, LoadReport};
 use crate::seam::{Access, Destination};
@@ -75,14 +75,9 @@ pub(super) fn load_cast_part(
     };
     let io_done = AtomicBool::new(false);
     let result = std::thread::scope(|scope| {
-        // Converting from views, each worker faults in its own chunk's destination (`from_views`).
-        let ahead = (memory == Memory::Fresh && views.is_none())
-            .then(|| scope.spawn(|| fault_in_ahead(&arena, &io_done)));
+        let ahead = (memory == Memory::Fresh).then(|| scope.spawn(|| fault_in_ahead(&arena, &io_done)));
         let result = match views {
-            Some((promise, _)) => {
-                let dst = Dst { arena: &arena, memory };
-                from_views(ckpt, opts, promise, selection, &landing, dst)
-            }
+            Some((promise, _)) => from_views(ckpt, opts, promise, selection, &landing),
             None => through_staging(ckpt, opts, staging_bytes, selection, &landing),
         };
         io_done.store(true, Ordering::Release);
@@ -191,33 +186,9 @@ fn through_staging(
 /// Source bytes converted per work item of [`from_views`].
 const VIEW_CHUNK_BYTES: usize = 4 << 20;
 
-/// The cast arena as [`from_views`] writes it, and whether its memory is fresh.
-#[derive(Clone, Copy)]
-struct Dst<'a> {
-    arena: &'a Arena,
-    memory: Memory,
-}
-
-impl Dst<'_> {
-    /// Ready `out` (arena offset, length) for one chunk's conversion, and say where it is: a
-    /// fresh arena's pages are faulted in (zeroed) here by the converting worker, so the zeroed
-    /// lines are in its cache when the conversion overwrites them with ordinary stores, and each
-    /// output line goes to memory once; a reused arena's pages are present and not in cache. A
-    /// fault-in error (no `MADV_POPULATE_WRITE` before Linux 5.14) leaves the pages to the
-    /// conversion's first writes.
-    fn ready(self, out: (u64, u64)) -> DstCache {
-        if self.memory != Memory::Fresh {
-            return DstCache::Cold;
-        }
-        let _ = self.arena.populate_write_adaptive(out.0, out.1);
-        DstCache::Hot
-    }
-}
-
 /// Under the caller's files-unchanged promise ([`Residence::Mapped`]): map the files (every page
 /// read in, as a mapped load does), then convert straight from the page cache into the arena on
-/// [`LoadOptions::threads`] workers, in chunks of [`VIEW_CHUNK_BYTES`], each worker faulting in
-/// its chunk's destination just before converting into it ([`Dst::ready`]): no staging copy. The
+/// [`LoadOptions::threads`] workers, in chunks of [`VIEW_CHUNK_BYTES`]: no staging copy. The
 /// mapping is gone when this returns.
 fn from_views(
     ckpt: &Checkpoint,
@@ -225,7 +196,6 @@ fn from_views(
     promise: FilesUnchanged,
     selection: Selection,
     landing: &Landing,
-    dst: Dst<'_>,
 ) -> Result<LoadReport, LoadError> {
     let views_opts = LoadOptions {
         residence: Residence::Mapped(promise),
@@ -255,14 +225,8 @@ fn from_views(
                     let Some(&(k, i, at, len)) = items.get(n) else { return };
                     let tensor = views.get(k);
                     let converted = match landing.slots.get(i).and_then(Option::as_ref) {
-                        Some(slot) => slot.out_span(at as u64, len as u64).and_then(|out| {
-                            let dst_cache = dst.ready(out);
-                            landing.convert(
-                                slot,
-                                out.0 - slot.offset_bytes,
-                                &tensor.bytes()[at..at + len],
-                                dst_cache,
-                            )
+                        Some(slot) => elem_sizes(slot).and_then(|(se, de)| {
+                            landing.convert(slot, at as u64 / se * de, &tensor.bytes()[at..at + len])
                         }),
                         None => Err("a view of a tensor that is not selected".into()),
                     };
@@ -360,15 +324,6 @@ struct Slot {
     edges: Mutex<Vec<Edge>>,
 }
 
-impl Slot {
-    /// Where in the arena (offset, length) the `len_bytes` stored bytes from byte `at_bytes` of
-    /// the tensor land, both whole elements.
-    fn out_span(&self, at_bytes: u64, len_bytes: u64) -> Result<(u64, u64), BoxError> {
-        let (se, de) = elem_sizes(self)?;
-        Ok((self.offset_bytes + at_bytes / se * de, len_bytes / se * de))
-    }
-}
-
 /// The bytes of one element that straddles pieces, as they land.
 struct Edge {
     elem: u64,
@@ -401,7 +356,7 @@ impl Landing {
         }
         if first < last {
             let src = &p.bytes[(first * se - off) as usize..(last * se - off) as usize];
-            self.convert(slot, first * de, src, DstCache::Cold)?;
+            self.convert(slot, first * de, src)?;
         }
         if !off.is_multiple_of(se) {
             self.edge(slot, off / se, off % se, &p.bytes[..(first * se - off) as usize])?;
@@ -412,9 +367,8 @@ impl Landing {
         Ok(())
     }
 
-    /// Convert `src` (whole stored elements) into the slot's bytes from `at_bytes` on, with the
-    /// stores for `dst_cache`.
-    fn convert(&self, slot: &Slot, at_bytes: u64, src: &[u8], dst_cache: DstCache) -> Result<(), BoxError> {
+    /// Convert `src` (whole stored elements) into the slot's bytes from `at_bytes` on.
+    fn convert(&self, slot: &Slot, at_bytes: u64, src: &[u8]) -> Result<(), BoxError> {
         let (se, de) = elem_sizes(slot)?;
         let len_bytes = src.len() as u64 / se * de;
         if at_bytes + len_bytes > slot.len_bytes {
@@ -436,7 +390,7 @@ impl Landing {
             std::slice::from_raw_parts_mut((self.base_addr + start as usize) as *mut u8, len_bytes as usize)
         };
         let t = Instant::now();
-        cast::convert_into(Simd::detected(), dst_cache, slot.from, slot.to, src, dst)?;
+        cast::convert(slot.from, slot.to, src, dst)?;
         self.cast_nanos.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         slot.converted_bytes.fetch_add(len_bytes, Ordering::Relaxed);
         Ok(())
@@ -461,7 +415,7 @@ impl Landing {
         }
         if u64::from(e.landed.count_ones()) == se {
             let whole = edges.swap_remove(k);
-            self.convert(slot, elem * de, &whole.bytes[..se as usize], DstCache::Cold)?;
+            self.convert(slot, elem * de, &whole.bytes[..se as usize])?;
         }
         Ok(())
     }
@@ -489,32 +443,5 @@ fn elem_sizes(slot: &Slot) -> Result<(u64, u64), BoxError> {
     match (slot.from.size_bytes(), slot.to.size_bytes()) {
         (Some(se), Some(de)) if se <= 8 => Ok((se, de)),
         _ => Err(format!("no element-wise copy of {} to {}", slot.from, slot.to).into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn slot(from: Dtype, to: Dtype, offset_bytes: u64) -> Slot {
-        Slot {
-            from,
-            to,
-            offset_bytes,
-            len_bytes: 64 << 20,
-            converted_bytes: AtomicU64::new(0),
-            edges: Mutex::default(),
-        }
-    }
-
-    #[test]
-    fn a_view_chunk_is_faulted_in_and_converted_at_its_elements_place_in_the_arena() {
-        let narrowing = slot(Dtype::F32, Dtype::BF16, 128);
-        let chunk = VIEW_CHUNK_BYTES as u64;
-        assert_eq!(narrowing.out_span(3 * chunk, chunk).unwrap(), (128 + 3 * chunk / 2, chunk / 2));
-        let widening = slot(Dtype::BF16, Dtype::F32, 64);
-        assert_eq!(widening.out_span(6, 10).unwrap(), (64 + 12, 20));
-        let kept = slot(Dtype::F16, Dtype::F16, 0);
-        assert_eq!(kept.out_span(4, 8).unwrap(), (4, 8));
     }
 }
