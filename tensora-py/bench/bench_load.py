@@ -19,7 +19,8 @@ every 4 KiB page read inside the timed region, so lazy paths are not flattered):
   GB/s by it;
 - from_pretrained, from_pretrained_tensora (`--with-models`, Llama-shaped checkpoints): transformers'
   `AutoModelForCausalLM.from_pretrained` over the checkpoint's files (`llama_dir.py` writes the
-  config), without and with `tensora.patch()`, every weight touched;
+  config), without and with `tensora.patch()`, every weight touched; the model's code (which
+  transformers imports at first use) is imported before the timer;
 - device: the same reads into a buffer faulted in before the timer starts: what the page cache
   (warm) or the disk (cold) gives with no memory to fault in. On a VM that hands freed memory back
   to its host, first touches of fresh memory can cost more than the reads (the roofline then reads
@@ -169,6 +170,14 @@ def prepare(subject, path):
 
             tensora.patch()
         model_path, dtype = llama_dir.model_dir(path)
+        # transformers imports a model's code (and torch._dynamo with it) at its first use, 3.4 of
+        # the 4.2 s of a warm from_pretrained here: imported now, untimed, as every subject's
+        # package is, so the cell times the load (the same for both subjects either way).
+        import transformers
+
+        with open(os.path.join(model_path, "config.json")) as f:
+            for arch in json.load(f)["architectures"]:
+                getattr(transformers, arch)
 
         def run(path):
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))

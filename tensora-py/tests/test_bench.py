@@ -89,3 +89,24 @@ def test_the_model_subjects_run_once_a_round_and_print_one_row_each(tmp_path):
     ratios = [k for k in doc["acceptance"] if "from_pretrained" in k]
     assert ratios == ["warm patched from_pretrained speed-up over unpatched (goal >= 1.0)"], doc["acceptance"]
     assert r.stdout.count("from_pretrained speed-up") == 1, r.stdout
+
+
+def test_a_model_subject_imports_the_model_code_before_the_timer(tmp_path):
+    """transformers imports a model's code at its first use (seconds): `prepare` does it untimed,
+    so the from_pretrained cells time the load."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, tie_word_embeddings=False)
+    ckpt = tmp_path / "llama"
+    LlamaForCausalLM(cfg).to(torch.float16).save_pretrained(ckpt)
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import bench_load; "
+        "bench_load.prepare('from_pretrained', sys.argv[2]); "
+        "print('transformers.models.llama.modeling_llama' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", probe, str(BENCH.parent), str(ckpt)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "True", r.stdout
