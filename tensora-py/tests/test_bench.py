@@ -56,3 +56,57 @@ def test_the_xtask_hook_says_why_when_it_cannot_run(tmp_path, big_file):
     env = dict(os.environ, TENSORA_PY_VENV=str(tmp_path / "no-venv"), PYTHON="/bin/false")
     r = subprocess.run(["bash", str(HOOK), str(big_file), str(tmp_path / "x.json")], capture_output=True, text=True, env=env)
     assert r.returncode == 3 and r.stdout.startswith("python peers skipped: "), (r.returncode, r.stdout)
+
+
+def test_the_model_subjects_run_once_a_round_and_print_one_row_each(tmp_path):
+    """`--subjects from_pretrained,from_pretrained_tensora --with-models` (the form in the docs)
+    names the model subjects twice: each still runs once a round and has one row in each table."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, tie_word_embeddings=False)
+    ckpt = tmp_path / "llama"
+    LlamaForCausalLM(cfg).to(torch.float16).save_pretrained(ckpt)
+    out = tmp_path / "report.json"
+    r = subprocess.run(
+        [sys.executable, str(BENCH), str(ckpt), "--runs", "1", "--warmups", "0", "--temps", "warm",
+         "--subjects", "from_pretrained,from_pretrained_tensora", "--with-models", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["subjects"] == ["from_pretrained", "from_pretrained_tensora"], doc["subjects"]
+    results = doc["temps"]["warm"]["results"]
+    for s in doc["subjects"]:
+        assert "error" not in results[s], results[s]
+        assert len(results[s]["seconds"]) == 1, (s, results[s]["seconds"])
+        label = results[s]["label"]
+        # one row in the text table and one in the markdown table
+        assert sum(line.strip().startswith(label) for line in r.stdout.splitlines()) == 1, r.stdout
+        assert sum(line.startswith(f"| {label} |") for line in r.stdout.splitlines()) == 1, r.stdout
+    ratios = [k for k in doc["acceptance"] if "from_pretrained" in k]
+    assert ratios == ["warm patched from_pretrained speed-up over unpatched (goal >= 1.0)"], doc["acceptance"]
+    assert r.stdout.count("from_pretrained speed-up") == 1, r.stdout
+
+
+def test_a_model_subject_imports_the_model_code_before_the_timer(tmp_path):
+    """transformers imports a model's code at its first use (seconds): `prepare` does it untimed,
+    so the from_pretrained cells time the load."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, tie_word_embeddings=False)
+    ckpt = tmp_path / "llama"
+    LlamaForCausalLM(cfg).to(torch.float16).save_pretrained(ckpt)
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import bench_load; "
+        "bench_load.prepare('from_pretrained', sys.argv[2]); "
+        "print('transformers.models.llama.modeling_llama' in sys.modules)"
+    )
+    r = subprocess.run([sys.executable, "-c", probe, str(BENCH.parent), str(ckpt)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "True", r.stdout
