@@ -307,8 +307,7 @@ where
             let file = &job.files.get(q.file as usize)?.buffered;
             // The device reads the small gaps between reads along (a strided slice's rows): the
             // helper advises each read from where its range starts.
-            let ahead = crate::load::COLD_DEVICE_COST
-                .ahead_ranges(reads.iter().map(|r| (r.offset_bytes, r.len_bytes)));
+            let ahead = job.config.ahead_ranges(reads);
             let lens = ahead.iter().map(|r| r.end - r.start).collect();
             Some(FileQueue { index, state, ahead, file, lens })
         })
@@ -331,7 +330,7 @@ struct FileQueue<'a> {
     index: usize,
     state: &'a RunState,
     /// The file range advised for each read: its own, widened back over a gap the device reads
-    /// along (`COLD_DEVICE_COST`).
+    /// along (`JobConfig::device_cost`).
     ahead: Vec<std::ops::Range<u64>>,
     file: &'a std::fs::File,
     lens: Vec<u64>,
@@ -389,7 +388,13 @@ mod tests {
         let (_tmp, f, plan) = four_reads();
         let arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
         let budget = Budget::new(1 << 20);
-        let config = JobConfig { threads: 2, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 0 };
+        let config = JobConfig {
+            threads: 2,
+            queue_depth: 1,
+            reading: Reading::ReadAhead,
+            device_cost: None,
+            retries_max: 0,
+        };
         let files = [f];
         let cancel = AtomicBool::new(false);
         // SAFETY: nothing reads or writes the destination: this test issues no read.

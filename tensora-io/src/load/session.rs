@@ -512,6 +512,7 @@ impl<'c> Session<'c> {
                     threads: self.opts.threads.max(1),
                     queue_depth: self.opts.queue_depth.max(1),
                     reading: self.reading,
+                    device_cost: (self.reading == Reading::ReadAhead).then_some(super::COLD_DEVICE_COST),
                     retries_max: self.opts.retries_max,
                 },
             )
