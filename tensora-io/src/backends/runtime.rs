@@ -238,6 +238,7 @@ impl RunState {
             total.reads += s.reads;
             total.retries += s.retries;
             total.direct_fallbacks += s.direct_fallbacks;
+            total.bytes_advised_beyond_reads += s.bytes_advised_beyond_reads;
         }
         total.peak_inflight_bytes = self.peak_inflight_bytes.load(Ordering::Acquire);
         Ok(total)
@@ -309,18 +310,25 @@ where
             // helper advises each read from where its range starts.
             let ahead = job.config.ahead_ranges(reads);
             let lens = ahead.iter().map(|r| r.end - r.start).collect();
-            Some(FileQueue { index, state, ahead, file, lens })
+            let beyond_bytes =
+                reads.iter().zip(&ahead).map(|(r, a)| r.offset_bytes.saturating_sub(a.start)).sum();
+            Some(FileQueue { index, state, ahead, file, lens, beyond_bytes })
         })
         .collect();
+    let helper_stats = IoStats {
+        bytes_advised_beyond_reads: queues.iter().map(|q| q.beyond_bytes).sum(),
+        ..IoStats::default()
+    };
     let queues: Vec<&dyn AheadQueue> = queues.iter().map(|q| q as &dyn AheadQueue).collect();
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let helper = scope.spawn(|| read_ahead(&queues, &done));
-        let per_worker = run_workers(workers, f);
+        let mut per_worker = run_workers(workers, f);
         done.store(true, Ordering::Release);
         if let Err(payload) = helper.join() {
             std::panic::resume_unwind(payload);
         }
+        per_worker.push(helper_stats);
         per_worker
     })
 }
@@ -334,6 +342,8 @@ struct FileQueue<'a> {
     ahead: Vec<std::ops::Range<u64>>,
     file: &'a std::fs::File,
     lens: Vec<u64>,
+    /// Bytes of `ahead` beyond the reads themselves (the gaps read along).
+    beyond_bytes: u64,
 }
 
 impl AheadQueue for FileQueue<'_> {

@@ -621,6 +621,7 @@ impl<'c> Session<'c> {
             io_mode: io_mode.to_owned(),
             bytes_selected: tally.bytes_selected,
             bytes_read: stats.iter().map(|s| s.bytes_read).sum(),
+            bytes_advised_beyond_reads: stats.iter().map(|s| s.bytes_advised_beyond_reads).sum(),
             phases,
             // The budget's own peak: exact, and the same measure for every backend.
             peak_inflight_bytes: self.budget.peak_bytes(),
