@@ -314,7 +314,11 @@ fn write_text(out: &mut impl Write, r: &LoadReport) -> std::io::Result<()> {
     writeln!(out, "backend      {} ({})", r.backend, r.io_mode)?;
     writeln!(out, "reason       {}", r.reason)?;
     writeln!(out, "tensors      {} from {} file(s), {} window(s)", r.tensors, r.files, r.windows)?;
-    writeln!(out, "bytes        {} selected, {} read", r.bytes_selected, r.bytes_read)?;
+    write!(out, "bytes        {} selected, {} read", r.bytes_selected, r.bytes_read)?;
+    if r.bytes_advised_beyond_reads > 0 {
+        write!(out, ", {} of gaps between reads advised to the device", r.bytes_advised_beyond_reads)?;
+    }
+    writeln!(out)?;
     writeln!(out, "time         {:.3} s, {:.2} GB/s", r.seconds, r.gbps)?;
     let p = r.phases;
     writeln!(
@@ -376,5 +380,28 @@ mod tests {
         assert_eq!(parse("bf16"), Ok(Some(tensora_io::DtypeTarget::BF16)));
         assert_eq!(parse("f32"), Ok(Some(tensora_io::DtypeTarget::F32)));
         assert!(parse("f64").unwrap_err().contains("bf16, f16, f32"));
+    }
+
+    #[test]
+    fn the_text_report_names_the_gap_bytes_advised_only_when_there_are_some() {
+        let text = |advised: u64| {
+            let r = LoadReport {
+                bytes_selected: 512,
+                bytes_read: 512,
+                bytes_advised_beyond_reads: advised,
+                ..LoadReport::default()
+            };
+            let mut out = Vec::new();
+            write_text(&mut out, &r).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert!(text(0).contains("bytes        512 selected, 512 read\n"), "{}", text(0));
+        let cold = text(8192);
+        assert!(
+            cold.contains(
+                "bytes        512 selected, 512 read, 8192 of gaps between reads advised to the device\n"
+            ),
+            "{cold}"
+        );
     }
 }

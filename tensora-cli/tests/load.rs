@@ -70,6 +70,7 @@ fn json_report_for_every_backend_and_mode() {
                 "reason",
                 "bytes_selected",
                 "bytes_read",
+                "bytes_advised_beyond_reads",
                 "seconds",
                 "gbps",
                 "phases",
@@ -93,6 +94,7 @@ fn json_report_for_every_backend_and_mode() {
             if reads_direct && tensora_testkit::direct_io_or_skip(Path::new(&path), "tensora load --direct") {
                 assert_eq!(v["io_mode"], "direct", "{args:?}");
                 assert_eq!(v["direct_fallbacks"], 0, "{args:?}: every read went direct");
+                assert_eq!(v["bytes_advised_beyond_reads"], 0, "{args:?}: no read-ahead around the cache");
             }
             assert!(v["phases"]["parse"].as_f64().unwrap() > 0.0);
         }

@@ -42,6 +42,13 @@ pub struct LoadReport {
     pub bytes_selected: u64,
     /// Bytes actually read (coalesced gaps and alignment included).
     pub bytes_read: u64,
+    /// Bytes of the gaps between reads that the device was asked to read along with them (a cold
+    /// load through the page cache: the read-ahead helper advises a read from the end of the one
+    /// before when the gap costs the device less than one more request, `JobConfig::device_cost`;
+    /// a cold strided slice's rows then cost the device its covering range). Not in `bytes_read`,
+    /// which counts what was copied; 0 for warm, direct and mapped loads and where no helper runs.
+    /// The plan's figure: a piece the workers reach before the helper is not advised.
+    pub bytes_advised_beyond_reads: u64,
     /// Wall time of the whole load (sum of the phases).
     pub seconds: f64,
     /// `bytes_selected / seconds / 1e9`.
@@ -158,6 +165,7 @@ mod tests {
             "reason",
             "bytes_selected",
             "bytes_read",
+            "bytes_advised_beyond_reads",
             "seconds",
             "gbps",
             "phases",

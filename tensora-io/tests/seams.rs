@@ -38,7 +38,7 @@ fn small_job_parts() -> (Plan, tensora_io::Arena, Budget, AtomicBool) {
 }
 
 const CONFIG: JobConfig =
-    JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
+    JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
 
 #[test]
 fn claim_hands_out_each_read_once_and_checks_the_index() {
@@ -549,4 +549,63 @@ fn a_backends_typed_error_crosses_the_seam_downcastable() {
     );
     let own = source.downcast::<StoreSaidNo>().expect("the backend's own type");
     assert_eq!(*own, StoreSaidNo { status: 412 });
+}
+
+/// The sync backend, recording the config of every job it runs.
+struct Recording {
+    inner: Box<dyn IoBackend>,
+    configs: Mutex<Vec<JobConfig>>,
+}
+
+impl IoBackend for Recording {
+    fn name(&self) -> &'static str {
+        "recording"
+    }
+    fn execute(&self, job: &Job<'_>, sink: &dyn CompletionSink) -> Result<IoStats, ReadError> {
+        self.configs.lock().unwrap().push(job.config);
+        self.inner.execute(job, sink)
+    }
+}
+
+/// `auto`'s cold decision reaches the backend in the job (`JobConfig::device_cost`, what the
+/// read-ahead helper widens its advice by), not by the backend reaching into the load: a cold
+/// buffered load's jobs carry the cold local file's cost, a direct one's none.
+#[test]
+fn the_cold_device_cost_travels_to_the_backend_in_the_job() {
+    let g = generate_mixed(13);
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for entry in std::fs::read_dir(g.path()).unwrap() {
+        let from = entry.unwrap().path();
+        std::fs::copy(&from, dir.path().join(from.file_name().unwrap())).unwrap();
+    }
+    let ckpt = tensora_format::open(dir.path()).unwrap();
+    let backend = Arc::new(Recording {
+        inner: tensora_io::registry::by_name("sync").unwrap(),
+        configs: Mutex::new(Vec::new()),
+    });
+    let opts = LoadOptions {
+        backend: BackendChoice::Custom(Arc::clone(&backend) as Arc<dyn IoBackend>),
+        io_mode: tensora_io::IoMode::Buffered,
+        ..LoadOptions::default()
+    };
+    for file in ckpt.files() {
+        let f = std::fs::File::open(file.path()).unwrap();
+        f.sync_all().unwrap();
+        tensora_sys::evict_file_cache(&f).unwrap();
+    }
+    load(&ckpt, &opts).unwrap();
+    let cold: Vec<JobConfig> = std::mem::take(&mut *backend.configs.lock().unwrap());
+    assert!(!cold.is_empty());
+    for config in &cold {
+        assert_eq!(config.reading, Reading::ReadAhead, "{config:?}");
+        let cost = config.device_cost.expect("a cold job carries the device's cost");
+        assert_eq!((cost.granule_bytes, cost.request_cost_bytes), (4096, 8 << 10), "{config:?}");
+    }
+    // A direct load reads around the page cache: no read-ahead helper, no device cost.
+    load(&ckpt, &LoadOptions { io_mode: tensora_io::IoMode::Direct, ..opts }).unwrap();
+    let direct = backend.configs.lock().unwrap();
+    assert!(!direct.is_empty());
+    for config in direct.iter() {
+        assert_eq!((config.reading, config.device_cost), (Reading::Direct, None), "{config:?}");
+    }
 }

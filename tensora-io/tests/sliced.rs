@@ -226,7 +226,8 @@ fn resident_pages(file: &std::fs::File, len_bytes: u64) -> Vec<bool> {
 /// a gap of 8 KiB costs more than a `pread`), but the device reads the whole pages in each gap
 /// along with the rows (the cold side's rule, `COLD_DEVICE_COST`: a gap of at most two whole
 /// pages costs less than a device request), so after the load every page from the first row to
-/// the last is cached.
+/// the last is cached, and the report counts those gaps (`bytes_advised_beyond_reads`); a direct
+/// load of the same slice advises nothing.
 #[test]
 fn a_cold_strided_slice_is_copied_row_by_row_while_the_device_reads_the_gap_pages_along() {
     // F16 [128, 6144]: rows of 12,288 bytes; the first 2048 columns, 4096 bytes of each: gaps of
@@ -249,6 +250,7 @@ fn a_cold_strided_slice_is_copied_row_by_row_while_the_device_reads_the_gap_page
     let loaded = load(&ckpt, &opts).unwrap();
     let r = loaded.report();
     assert_eq!((r.slices.strided, r.bytes_read), (1, 128 * 4096), "{r:?}");
+    assert_eq!(r.bytes_advised_beyond_reads, 127 * 8192, "the 127 gaps between the rows: {r:?}");
     assert_eq!(
         loaded.tensor("s0.t0").unwrap().bytes(),
         &narrow(&g.data["s0.t0"], &[128, 6144], 2, slice)[..]
@@ -259,4 +261,6 @@ fn a_cold_strided_slice_is_copied_row_by_row_while_the_device_reads_the_gap_page
     let missing: Vec<u64> =
         (first / 4096..last_end.div_ceil(4096)).filter(|&p| !resident[p as usize]).collect();
     assert!(missing.is_empty(), "pages not read along: {missing:?}");
+    let direct = load(&ckpt, &LoadOptions { io_mode: IoMode::Direct, ..opts }).unwrap();
+    assert_eq!(direct.report().bytes_advised_beyond_reads, 0, "{:?}", direct.report());
 }

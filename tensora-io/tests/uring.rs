@@ -130,7 +130,13 @@ fn a_plan_larger_than_the_destination_is_an_error_not_a_write() {
             &small,
             &budget,
             &cancel,
-            JobConfig { threads: 1, queue_depth: 2, reading: Reading::ReadAhead, retries_max: 1 },
+            JobConfig {
+                threads: 1,
+                queue_depth: 2,
+                reading: Reading::ReadAhead,
+                device_cost: None,
+                retries_max: 1,
+            },
         )
     };
     let err = UringBackend::default().execute(&job, &FnSink(|_| Ok(()))).unwrap_err();
@@ -205,7 +211,13 @@ fn a_failing_destination_stops_the_run_before_the_sink_hears_of_the_read() {
             &dest,
             &budget,
             &cancel,
-            JobConfig { threads: 2, queue_depth: 4, reading: Reading::ReadAhead, retries_max: 4 },
+            JobConfig {
+                threads: 2,
+                queue_depth: 4,
+                reading: Reading::ReadAhead,
+                device_cost: None,
+                retries_max: 4,
+            },
         )
     };
     let err = UringBackend::default().execute(&job, &sink).unwrap_err();

@@ -81,7 +81,7 @@ def child(mode, url, out_dir):
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    _, reads = tensora._native.tp_reads(url, rank, WORLD)
+    _, reads = tensora._native.TpSource(url).reads(rank, WORLD)
     dims = {name: dim for name, _, _, dim, *_ in reads}
     dist.barrier()
     t = time.perf_counter()

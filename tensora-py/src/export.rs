@@ -1,7 +1,7 @@
 //! `load_file`'s native side: one `tensora_io::load` (or a `tensora_remote` load for a URL; GIL
 //! released), and each tensor of the result handed to Python as a [`TensorData`] sharing one owner.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -129,7 +129,7 @@ pub(crate) fn load<'py>(
             "manifest= checks whole tensors; it does not apply with tp=",
         ));
     }
-    let mut opts = LoadOptions {
+    let opts = LoadOptions {
         shard,
         dtype: crate::dtype_target(dtype)?,
         backend: crate::backend(backend)?,
@@ -141,15 +141,84 @@ pub(crate) fn load<'py>(
         ..LoadOptions::default()
     };
     let manifest = manifest.map(|m| py.detach(|| crate::read_manifest(&m))).transpose()?;
-    if let Some(location) = crate::remote::location(&path)? {
-        let ropts = crate::remote::options(remote)?;
-        let ckpt = crate::remote::open(py, &location, &ropts)?;
-        if let Some(m) = &manifest {
-            crate::manifest_check(ckpt.checkpoint(), m)?.install(&mut opts);
+    let source = Source::open(py, &path, remote)?;
+    source.load(py, opts, progress.as_ref(), &cancel, manifest.as_ref(), ParsePhase::ThisLoad)
+}
+
+/// A checkpoint opened for loads from Python, its headers parsed once (`load_file`, and every part
+/// of a `tensora.distributed.load_tp`): local, with the seconds the parse took, or a store's, with
+/// the options it was opened with.
+pub(crate) enum Source {
+    Local { ckpt: tensora_format::Checkpoint, parse_seconds: f64 },
+    Remote { ckpt: Box<tensora_remote::RemoteCheckpoint>, opts: Box<tensora_remote::RemoteOptions> },
+}
+
+/// Whether a load's report counts the parse of its [`Source`] (its first load) or not (a later
+/// load from the same open checkpoint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ParsePhase {
+    ThisLoad,
+    Earlier,
+}
+
+impl Source {
+    /// Opens `path` (GIL released): a URL with the options of `remote`, else a local checkpoint
+    /// (then `remote` is a `ValueError`).
+    pub(crate) fn open(py: Python<'_>, path: &Path, remote: Option<&Bound<'_, PyDict>>) -> PyResult<Source> {
+        if let Some(location) = crate::remote::location(path)? {
+            let opts = crate::remote::options(remote)?;
+            let ckpt = crate::remote::open(py, &location, &opts)?;
+            return Ok(Source::Remote { ckpt: Box::new(ckpt), opts: Box::new(opts) });
         }
-        let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
-            ckpt.load(&LoadOptions { progress: hook, ..opts })
-        });
+        if remote.is_some() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "remote= applies to URLs only, not to a local path",
+            ));
+        }
+        let started = Instant::now();
+        let ckpt = py.detach(|| tensora_format::open(path)).map_err(crate::format_err)?;
+        Ok(Source::Local { ckpt, parse_seconds: started.elapsed().as_secs_f64() })
+    }
+
+    /// The parsed checkpoint.
+    pub(crate) fn checkpoint(&self) -> &tensora_format::Checkpoint {
+        match self {
+            Source::Local { ckpt, .. } => ckpt,
+            Source::Remote { ckpt, .. } => ckpt.checkpoint(),
+        }
+    }
+
+    /// Loads from the checkpoint as `opts` say (GIL released, `progress` called and `cancel`
+    /// honoured as [`drive::run`] does), each tensor checked against `manifest` when given, and
+    /// returns what [`export_all`] does.
+    pub(crate) fn load<'py>(
+        &self,
+        py: Python<'py>,
+        mut opts: LoadOptions,
+        progress: Option<&Py<PyAny>>,
+        cancel: &Arc<AtomicBool>,
+        manifest: Option<&tensora_verify::Manifest>,
+        parse: ParsePhase,
+    ) -> PyResult<(Bound<'py, PyDict>, String)> {
+        if let Some(m) = manifest {
+            crate::manifest_check(self.checkpoint(), m)?.install(&mut opts);
+        }
+        let (ckpt, ropts) = match self {
+            Source::Remote { ckpt, opts: ropts } => (ckpt, ropts),
+            Source::Local { ckpt, parse_seconds } => {
+                let out = drive::run(py, progress, cancel, |hook| {
+                    tensora_io::load(ckpt, &LoadOptions { progress: hook, ..opts })
+                });
+                let loaded = finish(out)?;
+                let mut report = loaded.report().clone();
+                report.phases.parse = if parse == ParsePhase::ThisLoad { *parse_seconds } else { 0.0 };
+                report.finalize();
+                let report =
+                    serde_json::to_value(&report).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
+                return export_all(py, loaded, report);
+            }
+        };
+        let out = drive::run(py, progress, cancel, |hook| ckpt.load(&LoadOptions { progress: hook, ..opts }));
         let mut loaded = crate::finish_with(out, crate::remote::remote_err)?;
         let behind = ropts.cache.as_ref().is_some_and(|c| c.writes == tensora_remote::CacheWrites::Behind);
         if behind {
@@ -168,28 +237,8 @@ pub(crate) fn load<'py>(
         }
         let report =
             serde_json::to_value(loaded.report()).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
-        return export_all(py, loaded.into_loaded(), report);
+        export_all(py, loaded.into_loaded(), report)
     }
-    if remote.is_some() {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "remote= applies to URLs only, not to a local path",
-        ));
-    }
-    let started = Instant::now();
-    let ckpt = py.detach(|| tensora_format::open(&path)).map_err(crate::format_err)?;
-    let parse_seconds = started.elapsed().as_secs_f64();
-    if let Some(m) = &manifest {
-        crate::manifest_check(&ckpt, m)?.install(&mut opts);
-    }
-    let out = drive::run(py, progress.as_ref(), &cancel, |hook| {
-        tensora_io::load(&ckpt, &LoadOptions { progress: hook, ..opts })
-    });
-    let loaded = finish(out)?;
-    let mut report = loaded.report().clone();
-    report.phases.parse = parse_seconds;
-    report.finalize();
-    let report = serde_json::to_value(&report).map_err(|e| exc::LoadError::new_err(e.to_string()))?;
-    export_all(py, loaded, report)
 }
 
 /// Every tensor of `loaded` as a [`TensorData`] sharing one owner, sorted by name, and `report`

@@ -193,7 +193,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<share::ShareStream>()?;
     m.add_function(wrap_pyfunction!(share::open_share_stream, m)?)?;
     m.add_function(wrap_pyfunction!(export::load, m)?)?;
-    m.add_function(wrap_pyfunction!(tp::tp_reads, m)?)?;
+    m.add_class::<tp::TpSource>()?;
     m.add_function(wrap_pyfunction!(remote::wait_cache_writes, m)?)?;
     m.add_function(wrap_pyfunction!(remote::schemes, m)?)?;
     m.add_function(wrap_pyfunction!(stream::open_stream, m)?)?;

@@ -68,56 +68,104 @@ pub(crate) fn shard(tp: Option<(u32, u32)>, rules_arg: Option<&Bound<'_, PyAny>>
     Ok(Some(Shard::TensorParallel(TensorParallel { rank, world, rules: rules(rules_arg)? })))
 }
 
-/// What [`tp_reads`] returns: the files, then the tensors.
+/// What [`TpSource::reads`] returns: the files, then the tensors.
 type TpReads = (Vec<crate::share::PlanTuple>, Vec<TpRead>);
 
-/// One tensor of [`tp_reads`]: name, dtype, shape, the dimension this rank's share narrows
+/// One tensor of [`TpSource::reads`]: name, dtype, shape, the dimension this rank's share narrows
 /// (`None`: replicated), how the rank's sharded load would read it (`"contiguous"`, `"strided"`
 /// or `"covering"`) and the whole tensor's bytes.
 type TpRead = (String, String, Vec<u64>, Option<usize>, &'static str, u64);
 
-/// What `tensora.distributed.load_tp` decides from before any tensor is read: the identity of every
-/// file of the checkpoint at `path` (local, or a URL reached with `remote`, a dict of
-/// `tensora.RemoteOptions`' fields) as `(kind, what, key)` (the items every rank of a collective
-/// load agrees on), and every tensor as rank `rank` of `world` under `rules` sees it: how
-/// `load_file(path, tp=(rank, world), rules=rules, backend=backend)` would read it, decided by the
-/// load's own session (`tensora_io::shard_reads`).
-#[pyfunction]
-#[pyo3(signature = (path, rank, world, rules=None, backend="auto", remote=None))]
-pub(crate) fn tp_reads(
-    py: Python<'_>,
-    path: std::path::PathBuf,
-    rank: u32,
-    world: u32,
-    rules: Option<&Bound<'_, PyAny>>,
-    backend: &str,
-    remote: Option<&Bound<'_, pyo3::types::PyDict>>,
-) -> PyResult<TpReads> {
-    let opts = tensora_io::LoadOptions {
-        shard: shard(Some((rank, world)), rules)?,
-        backend: crate::backend(backend)?,
-        ..tensora_io::LoadOptions::default()
-    };
-    let describe = |ckpt: &tensora_format::Checkpoint, reads: Vec<tensora_io::ShardRead>| -> Vec<TpRead> {
-        reads
+/// A checkpoint opened once for `tensora.distributed.load_tp` (local, or a URL reached with
+/// `remote`, a dict of `tensora.RemoteOptions`' fields): the rank's reads are planned from it
+/// ([`TpSource::reads`]) and every part of the load (the rank's own slices, each window of the
+/// group split's rows) is loaded from it ([`TpSource::load`]), its headers parsed once.
+#[pyclass(module = "tensora._native", frozen)]
+pub(crate) struct TpSource {
+    source: crate::export::Source,
+}
+
+#[pymethods]
+impl TpSource {
+    #[new]
+    #[pyo3(signature = (path, remote=None))]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        remote: Option<&Bound<'_, pyo3::types::PyDict>>,
+    ) -> PyResult<Self> {
+        Ok(TpSource { source: crate::export::Source::open(py, &path, remote)? })
+    }
+
+    /// What `load_tp` decides from before any tensor is read: the identity of every file of the
+    /// checkpoint (the plan tuples the group's load agrees on), and every tensor as rank `rank`
+    /// of `world` under `rules` sees it: how `load_file(path, tp=(rank, world), rules=rules,
+    /// backend=backend)` would read it, decided by the load's own session
+    /// (`tensora_io::shard_reads`).
+    #[pyo3(signature = (rank, world, rules=None, backend="auto"))]
+    fn reads(
+        &self,
+        py: Python<'_>,
+        rank: u32,
+        world: u32,
+        rules: Option<&Bound<'_, PyAny>>,
+        backend: &str,
+    ) -> PyResult<TpReads> {
+        let opts = tensora_io::LoadOptions {
+            shard: shard(Some((rank, world)), rules)?,
+            backend: crate::backend(backend)?,
+            ..tensora_io::LoadOptions::default()
+        };
+        let (files, reads) = match &self.source {
+            crate::export::Source::Remote { ckpt, .. } => {
+                let reads = py.detach(|| ckpt.shard_reads(&opts)).map_err(crate::remote::remote_err)?;
+                (crate::share::plan_files_remote(ckpt), reads)
+            }
+            crate::export::Source::Local { ckpt, .. } => {
+                let reads = py.detach(|| tensora_io::shard_reads(ckpt, &opts)).map_err(crate::load_err)?;
+                (crate::share::plan_files_local(ckpt), reads)
+            }
+        };
+        let ckpt = self.source.checkpoint();
+        let described = reads
             .into_iter()
             .map(|r| {
                 let t = &ckpt.tensors()[r.tensor];
                 let dim = r.slice.map(|s| s.dim);
-                let name = t.name().to_owned();
-                (name, t.dtype().to_string(), t.shape().to_vec(), dim, r.kind.as_str(), t.len_bytes())
+                (
+                    t.name().to_owned(),
+                    t.dtype().to_string(),
+                    t.shape().to_vec(),
+                    dim,
+                    r.kind.as_str(),
+                    t.len_bytes(),
+                )
             })
-            .collect()
-    };
-    if let Some(location) = crate::remote::location(&path)? {
-        let ckpt = crate::remote::open(py, &location, &crate::remote::options(remote)?)?;
-        let reads = py.detach(|| ckpt.shard_reads(&opts)).map_err(crate::remote::remote_err)?;
-        return Ok((crate::share::plan_files_remote(&ckpt), describe(ckpt.checkpoint(), reads)));
+            .collect();
+        Ok((files, described))
     }
-    if remote.is_some() {
-        return Err(PyValueError::new_err("remote= applies to URLs only, not to a local path"));
+
+    /// `load_file(path, select=select, backend=backend, tp=(rank, world), rules=rules)` from the
+    /// open checkpoint: `({name: TensorData}, report_json)`, the report's parse 0 (done once, at
+    /// the open).
+    #[pyo3(signature = (select, rank, world, rules=None, backend="auto"))]
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        select: &Bound<'py, PyAny>,
+        rank: u32,
+        world: u32,
+        rules: Option<&Bound<'py, PyAny>>,
+        backend: &str,
+    ) -> PyResult<(Bound<'py, pyo3::types::PyDict>, String)> {
+        let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let opts = tensora_io::LoadOptions {
+            shard: shard(Some((rank, world)), rules)?,
+            backend: crate::backend(backend)?,
+            selection: crate::selection(Some(select))?,
+            cancel: Some(std::sync::Arc::clone(&cancel)),
+            ..tensora_io::LoadOptions::default()
+        };
+        self.source.load(py, opts, None, &cancel, None, crate::export::ParsePhase::Earlier)
     }
-    let ckpt = py.detach(|| tensora_format::open(&path)).map_err(crate::format_err)?;
-    let reads = py.detach(|| tensora_io::shard_reads(&ckpt, &opts)).map_err(crate::load_err)?;
-    Ok((crate::share::plan_files_local(&ckpt), describe(&ckpt, reads)))
 }

@@ -350,7 +350,9 @@ def test_the_tp_group_split_exchanges_each_window_while_the_next_is_read_within_
     """The group split's pipeline at TP=4 with EXCHANGE_BYTES_MAX at 512 KiB (windows of at most
     a third, 170 KiB: each row-parallel tensor of llama_tp a window of its own or nearly): every
     rank still bit-equal to HF + chunk, several windows, exactly WINDOWS_IN_FLIGHT_MAX (2) held at
-    once (the next read while one is exchanged) and never more bytes in flight than the bound."""
+    once (the next read while one is exchanged) and never more bytes in flight than the bound; the
+    checkpoint's headers read once per rank (one open serves the plan, the rank's own slices and
+    every window, not one open per window)."""
     from safetensors.torch import load_file as hf_load
 
     import tensora.distributed as td
@@ -359,7 +361,7 @@ def test_the_tp_group_split_exchanges_each_window_while_the_next_is_read_within_
     out = tmp_path / "out"
     out.mkdir()
     bound = 512 << 10
-    codes, err, results = launch(4, [path], out, "--mode", "tp", "--exchange-bytes", str(bound))
+    codes, err, results = launch(4, [path], out, "--mode", "tp", "--exchange-bytes", str(bound), "--count-opens")
     assert codes == [0] * 4, err
     hf = hf_load(str(path))
     for r in range(4):
@@ -375,6 +377,7 @@ def test_the_tp_group_split_exchanges_each_window_while_the_next_is_read_within_
         assert split["tensors"] == 5 and split["windows"] >= 4, split
         assert split["windows_in_flight_max"] == td.WINDOWS_IN_FLIGHT_MAX == 2, split
         assert 0 < split["bytes_in_flight_max"] <= bound, split
+        assert res["opens"] == {"TpSource": 1}, f"rank {r}: {res['opens']} with {split['windows']} windows"
 
 
 def test_a_tp_rank_dying_mid_pipeline_makes_every_rank_raise_naming_it(tmp_path):

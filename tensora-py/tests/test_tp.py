@@ -1,6 +1,7 @@
 """Tensor-parallel shares (load_file/weights_iterator tp=) and get_slice reading only a slice."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -99,3 +100,23 @@ def test_get_slice_of_one_dimension_reads_only_the_slice(tmp_path):
     # Rows 56 KiB apart: read row by row, each widened at most to its 4 KiB blocks.
     assert report["slices"]["strided"] == 1, report
     assert slice_bytes <= report["bytes_read"] <= slice_bytes + 64 * 2 * 4096, report
+
+
+def test_a_cold_strided_share_reports_the_gaps_the_device_reads_along(tmp_path):
+    """A row-parallel F16 [128, 6144] weight at TP=3, cold, read through the page cache by the
+    sync backend: the rank's rows of 4096 bytes are copied one by one (strided) while the 8 KiB
+    gaps between them are advised to the device along with them; the report dict counts those
+    gaps in ``bytes_advised_beyond_reads`` (not in ``bytes_read``)."""
+    w = np.random.default_rng(7).standard_normal((128, 6144)).astype(np.float16)
+    path = tmp_path / "w.safetensors"
+    np_save_file({"w": w}, str(path))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    got, report = tensora.load_file_with_report(path, framework="pt", backend="sync", tp=(0, 3), rules=[("w", "row")])
+    assert torch.equal(got["w"], torch.from_numpy(w).chunk(3, 1)[0].contiguous())
+    assert report["slices"]["strided"] == 1, report
+    assert (report["bytes_read"], report["bytes_advised_beyond_reads"]) == (128 * 4096, 127 * 8192), report

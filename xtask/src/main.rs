@@ -27,7 +27,9 @@ const USAGE: &str = "usage: cargo xtask <test|provision|selfcheck|bench|fixtures
   selfcheck            fail if a tracked code, script or config file refers to a path outside the
                        repository (xtask/src/selfcheck.rs), or if ARCHITECTURE.md names a crate,
                        file or folder that does not exist or a dependency arrow the Cargo.toml
-                       files do not have (xtask/src/selfcheck/map.rs)
+                       files do not have (xtask/src/selfcheck/map.rs), or if the prose listing
+                       the provisioned tools (README, docs/fresh-machine.md, .ci/run, this help)
+                       misses one or names one that is not installed (xtask/src/selfcheck/tools.rs)
   bench [OPTIONS]      provision the Python venv (target/py-venv), build the tensora CLI and
                        tensora-bench in release mode and run the bench (a few minutes): the main
                        fixture, `auto`, the peers (the Python ones in that venv) and the

@@ -1,6 +1,7 @@
 //! `cargo xtask selfcheck`, the first step of `cargo xtask test`: the repository is self-contained,
-//! and ARCHITECTURE.md is true to the code (the crates, files and folders it names exist, its crate
-//! graph is the manifests': [`map`]).
+//! ARCHITECTURE.md is true to the code (the crates, files and folders it names exist, its crate
+//! graph is the manifests': [`map`]), and the prose that lists what the provisioning installs names
+//! exactly the tools it installs ([`tools`]).
 //!
 //! Every tracked code, script and config file (`*.rs`, `*.py`, `*.pyi`, `*.sh`, `*.toml`, and
 //! everything under `.ci/`, as `git ls-files` lists them) is scanned line by line, comments and doc
@@ -43,6 +44,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 
 mod map;
+mod tools;
 
 /// First components of absolute paths that tests use legitimately: temp directories, kernel
 /// interfaces, installed programs and system configuration (`var` only as `var/tmp`).
@@ -165,7 +167,8 @@ pub fn check(root: &Path) -> Result<Vec<Offence>> {
 }
 
 /// `cargo xtask selfcheck`: fail with every offence, each with its file, line and text, and what
-/// to do about it; and with every mistake in ARCHITECTURE.md ([`map`]).
+/// to do about it; with every mistake in ARCHITECTURE.md ([`map`]) and in the prose listing the
+/// provisioned tools ([`tools`]).
 pub fn run(root: &Path) -> Result<()> {
     let offences = check(root)?;
     let map_errors = map::check(root)?;
@@ -194,6 +197,19 @@ pub fn run(root: &Path) -> Result<()> {
             "{} is not true to the code in {} place(s) (rules: xtask/src/selfcheck/map.rs):\n{}",
             map::MAP_FILE,
             map_errors.len(),
+            list.join("\n")
+        ));
+    }
+    let prose_errors = tools::check(root)?;
+    if prose_errors.is_empty() {
+        eprintln!(
+            "selfcheck: the prose that lists the provisioned tools names every tool of TOOLS and no other"
+        );
+    } else {
+        let list: Vec<String> = prose_errors.iter().map(ToString::to_string).collect();
+        failures.push(format!(
+            "the prose does not list the provisioned tools in {} place(s) (rules: xtask/src/selfcheck/tools.rs):\n{}",
+            prose_errors.len(),
             list.join("\n")
         ));
     }

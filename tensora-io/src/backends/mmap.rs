@@ -230,7 +230,13 @@ mod tests {
                 &arena,
                 &budget,
                 &cancel,
-                JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 0 },
+                JobConfig {
+                    threads: 1,
+                    queue_depth: 1,
+                    reading: Reading::ReadAhead,
+                    device_cost: None,
+                    retries_max: 0,
+                },
             )
         };
         let sink = TruncateAfterFirst { path: tmp.path().to_path_buf(), done: Default::default() };

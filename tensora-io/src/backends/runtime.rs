@@ -238,6 +238,7 @@ impl RunState {
             total.reads += s.reads;
             total.retries += s.retries;
             total.direct_fallbacks += s.direct_fallbacks;
+            total.bytes_advised_beyond_reads += s.bytes_advised_beyond_reads;
         }
         total.peak_inflight_bytes = self.peak_inflight_bytes.load(Ordering::Acquire);
         Ok(total)
@@ -307,21 +308,27 @@ where
             let file = &job.files.get(q.file as usize)?.buffered;
             // The device reads the small gaps between reads along (a strided slice's rows): the
             // helper advises each read from where its range starts.
-            let ahead = crate::load::COLD_DEVICE_COST
-                .ahead_ranges(reads.iter().map(|r| (r.offset_bytes, r.len_bytes)));
+            let ahead = job.config.ahead_ranges(reads);
             let lens = ahead.iter().map(|r| r.end - r.start).collect();
-            Some(FileQueue { index, state, ahead, file, lens })
+            let beyond_bytes =
+                reads.iter().zip(&ahead).map(|(r, a)| r.offset_bytes.saturating_sub(a.start)).sum();
+            Some(FileQueue { index, state, ahead, file, lens, beyond_bytes })
         })
         .collect();
+    let helper_stats = IoStats {
+        bytes_advised_beyond_reads: queues.iter().map(|q| q.beyond_bytes).sum(),
+        ..IoStats::default()
+    };
     let queues: Vec<&dyn AheadQueue> = queues.iter().map(|q| q as &dyn AheadQueue).collect();
     let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let helper = scope.spawn(|| read_ahead(&queues, &done));
-        let per_worker = run_workers(workers, f);
+        let mut per_worker = run_workers(workers, f);
         done.store(true, Ordering::Release);
         if let Err(payload) = helper.join() {
             std::panic::resume_unwind(payload);
         }
+        per_worker.push(helper_stats);
         per_worker
     })
 }
@@ -331,10 +338,12 @@ struct FileQueue<'a> {
     index: usize,
     state: &'a RunState,
     /// The file range advised for each read: its own, widened back over a gap the device reads
-    /// along (`COLD_DEVICE_COST`).
+    /// along (`JobConfig::device_cost`).
     ahead: Vec<std::ops::Range<u64>>,
     file: &'a std::fs::File,
     lens: Vec<u64>,
+    /// Bytes of `ahead` beyond the reads themselves (the gaps read along).
+    beyond_bytes: u64,
 }
 
 impl AheadQueue for FileQueue<'_> {
@@ -389,7 +398,13 @@ mod tests {
         let (_tmp, f, plan) = four_reads();
         let arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
         let budget = Budget::new(1 << 20);
-        let config = JobConfig { threads: 2, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 0 };
+        let config = JobConfig {
+            threads: 2,
+            queue_depth: 1,
+            reading: Reading::ReadAhead,
+            device_cost: None,
+            retries_max: 0,
+        };
         let files = [f];
         let cancel = AtomicBool::new(false);
         // SAFETY: nothing reads or writes the destination: this test issues no read.

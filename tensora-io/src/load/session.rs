@@ -512,6 +512,7 @@ impl<'c> Session<'c> {
                     threads: self.opts.threads.max(1),
                     queue_depth: self.opts.queue_depth.max(1),
                     reading: self.reading,
+                    device_cost: (self.reading == Reading::ReadAhead).then_some(super::COLD_DEVICE_COST),
                     retries_max: self.opts.retries_max,
                 },
             )
@@ -620,6 +621,7 @@ impl<'c> Session<'c> {
             io_mode: io_mode.to_owned(),
             bytes_selected: tally.bytes_selected,
             bytes_read: stats.iter().map(|s| s.bytes_read).sum(),
+            bytes_advised_beyond_reads: stats.iter().map(|s| s.bytes_advised_beyond_reads).sum(),
             phases,
             // The budget's own peak: exact, and the same measure for every backend.
             peak_inflight_bytes: self.budget.peak_bytes(),

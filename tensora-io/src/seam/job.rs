@@ -2,11 +2,12 @@
 //! hand-out of a read's destination bytes.
 
 use std::io;
+use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use tensora_plan::{Plan, Read};
+use tensora_plan::{DeviceCost, Plan, Read};
 
 use super::{
     Budget, CompletionSink, Destination, HeldPiece, KeepMapped, Landed, ReadError, ReadErrorKind, SourceFile,
@@ -22,9 +23,42 @@ pub struct JobConfig {
     /// How the run's reads meet the page cache: around it (`O_DIRECT`), or through it with or
     /// without a helper reading the files ahead of the workers.
     pub reading: Reading,
+    /// What the device behind the files costs, for the helper of a [`Reading::ReadAhead`] job:
+    /// it advises each read widened back over a gap the device reads along anyway
+    /// ([`DeviceCost::ahead_ranges`], [`JobConfig::ahead_ranges`]). Set by whoever configures the
+    /// job from what it knows of the medium (a load: `auto`'s cold decision and the measured cost
+    /// of a cold local file); `None`: each read is advised alone. Ignored by other readings.
+    pub device_cost: Option<DeviceCost>,
     /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read (see
     /// `read_progress`).
     pub retries_max: u32,
+}
+
+impl JobConfig {
+    /// The file range the read-ahead helper advises for each of `reads` (one file queue's reads,
+    /// in the order they are read): each read's own range, widened back over the gaps that
+    /// [`device_cost`](Self::device_cost) says the device reads along.
+    ///
+    /// ```
+    /// use tensora_io::{JobConfig, Reading};
+    /// use tensora_plan::{DeviceCost, Read};
+    ///
+    /// let read = |offset_bytes, len_bytes| Read { file: 0, offset_bytes, len_bytes, arena_offset_bytes: 0, pieces: 0..0 };
+    /// let reads = [read(0, 1024), read(4096, 1024)];
+    /// let alone = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
+    /// assert_eq!(alone.ahead_ranges(&reads), [0..1024, 4096..5120]);
+    /// let pages = DeviceCost { granule_bytes: 4096, request_cost_bytes: 8192 };
+    /// let cold = JobConfig { device_cost: Some(pages), ..alone };
+    /// assert_eq!(cold.ahead_ranges(&reads), [0..1024, 1024..5120]);
+    /// ```
+    pub fn ahead_ranges(&self, reads: &[Read]) -> Vec<Range<u64>> {
+        match self.device_cost {
+            Some(cost) => cost.ahead_ranges(reads.iter().map(|r| (r.offset_bytes, r.len_bytes))),
+            None => {
+                reads.iter().map(|r| r.offset_bytes..r.offset_bytes.saturating_add(r.len_bytes)).collect()
+            }
+        }
+    }
 }
 
 /// How a run's reads meet the page cache: the cold/warm decision `auto` makes, carried to the
@@ -119,7 +153,7 @@ impl<'a> Job<'a> {
     /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
     /// let arena = Arena::with_len(4096)?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// assert_eq!(job.config.threads, 1);
@@ -199,7 +233,7 @@ impl<'a> Job<'a> {
     /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
     /// let arena = tensora_io::Arena::with_len(4096)?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// assert_eq!(job.checkpoint_file(3), Some(3));
@@ -238,7 +272,7 @@ impl<'a> Job<'a> {
     /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
     /// let arena = tensora_io::Arena::with_len(plan.arena_len_bytes())?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// let mut target = job.claim(0)?;
@@ -437,7 +471,7 @@ impl<'j> ReadTarget<'j> {
     /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
     /// let arena = tensora_io::Arena::with_len(plan.arena_len_bytes())?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// let mut target = job.claim(0)?;
@@ -577,7 +611,13 @@ mod tests {
         let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File).unwrap();
         let arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
         let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-        let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 8 };
+        let config = JobConfig {
+            threads: 1,
+            queue_depth: 1,
+            reading: Reading::ReadAhead,
+            device_cost: None,
+            retries_max: 8,
+        };
         // SAFETY: nothing else touches `arena` while the jobs run, one after the other.
         let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
         assert!(!job.keeps_mapping());

@@ -93,6 +93,7 @@ pub fn run(backend: &dyn IoBackend, plan: &Plan, files: &[SourceFile], knobs: Kn
                 threads: knobs.threads,
                 queue_depth: knobs.queue_depth,
                 reading: Reading::direct_or_ahead(knobs.direct),
+                device_cost: None,
                 retries_max: 4,
             },
         )
@@ -210,7 +211,13 @@ pub fn run_with_sink(
             &arena,
             budget,
             cancel,
-            JobConfig { threads: 2, queue_depth, reading: Reading::ReadAhead, retries_max: 4 },
+            JobConfig {
+                threads: 2,
+                queue_depth,
+                reading: Reading::ReadAhead,
+                device_cost: None,
+                retries_max: 4,
+            },
         )
     };
     backend.execute(&job, sink)

@@ -304,8 +304,9 @@ def load_file_with_report(
     For a URL also ``url`` (redacted), ``requests``, ``retry_seconds``, the open's requests,
     ``cache`` (hits, bytes written, objects promoted) and ``concurrency`` (the depth the transfer
     settled on, and why). With ``tp=``, ``slices`` counts the tensors read ``contiguous``,
-    ``strided`` and ``covering``, ``bytes_selected`` is the slices' bytes and ``bytes_read`` what
-    was read."""
+    ``strided`` and ``covering``, ``bytes_selected`` is the slices' bytes, ``bytes_read`` what
+    was read and ``bytes_advised_beyond_reads`` the gaps between the rows a cold load asked the
+    device to read along (0 warm or direct)."""
     fw = _check_framework(framework)
     m = None if manifest is None else os.fspath(manifest)
     residence = _default_residence(fw) if residence is None else residence

@@ -620,20 +620,22 @@ def _exchange_windows(g: _Group, reads, grouped, read) -> Tuple[Dict[str, Any], 
 
 
 def _tp_plan(g: _Group, p: str, rules, backend: str, remote):
-    """Every rank's view of the checkpoint (``_native.tp_reads``), agreed on: the same files and
-    tensors on every rank (else every rank raises naming the first rank that differs), and the
-    group-split set, the tensors split on an inner dimension that some rank would read as a
-    covering range. Returns ``(reads, group-split names)``."""
-    reads, plan, error = [], None, None
+    """The checkpoint opened once (``_native.TpSource``: every part of the load reads from it, its
+    headers parsed once) and every rank's view of it (``TpSource.reads``), agreed on: the same
+    files and tensors on every rank (else every rank raises naming the first rank that differs),
+    and the group-split set, the tensors split on an inner dimension that some rank would read as
+    a covering range. Returns ``(source, reads, group-split names)``."""
+    source, reads, plan, error = None, [], None, None
     try:
-        files, reads = _native.tp_reads(p, g.rank, g.world, rules, backend, remote)
+        source = _native.TpSource(p, remote)
+        files, reads = source.reads(g.rank, g.world, rules, backend)
         plan = list(files) + [("tensor", n, f"{n} {dt} {shape} split {dim}") for n, dt, shape, dim, *_ in reads]
     except Exception as e:  # reported to every rank by `agree`, then raised there
         error = f"{type(e).__name__}: {e}"
     covering = [n for n, _, _, dim, kind, _ in reads if dim is not None and dim > 0 and kind == "covering"]
     statuses = g.agree({"error": error, "regions": ["tp"], "covering": covering}, plan)
     union = set().union(*(s["covering"] for s in statuses))
-    return reads, [n for n, *_ in reads if n in union]
+    return source, reads, [n for n, *_ in reads if n in union]
 
 
 # Replicated tensors of at most this many bytes in all are read by every rank itself, in the load
@@ -642,13 +644,17 @@ def _tp_plan(g: _Group, p: str, rules, backend: str, remote):
 REPLICATED_OWN_BYTES_MAX = 64 << 20
 
 
-def _load_part(out: Dict[str, Any], key: str, p: str, names, rules, backend, remote, tp):
-    """One sharded load: ``out[key]`` is ``(tensors, report)``, or the error's text."""
-    import tensora
+def _source_load(source, names, tp, rules, backend):
+    """``load_file_with_report(path, framework="pt", select=names, tp=tp, rules=rules)`` from the
+    checkpoint ``source`` opened (no header read again)."""
+    datas, report = source.load(names, tp[0], tp[1], rules, backend)
+    return {n: _convert(d, "pt") for n, d in datas.items()}, json.loads(report)
 
+
+def _load_part(out: Dict[str, Any], key: str, source, names, rules, backend, tp):
+    """One sharded load from ``source``: ``out[key]`` is ``(tensors, report)``, or the error's text."""
     try:
-        out[key] = tensora.load_file_with_report(
-            p, framework="pt", select=names, backend=backend, remote=remote, tp=tp, rules=rules)
+        out[key] = _source_load(source, names, tp, rules, backend)
     except Exception as e:  # reported to every rank by `agree`, then raised there
         out[key] = f"{type(e).__name__}: {e}"
 
@@ -677,12 +683,10 @@ def load_tp_with_report(
     replicated tensors are read that way)."""
     import threading
 
-    import tensora
-
     fw = _check_framework(framework)
     g = _Group(group)
     p = os.fspath(path)
-    reads, grouped = _tp_plan(g, p, rules, backend, _remote_dict(remote, None))
+    source, reads, grouped = _tp_plan(g, p, rules, backend, _remote_dict(remote, None))
     in_group = set(grouped)
     replicated = [n for n, _, _, dim, _, _ in reads if dim is None]
     small = sum(nbytes for _, _, _, dim, _, nbytes in reads if dim is None) <= REPLICATED_OWN_BYTES_MAX
@@ -693,17 +697,16 @@ def load_tp_with_report(
     parts: Dict[str, Any] = {}
     # This rank's own slices load on a thread while it reads its rows of the group-split tensors
     # and exchanges them.
-    mine = threading.Thread(target=_load_part, args=(parts, "own", p, own, rules, backend, remote, tp),
+    mine = threading.Thread(target=_load_part, args=(parts, "own", source, own, rules, backend, tp),
                             name="tensora-tp-own") if own else None
     if mine is not None:
         mine.start()
     try:
         if grouped:
-            # Rows torch.chunk(world, 0)[rank] of every group-split tensor: one range each.
+            # Rows torch.chunk(world, 0)[rank] of every group-split tensor: one range each, every
+            # window read from the one open checkpoint.
             def read(names):
-                column = [(_glob_exact(n), "column") for n in names]
-                return tensora.load_file_with_report(p, framework="pt", select=names, backend=backend,
-                                                     remote=remote, tp=tp, rules=column)
+                return _source_load(source, names, tp, [(_glob_exact(n), "column") for n in names], backend)
 
             split, report["group_split"] = _exchange_windows(g, reads, grouped, read)
             tensors.update(split)

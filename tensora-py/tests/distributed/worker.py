@@ -7,7 +7,8 @@ the rank's report, or the error it raised. `--mode` picks what the rank does: `l
 (weights_iterator, with `--dtype` if given), `missing` (rank 1 asks for a path that does not exist), `die` (rank 1 exits at
 once, before loading), `other` (rank 1 loads `--other` instead of the path), `select` (every rank
 loads `--select`, rank 1 `--select1`), `tp` (td.load_tp_with_report, Llama rules; `--tp` makes `missing` and `die` call it too,
-`--exchange-bytes` and `--replicated-own-bytes` set its bounds), `die-mid` (td.load_tp_with_report; rank 1 exits as
+`--exchange-bytes` and `--replicated-own-bytes` set its bounds, `--count-opens` reports as `opens` how often each native
+call that opens the checkpoint and reads its headers ran), `die-mid` (td.load_tp_with_report; rank 1 exits as
 it starts exchanging its second window of the group split), `files` (one `weights_iterator` over every `--path` as a
 file list, written as the first path's result; rank 1 gets the list reversed).
 """
@@ -31,6 +32,24 @@ from procstat import rss_kib  # noqa: E402  (tests/procstat.py)
 
 def digest(t) -> str:
     return hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+# The native calls that open a checkpoint and read its headers, as `--count-opens` counts them.
+OPENING_CALLS = ("load", "tp_reads", "TpSource")
+
+
+def count_opens(opens: dict) -> None:
+    """Wraps each of OPENING_CALLS that tensora._native has so that every call adds 1 to opens[name]."""
+    for name in OPENING_CALLS:
+        real = getattr(tensora._native, name, None)
+        if real is None:
+            continue
+
+        def counted(*args, _name=name, _real=real, **kwargs):
+            opens[_name] = opens.get(_name, 0) + 1
+            return _real(*args, **kwargs)
+
+        setattr(tensora._native, name, counted)
 
 
 def run(a, rank: int, path: str) -> dict:
@@ -70,6 +89,8 @@ def run(a, rank: int, path: str) -> dict:
                 td.EXCHANGE_BYTES_MAX = a.exchange_bytes
             if a.replicated_own_bytes is not None:
                 td.REPLICATED_OWN_BYTES_MAX = a.replicated_own_bytes
+            if a.count_opens:
+                count_opens(out.setdefault("opens", {}))
             got, report = td.load_tp_with_report(path)
             out["report"] = report
         else:
@@ -94,6 +115,7 @@ def main() -> None:
     ap.add_argument("--dtype")
     ap.add_argument("--exchange-bytes", type=int)
     ap.add_argument("--replicated-own-bytes", type=int)
+    ap.add_argument("--count-opens", action="store_true")
     ap.add_argument("--select", action="append")
     ap.add_argument("--select1", action="append")
     a = ap.parse_args()

@@ -105,6 +105,10 @@ pub enum Install {
 pub struct Tool {
     /// Its name in progress lines.
     pub name: &'static str,
+    /// What the prose calls it (README's provisioning paragraph, docs/fresh-machine.md's table,
+    /// `.ci/run`'s header, `cargo xtask`'s help): `cargo xtask selfcheck` fails when one of those
+    /// places does not name it (`xtask/src/selfcheck/tools.rs`).
+    pub prose: &'static str,
     /// Its directory under the target directory (the tests' default too).
     pub dir: &'static str,
     /// The variable naming its directory: read by the tests, set by `cargo xtask test`; when the
@@ -122,6 +126,7 @@ pub struct Tool {
 /// tensora built from the checkout.
 pub const PY_VENV: Tool = Tool {
     name: "py-venv",
+    prose: "Python venv",
     dir: "py-venv",
     var: "TENSORA_PY_VENV",
     install: Install::Venv(Requirements::File("tensora-py/requirements-test.txt")),
@@ -133,6 +138,7 @@ pub const PY_VENV: Tool = Tool {
 /// `tensora-py/bench/bench_vllm.py`; tensora is shared into it from [`PY_VENV`].
 pub const VLLM_VENV: Tool = Tool {
     name: "vllm-venv",
+    prose: "vLLM venv",
     dir: "vllm-venv",
     var: "TENSORA_VLLM_VENV",
     install: Install::Venv(Requirements::Overridden {
@@ -148,6 +154,7 @@ pub const TOOLS: [Tool; 5] = [
     PY_VENV,
     Tool {
         name: "s3rver",
+        prose: "s3rver",
         dir: "tensora-remote-s3rver",
         var: "TENSORA_S3RVER_DIR",
         install: Install::Npm("s3rver@3.7.1"),
@@ -156,6 +163,7 @@ pub const TOOLS: [Tool; 5] = [
     },
     Tool {
         name: "azurite",
+        prose: "Azurite",
         dir: "tensora-remote-azurite",
         var: "TENSORA_AZURITE_DIR",
         install: Install::Npm("azurite@3.35.0"),
@@ -164,6 +172,7 @@ pub const TOOLS: [Tool; 5] = [
     },
     Tool {
         name: "gcp-storage-emulator",
+        prose: "GCS emulator",
         dir: "tensora-remote-gcs",
         var: "TENSORA_GCS_EMULATOR_DIR",
         install: Install::Venv(Requirements::Pinned(&["gcp-storage-emulator==2026.7.19"])),

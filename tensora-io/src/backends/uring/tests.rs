@@ -73,7 +73,13 @@ impl Harness {
                 &self.arena,
                 &self.budget,
                 &self.cancel,
-                JobConfig { threads: 1, queue_depth: 4, reading: Reading::ReadAhead, retries_max },
+                JobConfig {
+                    threads: 1,
+                    queue_depth: 4,
+                    reading: Reading::ReadAhead,
+                    device_cost: None,
+                    retries_max,
+                },
             )
         }
     }
@@ -236,7 +242,13 @@ fn workers_claim_round_robin_across_file_queues() {
                 &h.arena,
                 &h.budget,
                 &h.cancel,
-                JobConfig { threads: 2, queue_depth: 1, reading: Reading::ReadAhead, retries_max: 0 },
+                JobConfig {
+                    threads: 2,
+                    queue_depth: 1,
+                    reading: Reading::ReadAhead,
+                    device_cost: None,
+                    retries_max: 0,
+                },
             )
         };
         let state = RunState::new(&job);
