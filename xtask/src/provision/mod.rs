@@ -184,12 +184,15 @@ pub const TOOLS: [Tool; 5] = [
 
 /// The uv that installs every venv's packages (into [`PY_VENV`] with pip, the one pip install).
 pub const UV_VERSION: &str = "0.13.9";
-/// How uv installs into every venv: its Python compiled to bytecode once, at install. A venv
+/// After uv, every venv's Python is compiled to bytecode once (`compileall`, all CPUs). A venv
 /// without `.pyc` files makes every process compile what it imports, each time, where
 /// `PYTHONDONTWRITEBYTECODE` is set (as on this project's machines): importing transformers'
 /// Llama took 12.8 s without them and 5.0 s with them (2-core machine, under load), and every
-/// test, bench child and vLLM engine start pays that.
-pub const UV_INSTALL_FLAGS: [&str; 1] = ["--compile-bytecode"];
+/// test, bench child and vLLM engine start pays that. uv's `--compile-bytecode` compiled only what
+/// it installed in that call. Files that do not compile (torch ships test files in newer syntax)
+/// stay uncompiled, as pip leaves them: the script ignores `compile_dir`'s result.
+const COMPILE_BYTECODE: &str =
+    "import compileall, sys\ncompileall.compile_dir(sys.argv[1], quiet=2, workers=0)\n";
 /// The stamp file in each tool's directory: the hex SHA-256 of what it was installed from.
 pub const STAMP_FILE: &str = ".tensora-provision.sha256";
 /// The variable that names the nginx binary to the tests.
@@ -281,10 +284,10 @@ fn install_source(tool: &Tool, root: &Path) -> Result<String> {
     })
 }
 
-/// The uv version and its install flags, as they enter every venv's stamp (a changed flag
-/// reinstalls, so a venv made before it gets its bytecode).
+/// The uv version and the bytecode step, as they enter every venv's stamp (a venv made before
+/// the step reinstalls once, and gets its bytecode).
 fn uv_line() -> String {
-    format!("uv {UV_VERSION} {}", UV_INSTALL_FLAGS.join(" "))
+    format!("uv {UV_VERSION}, compiled to bytecode")
 }
 
 fn read_text(root: &Path, file: &str) -> Result<String> {
@@ -353,29 +356,26 @@ fn install_venv(
     }
     let uv = ensure_uv(py_venv)?;
     let mut cmd = Command::new(&uv);
-    cmd.args(["pip", "install"]).args(UV_INSTALL_FLAGS).arg("--python").arg(&python);
-    let flags = UV_INSTALL_FLAGS.join(" ");
+    cmd.args(["pip", "install", "--python"]).arg(&python);
     let (what, pins) = match requirements {
         Requirements::File(file) => {
             cmd.arg("-r").arg(root.join(file));
-            (format!("uv pip install {flags} -r {file}"), pins_of(&install_source(tool, root)?))
+            (format!("uv pip install -r {file}"), pins_of(&install_source(tool, root)?))
         }
         Requirements::Overridden { file, overrides } => {
             cmd.arg("-r").arg(root.join(file)).arg("--override").arg(root.join(overrides));
-            (
-                format!("uv pip install {flags} -r {file} --override {overrides}"),
-                pins_of(&read_text(root, file)?),
-            )
+            (format!("uv pip install -r {file} --override {overrides}"), pins_of(&read_text(root, file)?))
         }
         Requirements::Pinned(pins) => {
             cmd.args(pins);
-            (
-                format!("uv pip install {flags} {}", pins.join(" ")),
-                pins.iter().map(|p| p.to_string()).collect(),
-            )
+            (format!("uv pip install {}", pins.join(" ")), pins.iter().map(|p| p.to_string()).collect())
         }
     };
     step::run(tool.name, &what, &mut cmd, Show::Starting(UV_SHOWN))?;
+    let lib = dir.join("lib");
+    let mut compile = Command::new(&python);
+    compile.args(["-c", COMPILE_BYTECODE]).arg(&lib);
+    step::run(tool.name, &format!("compileall {}", lib.display()), &mut compile, Show::Nothing)?;
     check_versions(tool, &python, &pins)
 }
 
