@@ -365,10 +365,26 @@ fn mapped(f: &Facts, promise: FilesUnchanged, reason: String) -> Choice {
     Choice { residence: Residence::Mapped(promise), backend: "mmap", reading: buffered(f), reason }
 }
 
+/// What a cold local file's device costs when read through the page cache (a load reading ahead
+/// of its copies, [`READ_AHEAD_COLD`]): whole pages, and about 8 KiB of transfer per request.
+/// Measured (`examples/slice_cost.rs` with `TENSORA_SLICE_COST_COLD=1`, 128 MiB of the TinyLlama
+/// fixture evicted before each read, medians of 7 alternating rounds, shared machine at load
+/// average 9-10): TinyLlama's row-parallel F16 rows read with the covering range advised in 2 MiB
+/// steps take 9.0, 9.8 and 3.4 µs a row (TP=2 down_proj, TP=4 down_proj, TP=4 o_proj) against
+/// 12.2, 12.3 and 3.5 µs with each row advised alone, although the device then reads 1.00 of the
+/// covering range instead of 0.82, 0.55 and 1.00: a request costs the device 4.9 to 6.9 µs, what
+/// it transfers in 5.8 to 8.1 KB. So the read-ahead helper reads such gaps along
+/// (`tensora_plan::DeviceCost::ahead_ranges`); the copies still take only the rows.
+pub(crate) const COLD_DEVICE_COST: tensora_plan::DeviceCost =
+    tensora_plan::DeviceCost { granule_bytes: 4096, request_cost_bytes: 8 << 10 };
+/// Cold data read through the page cache: ahead of the copies, over the gaps
+/// [`COLD_DEVICE_COST`] says the device reads along.
+pub(crate) const READ_AHEAD_COLD: Reading = Reading::ReadAhead { device_cost: Some(COLD_DEVICE_COST) };
+
 /// How a read through the page cache goes: warm data is copied (or mapped) as it is; anything
-/// else is read ahead of the copies ([`Reading::ReadAhead`]), so the device sees a deep queue.
+/// else is read ahead of the copies ([`READ_AHEAD_COLD`]), so the device sees a deep queue.
 pub fn buffered(f: &Facts) -> Reading {
-    if f.warm() { Reading::Cached } else { Reading::ReadAhead }
+    if f.warm() { Reading::Cached } else { READ_AHEAD_COLD }
 }
 
 /// The backend of an owned load.
@@ -394,7 +410,7 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         // copies, so the next process finds them cached (see the module docs).
         return owned(
             "sync",
-            Reading::ReadAhead,
+            READ_AHEAD_COLD,
             format!(
                 "cold, pages kept cached for the next load ({why}): buffered pread, the files read ahead \
                  of the copies; {facts}"
@@ -417,7 +433,7 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         _ if f.bytes_selected < DIRECT_MIN_BYTES => "small selection".to_owned(),
         _ => "O_DIRECT not probed".to_owned(),
     };
-    owned("sync", Reading::ReadAhead, format!("cold, {why}: buffered pread with readahead; {facts}"))
+    owned("sync", READ_AHEAD_COLD, format!("cold, {why}: buffered pread with readahead; {facts}"))
 }
 
 #[cfg(test)]
@@ -488,7 +504,7 @@ mod tests {
             assert_eq!(c.reading, Reading::Cached, "{}", c.reason);
             f.residency.resident_pages = warm_pages - 1;
             let c = choose(&f);
-            assert_eq!(c.reading, Reading::ReadAhead, "{}", c.reason);
+            assert_eq!(c.reading, READ_AHEAD_COLD, "{}", c.reason);
             assert!(c.reason.contains("cold") || c.reason.contains("mapped"), "{}", c.reason);
         }
         // Cold and around the page cache: the direct queue, no read-ahead.
@@ -497,7 +513,7 @@ mod tests {
         assert_eq!(choose(&f).reading, Reading::Direct);
         // A network filesystem reads buffered: ahead when cold, not when warm.
         f.filesystem = Some(probe::classify_filesystem(0x6969));
-        assert_eq!(choose(&f).reading, Reading::ReadAhead);
+        assert_eq!(choose(&f).reading, READ_AHEAD_COLD);
         f.residency.resident_pages = 100;
         assert_eq!(choose(&f).reading, Reading::Cached);
     }

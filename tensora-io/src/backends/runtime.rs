@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use tensora_plan::Read;
+use tensora_plan::{DeviceCost, Read};
 
 use crate::map::readahead::{AheadQueue, read_ahead, willneed_file};
 use crate::seam::{CompletionSink, IoStats, Job, ReadError, ReadErrorKind, Reading, StopReason};
@@ -293,10 +293,10 @@ pub(crate) fn run_workers_reading_ahead<F>(
 where
     F: Fn(usize) -> IoStats + Sync,
 {
-    match job.config.reading {
+    let device_cost = match job.config.reading {
         Reading::Direct | Reading::Cached => return run_workers(workers, f),
-        Reading::ReadAhead => {}
-    }
+        Reading::ReadAhead { device_cost } => device_cost,
+    };
     let reads = job.plan.reads();
     let queues: Vec<FileQueue<'_>> = job
         .plan
@@ -308,7 +308,7 @@ where
             let file = &job.files.get(q.file as usize)?.buffered;
             // The device reads the small gaps between reads along (a strided slice's rows): the
             // helper advises each read from where its range starts.
-            let ahead = job.config.ahead_ranges(reads);
+            let ahead = ahead_ranges(device_cost, reads);
             let lens = ahead.iter().map(|r| r.end - r.start).collect();
             let beyond_bytes =
                 reads.iter().zip(&ahead).map(|(r, a)| r.offset_bytes.saturating_sub(a.start)).sum();
@@ -333,12 +333,22 @@ where
     })
 }
 
+/// The file range the read-ahead helper advises for each of `reads` (one file queue's reads, in
+/// the order they are read): each read's own range, widened back over the gaps that
+/// `device_cost` says the device reads along (`None`: each read alone).
+fn ahead_ranges(device_cost: Option<DeviceCost>, reads: &[Read]) -> Vec<std::ops::Range<u64>> {
+    match device_cost {
+        Some(cost) => cost.ahead_ranges(reads.iter().map(|r| (r.offset_bytes, r.len_bytes))),
+        None => reads.iter().map(|r| r.offset_bytes..r.offset_bytes.saturating_add(r.len_bytes)).collect(),
+    }
+}
+
 /// One file queue of a job, as the read-ahead helper sees it.
 struct FileQueue<'a> {
     index: usize,
     state: &'a RunState,
     /// The file range advised for each read: its own, widened back over a gap the device reads
-    /// along (`JobConfig::device_cost`).
+    /// along (`Reading::ReadAhead`'s `device_cost`).
     ahead: Vec<std::ops::Range<u64>>,
     file: &'a std::fs::File,
     lens: Vec<u64>,
@@ -401,8 +411,7 @@ mod tests {
         let config = JobConfig {
             threads: 2,
             queue_depth: 1,
-            reading: Reading::ReadAhead,
-            device_cost: None,
+            reading: Reading::ReadAhead { device_cost: None },
             retries_max: 0,
         };
         let files = [f];
@@ -422,6 +431,21 @@ mod tests {
         let err = state.finish(Vec::new()).unwrap_err();
         assert!(matches!(err.kind, ReadErrorKind::Cancelled), "{err}");
         assert_eq!(err.offset_bytes, READ_BYTES, "the cancel names the read it claimed: {err}");
+    }
+
+    #[test]
+    fn the_helper_advises_each_read_alone_or_widened_over_what_the_device_reads_along() {
+        let read = |offset_bytes, len_bytes| Read {
+            file: 0,
+            offset_bytes,
+            len_bytes,
+            arena_offset_bytes: 0,
+            pieces: 0..0,
+        };
+        let reads = [read(0, 1024), read(4096, 1024)];
+        assert_eq!(ahead_ranges(None, &reads), [0..1024, 4096..5120]);
+        let pages = DeviceCost { granule_bytes: 4096, request_cost_bytes: 8192 };
+        assert_eq!(ahead_ranges(Some(pages), &reads), [0..1024, 1024..5120]);
     }
 
     proptest! {

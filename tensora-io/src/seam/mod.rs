@@ -41,7 +41,8 @@ pub struct IoStats {
     /// Reads that fell back from O_DIRECT to buffered.
     pub direct_fallbacks: u64,
     /// Bytes between reads that a read-ahead helper's plan asks the device to read along with
-    /// them ([`JobConfig::ahead_ranges`] beyond the reads themselves; 0 where no helper runs).
+    /// them (the gaps [`Reading::ReadAhead`]'s `device_cost` says the device reads along; 0 where
+    /// no helper runs).
     pub bytes_advised_beyond_reads: u64,
 }
 
