@@ -423,15 +423,26 @@ mod tests {
     /// Bytes of each of the four reads of [`four_reads`]' plan.
     const READ_BYTES: u64 = 64 << 10;
 
+    /// A temp file of `len_bytes`, and the plan of `extents` of it built with `config`, which
+    /// has `reads` reads.
+    fn planned(
+        len_bytes: u64,
+        extents: &[tensora_plan::Extent],
+        config: tensora_plan::PlanConfig,
+        reads: usize,
+    ) -> (tempfile::NamedTempFile, crate::seam::SourceFile, tensora_plan::Plan) {
+        let (tmp, f) = crate::seam::temp_source(&vec![5u8; len_bytes as usize]);
+        let plan = tensora_plan::Plan::build(extents, &config, &tensora_plan::Order::File).unwrap();
+        assert_eq!(plan.reads().len(), reads);
+        (tmp, f, plan)
+    }
+
     /// A plan of one file read in four reads of [`READ_BYTES`], and that file.
     fn four_reads() -> (tempfile::NamedTempFile, crate::seam::SourceFile, tensora_plan::Plan) {
-        let (tmp, f) = crate::seam::temp_source(&vec![5u8; 4 * READ_BYTES as usize]);
         let extents = [tensora_plan::Extent { file: 0, offset_bytes: 0, len_bytes: 4 * READ_BYTES, tag: 0 }];
         let config =
             tensora_plan::PlanConfig { chunk_bytes: READ_BYTES, ..tensora_plan::PlanConfig::default() };
-        let plan = tensora_plan::Plan::build(&extents, &config, &tensora_plan::Order::File).unwrap();
-        assert_eq!(plan.reads().len(), 4);
-        (tmp, f, plan)
+        planned(4 * READ_BYTES, &extents, config, 4)
     }
 
     #[test]
@@ -472,16 +483,12 @@ mod tests {
 
     /// A plan of one 8 KiB file read in two reads, `0..1024` and `4096..5120`, and that file.
     fn gapped_reads() -> (tempfile::NamedTempFile, crate::seam::SourceFile, tensora_plan::Plan) {
-        use tensora_plan::{Extent, Order, PlanConfig};
-        let (tmp, f) = crate::seam::temp_source(&[3u8; 8192]);
+        use tensora_plan::{Extent, PlanConfig};
         let extents = [
             Extent { file: 0, offset_bytes: 0, len_bytes: 1024, tag: 0 },
             Extent { file: 0, offset_bytes: 1024 + GAP_BYTES, len_bytes: 1024, tag: 1 },
         ];
-        let config = PlanConfig { coalesce_gap_bytes: 0, ..PlanConfig::default() };
-        let plan = tensora_plan::Plan::build(&extents, &config, &Order::File).unwrap();
-        assert_eq!(plan.reads().len(), 2);
-        (tmp, f, plan)
+        planned(8192, &extents, PlanConfig { coalesce_gap_bytes: 0, ..PlanConfig::default() }, 2)
     }
 
     /// The gap bytes a read-ahead run reports are those its helper advised: with the workers
