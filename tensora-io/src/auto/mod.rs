@@ -52,6 +52,7 @@
 use std::path::Path;
 
 use tensora_format::Checkpoint;
+use tensora_plan::DeviceCost;
 
 use crate::load::{FilesUnchanged, IoMode, Residence};
 use crate::seam::Reading;
@@ -365,20 +366,13 @@ fn mapped(f: &Facts, promise: FilesUnchanged, reason: String) -> Choice {
     Choice { residence: Residence::Mapped(promise), backend: "mmap", reading: buffered(f), reason }
 }
 
-/// What a cold local file's device costs when read through the page cache (a load reading ahead
-/// of its copies, [`READ_AHEAD_COLD`]): whole pages, and about 8 KiB of transfer per request.
-/// Measured (`examples/slice_cost.rs` with `TENSORA_SLICE_COST_COLD=1`, 128 MiB of the TinyLlama
-/// fixture evicted before each read, medians of 7 alternating rounds, shared machine at load
-/// average 9-10): TinyLlama's row-parallel F16 rows read with the covering range advised in 2 MiB
-/// steps take 9.0, 9.8 and 3.4 µs a row (TP=2 down_proj, TP=4 down_proj, TP=4 o_proj) against
-/// 12.2, 12.3 and 3.5 µs with each row advised alone, although the device then reads 1.00 of the
-/// covering range instead of 0.82, 0.55 and 1.00: a request costs the device 4.9 to 6.9 µs, what
-/// it transfers in 5.8 to 8.1 KB. So the read-ahead helper reads such gaps along
-/// (`tensora_plan::DeviceCost::ahead_ranges`); the copies still take only the rows.
-pub(crate) const COLD_DEVICE_COST: tensora_plan::DeviceCost =
-    tensora_plan::DeviceCost { granule_bytes: 4096, request_cost_bytes: 8 << 10 };
-/// Cold data read through the page cache: ahead of the copies, over the gaps
-/// [`COLD_DEVICE_COST`] says the device reads along.
+/// What a cold local file's device costs read through the page cache: whole pages, and about
+/// 8 KiB of transfer per request (measured 4.9 to 6.9 µs a request, what it transfers in 5.8 to
+/// 8.1 KB: `examples/slice_cost.rs` with `TENSORA_SLICE_COST_COLD=1`, docs/tensor-parallel.md). So
+/// the read-ahead helper reads such gaps along; the copies still take only the rows.
+pub(crate) const COLD_DEVICE_COST: DeviceCost =
+    DeviceCost { granule_bytes: 4096, request_cost_bytes: 8 << 10 };
+/// Cold data read through the page cache: ahead of the copies, gaps read along ([`COLD_DEVICE_COST`]).
 pub(crate) const READ_AHEAD_COLD: Reading = Reading::ReadAhead { device_cost: Some(COLD_DEVICE_COST) };
 
 /// How a read through the page cache goes: warm data is copied (or mapped) as it is; anything
