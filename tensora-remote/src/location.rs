@@ -324,6 +324,10 @@ mod tests {
             "https://h/m.safetensors?token=hunter2",
             "http://u:hunter2@/nohost",
             "ftp://u:hunter2@h/x",
+            // Unescaped `/`, `?`, `#` in the password: no parser takes the URL, the error echoes it.
+            "http://u:hunter2/x@h/m.safetensors",
+            "http://u:hunter2?x=1@h/m.safetensors",
+            "http://u:hunter2#x@h/m.safetensors",
         ] {
             let err = Location::parse(input).unwrap_err();
             let text = format!("{err} {err:?}");
