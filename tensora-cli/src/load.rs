@@ -167,8 +167,8 @@ fn verify_against_manifest(
     opts: &mut LoadOptions,
 ) -> anyhow::Result<()> {
     let Some(path) = &args.manifest else { return Ok(()) };
-    let manifest = tensora_verify::Manifest::read(path)
-        .with_context(|| format!("cannot read manifest {}", path.display()))?;
+    // Its errors name the file.
+    let manifest = tensora_verify::Manifest::read(path).context("cannot read the manifest")?;
     let check = tensora_verify::ManifestCheck::new(ckpt, &manifest).with_context(|| {
         format!("manifest {} does not describe {}", path.display(), crate::remote::shown(&args.path))
     })?;
