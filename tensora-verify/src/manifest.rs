@@ -428,15 +428,11 @@ fn infer_algo(has_key: Option<impl Fn(Algo) -> bool>) -> Result<Algo, ManifestEr
 fn read_error(path: &Path, e: tensora_format::Error) -> ManifestError {
     let path = path.to_path_buf();
     match e.into_kind() {
-        ErrorKind::Io(source) => ManifestError::Io { path, source },
         ErrorKind::IndexTooLarge { len_bytes, limit_bytes } => {
             ManifestError::TooLarge { path, len_bytes, limit_bytes }
         }
         // A FIFO, a device or a directory is no manifest (refused before it is opened for reading).
-        kind @ ErrorKind::NotRegularFile { .. } => {
-            ManifestError::Io { path, source: io::Error::new(io::ErrorKind::InvalidInput, kind.to_string()) }
-        }
-        other => ManifestError::Io { path, source: io::Error::other(other.to_string()) },
+        other => ManifestError::Io { path, source: crate::scan::io_error(other) },
     }
 }
 
