@@ -202,7 +202,9 @@ fn total_size_warning(
         }),
         Some(Err(text)) => warnings.push(Warning {
             path: index_path.to_path_buf(),
-            message: format!("total_size {text} is not a non-negative integer"),
+            // The index's own text: escaped, so that a control character in it (a terminal
+            // escape) does not reach the terminal the warning is printed on.
+            message: format!("total_size {} is not a non-negative integer", text.escape_debug()),
         }),
         _ => {}
     }

@@ -65,6 +65,12 @@ fn total_size_mismatch_is_a_warning() {
     assert!(ckpt.warnings()[0].message.contains("total_size"));
     write_index(dir.path(), &GOOD.replace("24", "\"24\""));
     assert_eq!(crate::open(dir.path()).unwrap().warnings().len(), 1);
+    // A control character in the text (a terminal escape) is shown escaped.
+    write_index(dir.path(), &GOOD.replace("24", r#""\u001b]0;x\u0007\n""#));
+    let ckpt = crate::open(dir.path()).unwrap();
+    let message = &ckpt.warnings()[0].message;
+    assert!(!message.chars().any(char::is_control), "{message:?}");
+    assert!(message.contains(r"total_size \u{1b}]0;x\u{7}\n is not"), "{message:?}");
 }
 
 #[test]
