@@ -87,11 +87,12 @@ fn usage_error_line(rendered: &str) -> String {
 
 /// An error and its causes as one line, `outer: cause: …`, leaving out a cause whose text the line
 /// already holds (a `tensora_format::Error` shows its `io::Error` in its own message, and is its
-/// source too). Every URL in it is redacted once more, whatever put it there.
+/// source too). Every URL in it is redacted once more, whatever put it there, and control
+/// characters (from a checkpoint's names or paths) are replaced ([`output::printable`]).
 fn error_line(chain: impl Iterator<Item = String>) -> String {
     let mut line = String::new();
     for message in chain {
-        let message = message.replace('\n', " ");
+        let message = output::printable(&message.replace('\n', " "));
         if line.contains(message.as_str()) {
             continue;
         }
@@ -124,9 +125,10 @@ mod tests {
         assert_eq!(usage_error_line(""), "invalid usage");
     }
 
-    /// A URL that clap quotes, or that a cause names as typed, shows with its secrets redacted.
+    /// A URL that clap quotes, or that a cause names as typed, shows with its secrets redacted;
+    /// a control character (a terminal escape in a file name) is replaced.
     #[test]
-    fn urls_in_error_lines_are_redacted() {
+    fn error_lines_redact_urls_and_replace_control_characters() {
         let rendered =
             "error: unexpected argument 'http://u:hunter2@h/m?sig=hunter2' found\n\nUsage: tensora\n";
         assert_eq!(usage_error_line(rendered), "unexpected argument 'http://u:***@h/m?sig=***' found");
@@ -137,5 +139,7 @@ mod tests {
             // A query value runs to whitespace: the colon after it goes with it (safe side).
             "cannot load http://u:***@h/m: s3://b/k?X-Amz-Signature=*** gone"
         );
+        let chain = ["cannot load /m", "/m/a\u{1b}[2J.safetensors: gone"].map(String::from);
+        assert_eq!(error_line(chain.into_iter()), "cannot load /m: /m/a\u{fffd}[2J.safetensors: gone");
     }
 }
