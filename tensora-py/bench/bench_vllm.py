@@ -2,7 +2,7 @@
 `tensora`, warm and cold, in one interleaved run (in the vLLM venv, target/vllm-venv).
 
     python tensora-py/bench/bench_vllm.py CHECKPOINT [--runs N] [--temps warm,cold,restart]
-        [--formats a,b,...] [--timeout S] [--json OUT.json]
+        [--formats a,b,...] [--evict all|checkpoint] [--timeout S] [--json OUT.json]
 
 CHECKPOINT is a Llama-shaped safetensors checkpoint (the bench's 2.2 GB TinyLlama-shaped fixture
 under `cargo xtask bench --full`); `llama_dir.py` writes the config off its shapes beside links
@@ -12,11 +12,13 @@ vLLM's own "Loading weights took" figure (its `DefaultModelLoader`; Run:ai's loa
 `load_weights` (the loader's `load_weights`, timed the same way for every format) and the whole
 `LLM()` start. Rounds are interleaved in an order shuffled per round (bench_load.round_order).
 Warm: one untimed start of each format first. Cold: the page cache dropped before every sample
-(bench_load.drop_caches), and each round also times `device`: the checkpoint's bytes read with
+(bench_load.drop_caches; with `--evict checkpoint` only the checkpoint's pages, with
+`POSIX_FADV_DONTNEED`, so a shared machine's other work keeps its cache), and each round also times `device`: the checkpoint's bytes read with
 `O_DIRECT` into memory faulted in beforehand (bench_load's `device` subject), the roofline the
 acceptance compares cold loads with. Restart (a restart after a cold start): the page cache
 dropped, one untimed start of the same format (its cold start), then the timed start in a fresh
-process, the way a server restarts on a node. A format that fails gets a cell saying why.
+process, the way a server restarts on a node. A format that fails gets a cell saying why. The
+JSON keeps every sample (`values`, in the order taken) beside the median, min and max.
 """
 
 import argparse
@@ -63,7 +65,15 @@ def stats(values):
     values = [v for v in values if v is not None]
     if not values:
         return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
+            "values": values}
+
+
+def evict(args, files):
+    """Empty the page cache of the checkpoint before a cold sample, as `--evict` says."""
+    if args.evict == "checkpoint":
+        return bench_load.evict_checkpoint(files)
+    return bench_load.drop_caches(files)
 
 
 def run_temperature(args, temp, model, files):
@@ -81,7 +91,7 @@ def run_temperature(args, temp, model, files):
             if s in errors:
                 continue
             if temp in ("cold", "restart"):
-                bench_load.drop_caches(files)
+                evict(args, files)
             if temp == "restart":
                 first = engine(model, s, args.timeout)  # the cold start, untimed
                 if "error" in first:
@@ -159,6 +169,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--temps", default="warm,cold")
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--evict", choices=("all", "checkpoint"), default="all",
+                    help="cold samples: drop the whole page cache (all) or only the checkpoint's pages")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_DEFAULT_S)
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -176,6 +188,7 @@ def main():
         "dtype": dtype,
         "formats": args.formats,
         "runs": args.runs,
+        "evict": args.evict,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_before": os.getloadavg()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "temps": {},

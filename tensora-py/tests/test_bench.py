@@ -110,3 +110,26 @@ def test_a_model_subject_imports_the_model_code_before_the_timer(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "True", r.stdout
+
+
+def test_the_vllm_bench_can_evict_only_the_checkpoint(tmp_path):
+    """`bench_vllm.py --evict checkpoint`: a cold sample drops the checkpoint's pages and leaves
+    every other file's (a shared machine's other work keeps its cache); `--evict all` is
+    `drop_caches`."""
+    import argparse
+
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_vllm
+    from test_residence import _resident_fraction
+
+    ckpt, other = tmp_path / "ckpt.bin", tmp_path / "other.bin"
+    for p in (ckpt, other):
+        p.write_bytes(os.urandom(1 << 20))
+        p.read_bytes()
+    assert _resident_fraction(ckpt) == 1.0 and _resident_fraction(other) == 1.0
+    how = bench_vllm.evict(argparse.Namespace(evict="checkpoint"), [str(ckpt)])
+    assert how.startswith("fadvise"), how
+    assert _resident_fraction(ckpt) == 0.0
+    assert _resident_fraction(other) == 1.0
+    assert bench_vllm.stats([2.0, None, 1.0, 3.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3,
+                                                       "values": [2.0, 1.0, 3.0]}

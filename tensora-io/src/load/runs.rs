@@ -54,7 +54,12 @@ use crate::seam::Reading;
 /// [`Residence::Auto`]: crate::Residence::Auto
 pub fn load_runs<'c>(ckpt: &'c Checkpoint, opts: &'c LoadOptions) -> Result<Runs<'c>, LoadError> {
     let (session, selected, phases, faults_before) = begin(ckpt, opts, Delivery::Streaming)?;
-    // Mapped runs of cold files are short and read ahead across their ends (`LookAhead`).
+    // Mapped runs of cold files are short and read ahead across their ends (`LookAhead`). Warm
+    // ones keep the budget: cut at `COLD_MAPPED_RUN_BYTES_MAX` too, the first tensor came sooner
+    // (6.8 ms against 9.9 in-process, 1 GiB budget, the 2.2 GB fixture) but each run's populate
+    // then ran beside the caller's copies more often, and the whole was slower: a copying
+    // consumer 0.297 s against 0.272 (15 rounds), vLLM's warm `load_weights` 0.906 against 0.756
+    // (6 rounds; shared machine, docs/performance.md "The warm gap").
     let cold_mapped = session.residence.is_mapped() && session.reading != Reading::Cached;
     let run_bytes =
         if cold_mapped { opts.budget_bytes.min(COLD_MAPPED_RUN_BYTES_MAX) } else { opts.budget_bytes };
