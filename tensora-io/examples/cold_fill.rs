@@ -39,9 +39,8 @@
 //!   in with `MADV_POPULATE_WRITE` and unmapped (the first touch of an owned load's destination
 //!   arena); `t4` the same without `MADV_HUGEPAGE` (4 KiB pages).
 //!
-//! Each run's line also gives the MiB of free memory the kernel reported to the host during the
-//! variant (`/sys/module/page_reporting/parameters/reported_kib`, 0 without free page
-//! reporting), and the probe prints the reporting knobs once at start.
+//! Each run's line gives the MiB of free memory reported to the host during the variant
+//! (`page_reporting`'s `reported_kib`; the knobs are printed at start).
 //!
 //! `--warm-after` times, after each variant that cached every page, a 2-thread `pread` copy of
 //! the files out of what it left in the page cache (the copy alone, by folio size).
@@ -50,9 +49,8 @@
 //! timer, so the page cache's folios come from memory freed a moment before (a VM that reports
 //! free 2 MiB blocks to its host, `page_reporting_order` 9, reports them only after a delay).
 //!
-//! `--settle-ms S` sleeps S ms right before each variant's timer (after any recycling), so a
-//! kernel that reports free memory to its host has reported what the eviction and the recycling
-//! freed (`reported_kib` grows in passes about 2 s apart here).
+//! `--settle-ms S` sleeps S ms before each variant's timer (after any recycling): time for the
+//! reporting passes (about 2 s apart here) to report what was freed.
 //!
 //! The folio census after each buffered variant (outside the timer): the file is mapped and
 //! populated (its pages are all cached by then, so this reads nothing and moves no folio), each
@@ -115,12 +113,10 @@ struct Dest {
 // SAFETY: the mapping is owned by `Dest`; threads write disjoint ranges through `at`.
 unsafe impl Sync for Dest {}
 
-/// The page size a fresh anonymous mapping is advised to fault in with.
+/// The pages a fresh anonymous mapping faults in: 2 MiB (`MADV_HUGEPAGE` first) or 4 KiB.
 #[derive(Clone, Copy)]
 enum Pages {
-    /// `MADV_HUGEPAGE` before the first touch (2 MiB pages while free 2 MiB blocks last).
     Huge,
-    /// No advice: 4 KiB pages (THP `madvise` here).
     Base,
 }
 
@@ -581,25 +577,10 @@ fn run_variant(v: &str, dir: &Path, srcs: &[Src], dest: &Dest, threads: usize) -
     }
 }
 
-/// Where the kernel's free page reporting keeps its knobs and counters (`page_reporting`, a VM
-/// whose balloon device reports free blocks to the host).
-const REPORTING_DIR: &str = "/sys/module/page_reporting/parameters";
-
-/// KiB of free memory reported to the host so far (`reported_kib`; 0 where the counter is absent).
-fn reported_kib() -> u64 {
-    std::fs::read_to_string(format!("{REPORTING_DIR}/reported_kib"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// The reporting knobs as `name=value` pairs, for the log (empty where the module is absent).
-fn reporting_knobs() -> String {
-    ["page_reporting_order", "min_free_ms", "max_waiting_mib"]
-        .iter()
-        .filter_map(|k| std::fs::read_to_string(format!("{REPORTING_DIR}/{k}")).ok().map(|v| format!("{k}={}", v.trim())))
-        .collect::<Vec<_>>()
-        .join(" ")
+/// A value of the kernel's free page reporting (`/sys/module/page_reporting/parameters`: knobs
+/// and counters of a VM whose balloon reports free blocks to its host); `None` where absent.
+fn reporting(name: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/sys/module/page_reporting/parameters/{name}")).ok()?.trim().parse().ok()
 }
 
 /// The machine's interrupt and softirq time so far (`/proc/stat`, every CPU): where block I/O
@@ -755,7 +736,8 @@ fn main() -> Res<()> {
     let total: u64 = srcs.iter().map(|s| s.len_bytes).sum();
     let last = srcs.last().ok_or("no files")?;
     let dest = Dest::new((last.dest_offset_bytes + last.len_bytes) as usize)?;
-    println!("page reporting: {} reported_kib={}", reporting_knobs(), reported_kib());
+    let knobs = ["page_reporting_order", "min_free_ms", "max_waiting_mib", "reported_kib"];
+    println!("page reporting: {:?}", knobs.map(|k| (k, reporting(k))));
     type Stat = (Vec<f64>, Vec<f64>, [u64; ORDER_MAX + 1], Vec<f64>);
     let mut stats: Vec<Stat> =
         variants.iter().map(|_| (Vec::new(), Vec::new(), [0; ORDER_MAX + 1], Vec::new())).collect();
@@ -773,10 +755,11 @@ fn main() -> Res<()> {
             }
             std::thread::sleep(settle);
             let (cpu0, irq0, stalls0, rep0, t0) =
-                (cpu_seconds(), irq_seconds()?, compact_stalls()?, reported_kib(), Instant::now());
+                (cpu_seconds(), irq_seconds()?, compact_stalls()?, reporting("reported_kib"), Instant::now());
             run_variant(v, &dir, &srcs, &dest, threads)?;
             let (wall, cpu, irq) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0, irq_seconds()? - irq0);
-            let reported_mib = reported_kib().saturating_sub(rep0) / 1024;
+            let reported_mib =
+                reporting("reported_kib").unwrap_or(0).saturating_sub(rep0.unwrap_or(0)) / 1024;
             let stalls = compact_stalls()? - stalls0;
             if !matches!(v, "b" | "f" | "f0" | "g" | "t" | "t4") {
                 check(&srcs, &dest)?;

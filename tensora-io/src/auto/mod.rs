@@ -53,6 +53,8 @@ use std::path::Path;
 
 use tensora_format::Checkpoint;
 
+pub mod reporting;
+
 use crate::load::{FilesUnchanged, IoMode, Residence};
 use crate::seam::Reading;
 
@@ -106,6 +108,8 @@ pub struct Facts {
     pub owned_destination_bytes: u64,
     /// Memory the page cache can be given (`None`: could not be read).
     pub memory: Option<MemoryRoom>,
+    /// Whether free memory is reported to a hypervisor ([`reporting`]).
+    pub free_reporting: reporting::FreeReporting,
 }
 
 /// What `gather` is told about the load besides the checkpoint and the selection.
@@ -216,6 +220,7 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], asked: Asked) -> Facts {
             Delivery::Streaming => bytes_selected.min(budget_bytes),
         },
         memory: memory::memory_room(),
+        free_reporting: reporting::free_reporting(),
     }
 }
 
@@ -397,7 +402,8 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
             Reading::ReadAhead,
             format!(
                 "cold, pages kept cached for the next load ({why}): buffered pread, the files read ahead \
-                 of the copies; {facts}"
+                 of the copies in 4 KiB folios ({}); {facts}",
+                f.free_reporting.describe()
             ),
         );
     }
@@ -431,7 +437,7 @@ mod tests {
         unsafe { FilesUnchanged::promise() }
     }
 
-    fn facts() -> Facts {
+    pub(super) fn facts() -> Facts {
         Facts {
             bytes_selected: 2 << 30,
             bytes_files: 2 << 30,
@@ -451,11 +457,12 @@ mod tests {
                 available_bytes: 20 << 30,
                 cgroup_limit_bytes: None,
             }),
+            free_reporting: reporting::FreeReporting::On { order: 9, after_ms: 0 },
         }
     }
 
     /// Facts of a cold load that does not fit in the page cache (so it reads around it).
-    fn cold_around() -> Facts {
+    pub(super) fn cold_around() -> Facts {
         let mut f = facts();
         f.residency.resident_pages = 0;
         f.memory =
