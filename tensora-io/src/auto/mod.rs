@@ -24,7 +24,9 @@
 //! with a helper thread reading each file into the page cache ahead of the copies
 //! ([`crate::map::readahead`]), so the device sees a deep queue as with `O_DIRECT` (measured in
 //! docs/performance.md "Restarts"); when pages and arena do not both fit it reads around the
-//! cache with the direct queue.
+//! cache with the direct queue. Its reason also names whether the machine reports free memory to
+//! a hypervisor (`tensora_sys::free_reporting`): there a fill in 2 MiB folios first-touches memory
+//! the host took back, so the read-ahead's 4 KiB folios stay the fill (docs/performance.md "Restarts").
 //!
 //! Residence, when the caller asks for [`Residence::Auto`] (first match wins):
 //!
@@ -52,8 +54,6 @@
 use std::path::Path;
 
 use tensora_format::Checkpoint;
-
-pub mod reporting;
 
 use crate::load::{FilesUnchanged, IoMode, Residence};
 use crate::seam::Reading;
@@ -108,8 +108,8 @@ pub struct Facts {
     pub owned_destination_bytes: u64,
     /// Memory the page cache can be given (`None`: could not be read).
     pub memory: Option<MemoryRoom>,
-    /// Whether free memory is reported to a hypervisor ([`reporting`]).
-    pub free_reporting: reporting::FreeReporting,
+    /// Whether free memory is reported to a hypervisor (`tensora_sys::free_reporting`).
+    pub free_reporting: memory::FreeReporting,
 }
 
 /// What `gather` is told about the load besides the checkpoint and the selection.
@@ -220,7 +220,7 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], asked: Asked) -> Facts {
             Delivery::Streaming => bytes_selected.min(budget_bytes),
         },
         memory: memory::memory_room(),
-        free_reporting: reporting::free_reporting(),
+        free_reporting: memory::free_reporting(),
     }
 }
 
@@ -427,6 +427,9 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
 }
 
 #[cfg(test)]
+mod reporting_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -457,7 +460,7 @@ mod tests {
                 available_bytes: 20 << 30,
                 cgroup_limit_bytes: None,
             }),
-            free_reporting: reporting::FreeReporting::On { order: 9, after_ms: 0 },
+            free_reporting: memory::FreeReporting::On { order: 9, after_ms: 0 },
         }
     }
 

@@ -1,5 +1,5 @@
 //! Whether this machine hands its free memory back to a hypervisor ("free page reporting"): a
-//! fact `auto` reads for the cold load that keeps its pages.
+//! fact `tensora_io`'s `auto` reads for the cold load that keeps its pages.
 //!
 //! A VM whose balloon device reports free blocks (`VIRTIO_BALLOON_F_REPORTING`) tells its host
 //! about every free block of at least `2^page_reporting_order` pages, and the host discards them;
@@ -10,32 +10,30 @@
 //! it is against held off): the first touch of 2.2 GB of fresh `MADV_HUGEPAGE` memory 0.24-0.29 s
 //! with reporting held off, 2.8-4.0 s with it; the first copy out of freshly filled 2 MiB page
 //! cache folios 0.19-0.32 s against 3.0-6.2 s. So a cold fill in 2 MiB folios (0.97x the device
-//! here, the 4 KiB fill 0.74x) is only worth it where free memory is not reported. `auto` names
-//! the fact in a cold keep's reason; the placement does not depend on it yet (the sync backend
-//! has no large-folio fill).
+//! here, the 4 KiB fill 0.74x) is only worth it where free memory is not reported.
 //!
-//! [`read_free_reporting`] reads, under a sysfs root, at most [`BALLOON_DEVICES_MAX`] balloon
-//! devices' `features` and two of `page_reporting`'s parameters, each up to
-//! [`SYSFS_FILE_BYTES_MAX`] bytes; absent files mean "not reported".
+//! [`read_free_reporting`] reads, under a sysfs root, at most `BALLOON_DEVICES_MAX` balloon
+//! devices' `features` and two of `page_reporting`'s parameters, each a small file read up to a
+//! bound (`memory.rs`'s); absent files mean "not reported".
 
 use std::path::Path;
 
+use crate::memory::read_small;
+
 /// Where Linux's free page reporting keeps its parameters, under the sysfs root.
-pub const REPORTING_PARAMETERS_DIR: &str = "module/page_reporting/parameters";
+const REPORTING_PARAMETERS_DIR: &str = "module/page_reporting/parameters";
 /// Where the bound virtio balloon devices are listed, under the sysfs root.
-pub const VIRTIO_BALLOON_DRIVER_DIR: &str = "bus/virtio/drivers/virtio_balloon";
+const VIRTIO_BALLOON_DRIVER_DIR: &str = "bus/virtio/drivers/virtio_balloon";
 /// `VIRTIO_BALLOON_F_REPORTING`: the feature bit of a balloon device that reports free pages.
-pub const VIRTIO_BALLOON_F_REPORTING_BIT: usize = 5;
+const VIRTIO_BALLOON_F_REPORTING_BIT: usize = 5;
 /// The delay between a free and its report on a kernel without a `min_free_ms` parameter
 /// (Linux's `PAGE_REPORTING_DELAY`, 2 s).
-pub const UPSTREAM_REPORT_DELAY_MS: u64 = 2000;
+const UPSTREAM_REPORT_DELAY_MS: u64 = 2000;
 /// The largest buddy order of a 4 KiB-page kernel (`MAX_PAGE_ORDER`): a reporting order above it
 /// reports no block at all.
-pub const BUDDY_ORDER_MAX: u32 = 10;
+const BUDDY_ORDER_MAX: u32 = 10;
 /// Balloon devices looked at, at most.
-pub const BALLOON_DEVICES_MAX: usize = 16;
-/// A sysfs file is read only up to this many bytes (`features` is one line of 64-128 digits).
-const SYSFS_FILE_BYTES_MAX: u64 = 4096;
+const BALLOON_DEVICES_MAX: usize = 16;
 
 /// Whether free memory is reported to a hypervisor.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +45,7 @@ pub enum FreeReporting {
     On {
         /// `page_reporting_order`.
         order: u32,
-        /// `min_free_ms`, or [`UPSTREAM_REPORT_DELAY_MS`] where the kernel has no such knob.
+        /// `min_free_ms`, or Linux's 2 s (`PAGE_REPORTING_DELAY`) where the kernel has no such knob.
         after_ms: u64,
     },
 }
@@ -110,14 +108,6 @@ fn balloon_reports(driver_dir: &Path) -> bool {
         .any(|bits| bits.trim().as_bytes().get(VIRTIO_BALLOON_F_REPORTING_BIT) == Some(&b'1'))
 }
 
-/// A small sysfs file's text, at most [`SYSFS_FILE_BYTES_MAX`] bytes; `None` when unreadable.
-fn read_small(path: &Path) -> Option<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path).ok()?.take(SYSFS_FILE_BYTES_MAX).read_to_string(&mut text).ok()?;
-    Some(text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,30 +166,6 @@ mod tests {
         assert_eq!(r, FreeReporting::On { order: 10, after_ms: 2000 });
         // Nothing there at all (not Linux, or no sysfs).
         assert!(matches!(read_free_reporting(Path::new("/nonexistent-sysfs")), FreeReporting::Off(_)));
-    }
-
-    #[test]
-    fn a_cold_owned_keep_names_whether_free_memory_is_reported_on_both_sides() {
-        // A cold owned copy whose pages and arena fit (the `auto` cold keep).
-        let mut f = crate::auto::tests::cold_around();
-        f.memory = crate::auto::tests::facts().memory;
-        let on = crate::auto::choose(&f);
-        assert!(
-            on.reason.contains(
-                "4 KiB folios (free memory reported to the hypervisor (blocks of 2048 KiB and more, after 0 ms))"
-            ),
-            "{}",
-            on.reason
-        );
-        f.free_reporting = FreeReporting::Off("no balloon device with free page reporting".to_owned());
-        let off = crate::auto::choose(&f);
-        assert!(
-            off.reason.contains("(free memory not reported to a hypervisor (no balloon device"),
-            "{}",
-            off.reason
-        );
-        // The fact is named; the placement itself does not change with it (yet: see the module docs).
-        assert_eq!((on.backend, on.reading), (off.backend, off.reading));
     }
 
     #[test]
