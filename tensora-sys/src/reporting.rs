@@ -167,11 +167,4 @@ mod tests {
         // Nothing there at all (not Linux, or no sysfs).
         assert!(matches!(read_free_reporting(Path::new("/nonexistent-sysfs")), FreeReporting::Off(_)));
     }
-
-    #[test]
-    fn this_machine_reads_without_error() {
-        // Whatever this machine is, the probe answers and describes it in one clause.
-        let r = free_reporting();
-        assert!(r.describe().starts_with("free memory "), "{r:?}");
-    }
 }
