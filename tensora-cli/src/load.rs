@@ -167,10 +167,11 @@ fn verify_against_manifest(
     opts: &mut LoadOptions,
 ) -> anyhow::Result<()> {
     let Some(path) = &args.manifest else { return Ok(()) };
-    let manifest = tensora_verify::Manifest::read(path)
-        .with_context(|| format!("cannot read manifest {}", path.display()))?;
-    let check = tensora_verify::ManifestCheck::new(ckpt, &manifest)
-        .with_context(|| format!("manifest {} does not describe {}", path.display(), args.path.display()))?;
+    // Its errors name the file.
+    let manifest = tensora_verify::Manifest::read(path).context("cannot read the manifest")?;
+    let check = tensora_verify::ManifestCheck::new(ckpt, &manifest).with_context(|| {
+        format!("manifest {} does not describe {}", path.display(), crate::remote::shown(&args.path))
+    })?;
     check.install(opts);
     Ok(())
 }

@@ -78,15 +78,16 @@ fn main() -> ExitCode {
 }
 
 /// The one line for a usage error: the first line of clap's message, without its own `error: `
-/// prefix (the tip and usage lines that follow are dropped; `--help` has them).
+/// prefix (the tip and usage lines that follow are dropped; `--help` has them). Clap quotes the
+/// argument it refused, which may be a URL: its password and query values are redacted.
 fn usage_error_line(rendered: &str) -> String {
     let first = rendered.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("invalid usage");
-    first.strip_prefix("error:").map_or(first, str::trim_start).to_owned()
+    tensora_remote::redact(first.strip_prefix("error:").map_or(first, str::trim_start))
 }
 
 /// An error and its causes as one line, `outer: cause: …`, leaving out a cause whose text the line
 /// already holds (a `tensora_format::Error` shows its `io::Error` in its own message, and is its
-/// source too).
+/// source too). Every URL in it is redacted once more, whatever put it there.
 fn error_line(chain: impl Iterator<Item = String>) -> String {
     let mut line = String::new();
     for message in chain {
@@ -99,7 +100,7 @@ fn error_line(chain: impl Iterator<Item = String>) -> String {
         }
         line.push_str(&message);
     }
-    line
+    tensora_remote::redact(&line)
 }
 
 #[cfg(test)]
@@ -121,5 +122,20 @@ mod tests {
         let rendered = "error: unexpected argument '--x' found\n\n  tip: ...\n\nUsage: tensora\n";
         assert_eq!(usage_error_line(rendered), "unexpected argument '--x' found");
         assert_eq!(usage_error_line(""), "invalid usage");
+    }
+
+    /// A URL that clap quotes, or that a cause names as typed, shows with its secrets redacted.
+    #[test]
+    fn urls_in_error_lines_are_redacted() {
+        let rendered =
+            "error: unexpected argument 'http://u:hunter2@h/m?sig=hunter2' found\n\nUsage: tensora\n";
+        assert_eq!(usage_error_line(rendered), "unexpected argument 'http://u:***@h/m?sig=***' found");
+        let chain =
+            ["cannot load http://u:hunter2@h/m", "s3://b/k?X-Amz-Signature=hunter2: gone"].map(String::from);
+        assert_eq!(
+            error_line(chain.into_iter()),
+            // A query value runs to whitespace: the colon after it goes with it (safe side).
+            "cannot load http://u:***@h/m: s3://b/k?X-Amz-Signature=*** gone"
+        );
     }
 }

@@ -39,12 +39,8 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let manifest = match &args.manifest {
-        Some(p) => Some(Manifest::read(p).map_err(|e| {
-            // I/O and size errors name the file already; parse errors do not.
-            let names_path = e.to_string().contains(&*p.to_string_lossy());
-            let e = anyhow::Error::new(e);
-            if names_path { e } else { e.context(format!("manifest {}", p.display())) }
-        })?),
+        // Its errors name the file.
+        Some(p) => Some(Manifest::read(p)?),
         None => None,
     };
     let report = match crate::remote::location(&args.path)? {

@@ -188,13 +188,20 @@ fn passwords_in_http_urls_do_not_leak() {
     let first = tensors.keys().next().unwrap().clone();
     tensors[&first]["crc32c"] = serde_json::json!("00000000");
     std::fs::write(&manifest, serde_json::to_vec(&doc).unwrap()).unwrap();
+    // One that lacks a tensor: `load --manifest` refuses it before loading, naming the location.
+    let short = root.path().join("short.json");
+    doc["tensors"].as_object_mut().unwrap().remove(&first);
+    std::fs::write(&short, serde_json::to_vec(&doc).unwrap()).unwrap();
     let wrong = url.replace("hunter2", "not-hunter2");
-    let runs: [(&[&str], bool); 5] = [
+    let runs: [(&[&str], bool); 7] = [
         (&["inspect", &url, "--json"], true),
         (&["load", &url, "--json"], true),
         (&["verify", &url, "--manifest", manifest.to_str().unwrap(), "--json"], false),
         (&["verify", &url, "--manifest", manifest.to_str().unwrap()], false),
         (&["load", &wrong], false),
+        (&["load", &url, "--manifest", short.to_str().unwrap()], false),
+        // A usage error: clap quotes the argument it refused.
+        (&["load", &url, &url], false),
     ];
     for (args, ok) in runs {
         let out = tensora(args);

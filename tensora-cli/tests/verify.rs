@@ -280,6 +280,12 @@ fn a_bad_manifest_is_an_error_not_a_panic() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.starts_with("error:") && err.contains("\"x\""), "{err}");
+    // `load --manifest` and `verify --manifest` name the file once.
+    let out = tensora(&["load", SLLM_TINY, "--manifest", manifest.to_str().unwrap()]);
+    for out in [out, tensora(&["verify", "--manifest", manifest.to_str().unwrap(), SLLM_TINY])] {
+        let err = assert_one_error_line(&out);
+        assert_eq!(err.matches(manifest.to_str().unwrap()).count(), 1, "{err}");
+    }
 }
 
 #[test]

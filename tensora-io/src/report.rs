@@ -44,10 +44,11 @@ pub struct LoadReport {
     pub bytes_read: u64,
     /// Bytes of the gaps between reads that the device was asked to read along with them (a cold
     /// load through the page cache: the read-ahead helper advises a read from the end of the one
-    /// before when the gap costs the device less than one more request, `JobConfig::device_cost`;
+    /// before when the gap costs the device less than one more request, `Reading::ReadAhead`'s cost;
     /// a cold strided slice's rows then cost the device its covering range). Not in `bytes_read`,
     /// which counts what was copied; 0 for warm, direct and mapped loads and where no helper runs.
-    /// The plan's figure: a piece the workers reach before the helper is not advised.
+    /// What the helper advised: a read the workers reach before the helper is not advised, nor
+    /// counted.
     pub bytes_advised_beyond_reads: u64,
     /// Wall time of the whole load (sum of the phases).
     pub seconds: f64,

@@ -37,8 +37,12 @@ fn small_job_parts() -> (Plan, tensora_io::Arena, Budget, AtomicBool) {
     (plan, arena, Budget::new(1 << 20), AtomicBool::new(false))
 }
 
-const CONFIG: JobConfig =
-    JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
+const CONFIG: JobConfig = JobConfig {
+    threads: 1,
+    queue_depth: 1,
+    reading: Reading::ReadAhead { device_cost: None },
+    retries_max: 8,
+};
 
 #[test]
 fn claim_hands_out_each_read_once_and_checks_the_index() {
@@ -567,7 +571,7 @@ impl IoBackend for Recording {
     }
 }
 
-/// `auto`'s cold decision reaches the backend in the job (`JobConfig::device_cost`, what the
+/// `auto`'s cold decision reaches the backend in the job (`Reading::ReadAhead`'s `device_cost`, what the
 /// read-ahead helper widens its advice by), not by the backend reaching into the load: a cold
 /// buffered load's jobs carry the cold local file's cost, a direct one's none.
 #[test]
@@ -597,8 +601,9 @@ fn the_cold_device_cost_travels_to_the_backend_in_the_job() {
     let cold: Vec<JobConfig> = std::mem::take(&mut *backend.configs.lock().unwrap());
     assert!(!cold.is_empty());
     for config in &cold {
-        assert_eq!(config.reading, Reading::ReadAhead, "{config:?}");
-        let cost = config.device_cost.expect("a cold job carries the device's cost");
+        let Reading::ReadAhead { device_cost: Some(cost) } = config.reading else {
+            panic!("a cold job reads ahead with the device's cost: {config:?}");
+        };
         assert_eq!((cost.granule_bytes, cost.request_cost_bytes), (4096, 8 << 10), "{config:?}");
     }
     // A direct load reads around the page cache: no read-ahead helper, no device cost.
@@ -606,6 +611,6 @@ fn the_cold_device_cost_travels_to_the_backend_in_the_job() {
     let direct = backend.configs.lock().unwrap();
     assert!(!direct.is_empty());
     for config in direct.iter() {
-        assert_eq!((config.reading, config.device_cost), (Reading::Direct, None), "{config:?}");
+        assert_eq!(config.reading, Reading::Direct, "{config:?}");
     }
 }

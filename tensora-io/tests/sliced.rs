@@ -226,8 +226,10 @@ fn resident_pages(file: &std::fs::File, len_bytes: u64) -> Vec<bool> {
 /// a gap of 8 KiB costs more than a `pread`), but the device reads the whole pages in each gap
 /// along with the rows (the cold side's rule, `COLD_DEVICE_COST`: a gap of at most two whole
 /// pages costs less than a device request), so after the load every page from the first row to
-/// the last is cached, and the report counts those gaps (`bytes_advised_beyond_reads`); a direct
-/// load of the same slice advises nothing.
+/// the last is cached, and the report counts the gaps the helper advised
+/// (`bytes_advised_beyond_reads`: whole gaps, at most the 127; a row the copies reach before the
+/// helper is not advised, so the figure depends on the race, pinned by `backends::runtime`'s
+/// unit test); a direct load of the same slice advises nothing.
 #[test]
 fn a_cold_strided_slice_is_copied_row_by_row_while_the_device_reads_the_gap_pages_along() {
     // F16 [128, 6144]: rows of 12,288 bytes; the first 2048 columns, 4096 bytes of each: gaps of
@@ -250,7 +252,8 @@ fn a_cold_strided_slice_is_copied_row_by_row_while_the_device_reads_the_gap_page
     let loaded = load(&ckpt, &opts).unwrap();
     let r = loaded.report();
     assert_eq!((r.slices.strided, r.bytes_read), (1, 128 * 4096), "{r:?}");
-    assert_eq!(r.bytes_advised_beyond_reads, 127 * 8192, "the 127 gaps between the rows: {r:?}");
+    let advised = r.bytes_advised_beyond_reads;
+    assert!(advised <= 127 * 8192 && advised.is_multiple_of(8192), "whole gaps between the 128 rows: {r:?}");
     assert_eq!(
         loaded.tensor("s0.t0").unwrap().bytes(),
         &narrow(&g.data["s0.t0"], &[128, 6144], 2, slice)[..]

@@ -133,8 +133,7 @@ fn a_plan_larger_than_the_destination_is_an_error_not_a_write() {
             JobConfig {
                 threads: 1,
                 queue_depth: 2,
-                reading: Reading::ReadAhead,
-                device_cost: None,
+                reading: Reading::ReadAhead { device_cost: None },
                 retries_max: 1,
             },
         )
@@ -214,8 +213,7 @@ fn a_failing_destination_stops_the_run_before_the_sink_hears_of_the_read() {
             JobConfig {
                 threads: 2,
                 queue_depth: 4,
-                reading: Reading::ReadAhead,
-                device_cost: None,
+                reading: Reading::ReadAhead { device_cost: None },
                 retries_max: 4,
             },
         )

@@ -358,14 +358,21 @@ fn check_stamp(entry: &tensora_format::FileEntry, file: &std::fs::File) -> PyRes
     entry.check_unchanged(&meta).map_err(|change| file_err(entry.path(), change))
 }
 
+/// Each file of `ckpt`, opened as the parser opens it (a name replaced by a FIFO since the
+/// parse is refused, not waited on for a writer) and checked to be the file parsed.
+fn open_files(ckpt: &tensora_format::Checkpoint) -> PyResult<Vec<std::fs::File>> {
+    let open = |f: &tensora_format::FileEntry| {
+        let (file, _) =
+            tensora_format::open_regular(f.path()).map_err(|e| file_err(f.path(), e.into_kind()))?;
+        check_stamp(f, &file)?;
+        Ok(file)
+    };
+    ckpt.files().iter().map(open).collect()
+}
+
 fn open_checkpoint_files(path: &Path) -> PyResult<Mapped> {
     let ckpt = tensora_format::open(path).map_err(format_err)?;
-    let mut files = Vec::with_capacity(ckpt.files().len());
-    for f in ckpt.files() {
-        let file = std::fs::File::open(f.path()).map_err(|e| file_err(f.path(), e))?;
-        check_stamp(f, &file)?;
-        files.push(file);
-    }
+    let files = open_files(&ckpt)?;
     let state = MapState { shared: vec![None; files.len()], handed_out: HashSet::new() };
     Ok(Mapped {
         ckpt,
@@ -481,6 +488,21 @@ mod tests {
 
     fn fixture_path() -> &'static str {
         concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/real/fracast-0.int8.safetensors")
+    }
+
+    /// A file replaced by a FIFO after the parse is refused, not waited on for a writer.
+    #[test]
+    fn a_file_replaced_by_a_fifo_is_refused_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        std::fs::copy(fixture_path(), &path).unwrap();
+        let ckpt = tensora_format::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(std::process::Command::new("mkfifo").arg(&path).status().unwrap().success());
+        let (done, result) = std::sync::mpsc::channel();
+        // Detached: were the open to block, the test fails at the timeout below, not hangs.
+        std::thread::spawn(move || done.send(open_files(&ckpt).is_err()));
+        assert_eq!(result.recv_timeout(std::time::Duration::from_secs(10)), Ok(true), "waited on a FIFO");
     }
 
     proptest::proptest! {

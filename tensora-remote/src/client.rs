@@ -67,10 +67,11 @@ static CLIENTS: Mutex<Vec<(String, Arc<Client>)>> = Mutex::new(Vec::new());
 /// its builder reads ([`Location::client_key`]), and every option but the cache (each open's own,
 /// see [`connection_options`]).
 fn cache_key(location: &Location, opts: &RemoteOptions) -> String {
-    // `Debug` of the options redacts the secret key; two clients with different secrets differ.
-    // The key stays in this process's memory and is never printed.
+    // `Debug` of the options redacts the secret key and the endpoint's password and query; two
+    // clients with different secrets differ. The key stays in this process's memory and is
+    // never printed.
     let opts = connection_options(opts);
-    format!("{} {opts:?} {:?}", location.client_key(), opts.store.credentials)
+    format!("{} {opts:?} {:?} {:?}", location.client_key(), opts.store.endpoint, opts.store.credentials)
 }
 
 /// `opts` as a client keeps them: without the cache, which is not the client's but each open's
@@ -178,5 +179,27 @@ mod tests {
         assert!(!Arc::ptr_eq(&a, &Client::connect(&there, &with_cache("/tmp/a")).unwrap()));
         let built = Client::with_store(Arc::clone(&a.store), &with_cache("/tmp/c")).unwrap();
         assert_eq!(built.opts.cache, None);
+    }
+
+    /// Endpoints that differ only in a secret (which `Debug` of the options redacts) are two
+    /// clients, each sending its own.
+    #[test]
+    fn endpoints_that_differ_in_a_secret_are_two_clients() {
+        let bucket = Location::parse("s3://b/m/").unwrap();
+        let with_endpoint = |endpoint: &str| {
+            let store = crate::StoreConfig {
+                endpoint: Some(endpoint.into()),
+                allow_http: true,
+                anonymous: true,
+                ..crate::StoreConfig::default()
+            };
+            RemoteOptions { store, ..RemoteOptions::default() }
+        };
+        let (one, two) =
+            (with_endpoint("http://u:one@127.0.0.1:9"), with_endpoint("http://u:two@127.0.0.1:9"));
+        assert_eq!(format!("{one:?}"), format!("{two:?}"));
+        let a = Client::connect(&bucket, &one).unwrap();
+        assert!(Arc::ptr_eq(&a, &Client::connect(&bucket, &one).unwrap()));
+        assert!(!Arc::ptr_eq(&a, &Client::connect(&bucket, &two).unwrap()));
     }
 }

@@ -29,21 +29,24 @@ pub enum RemoteError {
         /// object_store's reason, with any URL in it redacted.
         reason: String,
     },
-    /// An Azure URL names one storage account (`az://container@account/`) while the access key
-    /// that would sign its requests is another account's (the credentials', or
-    /// `AZURE_STORAGE_ACCOUNT_NAME`'s with `AZURE_STORAGE_ACCOUNT_KEY`): refused before any
-    /// request, as every request would be signed for the URL's account with that key.
+    /// An Azure URL names one storage account (`az://container@account/`) while the credential
+    /// that would authorize its requests is another account's: an access key (the credentials',
+    /// or `AZURE_STORAGE_ACCOUNT_NAME`'s with `AZURE_STORAGE_ACCOUNT_KEY`) or a SAS token
+    /// (`AZURE_STORAGE_SAS_TOKEN`, given for `AZURE_STORAGE_ACCOUNT_NAME`). Refused before any
+    /// request, as every request for the URL's account would carry it.
     #[error(
-        "{url}: the URL names storage account {url_account:?}, but the access key given is account \
-         {key_account:?}'s; name {key_account:?} in the URL, or give {url_account:?}'s key"
+        "{url}: the URL names storage account {url_account:?}, but the {credential} given is account \
+         {credential_account:?}'s; name {credential_account:?} in the URL, or give {url_account:?}'s {credential}"
     )]
     AccountMismatch {
         /// The store's root (`az://container@account/`).
         url: String,
         /// The account the URL names.
         url_account: String,
-        /// The account whose key was given.
-        key_account: String,
+        /// What was given: `"access key"` or `"SAS token"` (never the credential itself).
+        credential: &'static str,
+        /// The account the credential was given for.
+        credential_account: String,
     },
     /// The object does not exist.
     #[error("{url}: not found")]

@@ -217,8 +217,10 @@ pub struct StoreConfig {
 impl std::fmt::Debug for StoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let credentials = self.credentials.as_ref().map(|(key, _)| (key.as_str(), "<redacted>"));
+        // An endpoint may carry a password or a signed query (an Azure account URL with a SAS).
+        let endpoint = self.endpoint.as_deref().map(redact);
         f.debug_struct("StoreConfig")
-            .field("endpoint", &self.endpoint)
+            .field("endpoint", &endpoint)
             .field("allow_http", &self.allow_http)
             .field("anonymous", &self.anonymous)
             .field("region", &self.region)
@@ -297,13 +299,17 @@ mod tests {
     #[test]
     fn debug_redacts_the_secret_key() {
         let config = StoreConfig {
+            endpoint: Some("http://minio:endpoint-pass@127.0.0.1:9000/?sv=1&sig=endpoint-sig".into()),
             credentials: Some(("AKIDEXAMPLE".into(), "wJalrXUtnFEMI-secret".into())),
             ..StoreConfig::default()
         };
         let text =
             format!("{config:?} {:?}", crate::RemoteOptions { store: config.clone(), ..Default::default() });
-        assert!(!text.contains("wJalrXUtnFEMI-secret"), "{text}");
+        for secret in ["wJalrXUtnFEMI-secret", "endpoint-pass", "endpoint-sig"] {
+            assert!(!text.contains(secret), "{secret}: {text}");
+        }
         assert!(text.contains("AKIDEXAMPLE") && text.contains("<redacted>"), "{text}");
+        assert!(text.contains("http://minio:***@127.0.0.1:9000/?sv=***&sig=***"), "{text}");
     }
 
     /// Finding 1 of issue 14: a password or a query credential given in a location never shows
@@ -324,6 +330,10 @@ mod tests {
             "https://h/m.safetensors?token=hunter2",
             "http://u:hunter2@/nohost",
             "ftp://u:hunter2@h/x",
+            // Unescaped `/`, `?`, `#` in the password: no parser takes the URL, the error echoes it.
+            "http://u:hunter2/x@h/m.safetensors",
+            "http://u:hunter2?x=1@h/m.safetensors",
+            "http://u:hunter2#x@h/m.safetensors",
         ] {
             let err = Location::parse(input).unwrap_err();
             let text = format!("{err} {err:?}");

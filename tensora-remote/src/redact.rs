@@ -37,8 +37,7 @@ pub fn redact(text: &str) -> String {
 
 /// Redacts what follows `scheme://`: the userinfo of the authority, then each query value.
 fn redact_url_tail(tail: &str) -> String {
-    let authority_end = tail.find(['/', '?', '#']).unwrap_or(tail.len());
-    let (authority, path_and_more) = tail.split_at(authority_end);
+    let (authority, path_and_more) = tail.split_at(authority_len(tail));
     let mut out = String::with_capacity(tail.len());
     match authority.rfind('@') {
         Some(at) => {
@@ -85,6 +84,25 @@ fn redact_url_tail(tail: &str) -> String {
     out
 }
 
+/// The length of the authority at the start of `tail` (what precedes its path, query or
+/// fragment). A password with an unescaped `/`, `?` or `#` in it (`http://u:pa/ss@host/`, which
+/// no URL parser accepts, so it reaches the text of a location error as typed) ends the authority
+/// early at a "port" that is not a number: then the authority runs to the last `@` and the rest
+/// of its segment, so that the password is taken for userinfo and redacted with it.
+fn authority_len(tail: &str) -> usize {
+    let end = |from: usize| tail[from..].find(['/', '?', '#']).map_or(tail.len(), |e| from + e);
+    let first = end(0);
+    let authority = &tail[..first];
+    // The port is what follows the last `:` outside an IPv6 literal's brackets.
+    let host_port = authority.rsplit(']').next().unwrap_or(authority);
+    let bad_port =
+        host_port.rsplit_once(':').is_some_and(|(_, port)| !port.bytes().all(|b| b.is_ascii_digit()));
+    match tail.rfind('@') {
+        Some(at) if !authority.contains('@') && bad_port && at > first => end(at),
+        _ => first,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +121,15 @@ mod tests {
             ("https://a.blob/c/m?sv=1&sig=SECRET#frag", "https://a.blob/c/m?sv=***&sig=***#frag"),
             ("no url here: token=abc", "no url here: token=abc"),
             ("s3://bucket/key", "s3://bucket/key"),
+            // A password with an unescaped `/`, `?` or `#` (no URL parser takes it: a location
+            // error echoes it as typed).
+            ("http://u:pa/ss@h:1/x", "http://u:***@h:1/x"),
+            ("http://u:p?w=1@h/x?sig=s", "http://u:***@h/x?sig=***"),
+            ("http://u:p#w@h/x", "http://u:***@h/x"),
+            // A port, or an IPv6 literal, is no password: an `@` further on is the path's.
+            ("http://h:8080/a@b", "http://h:8080/a@b"),
+            ("http://[::1]:8080/a@b", "http://[::1]:8080/a@b"),
+            ("http://[::1]/a@b", "http://[::1]/a@b"),
             (
                 "two http://a:b@x/ and \"http://c:d@y/?token=t\"",
                 "two http://a:***@x/ and \"http://c:***@y/?token=***\"",
@@ -125,11 +152,13 @@ mod tests {
             path in "(/[a-z0-9._-]{0,8}){0,3}",
             key in "[A-Za-z-]{1,12}",
             suffix in "[ )a-z]{0,8}",
+            // A password may hold an unescaped `/`, `?` or `#` as typed.
+            sep in "[/?#]?",
         ) {
             let secret = "S3cr3tXYZ";
-            let text = format!("{prefix}https://{user}:{secret}@{host}{path}?{key}={secret}{suffix}");
+            let text = format!("{prefix}https://{user}:Pa{sep}ss9Q@{host}{path}?{key}={secret}{suffix}");
             let out = redact(&text);
-            prop_assert!(!out.contains(secret), "{}", out);
+            prop_assert!(!out.contains(secret) && !out.contains("ss9Q"), "{}", out);
             prop_assert!(out.contains(&host), "{}", out);
             let plain = format!("{prefix}{user} {key}={secret}{suffix}");
             prop_assert_eq!(redact(&plain), plain);

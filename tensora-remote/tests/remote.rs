@@ -703,8 +703,12 @@ fn an_azure_url_naming_another_account_than_the_key_is_refused() {
     let err = open_remote(&Location::parse(&other).unwrap(), &opts).unwrap_err();
     let text = format!("{err} {err:?}");
     match &err {
-        RemoteError::AccountMismatch { url_account, key_account, .. } => {
-            assert_eq!((url_account.as_str(), key_account.as_str()), ("otheraccount", account), "{text}");
+        RemoteError::AccountMismatch { url_account, credential_account, .. } => {
+            assert_eq!(
+                (url_account.as_str(), credential_account.as_str()),
+                ("otheraccount", account),
+                "{text}"
+            );
         }
         wrong => panic!("{wrong} is not the account mismatch"),
     }

@@ -69,13 +69,8 @@ pub fn direct_read_roofline(
     }
     let budget = Budget::new(budget_bytes);
     let cancel = std::sync::atomic::AtomicBool::new(false);
-    let job_config = JobConfig {
-        threads: 1,
-        queue_depth: config.queue_depth,
-        reading: Reading::Direct,
-        device_cost: None,
-        retries_max: 8,
-    };
+    let job_config =
+        JobConfig { threads: 1, queue_depth: config.queue_depth, reading: Reading::Direct, retries_max: 8 };
     let dest: &Arena = dest;
     // SAFETY: `dest` is borrowed mutably by this function for the whole run, so nothing else can
     // write or reference its memory while the job runs, and this is the only job over it.

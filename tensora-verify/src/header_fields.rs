@@ -7,7 +7,6 @@
 //! visitor that keeps nothing but the names of unknown fields.
 
 use std::fmt;
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -24,8 +23,10 @@ const KNOWN_FIELDS: [&str; 3] = ["dtype", "shape", "data_offsets"];
 /// `(tensor, field)` for every unknown field of every tensor entry in the header of `path`, in
 /// header order. Errors are strings naming the problem (the parser reports structure errors).
 pub(crate) fn unknown_fields(path: &Path) -> Result<Vec<(String, String)>, String> {
-    let mut file = File::open(path).map_err(|e| e.to_string())?;
-    let file_len_bytes = file.metadata().map_err(|e| e.to_string())?.len();
+    // The parser opened a regular file here, but the name may now be a FIFO (opening one for
+    // reading waits for a writer): opened as the parser opens, refused without a wait.
+    let (mut file, meta) = tensora_format::open_regular(path).map_err(|e| e.to_string())?;
+    let file_len_bytes = meta.len();
     let mut prefix = [0u8; 8];
     file.read_exact(&mut prefix).map_err(|e| format!("reading the header length: {e}"))?;
     let n = u64::from_le_bytes(prefix);
@@ -152,5 +153,21 @@ mod tests {
         assert!(unknown_fields(&p).unwrap_err().contains("out of range"));
         std::fs::write(&p, [1u8, 2]).unwrap();
         assert!(unknown_fields(&p).is_err());
+    }
+
+    /// A file replaced by a FIFO after the parser read it is refused at once, not waited on
+    /// for a writer that never comes.
+    #[test]
+    fn a_fifo_is_refused_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("a.safetensors");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let (done, result) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        // Detached: were the open to block, the test fails at the timeout below, not hangs.
+        std::thread::spawn(move || done.send(unknown_fields(&path)));
+        let got = result.recv_timeout(std::time::Duration::from_secs(10));
+        let err = got.expect("unknown_fields waited on a FIFO").unwrap_err();
+        assert!(err.contains("not a regular file"), "{err}");
     }
 }

@@ -100,6 +100,15 @@ pub enum ManifestError {
         /// What is wrong with the text.
         source: BadDigest,
     },
+    /// A manifest file ([`Manifest::read`]) whose document is not a manifest: the file, and
+    /// why ([`ManifestError::Json`], [`ManifestError::Invalid`] or [`ManifestError::BadDigest`]).
+    #[error("{path}: {source}")]
+    InFile {
+        /// The manifest's path.
+        path: PathBuf,
+        /// What is wrong with its document.
+        source: Box<ManifestError>,
+    },
 }
 
 /// The key of a checkpoint file in [`Manifest::files`]: its path relative to the checkpoint root
@@ -290,6 +299,7 @@ impl Manifest {
         let bytes =
             tensora_format::read_capped(path, MANIFEST_LEN_BYTES_MAX).map_err(|e| read_error(path, e))?;
         Manifest::from_json_slice(&bytes)
+            .map_err(|e| ManifestError::InFile { path: path.to_path_buf(), source: Box::new(e) })
     }
 
     /// Write [`Manifest::to_json`] (pretty, with a final newline) to `path` atomically.
@@ -418,15 +428,11 @@ fn infer_algo(has_key: Option<impl Fn(Algo) -> bool>) -> Result<Algo, ManifestEr
 fn read_error(path: &Path, e: tensora_format::Error) -> ManifestError {
     let path = path.to_path_buf();
     match e.into_kind() {
-        ErrorKind::Io(source) => ManifestError::Io { path, source },
         ErrorKind::IndexTooLarge { len_bytes, limit_bytes } => {
             ManifestError::TooLarge { path, len_bytes, limit_bytes }
         }
         // A FIFO, a device or a directory is no manifest (refused before it is opened for reading).
-        kind @ ErrorKind::NotRegularFile { .. } => {
-            ManifestError::Io { path, source: io::Error::new(io::ErrorKind::InvalidInput, kind.to_string()) }
-        }
-        other => ManifestError::Io { path, source: io::Error::other(other.to_string()) },
+        other => ManifestError::Io { path, source: crate::scan::io_error(other) },
     }
 }
 
@@ -627,6 +633,32 @@ mod tests {
             other => panic!("expected TooLarge, got {other:?}"),
         }
         assert!(matches!(Manifest::read(&dir.path().join("missing.json")), Err(ManifestError::Io { .. })));
+    }
+
+    /// A file that is not JSON, or not a manifest, or holds a bad digest: the error names the
+    /// file, as an unreadable one's does, and says what is wrong.
+    #[test]
+    fn read_errors_of_the_document_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.json");
+        let docs: [(&[u8], &str); 3] = [
+            (b"{not json", "manifest is not valid JSON"),
+            (br#"{"algo": 7, "tensors": {}}"#, "invalid manifest"),
+            (br#"{"algo": "crc32c", "tensors": {"x": {"crc32c": "zz"}}}"#, "tensor \"x\""),
+        ];
+        for (doc, what) in docs {
+            std::fs::write(&path, doc).unwrap();
+            let err = Manifest::read(&path).unwrap_err();
+            let text = err.to_string();
+            assert!(text.starts_with(&format!("{}: ", path.display())) && text.contains(what), "{text}");
+            match err {
+                ManifestError::InFile { path: named, source } => {
+                    assert_eq!(named, path);
+                    assert!(!matches!(*source, ManifestError::InFile { .. }), "{source:?}");
+                }
+                other => panic!("expected InFile, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -187,8 +187,25 @@ impl Scan {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn scan(ckpt: &Checkpoint, config: &ScanConfig) -> Scan {
-    let open = |_: FileId, p: &Path| -> io::Result<Box<dyn ReadAt>> { Ok(Box::new(File::open(p)?)) };
+    // Opened as the parser opens: a name replaced by a FIFO since the parse is refused at once
+    // (opening one for reading waits for a writer).
+    let open = |_: FileId, p: &Path| -> io::Result<Box<dyn ReadAt>> {
+        let (file, _) = tensora_format::open_regular(p).map_err(|e| io_error(e.into_kind()))?;
+        Ok(Box::new(file))
+    };
     scan_with(ckpt, config, &open, None)
+}
+
+/// A failed open or read of `tensora_format`'s as an `io::Error` (the caller names the file): its
+/// own I/O error, or `InvalidInput` for a FIFO, device or directory ([`tensora_format::open_regular`]).
+pub(crate) fn io_error(kind: tensora_format::ErrorKind) -> io::Error {
+    match kind {
+        tensora_format::ErrorKind::Io(source) => source,
+        kind @ tensora_format::ErrorKind::NotRegularFile { .. } => {
+            io::Error::new(io::ErrorKind::InvalidInput, kind.to_string())
+        }
+        other => io::Error::other(other.to_string()),
+    }
 }
 
 /// [`scan`] through a caller-chosen opener (e.g. a fault-injecting layer), reporting progress.
@@ -537,6 +554,33 @@ mod tests {
             std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
         }
         dir
+    }
+
+    /// A file replaced by a FIFO after parsing cannot be opened (refused, not waited on for a
+    /// writer); the other files are scanned.
+    #[test]
+    fn a_file_replaced_by_a_fifo_is_refused_without_waiting() {
+        let dir = tiny_copy();
+        let ckpt = tensora_format::sllm::open_dir(dir.path()).unwrap();
+        let victim = dir.path().join("tensor.data_1");
+        std::fs::remove_file(&victim).unwrap();
+        assert!(std::process::Command::new("mkfifo").arg(&victim).status().unwrap().success());
+        let (done, result) = std::sync::mpsc::channel();
+        // Detached: were an open to block, the test fails at the timeout below, not hangs.
+        std::thread::spawn(move || {
+            let result = scan(&ckpt, &ScanConfig { algo: Algo::Crc32c, ..ScanConfig::default() });
+            done.send(result.files.into_iter().map(|f| f.problem).collect::<Vec<_>>())
+        });
+        let problems =
+            result.recv_timeout(std::time::Duration::from_secs(10)).expect("scan waited on a FIFO");
+        match &problems[1] {
+            Some(FileProblem::Open(e)) => {
+                assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+                assert!(e.to_string().contains("not a regular file"), "{e}");
+            }
+            other => panic!("expected Open, got {other:?}"),
+        }
+        assert!(problems[0].is_none() && problems[2].is_none(), "{problems:?}");
     }
 
     #[test]

@@ -54,6 +54,7 @@
 use std::path::Path;
 
 use tensora_format::Checkpoint;
+use tensora_plan::DeviceCost;
 
 use crate::load::{FilesUnchanged, IoMode, Residence};
 use crate::seam::Reading;
@@ -370,10 +371,19 @@ fn mapped(f: &Facts, promise: FilesUnchanged, reason: String) -> Choice {
     Choice { residence: Residence::Mapped(promise), backend: "mmap", reading: buffered(f), reason }
 }
 
+/// What a cold local file's device costs read through the page cache: whole pages, and about
+/// 8 KiB of transfer per request (measured 4.9 to 6.9 µs a request, what it transfers in 5.8 to
+/// 8.1 KB: `examples/slice_cost.rs` with `TENSORA_SLICE_COST_COLD=1`, docs/tensor-parallel.md). So
+/// the read-ahead helper reads such gaps along; the copies still take only the rows.
+pub(crate) const COLD_DEVICE_COST: DeviceCost =
+    DeviceCost { granule_bytes: 4096, request_cost_bytes: 8 << 10 };
+/// Cold data read through the page cache: ahead of the copies, gaps read along ([`COLD_DEVICE_COST`]).
+pub(crate) const READ_AHEAD_COLD: Reading = Reading::ReadAhead { device_cost: Some(COLD_DEVICE_COST) };
+
 /// How a read through the page cache goes: warm data is copied (or mapped) as it is; anything
-/// else is read ahead of the copies ([`Reading::ReadAhead`]), so the device sees a deep queue.
+/// else is read ahead of the copies ([`READ_AHEAD_COLD`]), so the device sees a deep queue.
 pub fn buffered(f: &Facts) -> Reading {
-    if f.warm() { Reading::Cached } else { Reading::ReadAhead }
+    if f.warm() { Reading::Cached } else { READ_AHEAD_COLD }
 }
 
 /// The backend of an owned load.
@@ -399,7 +409,7 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         // copies, so the next process finds them cached (see the module docs).
         return owned(
             "sync",
-            Reading::ReadAhead,
+            READ_AHEAD_COLD,
             format!(
                 "cold, pages kept cached for the next load ({why}): buffered pread, the files read ahead \
                  of the copies in 4 KiB folios ({}); {facts}",
@@ -423,7 +433,7 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         _ if f.bytes_selected < DIRECT_MIN_BYTES => "small selection".to_owned(),
         _ => "O_DIRECT not probed".to_owned(),
     };
-    owned("sync", Reading::ReadAhead, format!("cold, {why}: buffered pread with readahead; {facts}"))
+    owned("sync", READ_AHEAD_COLD, format!("cold, {why}: buffered pread with readahead; {facts}"))
 }
 
 #[cfg(test)]
@@ -498,7 +508,7 @@ mod tests {
             assert_eq!(c.reading, Reading::Cached, "{}", c.reason);
             f.residency.resident_pages = warm_pages - 1;
             let c = choose(&f);
-            assert_eq!(c.reading, Reading::ReadAhead, "{}", c.reason);
+            assert_eq!(c.reading, READ_AHEAD_COLD, "{}", c.reason);
             assert!(c.reason.contains("cold") || c.reason.contains("mapped"), "{}", c.reason);
         }
         // Cold and around the page cache: the direct queue, no read-ahead.
@@ -507,7 +517,7 @@ mod tests {
         assert_eq!(choose(&f).reading, Reading::Direct);
         // A network filesystem reads buffered: ahead when cold, not when warm.
         f.filesystem = Some(probe::classify_filesystem(0x6969));
-        assert_eq!(choose(&f).reading, Reading::ReadAhead);
+        assert_eq!(choose(&f).reading, READ_AHEAD_COLD);
         f.residency.resident_pages = 100;
         assert_eq!(choose(&f).reading, Reading::Cached);
     }

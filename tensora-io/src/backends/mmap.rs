@@ -233,8 +233,7 @@ mod tests {
                 JobConfig {
                     threads: 1,
                     queue_depth: 1,
-                    reading: Reading::ReadAhead,
-                    device_cost: None,
+                    reading: Reading::ReadAhead { device_cost: None },
                     retries_max: 0,
                 },
             )

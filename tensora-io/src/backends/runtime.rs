@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use tensora_plan::Read;
+use tensora_plan::{DeviceCost, Read};
 
 use crate::map::readahead::{AheadQueue, read_ahead, willneed_file};
 use crate::seam::{CompletionSink, IoStats, Job, ReadError, ReadErrorKind, Reading, StopReason};
@@ -293,13 +293,37 @@ pub(crate) fn run_workers_reading_ahead<F>(
 where
     F: Fn(usize) -> IoStats + Sync,
 {
-    match job.config.reading {
+    let device_cost = match job.config.reading {
         Reading::Direct | Reading::Cached => return run_workers(workers, f),
-        Reading::ReadAhead => {}
-    }
+        Reading::ReadAhead { device_cost } => device_cost,
+    };
+    let queues = file_queues(job, state, device_cost);
+    let ahead: Vec<&dyn AheadQueue> = queues.iter().map(|q| q as &dyn AheadQueue).collect();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let helper = scope.spawn(|| read_ahead(&ahead, &done));
+        let mut per_worker = run_workers(workers, f);
+        done.store(true, Ordering::Release);
+        if let Err(payload) = helper.join() {
+            std::panic::resume_unwind(payload);
+        }
+        per_worker.push(IoStats {
+            bytes_advised_beyond_reads: queues.iter().map(FileQueue::advised_beyond_bytes).sum(),
+            ..IoStats::default()
+        });
+        per_worker
+    })
+}
+
+/// The read-ahead helper's view of each file queue of `job`, each read's advice widened back over
+/// the gaps `device_cost` says the device reads along.
+fn file_queues<'a>(
+    job: &'a Job<'_>,
+    state: &'a RunState,
+    device_cost: Option<DeviceCost>,
+) -> Vec<FileQueue<'a>> {
     let reads = job.plan.reads();
-    let queues: Vec<FileQueue<'_>> = job
-        .plan
+    job.plan
         .queues()
         .iter()
         .enumerate()
@@ -308,29 +332,31 @@ where
             let file = &job.files.get(q.file as usize)?.buffered;
             // The device reads the small gaps between reads along (a strided slice's rows): the
             // helper advises each read from where its range starts.
-            let ahead = job.config.ahead_ranges(reads);
+            let ahead = ahead_ranges(device_cost, reads);
             let lens = ahead.iter().map(|r| r.end - r.start).collect();
-            let beyond_bytes =
-                reads.iter().zip(&ahead).map(|(r, a)| r.offset_bytes.saturating_sub(a.start)).sum();
-            Some(FileQueue { index, state, ahead, file, lens, beyond_bytes })
+            let beyond =
+                reads.iter().zip(&ahead).map(|(r, a)| r.offset_bytes.saturating_sub(a.start)).collect();
+            Some(FileQueue {
+                index,
+                state,
+                ahead,
+                file,
+                lens,
+                beyond,
+                advised_beyond_bytes: AtomicU64::new(0),
+            })
         })
-        .collect();
-    let helper_stats = IoStats {
-        bytes_advised_beyond_reads: queues.iter().map(|q| q.beyond_bytes).sum(),
-        ..IoStats::default()
-    };
-    let queues: Vec<&dyn AheadQueue> = queues.iter().map(|q| q as &dyn AheadQueue).collect();
-    let done = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        let helper = scope.spawn(|| read_ahead(&queues, &done));
-        let mut per_worker = run_workers(workers, f);
-        done.store(true, Ordering::Release);
-        if let Err(payload) = helper.join() {
-            std::panic::resume_unwind(payload);
-        }
-        per_worker.push(helper_stats);
-        per_worker
-    })
+        .collect()
+}
+
+/// The file range the read-ahead helper advises for each of `reads` (one file queue's reads, in
+/// the order they are read): each read's own range, widened back over the gaps that
+/// `device_cost` says the device reads along (`None`: each read alone).
+fn ahead_ranges(device_cost: Option<DeviceCost>, reads: &[Read]) -> Vec<std::ops::Range<u64>> {
+    match device_cost {
+        Some(cost) => cost.ahead_ranges(reads.iter().map(|r| (r.offset_bytes, r.len_bytes))),
+        None => reads.iter().map(|r| r.offset_bytes..r.offset_bytes.saturating_add(r.len_bytes)).collect(),
+    }
 }
 
 /// One file queue of a job, as the read-ahead helper sees it.
@@ -338,12 +364,23 @@ struct FileQueue<'a> {
     index: usize,
     state: &'a RunState,
     /// The file range advised for each read: its own, widened back over a gap the device reads
-    /// along (`JobConfig::device_cost`).
+    /// along (`Reading::ReadAhead`'s `device_cost`).
     ahead: Vec<std::ops::Range<u64>>,
     file: &'a std::fs::File,
     lens: Vec<u64>,
-    /// Bytes of `ahead` beyond the reads themselves (the gaps read along).
-    beyond_bytes: u64,
+    /// For each read, the bytes at the front of its `ahead` range before the read itself (the gap
+    /// read along).
+    beyond: Vec<u64>,
+    /// Of those, the bytes the helper advised: a piece the workers claim before the helper reaches
+    /// it is not advised (the helper skips to where they are), nor the rest of one it was in.
+    advised_beyond_bytes: AtomicU64,
+}
+
+impl FileQueue<'_> {
+    /// Bytes of the gaps between reads advised so far (`IoStats::bytes_advised_beyond_reads`).
+    fn advised_beyond_bytes(&self) -> u64 {
+        self.advised_beyond_bytes.load(Ordering::Relaxed)
+    }
 }
 
 impl AheadQueue for FileQueue<'_> {
@@ -358,6 +395,10 @@ impl AheadQueue for FileQueue<'_> {
     fn advise(&self, piece: usize, offset_bytes: u64, len_bytes: u64) {
         if let Some(range) = self.ahead.get(piece) {
             willneed_file(self.file, range.start + offset_bytes, len_bytes);
+            // The part of this step in front of the read itself.
+            let beyond = self.beyond.get(piece).copied().unwrap_or(0);
+            let gap_bytes = beyond.min(offset_bytes.saturating_add(len_bytes)).saturating_sub(offset_bytes);
+            self.advised_beyond_bytes.fetch_add(gap_bytes, Ordering::Relaxed);
         }
     }
 }
@@ -382,15 +423,26 @@ mod tests {
     /// Bytes of each of the four reads of [`four_reads`]' plan.
     const READ_BYTES: u64 = 64 << 10;
 
+    /// A temp file of `len_bytes`, and the plan of `extents` of it built with `config`, which
+    /// has `reads` reads.
+    fn planned(
+        len_bytes: u64,
+        extents: &[tensora_plan::Extent],
+        config: tensora_plan::PlanConfig,
+        reads: usize,
+    ) -> (tempfile::NamedTempFile, crate::seam::SourceFile, tensora_plan::Plan) {
+        let (tmp, f) = crate::seam::temp_source(&vec![5u8; len_bytes as usize]);
+        let plan = tensora_plan::Plan::build(extents, &config, &tensora_plan::Order::File).unwrap();
+        assert_eq!(plan.reads().len(), reads);
+        (tmp, f, plan)
+    }
+
     /// A plan of one file read in four reads of [`READ_BYTES`], and that file.
     fn four_reads() -> (tempfile::NamedTempFile, crate::seam::SourceFile, tensora_plan::Plan) {
-        let (tmp, f) = crate::seam::temp_source(&vec![5u8; 4 * READ_BYTES as usize]);
         let extents = [tensora_plan::Extent { file: 0, offset_bytes: 0, len_bytes: 4 * READ_BYTES, tag: 0 }];
         let config =
             tensora_plan::PlanConfig { chunk_bytes: READ_BYTES, ..tensora_plan::PlanConfig::default() };
-        let plan = tensora_plan::Plan::build(&extents, &config, &tensora_plan::Order::File).unwrap();
-        assert_eq!(plan.reads().len(), 4);
-        (tmp, f, plan)
+        planned(4 * READ_BYTES, &extents, config, 4)
     }
 
     #[test]
@@ -401,8 +453,7 @@ mod tests {
         let config = JobConfig {
             threads: 2,
             queue_depth: 1,
-            reading: Reading::ReadAhead,
-            device_cost: None,
+            reading: Reading::ReadAhead { device_cost: None },
             retries_max: 0,
         };
         let files = [f];
@@ -422,6 +473,72 @@ mod tests {
         let err = state.finish(Vec::new()).unwrap_err();
         assert!(matches!(err.kind, ReadErrorKind::Cancelled), "{err}");
         assert_eq!(err.offset_bytes, READ_BYTES, "the cancel names the read it claimed: {err}");
+    }
+
+    /// Bytes of the gap between the two reads of [`gapped_reads`]: no whole page inside it, so a
+    /// device of [`PAGES`]' cost reads it along.
+    const GAP_BYTES: u64 = 3 << 10;
+    /// A device that reads whole pages and costs 8 KiB of transfer per request.
+    const PAGES: DeviceCost = DeviceCost { granule_bytes: 4096, request_cost_bytes: 8192 };
+
+    /// A plan of one 8 KiB file read in two reads, `0..1024` and `4096..5120`, and that file.
+    fn gapped_reads() -> (tempfile::NamedTempFile, crate::seam::SourceFile, tensora_plan::Plan) {
+        use tensora_plan::{Extent, PlanConfig};
+        let extents = [
+            Extent { file: 0, offset_bytes: 0, len_bytes: 1024, tag: 0 },
+            Extent { file: 0, offset_bytes: 1024 + GAP_BYTES, len_bytes: 1024, tag: 1 },
+        ];
+        planned(8192, &extents, PlanConfig { coalesce_gap_bytes: 0, ..PlanConfig::default() }, 2)
+    }
+
+    /// The gap bytes a read-ahead run reports are those its helper advised: with the workers
+    /// ahead of it (every read claimed before it starts) it advises nothing, so none.
+    #[test]
+    fn the_gap_bytes_count_only_what_the_helper_advised() {
+        let (_tmp, f, plan) = gapped_reads();
+        let arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
+        let (budget, cancel, files) = (Budget::new(1 << 20), AtomicBool::new(false), [f]);
+        let reading = Reading::ReadAhead { device_cost: Some(PAGES) };
+        let config = JobConfig { threads: 1, queue_depth: 1, reading, retries_max: 0 };
+        // SAFETY: nothing reads or writes the destination: the workers issue no read.
+        let job = unsafe { Job::new(&plan, &files, &arena, &budget, &cancel, config) };
+        let state = RunState::new(&job);
+        while state.next_read(&job, 0).is_some() {}
+        let stats = run_workers_reading_ahead(&job, &state, 1, |_| IoStats::default());
+        let advised: u64 = stats.iter().map(|s| s.bytes_advised_beyond_reads).sum();
+        assert_eq!(advised, 0, "the workers claimed every read before the helper advised any");
+
+        let advised_with = |claimed_first: usize| {
+            let state = RunState::new(&job);
+            for _ in 0..claimed_first {
+                state.next_read(&job, 0).unwrap();
+            }
+            let queues = file_queues(&job, &state, Some(PAGES));
+            let ahead: Vec<&dyn AheadQueue> = queues.iter().map(|q| q as &dyn AheadQueue).collect();
+            read_ahead(&ahead, &AtomicBool::new(false));
+            queues.iter().map(FileQueue::advised_beyond_bytes).sum::<u64>()
+        };
+        // The helper ahead of the workers, or past the first read only: it advises the second
+        // read from the first one's end, the gap included.
+        assert_eq!(advised_with(0), GAP_BYTES);
+        assert_eq!(advised_with(1), GAP_BYTES);
+        // The workers past both reads: nothing advised.
+        assert_eq!(advised_with(2), 0);
+    }
+
+    #[test]
+    fn the_helper_advises_each_read_alone_or_widened_over_what_the_device_reads_along() {
+        let read = |offset_bytes, len_bytes| Read {
+            file: 0,
+            offset_bytes,
+            len_bytes,
+            arena_offset_bytes: 0,
+            pieces: 0..0,
+        };
+        let reads = [read(0, 1024), read(4096, 1024)];
+        assert_eq!(ahead_ranges(None, &reads), [0..1024, 4096..5120]);
+        let pages = DeviceCost { granule_bytes: 4096, request_cost_bytes: 8192 };
+        assert_eq!(ahead_ranges(Some(pages), &reads), [0..1024, 1024..5120]);
     }
 
     proptest! {

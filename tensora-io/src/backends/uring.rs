@@ -126,7 +126,7 @@ impl Default for UringConfig {
 ///             &arena,
 ///             &budget,
 ///             &cancel,
-///             JobConfig { threads: 2, queue_depth: 8, reading: Reading::ReadAhead, device_cost: None, retries_max: 4 },
+///             JobConfig { threads: 2, queue_depth: 8, reading: Reading::ReadAhead { device_cost: None }, retries_max: 4 },
 ///         )
 ///     };
 ///     let stats = UringBackend::default().execute(&job, &sink)?;

@@ -60,7 +60,6 @@ pub use options::{
 pub use runs::{Runs, load_runs};
 pub use session::load;
 pub use share::{ShareLoad, ShareOf, ShareRuns, load_share, load_share_runs};
-pub(crate) use sliced::COLD_DEVICE_COST;
 pub use sliced::{ShardRead, shard_reads};
 pub use streaming::{COLD_MAPPED_RUN_BYTES_MAX, STREAM_LOOKAHEAD_BYTES, load_streaming};
 

@@ -158,7 +158,8 @@ impl<'c> Session<'c> {
                 reason: "mapped residence needs local files; this backend reads from elsewhere".to_owned(),
             });
         }
-        let through_cache = if decided.reading.is_direct() { Reading::ReadAhead } else { decided.reading };
+        let through_cache =
+            if decided.reading.is_direct() { crate::auto::READ_AHEAD_COLD } else { decided.reading };
         let reading = match opts.io_mode {
             IoMode::Auto if decided.reading.is_direct() && direct_plannable(opts) => Reading::Direct,
             IoMode::Direct if !mapped => Reading::Direct,
@@ -512,7 +513,6 @@ impl<'c> Session<'c> {
                     threads: self.opts.threads.max(1),
                     queue_depth: self.opts.queue_depth.max(1),
                     reading: self.reading,
-                    device_cost: (self.reading == Reading::ReadAhead).then_some(super::COLD_DEVICE_COST),
                     retries_max: self.opts.retries_max,
                 },
             )

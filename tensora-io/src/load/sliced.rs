@@ -28,18 +28,6 @@ use crate::report::SliceCounts;
 /// F16 slice at TP=4 (1 KiB of every 4 KiB, 2.75 of 11 KiB) is read strided: 1.7x and 2.5x faster
 /// than covering per row there, and the arena holds the slice, not the covering range.
 pub(crate) const PAGE_CACHE_REQUEST_COST_BYTES: u64 = 2 << 10;
-/// What a cold local file's device costs when read through the page cache (a load reading ahead
-/// of its copies, `Reading::ReadAhead`): whole pages, and about 8 KiB of transfer per request.
-/// Measured (`examples/slice_cost.rs` with `TENSORA_SLICE_COST_COLD=1`, 128 MiB of the TinyLlama
-/// fixture evicted before each read, medians of 7 alternating rounds, shared machine at load
-/// average 9-10): TinyLlama's row-parallel F16 rows read with the covering range advised in 2 MiB
-/// steps take 9.0, 9.8 and 3.4 µs a row (TP=2 down_proj, TP=4 down_proj, TP=4 o_proj) against
-/// 12.2, 12.3 and 3.5 µs with each row advised alone, although the device then reads 1.00 of the
-/// covering range instead of 0.82, 0.55 and 1.00: a request costs the device 4.9 to 6.9 µs, what
-/// it transfers in 5.8 to 8.1 KB. So the read-ahead helper reads such gaps along
-/// (`tensora_plan::DeviceCost::ahead_ranges`); the copies still take only the rows.
-pub(crate) const COLD_DEVICE_COST: tensora_plan::DeviceCost =
-    tensora_plan::DeviceCost { granule_bytes: 4096, request_cost_bytes: 8 << 10 };
 /// The same for `O_DIRECT` reads of a local NVMe drive kept busy by a queue: about 5 µs of a
 /// request's share of the drive's IOPS, at 3 GB/s.
 pub(crate) const DIRECT_REQUEST_COST_BYTES: u64 = 16 << 10;

@@ -2,7 +2,6 @@
 //! hand-out of a read's destination bytes.
 
 use std::io;
-use std::ops::Range;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -14,6 +13,15 @@ use super::{
 };
 
 /// The knobs of one run, for [`Job::new`].
+///
+/// A device cost is part of a read-ahead reading only: a job reading around the page cache, or
+/// from it, cannot be given one.
+///
+/// ```compile_fail,E0560
+/// use tensora_io::{JobConfig, Reading};
+/// let pages = tensora_plan::DeviceCost { granule_bytes: 4096, request_cost_bytes: 8192 };
+/// let direct = JobConfig { threads: 1, queue_depth: 1, reading: Reading::Direct, device_cost: Some(pages), retries_max: 8 };
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobConfig {
     /// Worker threads (sync, mmap-owned) or rings (io_uring). At least 1.
@@ -21,44 +29,11 @@ pub struct JobConfig {
     /// Submission queue depth per ring (io_uring) or reads kept in flight per worker.
     pub queue_depth: u32,
     /// How the run's reads meet the page cache: around it (`O_DIRECT`), or through it with or
-    /// without a helper reading the files ahead of the workers.
+    /// without a helper reading the files ahead of the workers (and then what the device costs).
     pub reading: Reading,
-    /// What the device behind the files costs, for the helper of a [`Reading::ReadAhead`] job:
-    /// it advises each read widened back over a gap the device reads along anyway
-    /// ([`DeviceCost::ahead_ranges`], [`JobConfig::ahead_ranges`]). Set by whoever configures the
-    /// job from what it knows of the medium (a load: `auto`'s cold decision and the measured cost
-    /// of a cold local file); `None`: each read is advised alone. Ignored by other readings.
-    pub device_cost: Option<DeviceCost>,
     /// Bound on zero-progress retries (`EINTR`, `EAGAIN`) of one read (see
     /// `read_progress`).
     pub retries_max: u32,
-}
-
-impl JobConfig {
-    /// The file range the read-ahead helper advises for each of `reads` (one file queue's reads,
-    /// in the order they are read): each read's own range, widened back over the gaps that
-    /// [`device_cost`](Self::device_cost) says the device reads along.
-    ///
-    /// ```
-    /// use tensora_io::{JobConfig, Reading};
-    /// use tensora_plan::{DeviceCost, Read};
-    ///
-    /// let read = |offset_bytes, len_bytes| Read { file: 0, offset_bytes, len_bytes, arena_offset_bytes: 0, pieces: 0..0 };
-    /// let reads = [read(0, 1024), read(4096, 1024)];
-    /// let alone = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
-    /// assert_eq!(alone.ahead_ranges(&reads), [0..1024, 4096..5120]);
-    /// let pages = DeviceCost { granule_bytes: 4096, request_cost_bytes: 8192 };
-    /// let cold = JobConfig { device_cost: Some(pages), ..alone };
-    /// assert_eq!(cold.ahead_ranges(&reads), [0..1024, 1024..5120]);
-    /// ```
-    pub fn ahead_ranges(&self, reads: &[Read]) -> Vec<Range<u64>> {
-        match self.device_cost {
-            Some(cost) => cost.ahead_ranges(reads.iter().map(|r| (r.offset_bytes, r.len_bytes))),
-            None => {
-                reads.iter().map(|r| r.offset_bytes..r.offset_bytes.saturating_add(r.len_bytes)).collect()
-            }
-        }
-    }
 }
 
 /// How a run's reads meet the page cache: the cold/warm decision `auto` makes, carried to the
@@ -73,7 +48,13 @@ pub enum Reading {
     /// Through the page cache, the pages expected on the device (cold): a helper thread reads each
     /// file queue into the page cache ahead of the workers (`map/readahead.rs`), so the device
     /// sees a deep queue and the pages stay for the next process.
-    ReadAhead,
+    ReadAhead {
+        /// What the device behind the files costs: the helper advises each read widened back over
+        /// a gap the device reads along anyway ([`DeviceCost::ahead_ranges`]). Set by whoever
+        /// configures the job from what it knows of the medium (a load: `auto`'s cold decision,
+        /// with the measured cost of a cold local file); `None`: each read is advised alone.
+        device_cost: Option<DeviceCost>,
+    },
 }
 
 impl Reading {
@@ -82,10 +63,10 @@ impl Reading {
         self == Reading::Direct
     }
 
-    /// `Direct` when `direct` holds, else `ReadAhead` (a buffered read of data not known to be
-    /// cached).
+    /// `Direct` when `direct` holds, else `ReadAhead` with each read advised alone (a buffered
+    /// read of data not known to be cached, on a device of unknown cost).
     pub fn direct_or_ahead(direct: bool) -> Reading {
-        if direct { Reading::Direct } else { Reading::ReadAhead }
+        if direct { Reading::Direct } else { Reading::ReadAhead { device_cost: None } }
     }
 }
 
@@ -153,7 +134,7 @@ impl<'a> Job<'a> {
     /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
     /// let arena = Arena::with_len(4096)?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead { device_cost: None }, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// assert_eq!(job.config.threads, 1);
@@ -233,7 +214,7 @@ impl<'a> Job<'a> {
     /// let plan = Plan::build(&[], &PlanConfig::default(), &Order::File)?;
     /// let arena = tensora_io::Arena::with_len(4096)?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead { device_cost: None }, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// assert_eq!(job.checkpoint_file(3), Some(3));
@@ -272,7 +253,7 @@ impl<'a> Job<'a> {
     /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
     /// let arena = tensora_io::Arena::with_len(plan.arena_len_bytes())?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead { device_cost: None }, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// let mut target = job.claim(0)?;
@@ -471,7 +452,7 @@ impl<'j> ReadTarget<'j> {
     /// let plan = Plan::build(&extents, &PlanConfig::default(), &Order::File)?;
     /// let arena = tensora_io::Arena::with_len(plan.arena_len_bytes())?;
     /// let (budget, cancel) = (Budget::new(1 << 20), AtomicBool::new(false));
-    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead, device_cost: None, retries_max: 8 };
+    /// let config = JobConfig { threads: 1, queue_depth: 1, reading: Reading::ReadAhead { device_cost: None }, retries_max: 8 };
     /// // SAFETY: nothing else touches `arena` while the job runs.
     /// let job = unsafe { Job::new(&plan, &[], &arena, &budget, &cancel, config) };
     /// let mut target = job.claim(0)?;
@@ -614,8 +595,7 @@ mod tests {
         let config = JobConfig {
             threads: 1,
             queue_depth: 1,
-            reading: Reading::ReadAhead,
-            device_cost: None,
+            reading: Reading::ReadAhead { device_cost: None },
             retries_max: 8,
         };
         // SAFETY: nothing else touches `arena` while the jobs run, one after the other.

@@ -40,8 +40,9 @@ pub struct IoStats {
     pub peak_inflight_bytes: u64,
     /// Reads that fell back from O_DIRECT to buffered.
     pub direct_fallbacks: u64,
-    /// Bytes between reads that a read-ahead helper's plan asks the device to read along with
-    /// them ([`JobConfig::ahead_ranges`] beyond the reads themselves; 0 where no helper runs).
+    /// Bytes between reads that a read-ahead helper asked the device to read along with them
+    /// (the gaps [`Reading::ReadAhead`]'s `device_cost` says the device reads along, of the reads
+    /// it advised before the workers reached them; 0 where no helper runs).
     pub bytes_advised_beyond_reads: u64,
 }
 

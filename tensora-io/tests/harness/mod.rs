@@ -93,7 +93,6 @@ pub fn run(backend: &dyn IoBackend, plan: &Plan, files: &[SourceFile], knobs: Kn
                 threads: knobs.threads,
                 queue_depth: knobs.queue_depth,
                 reading: Reading::direct_or_ahead(knobs.direct),
-                device_cost: None,
                 retries_max: 4,
             },
         )
@@ -214,8 +213,7 @@ pub fn run_with_sink(
             JobConfig {
                 threads: 2,
                 queue_depth,
-                reading: Reading::ReadAhead,
-                device_cost: None,
+                reading: Reading::ReadAhead { device_cost: None },
                 retries_max: 4,
             },
         )

@@ -1,9 +1,10 @@
 //! Azure Blob Storage: `az://container/blob` (or `azure://`), or `az://container@account/blob`
 //! naming the storage account; the `AZURE_*` environment unless the options set a field, and
-//! never another account's key ([`RemoteError::AccountMismatch`]).
+//! never another account's key or SAS token ([`RemoteError::AccountMismatch`]).
 
 use std::sync::Arc;
 
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::path::Path as ObjectPath;
 use url::Url;
 
@@ -84,8 +85,9 @@ fn resolve(root: &Url, config: &StoreConfig) -> Url {
 /// `http://127.0.0.1:10000/devstoreaccount1`).
 fn build(root: &Url, config: &StoreConfig, client: object_store::ClientOptions) -> Built {
     let (container, account) = parts(root);
-    check_account(root, account, config)?;
-    let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env()
+    let env = object_store::azure::MicrosoftAzureBuilder::from_env();
+    check_account(root, account, config, &env)?;
+    let mut builder = env
         .with_http_connector(RetryAfterConnector)
         .with_container_name(container)
         .with_retry(no_retries())
@@ -109,37 +111,62 @@ fn build(root: &Url, config: &StoreConfig, client: object_store::ClientOptions) 
     Ok(builder.build().map(|s| Arc::new(s) as Arc<dyn object_store::ObjectStore>))
 }
 
-/// Refuses a root naming storage account `account` (`az://container@account/`) when the access
-/// key that would sign its requests is another account's ([`key_account`]): the store would
-/// sign every request for `account` with that key. The error names both accounts, never the key.
-fn check_account(root: &Url, account: Option<&str>, config: &StoreConfig) -> Result<(), RemoteError> {
-    match (account, key_account(config)) {
-        (Some(url_account), Some(key_account)) if url_account != key_account => {
+/// Refuses a root naming storage account `account` (`az://container@account/`) when the
+/// credential that would authorize its requests is another account's ([`credential_account`]):
+/// the store would send that account's key signature or SAS token with every request for
+/// `account`. `env` is what object_store read from the `AZURE_*` environment. The error names both
+/// accounts and the kind of credential, never the credential.
+fn check_account(
+    root: &Url,
+    account: Option<&str>,
+    config: &StoreConfig,
+    env: &MicrosoftAzureBuilder,
+) -> Result<(), RemoteError> {
+    match (account, credential_account(config, env)) {
+        (Some(url_account), Some((credential_account, credential))) if url_account != credential_account => {
             Err(RemoteError::AccountMismatch {
                 url: url_of(root, &ObjectPath::default()),
                 url_account: url_account.to_owned(),
-                key_account,
+                credential,
+                credential_account,
             })
         }
         _ => Ok(()),
     }
 }
 
-/// The storage account whose access key signs the store's requests: `config`'s credentials'
-/// (account, key), else `AZURE_STORAGE_ACCOUNT_NAME`'s when the environment holds an access key
-/// too. `None` when no access key signs them (anonymous, or a SAS or token from the environment).
-fn key_account(config: &StoreConfig) -> Option<String> {
-    use object_store::azure::AzureConfigKey;
+/// The storage account whose credential authorizes the store's requests, and what that
+/// credential is: `config`'s credentials' (account, access key), else `AZURE_STORAGE_ACCOUNT_NAME`
+/// when the environment holds an access key too, or a SAS token that object_store uses (the
+/// account a SAS is given for is the one named beside it). `None` when no one account's
+/// credential authorizes them (anonymous, a bearer token, or no account named beside it).
+fn credential_account(config: &StoreConfig, env: &MicrosoftAzureBuilder) -> Option<(String, &'static str)> {
     if config.anonymous {
         return None;
     }
     if let Some((account, _)) = &config.credentials {
-        return Some(account.clone());
+        return Some((account.clone(), ACCESS_KEY));
     }
-    let env = object_store::azure::MicrosoftAzureBuilder::from_env();
-    env.get_config_value(&AzureConfigKey::AccessKey)?;
-    env.get_config_value(&AzureConfigKey::AccountName)
+    let set = |key: AzureConfigKey| env.get_config_value(&key).is_some();
+    let account = || env.get_config_value(&AzureConfigKey::AccountName);
+    if set(AzureConfigKey::AccessKey) {
+        return account().map(|a| (a, ACCESS_KEY));
+    }
+    // A SAS names no account: it is the one named beside it. object_store prefers a bearer token,
+    // a workload identity or a service principal to it (`MicrosoftAzureBuilder::build`).
+    let preferred = set(AzureConfigKey::Token)
+        || (set(AzureConfigKey::ClientId)
+            && set(AzureConfigKey::AuthorityId)
+            && (set(AzureConfigKey::FederatedTokenFile) || set(AzureConfigKey::ClientSecret)));
+    if set(AzureConfigKey::SasKey) && !preferred {
+        return account().map(|a| (a, SAS_TOKEN));
+    }
+    None
 }
+
+/// The credential kinds [`RemoteError::AccountMismatch`] names.
+const ACCESS_KEY: &str = "access key";
+const SAS_TOKEN: &str = "SAS token";
 
 /// The storage account the store is reached in without one in the URL: `config`'s credentials
 /// (account, key), else what object_store reads from the `AZURE_*` environment.
@@ -147,8 +174,7 @@ fn azure_account(config: &StoreConfig) -> Option<String> {
     if let Some((account, _)) = &config.credentials {
         return Some(account.clone());
     }
-    object_store::azure::MicrosoftAzureBuilder::from_env()
-        .get_config_value(&object_store::azure::AzureConfigKey::AccountName)
+    MicrosoftAzureBuilder::from_env().get_config_value(&AzureConfigKey::AccountName)
 }
 
 #[cfg(test)]
@@ -193,8 +219,11 @@ mod tests {
         };
         let other = Location::parse("az://c@other/m/").unwrap();
         match build_store(&other, &config, timeouts) {
-            Err(RemoteError::AccountMismatch { url, url_account, key_account }) => {
-                assert_eq!((url_account.as_str(), key_account.as_str()), ("other", "acct"));
+            Err(RemoteError::AccountMismatch { url, url_account, credential, credential_account }) => {
+                assert_eq!(
+                    (url_account.as_str(), credential, credential_account.as_str()),
+                    ("other", "access key", "acct")
+                );
                 assert!(url.starts_with("az://c@other"), "{url}");
             }
             Err(e) => panic!("not the account mismatch: {e}"),
@@ -208,5 +237,48 @@ mod tests {
         }
         let anonymous = StoreConfig { anonymous: true, ..config };
         assert!(build_store(&other, &anonymous, timeouts).is_ok(), "nothing is signed");
+    }
+
+    /// A SAS token from the environment (`AZURE_STORAGE_SAS_TOKEN`) carries no account name: it
+    /// is the account's that `AZURE_STORAGE_ACCOUNT_NAME` names beside it, the one it was given
+    /// for. Used with a URL naming another account it is refused, naming both accounts and not
+    /// the token; with its own account, or an account-free URL, or beside an access key or a
+    /// bearer token (which object_store prefers), it is not a mismatch.
+    #[test]
+    fn a_sas_token_for_another_account_than_the_url_is_refused() {
+        use super::{AzureConfigKey as Key, MicrosoftAzureBuilder, check_account};
+        let token = "sv=2022-11-02&ss=b&srt=co&sp=rl&se=2030-01-01T00:00:00Z&sig=c2VjcmV0LXNpZ25hdHVyZQ%3D";
+        let sas = MicrosoftAzureBuilder::new()
+            .with_config(Key::AccountName, "acct")
+            .with_config(Key::SasKey, token);
+        let config = StoreConfig::default();
+        let other = url::Url::parse("az://c@other/").unwrap();
+        match check_account(&other, Some("other"), &config, &sas) {
+            Err(RemoteError::AccountMismatch { url, url_account, credential, credential_account }) => {
+                assert_eq!(
+                    (url_account.as_str(), credential, credential_account.as_str()),
+                    ("other", "SAS token", "acct")
+                );
+                assert_eq!(url, "az://c@other/");
+            }
+            Err(e) => panic!("not the account mismatch: {e}"),
+            Ok(()) => panic!("acct's SAS token would go with every request for other"),
+        }
+        let message = check_account(&other, Some("other"), &config, &sas).err().map(|e| format!("{e} {e:?}"));
+        let message = message.unwrap_or_default();
+        assert!(message.contains("SAS token") && message.contains("\"acct\""), "{message}");
+        assert!(!message.contains("c2VjcmV0") && !message.contains("sig="), "the token leaked: {message}");
+        let own = url::Url::parse("az://c@acct/").unwrap();
+        assert!(check_account(&own, Some("acct"), &config, &sas).is_ok());
+        assert!(check_account(&url::Url::parse("az://c/").unwrap(), None, &config, &sas).is_ok());
+        let anonymous = StoreConfig { anonymous: true, ..StoreConfig::default() };
+        assert!(check_account(&other, Some("other"), &anonymous, &sas).is_ok(), "nothing is sent");
+        let unnamed = MicrosoftAzureBuilder::new().with_config(Key::SasKey, token);
+        assert!(check_account(&other, Some("other"), &config, &unnamed).is_ok(), "no account beside it");
+        let bearer = MicrosoftAzureBuilder::new()
+            .with_config(Key::AccountName, "acct")
+            .with_config(Key::SasKey, token)
+            .with_config(Key::Token, "bearer");
+        assert!(check_account(&other, Some("other"), &config, &bearer).is_ok(), "the bearer token is used");
     }
 }

@@ -113,8 +113,13 @@ fn wait_ready(child: &mut Child, port: u16, what: &str, log: &Path) -> Result<()
     }
 }
 
+/// Whether this process runs as root: its effective user id is 0, read as the owner of
+/// `/proc/self` (Linux gives each process's directory there the task's effective user, dumpable
+/// or not: `task_dump_owner` in fs/proc/base.c). Not `libc::geteuid`: tensora-cli's tests compile
+/// this file too, and libc is no dependency of theirs.
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+    use std::os::unix::fs::MetadataExt;
+    Path::new("/proc/self").metadata().is_ok_and(|m| m.uid() == 0)
 }
 
 fn nginx_binary() -> Result<PathBuf, String> {

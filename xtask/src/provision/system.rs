@@ -144,7 +144,10 @@ pub fn decide(missing: &[SystemPackage], root: bool, apt_get: Option<PathBuf>) -
     }
 }
 
-/// Whether this process runs as root (the owner of `/proc/self` is its effective user).
+/// Whether this process runs as root: its effective user id is 0. Read as the owner of
+/// `/proc/self`: Linux gives each process's world-readable directory under `/proc` the task's
+/// effective user and group, dumpable or not (`task_dump_owner` in fs/proc/base.c), so this is
+/// `geteuid()` without libc (xtask has neither libc nor rustix, and forbids `unsafe`).
 fn is_root() -> bool {
     Path::new("/proc/self").metadata().is_ok_and(|m| m.uid() == 0)
 }
@@ -208,6 +211,14 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
+
+    /// `is_root` is the effective user's, as `id -u` prints it.
+    #[test]
+    fn root_is_the_effective_user() {
+        let id = Command::new("id").arg("-u").output().unwrap();
+        assert!(id.status.success());
+        assert_eq!(is_root(), id.stdout.trim_ascii() == b"0");
+    }
 
     #[test]
     fn programs_are_found_on_the_path_given_and_in_the_extra_dirs_only_when_executable() {

@@ -9,9 +9,10 @@
 //!    ([`Tool::name`], `gcp-storage-emulator`), case-insensitively. A tool added to `TOOLS` fails
 //!    until every place says it is installed.
 //! 2. **Nothing else is named as a tool**: a directory under `target/` that looks like a tool's
-//!    (`target/tensora-remote-…`, `target/…venv`, braces expanded) is a tool's [`Tool::dir`], and an
-//!    `X emulator` is a tool's prose name. A tool removed from `TOOLS` fails where the prose still
-//!    names it that way.
+//!    (`target/tensora-remote-…`, `target/…venv`, braces expanded) is a tool's [`Tool::dir`], an
+//!    `X emulator` is a tool's prose name, and a plain name (one word, perhaps with a version:
+//!    `minio`, `minio 2024.1.1`) in a list that names two tools or more is a tool ([`listed_names`]).
+//!    A tool removed from `TOOLS` fails where the prose still names it that way.
 //!
 //! Each mistake is reported with the file, the place's first line and what to change.
 
@@ -124,6 +125,16 @@ pub fn check_place(place: &Place, text: &str, tools: &[Tool]) -> Vec<ProseError>
             ));
         }
     }
+    for name in listed_names(&region, tools) {
+        errors.push(error(
+            line,
+            format!(
+                "{} names {name} among the tools, the name of no tool in TOOLS (xtask/src/provision/mod.rs): \
+                 remove it, or add its tool to TOOLS",
+                place.what
+            ),
+        ));
+    }
     for name in emulators(&region) {
         if !tools.iter().any(|t| t.prose == name) {
             errors.push(error(
@@ -201,6 +212,89 @@ fn expand_braces(name: &str) -> Vec<String> {
     }
 }
 
+/// The plain names that `text` lists among tools but that name none of `tools`. A list is a run of
+/// comma-separated items in one clause (clauses end at `.`, `:`, `;`, a table cell's `|`, and a
+/// parenthesis, whose content is clauses of its own), up to the item its `and` starts; a list
+/// names tools when two of its items or more each contain a tool's prose name, name or directory.
+/// In such a list, an item that is one word, after an article and before a version
+/// (`the minio`, `` `minio` ``, `minio 2024.1.1`), is a plain name; longer items (`system
+/// packages`) are prose.
+fn listed_names(text: &str, tools: &[Tool]) -> Vec<String> {
+    let names_a_tool = |item: &str| {
+        let lower = item.to_lowercase();
+        tools.iter().any(|t| [t.prose, t.name, t.dir].iter().any(|n| lower.contains(&n.to_lowercase())))
+    };
+    let mut names = Vec::new();
+    for clause in clauses(text) {
+        let items = list_items(&clause);
+        if items.iter().filter(|i| names_a_tool(i)).count() < 2 {
+            continue;
+        }
+        names.extend(items.iter().filter(|i| !names_a_tool(i)).filter_map(|i| plain_name(i)));
+    }
+    names
+}
+
+/// `text`'s clauses: each line's leading `#` (a script comment) dropped, lines joined, the content
+/// of each parenthesis taken out as clauses of its own, the rest split at `.` before a space,
+/// `:`, `;` and `|`.
+fn clauses(text: &str) -> Vec<String> {
+    let joined: Vec<&str> = text.lines().map(|l| l.trim().trim_start_matches('#').trim()).collect();
+    let joined = joined.join(" ");
+    // Parentheses nest: each level's text apart, the outermost (depth 0) first.
+    let mut levels: Vec<String> = vec![String::new()];
+    let mut parts: Vec<String> = Vec::new();
+    for c in joined.chars() {
+        match c {
+            '(' => levels.push(String::new()),
+            ')' if levels.len() > 1 => parts.extend(levels.pop()),
+            _ => levels.last_mut().map_or((), |l| l.push(c)),
+        }
+    }
+    parts.extend(levels);
+    let mut clauses = Vec::new();
+    for part in &parts {
+        let spaced = part.replace(". ", ";");
+        clauses.extend(spaced.split([':', ';', '|']).map(|c| c.trim().trim_end_matches('.').to_owned()));
+    }
+    clauses
+}
+
+/// The items of the list in `clause`: split at commas, up to and with the item after its first
+/// `and` (what follows is no longer the list: `…, A and B under target/, cached`).
+fn list_items(clause: &str) -> Vec<String> {
+    let mut items = Vec::new();
+    for item in clause.split(',') {
+        let padded = format!(" {} ", item.trim());
+        if let Some(at) = padded.find(" and ") {
+            items.push(padded[..at].trim().to_owned());
+            items.push(padded[at + " and ".len()..].trim().to_owned());
+            break;
+        }
+        items.push(item.trim().to_owned());
+    }
+    items.retain(|i| !i.is_empty());
+    items
+}
+
+/// The name `item` is when it is one word: backticks, a leading article and a trailing version
+/// (`2024.1.1`, `v2`, `@1.2`, `==1.2`) aside, no space and no `/`, with a letter.
+fn plain_name(item: &str) -> Option<String> {
+    let mut words: Vec<&str> = item.split_whitespace().map(|w| w.trim_matches('`')).collect();
+    if words.len() > 1 && ["the", "a", "an", "one"].contains(&words[0].to_lowercase().as_str()) {
+        words.remove(0);
+    }
+    let is_version = |w: &str| w.trim_start_matches('v').starts_with(|c: char| c.is_ascii_digit());
+    if words.len() == 2 && is_version(words[1]) {
+        words.pop();
+    }
+    let [word] = words[..] else { return None };
+    let name = word.split(['@', '=']).next().unwrap_or(word);
+    let plain = name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name.chars().any(|c| c.is_ascii_alphabetic());
+    plain.then(|| name.to_owned())
+}
+
 /// Every `X emulator` in `text` (`X` the word before it, `GCS emulator`).
 fn emulators(text: &str) -> Vec<String> {
     text.match_indices(" emulator")
@@ -275,6 +369,55 @@ mod tests {
                  TOOLS (xtask/src/provision/mod.rs): remove it, or add its tool to TOOLS"
             )]
         );
+    }
+
+    /// A plain name among the tools a place lists, such as a retired `minio`, fails there, with or
+    /// without a version, in every place's spelling of its list.
+    #[test]
+    fn a_plain_name_listed_among_the_tools_fails() {
+        let root = crate::workspace_root();
+        let inserted = [
+            (&PLACES[0], "Then it installs s3rver, Azurite,", "Then it installs s3rver, minio, Azurite,"),
+            (
+                &PLACES[1],
+                "| s3rver 3.7.1, Azurite 3.35.0 |",
+                "| s3rver 3.7.1, Azurite 3.35.0, minio 2024.1.1 |",
+            ),
+            (&PLACES[2], "s3rver, Azurite, the GCS emulator,", "s3rver, Azurite, `minio`, the GCS emulator,"),
+            (&PLACES[3], "s3rver,", "s3rver, minio,"),
+        ];
+        for (place, real, with_minio) in inserted {
+            let text = std::fs::read_to_string(root.join(place.file)).unwrap();
+            let (line, region) = find(place.region, &text).unwrap();
+            assert!(region.contains(real), "{}: {real:?} is not in {region}", place.file);
+            let text = text.replacen(real, with_minio, 1);
+            assert_eq!(
+                messages(place, &text, &TOOLS),
+                [format!(
+                    "{}:{line}: {} names minio among the tools, the name of no tool in TOOLS \
+                     (xtask/src/provision/mod.rs): remove it, or add its tool to TOOLS",
+                    place.file, place.what
+                )],
+                "{}",
+                place.file
+            );
+        }
+    }
+
+    #[test]
+    fn lists_end_with_their_and_and_only_one_word_items_are_names() {
+        assert_eq!(list_items("x, A, B and C under target/, cached"), ["x", "A", "B", "C under target/"]);
+        assert_eq!(list_items("A and, without B, C"), ["A"]);
+        for (item, name) in [("the minio", "minio"), ("`minio` 2024.1.1", "minio"), ("minio@1.2", "minio")] {
+            assert_eq!(plain_name(item).as_deref(), Some(name), "{item}");
+        }
+        for prose in ["system packages", "`target/x`", "3.7.1", "the GCS emulator"] {
+            assert_eq!(plain_name(prose), None, "{prose}");
+        }
+        // A package list in parentheses is a clause of its own (no tool in it); a name after the
+        // list's `and` is in it.
+        assert_eq!(listed_names("installs s3rver, Azurite (torch, numpy) and curl", &TOOLS), ["curl"]);
+        assert!(listed_names("installs curl, npm and s3rver", &TOOLS).is_empty(), "one tool: no tool list");
     }
 
     #[test]

@@ -76,8 +76,7 @@ impl Harness {
                 JobConfig {
                     threads: 1,
                     queue_depth: 4,
-                    reading: Reading::ReadAhead,
-                    device_cost: None,
+                    reading: Reading::ReadAhead { device_cost: None },
                     retries_max,
                 },
             )
@@ -245,8 +244,7 @@ fn workers_claim_round_robin_across_file_queues() {
                 JobConfig {
                     threads: 2,
                     queue_depth: 1,
-                    reading: Reading::ReadAhead,
-                    device_cost: None,
+                    reading: Reading::ReadAhead { device_cost: None },
                     retries_max: 0,
                 },
             )
