@@ -21,7 +21,10 @@ fn a_cold_owned_keep_names_whether_free_memory_is_reported_on_both_sides() {
         "{}",
         off.reason
     );
-    // The fact is named; the placement does not change with it yet (the sync backend has no
-    // large-folio fill: docs/performance.md "Restarts").
-    assert_eq!((on.backend, on.reading), (off.backend, off.reading));
+    // The fill follows the fact: 2 MiB folios populated ahead where free memory stays the
+    // guest's, 4 KiB read-ahead where the host is paid for its first touch.
+    assert_eq!((on.backend, on.reading), ("sync", super::READ_AHEAD_COLD));
+    assert_eq!((off.backend, off.reading), ("sync", super::POPULATE_AHEAD_COLD));
+    assert!(on.reason.contains("read ahead of the copies in 4 KiB folios"), "{}", on.reason);
+    assert!(off.reason.contains("populated ahead of the copies in 2 MiB folios"), "{}", off.reason);
 }

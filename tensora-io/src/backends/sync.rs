@@ -114,6 +114,8 @@ fn worker(
     let mut stats = IoStats::default();
     while let Some(index) = state.next_read(job, w) {
         let read = &job.plan.reads()[index as usize];
+        // Filling in large folios: copy once the populator has read this range in (or stopped).
+        state.wait_populated(index);
         let permit = job.budget.acquire(read.len_bytes);
         state.begin_inflight(permit.bytes());
         let result = fill(job, sink, reader, state, index, &mut stats);
