@@ -316,8 +316,12 @@ where
         Reading::Direct | Reading::Cached => return run_workers(workers, f),
         Reading::ReadAhead { device_cost } => device_cost,
         Reading::PopulateAhead { device_cost } if state.fill.is_some() => {
-            let files: Vec<Option<&std::fs::File>> =
-                job.plan.queues().iter().map(|q| job.files.get(q.file as usize).map(|s| &s.buffered)).collect();
+            let files: Vec<Option<&std::fs::File>> = job
+                .plan
+                .queues()
+                .iter()
+                .map(|q| job.files.get(q.file as usize).map(|s| &s.buffered))
+                .collect();
             // The mappings live for the run and are unmapped when it returns.
             let maps = HugeMaps::new(&files);
             return run_workers_populating(job, state, workers, &maps, device_cost, f);
@@ -374,7 +378,10 @@ where
         .iter()
         .zip(&claimed)
         .map(|(q, claimed)| FillQueue {
-            ranges: ahead_ranges(device_cost, reads.get(q.reads.start as usize..q.reads.end as usize).unwrap_or(&[])),
+            ranges: ahead_ranges(
+                device_cost,
+                reads.get(q.reads.start as usize..q.reads.end as usize).unwrap_or(&[]),
+            ),
             claimed,
         })
         .collect();
