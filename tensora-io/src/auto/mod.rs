@@ -25,11 +25,9 @@
 //! ([`crate::map::readahead`]), so the device sees a deep queue as with `O_DIRECT` (measured in
 //! docs/performance.md "Restarts"); when pages and arena do not both fit it reads around the
 //! cache with the direct queue. Its reason also names whether the machine reports free memory to
-//! a hypervisor (`tensora_sys::free_reporting`), which picks the fill: where it is not, populators
-//! read the files in 2 MiB folios ahead of the copies ([`Reading::PopulateAhead`],
-//! [`crate::map::fill`]: 0.97x the device against 0.75x); where it is, a fill in 2 MiB folios
-//! first-touches memory the host took back, so the read-ahead's 4 KiB folios stay the fill
-//! (docs/performance.md "Restarts").
+//! a hypervisor (`tensora_sys::free_reporting`), which picks the fill: 2 MiB folios populated ahead
+//! of the copies where it is not ([`Reading::PopulateAhead`]), 4 KiB read-ahead where it is (a 2 MiB
+//! fill first-touches memory the host took back; docs/performance.md "Restarts").
 //!
 //! Residence, when the caller asks for [`Residence::Auto`] (first match wins):
 //!
@@ -382,8 +380,7 @@ pub(crate) const COLD_DEVICE_COST: DeviceCost =
     DeviceCost { granule_bytes: 4096, request_cost_bytes: 8 << 10 };
 /// Cold data read through the page cache: ahead of the copies, gaps read along ([`COLD_DEVICE_COST`]).
 pub(crate) const READ_AHEAD_COLD: Reading = Reading::ReadAhead { device_cost: Some(COLD_DEVICE_COST) };
-/// Cold data kept in the page cache filled in 2 MiB folios by populators ahead of the copies, gaps
-/// read along ([`COLD_DEVICE_COST`]): the cold keep where free memory is not reported.
+/// [`READ_AHEAD_COLD`] filled in 2 MiB folios (`map/fill.rs`): where free memory is not reported.
 pub(crate) const POPULATE_AHEAD_COLD: Reading =
     Reading::PopulateAhead { device_cost: Some(COLD_DEVICE_COST) };
 
@@ -412,22 +409,19 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         );
     }
     if let PageCache::Keep(why) = page_cache(f, f.owned_destination_bytes) {
-        // The pages and the arena fit: read through the page cache, the files read ahead of the
-        // copies, so the next process finds them cached (see the module docs): in 2 MiB folios
-        // where free memory stays the guest's, in 4 KiB folios where its first touch is paid to
-        // the host (docs/performance.md "Restarts").
+        // The pages and the arena fit: read through the page cache ahead of the copies, so the
+        // next process finds them cached, in 2 MiB folios unless the host is paid for their first
+        // touch (see the module docs).
         let (reading, fill) = match f.free_reporting {
-            memory::FreeReporting::Off(_) => {
-                (POPULATE_AHEAD_COLD, "populated ahead of the copies in 2 MiB folios")
-            }
-            memory::FreeReporting::On { .. } => (READ_AHEAD_COLD, "read ahead of the copies in 4 KiB folios"),
+            memory::FreeReporting::Off(_) => (POPULATE_AHEAD_COLD, "populated ahead of the copies in 2 MiB"),
+            memory::FreeReporting::On { .. } => (READ_AHEAD_COLD, "read ahead of the copies in 4 KiB"),
         };
         return owned(
             "sync",
             reading,
             format!(
-                "cold, pages kept cached for the next load ({why}): buffered pread, the files {fill} ({}); \
-                 {facts}",
+                "cold, pages kept cached for the next load ({why}): buffered pread, the files {fill} folios \
+                 ({}); {facts}",
                 f.free_reporting.describe()
             ),
         );
