@@ -6,7 +6,10 @@
 //! next queue with work, so several files stay busy at once and a single file is shared by all
 //! workers (each read is positional, so there is no shared cursor). A buffered job has one more
 //! thread, which reads each queue into the page cache ahead of the workers' claims
-//! ([`crate::map::readahead`]): a cold file is then read with a deep queue. Before a read is issued its
+//! ([`crate::map::readahead`]): a cold file is then read with a deep queue. A job filling in large
+//! folios ([`Reading::PopulateAhead`](crate::Reading::PopulateAhead)) has one populator per file
+//! queue instead ([`crate::map::fill`]), and a worker copies a read only once its range has been
+//! populated or the populator stopped. Before a read is issued its
 //! bytes are acquired from the job's [`Budget`](crate::Budget); the permit is released
 //! once the read has landed.
 //!

@@ -1,7 +1,7 @@
 //! Filling a cold file's page cache in 2 MiB folios ahead of the buffered copies that read it
 //! ([`Reading::PopulateAhead`](crate::Reading::PopulateAhead)).
 //!
-//! Per file queue of a job, one populator thread maps the file read-only (`MAP_PRIVATE`, never
+//! Per file queue of a job, one populator thread maps the file read-only (`PROT_READ`, never
 //! written: it holds no anonymous memory), advises `MADV_HUGEPAGE`, and reads each read's range in
 //! with `MADV_POPULATE_READ` ([`populate_one`], the one populate call), in the queue's order, in
 //! steps of at most [`FILL_STEP_BYTES`] that end on [`HUGE_FOLIO_BYTES`] boundaries, never more
@@ -212,7 +212,8 @@ impl HugeMaps {
                 let f = (*f)?;
                 // SAFETY: the mapping is never read through: only `MADV_POPULATE_READ` touches
                 // it, which reports a page past the end of a truncated file as `EFAULT` instead
-                // of raising SIGBUS; it is private and read-only, so it never writes the file.
+                // of raising SIGBUS; it is read-only (`PROT_READ`): it never writes the file and
+                // holds no anonymous memory.
                 let map = unsafe { memmap2::MmapOptions::new().map(f) }.ok()?;
                 // Advice only: a kernel without transparent hugepages fills 4 KiB folios.
                 let _ = map.advise(memmap2::Advice::HugePage);
