@@ -6,7 +6,7 @@
 //! ```text
 //! cargo build --release -p tensora-io --example cold_fill
 //! target/release/examples/cold_fill DIR [--runs N] [--threads T] [--only a,b,c1,...]
-//!     [--recycle-mib M] [--warm-after]
+//!     [--recycle-mib M] [--settle-ms S] [--warm-after]
 //! ```
 //!
 //! Every variant starts cold: the files' pages are dropped (`POSIX_FADV_DONTNEED`, retried, then
@@ -35,6 +35,12 @@
 //!   same without `MADV_HUGEPAGE` (a plain mapping populated).
 //! - `f0`  `f` without `MADV_HUGEPAGE` (a plain mapping, as the mapped views are populated today).
 //! - `c4`  as `c2` with 4 threads; `d8` as `d` with 8 MiB advice steps.
+//! - `t`   no file at all: a fresh anonymous mapping of the files' size, `MADV_HUGEPAGE`, faulted
+//!   in with `MADV_POPULATE_WRITE` and unmapped (the first touch of an owned load's destination
+//!   arena); `t4` the same without `MADV_HUGEPAGE` (4 KiB pages).
+//!
+//! Each run's line gives the MiB of free memory reported to the host during the variant
+//! (`page_reporting`'s `reported_kib`; the knobs are printed at start).
 //!
 //! `--warm-after` times, after each variant that cached every page, a 2-thread `pread` copy of
 //! the files out of what it left in the page cache (the copy alone, by folio size).
@@ -42,6 +48,9 @@
 //! `--recycle-mib M` faults in and frees M MiB of anonymous memory right before each variant's
 //! timer, so the page cache's folios come from memory freed a moment before (a VM that reports
 //! free 2 MiB blocks to its host, `page_reporting_order` 9, reports them only after a delay).
+//!
+//! `--settle-ms S` sleeps S ms before each variant's timer (after any recycling): time for the
+//! reporting passes (about 2 s apart here) to report what was freed.
 //!
 //! The folio census after each buffered variant (outside the timer): the file is mapped and
 //! populated (its pages are all cached by then, so this reads nothing and moves no folio), each
@@ -104,8 +113,20 @@ struct Dest {
 // SAFETY: the mapping is owned by `Dest`; threads write disjoint ranges through `at`.
 unsafe impl Sync for Dest {}
 
+/// The pages a fresh anonymous mapping faults in: 2 MiB (`MADV_HUGEPAGE` first) or 4 KiB.
+#[derive(Clone, Copy)]
+enum Pages {
+    Huge,
+    Base,
+}
+
 impl Dest {
     fn new(len_bytes: usize) -> Res<Dest> {
+        Dest::with_pages(len_bytes, Pages::Huge)
+    }
+
+    /// A fresh mapping of `len_bytes`, faulted in with `MADV_POPULATE_WRITE` in `pages`.
+    fn with_pages(len_bytes: usize, pages: Pages) -> Res<Dest> {
         let len_bytes = len_bytes.div_ceil(ALIGN_BYTES) * ALIGN_BYTES;
         // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
         let ptr = unsafe {
@@ -123,7 +144,9 @@ impl Dest {
         }
         // SAFETY: `ptr .. + len_bytes` is the mapping just made; advice and populate touch only it.
         unsafe {
-            libc::madvise(ptr, len_bytes, libc::MADV_HUGEPAGE);
+            if matches!(pages, Pages::Huge) {
+                libc::madvise(ptr, len_bytes, libc::MADV_HUGEPAGE);
+            }
             libc::madvise(ptr, len_bytes, libc::MADV_POPULATE_WRITE);
         }
         Ok(Dest { ptr: ptr.cast(), len_bytes })
@@ -460,6 +483,13 @@ fn run_variant(v: &str, dir: &Path, srcs: &[Src], dest: &Dest, threads: usize) -
             let files = open_all(srcs, true)?;
             read_spans(&files, srcs, dest, &spans(srcs, threads), &zero())
         }
+        "t" | "t4" => {
+            // The first touch of fresh anonymous memory of the checkpoint's size (the owned
+            // load's destination arena): mapped, faulted in, unmapped, all timed.
+            let pages = if v == "t" { Pages::Huge } else { Pages::Base };
+            drop(Dest::with_pages(dest.len_bytes, pages)?);
+            Ok(())
+        }
         "b" => {
             let ckpt = tensora_format::open(dir)?;
             let loaded = tensora_io::load(&ckpt, &tensora_io::LoadOptions::default())?;
@@ -545,6 +575,12 @@ fn run_variant(v: &str, dir: &Path, srcs: &[Src], dest: &Dest, threads: usize) -
         }
         _ => Err(format!("unknown variant {v}").into()),
     }
+}
+
+/// A value of the kernel's free page reporting (`/sys/module/page_reporting/parameters`: knobs
+/// and counters of a VM whose balloon reports free blocks to its host); `None` where absent.
+fn reporting(name: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/sys/module/page_reporting/parameters/{name}")).ok()?.trim().parse().ok()
 }
 
 /// The machine's interrupt and softirq time so far (`/proc/stat`, every CPU): where block I/O
@@ -686,12 +722,13 @@ fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().collect();
     let dir = PathBuf::from(args.get(1).ok_or(
-        "usage: cold_fill DIR [--runs N] [--threads T] [--only a,b,...] [--recycle-mib M] [--warm-after]",
+        "usage: cold_fill DIR [--runs N] [--threads T] [--only a,b,...] [--recycle-mib M] [--settle-ms S] [--warm-after]",
     )?);
     let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
     let runs: usize = flag("--runs").map_or(Ok(3), |s| s.parse())?;
     let warm_after = args.iter().any(|a| a == "--warm-after");
     let recycle_bytes: usize = flag("--recycle-mib").map_or(Ok(0), |s| s.parse::<usize>())? << 20;
+    let settle = Duration::from_millis(flag("--settle-ms").map_or(Ok(0), |s| s.parse())?);
     let threads: usize = flag("--threads").map_or(Ok(2), |s| s.parse())?;
     let only = flag("--only").unwrap_or_else(|| "a,b,c1,c2,d,e1,e2".into());
     let variants: Vec<&str> = only.split(',').collect();
@@ -699,6 +736,8 @@ fn main() -> Res<()> {
     let total: u64 = srcs.iter().map(|s| s.len_bytes).sum();
     let last = srcs.last().ok_or("no files")?;
     let dest = Dest::new((last.dest_offset_bytes + last.len_bytes) as usize)?;
+    let knobs = ["page_reporting_order", "min_free_ms", "max_waiting_mib", "reported_kib"];
+    println!("page reporting: {:?}", knobs.map(|k| (k, reporting(k))));
     type Stat = (Vec<f64>, Vec<f64>, [u64; ORDER_MAX + 1], Vec<f64>);
     let mut stats: Vec<Stat> =
         variants.iter().map(|_| (Vec::new(), Vec::new(), [0; ORDER_MAX + 1], Vec::new())).collect();
@@ -714,12 +753,15 @@ fn main() -> Res<()> {
                 // Memory just freed is in the buddy lists before the host is told of it.
                 drop(Dest::new(recycle_bytes)?);
             }
-            let (cpu0, irq0, stalls0, t0) =
-                (cpu_seconds(), irq_seconds()?, compact_stalls()?, Instant::now());
+            std::thread::sleep(settle);
+            let (cpu0, irq0, stalls0, rep0, t0) =
+                (cpu_seconds(), irq_seconds()?, compact_stalls()?, reporting("reported_kib"), Instant::now());
             run_variant(v, &dir, &srcs, &dest, threads)?;
             let (wall, cpu, irq) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0, irq_seconds()? - irq0);
+            let reported_mib =
+                reporting("reported_kib").unwrap_or(0).saturating_sub(rep0.unwrap_or(0)) / 1024;
             let stalls = compact_stalls()? - stalls0;
-            if !matches!(v, "b" | "f" | "f0" | "g") {
+            if !matches!(v, "b" | "f" | "f0" | "g" | "t" | "t4") {
                 check(&srcs, &dest)?;
             }
             let kept: u64 =
@@ -740,7 +782,7 @@ fn main() -> Res<()> {
                 );
             }
             println!(
-                "run {run} {v:<3} wall {wall:6.3} s  {:5.2} GB/s  cpu {cpu:6.3} s  irq {irq:5.3} s  compaction stalls {stalls:5}  pages kept {:5.1}%  folios {folios} (mean {:.0} KiB) by order {census:?}",
+                "run {run} {v:<3} wall {wall:6.3} s  {:5.2} GB/s  cpu {cpu:6.3} s  irq {irq:5.3} s  compaction stalls {stalls:5}  reported {reported_mib:5} MiB  pages kept {:5.1}%  folios {folios} (mean {:.0} KiB) by order {census:?}",
                 total as f64 / wall / 1e9,
                 kept as f64 * PAGE_BYTES as f64 * 100.0 / total as f64,
                 if folios > 0 { kept as f64 * 4.0 / folios as f64 } else { 0.0 },

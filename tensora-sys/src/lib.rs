@@ -27,6 +27,7 @@ mod fs;
 mod memory;
 mod page_cache;
 mod probe;
+mod reporting;
 mod sched;
 mod usage;
 
@@ -38,5 +39,6 @@ pub use probe::{
     cpu_count, direct_io_supported, filesystem, kernel_version, open_direct, parse_kernel_release,
     residency_sample, residency_sample_ranges,
 };
+pub use reporting::{FreeReporting, free_reporting, read_free_reporting};
 pub use sched::idle_priority;
 pub use usage::{Faults, peak_rss_bytes};

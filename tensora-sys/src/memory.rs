@@ -121,7 +121,7 @@ fn stat_field(text: &str, key: &str) -> Option<u64> {
 }
 
 /// A small kernel file as text, read up to [`PROBE_FILE_BYTES_MAX`].
-fn read_small(path: &Path) -> Option<String> {
+pub(crate) fn read_small(path: &Path) -> Option<String> {
     use std::io::Read;
     let mut text = String::new();
     std::fs::File::open(path).ok()?.take(PROBE_FILE_BYTES_MAX).read_to_string(&mut text).ok()?;

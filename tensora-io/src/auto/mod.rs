@@ -24,7 +24,10 @@
 //! with a helper thread reading each file into the page cache ahead of the copies
 //! ([`crate::map::readahead`]), so the device sees a deep queue as with `O_DIRECT` (measured in
 //! docs/performance.md "Restarts"); when pages and arena do not both fit it reads around the
-//! cache with the direct queue.
+//! cache with the direct queue. Its reason also names whether the machine reports free memory to
+//! a hypervisor (`tensora_sys::free_reporting`), which picks the fill: 2 MiB folios populated ahead
+//! of the copies where it is not ([`Reading::PopulateAhead`]), 4 KiB read-ahead where it is (a 2 MiB
+//! fill first-touches memory the host took back; docs/performance.md "Restarts").
 //!
 //! Residence, when the caller asks for [`Residence::Auto`] (first match wins):
 //!
@@ -107,6 +110,8 @@ pub struct Facts {
     pub owned_destination_bytes: u64,
     /// Memory the page cache can be given (`None`: could not be read).
     pub memory: Option<MemoryRoom>,
+    /// Whether free memory is reported to a hypervisor (`tensora_sys::free_reporting`).
+    pub free_reporting: memory::FreeReporting,
 }
 
 /// What `gather` is told about the load besides the checkpoint and the selection.
@@ -217,6 +222,7 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], asked: Asked) -> Facts {
             Delivery::Streaming => bytes_selected.min(budget_bytes),
         },
         memory: memory::memory_room(),
+        free_reporting: memory::free_reporting(),
     }
 }
 
@@ -374,6 +380,9 @@ pub(crate) const COLD_DEVICE_COST: DeviceCost =
     DeviceCost { granule_bytes: 4096, request_cost_bytes: 8 << 10 };
 /// Cold data read through the page cache: ahead of the copies, gaps read along ([`COLD_DEVICE_COST`]).
 pub(crate) const READ_AHEAD_COLD: Reading = Reading::ReadAhead { device_cost: Some(COLD_DEVICE_COST) };
+/// [`READ_AHEAD_COLD`] filled in 2 MiB folios (`map/fill.rs`): where free memory is not reported.
+pub(crate) const POPULATE_AHEAD_COLD: Reading =
+    Reading::PopulateAhead { device_cost: Some(COLD_DEVICE_COST) };
 
 /// How a read through the page cache goes: warm data is copied (or mapped) as it is; anything
 /// else is read ahead of the copies ([`READ_AHEAD_COLD`]), so the device sees a deep queue.
@@ -400,14 +409,20 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         );
     }
     if let PageCache::Keep(why) = page_cache(f, f.owned_destination_bytes) {
-        // The pages and the arena fit: read through the page cache, the files read ahead of the
-        // copies, so the next process finds them cached (see the module docs).
+        // The pages and the arena fit: read through the page cache ahead of the copies, so the
+        // next process finds them cached, in 2 MiB folios unless the host is paid for their first
+        // touch (see the module docs).
+        let (reading, fill) = match f.free_reporting {
+            memory::FreeReporting::Off(_) => (POPULATE_AHEAD_COLD, "populated ahead of the copies in 2 MiB"),
+            memory::FreeReporting::On { .. } => (READ_AHEAD_COLD, "read ahead of the copies in 4 KiB"),
+        };
         return owned(
             "sync",
-            READ_AHEAD_COLD,
+            reading,
             format!(
-                "cold, pages kept cached for the next load ({why}): buffered pread, the files read ahead \
-                 of the copies; {facts}"
+                "cold, pages kept cached for the next load ({why}): buffered pread, the files {fill} folios \
+                 ({}); {facts}",
+                f.free_reporting.describe()
             ),
         );
     }
@@ -431,6 +446,9 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
 }
 
 #[cfg(test)]
+mod reporting_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -441,7 +459,7 @@ mod tests {
         unsafe { FilesUnchanged::promise() }
     }
 
-    fn facts() -> Facts {
+    pub(super) fn facts() -> Facts {
         Facts {
             bytes_selected: 2 << 30,
             bytes_files: 2 << 30,
@@ -461,11 +479,12 @@ mod tests {
                 available_bytes: 20 << 30,
                 cgroup_limit_bytes: None,
             }),
+            free_reporting: memory::FreeReporting::On { order: 9, after_ms: 0 },
         }
     }
 
     /// Facts of a cold load that does not fit in the page cache (so it reads around it).
-    fn cold_around() -> Facts {
+    pub(super) fn cold_around() -> Facts {
         let mut f = facts();
         f.residency.resident_pages = 0;
         f.memory =

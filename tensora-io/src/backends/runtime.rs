@@ -10,6 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use tensora_plan::{DeviceCost, Read};
 
+use crate::map::fill::{
+    FillMarks, FillQueue, FillStop, HugeMaps, Populator, Waited, fill_queue, lead_bytes_per_queue,
+};
+use crate::map::populate::POPULATE_THREADS_MAX;
 use crate::map::readahead::{AheadQueue, read_ahead, willneed_file};
 use crate::seam::{CompletionSink, IoStats, Job, ReadError, ReadErrorKind, Reading, StopReason};
 
@@ -109,6 +113,9 @@ pub(crate) struct RunState {
     peak_inflight_bytes: AtomicU64,
     /// Files whose `O_DIRECT` descriptor returned `EINVAL`: read buffered from then on.
     direct_disabled: Vec<AtomicBool>,
+    /// How far each queue has been populated ([`Reading::PopulateAhead`] with at most
+    /// [`POPULATE_THREADS_MAX`] queues, one populator each; `None` otherwise).
+    fill: Option<FillMarks>,
 }
 
 impl RunState {
@@ -121,7 +128,17 @@ impl RunState {
             inflight_bytes: AtomicU64::new(0),
             peak_inflight_bytes: AtomicU64::new(0),
             direct_disabled: job.files.iter().map(|_| AtomicBool::new(false)).collect(),
+            fill: populating(job).then(|| FillMarks::new(job.plan.queues().len())),
         }
+    }
+
+    /// Waits until read `index` has been populated, where the run populates
+    /// ([`Reading::PopulateAhead`]): at most [`crate::map::fill::FILL_WAIT_MAX`], and no longer
+    /// than its populator runs. `None`: this run does not populate.
+    pub(crate) fn wait_populated(&self, index: u32) -> Option<Waited> {
+        let marks = self.fill.as_ref()?;
+        let (queue, (range, _)) = self.queues.iter().enumerate().find(|(_, (r, _))| r.contains(&index))?;
+        Some(marks.wait_for(queue, (index - range.start) as usize))
     }
 
     /// The queue worker `worker` starts on: spread over the files, or queue 0 (the most urgent)
@@ -282,8 +299,10 @@ where
 /// ([`Reading::ReadAhead`]), a helper thread that reads each file queue into the page cache ahead
 /// of the workers' claims ([`crate::map::readahead`]): the device gets a deep queue and every byte
 /// stays cached for the next process. Measured on the cold 2.2 GB bench checkpoint: see
-/// docs/performance.md "Restarts". A warm job ([`Reading::Cached`]) or a direct one runs the
-/// workers alone.
+/// docs/performance.md "Restarts". A job filling in large folios ([`Reading::PopulateAhead`], at
+/// most [`POPULATE_THREADS_MAX`] file queues; more are read ahead) runs one populator per file
+/// queue instead ([`crate::map::fill`]); the workers wait for it ([`RunState::wait_populated`]).
+/// A warm job ([`Reading::Cached`]) or a direct one runs the workers alone.
 pub(crate) fn run_workers_reading_ahead<F>(
     job: &Job<'_>,
     state: &RunState,
@@ -296,6 +315,18 @@ where
     let device_cost = match job.config.reading {
         Reading::Direct | Reading::Cached => return run_workers(workers, f),
         Reading::ReadAhead { device_cost } => device_cost,
+        Reading::PopulateAhead { device_cost } if state.fill.is_some() => {
+            let files: Vec<Option<&std::fs::File>> = job
+                .plan
+                .queues()
+                .iter()
+                .map(|q| job.files.get(q.file as usize).map(|s| &s.buffered))
+                .collect();
+            // The mappings live for the run and are unmapped when it returns.
+            let maps = HugeMaps::new(&files);
+            return run_workers_populating(job, state, workers, &maps, device_cost, f);
+        }
+        Reading::PopulateAhead { device_cost } => device_cost,
     };
     let queues = file_queues(job, state, device_cost);
     let ahead: Vec<&dyn AheadQueue> = queues.iter().map(|q| q as &dyn AheadQueue).collect();
@@ -311,6 +342,69 @@ where
             bytes_advised_beyond_reads: queues.iter().map(FileQueue::advised_beyond_bytes).sum(),
             ..IoStats::default()
         });
+        per_worker
+    })
+}
+
+/// Whether a run of `job` populates its files ahead of the workers: [`Reading::PopulateAhead`]
+/// over at most [`POPULATE_THREADS_MAX`] file queues (one populator thread each).
+fn populating(job: &Job<'_>) -> bool {
+    matches!(job.config.reading, Reading::PopulateAhead { .. })
+        && job.plan.queues().len() <= POPULATE_THREADS_MAX
+}
+
+/// Runs `workers` with one thread per file queue populating it through `populator`
+/// ([`fill_queue`]), each read widened over the gaps `device_cost` says the device reads along.
+/// The populators stop when the workers return, a worker fails the run, or the caller cancels.
+pub(crate) fn run_workers_populating<F>(
+    job: &Job<'_>,
+    state: &RunState,
+    workers: usize,
+    populator: &dyn Populator,
+    device_cost: Option<DeviceCost>,
+    f: F,
+) -> Vec<IoStats>
+where
+    F: Fn(usize) -> IoStats + Sync,
+{
+    let Some(marks) = state.fill.as_ref() else {
+        return run_workers(workers, f);
+    };
+    let reads = job.plan.reads();
+    let claimed: Vec<_> = (0..job.plan.queues().len()).map(|i| move || state.claimed_in(i)).collect();
+    let queues: Vec<FillQueue<'_>> = job
+        .plan
+        .queues()
+        .iter()
+        .zip(&claimed)
+        .map(|(q, claimed)| FillQueue {
+            ranges: ahead_ranges(
+                device_cost,
+                reads.get(q.reads.start as usize..q.reads.end as usize).unwrap_or(&[]),
+            ),
+            claimed,
+        })
+        .collect();
+    let lead_bytes = lead_bytes_per_queue(queues.len());
+    let done = AtomicBool::new(false);
+    let stop = FillStop { done: &done, failed: &state.stop, cancel: job.cancel };
+    std::thread::scope(|scope| {
+        let populators: Vec<_> = queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| {
+                let stop = &stop;
+                scope.spawn(move || fill_queue(i, q, populator, marks, stop, lead_bytes))
+            })
+            .collect();
+        let per_worker = run_workers(workers, f);
+        done.store(true, Ordering::Release);
+        marks.finish_all();
+        for h in populators {
+            if let Err(payload) = h.join() {
+                std::panic::resume_unwind(payload);
+            }
+        }
         per_worker
     })
 }

@@ -6,7 +6,10 @@
 //! next queue with work, so several files stay busy at once and a single file is shared by all
 //! workers (each read is positional, so there is no shared cursor). A buffered job has one more
 //! thread, which reads each queue into the page cache ahead of the workers' claims
-//! ([`crate::map::readahead`]): a cold file is then read with a deep queue. Before a read is issued its
+//! ([`crate::map::readahead`]): a cold file is then read with a deep queue. A job filling in large
+//! folios ([`Reading::PopulateAhead`](crate::Reading::PopulateAhead)) has one populator per file
+//! queue instead ([`crate::map::fill`]), and a worker copies a read only once its range has been
+//! populated or the populator stopped. Before a read is issued its
 //! bytes are acquired from the job's [`Budget`](crate::Budget); the permit is released
 //! once the read has landed.
 //!
@@ -114,6 +117,8 @@ fn worker(
     let mut stats = IoStats::default();
     while let Some(index) = state.next_read(job, w) {
         let read = &job.plan.reads()[index as usize];
+        // Filling in large folios: copy once the populator has read this range in (or stopped).
+        state.wait_populated(index);
         let permit = job.budget.acquire(read.len_bytes);
         state.begin_inflight(permit.bytes());
         let result = fill(job, sink, reader, state, index, &mut stats);
@@ -215,5 +220,154 @@ impl IoBackend for SyncBackend {
         let per_worker =
             run_workers_reading_ahead(job, &state, threads, |w| worker(job, sink, reader, &state, w));
         state.finish(per_worker)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::Range;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::map::fill::Populator;
+    use crate::seam::{Budget, JobConfig, Landed, Reading, StopReason};
+
+    /// Bytes of each read of the test plan.
+    const READ_BYTES: u64 = 64 << 10;
+    /// Reads of the test plan (one file).
+    const READS: u64 = 12;
+    /// How long the slow populator takes per step.
+    const STEP_DELAY: Duration = Duration::from_millis(15);
+
+    /// How the test populator ends.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Ends {
+        /// It reads every range in.
+        Never,
+        /// Its call number `n` fails with an I/O error.
+        FailsAt(usize),
+        /// Its call number `n` finds no `MADV_POPULATE_READ`.
+        UnsupportedAt(usize),
+        /// Its call number `n` cancels the load.
+        CancelsAt(usize),
+    }
+
+    /// A slow populator that records the ranges it read in.
+    #[derive(Debug)]
+    struct Slow<'a> {
+        ends: Ends,
+        calls: AtomicUsize,
+        populated: &'a Mutex<Vec<Range<u64>>>,
+        cancel: &'a AtomicBool,
+    }
+
+    impl Populator for Slow<'_> {
+        fn populate(&self, _queue: usize, range: Range<u64>) -> io::Result<bool> {
+            let call = self.calls.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(STEP_DELAY);
+            match self.ends {
+                Ends::FailsAt(n) if n == call => return Err(io::Error::other("injected populate failure")),
+                Ends::UnsupportedAt(n) if n == call => return Ok(false),
+                Ends::CancelsAt(n) if n == call => self.cancel.store(true, Ordering::Release),
+                _ => {}
+            }
+            self.populated.lock().unwrap().push(range);
+            Ok(true)
+        }
+    }
+
+    /// `pread`, counting the reads that began before their range was populated.
+    #[derive(Debug)]
+    struct Checked<'a> {
+        populated: &'a Mutex<Vec<Range<u64>>>,
+        early: AtomicUsize,
+    }
+
+    impl ReadAt for Checked<'_> {
+        fn read_at(
+            &self,
+            file: &SourceFile,
+            file_index: u32,
+            buf: &mut [u8],
+            offset_bytes: u64,
+            access: Access,
+        ) -> io::Result<usize> {
+            let end = offset_bytes + buf.len() as u64;
+            let covered =
+                self.populated.lock().unwrap().iter().any(|p| p.start <= offset_bytes && end <= p.end);
+            if !covered {
+                self.early.fetch_add(1, Ordering::Relaxed);
+            }
+            Pread.read_at(file, file_index, buf, offset_bytes, access)
+        }
+    }
+
+    struct NoSink;
+
+    impl CompletionSink for NoSink {
+        fn read_done(&self, _landed: Landed<'_>) -> Result<(), StopReason> {
+            Ok(())
+        }
+    }
+
+    /// What a populating run of the sync workers over a file of [`READS`] reads did: its result,
+    /// whether the destination holds the file's bytes, and the reads that began unpopulated.
+    fn run_populating(ends: Ends) -> (Result<IoStats, ReadError>, bool, usize) {
+        let bytes: Vec<u8> = (0..READS * READ_BYTES).map(|i| (i % 251) as u8).collect();
+        let (_tmp, f) = crate::seam::temp_source(&bytes);
+        let extents =
+            [tensora_plan::Extent { file: 0, offset_bytes: 0, len_bytes: READS * READ_BYTES, tag: 0 }];
+        let config =
+            tensora_plan::PlanConfig { chunk_bytes: READ_BYTES, ..tensora_plan::PlanConfig::default() };
+        let plan = tensora_plan::Plan::build(&extents, &config, &tensora_plan::Order::File).unwrap();
+        assert_eq!(plan.reads().len() as u64, READS);
+        let mut arena = crate::arena::Arena::with_len(plan.arena_len_bytes()).unwrap();
+        let (budget, cancel, files) = (Budget::new(1 << 20), AtomicBool::new(false), [f]);
+        let reading = Reading::PopulateAhead { device_cost: None };
+        let config = JobConfig { threads: 2, queue_depth: 1, reading, retries_max: 0 };
+        let populated = Mutex::new(Vec::new());
+        let populator = Slow { ends, calls: AtomicUsize::new(0), populated: &populated, cancel: &cancel };
+        let reader = Checked { populated: &populated, early: AtomicUsize::new(0) };
+        let result = {
+            // SAFETY: nothing else touches `arena` while the job lives.
+            let job = unsafe { Job::new(&plan, &files, &arena, &budget, &cancel, config) };
+            validate_job(&job).unwrap();
+            let state = RunState::new(&job);
+            let per_worker =
+                super::super::runtime::run_workers_populating(&job, &state, 2, &populator, None, |w| {
+                    worker(&job, &NoSink, &reader, &state, w)
+                });
+            state.finish(per_worker)
+        };
+        let same = arena.as_slice()[..bytes.len()] == bytes[..];
+        (result, same, reader.early.load(Ordering::Relaxed))
+    }
+
+    #[test]
+    fn the_workers_never_read_a_range_before_its_populate_mark() {
+        let (result, same, early) = run_populating(Ends::Never);
+        assert_eq!(result.unwrap().bytes_read, READS * READ_BYTES);
+        assert!(same, "the destination holds the file's bytes");
+        assert_eq!(early, 0, "reads issued before the populator reached their range");
+    }
+
+    #[test]
+    fn a_failed_or_unsupported_populate_still_completes_the_load_with_the_files_bytes() {
+        for ends in [Ends::FailsAt(2), Ends::UnsupportedAt(0), Ends::FailsAt(0)] {
+            let (result, same, early) = run_populating(ends);
+            assert_eq!(result.unwrap().bytes_read, READS * READ_BYTES, "{ends:?}");
+            assert!(same, "{ends:?}: the destination holds the file's bytes");
+            // The workers read what the populator never reached themselves.
+            assert!(early > 0, "{ends:?}");
+        }
+    }
+
+    #[test]
+    fn a_load_cancelled_while_populating_stops_with_cancelled() {
+        let (result, _, _) = run_populating(Ends::CancelsAt(3));
+        let err = result.unwrap_err();
+        assert!(matches!(err.kind, crate::seam::ReadErrorKind::Cancelled), "{err}");
     }
 }

@@ -61,6 +61,7 @@ use std::sync::atomic::AtomicBool;
 
 use memmap2::{Advice, Mmap, MmapMut, MmapOptions};
 
+pub mod fill;
 pub mod populate;
 pub mod readahead;
 

@@ -55,6 +55,17 @@ pub enum Reading {
         /// with the measured cost of a cold local file); `None`: each read is advised alone.
         device_cost: Option<DeviceCost>,
     },
+    /// Through the page cache, cold, filled in 2 MiB folios: per file queue a populator thread
+    /// maps the file read-only with `MADV_HUGEPAGE` and reads it in (`MADV_POPULATE_READ`) in the
+    /// job's order ahead of the workers, which copy a read once its range is populated
+    /// (`map/fill.rs`); a populator that fails or stops lets them read anyway. `auto` picks it for
+    /// a cold keep where free memory is not reported to a hypervisor (docs/performance.md
+    /// "Restarts"). Only the sync backend populates; the others read it as [`Reading::ReadAhead`].
+    PopulateAhead {
+        /// As for [`Reading::ReadAhead`]: each read is populated widened back over a gap the
+        /// device reads along.
+        device_cost: Option<DeviceCost>,
+    },
 }
 
 impl Reading {
