@@ -112,6 +112,8 @@ pub struct Facts {
     pub memory: Option<MemoryRoom>,
     /// Whether free memory is reported to a hypervisor (`tensora_sys::free_reporting`).
     pub free_reporting: memory::FreeReporting,
+    /// Whether the load reads whole tensors or slices of them.
+    pub pieces: Pieces,
 }
 
 /// What `gather` is told about the load besides the checkpoint and the selection.
@@ -125,6 +127,18 @@ pub struct Asked {
     pub io_mode: IoMode,
     /// The in-flight budget (a streamed load's window).
     pub budget_bytes: u64,
+    /// Whether the load reads whole tensors or slices of them.
+    pub pieces: Pieces,
+}
+
+/// What a load reads of each selected tensor (a fact `auto` reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pieces {
+    /// Every byte of each selected tensor.
+    WholeTensors,
+    /// A slice of some tensors (a tensor-parallel share): the reads leave gaps that other ranks
+    /// read, which a fill in 2 MiB folios would read too.
+    Slices,
 }
 
 /// How a load hands its tensors over (a fact `auto` reads, and reports).
@@ -169,7 +183,7 @@ pub struct Choice {
 /// Read the facts for a selection (`selected` indexes [`Checkpoint::tensors`]). Residency is
 /// sampled over the selected tensors' byte ranges of the first [`RESIDENCY_FILES_MAX`] files.
 pub fn gather(ckpt: &Checkpoint, selected: &[usize], asked: Asked) -> Facts {
-    let Asked { delivery, residence, io_mode, budget_bytes } = asked;
+    let Asked { delivery, residence, io_mode, budget_bytes, pieces } = asked;
     let mut by_file: Vec<(u32, Vec<std::ops::Range<u64>>)> = Vec::new();
     let bytes_selected = ckpt.distinct_bytes(selected);
     // Position of each checkpoint file in `by_file` (files in order of first use), by file id.
@@ -223,6 +237,7 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], asked: Asked) -> Facts {
         },
         memory: memory::memory_room(),
         free_reporting: memory::free_reporting(),
+        pieces,
     }
 }
 
@@ -412,15 +427,21 @@ fn choose_owned(f: &Facts, remote: bool, fs_name: &str, facts: &str) -> Choice {
         // The pages and the arena fit: read through the page cache ahead of the copies, so the
         // next process finds them cached, in 2 MiB folios unless the host is paid for their first
         // touch (see the module docs).
-        let (reading, fill) = match f.free_reporting {
-            memory::FreeReporting::Off(_) => (POPULATE_AHEAD_COLD, "populated ahead of the copies in 2 MiB"),
-            memory::FreeReporting::On { .. } => (READ_AHEAD_COLD, "read ahead of the copies in 4 KiB"),
+        // A slice's reads leave gaps: 2 MiB folios around each would read other ranks' rows too.
+        let (reading, fill) = match (&f.free_reporting, f.pieces) {
+            (memory::FreeReporting::Off(_), Pieces::WholeTensors) => {
+                (POPULATE_AHEAD_COLD, "populated ahead of the copies in 2 MiB folios")
+            }
+            (_, Pieces::Slices) => (READ_AHEAD_COLD, "read ahead of the copies in 4 KiB folios, slices"),
+            (memory::FreeReporting::On { .. }, Pieces::WholeTensors) => {
+                (READ_AHEAD_COLD, "read ahead of the copies in 4 KiB folios")
+            }
         };
         return owned(
             "sync",
             reading,
             format!(
-                "cold, pages kept cached for the next load ({why}): buffered pread, the files {fill} folios \
+                "cold, pages kept cached for the next load ({why}): buffered pread, the files {fill} \
                  ({}); {facts}",
                 f.free_reporting.describe()
             ),
@@ -480,6 +501,7 @@ mod tests {
                 cgroup_limit_bytes: None,
             }),
             free_reporting: memory::FreeReporting::On { order: 9, after_ms: 0 },
+            pieces: Pieces::WholeTensors,
         }
     }
 

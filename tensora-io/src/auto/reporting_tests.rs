@@ -27,4 +27,10 @@ fn a_cold_owned_keep_names_whether_free_memory_is_reported_on_both_sides() {
     assert_eq!((off.backend, off.reading), ("sync", super::POPULATE_AHEAD_COLD));
     assert!(on.reason.contains("read ahead of the copies in 4 KiB folios"), "{}", on.reason);
     assert!(off.reason.contains("populated ahead of the copies in 2 MiB folios"), "{}", off.reason);
+    // A tensor-parallel share's reads leave gaps that 2 MiB folios would fill with other ranks'
+    // rows: slices keep the 4 KiB read-ahead, and the reason says why.
+    f.pieces = super::Pieces::Slices;
+    let slices = super::choose(&f);
+    assert_eq!(slices.reading, super::READ_AHEAD_COLD, "{}", slices.reason);
+    assert!(slices.reason.contains("in 4 KiB folios, slices (free memory not reported"), "{}", slices.reason);
 }

@@ -150,6 +150,7 @@ fn views_of(
                 residence: opts.residence,
                 io_mode: opts.io_mode,
                 budget_bytes: opts.budget_bytes,
+                pieces: auto::Pieces::WholeTensors,
             };
             auto::cast_from_views(&auto::gather(ckpt, selected, asked)).map(|why| (promise, why))
         }

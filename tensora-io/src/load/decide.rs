@@ -26,6 +26,7 @@ impl Decided {
         opts: &LoadOptions,
         selected: &[usize],
         delivery: Delivery,
+        pieces: auto::Pieces,
     ) -> Result<Decided, LoadError> {
         let (backend, reason) = match &opts.backend {
             BackendChoice::Auto => {
@@ -34,6 +35,7 @@ impl Decided {
                     residence: opts.residence,
                     io_mode: opts.io_mode,
                     budget_bytes: opts.budget_bytes,
+                    pieces,
                 };
                 let choice = auto::choose(&auto::gather(ckpt, selected, asked));
                 let backend = by_name(choice.backend)?;

@@ -24,7 +24,7 @@ use super::mapped::{read_in, run_hooks};
 use super::run::{Notify, Outlives, SubDest, Tracker};
 use super::{ArenaReuse, IoMode, LoadOptions, Loaded, ON_READ_STEP_BYTES, Residence};
 use crate::arena::Arena;
-use crate::auto::Delivery;
+use crate::auto::{Delivery, Pieces};
 use crate::cast::DtypeTarget;
 use crate::error::LoadError;
 use crate::map::{MapMode, MappedFiles};
@@ -67,6 +67,17 @@ pub(super) fn begin<'c>(
     opts: &'c LoadOptions,
     delivery: Delivery,
 ) -> Result<(Session<'c>, Vec<usize>, Phases, Faults), LoadError> {
+    begin_reading(ckpt, opts, delivery, Pieces::WholeTensors)
+}
+
+/// [`begin`] for a load that reads `pieces` of the selected tensors (a sharded load's slices:
+/// `auto` then keeps the fill that does not read whole 2 MiB folios around them).
+pub(super) fn begin_reading<'c>(
+    ckpt: &'c Checkpoint,
+    opts: &'c LoadOptions,
+    delivery: Delivery,
+    pieces: Pieces,
+) -> Result<(Session<'c>, Vec<usize>, Phases, Faults), LoadError> {
     if opts.shard.is_some() {
         return Err(LoadError::Unsupported {
             what: "a shard with a streamed, mapped-only or collective load (only load takes one)".to_owned(),
@@ -78,7 +89,7 @@ pub(super) fn begin<'c>(
     let selected = select(ckpt, opts)?;
     phases.plan += t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let session = Session::new(ckpt, opts, &selected, delivery)?;
+    let session = Session::new(ckpt, opts, &selected, delivery, pieces)?;
     phases.open += t.elapsed().as_secs_f64();
     Ok((session, selected, phases, faults_before))
 }
@@ -146,8 +157,9 @@ impl<'c> Session<'c> {
         opts: &'c LoadOptions,
         selected: &[usize],
         delivery: Delivery,
+        pieces: Pieces,
     ) -> Result<Session<'c>, LoadError> {
-        let decided = Decided::for_load(ckpt, opts, selected, delivery)?;
+        let decided = Decided::for_load(ckpt, opts, selected, delivery, pieces)?;
         let mapped = decided.residence.is_mapped();
         if let Err(reason) = decided.backend.available() {
             return Err(LoadError::BackendUnavailable { backend: decided.backend_name, reason });

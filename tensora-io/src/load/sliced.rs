@@ -14,9 +14,9 @@ use tensora_plan::{Extent, Order, Plan, SliceKind, SliceRead, SourceCost, Stride
 
 use super::loaded::Entry;
 use super::session::{OwnedPlan, file_groups};
-use super::session::{Session, WindowPlan, begin};
+use super::session::{Session, WindowPlan, begin_reading};
 use super::{LoadOptions, Loaded, Residence};
-use crate::auto::Delivery;
+use crate::auto::{Delivery, Pieces};
 use crate::error::LoadError;
 use crate::report::SliceCounts;
 
@@ -58,7 +58,8 @@ pub(super) fn load_sharded(
         });
     }
     let owned_opts = owned_options(opts);
-    let (session, selected, mut phases, faults_before) = begin(ckpt, &owned_opts, Delivery::Owned)?;
+    let (session, selected, mut phases, faults_before) =
+        begin_reading(ckpt, &owned_opts, Delivery::Owned, Pieces::Slices)?;
     let t = Instant::now();
     let items = items_of(ckpt, &session, &selected, shard)?;
     refuse_packing_shared_bytes(&items)?;
@@ -153,7 +154,7 @@ pub fn shard_reads(ckpt: &Checkpoint, opts: &LoadOptions) -> Result<Vec<ShardRea
         return Err(LoadError::Unsupported { what: "shard_reads without a shard".to_owned() });
     };
     let owned_opts = owned_options(opts);
-    let (session, selected, _, _) = begin(ckpt, &owned_opts, Delivery::Owned)?;
+    let (session, selected, _, _) = begin_reading(ckpt, &owned_opts, Delivery::Owned, Pieces::Slices)?;
     let items = items_of(ckpt, &session, &selected, shard)?;
     Ok(items
         .into_iter()

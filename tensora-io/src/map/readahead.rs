@@ -157,6 +157,7 @@ impl Prefetch {
             residence: crate::Residence::Mapped(promise),
             io_mode: crate::IoMode::Auto,
             budget_bytes: 0,
+            pieces: crate::auto::Pieces::WholeTensors,
         };
         read_ahead_at_open(&gather(ckpt, &all, asked)).ok()?;
         let mut own = Vec::with_capacity(files.len());
