@@ -284,10 +284,8 @@ fn auto_reads_a_cold_shard_with_the_read_ahead_not_the_large_folio_fill() {
     tensora_sys::evict_file_cache(&file).unwrap();
     let ckpt = tensora_format::open(&path).unwrap();
     let slice = Slice { dim: 0, start: 0, len: 64 };
-    let opts = LoadOptions {
-        shard: Some(Shard::Slices(vec![("s0.t0".into(), slice)])),
-        ..LoadOptions::default()
-    };
+    let opts =
+        LoadOptions { shard: Some(Shard::Slices(vec![("s0.t0".into(), slice)])), ..LoadOptions::default() };
     let loaded = load(&ckpt, &opts).unwrap();
     let reason = &loaded.report().reason;
     assert!(reason.contains("read ahead of the copies in 4 KiB folios, slices"), "{reason}");
