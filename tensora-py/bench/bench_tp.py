@@ -17,8 +17,13 @@ Cells, every measurement a fresh process with the page cache dropped first (as b
 - get_slice: 1/8 of a 512 MiB F32 tensor [8192, 16384] along dimension 0 and along dimension 1
   (`safe_open(...).get_slice("w")[...]`), bytes read per the report and /proc/self/io.
 - tp2: rank 0 of 2, cold, GB/s of the bytes it needs (`bytes_selected / seconds`) against the
-  cold read roofline (bench_load.py's roofline child: 8 MiB O_DIRECT preadv by 8 threads), the two
-  alternated in every round.
+  cold read roofline (bench_load.py's roofline child: 8 MiB O_DIRECT preadv by 8 threads), and
+  against the share's own roofline: the device alone delivering the share (share_plans.py) as
+  covering ranges and as exactly its rows, the faster of the two. A row-parallel slice's rows are
+  shorter than a page, or a few pages with gaps shorter than a page, so a device answers either
+  with the gaps too (covering) or with one request per row: where a request costs more than its
+  gap takes to transfer, the share's roofline lies below the roofline of the bytes it needs, for
+  any loader. All alternated in every round.
 
 Medians with min..max; the machine may be shared (say so with the numbers).
 """
@@ -280,27 +285,61 @@ def main():
                   f"disk {fmt(disk, 1, 0)} ({disk['median'] / s['tensor_bytes']:.4f}), {s['io_mode']}, {s['slices']}")
         os.remove(spath)
     if "tp2" in cells:
-        tp, read, roof = [], [], []
-        for _ in range(args.runs):
-            drop_caches(files)
-            s = child_args(args.path, ["tp", 0, 2])
-            tp.append(s["bytes_selected"] / s["seconds"] / 1e9)
-            read.append(s["bytes_read"] / s["seconds"] / 1e9)
-            roof.append(roofline(args.path, files))
-        doc["tp2"] = {"gbps": tp, "read_gbps": read, "roofline_gbps": roof, "last": s}
-        print(f"tp2 rank 0: {s['io_mode']} via {s['backend']}, slices {s['slices']}, {s['read_calls']} read calls, "
-              f"disk {s['disk_bytes']} bytes to the process, device {s['device_bytes']} bytes (all readers), "
-              f"{s['seconds']:.2f} s (last run)")
-        ratios = [a / b for a, b in zip(tp, roof)]
-        read_ratios = [a / b for a, b in zip(read, roof)]
-        print(f"tp2 rank 0 cold: {fmt(med(tp), 1, 2)} GB/s of the {s['bytes_selected']} bytes it needs, "
-              f"{fmt(med(read), 1, 2)} GB/s of the {s['bytes_read']} it reads; roofline {fmt(med(roof), 1, 2)} GB/s; "
-              f"x roofline {fmt(med(ratios), 1, 2)} (needed), {fmt(med(read_ratios), 1, 2)} (read)")
+        tp2(args.path, files, args.runs, doc)
     doc["loadavg_after"] = os.getloadavg()
     print(f"load average {doc['loadavg_before'][0]:.1f} before, {doc['loadavg_after'][0]:.1f} after (shared machine)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=2)
+
+
+def share_plan(path, kind):
+    """The device alone delivering rank 0 of 2's share by `kind` (share_plans.py), cold."""
+    r = subprocess.run([sys.executable, os.path.join(HERE, "share_plans.py"), path, "0", "2", kind],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"share plan {kind}: {r.stderr.strip()[-500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def tp2(path, files, runs, doc):
+    """Rank 0 of 2, cold, against the read roofline of the bytes it needs and against the share's
+    own device roofline (the faster of share_plans.py's two plans), all alternated in every round."""
+    tp, read, roof, plans = [], [], [], {"covering": [], "rows": []}
+    for _ in range(runs):
+        drop_caches(files)
+        s = child_args(path, ["tp", 0, 2])
+        tp.append(s["bytes_selected"] / s["seconds"] / 1e9)
+        read.append(s["bytes_read"] / s["seconds"] / 1e9)
+        s["gbps"] = tp[-1]
+        roof.append(roofline(path, files))
+        for kind in plans:
+            drop_caches(files)
+            plans[kind].append(share_plan(path, kind))
+        s["share_roofline_seconds"] = min(plans[k][-1]["seconds"] for k in plans)
+        doc.setdefault("tp2_runs", []).append(s)
+    doc["tp2"] = {"gbps": tp, "read_gbps": read, "roofline_gbps": roof, "plans": plans, "last": s}
+    print(f"tp2 rank 0: {s['io_mode']} via {s['backend']}, slices {s['slices']}, {s['read_calls']} read calls, "
+          f"disk {s['disk_bytes']} bytes to the process, device {s['device_bytes']} bytes (all readers), "
+          f"{s['seconds']:.2f} s (last run)")
+    ratios = [a / b for a, b in zip(tp, roof)]
+    read_ratios = [a / b for a, b in zip(read, roof)]
+    needed = s["bytes_selected"]
+    print(f"tp2 rank 0 cold: {fmt(med(tp), 1, 2)} GB/s of the {needed} bytes it needs, "
+          f"{fmt(med(read), 1, 2)} GB/s of the {s['bytes_read']} it reads; roofline {fmt(med(roof), 1, 2)} GB/s; "
+          f"x roofline {fmt(med(ratios), 1, 2)} (needed), {fmt(med(read_ratios), 1, 2)} (read)")
+    for kind, xs in plans.items():
+        x = xs[-1]
+        print(f"tp2 share read by {kind} alone (share_plans.py, O_DIRECT into fresh memory as the roofline): "
+              f"{x['bytes']} bytes in {x['requests']} requests ({x['block_bytes']} B blocks), "
+              f"{fmt(med([y['seconds'] for y in xs]), 1, 3)} s")
+    runs_ = doc["tp2_runs"][-runs:]
+    best = [r["share_roofline_seconds"] for r in runs_]
+    bound = [needed / b / 1e9 / g for b, g in zip(best, roof)]
+    of_share = [b / r["seconds"] for b, r in zip(best, runs_)]
+    print(f"tp2 share roofline (the faster plan, each round): {fmt(med(best), 1, 3)} s, so no loader exceeds "
+          f"{fmt(med(bound), 1, 2)} x roofline (needed) on this device; the load took "
+          f"{fmt(med(of_share), 1, 2)} of the share roofline's speed")
 
 
 def child_args(path, params):

@@ -133,3 +133,51 @@ def test_the_vllm_bench_can_evict_only_the_checkpoint(tmp_path):
     assert _resident_fraction(other) == 1.0
     assert bench_vllm.stats([2.0, None, 1.0, 3.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3,
                                                        "values": [2.0, 1.0, 3.0]}
+
+
+def test_the_share_plans_read_a_ranks_rows_exactly_or_their_covering_ranges(tmp_path):
+    """bench_tp.py's share roofline: rank 0 of 2 under the Llama rules, each plan's requests against
+    the slices torch.chunk gives, and both plans run end to end with O_DIRECT."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    sys.path.insert(0, str(BENCH.parent))
+    import share_plans
+    from bench_tp import split_dim
+
+    rng = np.random.default_rng(3)
+    tensors = {
+        "model.layers.0.self_attn.q_proj.weight": rng.standard_normal((64, 96)).astype(np.float16),
+        "model.layers.0.self_attn.o_proj.weight": rng.standard_normal((64, 2048)).astype(np.float16),
+        "model.layers.0.mlp.down_proj.weight": rng.standard_normal((8, 5633)).astype(np.float32),
+        "model.norm.weight": rng.standard_normal(96).astype(np.float32),
+    }
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    plan, needed = share_plans.share(str(tmp_path), 0, 2, split_dim)
+    want = {name: np.array_split(t, 2, axis=split_dim(name))[0] if split_dim(name) is not None else t
+            for name, t in tensors.items()}
+    # torch.chunk and array_split agree on these shapes (the first part is the larger one).
+    assert needed == sum(t.nbytes for t in want.values())
+    ((path, (whole, strided)),) = plan.items()
+    start, hdr = share_plans.header(path)
+    o = hdr["model.layers.0.self_attn.o_proj.weight"]["data_offsets"][0] + start
+    d = hdr["model.layers.0.mlp.down_proj.weight"]["data_offsets"][0] + start
+    assert sorted(strided) == sorted([(o, 64, 1024 * 2, 2048 * 2), (d, 8, 2817 * 4, 5633 * 4)])
+    rows = share_plans.requests(plan, "rows", 512)
+    covering = share_plans.requests(plan, "covering", 512)
+    assert all(off % 512 == 0 and n % 512 == 0 for _, off, n in rows)
+    assert all(off % 4096 == 0 and n % 4096 == 0 for _, off, n in covering)
+    # Every row of both row-parallel slices is inside one request of its own in the rows plan ...
+    for first, n_rows, width, stride in strided:
+        for r in range(n_rows):
+            at = first + r * stride
+            assert any(off <= at and at + width <= off + n for _, off, n in rows)
+    # ... and the covering plan reads fewer, larger requests, holding the other rank's columns too.
+    assert len(covering) < len(rows) and sum(n for *_, n in covering) >= needed + 63 * 1024 * 2  # o_proj's gaps
+    for kind, count in (("covering", len(covering)), ("rows", len(rows))):
+        r = subprocess.run([sys.executable, str(BENCH.parent / "share_plans.py"), str(tmp_path), "0", "2", kind],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        doc = json.loads(r.stdout.strip().splitlines()[-1])
+        assert doc["plan"] == kind and doc["requests"] == count and doc["needed_bytes"] == needed
+        assert doc["seconds"] > 0 and doc["block_bytes"] in (512, 1024, 2048, 4096)

@@ -44,7 +44,10 @@ const USAGE: &str = "usage: cargo xtask <test|provision|selfcheck|bench|fixtures
                        makes it), the load formats inside vLLM (tensora-py/bench/bench_vllm.py:
                        vllm.{md,json}), else a line saying how to make it; and the storage-bound
                        tensor-parallel cell (tensora-py/bench/bench_tp_storage.py: 4 torchrun
-                       ranks against nginx capped at 200 MB/s; tp_storage.{md,json})
+                       ranks against nginx capped at 200 MB/s; tp_storage.{md,json}) and the
+                       local tensor-parallel cells (tensora-py/bench/bench_tp.py: each rank's
+                       share bit-equal to HF + chunk, bytes read per rank, get_slice, the cold
+                       TP=2 share against its rooflines; tp.{md,json})
       --quick          small fixtures, 3 runs, a subset of the cells; reports go to
                        target/tensora-bench/quick/
       --pairs-only     only the paired acceptance runs (target/tensora-bench/pairs.json)
@@ -274,6 +277,7 @@ fn bench(args: &[String]) -> Result<()> {
     if bench_args.iter().any(|a| a == "--full") && !bench_args.iter().any(|a| a.ends_with("-only")) {
         bench_vllm()?;
         bench_tp_storage()?;
+        bench_tp_local()?;
     }
     Ok(())
 }
@@ -307,6 +311,20 @@ fn bench_tp_storage() -> Result<()> {
     let (root, target) = (workspace_root(), target_dir());
     let python = provision::location(&provision::PY_VENV, &root, &target).join("bin").join("python");
     python_cell(&python, "bench_tp_storage.py", TP_STORAGE_BENCH_RUNS, "tp_storage")
+}
+
+/// Rounds of the local tensor-parallel cells (medians of these; a round of all of them is about a
+/// minute).
+const TP_LOCAL_BENCH_RUNS: &str = "3";
+
+/// The local tensor-parallel cells of `bench --full` (tensora-py/bench/bench_tp.py: TP=4 shares
+/// against HF + chunk, bytes read per rank, `get_slice`, the cold TP=2 share against the read
+/// roofline and the share's own; report in target/tensora-bench/full/tp.{md,json}), in the Python
+/// venv.
+fn bench_tp_local() -> Result<()> {
+    let (root, target) = (workspace_root(), target_dir());
+    let python = provision::location(&provision::PY_VENV, &root, &target).join("bin").join("python");
+    python_cell(&python, "bench_tp.py", TP_LOCAL_BENCH_RUNS, "tp")
 }
 
 /// Runs `python tensora-py/bench/SCRIPT FIXTURE --runs RUNS --json NAME.json` on the full

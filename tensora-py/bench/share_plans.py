@@ -1,0 +1,230 @@
+"""What the device alone takes to deliver one tensor-parallel rank's share, read two ways
+(bench_tp.py's tp2 cell: the share's own roofline, measured in the same run as the load):
+
+- covering: every tensor's slice as one range (a row-parallel slice from its first row's start to
+  its last row's end, the other ranks' columns between), widened to 4 KiB, in 8 MiB `O_DIRECT`
+  `preadv`s by 16 threads (the roofline child's 8, deeper) into fresh memory, as the roofline
+  child reads and as a load's arena is filled;
+- rows: the same, except that each row of a row-parallel slice is its own read, widened only to
+  the device's logical block (512 B here): exactly the rows, in as many requests. 64 processes
+  issue them (Python's lock caps one process's threads near half the device's request rate; 64
+  processes reached what 64 C threads reach, measured here).
+
+The faster of the two is the share's roofline: no loader reads the share from this device into
+fresh memory faster, whatever it does with the bytes (a mix does no better where, as here, a
+device's time is its requests' fixed costs plus its bytes: each row-parallel tensor is faster one
+way or the other). The Llama rules and torch.chunk's split, as bench_tp.py's
+`split_dim`.
+
+    python share_plans.py CHECKPOINT_DIR RANK WORLD covering|rows   (prints one JSON line)
+"""
+
+import json
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+
+PAGE_BYTES = 4096
+PIECE_BYTES = 8 << 20
+COVERING_THREADS = 16
+ROWS_PROCESSES = 64
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+# The safetensors header is at most this long (as HF's loader bounds it).
+HEADER_BYTES_MAX = 100_000_000
+
+
+def header(path):
+    """(data start, tensors) of one safetensors file."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > HEADER_BYTES_MAX:
+            raise SystemExit(f"{path}: header of {n} bytes")
+        return 8 + n, {k: v for k, v in json.loads(f.read(n)).items() if k != "__metadata__"}
+
+
+def share(path, rank, world, split_dim):
+    """Per file of the checkpoint directory: (whole ranges, row-parallel slices), where a whole
+    range is (offset, length) read as one, and a row-parallel slice is (offset of its first row,
+    rows, width, stride) in bytes; and the bytes the share needs."""
+    out, needed = {}, 0
+    for name in sorted(os.listdir(path)):
+        if not name.endswith(".safetensors"):
+            continue
+        f = os.path.join(path, name)
+        start, tensors = header(f)
+        whole, strided = [], []
+        for tname, t in tensors.items():
+            a, b = t["data_offsets"]
+            shape, es = t["shape"], DTYPE_BYTES[t["dtype"]]
+            dim = split_dim(tname) if shape else None
+            if dim is None or b == a:
+                whole.append((start + a, b - a))
+                needed += b - a
+                continue
+            rows, inner = shape[0], (b - a) // max(shape[0], 1)
+            if dim == 0:
+                size = -(-rows // world)
+                first, n = rank * size, max(0, min(size, rows - rank * size))
+                whole.append((start + a + first * inner, n * inner))
+                needed += n * inner
+            else:
+                cols = shape[1]
+                per_col = inner // cols
+                size = -(-cols // world)
+                first, n = rank * size, max(0, min(size, cols - rank * size))
+                strided.append((start + a + first * per_col, rows, n * per_col, inner))
+                needed += rows * n * per_col
+        out[f] = (whole, strided)
+    return out, needed
+
+
+def widen(off, length, block):
+    lo = off // block * block
+    return lo, -(-(off + length) // block) * block - lo
+
+
+def requests(plan, kind, block):
+    """(file, offset, length) reads of one plan, aligned for O_DIRECT."""
+    reqs = []
+    for f, (whole, strided) in plan.items():
+        ranges = list(whole)
+        if kind == "covering":
+            ranges += [(o, (rows - 1) * stride + width) for o, rows, width, stride in strided if rows and width]
+        for off, length in ranges:
+            lo, n = widen(off, length, PAGE_BYTES)
+            reqs += [(f, at, min(PIECE_BYTES, lo + n - at)) for at in range(lo, lo + n, PIECE_BYTES)]
+        if kind == "rows":
+            for o, rows, width, stride in strided:
+                reqs += [(f, *widen(o + r * stride, width, block)) for r in range(rows) if width]
+    return reqs
+
+
+def logical_block(path):
+    st = os.stat(path)
+    try:
+        with open(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/queue/logical_block_size") as f:
+            return int(f.read())
+    except OSError:  # a partition: its disk's queue
+        try:
+            with open(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/../queue/logical_block_size") as f:
+                return int(f.read())
+        except OSError:
+            return PAGE_BYTES
+
+
+def fresh(reqs):
+    """One fresh anonymous buffer for `reqs`, huge pages advised, its pages faulted in by the
+    reads themselves (as bench_load.py's roofline child reads, and as a load's arena is), and
+    where each request lands in it (each on a 4 KiB boundary, as O_DIRECT wants its memory)."""
+    at, dest = 0, []
+    for _, _, n in reqs:
+        dest.append(at)
+        at += -(-n // PAGE_BYTES) * PAGE_BYTES
+    buf = mmap.mmap(-1, max(at, PAGE_BYTES))
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    return buf, dest
+
+
+def read_some(reqs, indexes, view, dest, fds):
+    for k in indexes:
+        f, off, n = reqs[k]
+        fd = fds.get(f)
+        if fd is None:
+            fd = fds[f] = os.open(f, os.O_RDONLY | os.O_DIRECT)
+        want = min(n, os.fstat(fd).st_size - off)  # a widened last read ends at the end of the file
+        if os.preadv(fd, [view[dest[k]:dest[k] + n]], off) != want:
+            raise OSError(f"{f}: short read at {off}")
+
+
+def covering(reqs):
+    """`COVERING_THREADS` threads, each taking the next request, into one fresh buffer; the
+    seconds from the first read to the last."""
+    buf, dest = fresh(reqs)
+    view = memoryview(buf)
+    lock, next_k, errors = threading.Lock(), [0], []
+
+    def worker():
+        fds = {}
+        while True:
+            with lock:
+                k = next_k[0]
+                next_k[0] += 1
+            if k >= len(reqs):
+                return
+            try:
+                read_some(reqs, [k], view, dest, fds)
+            except OSError as e:
+                errors.append(e)
+                return
+
+    threads = [threading.Thread(target=worker) for _ in range(COVERING_THREADS)]
+    t = time.perf_counter()
+    [t_.start() for t_ in threads]
+    [t_.join() for t_ in threads]
+    seconds = time.perf_counter() - t
+    view.release()
+    if errors:
+        raise SystemExit(f"covering: {errors[0]}")
+    return seconds
+
+
+def rows(reqs):
+    """`ROWS_PROCESSES` processes, each with every `ROWS_PROCESSES`-th request and its own fresh
+    buffer, told to start together once all are ready; the seconds from the go to the last exit."""
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pids = []
+    for k in range(ROWS_PROCESSES):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(ready_r)
+                os.close(go_w)
+                mine = reqs[k::ROWS_PROCESSES]
+                buf, dest = fresh(mine)
+                os.write(ready_w, b"r")
+                if os.read(go_r, 1) != b"g":
+                    os._exit(1)
+                read_some(mine, range(len(mine)), memoryview(buf), dest, {})
+            except BaseException:  # noqa: BLE001  (the exit status says it)
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+    os.close(ready_w)
+    os.close(go_r)
+    got = 0
+    while got < ROWS_PROCESSES:
+        b = os.read(ready_r, ROWS_PROCESSES)
+        if not b:  # every writer gone: a reader failed before it was ready
+            break
+        got += len(b)
+    t = time.perf_counter()
+    os.write(go_w, b"g" * ROWS_PROCESSES)
+    failed = sum(os.waitpid(p, 0)[1] != 0 for p in pids)
+    seconds = time.perf_counter() - t
+    if failed or got < ROWS_PROCESSES:
+        raise SystemExit(f"rows: {failed} of {ROWS_PROCESSES} readers failed")
+    return seconds
+
+
+def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_tp import split_dim
+
+    path, rank, world, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    plan, needed = share(path, rank, world, split_dim)
+    block = logical_block(next(iter(plan)))
+    reqs = requests(plan, kind, block)
+    seconds = (covering if kind == "covering" else rows)(reqs)
+    print(json.dumps({"plan": kind, "seconds": seconds, "bytes": sum(n for _, _, n in reqs),
+                      "requests": len(reqs), "needed_bytes": needed, "block_bytes": block}))
+
+
+if __name__ == "__main__":
+    main()
