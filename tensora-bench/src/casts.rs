@@ -38,6 +38,12 @@
 //! - equal reads: 1. No bound where a time is not a positive number, or where the read saved
 //!   is as long as the whole uncast load (`best_cast_s <= 0`: the model says nothing).
 //!
+//! The model assumes the cast crosses its extra page cache at `pread`'s cost (a copy into a
+//! buffer that stays in L2). The cast reads the source through mapped views, with no copy, which
+//! may cost less, and the run's noise moves each side: a pair above its bound (`of the bound`
+//! over 1) says by how much. The bound is a same-run estimate of what the memory traffic allows,
+//! not a ceiling the hardware enforces.
+//!
 //! Per round the pair keeps the bound and the ratio over it; their medians (min..max) print next
 //! to the goal, which they do not change ([`CAST_GOAL`], [`Pair::met`]).
 
@@ -140,7 +146,7 @@ fn run_cast_pair(runner: &mut Runner<'_>, p: &CastPair<'_>) -> Result<Pair> {
             }
         }
         let what = format!(
-            "pairs cast {label} {i}: {:.2} vs {:.2} GB/s; read alone {:.3} s vs {:.3} s, memory bound {}{}",
+            "pairs cast {label} {i}: {:.2} vs {:.2} GB/s; read alone: source {:.3} s, output {:.3} s; memory bound {}{}",
             c.gbps,
             u.gbps,
             read_source.seconds,
