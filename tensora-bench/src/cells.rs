@@ -98,6 +98,10 @@ pub enum Subject {
     /// `auto` with Python's default residence (`Residence::Auto`), every tensor cast while it
     /// lands ([`crate::casts`]).
     Cast(CastTo),
+    /// Every data file read with `tensora_testkit::pread_only` (2 threads, 1 MiB reads into one
+    /// buffer each, nothing kept): what crossing the files' page cache costs alone, the cast
+    /// pairs' memory bound ([`crate::casts`]).
+    PreadOnly,
 }
 
 /// The dtype a [`Subject::Cast`] load asks for.
@@ -145,6 +149,7 @@ impl Subject {
             Subject::PeerMmap => PEER_ST_MMAP,
             Subject::PeerPython(key) => crate::python::peer(key).map_or(key.as_str(), |p| p.name),
             Subject::Cast(to) => to.subject_name(),
+            Subject::PreadOnly => crate::casts::PREAD_ONLY,
         }
     }
 
@@ -153,7 +158,8 @@ impl Subject {
         match self {
             Subject::RooflineWarm { .. }
             | Subject::RooflineDirect { .. }
-            | Subject::RooflineBuffered { .. } => Kind::Roofline,
+            | Subject::RooflineBuffered { .. }
+            | Subject::PreadOnly => Kind::Roofline,
             Subject::Tensora(_) | Subject::Cast(_) => Kind::Backend,
             Subject::PeerRead | Subject::PeerMmap | Subject::PeerPython(_) => Kind::Peer,
         }

@@ -284,6 +284,12 @@ fn load_once(spec: &ChildSpec, selected: Option<&[String]>, previous: Option<Hel
             let (seconds, bytes, report) = crate::loaders::run_tensora_once(&cell, &opts, &mut loaded)?;
             Ok((seconds, bytes, Some(serde_json::to_value(report)?), Box::new(loaded)))
         }
+        Subject::PreadOnly => {
+            drop(previous);
+            let t = Instant::now();
+            let bytes = tensora_testkit::pread_only(files, tensora_testkit::PreadOnly::TWO_THREADS_1_MIB)?;
+            Ok((t.elapsed().as_secs_f64(), bytes, None, Box::new(())))
+        }
         Subject::PeerRead => {
             drop(previous);
             let t = Instant::now();

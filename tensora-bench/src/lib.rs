@@ -65,6 +65,7 @@ pub use bench::{
     BenchConfig, PAIR_RUNS_DEFAULT, PlanKind, Prepared, RUNS_DEFAULT, RUNS_QUICK, build_report,
     fixture_facts, measure, measure_acceptance_pairs, measure_fixtures, prepare_fixtures, run, write_reports,
 };
+pub use casts::memory_bound;
 pub use child::child_main;
 pub use fixtures::{
     DEFAULT_SEED, FileSpec, Fixture, FixtureSpec, LlamaDims, Size, TINYLLAMA, ensure as ensure_fixture, specs,

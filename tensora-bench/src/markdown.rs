@@ -124,15 +124,19 @@ impl Report {
         let _ = writeln!(
             s,
             "\n## Acceptance, paired runs, {}\n\nThe loader and its roofline alternately, back to \
-             back, order alternating; the ratio is taken per pair, so drift within the run cancels.\n",
+             back, order alternating; the ratio is taken per pair, so drift within the run cancels. \
+             A cast pair's memory bound is the best ratio its memory traffic allows, from reads alone \
+             of both fixtures in the same rounds (`tensora_bench::memory_bound`).\n",
             Situation::FirstLoad.label()
         );
-        s.push_str("| fixture | cache | loader | loader GB/s | anchor | anchor GB/s | ratio median (min..max) | goal |\n");
-        s.push_str("|---|---|---|---:|---|---:|---:|---|\n");
+        s.push_str(
+            "| fixture | cache | loader | loader GB/s | anchor | anchor GB/s | ratio median (min..max) | goal | memory bound |\n",
+        );
+        s.push_str("|---|---|---|---:|---|---:|---:|---|---|\n");
         for p in &self.pairs {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {:.2}: {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {:.2}: {} | {} |",
                 p.fixture,
                 p.cache.as_str(),
                 p.subject,
@@ -141,7 +145,8 @@ impl Report {
                 Summary::text(Summary::of(&p.anchor_gbps)),
                 Summary::text(Summary::of(&p.ratios)),
                 p.goal,
-                p.verdict()
+                p.verdict(),
+                p.bound_text().unwrap_or_else(|| "-".to_owned())
             );
         }
     }

@@ -50,6 +50,14 @@ pub struct Pair {
     pub ratios: Vec<f64>,
     /// The median ratio the loader must reach ([`WARM_GOAL`] or [`COLD_GOAL`]).
     pub goal: f64,
+    /// Cast pairs only: per pair, the best ratio the memory traffic allows, measured in the
+    /// same round ([`crate::casts::memory_bound`]); empty for the other pairs (and in reports
+    /// written before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bounds: Vec<f64>,
+    /// Per pair with a ratio and a bound: the ratio over the bound.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub of_bounds: Vec<f64>,
 }
 
 impl Pair {
@@ -70,6 +78,18 @@ impl Pair {
             Some(false) => "missed",
             None => "no data",
         }
+    }
+
+    /// `B: R of the bound` (the memory bound and the ratio over it, medians with min..max), or
+    /// `None` for a pair without bounds. Information next to the goal, never part of
+    /// [`Pair::met`].
+    pub fn bound_text(&self) -> Option<String> {
+        let bound = Summary::of(&self.bounds)?;
+        Some(format!(
+            "{}: {} of the bound",
+            Summary::text(Some(bound)),
+            Summary::text(Summary::of(&self.of_bounds))
+        ))
     }
 }
 
@@ -232,6 +252,8 @@ impl Pair {
             anchor_gbps: Vec::new(),
             ratios: Vec::new(),
             goal,
+            bounds: Vec::new(),
+            of_bounds: Vec::new(),
         }
     }
 
@@ -246,8 +268,9 @@ impl Pair {
     /// One line for the log and the report.
     pub fn line(&self) -> String {
         let fmt = Summary::text;
+        let bound = self.bound_text().map_or(String::new(), |b| format!("; memory bound {b}"));
         format!(
-            "{} {} pairs: {} {} GB/s vs {} {} GB/s; ratio {} (goal {:.2}: {})",
+            "{} {} pairs: {} {} GB/s vs {} {} GB/s; ratio {} (goal {:.2}: {}){bound}",
             self.fixture,
             self.cache.as_str(),
             self.subject,
@@ -276,6 +299,8 @@ mod tests {
             anchor_gbps: vec![],
             ratios: vec![],
             goal: 0.85,
+            bounds: vec![],
+            of_bounds: vec![],
         };
         assert_eq!(p.met(), None);
         // A drifting machine: both sides slow down together, the ratio stays put.
@@ -290,5 +315,6 @@ mod tests {
         p.goal = 0.95;
         assert_eq!(p.met(), Some(false));
         assert!(p.line().contains("missed"));
+        assert!(!p.line().contains("bound"), "{}", p.line());
     }
 }

@@ -215,16 +215,7 @@ impl PairRunner<'_> {
 }
 
 fn new_pair(fixture: &str, subject: &str, anchor: &str, goal: f64) -> Pair {
-    Pair {
-        fixture: fixture.to_owned(),
-        cache: Cache::Warm,
-        subject: subject.to_owned(),
-        anchor: anchor.to_owned(),
-        subject_gbps: Vec::new(),
-        anchor_gbps: Vec::new(),
-        ratios: Vec::new(),
-        goal,
-    }
+    Pair { subject: subject.to_owned(), ..Pair::new(fixture, Cache::Warm, anchor.to_owned(), goal) }
 }
 
 /// The save pairs of the bench run: save from memory, conversion to ServerlessLLM and back (when

@@ -5,20 +5,20 @@
 //! - `cast`: `Residence::Auto` (Python's default for torch), converted from views of the files;
 //! - `uncast`: an owned load of the BF16 copy;
 //! - `pread F32` and `pread BF16`: each copy's files read in 1 MiB chunks into one buffer per
-//!   thread (two), nothing kept: what crossing 4.4 GB and 2.2 GB of page cache cost alone;
+//!   thread (two), nothing kept (`tensora_testkit::pread_only`, the bench's cast pairs' reads
+//!   too): what crossing 4.4 GB and 2.2 GB of page cache cost alone;
 //! - `convert only`: an L2-sized F32 buffer converted into every chunk of a destination faulted
 //!   in beforehand (the kernel alone).
 //!
 //! The cast must cross the 4.4 GB, the uncast load 2.2: the cast's best is about the uncast
 //! load's time plus the difference of the two `pread` lines plus `convert only`.
 
-use std::os::unix::fs::FileExt;
 use std::time::Instant;
 
 use tensora_io::{DtypeTarget, LoadOptions, Residence, load};
 
-/// Bytes of one `pread` (and of the F32 buffer `convert only` converts): fits a core's L2.
-const PREAD_CHUNK_BYTES: usize = 1 << 20;
+/// Bytes of the F32 buffer `convert only` converts: fits a core's L2, as the `pread` chunks do.
+const PREAD_CHUNK_BYTES: usize = tensora_testkit::PreadOnly::TWO_THREADS_1_MIB.chunk_bytes;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -57,7 +57,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     loaded.report().reason.clone()
                 }
                 2 | 3 => {
-                    pread_only(if k == 2 { &f32_ckpt } else { &bf16_ckpt })?;
+                    let ckpt = if k == 2 { &f32_ckpt } else { &bf16_ckpt };
+                    let paths: Vec<_> = ckpt.files().iter().map(|f| f.path().to_path_buf()).collect();
+                    tensora_testkit::pread_only(&paths, tensora_testkit::PreadOnly::TWO_THREADS_1_MIB)?;
                     String::new()
                 }
                 _ => {
@@ -103,31 +105,4 @@ fn convert_only(dst: &mut [u8]) {
             });
         }
     });
-}
-
-/// Every file read in chunks, two threads, one buffer each, nothing converted.
-fn pread_only(ckpt: &tensora_format::Checkpoint) -> std::io::Result<()> {
-    let chunk = PREAD_CHUNK_BYTES as u64;
-    for f in ckpt.files() {
-        let file = std::fs::File::open(f.path())?;
-        let len = f.len_bytes();
-        let next = std::sync::atomic::AtomicU64::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..2 {
-                s.spawn(|| {
-                    let mut buf = vec![0u8; chunk as usize];
-                    loop {
-                        let at = next.fetch_add(chunk, std::sync::atomic::Ordering::Relaxed);
-                        if at >= len {
-                            return;
-                        }
-                        let n = chunk.min(len - at) as usize;
-                        file.read_exact_at(&mut buf[..n], at).unwrap();
-                        std::hint::black_box(&buf);
-                    }
-                });
-            }
-        });
-    }
-    Ok(())
 }

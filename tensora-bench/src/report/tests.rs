@@ -72,16 +72,32 @@ pub(crate) fn example() -> Report {
         fixtures_skipped: vec![("sllm".into(), "converter missing".into())],
         rooflines: Vec::new(),
         cells,
-        pairs: vec![crate::paired::Pair {
-            fixture: "m".into(),
-            cache: Cache::Warm,
-            subject: "auto (sync buffered)".into(),
-            anchor: ROOFLINE_WARM.into(),
-            subject_gbps: vec![8.0, 9.0],
-            anchor_gbps: vec![10.0, 10.0],
-            ratios: vec![0.8, 0.9],
-            goal: 0.85,
-        }],
+        pairs: vec![
+            crate::paired::Pair {
+                fixture: "m".into(),
+                cache: Cache::Warm,
+                subject: "auto (sync buffered)".into(),
+                anchor: ROOFLINE_WARM.into(),
+                subject_gbps: vec![8.0, 9.0],
+                anchor_gbps: vec![10.0, 10.0],
+                ratios: vec![0.8, 0.9],
+                goal: 0.85,
+                bounds: vec![],
+                of_bounds: vec![],
+            },
+            crate::paired::Pair {
+                fixture: "m-f32 → auto, cast to BF16".into(),
+                cache: Cache::Warm,
+                subject: "auto, cast to BF16".into(),
+                anchor: "auto owned, uncast, of m-bf16".into(),
+                subject_gbps: vec![5.0, 4.5],
+                anchor_gbps: vec![6.25, 6.25],
+                ratios: vec![0.8, 0.72],
+                goal: 0.8,
+                bounds: vec![0.8, 0.72],
+                of_bounds: vec![1.0, 1.0],
+            },
+        ],
         versus: Vec::new(),
         python_peers: None,
         restarts: None,
@@ -168,7 +184,14 @@ fn markdown_has_a_table_per_situation_and_escapes_pipes() {
     assert!(md.contains("FAILED: boom / pipe"));
     assert!(md.contains("Fixture `sllm` skipped: converter missing"));
     assert!(md.contains("| m | warm | auto (sync buffered) |"), "{md}");
-    assert!(md.contains("| 0.85 (0.80..0.90) | 0.85: met |"), "{md}");
+    assert!(md.contains("| 0.85 (0.80..0.90) | 0.85: met | - |"), "{md}");
+    // A cast pair: its memory bound next to the goal, which it does not change.
+    assert!(
+        md.contains(
+            "| 0.76 (0.72..0.80) | 0.80: missed | 0.76 (0.72..0.80): 1.00 (1.00..1.00) of the bound |"
+        ),
+        "{md}"
+    );
     assert!(
         md.contains("| m | warm | 9.00 | peer | 6.00 | 1.50 | 1.20: met | hf-python: no module |"),
         "{md}"
