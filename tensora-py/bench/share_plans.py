@@ -1,22 +1,24 @@
-"""What the device alone takes to deliver one tensor-parallel rank's share, read two ways
-(bench_tp.py's tp2 cell: the share's own roofline, measured in the same run as the load):
+"""What the device alone takes to deliver one tensor-parallel rank's share, read two ways, and the
+whole files read the same way (bench_tp.py's tp2 cell: the share's own roofline, measured in the
+same run as the load):
 
+- whole: every byte of every file, in 8 MiB `O_DIRECT` `preadv`s by 16 threads (the roofline
+  child's 8, deeper), into memory faulted in before the timer (bench_load.py's `device` child);
 - covering: every tensor's slice as one range (a row-parallel slice from its first row's start to
-  its last row's end, the other ranks' columns between), widened to 4 KiB, in 8 MiB `O_DIRECT`
-  `preadv`s by 16 threads (the roofline child's 8, deeper) into fresh memory, as the roofline
-  child reads and as a load's arena is filled;
+  its last row's end, the other ranks' columns between), widened to 4 KiB, read as `whole`;
 - rows: the same, except that each row of a row-parallel slice is its own read, widened only to
   the device's logical block (512 B here): exactly the rows, in as many requests. 64 processes
   issue them (Python's lock caps one process's threads near half the device's request rate; 64
   processes reached what 64 C threads reach, measured here).
 
-The faster of the two is the share's roofline: no loader reads the share from this device into
-fresh memory faster, whatever it does with the bytes (a mix does no better where, as here, a
-device's time is its requests' fixed costs plus its bytes: each row-parallel tensor is faster one
-way or the other). The Llama rules and torch.chunk's split, as bench_tp.py's
+The faster of covering and rows is the share's roofline: no loader reads the share from this
+device faster, whatever it does with the bytes (a mix does no better where, as here, a device's
+time is its requests' fixed costs plus its bytes: each row-parallel tensor is faster one way or
+the other). Its needed bytes per second over `whole`'s bytes per second bound what any loader's
+"x roofline (needed)" can reach. The Llama rules and torch.chunk's split, as bench_tp.py's
 `split_dim`.
 
-    python share_plans.py CHECKPOINT_DIR RANK WORLD covering|rows   (prints one JSON line)
+    python share_plans.py CHECKPOINT_DIR RANK WORLD whole|covering|rows   (prints one JSON line)
 """
 
 import json
@@ -88,9 +90,15 @@ def widen(off, length, block):
 
 
 def requests(plan, kind, block):
-    """(file, offset, length) reads of one plan, aligned for O_DIRECT."""
+    """(file, offset, length) reads of one plan, aligned for O_DIRECT, in file order (as a load's
+    plan orders its reads: a device behind a host's file cache reads ahead sequentially)."""
     reqs = []
     for f, (whole, strided) in plan.items():
+        if kind == "whole":
+            size = os.path.getsize(f)
+            reqs += [(f, at, -(-min(PIECE_BYTES, size - at) // PAGE_BYTES) * PAGE_BYTES)
+                     for at in range(0, size, PIECE_BYTES)]
+            continue
         ranges = list(whole)
         if kind == "covering":
             ranges += [(o, (rows - 1) * stride + width) for o, rows, width, stride in strided if rows and width]
@@ -100,7 +108,7 @@ def requests(plan, kind, block):
         if kind == "rows":
             for o, rows, width, stride in strided:
                 reqs += [(f, *widen(o + r * stride, width, block)) for r in range(rows) if width]
-    return reqs
+    return sorted(reqs)
 
 
 def logical_block(path):
@@ -116,17 +124,20 @@ def logical_block(path):
             return PAGE_BYTES
 
 
-def fresh(reqs):
-    """One fresh anonymous buffer for `reqs`, huge pages advised, its pages faulted in by the
-    reads themselves (as bench_load.py's roofline child reads, and as a load's arena is), and
-    where each request lands in it (each on a 4 KiB boundary, as O_DIRECT wants its memory)."""
+def faulted(reqs):
+    """One anonymous buffer for `reqs`, every page faulted in before the timer (the device alone,
+    as bench_load.py's `device` child: this VM's cost of first touching fresh memory varies more
+    than the device), and where each request lands in it (each on a 4 KiB boundary, as O_DIRECT
+    wants its memory)."""
     at, dest = 0, []
     for _, _, n in reqs:
         dest.append(at)
         at += -(-n // PAGE_BYTES) * PAGE_BYTES
     buf = mmap.mmap(-1, max(at, PAGE_BYTES))
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
+    view = memoryview(buf)
+    for page in range(0, len(buf), PAGE_BYTES):
+        view[page] = 1
+    view.release()
     return buf, dest
 
 
@@ -142,9 +153,9 @@ def read_some(reqs, indexes, view, dest, fds):
 
 
 def covering(reqs):
-    """`COVERING_THREADS` threads, each taking the next request, into one fresh buffer; the
+    """`COVERING_THREADS` threads (the `whole` and `covering` plans), each taking the next request, into one faulted buffer; the
     seconds from the first read to the last."""
-    buf, dest = fresh(reqs)
+    buf, dest = faulted(reqs)
     view = memoryview(buf)
     lock, next_k, errors = threading.Lock(), [0], []
 
@@ -174,7 +185,7 @@ def covering(reqs):
 
 
 def rows(reqs):
-    """`ROWS_PROCESSES` processes, each with every `ROWS_PROCESSES`-th request and its own fresh
+    """`ROWS_PROCESSES` processes, each with every `ROWS_PROCESSES`-th request and its own faulted
     buffer, told to start together once all are ready; the seconds from the go to the last exit."""
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
@@ -187,7 +198,7 @@ def rows(reqs):
                 os.close(ready_r)
                 os.close(go_w)
                 mine = reqs[k::ROWS_PROCESSES]
-                buf, dest = fresh(mine)
+                buf, dest = faulted(mine)
                 os.write(ready_w, b"r")
                 if os.read(go_r, 1) != b"g":
                     os._exit(1)
@@ -221,7 +232,9 @@ def main():
     plan, needed = share(path, rank, world, split_dim)
     block = logical_block(next(iter(plan)))
     reqs = requests(plan, kind, block)
-    seconds = (covering if kind == "covering" else rows)(reqs)
+    if kind not in ("whole", "covering", "rows"):
+        raise SystemExit(f"unknown plan {kind!r}: whole, covering or rows")
+    seconds = (rows if kind == "rows" else covering)(reqs)
     print(json.dumps({"plan": kind, "seconds": seconds, "bytes": sum(n for _, _, n in reqs),
                       "requests": len(reqs), "needed_bytes": needed, "block_bytes": block}))
 
