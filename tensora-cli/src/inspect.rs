@@ -29,10 +29,10 @@ pub struct Args {
     /// "strides" is null unless the format records them.
     ///
     /// With --tp, instead: {"path", "format", "tp": {"rank", "world", "rules"}, "tensors":
-    /// [{"name", "dtype", "split_dim", "shape", "kind", "bytes_selected", "bytes_read"}],
+    /// [{"name", "dtype", "split_dim", "start", "shape", "kind", "bytes_selected", "bytes_read"}],
     /// "bytes_selected", "bytes_read", "read_per_selected", "slices": {"contiguous", "strided",
-    /// "covering", "inner_contiguous"}, "warnings"}: "split_dim" is null for a replicated tensor,
-    /// "shape" is the rank's, "kind" is how `tensora load --tp` would read it (contiguous,
+    /// "covering", "inner_contiguous"}, "warnings"}: "split_dim" (and "start", where the rank's
+    /// part of that dimension begins) is null for a replicated tensor, "shape" is the rank's, "kind" is how `tensora load --tp` would read it (contiguous,
     /// strided or covering), "bytes_read" includes the alignment and gaps that read takes;
     /// "read_per_selected" is null when nothing is selected.
     #[arg(long)]

@@ -99,8 +99,8 @@ impl TpArgs {
 struct Row<'c> {
     name: &'c str,
     dtype: &'static str,
-    /// The dimension divided, or `None` when the tensor is replicated.
-    split_dim: Option<usize>,
+    /// The part kept, or `None` when the tensor is replicated (whole).
+    slice: Option<tensora_format::Slice>,
     /// The shape this rank gets.
     shape: Vec<u64>,
     /// `contiguous`, `strided` or `covering` (`tensora_plan::SliceKind::as_str`).
@@ -167,7 +167,7 @@ impl<'c> Share<'c> {
             rows.push(Row {
                 name: t.name(),
                 dtype: t.dtype().as_str(),
-                split_dim: read.slice.map(|s| s.dim),
+                slice: read.slice,
                 shape,
                 kind,
                 bytes_selected,
@@ -216,7 +216,8 @@ fn write_json(
             json!({
                 "name": r.name,
                 "dtype": r.dtype,
-                "split_dim": r.split_dim,
+                "split_dim": r.slice.map(|s| s.dim),
+                "start": r.slice.map(|s| s.start),
                 "shape": r.shape,
                 "kind": r.kind,
                 "bytes_selected": r.bytes_selected,
@@ -261,7 +262,7 @@ fn write_text(
         "NAME", "DTYPE", "SPLIT", "SHAPE", "READ AS", "SELECTED", "READ"
     )?;
     for r in rows {
-        let split = r.split_dim.map_or_else(|| "replicated".to_owned(), |d| format!("dim {d}"));
+        let split = r.slice.map(|s| s.dim).map_or_else(|| "replicated".to_owned(), |d| format!("dim {d}"));
         writeln!(
             out,
             "{:<name_w$}  {:<11}  {:<10}  {:<24}  {:<10}  {:>14}  {:>14}",

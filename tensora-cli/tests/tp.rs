@@ -103,8 +103,15 @@ fn each_rank_loads_its_chunk_and_the_ranks_tile_the_tensors() {
                 let shape: Vec<u64> = serde_json::from_value(row["shape"].clone()).unwrap();
                 assert_eq!(shape, chunked(&spec.shape, dim, rank, world), "{tp} {}", spec.name);
                 match dim {
-                    Some(d) => split_len_sum[i] += shape[d],
-                    None => assert_eq!(shape, spec.shape),
+                    Some(d) => {
+                        // Rank r's part starts where the ranks before it end.
+                        assert_eq!(row["start"], split_len_sum[i], "{tp} {}", spec.name);
+                        split_len_sum[i] += shape[d];
+                    }
+                    None => {
+                        assert_eq!(shape, spec.shape);
+                        assert_eq!(row["start"], serde_json::Value::Null);
+                    }
                 }
             }
         }
