@@ -24,12 +24,14 @@ pub fn assert_one_error_line(out: &Output) -> String {
     lines[0].to_owned()
 }
 
-/// A small Llama-shaped checkpoint's tensors: embeddings, two layers (q/k/v/o, gate/up/down,
-/// norms) and the head, F16 weights and F32 norms, with sizes that do not all divide by 3 (so a
-/// TP=3 split is uneven, as `torch.chunk`).
+/// A small Llama-shaped checkpoint's tensors (2.4 MB): embeddings, two layers (q/k/v/o,
+/// gate/up/down, norms) and the head, F16 weights and F32 norms, with sizes that do not all divide
+/// by 3 (so a TP=3 split is uneven, as `torch.chunk`). down_proj's rows are 6 KiB: a row-parallel
+/// share read from the page cache skips gaps of 3 KiB and more, above what a request costs, so it
+/// is read strided there, and covering from a store.
 pub fn llama_specs() -> Vec<tensora_format::write::TensorSpec> {
     use tensora_format::Dtype;
-    let (vocab, hidden, inter) = (96u64, 64u64, 176u64);
+    let (vocab, hidden, inter) = (96u64, 64u64, 3072u64);
     let mut specs = vec![("model.embed_tokens.weight".to_owned(), Dtype::F16, vec![vocab, hidden])];
     for l in 0..2 {
         let p = format!("model.layers.{l}");
@@ -57,7 +59,6 @@ pub fn llama_specs() -> Vec<tensora_format::write::TensorSpec> {
 /// `shard_bytes_max` data bytes and `model.safetensors.index.json`), every byte a function of
 /// its tensor and position.
 pub fn write_llama(dir: &std::path::Path, shard_bytes_max: u64) {
-    use std::io::Write as _;
     let specs = llama_specs();
     let layout =
         tensora_format::write::ShardedLayout::new(specs.clone(), Default::default(), shard_bytes_max)
