@@ -37,9 +37,7 @@ pub struct Args {
     /// "read_per_selected" is null when nothing is selected.
     #[arg(long)]
     pub json: bool,
-    /// With --tp: the table of how `tensora load --tp` with its default options would read each
-    /// tensor of the rank's share (split, the rank's shape, contiguous, strided or covering, bytes
-    /// selected and read), decided from the headers before any tensor byte is read.
+    /// --tp and --rules: how `load --tp` with its default options would read the share.
     #[command(flatten)]
     pub tp: crate::tp::TpArgs,
     #[command(flatten)]

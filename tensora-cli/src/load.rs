@@ -55,7 +55,8 @@ pub struct Args {
     /// Load only tensors whose name matches this glob (repeatable).
     #[arg(long = "select", value_name = "GLOB")]
     pub select: Vec<String>,
-    /// Stream: hand out each tensor as soon as it lands, recycling memory within the budget.
+    /// Stream: hand out each tensor as soon as it lands, recycling memory within the budget. Not
+    /// with --tp.
     #[arg(long, conflicts_with = "tp")]
     pub stream: bool,
     /// Deliver floating-point tensors as bf16, f16 or f32, each read converted as it lands into
@@ -85,15 +86,15 @@ pub struct Args {
     /// --tp (a manifest's digests cover whole tensors).
     #[arg(long, value_name = "MANIFEST", conflicts_with = "tp")]
     pub manifest: Option<std::path::PathBuf>,
-    /// Print the load report as JSON.
+    /// Print the load report as JSON. With --tp, "bytes_selected" counts the share's bytes,
+    /// "bytes_read" what was read for them, and "slices" how many tensors were read as one range
+    /// ("contiguous"; "inner_contiguous" of them slices of an inner dimension), row by row
+    /// ("strided") or as one covering range narrowed in memory ("covering").
     #[arg(long)]
     pub json: bool,
-    /// With --tp the load is owned (each slice contiguous in one arena) and its report adds how
-    /// the slices were read ("slices" in --json: how many tensors were read contiguous, strided
-    /// or covering; "bytes_selected" counts the share's bytes, "bytes_read" what was read for
-    /// them). Works with --select, --lazy-index, --backend, --direct/--buffered and remote
-    /// locations; not with --stream, --mapped, --dtype or --manifest. `tensora inspect PATH
-    /// --tp RANK/WORLD` shows how each tensor would be read, before loading.
+    /// --tp and --rules: the load is owned, each slice contiguous in one arena; with --select,
+    /// --lazy-index, --backend, --direct/--buffered and remote locations, not with --stream,
+    /// --mapped, --dtype or --manifest. `inspect PATH --tp` shows how it would read each tensor.
     #[command(flatten)]
     pub tp: crate::tp::TpArgs,
     #[command(flatten)]

@@ -34,9 +34,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print a checkpoint's format, files, tensors and metadata.
+    /// Print a checkpoint's format, files, tensors and metadata (with --tp: how a tensor-parallel
+    /// rank's share of each tensor would be read).
     Inspect(inspect::Args),
-    /// Load a checkpoint (or a selection of it) and report where the time went.
+    /// Load a checkpoint (or a selection of it, or a tensor-parallel rank's share) and report where
+    /// the time went.
     Load(load::Args),
     /// Convert between safetensors and the ServerlessLLM layout.
     Convert(convert::Args),

@@ -20,7 +20,11 @@ pub struct TpArgs {
     /// Only this rank's tensor-parallel share: RANK/WORLD, e.g. 0/2 (RANK below WORLD, WORLD at
     /// least 1). Each tensor the rules split is narrowed to the rank's part of its dimension as
     /// torch.chunk(WORLD, dim) does (uneven sizes: the last ranks get fewer); every other tensor
-    /// is whole (replicated).
+    /// is whole (replicated). `load --tp` loads the share (with --select, --lazy-index,
+    /// --backend, --direct/--buffered and remote locations; not with --stream, --mapped, --dtype
+    /// or --manifest); `inspect --tp` shows, before any tensor byte is read, how `load --tp` would
+    /// read each tensor of it (the split, the rank's shape, contiguous, strided or covering, the
+    /// bytes selected and read).
     // Hyphen values admitted, so that `--tp -1/2` is refused by `parse_tp` naming --tp.
     #[arg(long, value_name = "RANK/WORLD", value_parser = parse_tp, allow_hyphen_values = true)]
     pub tp: Option<TpRank>,
