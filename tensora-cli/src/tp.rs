@@ -132,6 +132,15 @@ pub fn read_per_selected(bytes_read: u64, bytes_selected: u64) -> Option<f64> {
     (bytes_selected > 0).then(|| bytes_read as f64 / bytes_selected as f64)
 }
 
+/// How `inspect --tp` prints the share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Style {
+    /// A table for a person.
+    Text,
+    /// One JSON object.
+    Json,
+}
+
 /// One rank's share as `inspect --tp` shows it: a row per selected tensor, and the totals.
 pub struct Share<'c> {
     rows: Vec<Row<'c>>,
@@ -190,101 +199,82 @@ impl<'c> Share<'c> {
         out: &mut impl Write,
     ) -> io::Result<()> {
         match style {
-            Style::Json => write_json(ckpt, tp, &self.rows, &self.totals, out),
-            Style::Text => write_text(ckpt, tp, &self.rows, &self.totals, out),
+            Style::Json => self.write_json(ckpt, tp, out),
+            Style::Text => self.write_text(ckpt, tp, out),
         }
     }
-}
 
-/// How `inspect --tp` prints the share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Style {
-    /// A table for a person.
-    Text,
-    /// One JSON object.
-    Json,
-}
-
-fn write_json(
-    ckpt: &Checkpoint,
-    tp: &TpArgs,
-    rows: &[Row<'_>],
-    totals: &Totals,
-    out: &mut impl Write,
-) -> io::Result<()> {
-    use serde_json::json;
-    let (rank, world) = tp.tp.map_or((0, 0), |t| (t.rank, t.world));
-    let tensors: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|r| {
-            json!({
-                "name": r.name,
-                "dtype": r.dtype,
-                "split_dim": r.slice.map(|s| s.dim),
-                "start": r.slice.map(|s| s.start),
-                "shape": r.shape,
-                "kind": r.kind,
-                "bytes_selected": r.bytes_selected,
-                "bytes_read": r.bytes_read,
+    fn write_json(&self, ckpt: &Checkpoint, tp: &TpArgs, out: &mut impl Write) -> io::Result<()> {
+        use serde_json::json;
+        let (rows, totals) = (&self.rows, &self.totals);
+        let tensors: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "name": r.name,
+                    "dtype": r.dtype,
+                    "split_dim": r.slice.map(|s| s.dim),
+                    "start": r.slice.map(|s| s.start),
+                    "shape": r.shape,
+                    "kind": r.kind,
+                    "bytes_selected": r.bytes_selected,
+                    "bytes_read": r.bytes_read,
+                })
             })
-        })
-        .collect();
-    let warnings: Vec<serde_json::Value> = ckpt
-        .warnings()
-        .iter()
-        .map(|w| json!({ "path": w.path.to_string_lossy(), "message": w.message }))
-        .collect();
-    let value = json!({
-        "path": ckpt.root().to_string_lossy(),
-        "format": ckpt.format().as_str(),
-        "tp": { "rank": rank, "world": world, "rules": tp.rules_name() },
-        "tensors": tensors,
-        "bytes_selected": totals.bytes_selected,
-        "bytes_read": totals.bytes_read,
-        "read_per_selected": totals.read_per_selected(),
-        "slices": totals.slices,
-        "warnings": warnings,
-    });
-    serde_json::to_writer_pretty(&mut *out, &value)?;
-    writeln!(out)
-}
+            .collect();
+        let warnings: Vec<serde_json::Value> = ckpt
+            .warnings()
+            .iter()
+            .map(|w| json!({ "path": w.path.to_string_lossy(), "message": w.message }))
+            .collect();
+        let value = json!({
+            "path": ckpt.root().to_string_lossy(),
+            "format": ckpt.format().as_str(),
+            "tp": { "rank": tp.tp.map(|t| t.rank), "world": tp.tp.map(|t| t.world), "rules": tp.rules_name() },
+            "tensors": tensors,
+            "bytes_selected": totals.bytes_selected,
+            "bytes_read": totals.bytes_read,
+            "read_per_selected": totals.read_per_selected(),
+            "slices": totals.slices,
+            "warnings": warnings,
+        });
+        serde_json::to_writer_pretty(&mut *out, &value)?;
+        writeln!(out)
+    }
 
-fn write_text(
-    ckpt: &Checkpoint,
-    tp: &TpArgs,
-    rows: &[Row<'_>],
-    totals: &Totals,
-    out: &mut impl Write,
-) -> io::Result<()> {
-    writeln!(out, "format:  {}", ckpt.format().as_str())?;
-    writeln!(out, "path:    {}", printable(&ckpt.root().to_string_lossy()))?;
-    writeln!(out, "share:   {}", tp.described().unwrap_or_default())?;
-    let name_w = rows.iter().map(|r| r.name.chars().count()).max().unwrap_or(4).clamp(4, 80);
-    writeln!(
-        out,
-        "{:<name_w$}  {:<11}  {:<10}  {:<24}  {:<10}  {:>14}  {:>14}",
-        "NAME", "DTYPE", "SPLIT", "SHAPE", "READ AS", "SELECTED", "READ"
-    )?;
-    for r in rows {
-        let split = r.slice.map(|s| s.dim).map_or_else(|| "replicated".to_owned(), |d| format!("dim {d}"));
+    fn write_text(&self, ckpt: &Checkpoint, tp: &TpArgs, out: &mut impl Write) -> io::Result<()> {
+        let (rows, totals) = (&self.rows, &self.totals);
+        writeln!(out, "format:  {}", ckpt.format().as_str())?;
+        writeln!(out, "path:    {}", printable(&ckpt.root().to_string_lossy()))?;
+        writeln!(out, "share:   {}", tp.described().unwrap_or_default())?;
+        let name_w = rows.iter().map(|r| r.name.chars().count()).max().unwrap_or(4).clamp(4, 80);
         writeln!(
             out,
             "{:<name_w$}  {:<11}  {:<10}  {:<24}  {:<10}  {:>14}  {:>14}",
-            printable(r.name),
-            r.dtype,
-            split,
-            format!("{:?}", r.shape),
-            r.kind,
-            r.bytes_selected,
-            r.bytes_read
+            "NAME", "DTYPE", "SPLIT", "SHAPE", "READ AS", "SELECTED", "READ"
         )?;
+        for r in rows {
+            let split =
+                r.slice.map(|s| s.dim).map_or_else(|| "replicated".to_owned(), |d| format!("dim {d}"));
+            writeln!(
+                out,
+                "{:<name_w$}  {:<11}  {:<10}  {:<24}  {:<10}  {:>14}  {:>14}",
+                printable(r.name),
+                r.dtype,
+                split,
+                format!("{:?}", r.shape),
+                r.kind,
+                r.bytes_selected,
+                r.bytes_read
+            )?;
+        }
+        writeln!(out, "tensors: {} ({})", rows.len(), slice_counts(&totals.slices))?;
+        write!(out, "bytes:   {} selected, {} read", totals.bytes_selected, totals.bytes_read)?;
+        if let Some(ratio) = totals.read_per_selected() {
+            write!(out, " ({ratio:.3}x the selected)")?;
+        }
+        writeln!(out)
     }
-    writeln!(out, "tensors: {} ({})", rows.len(), slice_counts(&totals.slices))?;
-    write!(out, "bytes:   {} selected, {} read", totals.bytes_selected, totals.bytes_read)?;
-    if let Some(ratio) = totals.read_per_selected() {
-        write!(out, " ({ratio:.3}x the selected)")?;
-    }
-    writeln!(out)
 }
 
 /// `3 contiguous, 2 strided, 1 covering`: how many tensors of a share are read each way.
