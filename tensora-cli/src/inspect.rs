@@ -37,9 +37,16 @@ pub struct Args {
     /// "read_per_selected" is null when nothing is selected.
     #[arg(long)]
     pub json: bool,
-    /// --tp and --rules: how `load --tp` with its default options would read the share.
+    /// --tp and --rules: how `load --tp` would read the share.
     #[command(flatten)]
     pub tp: crate::tp::TpArgs,
+    /// With --tp: decide as `load --tp --direct` would (reads around the page cache: a request
+    /// costs more, so fewer slices are read row by row).
+    #[arg(long, requires = "tp", conflicts_with = "buffered")]
+    pub direct: bool,
+    /// With --tp: decide as `load --tp --buffered` would.
+    #[arg(long, requires = "tp")]
+    pub buffered: bool,
     #[command(flatten)]
     pub remote: crate::remote::RemoteArgs,
 }
@@ -62,7 +69,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
     if let Some(shard) = args.tp.shard()? {
-        let opts = tensora_io::LoadOptions { shard: Some(shard), ..tensora_io::LoadOptions::default() };
+        let io_mode = crate::load::io_mode(args.direct, args.buffered);
+        let opts =
+            tensora_io::LoadOptions { shard: Some(shard), io_mode, ..tensora_io::LoadOptions::default() };
         let context = || format!("cannot plan the --tp share of {}", crate::remote::shown(&args.path));
         let reads = match &remote {
             Some(r) => r.shard_reads(&opts).with_context(context)?,

@@ -128,11 +128,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let mut opts = LoadOptions {
         backend: args.backend.clone(),
-        io_mode: match (args.direct, args.buffered) {
-            (true, _) => IoMode::Direct,
-            (_, true) => IoMode::Buffered,
-            _ => IoMode::Auto,
-        },
+        io_mode: io_mode(args.direct, args.buffered),
         residence: if args.mapped { Residence::Mapped(views_requested()) } else { Residence::Owned },
         allow_sparse: args.allow_sparse,
         ..LoadOptions::default()
@@ -168,6 +164,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     crate::output::written(print(&args, &report, ckpt.warnings()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The I/O mode `--direct` and `--buffered` (which clap keeps apart) ask for: `Auto` without them.
+pub fn io_mode(direct: bool, buffered: bool) -> IoMode {
+    match (direct, buffered) {
+        (true, _) => IoMode::Direct,
+        (_, true) => IoMode::Buffered,
+        _ => IoMode::Auto,
+    }
 }
 
 /// `--manifest`: read it and install its check ([`tensora_verify::ManifestCheck`]) on

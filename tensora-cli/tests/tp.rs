@@ -166,6 +166,24 @@ fn inspect_shows_how_each_tensor_of_the_share_would_be_read() {
     assert_eq!(load["slices"], v["slices"], "inspect decides as the load does");
     assert_eq!(load["bytes_selected"], v["bytes_selected"]);
 
+    // Decided as the load with the same I/O mode decides: around the page cache a request
+    // costs more, so fewer slices are read row by row (where O_DIRECT works here).
+    let mut strided = Vec::new();
+    for mode in ["--buffered", "--direct"] {
+        let plan = ok_json(&["inspect", &path, "--tp", "1/2", mode, "--json"]);
+        let load = ok_json(&["load", &path, "--tp", "1/2", mode, "--json"]);
+        assert_eq!(plan["slices"], load["slices"], "{mode}");
+        strided.push(plan["slices"]["strided"].as_u64().unwrap());
+    }
+    assert!(strided[1] <= strided[0], "{strided:?}");
+    let dir = Path::new(&path);
+    if tensora_testkit::direct_io_or_skip(dir, "tensora inspect --tp --direct") {
+        assert!(
+            strided[1] < strided[0],
+            "down_proj's 3 KiB gaps are read through with O_DIRECT: {strided:?}"
+        );
+    }
+
     let out = tensora(&["inspect", &path, "--tp", "1/2"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
@@ -294,6 +312,10 @@ fn bad_tp_spellings_and_conflicting_flags_are_usage_errors() {
             assert!(line.contains("'--tp <RANK/WORLD>'"), "{command} --tp {bad:?}: {line}");
         }
         let line = assert_one_error_line(&tensora(&[command, path, "--rules", "llama"]));
+        assert!(line.contains("--tp"), "{command}: {line}");
+        let line = assert_one_error_line(&tensora(&[command, path, "--direct", "--buffered", "--tp", "0/2"]));
+        assert!(line.contains("--direct") && line.contains("--buffered"), "{command}: {line}");
+        let line = assert_one_error_line(&tensora(&["inspect", path, "--direct"]));
         assert!(line.contains("--tp"), "{command}: {line}");
         let line = assert_one_error_line(&tensora(&[command, path, "--tp", "0/2", "--rules", "gpt9"]));
         assert!(line.contains("--rules") && line.contains("deepseek"), "{command}: {line}");
