@@ -1,10 +1,13 @@
 //! `tensora inspect PATH [--json]`: a checkpoint's format, files, tensors and metadata.
 //!
-//! Reads only headers and indexes (through `tensora_format::open`), never tensor data.
+//! Reads only headers and indexes (through `tensora_format::open`), never tensor data. With
+//! `--tp RANK/WORLD`, how that rank's share of each tensor would be read (`crate::tp`).
 
 use std::collections::BTreeMap;
 use std::io::{self, BufWriter, Write};
 use std::process::ExitCode;
+
+use anyhow::Context as _;
 
 use tensora_format::{Checkpoint, Dtype, Inspection};
 
@@ -24,21 +27,39 @@ pub struct Args {
     /// "file", "offset_bytes", "len_bytes", "strides"}], "tensor_bytes", "warnings": [{"path",
     /// "message"}]}. "file" is the index into "files", "offset_bytes" is absolute in that file,
     /// "strides" is null unless the format records them.
+    ///
+    /// With --tp, instead: {"path", "format", "tp": {"rank", "world", "rules"}, "tensors":
+    /// [{"name", "dtype", "split_dim", "start", "shape", "kind", "bytes_selected", "bytes_read"}],
+    /// "bytes_selected", "bytes_read", "read_per_selected", "slices": {"contiguous", "strided",
+    /// "covering", "inner_contiguous"}, "warnings"}: "split_dim" (and "start", where the rank's
+    /// part of that dimension begins) is null for a replicated tensor, "shape" is the rank's, "kind" is how `tensora load --tp` would read it (contiguous,
+    /// strided or covering), "bytes_read" includes the alignment and gaps that read takes;
+    /// "read_per_selected" is null when nothing is selected.
     #[arg(long)]
     pub json: bool,
+    /// --tp and --rules: how `load --tp` would read the share.
+    #[command(flatten)]
+    pub tp: crate::tp::TpArgs,
+    /// With --tp: decide as `load --tp --direct` would (reads around the page cache: a request
+    /// costs more, so fewer slices are read row by row).
+    #[arg(long, requires = "tp", conflicts_with = "buffered")]
+    pub direct: bool,
+    /// With --tp: decide as `load --tp --buffered` would.
+    #[arg(long, requires = "tp")]
+    pub buffered: bool,
     #[command(flatten)]
     pub remote: crate::remote::RemoteArgs,
 }
 
 /// Run the subcommand. Exit code 0 on success; errors are returned (and printed by `main`).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let remote;
+    let remote = match crate::remote::location(&args.path)? {
+        Some(location) => Some(crate::remote::open(&location, &args.remote.options())?),
+        None => None,
+    };
     let local;
-    let ckpt = match crate::remote::location(&args.path)? {
-        Some(location) => {
-            remote = crate::remote::open(&location, &args.remote.options())?;
-            remote.checkpoint()
-        }
+    let ckpt = match &remote {
+        Some(r) => r.checkpoint(),
         None => {
             local = tensora_format::open(&args.path)?;
             crate::output::print_warnings(&local);
@@ -47,6 +68,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let stdout = io::stdout();
     let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    if let Some(shard) = args.tp.shard()? {
+        let io_mode = crate::load::io_mode(args.direct, args.buffered);
+        let opts =
+            tensora_io::LoadOptions { shard: Some(shard), io_mode, ..tensora_io::LoadOptions::default() };
+        let context = || format!("cannot plan the --tp share of {}", crate::remote::shown(&args.path));
+        let reads = match &remote {
+            Some(r) => r.shard_reads(&opts).with_context(context)?,
+            None => tensora_io::shard_reads(ckpt, &opts).with_context(context)?,
+        };
+        let share = crate::tp::Share::of(ckpt, &reads)?;
+        let style = if args.json { crate::tp::Style::Json } else { crate::tp::Style::Text };
+        crate::output::written(share.write(ckpt, &args.tp, style, &mut out).and_then(|()| out.flush()))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let written = if args.json { write_json(ckpt, &mut out) } else { write_text(ckpt, &mut out) };
     crate::output::written(written.and_then(|()| out.flush()))?;
     Ok(ExitCode::SUCCESS)

@@ -1,7 +1,8 @@
 //! `tensora load PATH`: load a checkpoint (or a selection of it) and report where the time went.
 //!
 //! Owned loads copy every selected tensor into one hugepage arena; `--stream` hands each tensor
-//! out as it lands and recycles arena space within `--budget`. `--json` prints the load report.
+//! out as it lands and recycles arena space within `--budget`. `--tp RANK/WORLD` loads one rank's
+//! tensor-parallel share (`crate::tp`). `--json` prints the load report.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -54,18 +55,19 @@ pub struct Args {
     /// Load only tensors whose name matches this glob (repeatable).
     #[arg(long = "select", value_name = "GLOB")]
     pub select: Vec<String>,
-    /// Stream: hand out each tensor as soon as it lands, recycling memory within the budget.
-    #[arg(long)]
+    /// Stream: hand out each tensor as soon as it lands, recycling memory within the budget. Not
+    /// with --tp.
+    #[arg(long, conflicts_with = "tp")]
     pub stream: bool,
     /// Deliver floating-point tensors as bf16, f16 or f32, each read converted as it lands into
-    /// an owned arena at that dtype (integer and boolean tensors keep theirs). Not with --stream;
-    /// with --mapped the tensors are an owned copy.
-    #[arg(long, value_name = "bf16|f16|f32", conflicts_with = "stream")]
+    /// an owned arena at that dtype (integer and boolean tensors keep theirs). Not with --stream
+    /// or --tp; with --mapped the tensors are an owned copy.
+    #[arg(long, value_name = "bf16|f16|f32", conflicts_with_all = ["stream", "tp"])]
     pub dtype: Option<tensora_io::DtypeTarget>,
     /// Zero-copy: views into a private mapping of the files instead of an owned arena, every
     /// selected page read in. Only for files nothing truncates or rewrites while the load runs
-    /// (truncation kills the process with SIGBUS).
-    #[arg(long, conflicts_with = "stream")]
+    /// (truncation kills the process with SIGBUS). Not with --stream or --tp.
+    #[arg(long, conflicts_with_all = ["stream", "tp"])]
     pub mapped: bool,
     /// Load files whose allocated size is far below their length (normally refused as a sign of an
     /// interrupted download).
@@ -80,12 +82,21 @@ pub struct Args {
     /// Verify every tensor against this manifest (`tensora hash --write-manifest`) as its bytes
     /// land, inside the load (crc32c manifests digest each piece on the worker that read it). The
     /// first tensor that does not match stops the load: exit 1 with an error naming the tensor,
-    /// its file and its offset. Every tensor of the checkpoint must be in the manifest.
-    #[arg(long, value_name = "MANIFEST")]
+    /// its file and its offset. Every tensor of the checkpoint must be in the manifest. Not with
+    /// --tp (a manifest's digests cover whole tensors).
+    #[arg(long, value_name = "MANIFEST", conflicts_with = "tp")]
     pub manifest: Option<std::path::PathBuf>,
-    /// Print the load report as JSON.
+    /// Print the load report as JSON. With --tp, "bytes_selected" counts the share's bytes,
+    /// "bytes_read" what was read for them, and "slices" how many tensors were read as one range
+    /// ("contiguous"; "inner_contiguous" of them slices of an inner dimension), row by row
+    /// ("strided") or as one covering range narrowed in memory ("covering").
     #[arg(long)]
     pub json: bool,
+    /// --tp and --rules: the load is owned, each slice contiguous in one arena; with --select,
+    /// --lazy-index, --backend, --direct/--buffered and remote locations, not with --stream,
+    /// --mapped, --dtype or --manifest. `inspect PATH --tp` shows how it would read each tensor.
+    #[command(flatten)]
+    pub tp: crate::tp::TpArgs,
     #[command(flatten)]
     pub remote: crate::remote::RemoteArgs,
 }
@@ -117,11 +128,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     let mut opts = LoadOptions {
         backend: args.backend.clone(),
-        io_mode: match (args.direct, args.buffered) {
-            (true, _) => IoMode::Direct,
-            (_, true) => IoMode::Buffered,
-            _ => IoMode::Auto,
-        },
+        io_mode: io_mode(args.direct, args.buffered),
         residence: if args.mapped { Residence::Mapped(views_requested()) } else { Residence::Owned },
         allow_sparse: args.allow_sparse,
         ..LoadOptions::default()
@@ -136,7 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         opts.chunk_bytes = c;
     }
     verify_against_manifest(&args, &ckpt, &mut opts)?;
-    let progress = common_options(&args, &mut opts);
+    let progress = common_options(&args, &mut opts)?;
 
     let mut report = if args.stream {
         let mut delivered: u64 = 0;
@@ -159,6 +166,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The I/O mode `--direct` and `--buffered` (which clap keeps apart) ask for: `Auto` without them.
+pub fn io_mode(direct: bool, buffered: bool) -> IoMode {
+    match (direct, buffered) {
+        (true, _) => IoMode::Direct,
+        (_, true) => IoMode::Buffered,
+        _ => IoMode::Auto,
+    }
+}
+
 /// `--manifest`: read it and install its check ([`tensora_verify::ManifestCheck`]) on
 /// `opts`, so every tensor is checked as it lands.
 fn verify_against_manifest(
@@ -176,11 +192,12 @@ fn verify_against_manifest(
     Ok(())
 }
 
-/// Selection, budget and the progress bar: the options local and remote loads share.
-fn common_options(args: &Args, opts: &mut LoadOptions) -> Progress {
+/// Selection, share, budget, dtype and the progress bar: the options local and remote loads share.
+fn common_options(args: &Args, opts: &mut LoadOptions) -> anyhow::Result<Progress> {
     if !args.select.is_empty() {
         opts.selection = Selection::Glob(args.select.clone());
     }
+    opts.shard = args.tp.shard()?;
     if let Some(b) = args.budget {
         opts.budget_bytes = b;
     }
@@ -191,7 +208,7 @@ fn common_options(args: &Args, opts: &mut LoadOptions) -> Progress {
     let show = if args.json { Show::Never } else { Show::OnTerminal };
     let progress = Progress::new(show, "loading", 0);
     opts.progress = progress.hook();
-    progress
+    Ok(progress)
 }
 
 /// `tensora load URL`: open the remote checkpoint and load it through `tensora_remote`.
@@ -225,7 +242,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
     let checkpoint = crate::remote::open(location, &remote_opts)?;
     let mut opts = LoadOptions::default();
     verify_against_manifest(args, checkpoint.checkpoint(), &mut opts)?;
-    let progress = common_options(args, &mut opts);
+    let progress = common_options(args, &mut opts)?;
     let context = || format!("cannot load {}", crate::remote::shown(&args.path));
     let report = if args.stream {
         let mut delivered: u64 = 0;
@@ -249,7 +266,7 @@ fn run_remote(args: &Args, location: &tensora_remote::Location) -> anyhow::Resul
             writeln!(out)?;
         } else {
             writeln!(out, "location     {}", report.url)?;
-            write_text(&mut out, &report.load)?;
+            write_text(&mut out, &report.load, &args.tp)?;
             writeln!(
                 out,
                 "requests     {} ({} retries, {:.3} s retrying); opening: {} ({} retries)",
@@ -293,7 +310,7 @@ fn print(args: &Args, report: &LoadReport, warnings: &[tensora_format::Warning])
         serde_json::to_writer_pretty(&mut out, &with_warnings(serde_json::to_value(report)?, warnings))?;
         writeln!(out)?;
     } else {
-        write_text(&mut out, report)?;
+        write_text(&mut out, report, &args.tp)?;
     }
     out.flush()
 }
@@ -311,11 +328,23 @@ fn with_warnings(mut value: serde_json::Value, warnings: &[tensora_format::Warni
     value
 }
 
-fn write_text(out: &mut impl Write, r: &LoadReport) -> std::io::Result<()> {
+/// The report as text; with `--tp`, the share and how its slices were read.
+fn write_text(out: &mut impl Write, r: &LoadReport, tp: &crate::tp::TpArgs) -> std::io::Result<()> {
     writeln!(out, "backend      {} ({})", r.backend, r.io_mode)?;
     writeln!(out, "reason       {}", r.reason)?;
     writeln!(out, "tensors      {} from {} file(s), {} window(s)", r.tensors, r.files, r.windows)?;
+    if let Some(share) = tp.described() {
+        writeln!(out, "share        {share}")?;
+        write!(out, "slices       {}", crate::tp::slice_counts(&r.slices))?;
+        if r.slices.inner_contiguous > 0 {
+            write!(out, " ({} of them inner-dimension slices read as one range)", r.slices.inner_contiguous)?;
+        }
+        writeln!(out)?;
+    }
     write!(out, "bytes        {} selected, {} read", r.bytes_selected, r.bytes_read)?;
+    if let Some(ratio) = tp.tp.and(crate::tp::read_per_selected(r.bytes_read, r.bytes_selected)) {
+        write!(out, " ({ratio:.3}x the selected)")?;
+    }
     if r.bytes_advised_beyond_reads > 0 {
         write!(out, ", {} of gaps between reads advised to the device", r.bytes_advised_beyond_reads)?;
     }
@@ -393,7 +422,7 @@ mod tests {
                 ..LoadReport::default()
             };
             let mut out = Vec::new();
-            write_text(&mut out, &r).unwrap();
+            write_text(&mut out, &r, &crate::tp::TpArgs { tp: None, rules: None }).unwrap();
             String::from_utf8(out).unwrap()
         };
         assert!(text(0).contains("bytes        512 selected, 512 read\n"), "{}", text(0));

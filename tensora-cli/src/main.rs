@@ -17,6 +17,7 @@ mod load;
 mod output;
 mod progress;
 mod remote;
+mod tp;
 mod units;
 mod verify;
 
@@ -33,9 +34,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print a checkpoint's format, files, tensors and metadata.
+    /// Print a checkpoint's format, files, tensors and metadata (with --tp: how a tensor-parallel
+    /// rank's share of each tensor would be read).
     Inspect(inspect::Args),
-    /// Load a checkpoint (or a selection of it) and report where the time went.
+    /// Load a checkpoint (or a selection of it, or a tensor-parallel rank's share) and report where
+    /// the time went.
     Load(load::Args),
     /// Convert between safetensors and the ServerlessLLM layout.
     Convert(convert::Args),
@@ -77,12 +80,16 @@ fn main() -> ExitCode {
     }
 }
 
-/// The one line for a usage error: the first line of clap's message, without its own `error: `
-/// prefix (the tip and usage lines that follow are dropped; `--help` has them). Clap quotes the
-/// argument it refused, which may be a URL: its password and query values are redacted.
+/// The one line for a usage error: the first paragraph of clap's message joined into one line
+/// (the flag a "required arguments were not provided:" names, the possible values of a refused
+/// one), without its own `error: ` prefix; the tip and usage paragraphs that follow are dropped
+/// (`--help` has them). Clap quotes the argument it refused, which may be a URL: its password and
+/// query values are redacted.
 fn usage_error_line(rendered: &str) -> String {
-    let first = rendered.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("invalid usage");
-    tensora_remote::redact(first.strip_prefix("error:").map_or(first, str::trim_start))
+    let lines = rendered.lines().map(str::trim).skip_while(|l| l.is_empty());
+    let first = lines.take_while(|l| !l.is_empty()).collect::<Vec<_>>().join(" ");
+    let first = first.strip_prefix("error:").map_or(first.as_str(), str::trim_start);
+    tensora_remote::redact(if first.is_empty() { "invalid usage" } else { first })
 }
 
 /// An error and its causes as one line, `outer: cause: …`, leaving out a cause whose text the line
@@ -123,6 +130,24 @@ mod tests {
         let rendered = "error: unexpected argument '--x' found\n\n  tip: ...\n\nUsage: tensora\n";
         assert_eq!(usage_error_line(rendered), "unexpected argument '--x' found");
         assert_eq!(usage_error_line(""), "invalid usage");
+        assert_eq!(usage_error_line("\n\n"), "invalid usage");
+    }
+
+    /// What clap renders for a missing required flag or a value outside the possible ones: the
+    /// flag, or the possible values, are on the lines after the first, and stay in the line.
+    #[test]
+    fn usage_errors_keep_the_flag_a_missing_argument_names_and_the_possible_values() {
+        use clap::Parser as _;
+        let line =
+            |args: &[&str]| usage_error_line(&Cli::try_parse_from(args).unwrap_err().render().to_string());
+        assert_eq!(
+            line(&["tensora", "load", "m", "--rules", "qwen"]),
+            "the following required arguments were not provided: --tp <RANK/WORLD>"
+        );
+        assert_eq!(
+            line(&["tensora", "inspect", "m", "--tp", "0/2", "--rules", "gpt"]),
+            "invalid value 'gpt' for '--rules <PRESET>' [possible values: llama, qwen, mixtral, deepseek]"
+        );
     }
 
     /// A URL that clap quotes, or that a cause names as typed, shows with its secrets redacted;

@@ -89,6 +89,60 @@ fn inspect_and_load_a_url_report_what_local_paths_do() {
     assert_one_error_line(&tensora(&["load", &nginx.url("missing/")]), "no checkpoint found");
 }
 
+/// `load URL --tp` and `inspect URL --tp`: the remote load takes the share as a local one does
+/// (the same `bytes_selected`, every tensor's narrowed shape), read as the store's per-request
+/// cost decides (inspect's kinds and counts are the load's); the text report names the share.
+#[test]
+fn a_url_loads_and_inspects_a_tensor_parallel_share() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("llama");
+    std::fs::create_dir(&dir).unwrap();
+    common::write_llama(&dir, 1 << 20);
+    let nginx = started(Nginx::start(root.path(), "50m"));
+    let url = nginx.url("llama/");
+    let dir_s = dir.to_str().unwrap();
+    for tp in ["0/2", "1/2", "2/3"] {
+        let remote = ok_json(&["load", &url, "--tp", tp, "--json"]);
+        let local = ok_json(&["load", dir_s, "--tp", tp, "--json"]);
+        assert_eq!(remote["bytes_selected"], local["bytes_selected"], "{tp}");
+        assert_eq!(remote["tensors"], local["tensors"], "{tp}");
+        let plan = ok_json(&["inspect", &url, "--tp", tp, "--json"]);
+        assert_eq!(plan["slices"], remote["slices"], "{tp}: inspect decides as the remote load does");
+        assert_eq!(plan["bytes_selected"], remote["bytes_selected"], "{tp}");
+        let local_plan = ok_json(&["inspect", dir_s, "--tp", tp, "--json"]);
+        let shapes = |v: &serde_json::Value| -> Vec<(String, serde_json::Value)> {
+            v["tensors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| (t["name"].to_string(), t["shape"].clone()))
+                .collect()
+        };
+        assert_eq!(shapes(&plan), shapes(&local_plan), "{tp}");
+        // A ranged GET costs megabytes of transfer: no row-parallel slice is read row by row,
+        // where the page cache reads down_proj's share strided.
+        assert_eq!(plan["slices"]["strided"], 0, "{tp}: {plan}");
+        assert_ne!(local_plan["slices"]["strided"], 0, "{tp}: {local_plan}");
+    }
+    // Through a cache: the share's ranges are written through, then served from it.
+    let cache = root.path().join("cache");
+    let cache_s = cache.to_str().unwrap();
+    let want = ok_json(&["load", dir_s, "--tp", "1/2", "--json"])["bytes_selected"].clone();
+    for run in 0..2 {
+        let cached = ok_json(&["load", &url, "--tp", "1/2", "--cache", cache_s, "--json"]);
+        assert_eq!(cached["bytes_selected"], want, "{cached}");
+        let hit = cached["cache"]["hit_bytes"].as_u64().unwrap();
+        assert_eq!(hit > 0, run == 1, "run {run}: {cached}");
+    }
+    let text = tensora(&["load", &url, "--tp", "1/2"]);
+    assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(
+        text.contains("share        rank 1 of 2, llama rules\n") && text.contains("\nslices       "),
+        "{text}"
+    );
+}
+
 #[test]
 fn hash_and_verify_a_url_against_a_manifest() {
     let (root, nginx) = served();
