@@ -19,7 +19,8 @@ Cells, every measurement a fresh process with the page cache dropped first (as b
 - tp2: rank 0 of 2, cold, GB/s of the bytes it needs (`bytes_selected / seconds`) against the
   cold read roofline (bench_load.py's roofline child: 8 MiB O_DIRECT preadv by 8 threads), and
   against the share's own roofline: the device alone delivering the share (share_plans.py) as
-  covering ranges and as exactly its rows, the faster of the two. A row-parallel slice's rows are
+  covering ranges and as exactly its rows, the faster of the two, whose needed bytes per second
+  over the whole files' (read the same way) bound the first ratio for any loader. A row-parallel slice's rows are
   shorter than a page, or a few pages with gaps shorter than a page, so a device answers either
   with the gaps too (covering) or with one request per row: where a request costs more than its
   gap takes to transfer, the share's roofline lies below the roofline of the bytes it needs, for
@@ -294,7 +295,7 @@ def main():
 
 
 def share_plan(path, kind):
-    """The device alone delivering rank 0 of 2's share by `kind` (share_plans.py), cold."""
+    """The device alone reading rank 0 of 2's share (or the whole files) by `kind` (share_plans.py)."""
     r = subprocess.run([sys.executable, os.path.join(HERE, "share_plans.py"), path, "0", "2", kind],
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
@@ -303,22 +304,21 @@ def share_plan(path, kind):
 
 
 def tp2(path, files, runs, doc):
-    """Rank 0 of 2, cold, against the read roofline of the bytes it needs and against the share's
-    own device roofline (the faster of share_plans.py's two plans), all alternated in every round."""
-    tp, read, roof, plans = [], [], [], {"covering": [], "rows": []}
+    """Rank 0 of 2, cold, against the read roofline of the bytes it needs, and against the share's
+    own roofline (share_plans.py: the device alone delivering the share, by covering ranges or by
+    exactly its rows, and the whole files the same way), all alternated in every round."""
+    tp, read, roof, plans, loads = [], [], [], {"whole": [], "covering": [], "rows": []}, []
     for _ in range(runs):
         drop_caches(files)
         s = child_args(path, ["tp", 0, 2])
+        loads.append(s)
         tp.append(s["bytes_selected"] / s["seconds"] / 1e9)
         read.append(s["bytes_read"] / s["seconds"] / 1e9)
-        s["gbps"] = tp[-1]
         roof.append(roofline(path, files))
         for kind in plans:
             drop_caches(files)
             plans[kind].append(share_plan(path, kind))
-        s["share_roofline_seconds"] = min(plans[k][-1]["seconds"] for k in plans)
-        doc.setdefault("tp2_runs", []).append(s)
-    doc["tp2"] = {"gbps": tp, "read_gbps": read, "roofline_gbps": roof, "plans": plans, "last": s}
+    doc["tp2"] = {"gbps": tp, "read_gbps": read, "roofline_gbps": roof, "plans": plans, "loads": loads}
     print(f"tp2 rank 0: {s['io_mode']} via {s['backend']}, slices {s['slices']}, {s['read_calls']} read calls, "
           f"disk {s['disk_bytes']} bytes to the process, device {s['device_bytes']} bytes (all readers), "
           f"{s['seconds']:.2f} s (last run)")
@@ -330,15 +330,17 @@ def tp2(path, files, runs, doc):
           f"x roofline {fmt(med(ratios), 1, 2)} (needed), {fmt(med(read_ratios), 1, 2)} (read)")
     for kind, xs in plans.items():
         x = xs[-1]
-        print(f"tp2 share read by {kind} alone (share_plans.py, O_DIRECT into fresh memory as the roofline): "
-              f"{x['bytes']} bytes in {x['requests']} requests ({x['block_bytes']} B blocks), "
-              f"{fmt(med([y['seconds'] for y in xs]), 1, 3)} s")
-    runs_ = doc["tp2_runs"][-runs:]
-    best = [r["share_roofline_seconds"] for r in runs_]
-    bound = [needed / b / 1e9 / g for b, g in zip(best, roof)]
-    of_share = [b / r["seconds"] for b, r in zip(best, runs_)]
-    print(f"tp2 share roofline (the faster plan, each round): {fmt(med(best), 1, 3)} s, so no loader exceeds "
-          f"{fmt(med(bound), 1, 2)} x roofline (needed) on this device; the load took "
+        print(f"tp2 {kind} read alone (share_plans.py, O_DIRECT, the device alone): {x['bytes']} bytes in "
+              f"{x['requests']} requests ({x['block_bytes']} B blocks), {fmt(med([y['seconds'] for y in xs]), 1, 3)} s")
+    best = [min(c["seconds"], r["seconds"]) for c, r in zip(plans["covering"], plans["rows"])]
+    whole_gbps = [w["bytes"] / w["seconds"] / 1e9 for w in plans["whole"]]
+    bound = [needed / b / 1e9 / w for b, w in zip(best, whole_gbps)]
+    of_device = [needed / x["seconds"] / 1e9 / w for x, w in zip(loads, whole_gbps)]
+    of_share = [b / x["seconds"] for b, x in zip(best, loads)]
+    doc["tp2"].update({"share_roofline_seconds": best, "bound": bound, "of_share_roofline": of_share})
+    print(f"tp2 share roofline (the faster plan each round): {fmt(med(best), 1, 3)} s; the bytes it needs at "
+          f"{fmt(med(bound), 1, 2)} x the whole files' rate read the same way: no loader's x roofline (needed) "
+          f"exceeds that on this device; the load {fmt(med(of_device), 1, 2)} x that rate, "
           f"{fmt(med(of_share), 1, 2)} of the share roofline's speed")
 
 
