@@ -338,10 +338,10 @@ def tp2(path, files, runs, doc):
     of_device = [needed / x["seconds"] / 1e9 / w for x, w in zip(loads, whole_gbps)]
     of_share = [b / x["seconds"] for b, x in zip(best, loads)]
     doc["tp2"].update({"share_roofline_seconds": best, "bound": bound, "of_share_roofline": of_share})
-    print(f"tp2 share roofline (the faster plan each round): {fmt(med(best), 1, 3)} s; the bytes it needs at "
-          f"{fmt(med(bound), 1, 2)} x the whole files' rate read the same way: no loader's x roofline (needed) "
-          f"exceeds that on this device; the load {fmt(med(of_device), 1, 2)} x that rate, "
-          f"{fmt(med(of_share), 1, 2)} of the share roofline's speed")
+    print(f"tp2 share roofline (the faster plan each round): {fmt(med(best), 1, 3)} s; at it the bytes the share "
+          f"needs arrive at {fmt(med(bound), 1, 2)} x the rate of the whole files read the same way (the device "
+          f"alone): no loader's share arrives faster, against any roofline of the files' bytes; the load "
+          f"{fmt(med(of_device), 1, 2)} x that rate, {fmt(med(of_share), 1, 2)} of the share roofline's speed")
 
 
 def child_args(path, params):

@@ -28,8 +28,12 @@ use crate::report::SliceCounts;
 /// F16 slice at TP=4 (1 KiB of every 4 KiB, 2.75 of 11 KiB) is read strided: 1.7x and 2.5x faster
 /// than covering per row there, and the arena holds the slice, not the covering range.
 pub(crate) const PAGE_CACHE_REQUEST_COST_BYTES: u64 = 2 << 10;
-/// The same for `O_DIRECT` reads of a local NVMe drive kept busy by a queue: about 5 µs of a
-/// request's share of the drive's IOPS, at 3 GB/s.
+/// The same for `O_DIRECT` reads kept busy by a queue: about 5 µs of a request's share of a local
+/// NVMe drive's IOPS, at 3 GB/s. This VM's disk measured near it: 2 KiB reads at 128 in flight
+/// ran 106,000 to 123,000 a second, 6.3 to 7.9 µs a request (`examples/direct_request_cost.rs`),
+/// 12 to 15 KB at the 1.8 GB/s its 8 MiB reads reach; the TP=2 share of the TinyLlama fixture
+/// read as exactly its rows, 90,327 requests, took 1.89 s against 0.84 s for its covering ranges
+/// (1.45 GB) (`tensora-py/bench/share_plans.py`, bench_tp.py's tp2 cell).
 pub(crate) const DIRECT_REQUEST_COST_BYTES: u64 = 16 << 10;
 /// The same for a remote store: a ranged GET's first byte takes tens of milliseconds, at the
 /// 200 MB/s one connection sustains.
