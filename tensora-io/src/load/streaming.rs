@@ -398,11 +398,13 @@ mod tests {
             );
             // The advised pages arrive (asynchronously); none past the bound is read.
             let page_of = |line: u64| ((data_start + line) / 4096) as usize;
+            // Polled up to a deadline far beyond an idle machine's few milliseconds: a loaded
+            // disk may take seconds to read what was advised.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
             let mut pages = resident_pages(&path);
-            for _ in 0..200 {
-                if pages[page_of(0)..page_of(bound)].iter().all(|&r| r) {
-                    break;
-                }
+            while !pages[page_of(0)..page_of(bound)].iter().all(|&r| r)
+                && std::time::Instant::now() < deadline
+            {
                 std::thread::sleep(std::time::Duration::from_millis(10));
                 pages = resident_pages(&path);
             }
