@@ -299,7 +299,9 @@ impl LookAhead {
         if let Some(k) = self.files.iter().position(|(f, _)| *f == file) {
             return Some(&self.files[k].1);
         }
-        let opened = std::fs::File::open(ckpt.file(tensora_format::FileId(file)).path()).ok()?;
+        // Advice only: a path that names no regular file by now is skipped (the load's own open
+        // refuses it), never opened plainly (a FIFO would block).
+        let (opened, _) = super::open_regular_file(ckpt.file(tensora_format::FileId(file)).path()).ok()?;
         if self.files.len() >= self.files_max {
             self.files.remove(0);
         }
