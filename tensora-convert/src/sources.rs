@@ -9,13 +9,19 @@ use tensora_format::{Checkpoint, FileEntry};
 use crate::save::{SaveSource, SourceTensor};
 use crate::{ConvertError, io_err};
 
-/// Open every source file and check it still looks as it did when parsed.
+/// Open every source file and check it still looks as it did when parsed. Opened through
+/// [`tensora_format::open_regular`], as the parse opened them: a path that names no regular file
+/// by now (a FIFO, which a plain `open` would wait on for a writer, or a device) is
+/// [`ConvertError::Format`] (`NotRegularFile`). The writer reads the sources with `pread` only,
+/// which ignores the `O_NONBLOCK` such a handle may carry.
 pub(crate) fn open_sources(files: &[FileEntry]) -> Result<Vec<File>, ConvertError> {
     files
         .iter()
         .map(|f| {
-            let file = File::open(f.path()).map_err(io_err(f.path(), "opening source"))?;
-            let meta = file.metadata().map_err(io_err(f.path(), "stat of source"))?;
+            let (file, meta) = tensora_format::open_regular(f.path()).map_err(|e| match e.into_kind() {
+                tensora_format::ErrorKind::Io(source) => io_err(f.path(), "opening source")(source),
+                kind => ConvertError::Format(tensora_format::Error::new(f.path(), kind)),
+            })?;
             compare_source_stamp(f, &meta)?;
             Ok(file)
         })

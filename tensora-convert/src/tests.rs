@@ -290,6 +290,39 @@ fn truncated_source_is_refused_and_leaves_no_destination() {
     assert_eq!(leftovers(out.path()), [model]);
 }
 
+/// A source swapped for a FIFO after the parse is refused (typed, naming it), not waited on for a
+/// writer: the conversion runs on a detached thread behind a generous hang guard.
+#[test]
+fn a_source_swapped_for_a_fifo_is_refused_without_waiting_and_leaves_no_destination() {
+    let out = tempfile::tempdir().unwrap();
+    let model = generated_model(out.path(), 4, 1);
+    let src = tensora_format::open(&model).unwrap();
+    fs::remove_file(&model).unwrap();
+    assert!(std::process::Command::new("mkfifo").arg(&model).status().unwrap().success());
+    let dst = out.path().join("out");
+    let (done, result) = std::sync::mpsc::channel();
+    let d = dst.clone();
+    std::thread::spawn(move || done.send(convert(&src, &d, &cfg(TargetFormat::ServerlessLlm)).map(|_| ())));
+    let err = result
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the conversion waited on a FIFO")
+        .unwrap_err();
+    match &err {
+        ConvertError::Format(e) => {
+            assert_eq!(e.path(), model, "{err}");
+            assert!(
+                matches!(
+                    e.kind(),
+                    tensora_format::ErrorKind::NotRegularFile { found: tensora_format::NonRegular::Fifo }
+                ),
+                "{err}"
+            );
+        }
+        other => panic!("expected NotRegularFile, got {other:?}"),
+    }
+    assert!(!dst.exists());
+}
+
 #[test]
 fn read_error_during_copy_names_file_offset_and_tensor_and_leaves_nothing() {
     let out = tempfile::tempdir().unwrap();

@@ -13,7 +13,8 @@
 //! looked at again). Without `/proc`, and on other Unix systems, the path is opened with
 //! `O_NONBLOCK | O_NOCTTY` (a FIFO or terminal opens at once and acquires nothing), checked with
 //! `fstat`, and refused unless regular (and, after an `O_PATH` check, the same inode); the handle
-//! then keeps `O_NONBLOCK`, which `read` and `pread` of a regular file ignore.
+//! then keeps `O_NONBLOCK`, which `read` and `pread` of a regular file ignore (io_uring does not:
+//! tensora-io clears it with `tensora_sys::clear_nonblocking`).
 
 use std::fs::{File, Metadata};
 use std::io::Read;

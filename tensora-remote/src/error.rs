@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 /// A remote open or load failed. Every variant names the object (as a URL) it concerns. No
-/// variant holds a credential: URLs are redacted (passwords and query values shown as `***`), and
-/// so is every message that comes from the HTTP client.
+/// variant holds a credential: URLs are redacted (passwords, query values, bare query tokens and
+/// fragments shown as `***`), and so is every message that comes from the HTTP client.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
     /// The location string is not a URL or path this crate understands.

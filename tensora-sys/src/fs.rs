@@ -1,5 +1,6 @@
-//! Reserving a file's blocks, whether a file lives in memory, and the two namings std has no
-//! form of: linking an unnamed (`O_TMPFILE`) file in, and a rename that never replaces.
+//! Reserving a file's blocks, whether a file lives in memory, making a descriptor blocking, and
+//! the two namings std has no form of: linking an unnamed (`O_TMPFILE`) file in, and a rename
+//! that never replaces.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -73,6 +74,27 @@ pub(crate) fn c_path(path: &Path) -> io::Result<CString> {
 /// named or not.
 pub fn fd_path(file: &File) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+}
+
+/// Clear `O_NONBLOCK` on `file`'s open file description (nothing to do where it is not set).
+/// For a descriptor opened non-blocking only to find out what it names (a FIFO would block a
+/// plain `open`; `tensora_format::open_regular` does so where `/proc` is absent) and since found
+/// to be a regular file: `read` and `pread` ignore the flag there, but io_uring honours it and
+/// answers `EAGAIN` for a page not yet cached instead of waiting for the device.
+pub fn clear_nonblocking(file: &File) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: F_GETFL only reads the flags of a descriptor `file` keeps open for the call.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if flags & libc::O_NONBLOCK == 0 {
+        return Ok(());
+    }
+    // SAFETY: F_SETFL changes only the status flags of the same open descriptor; no memory of
+    // this process is involved.
+    let rc = unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 /// Give the unnamed (`O_TMPFILE`) file `file` the name `dst` (`linkat` of its [`fd_path`] with
@@ -192,6 +214,25 @@ mod tests {
         assert_eq!(std::fs::read(&named).unwrap(), b"data");
         assert_eq!(link_unnamed(&unnamed, &named).unwrap_err().kind(), io::ErrorKind::AlreadyExists);
         assert_eq!(c_path(Path::new("a\0b")).unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn a_nonblocking_descriptor_is_made_blocking_and_a_blocking_one_left_alone() {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let nonblocking = |f: &File| {
+            // SAFETY: F_GETFL only reads the flags of a descriptor `f` keeps open.
+            let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+            assert!(flags >= 0);
+            flags & libc::O_NONBLOCK != 0
+        };
+        let opened =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(file.path()).unwrap();
+        assert!(nonblocking(&opened));
+        clear_nonblocking(&opened).unwrap();
+        assert!(!nonblocking(&opened));
+        clear_nonblocking(&opened).unwrap();
+        assert!(!nonblocking(&opened));
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! Facts only: each function measures or asks, and returns what it found; what to do with it
 //! (`auto`'s rules, a save's write mode, the cache's reservation) stays with the caller.
 //!
-//! - Files: [`preallocate`], [`in_memory_filesystem`], [`open_direct`] and
-//!   [`direct_io_supported`]; naming without replacing: [`link_unnamed`], [`rename_noreplace`].
+//! - Files: [`preallocate`], [`in_memory_filesystem`], [`open_direct`],
+//!   [`direct_io_supported`] and [`clear_nonblocking`]; naming without replacing: [`link_unnamed`], [`rename_noreplace`].
 //! - The filesystem and the page cache: [`filesystem`] (`statfs`), [`residency_sample`]
 //!   (`mincore`, bounded), [`evict_file_cache`] and [`drop_caches_global`] (benchmarks).
 //! - The machine: [`memory_room`] (`MemAvailable` and the cgroup's limit), [`cpu_count`],
@@ -31,7 +31,7 @@ mod reporting;
 mod sched;
 mod usage;
 
-pub use fs::{fd_path, in_memory_filesystem, link_unnamed, preallocate, rename_noreplace};
+pub use fs::{clear_nonblocking, fd_path, in_memory_filesystem, link_unnamed, preallocate, rename_noreplace};
 pub use memory::{CGROUP_FILES_MAX, MemoryRoom, memory_room};
 pub use page_cache::{drop_caches_global, evict_file_cache};
 pub use probe::{

@@ -203,19 +203,30 @@ pub fn gather(ckpt: &Checkpoint, selected: &[usize], asked: Asked) -> Facts {
     let bytes_files = entries.iter().map(|e| e.len_bytes()).sum();
     let file_len_max_bytes = entries.iter().map(|e| e.len_bytes()).max().unwrap_or(0);
     let mut residency = ResidencySample::default();
-    for (e, (_, ranges)) in entries.iter().zip(&by_file).take(RESIDENCY_FILES_MAX) {
-        if let Ok(file) = std::fs::File::open(e.path())
-            && let Ok(s) = probe::residency_sample_ranges(&file, e.len_bytes(), ranges)
-        {
+    // Opened as the load opens them (a path that names no regular file by now is not sampled,
+    // never opened plainly: a FIFO would block); the first one is kept for the O_DIRECT probe.
+    let mut first_file = None;
+    for (k, (e, (_, ranges))) in entries.iter().zip(&by_file).take(RESIDENCY_FILES_MAX).enumerate() {
+        let Ok((file, _)) = crate::load::open_regular_file(e.path()) else { continue };
+        if let Ok(s) = probe::residency_sample_ranges(&file, e.len_bytes(), ranges) {
             residency = residency.merge(s);
+        }
+        if k == 0 {
+            first_file = Some(file);
         }
     }
     let first: Option<&Path> = entries.first().map(|e| e.path());
     let filesystem = first.and_then(|p| probe::filesystem(p).ok());
     let warm = residency.sampled_pages > 0 && residency.fraction() >= WARM_FRACTION;
-    // Only a cold owned load can use O_DIRECT; `Auto` resolves to owned when cold.
-    let direct = match first {
-        Some(p) if !warm && !residence.is_mapped() => Some(probe::direct_io_supported(p)),
+    // Only a cold owned load can use O_DIRECT; `Auto` resolves to owned when cold. The probe
+    // reopens the checked first file through its `/proc/self/fd` link, never the path again.
+    let direct = match (first, &first_file) {
+        (Some(_), Some(f)) if !warm && !residence.is_mapped() => {
+            Some(probe::direct_io_supported(&probe::fd_path(f)))
+        }
+        (Some(p), None) if !warm && !residence.is_mapped() => {
+            Some(Err(format!("{} is not an openable regular file", p.display())))
+        }
         _ => None,
     };
     Facts {

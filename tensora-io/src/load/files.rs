@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::time::Instant;
 
 use tensora_format::{Checkpoint, FileEntry, FileId};
@@ -137,6 +138,24 @@ pub(super) fn unchanged(entry: &FileEntry, meta: &std::fs::Metadata) -> Result<(
     entry.check_unchanged(meta).map_err(|change| LoadError::Changed { path: entry.path().to_owned(), change })
 }
 
+/// Open checkpoint file `path` for reading through [`tensora_format::open_regular`], the
+/// workspace's one regular-file open. The parse opened and checked every file that way, but by
+/// the load the path may name something else: a FIFO would block a plain `open` until a writer
+/// came and a device would stream bytes that are no checkpoint's, so the path is resolved and
+/// checked again, once, and anything but a regular file is [`LoadError::Format`]
+/// (`NotRegularFile`, naming the path); an OS error is [`LoadError::Open`]. The descriptor is
+/// blocking (`open_regular` may return it `O_NONBLOCK`, which io_uring would answer with
+/// `EAGAIN`). Returns it with its `fstat` metadata.
+pub(crate) fn open_regular_file(path: &Path) -> Result<(File, std::fs::Metadata), LoadError> {
+    let (file, meta) = tensora_format::open_regular(path).map_err(|e| match e.into_kind() {
+        tensora_format::ErrorKind::Io(source) => LoadError::Open { path: path.to_owned(), source },
+        kind => LoadError::Format(tensora_format::Error::new(path, kind)),
+    })?;
+    tensora_sys::clear_nonblocking(&file)
+        .map_err(|source| LoadError::Open { path: path.to_owned(), source })?;
+    Ok((file, meta))
+}
+
 /// Open one checkpoint file: buffered descriptor (and a direct one when asked and supported),
 /// `fstat` against the parse-time stamp, sparse check.
 pub(super) fn open_source(
@@ -148,8 +167,7 @@ pub(super) fn open_source(
     let entry = ckpt.file(FileId(f));
     let path = entry.path();
     let open_err = |source| LoadError::Open { path: path.to_owned(), source };
-    let buffered = File::open(path).map_err(open_err)?;
-    let meta = buffered.metadata().map_err(open_err)?;
+    let (buffered, meta) = open_regular_file(path)?;
     unchanged(entry, &meta)?;
     let len_bytes = meta.len();
     let allocated_bytes = meta.blocks().saturating_mul(512);
@@ -159,15 +177,44 @@ pub(super) fn open_source(
     {
         return Err(LoadError::Sparse { path: path.to_owned(), allocated_bytes, len_bytes });
     }
+    // The direct descriptor reopens the checked inode through its `/proc/self/fd` link, never the
+    // path again (which could name a FIFO by now); without `/proc` there is none and the reads
+    // go through the page cache.
     let direct = match descriptors {
-        Descriptors::BufferedAndDirect => crate::auto::probe::open_direct(path).ok(),
+        Descriptors::BufferedAndDirect => tensora_sys::open_direct(&tensora_sys::fd_path(&buffered)).ok(),
         Descriptors::Buffered => None,
     };
     if let Some(d) = &direct {
-        // The path was opened twice: both descriptors must name the same file, or a rename between
-        // the two opens would have the direct reads fetch another file's bytes.
+        // Both descriptors must name the same file, or the direct reads would fetch another
+        // file's bytes.
         let d_meta = d.metadata().map_err(open_err)?;
         unchanged(entry, &d_meta)?;
     }
     Ok(SourceFile { path: path.to_owned(), len_bytes, buffered, direct })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt as _;
+
+    /// The direct descriptor reopens the checked file through its `/proc/self/fd` link: the same
+    /// inode, with `O_DIRECT` on (an unaligned read is refused).
+    #[test]
+    fn the_direct_descriptor_is_the_checked_file_opened_direct() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/serverlessllm/tiny");
+        let ckpt = tensora_format::sllm::open_dir(Path::new(dir)).unwrap();
+        let context = "the_direct_descriptor_is_the_checked_file_opened_direct";
+        if !tensora_testkit::direct_io_or_skip(ckpt.file(FileId(0)).path(), context) {
+            return;
+        }
+        let s = open_source(&ckpt, 0, Descriptors::BufferedAndDirect, SparseFiles::Allow).unwrap();
+        let direct = s.direct.as_ref().expect("a direct descriptor where O_DIRECT works");
+        let (a, b) = (s.buffered.metadata().unwrap(), direct.metadata().unwrap());
+        assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
+        let mut three = [0u8; 3];
+        let err = direct.read_at(&mut three, 1).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL), "{err}");
+        s.buffered.read_at(&mut three, 1).unwrap();
+    }
 }

@@ -52,6 +52,7 @@ use std::time::Instant;
 #[cfg(feature = "async")]
 pub use async_load::load_async;
 pub use cast::CAST_ALIGN_BYTES;
+pub(crate) use files::open_regular_file;
 pub use loaded::{Element, Loaded, TensorRef};
 pub use options::{
     ArenaReuse, BackendChoice, FilesUnchanged, IoMode, LoadOptions, ON_READ_STEP_BYTES, PieceRef,

@@ -299,7 +299,9 @@ impl LookAhead {
         if let Some(k) = self.files.iter().position(|(f, _)| *f == file) {
             return Some(&self.files[k].1);
         }
-        let opened = std::fs::File::open(ckpt.file(tensora_format::FileId(file)).path()).ok()?;
+        // Advice only: a path that names no regular file by now is skipped (the load's own open
+        // refuses it), never opened plainly (a FIFO would block).
+        let (opened, _) = super::open_regular_file(ckpt.file(tensora_format::FileId(file)).path()).ok()?;
         if self.files.len() >= self.files_max {
             self.files.remove(0);
         }
@@ -398,11 +400,13 @@ mod tests {
             );
             // The advised pages arrive (asynchronously); none past the bound is read.
             let page_of = |line: u64| ((data_start + line) / 4096) as usize;
+            // Polled up to a deadline far beyond an idle machine's few milliseconds: a loaded
+            // disk may take seconds to read what was advised.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
             let mut pages = resident_pages(&path);
-            for _ in 0..200 {
-                if pages[page_of(0)..page_of(bound)].iter().all(|&r| r) {
-                    break;
-                }
+            while !pages[page_of(0)..page_of(bound)].iter().all(|&r| r)
+                && std::time::Instant::now() < deadline
+            {
                 std::thread::sleep(std::time::Duration::from_millis(10));
                 pages = resident_pages(&path);
             }

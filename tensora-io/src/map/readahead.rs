@@ -220,6 +220,8 @@ mod tests {
         lens: Vec<u64>,
         claimed: AtomicUsize,
         advised: Mutex<Vec<(usize, u64, u64)>>,
+        /// How many times the helper asked how far the consumers are (once per pass).
+        polls: AtomicUsize,
     }
 
     impl AheadQueue for Fake {
@@ -227,6 +229,7 @@ mod tests {
             &self.lens
         }
         fn claimed(&self) -> usize {
+            self.polls.fetch_add(1, Ordering::Relaxed);
             self.claimed.load(Ordering::Relaxed)
         }
         fn advise(&self, piece: usize, offset_bytes: u64, len_bytes: u64) {
@@ -235,7 +238,12 @@ mod tests {
     }
 
     fn fake(lens: &[u64], claimed: usize) -> Fake {
-        Fake { lens: lens.to_vec(), claimed: AtomicUsize::new(claimed), advised: Mutex::new(Vec::new()) }
+        Fake {
+            lens: lens.to_vec(),
+            claimed: AtomicUsize::new(claimed),
+            advised: Mutex::new(Vec::new()),
+            polls: AtomicUsize::new(0),
+        }
     }
 
     #[test]
@@ -258,34 +266,56 @@ mod tests {
             let h = s.spawn(|| read_ahead(&[&q], &stop));
             // The helper stops at the lead: pieces 3 .. 3 + lead/step, then waits.
             let want = (READAHEAD_LEAD_BYTES / step) as usize;
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while q.advised.lock().unwrap().len() < want && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+            // One pass per step of the lead, then at least two that found it may not advance.
+            let waiting = poll_until(|| q.polls.load(Ordering::Relaxed) >= want + 2);
             let first: Vec<usize> = q.advised.lock().unwrap().iter().map(|a| a.0).collect();
-            assert_eq!(first, (3..3 + want).collect::<Vec<_>>());
-            // Consumers move on: the helper follows to the end.
+            // Consumers move on: the helper follows to the end (released before any assert, so
+            // a failure ends the scope instead of hanging it).
             q.claimed.store(pieces, Ordering::Relaxed);
+            assert!(waiting, "the helper did not reach its lead in {TEST_WAIT_MAX:?}");
+            assert_eq!(first, (3..3 + want).collect::<Vec<_>>());
             h.join().unwrap();
         });
         let n = q.advised.lock().unwrap().len();
         assert_eq!(n as u64, READAHEAD_LEAD_BYTES / step, "nothing the consumers claimed is advised");
     }
 
+    /// How long a test waits for the helper to reach a state before it fails: far beyond what an
+    /// idle machine needs (well under a millisecond), so only a broken helper runs into it.
+    const TEST_WAIT_MAX: Duration = Duration::from_secs(10);
+
+    /// Poll `done` every millisecond until it holds or [`TEST_WAIT_MAX`] has passed; whether it held.
+    fn poll_until(done: impl Fn() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + TEST_WAIT_MAX;
+        while !done() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
+    }
+
     #[test]
     fn stop_ends_a_waiting_helper() {
-        let q =
-            fake(&vec![READAHEAD_STEP_BYTES; (READAHEAD_LEAD_BYTES / READAHEAD_STEP_BYTES) as usize + 8], 0);
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let h = s.spawn(|| read_ahead(&[&q], &stop));
-            std::thread::sleep(Duration::from_millis(20));
-            stop.store(true, Ordering::Release);
-            h.join().unwrap();
+        use std::sync::Arc;
+        let lead_steps = (READAHEAD_LEAD_BYTES / READAHEAD_STEP_BYTES) as usize;
+        let q = Arc::new(fake(&vec![READAHEAD_STEP_BYTES; lead_steps + 8], 0));
+        let stop = Arc::new(AtomicBool::new(false));
+        // Not a scoped thread: a helper that never stops fails the test instead of hanging it.
+        let h = std::thread::spawn({
+            let (q, stop) = (Arc::clone(&q), Arc::clone(&stop));
+            move || read_ahead(&[&*q as &dyn AheadQueue], &stop)
         });
-        let n = q.advised.lock().unwrap().len() as u64;
-        assert_eq!(n, READAHEAD_LEAD_BYTES / READAHEAD_STEP_BYTES, "exactly the lead, then a stop");
+        // The helper looks at the claims once per pass: one pass per step of the lead, then at
+        // least two that found it may not advance (it is waiting, not on its way).
+        let waiting = poll_until(|| q.polls.load(Ordering::Relaxed) >= lead_steps + 2);
+        stop.store(true, Ordering::Release);
+        assert!(waiting, "the helper did not reach its lead in {TEST_WAIT_MAX:?}");
+        assert!(poll_until(|| h.is_finished()), "the helper did not stop in {TEST_WAIT_MAX:?}");
+        h.join().unwrap();
+        let n = q.advised.lock().unwrap().len();
+        assert_eq!(n, lead_steps, "exactly the lead, then a stop");
     }
 
     #[test]
