@@ -64,6 +64,12 @@ fn checkpoint() -> (tempfile::TempDir, String) {
     (dir, path)
 }
 
+/// A regular file of the checkpoint in `dir`, for the O_DIRECT probe (which opens a file, not a
+/// directory).
+fn probe_file(dir: &Path) -> std::path::PathBuf {
+    dir.join("model.safetensors.index.json")
+}
+
 /// TP=2 and TP=3 (uneven): each rank's `bytes_selected` is its share of the shapes, the slice
 /// counts cover every tensor, and the ranks' shapes (from `inspect --tp`) tile every split tensor
 /// along its dimension; a replicated tensor is whole on every rank.
@@ -176,8 +182,7 @@ fn inspect_shows_how_each_tensor_of_the_share_would_be_read() {
         strided.push(plan["slices"]["strided"].as_u64().unwrap());
     }
     assert!(strided[1] <= strided[0], "{strided:?}");
-    let dir = Path::new(&path);
-    if tensora_testkit::direct_io_or_skip(dir, "tensora inspect --tp --direct") {
+    if tensora_testkit::direct_io_or_skip(&probe_file(Path::new(&path)), "tensora inspect --tp --direct") {
         assert!(
             strided[1] < strided[0],
             "down_proj's 3 KiB gaps are read through with O_DIRECT: {strided:?}"
@@ -260,7 +265,7 @@ fn the_share_is_the_same_through_every_allowed_flag() {
             continue;
         }
         if extra.contains(&"--direct")
-            && !tensora_testkit::direct_io_or_skip(dir.path(), "tensora load --tp --direct")
+            && !tensora_testkit::direct_io_or_skip(&probe_file(dir.path()), "tensora load --tp --direct")
         {
             continue;
         }
