@@ -267,10 +267,20 @@ impl Pair {
 
     /// One line for the log and the report.
     pub fn line(&self) -> String {
-        let fmt = Summary::text;
         let bound = self.bound_text().map_or(String::new(), |b| format!("; memory bound {b}"));
+        format!("{} (goal {:.2}: {}){bound}", self.measured_text(), self.goal, self.verdict())
+    }
+
+    /// The line of a pair measured as context for the others, with no goal to meet.
+    pub fn context_line(&self) -> String {
+        format!("{} (context, no goal)", self.measured_text())
+    }
+
+    /// What both lines start with: the pair's GB/s and ratio.
+    fn measured_text(&self) -> String {
+        let fmt = Summary::text;
         format!(
-            "{} {} pairs: {} {} GB/s vs {} {} GB/s; ratio {} (goal {:.2}: {}){bound}",
+            "{} {} pairs: {} {} GB/s vs {} {} GB/s; ratio {}",
             self.fixture,
             self.cache.as_str(),
             self.subject,
@@ -278,8 +288,6 @@ impl Pair {
             self.anchor,
             fmt(Summary::of(&self.anchor_gbps)),
             fmt(self.ratio()),
-            self.goal,
-            self.verdict()
         )
     }
 }
@@ -316,5 +324,9 @@ mod tests {
         assert_eq!(p.met(), Some(false));
         assert!(p.line().contains("missed"));
         assert!(!p.line().contains("bound"), "{}", p.line());
+        // A context pair says the same numbers and no goal, met or missed.
+        let c = p.context_line();
+        assert!(c.contains("ratio 0.90 (0.80..0.90)") && c.ends_with("(context, no goal)"), "{c}");
+        assert!(!c.contains("goal 0.95") && !c.contains("missed") && !c.contains("met"), "{c}");
     }
 }

@@ -340,6 +340,9 @@ struct PythonPair {
     anchor: String,
     subject_gbps: Vec<f64>,
     anchor_gbps: Vec<f64>,
+    /// Context for the other pairs (HF writing only to the page cache), measured with no goal.
+    #[serde(default)]
+    context: bool,
 }
 
 /// The interpreter of the provisioned venv ([`crate::python::venv_python`]), when it imports what
@@ -384,6 +387,10 @@ fn python_pairs(config: &BenchConfig, main: &Fixture, log: &mut dyn FnMut(&str))
             pair.subject_gbps.push(*s);
             pair.anchor_gbps.push(*a);
             pair.ratios.extend(ratio(*s, *a));
+        }
+        if p.context {
+            log(&pair.context_line());
+            continue;
         }
         log(&pair.line());
         pairs.push(pair);
