@@ -8,7 +8,6 @@
 //! row-parallel slice read row by row. The cost of a request is its time less its bytes at the
 //! device's rate; printed with its bytes' worth at that rate.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,34 +21,6 @@ const SMALL_STRIDE_BYTES: u64 = 4096;
 const SMALL_SPAN_BYTES: u64 = 128 << 20;
 const ROUNDS: usize = 3;
 const THREADS_MAX: usize = 1024;
-
-/// One thread's buffer, aligned for O_DIRECT.
-struct Aligned {
-    ptr: *mut u8,
-    layout: Layout,
-}
-
-impl Aligned {
-    fn new(len_bytes: usize) -> Aligned {
-        let layout = Layout::from_size_align(len_bytes, 4096).expect("a valid layout");
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "out of memory");
-        Aligned { ptr, layout }
-    }
-    fn bytes(&mut self, len_bytes: usize) -> &mut [u8] {
-        assert!(len_bytes <= self.layout.size());
-        // SAFETY: `ptr` is valid for `layout.size()` zeroed bytes, owned by `self`, borrowed mutably.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, len_bytes) }
-    }
-}
-
-impl Drop for Aligned {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { dealloc(self.ptr, self.layout) }
-    }
-}
 
 /// Reads `read` bytes every `stride` over `range` with `threads` threads; the seconds it took.
 fn pass(
@@ -65,13 +36,22 @@ fn pass(
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
-                let mut buf = Aligned::new(read as usize);
+                // An arena is 2 MiB-aligned, as O_DIRECT wants its memory.
+                let mut arena = match tensora_io::Arena::with_len(read) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+                        f.get_or_insert(format!("an arena of {read} bytes: {e}"));
+                        return;
+                    }
+                };
+                let buf = &mut arena.as_mut_slice()[..read as usize];
                 loop {
                     let at = next.fetch_add(stride, Ordering::Relaxed);
                     if at + read > range.end {
                         return;
                     }
-                    if let Err(e) = file.read_exact_at(buf.bytes(read as usize), at) {
+                    if let Err(e) = file.read_exact_at(buf, at) {
                         let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
                         f.get_or_insert(format!("read of {read} bytes at {at}: {e}"));
                         next.store(range.end, Ordering::Relaxed);
