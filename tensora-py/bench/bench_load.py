@@ -214,22 +214,11 @@ def fresh_buffer(path):
     return buf
 
 
-def read_into(path, buf):
-    """Read every byte of every file of `path` into `buf` (see `fresh_buffer`) with 8 MiB
-    `preadv`s: two threads through the page cache, or (the cache cold: `TENSORA_BENCH_DIRECT=1`)
-    `DIRECT_THREADS` threads with `O_DIRECT`; then expose it as one uint8 tensor per file."""
-    import torch
-
-    direct = os.environ.get("TENSORA_BENCH_DIRECT") == "1"
-    chunk = 8 << 20
-    files = files_of(path)
-    sizes = [os.path.getsize(f) for f in files]
-    view = memoryview(buf)
-    jobs, base = [], 0
-    for f, size in zip(files, sizes):
-        for off in range(0, size, chunk):
-            jobs.append((f, off, base + off, min(chunk, size - off)))
-        base += -(-size // PAGE_BYTES) * PAGE_BYTES
+def read_jobs(jobs, view, threads, direct, block=PAGE_BYTES):
+    """`threads` threads `preadv` the jobs, `(file, offset, at, n)`: `n` bytes of `file` at
+    `offset` into `view[at:]`, the last job first; with `O_DIRECT` each read is widened to whole
+    `block`s (`view` must have room, 4 KiB-aligned), and a read that ends at the end of its file
+    may come back short. Raises the first error after every thread stopped."""
     lock = threading.Lock()
     errors = []
 
@@ -244,23 +233,41 @@ def read_into(path, buf):
                 fd = fds.get(f)
                 if fd is None:
                     fd = fds[f] = os.open(f, os.O_RDONLY | (os.O_DIRECT if direct else 0))
-                want = -(-n // PAGE_BYTES) * PAGE_BYTES if direct else n
+                want = -(-n // block) * block if direct else n
                 got = os.preadv(fd, [view[at : at + want]], off)
                 if got < n:
                     raise OSError(f"{f}: short read at {off}")
-        except Exception as e:  # reported by the parent as the cell's error
+        except Exception as e:  # reported by the caller as the cell's error
             errors.append(repr(e))
         finally:
             for fd in fds.values():
                 os.close(fd)
 
-    threads = [threading.Thread(target=worker) for _ in range(DIRECT_THREADS if direct else 2)]
-    for t in threads:
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
         t.start()
-    for t in threads:
+    for t in pool:
         t.join()
     if errors:
         raise RuntimeError(errors[0])
+
+
+def read_into(path, buf):
+    """Read every byte of every file of `path` into `buf` (see `fresh_buffer`) with 8 MiB
+    `preadv`s: two threads through the page cache, or (the cache cold: `TENSORA_BENCH_DIRECT=1`)
+    `DIRECT_THREADS` threads with `O_DIRECT`; then expose it as one uint8 tensor per file."""
+    import torch
+
+    direct = os.environ.get("TENSORA_BENCH_DIRECT") == "1"
+    chunk = 8 << 20
+    files = files_of(path)
+    sizes = [os.path.getsize(f) for f in files]
+    jobs, base = [], 0
+    for f, size in zip(files, sizes):
+        for off in range(0, size, chunk):
+            jobs.append((f, off, base + off, min(chunk, size - off)))
+        base += -(-size // PAGE_BYTES) * PAGE_BYTES
+    read_jobs(jobs, memoryview(buf), DIRECT_THREADS if direct else 2, direct)
     out, base = {}, 0
     for f, size in zip(files, sizes):
         out[f] = torch.frombuffer(buf, dtype=torch.uint8, count=size, offset=base) if size else torch.empty(0)

@@ -24,63 +24,49 @@ the other). Its needed bytes per second over `whole`'s bytes per second bound wh
 import json
 import mmap
 import os
-import struct
 import sys
-import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_load import read_jobs  # noqa: E402  (one O_DIRECT reader for the benches)
 
 PAGE_BYTES = 4096
 PIECE_BYTES = 8 << 20
 COVERING_THREADS = 16
 ROWS_PROCESSES = 64
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-# The safetensors header is at most this long (as HF's loader bounds it).
-HEADER_BYTES_MAX = 100_000_000
-
-
-def header(path):
-    """(data start, tensors) of one safetensors file."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > HEADER_BYTES_MAX:
-            raise SystemExit(f"{path}: header of {n} bytes")
-        return 8 + n, {k: v for k, v in json.loads(f.read(n)).items() if k != "__metadata__"}
 
 
 def share(path, rank, world, split_dim):
-    """Per file of the checkpoint directory: (whole ranges, row-parallel slices), where a whole
-    range is (offset, length) read as one, and a row-parallel slice is (offset of its first row,
-    rows, width, stride) in bytes; and the bytes the share needs."""
-    out, needed = {}, 0
-    for name in sorted(os.listdir(path)):
-        if not name.endswith(".safetensors"):
+    """Per file of the checkpoint (`tensora.inspect`'s layout): (whole ranges, row-parallel
+    slices), where a whole range is (offset, length) read as one, and a row-parallel slice is
+    (offset of its first row, rows, width, stride) in bytes; and the bytes the share needs."""
+    import tensora
+
+    info = tensora.inspect(path)
+    out = {f["path"]: ([], []) for f in info["files"]}
+    needed = 0
+    for t in info["tensors"]:
+        whole, strided = out[info["files"][t["file"]]["path"]]
+        start, length, shape = t["offset_bytes"], t["len_bytes"], t["shape"]
+        dim = split_dim(t["name"]) if shape else None
+        if dim is None or length == 0:
+            whole.append((start, length))
+            needed += length
             continue
-        f = os.path.join(path, name)
-        start, tensors = header(f)
-        whole, strided = [], []
-        for tname, t in tensors.items():
-            a, b = t["data_offsets"]
-            shape, es = t["shape"], DTYPE_BYTES[t["dtype"]]
-            dim = split_dim(tname) if shape else None
-            if dim is None or b == a:
-                whole.append((start + a, b - a))
-                needed += b - a
-                continue
-            rows, inner = shape[0], (b - a) // max(shape[0], 1)
-            if dim == 0:
-                size = -(-rows // world)
-                first, n = rank * size, max(0, min(size, rows - rank * size))
-                whole.append((start + a + first * inner, n * inner))
-                needed += n * inner
-            else:
-                cols = shape[1]
-                per_col = inner // cols
-                size = -(-cols // world)
-                first, n = rank * size, max(0, min(size, cols - rank * size))
-                strided.append((start + a + first * per_col, rows, n * per_col, inner))
-                needed += rows * n * per_col
-        out[f] = (whole, strided)
+        rows = shape[0]
+        inner = length // rows
+        if dim == 0:
+            size = -(-rows // world)
+            first, n = rank * size, max(0, min(size, rows - rank * size))
+            whole.append((start + first * inner, n * inner))
+            needed += n * inner
+        else:
+            cols = shape[1]
+            per_col = inner // cols
+            size = -(-cols // world)
+            first, n = rank * size, max(0, min(size, cols - rank * size))
+            strided.append((start + first * per_col, rows, n * per_col, inner))
+            needed += rows * n * per_col
     return out, needed
 
 
@@ -141,50 +127,27 @@ def faulted(reqs):
     return buf, dest
 
 
-def read_some(reqs, indexes, view, dest, fds):
-    for k in indexes:
-        f, off, n = reqs[k]
-        fd = fds.get(f)
-        if fd is None:
-            fd = fds[f] = os.open(f, os.O_RDONLY | os.O_DIRECT)
-        want = min(n, os.fstat(fd).st_size - off)  # a widened last read ends at the end of the file
-        if os.preadv(fd, [view[dest[k]:dest[k] + n]], off) != want:
-            raise OSError(f"{f}: short read at {off}")
+def jobs_of(reqs, dest):
+    """`read_jobs`' jobs for `reqs` landing at `dest`, in file order (it takes the last first); a
+    widened last read asks only for the bytes up to the end of its file."""
+    sizes = {f: os.path.getsize(f) for f in {f for f, _, _ in reqs}}
+    return [(f, off, at, min(n, sizes[f] - off)) for (f, off, n), at in reversed(list(zip(reqs, dest)))]
 
 
 def covering(reqs):
-    """`COVERING_THREADS` threads (the `whole` and `covering` plans), each taking the next request, into one faulted buffer; the
+    """`COVERING_THREADS` threads (the `whole` and `covering` plans) into one faulted buffer; the
     seconds from the first read to the last."""
     buf, dest = faulted(reqs)
+    jobs = jobs_of(reqs, dest)
     view = memoryview(buf)
-    lock, next_k, errors = threading.Lock(), [0], []
-
-    def worker():
-        fds = {}
-        while True:
-            with lock:
-                k = next_k[0]
-                next_k[0] += 1
-            if k >= len(reqs):
-                return
-            try:
-                read_some(reqs, [k], view, dest, fds)
-            except OSError as e:
-                errors.append(e)
-                return
-
-    threads = [threading.Thread(target=worker) for _ in range(COVERING_THREADS)]
     t = time.perf_counter()
-    [t_.start() for t_ in threads]
-    [t_.join() for t_ in threads]
+    read_jobs(jobs, view, COVERING_THREADS, direct=True)
     seconds = time.perf_counter() - t
     view.release()
-    if errors:
-        raise SystemExit(f"covering: {errors[0]}")
     return seconds
 
 
-def rows(reqs):
+def rows(reqs, block):
     """`ROWS_PROCESSES` processes, each with every `ROWS_PROCESSES`-th request and its own faulted
     buffer, told to start together once all are ready; the seconds from the go to the last exit."""
     ready_r, ready_w = os.pipe()
@@ -199,10 +162,11 @@ def rows(reqs):
                 os.close(go_w)
                 mine = reqs[k::ROWS_PROCESSES]
                 buf, dest = faulted(mine)
+                jobs = jobs_of(mine, dest)
                 os.write(ready_w, b"r")
                 if os.read(go_r, 1) != b"g":
                     os._exit(1)
-                read_some(mine, range(len(mine)), memoryview(buf), dest, {})
+                read_jobs(jobs, memoryview(buf), 1, direct=True, block=block)
             except BaseException:  # noqa: BLE001  (the exit status says it)
                 code = 1
             os._exit(code)
@@ -225,7 +189,6 @@ def rows(reqs):
 
 
 def main():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench_tp import split_dim
 
     path, rank, world, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -234,7 +197,7 @@ def main():
     reqs = requests(plan, kind, block)
     if kind not in ("whole", "covering", "rows"):
         raise SystemExit(f"unknown plan {kind!r}: whole, covering or rows")
-    seconds = (rows if kind == "rows" else covering)(reqs)
+    seconds = rows(reqs, block) if kind == "rows" else covering(reqs)
     print(json.dumps({"plan": kind, "seconds": seconds, "bytes": sum(n for _, _, n in reqs),
                       "requests": len(reqs), "needed_bytes": needed, "block_bytes": block}))
 

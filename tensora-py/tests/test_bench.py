@@ -159,9 +159,10 @@ def test_the_share_plans_read_a_ranks_rows_exactly_or_their_covering_ranges(tmp_
     # torch.chunk and array_split agree on these shapes (the first part is the larger one).
     assert needed == sum(t.nbytes for t in want.values())
     ((path, (whole, strided)),) = plan.items()
-    start, hdr = share_plans.header(path)
-    o = hdr["model.layers.0.self_attn.o_proj.weight"]["data_offsets"][0] + start
-    d = hdr["model.layers.0.mlp.down_proj.weight"]["data_offsets"][0] + start
+    import tensora
+
+    at = {t["name"]: t["offset_bytes"] for t in tensora.inspect(str(tmp_path))["tensors"]}
+    o, d = at["model.layers.0.self_attn.o_proj.weight"], at["model.layers.0.mlp.down_proj.weight"]
     assert sorted(strided) == sorted([(o, 64, 1024 * 2, 2048 * 2), (d, 8, 2817 * 4, 5633 * 4)])
     rows = share_plans.requests(plan, "rows", 512)
     covering = share_plans.requests(plan, "covering", 512)
